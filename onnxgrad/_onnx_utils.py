@@ -1,0 +1,146 @@
+"""Small helpers shared by every layer: loading, copying, finalising and naming.
+
+Public functions accept an ``onnx.ModelProto`` or a path; they work on a copy and return
+models whose IR version onnxruntime-training 1.19.2 accepts (``<= MAX_IR_VERSION``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Union
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto, helper
+
+#: The highest IR version onnxruntime-training 1.19.2 loads.
+MAX_IR_VERSION = 10
+#: The highest default-domain opset onnxruntime-training 1.19.2 loads.
+MAX_OPSET = 21
+
+ModelLike = Union[ModelProto, str, os.PathLike]
+
+FLOAT_TYPES = frozenset(
+    {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+)
+
+
+def load_model(model: ModelLike) -> ModelProto:
+    """Return a private copy of ``model`` (a ModelProto or the path of an .onnx file).
+
+    Raises ``TypeError`` for anything else and ``ValueError`` naming the file when it is
+    missing or not a valid ONNX model.
+    """
+    if isinstance(model, ModelProto):
+        copy = ModelProto()
+        copy.CopyFrom(model)
+        return copy
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise ValueError(f"model file {path!r} does not exist")
+        try:
+            loaded = onnx.load(path)
+        except Exception as exc:  # protobuf raises several types
+            raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
+        if not loaded.HasField("graph"):
+            raise ValueError(f"{path!r} is not a valid ONNX model: it has no graph")
+        return loaded
+    raise TypeError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
+
+
+def default_opset(model: ModelProto) -> int:
+    """The version of the default ONNX domain the model imports."""
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return op.version
+    raise ValueError("the model does not import the default ONNX domain")
+
+
+def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
+    """Clamp the IR version to what onnxruntime-training accepts and validate the model.
+
+    ``check_model(full_check=True)`` also runs strict shape inference, so a result that
+    passes here loads in onnxruntime.
+    """
+    if model.ir_version == 0 or model.ir_version > MAX_IR_VERSION:
+        model.ir_version = MAX_IR_VERSION
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def make_model_like(graph: onnx.GraphProto, template: ModelProto, **kwargs) -> ModelProto:
+    """A model around ``graph`` with the opsets, IR version and metadata of ``template``."""
+    model = helper.make_model(
+        graph,
+        opset_imports=list(template.opset_import),
+        ir_version=min(template.ir_version or MAX_IR_VERSION, MAX_IR_VERSION),
+        producer_name=kwargs.pop("producer_name", template.producer_name or "onnxgrad"),
+        **kwargs,
+    )
+    model.functions.extend(template.functions)
+    if template.doc_string:
+        model.doc_string = template.doc_string
+    for prop in template.metadata_props:
+        model.metadata_props.add().CopyFrom(prop)
+    return model
+
+
+def all_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name in the graph and its subgraphs (inputs, initializers, node outputs)."""
+    names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    names |= {i.name for i in graph.sparse_initializer if i.values.name}
+    names |= {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(n for n in node.input if n)
+        names.update(n for n in node.output if n)
+        for attr in node.attribute:
+            for sub in _subgraphs(attr):
+                names |= all_names(sub)
+    return names
+
+
+def _subgraphs(attr: onnx.AttributeProto) -> Iterable[onnx.GraphProto]:
+    if attr.type == onnx.AttributeProto.GRAPH:
+        yield attr.g
+    elif attr.type == onnx.AttributeProto.GRAPHS:
+        yield from attr.graphs
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The subgraphs held by a node's attributes (If branches, Loop/Scan bodies)."""
+    return [g for attr in node.attribute for g in _subgraphs(attr)]
+
+
+class NameScope:
+    """Hands out names that do not collide with the ones already used in a graph."""
+
+    def __init__(self, used: Iterable[str] = ()):
+        self._used = set(used)
+
+    def reserve(self, name: str) -> None:
+        self._used.add(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._used
+
+    def unique(self, base: str) -> str:
+        """``base`` itself if free, otherwise ``base_1``, ``base_2``..."""
+        name, i = base, 0
+        while name in self._used:
+            i += 1
+            name = f"{base}_{i}"
+        self._used.add(name)
+        return name
+
+
+def np_dtype(elem_type: int) -> np.dtype:
+    """numpy dtype of an ONNX tensor element type."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def elem_type(dtype) -> int:
+    """ONNX tensor element type of a numpy dtype."""
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))

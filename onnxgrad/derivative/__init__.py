@@ -1,0 +1,3 @@
+"""derivative layer (see the package docstring)."""
+
+__all__: list[str] = []

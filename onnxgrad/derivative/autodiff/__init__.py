@@ -1,0 +1,1 @@
+"""Native reverse-mode differentiation engine."""

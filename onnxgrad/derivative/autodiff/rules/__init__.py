@@ -1,0 +1,1 @@
+"""Gradient rules, one module per family of ops."""

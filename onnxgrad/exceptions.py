@@ -1,0 +1,5 @@
+"""Exceptions raised by onnxgrad."""
+
+
+class ConvergenceError(RuntimeError):
+    """Training diverged: the loss or a weight became non-finite."""

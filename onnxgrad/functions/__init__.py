@@ -1,0 +1,3 @@
+"""functions layer (see the package docstring)."""
+
+__all__: list[str] = []

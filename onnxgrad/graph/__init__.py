@@ -1,0 +1,3 @@
+"""graph layer (see the package docstring)."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""training layer (see the package docstring)."""
+
+__all__: list[str] = []
