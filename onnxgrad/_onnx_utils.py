@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Union
 
 import numpy as np
 import onnx
@@ -19,7 +18,7 @@ MAX_IR_VERSION = 10
 #: The highest default-domain opset onnxruntime-training 1.19.2 loads.
 MAX_OPSET = 21
 
-ModelLike = Union[ModelProto, str, os.PathLike]
+ModelLike = ModelProto | str | os.PathLike
 
 FLOAT_TYPES = frozenset(
     {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}

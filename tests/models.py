@@ -1,0 +1,68 @@
+"""Small models shared by the tests, built exactly as the seeds print them."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+
+def seed004_model(opset: int = 14) -> ModelProto:
+    """z = -1 - 2x + 3y + x^2/2 - y^2/3, the graph printed in seed 004 (opset 14)."""
+    f32 = np.float32
+    inits = {
+        "init": np.array([[0.5, -0.33333]], dtype=f32),
+        "init_1": np.array([[-2.0, 3.0]], dtype=f32),
+        "init_2": np.array([1], dtype=np.int64),
+        "init_3": np.array([2], dtype=np.int64),
+        "init_5": np.array([0], dtype=np.int64),
+        "init_b10": np.array([-1.0], dtype=f32),
+        "init_b11": np.array([-1, 1], dtype=np.int64),
+    }
+    node = helper.make_node
+    nodes = [
+        node("Mul", ["x", "x"], ["out_mul_0"]),
+        node("Mul", ["out_mul_0", "init"], ["out_mul_0_1"]),
+        node("Mul", ["x", "init_1"], ["out_mul_0_2"]),
+        node("Add", ["out_mul_0_2", "out_mul_0_1"], ["out_add_0"]),
+        node("Slice", ["out_add_0", "init_2", "init_3", "init_2"], ["out_sli_0"]),
+        node("Squeeze", ["out_sli_0", "init_2"], ["out_squ_0"]),
+        node("Slice", ["out_add_0", "init_5", "init_2", "init_2"], ["out_sli_0_1"]),
+        node("Squeeze", ["out_sli_0_1", "init_2"], ["out_squ_0_1"]),
+        node("Add", ["out_squ_0_1", "out_squ_0"], ["out_add_0_1"]),
+        node("Add", ["out_add_0_1", "init_b10"], ["out_add_0_2"]),
+        node("Reshape", ["out_add_0_2", "init_b11"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "seed004",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
+        [numpy_helper.from_array(v, name=k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def seed004_function(x: np.ndarray) -> np.ndarray:
+    """numpy reference of :func:`seed004_model` with its initial weights."""
+    poly = x * np.array([[-2.0, 3.0]]) + x * x * np.array([[0.5, -0.33333]])
+    return (poly[:, 0] + poly[:, 1] - 1.0).reshape((-1, 1))
+
+
+def linear_regression_model(coef: np.ndarray, intercept: np.ndarray) -> ModelProto:
+    """Y = X @ coefs + intercept, the graph of seed 000 (opset 14)."""
+    coef = coef.reshape((1, -1)) if coef.ndim == 1 else coef
+    coefs = coef.T.astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "coefs"], ["y1"], name="N1"),
+            helper.make_node("Add", ["y1", "intercept"], ["Y"], name="N2"),
+        ],
+        "lr",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, coefs.shape[0]])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, coefs.shape[1]])],
+        [
+            numpy_helper.from_array(coefs, name="coefs"),
+            numpy_helper.from_array(np.asarray(intercept, dtype=np.float32), name="intercept"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=7)
