@@ -1,3 +1,6 @@
-"""derivative layer (see the package docstring)."""
+"""Differentiation layer: :func:`onnx_derivative` and its backends."""
 
-__all__: list[str] = []
+from onnxgrad.derivative.api import onnx_derivative
+from onnxgrad.derivative.options import DerivativeOptions
+
+__all__ = ["DerivativeOptions", "onnx_derivative"]
