@@ -1,3 +1,19 @@
-"""graph layer (see the package docstring)."""
+"""Pure graph rewrites ``ModelProto -> ModelProto``: losses, weights, selection, text views.
 
-__all__: list[str] = []
+Every public function accepts an ``onnx.ModelProto`` or the path of an ``.onnx`` file, never
+modifies its argument, and returns a model that passes ``onnx.checker.check_model`` with
+``full_check=True``, keeps the input's opsets and has an IR version onnxruntime-training
+1.19.2 loads.
+"""
+
+from onnxgrad.graph.initializers import (
+    add_initializer,
+    get_train_initializer,
+    replace_initializers_into_onnx,
+)
+
+__all__ = [
+    "add_initializer",
+    "get_train_initializer",
+    "replace_initializers_into_onnx",
+]
