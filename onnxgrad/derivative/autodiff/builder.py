@@ -1,0 +1,265 @@
+"""What a gradient rule sees: the forward node (:class:`NodeView`) and a builder of new
+nodes (:class:`GradBuilder`) that knows types, shapes and the opset."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import NameScope, np_dtype
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """Element type and shape: ints, symbolic names (equal names, equal sizes), ``None`` for
+    unknown dims; ``shape=None`` when even the rank is unknown."""
+
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None
+
+
+class NodeView:
+    """Read-only view of a forward node: inputs (``''`` when omitted), outputs, attributes."""
+
+    def __init__(self, proto: NodeProto, opset: int):
+        self.proto = proto
+        self.opset = opset
+        self.op_type = proto.op_type
+        self.domain = proto.domain
+        self.name = proto.name
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self._attributes = {a.name: a for a in proto.attribute}
+
+    def input(self, index: int) -> str | None:
+        """Name of input ``index``, or ``None`` when it is absent or omitted."""
+        if index < len(self.inputs) and self.inputs[index]:
+            return self.inputs[index]
+        return None
+
+    def attr(self, name: str, default=None):
+        """Python value of an attribute (strings decoded), or ``default``."""
+        if name not in self._attributes:
+            return default
+        value = helper.get_attribute_value(self._attributes[name])
+        if isinstance(value, bytes):
+            return value.decode()
+        if isinstance(value, list) and value and isinstance(value[0], bytes):
+            return [v.decode() for v in value]
+        return value
+
+    def has_attr(self, name: str) -> bool:
+        return name in self._attributes
+
+    def __repr__(self) -> str:
+        return f"{self.op_type}({', '.join(self.inputs)}) -> {', '.join(self.outputs)}"
+
+
+class GraphEmitter:
+    """The gradient nodes under construction, with unique names and known value types."""
+
+    def __init__(self, scope: NameScope, types: dict[str, ValueType], opset: int):
+        self.scope = scope
+        self.types = types
+        self.opset = opset
+        self.nodes: list[NodeProto] = []
+        self._constants: dict[tuple, str] = {}
+
+    def emit(
+        self, op_type: str, inputs: Sequence[str | None], n_outputs: int, prefix: str, attrs: dict
+    ) -> list[str]:
+        outputs = [self.scope.unique(f"{prefix}{op_type}_out{i}") for i in range(n_outputs)]
+        name = self.scope.unique(f"{prefix}{op_type}")
+        clean_inputs = ["" if i is None else i for i in inputs]
+        while clean_inputs and clean_inputs[-1] == "":
+            clean_inputs.pop()
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        self.nodes.append(helper.make_node(op_type, clean_inputs, outputs, name=name, **attrs))
+        return outputs
+
+    def constant(self, value: np.ndarray, prefix: str) -> str:
+        """A ``Constant`` node (not an initializer, so the result is never taken for a weight)."""
+        value = np.ascontiguousarray(value)
+        key = (value.dtype.str, value.shape, value.tobytes())
+        if key in self._constants:
+            return self._constants[key]
+        name = self.scope.unique(f"{prefix}cst")
+        tensor = numpy_helper.from_array(value, name=name)
+        self.nodes.append(
+            helper.make_node(
+                "Constant", [], [name], name=self.scope.unique(f"{prefix}Constant"), value=tensor
+            )
+        )
+        self.types[name] = ValueType(tensor.data_type, value.shape)
+        self._constants[key] = name
+        return name
+
+
+class GradBuilder:
+    """Emits the gradient nodes of one forward node under the ``<node>_Grad/`` prefix.
+
+    Opset-aware helpers hide the attribute-to-input moves of Reduce*/Squeeze/Unsqueeze/Split.
+    """
+
+    def __init__(self, emitter: GraphEmitter, prefix: str):
+        self._emitter = emitter
+        self.prefix = prefix
+        self.opset = emitter.opset
+
+    # -- emission ---------------------------------------------------------------------------
+    def op(self, op_type: str, *inputs: str | None, outputs: int = 1, **attrs):
+        """Emit one default-domain node; returns its output name (a list if ``outputs > 1``)."""
+        names = self._emitter.emit(op_type, inputs, outputs, self.prefix, attrs)
+        return names[0] if outputs == 1 else names
+
+    def const(self, value, like: str | None = None, dtype=None) -> str:
+        """A constant tensor, with the element type of value ``like`` or ``dtype``."""
+        if like is not None:
+            dtype = np_dtype(self.dtype(like))
+        array = np.asarray(value, dtype=dtype)
+        return self._emitter.constant(array, self.prefix)
+
+    def ints(self, values: Sequence[int] | int) -> str:
+        """An int64 constant (axes, shapes, indices): 1-D for a sequence, 0-D for an int."""
+        return self._emitter.constant(np.asarray(values, dtype=np.int64), self.prefix)
+
+    # -- types ------------------------------------------------------------------------------
+    def value_type(self, name: str) -> ValueType:
+        if name not in self._emitter.types:
+            raise KeyError(f"the type of {name!r} is unknown to the gradient builder")
+        return self._emitter.types[name]
+
+    def dtype(self, name: str) -> int:
+        """ONNX element type of a forward value (or of a gradient: same as its value)."""
+        return self.value_type(name).elem_type
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        """Shape (ints, symbolic names, ``None`` unknown) or ``None`` when the rank is unknown."""
+        value = self._emitter.types.get(name)
+        return None if value is None else value.shape
+
+    def rank(self, name: str) -> int | None:
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape if every dimension is known, else ``None``."""
+        shape = self.shape(name)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return tuple(shape)
+
+    def set_type(self, name: str, like: str) -> str:
+        """Declare that ``name`` has the element type and shape of ``like``."""
+        if like in self._emitter.types:
+            self._emitter.types[name] = self._emitter.types[like]
+        return name
+
+    # -- opset-aware helpers ----------------------------------------------------------------
+    def shape_of(self, x: str) -> str:
+        return self.op("Shape", x)
+
+    def zeros_like(self, x: str) -> str:
+        return self.op("ConstantOfShape", self.shape_of(x), value=self._scalar_tensor(0, x))
+
+    def ones_like(self, x: str) -> str:
+        return self.op("ConstantOfShape", self.shape_of(x), value=self._scalar_tensor(1, x))
+
+    def _scalar_tensor(self, value, like: str) -> TensorProto:
+        return numpy_helper.from_array(np.array([value], dtype=np_dtype(self.dtype(like))))
+
+    def reduce(self, op_type: str, x: str, axes: Sequence[int] | str | None, keepdims: bool):
+        """``Reduce*`` over ``axes`` (a list, the name of an int64 tensor, or None for all)."""
+        moved = 13 if op_type == "ReduceSum" else 18
+        if axes is None:
+            return self.op(op_type, x, keepdims=int(keepdims))
+        if self.opset >= moved:
+            axes_input = axes if isinstance(axes, str) else self.ints(list(axes))
+            return self.op(op_type, x, axes_input, keepdims=int(keepdims))
+        if isinstance(axes, str):
+            raise NotImplementedError(f"{op_type} with dynamic axes needs opset >= {moved}")
+        return self.op(op_type, x, axes=list(axes), keepdims=int(keepdims))
+
+    def reduce_sum(self, x: str, axes: Sequence[int] | str | None, keepdims: bool = True) -> str:
+        return self.reduce("ReduceSum", x, axes, keepdims)
+
+    def unsqueeze(self, x: str, axes: Sequence[int] | str) -> str:
+        if self.opset >= 13:
+            return self.op("Unsqueeze", x, axes if isinstance(axes, str) else self.ints(axes))
+        return self.op("Unsqueeze", x, axes=list(axes))
+
+    def squeeze(self, x: str, axes: Sequence[int] | str) -> str:
+        if self.opset >= 13:
+            return self.op("Squeeze", x, axes if isinstance(axes, str) else self.ints(axes))
+        return self.op("Squeeze", x, axes=list(axes))
+
+    def add(self, a: str, b: str) -> str:
+        return self.op("Add", a, b)
+
+    def mul(self, a: str, b: str) -> str:
+        return self.op("Mul", a, b)
+
+    def neg(self, a: str) -> str:
+        return self.op("Neg", a)
+
+    def unbroadcast(self, grad: str, target: str, grad_shape: tuple | None) -> str:
+        """Sum ``grad`` (of static shape ``grad_shape``, possibly unknown) down to the shape
+        of ``target``, undoing numpy-style broadcasting with standard ops only."""
+        return unbroadcast(self, grad, target, grad_shape)
+
+
+def unbroadcast(b: GradBuilder, grad: str, target: str, grad_shape: tuple | None) -> str:
+    """Reduce a broadcast gradient to ``target``'s shape.
+
+    Leading axes that ``target`` lacks are summed away; then every axis where ``target`` has
+    size 1 is summed with ``keepdims=1`` (a no-op where the gradient has size 1 too). When
+    every axis can be decided from the shapes (known sizes, equal symbolic names) the axes
+    are constants; otherwise they are computed with ``Shape``/``Equal``/``NonZero``.
+    """
+    target_shape = b.shape(target)
+    axes = _static_reduction_axes(grad_shape, target_shape)
+    if axes is None:
+        return _dynamic_unbroadcast(b, grad, target, grad_shape, target_shape)
+    if not axes:
+        return grad
+    lead = len(grad_shape) - len(target_shape)
+    reduced = b.reduce_sum(grad, axes, keepdims=True)
+    if lead == 0:
+        return reduced
+    if all(isinstance(d, int) for d in target_shape):
+        return b.op("Reshape", reduced, b.ints(list(target_shape)))
+    return b.op("Reshape", reduced, b.shape_of(target))
+
+
+def _static_reduction_axes(grad_shape: tuple | None, target_shape: tuple | None):
+    """The axes to sum, or ``None`` when the shapes cannot decide it."""
+    if grad_shape is None or target_shape is None or len(grad_shape) < len(target_shape):
+        return None
+    lead = len(grad_shape) - len(target_shape)
+    axes = list(range(lead))
+    for i, dim in enumerate(target_shape):
+        other = grad_shape[lead + i]
+        if dim == 1:
+            if other != 1:
+                axes.append(lead + i)
+        elif dim is None or (dim != other and not isinstance(dim, int)):
+            return None
+    return axes
+
+
+def _dynamic_unbroadcast(b, grad, target, grad_shape, target_shape) -> str:
+    if grad_shape is not None and target_shape is not None:
+        lead = len(grad_shape) - len(target_shape)
+        if lead > 0:
+            grad = b.reduce_sum(grad, list(range(lead)), keepdims=False)
+    else:
+        rank_gap = b.op("Sub", b.op("Size", b.shape_of(grad)), b.op("Size", b.shape_of(target)))
+        lead_axes = b.op("Range", b.ints(0), rank_gap, b.ints(1))
+        grad = b.op("ReduceSum", grad, lead_axes, keepdims=0, noop_with_empty_axes=1)
+    target_dims = b.shape_of(target)
+    ones = b.op("Equal", target_dims, b.ints(1))
+    axes = b.op("Reshape", b.op("NonZero", ones), b.ints([-1]))
+    return b.op("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)

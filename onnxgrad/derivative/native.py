@@ -1,0 +1,206 @@
+"""``backend="onnx"``: gradient graphs made of default-domain ONNX operators only.
+
+The result keeps the forward nodes it needs, turns the differentiated weights into graph
+inputs, seeds the output gradients (``<output>_grad`` inputs, ones, or 1 for the loss) and
+appends the nodes emitted by :class:`~onnxgrad.derivative.autodiff.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, ValueInfoProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import (
+    NameScope,
+    all_names,
+    default_opset,
+    finalize_model,
+    make_model_like,
+    np_dtype,
+)
+from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
+from onnxgrad.derivative.autodiff.builder import ValueType
+from onnxgrad.derivative.autodiff.engine import Engine, node_inputs
+from onnxgrad.derivative.options import DerivativeOptions
+
+
+def native_derivative(request: DerivativeRequest) -> ModelProto:
+    """Build the gradient model described in :mod:`onnxgrad.derivative.api`."""
+    model = request.model
+    opset = default_opset(model)
+    types = infer_value_types(model)
+    graph = model.graph
+    scope = NameScope(all_names(graph))
+    sources = [*request.inputs, *request.weights]
+    _check_free_names(scope, [f"{x}_grad" for x in sources])
+
+    engine = Engine(graph, types, opset, scope)
+    seed_inputs, seeds = _seed_output_gradients(engine, request, types)
+    gradients = engine.gradients(sources, seeds)
+
+    grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
+    kept_outputs = _kept_outputs(graph, request)
+    new_graph = helper.make_graph(
+        [],
+        f"{graph.name}_grad" if graph.name else "gradient",
+        _new_inputs(graph, request) + seed_inputs,
+        grad_outputs + kept_outputs,
+        [i for i in graph.initializer if i.name not in set(request.weights)],
+    )
+    nodes = list(graph.node) + engine.emitted_nodes + tail_nodes
+    new_graph.node.extend(_prune(nodes, [o.name for o in new_graph.output]))
+    _drop_unused_initializers(new_graph)
+    result = make_model_like(new_graph, model)
+    check_default_domain_only(engine.emitted_nodes + tail_nodes)
+    return finalize_model(result)
+
+
+def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
+    """Element type and static shape of every value the shape inference can type."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # inference is best effort: rules fall back to dynamic shapes
+        inferred = model
+    graph = inferred.graph
+    types: dict[str, ValueType] = {}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types[info.name] = _value_type(info)
+    for init in graph.initializer:
+        types[init.name] = ValueType(init.data_type, tuple(init.dims))
+    return types
+
+
+def _value_type(info: ValueInfoProto) -> ValueType:
+    tensor = info.type.tensor_type
+    if not tensor.HasField("shape"):
+        return ValueType(tensor.elem_type, None)
+    return ValueType(tensor.elem_type, tuple(_dim(d) for d in tensor.shape.dim))
+
+
+def _dim(dim) -> int | str | None:
+    if dim.HasField("dim_value"):
+        return dim.dim_value
+    return dim.dim_param or None
+
+
+def _check_free_names(scope: NameScope, names: list[str]) -> None:
+    taken = [n for n in names if n in scope]
+    if taken:
+        raise ValueError(f"the gradient output names {taken} are already used in the model")
+    for name in names:
+        scope.reserve(name)
+
+
+def _seed_output_gradients(
+    engine: Engine, request: DerivativeRequest, types: dict[str, ValueType]
+) -> tuple[list[ValueInfoProto], dict[str, str]]:
+    """Graph inputs ``<output>_grad`` (``Zero``) or constant seeds (``FillGrad``, ``Loss``)."""
+    outputs = list(request.model.graph.output)
+    options = request.options
+    if DerivativeOptions.Loss in options:
+        loss = next(o for o in outputs if o.name == request.loss)
+        return [], {loss.name: _ones_like(engine, loss.name, types)}
+    if DerivativeOptions.FillGrad in options:
+        return [], {o.name: _ones_like(engine, o.name, types) for o in outputs}
+    seed_inputs, seeds = [], {}
+    for output in outputs:
+        name = f"{output.name}_grad"
+        if name in engine.emitter.scope:
+            raise ValueError(f"cannot add the input {name!r}: the name is already used")
+        engine.emitter.scope.reserve(name)
+        info = ValueInfoProto()
+        info.CopyFrom(output)
+        info.name = name
+        seed_inputs.append(info)
+        seeds[output.name] = name
+        if output.name in types:
+            types[name] = types[output.name]
+    return seed_inputs, seeds
+
+
+def _ones_like(engine: Engine, name: str, types: dict[str, ValueType]) -> str:
+    value = types.get(name)
+    if value is None:
+        raise ValueError(f"the element type of output {name!r} is unknown: cannot seed ones")
+    one = numpy_helper.from_array(np.array([1], dtype=np_dtype(value.elem_type)))
+    seed = engine.emitter.emit(
+        "ConstantOfShape",
+        engine.emitter.emit("Shape", [name], 1, f"{name}_seed/", {}),
+        1,
+        f"{name}_seed/",
+        {"value": one},
+    )[0]
+    types[seed] = value
+    return seed
+
+
+def _gradient_outputs(
+    engine: Engine, gradients: dict[str, str | None], types: dict[str, ValueType]
+) -> tuple[list[ValueInfoProto], list]:
+    """One ``<x>_grad`` output per source; structural zeros become zeros of x's shape."""
+    outputs, nodes = [], []
+    for source, grad in gradients.items():
+        name = f"{source}_grad"
+        value = types[source]
+        if grad is None:
+            zero = numpy_helper.from_array(np.array([0], dtype=np_dtype(value.elem_type)))
+            shape = helper.make_node("Shape", [source], [f"{name}_shape"], name=f"{name}_Shape")
+            nodes += [
+                shape,
+                helper.make_node(
+                    "ConstantOfShape", [shape.output[0]], [name], name=f"{name}_Zeros", value=zero
+                ),
+            ]
+        else:
+            nodes.append(helper.make_node("Identity", [grad], [name], name=f"{name}_Identity"))
+        dims = None if value.shape is None else [d if d is not None else "" for d in value.shape]
+        outputs.append(helper.make_tensor_value_info(name, value.elem_type, dims))
+    return outputs, nodes
+
+
+def _new_inputs(graph: GraphProto, request: DerivativeRequest) -> list[ValueInfoProto]:
+    """The model's inputs (minus initializers listed as inputs), then the weights."""
+    inputs = {i.name: i for i in graph.input}
+    result = [inputs[name] for name in graph_inputs(request.model)]
+    initializers = {i.name: i for i in graph.initializer}
+    for weight in request.weights:
+        init = initializers[weight]
+        result.append(helper.make_tensor_value_info(weight, init.data_type, list(init.dims)))
+    return result
+
+
+def _kept_outputs(graph: GraphProto, request: DerivativeRequest) -> list[ValueInfoProto]:
+    options = request.options
+    if DerivativeOptions.KeepOutputs in options:
+        return list(graph.output)
+    if DerivativeOptions.Loss in options:
+        return [o for o in graph.output if o.name == request.loss]
+    return []
+
+
+def _prune(nodes: list, outputs: list[str]) -> list:
+    """Keep the nodes an output depends on, in their original order."""
+    needed = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node_inputs(node))
+    return kept[::-1]
+
+
+def _drop_unused_initializers(graph: GraphProto) -> None:
+    used = {name for node in graph.node for name in node_inputs(node)}
+    used |= {o.name for o in graph.output}
+    kept = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def check_default_domain_only(nodes: list) -> None:
+    """Post-condition: every emitted gradient node belongs to the default ONNX domain."""
+    foreign = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in ("", "ai.onnx")})
+    if foreign:
+        raise AssertionError(f"the native engine emitted non-standard ops {foreign}")

@@ -1,0 +1,178 @@
+"""Gradient checks of single ops (or tiny graphs) against central finite differences.
+
+A case describes one node; :func:`check_case` builds the model, asks the native engine
+for the gradient graph (``DerivativeOptions.Zero`` with random output gradients ``g``),
+and compares it, evaluated by ``onnx.reference.ReferenceEvaluator`` in float64, with
+``(f(x + eps e_j) - f(x - eps e_j)) / (2 eps)`` where ``f = sum_k <y_k, g_k>``.
+The same case in float32 also runs through onnxruntime, to prove the emitted graph loads
+and computes the same values there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxgrad import onnx_derivative
+
+FLOATS = (np.float16, np.float32, np.float64)
+
+
+@dataclass
+class OpCase:
+    """One parametrised entry of the rule table.
+
+    ``inputs`` maps the node's input names to values, in order; ``None`` leaves that optional
+    input out. Float inputs become graph inputs (differentiated unless ``wrt`` says
+    otherwise); the others become initializers. ``graph`` replaces the single node by a
+    function ``(inputs names, output names) -> list of nodes`` for multi-node cases.
+    """
+
+    op_type: str
+    inputs: dict[str, np.ndarray | None]
+    attrs: dict = field(default_factory=dict)
+    opset: int = 18
+    wrt: tuple[str, ...] | None = None
+    constants: tuple[str, ...] = ()
+    n_outputs: int = 1
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    eps: float = 1e-6
+    id: str = ""
+    domain: str = ""
+    graph: Callable[[list[str], list[str]], list[onnx.NodeProto]] | None = None
+    check_ort: bool = True
+    ort_rtol: float = 2e-3
+    ort_atol: float = 2e-3
+
+    def __post_init__(self):
+        if not self.id:
+            self.id = self.op_type
+
+    @property
+    def differentiated(self) -> list[str]:
+        if self.wrt is not None:
+            return list(self.wrt)
+        return [
+            n
+            for n, v in self.inputs.items()
+            if v is not None and n not in self.constants and v.dtype.type in FLOATS
+        ]
+
+
+def case_model(case: OpCase, dtype=np.float64, dynamic: bool = False) -> tuple[ModelProto, dict]:
+    """The model of a case and its feeds, float inputs cast to ``dtype``.
+
+    With ``dynamic=True`` every graph input has unknown dims (exercises dynamic shapes).
+    """
+    feeds, graph_inputs, initializers, node_inputs = {}, [], [], []
+    for name, value in case.inputs.items():
+        if value is None:
+            node_inputs.append("")
+            continue
+        node_inputs.append(name)
+        is_float = value.dtype.type in FLOATS
+        value = value.astype(dtype) if is_float else value
+        if is_float and name not in case.constants:
+            feeds[name] = value
+            dims = [None] * value.ndim if dynamic else list(value.shape)
+            elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+            graph_inputs.append(helper.make_tensor_value_info(name, elem, dims))
+        else:
+            initializers.append(numpy_helper.from_array(value, name=name))
+    outputs = [f"y{k}" for k in range(case.n_outputs)]
+    if case.graph is not None:
+        nodes = case.graph(node_inputs, outputs)
+    else:
+        node = helper.make_node(
+            case.op_type, node_inputs, outputs, domain=case.domain, **case.attrs
+        )
+        nodes = [node]
+    out_infos = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    graph = helper.make_graph(nodes, "case", graph_inputs, out_infos, initializers)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=9
+    )
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    types = {o.name: o.type for o in inferred.graph.output}
+    for out in model.graph.output:
+        out.type.CopyFrom(types[out.name])
+    onnx.checker.check_model(model, full_check=True)
+    return model, feeds
+
+
+def _weighted_sum(outputs: list[np.ndarray], weights: list[np.ndarray]) -> float:
+    return float(sum(np.sum(o.astype(np.float64) * w) for o, w in zip(outputs, weights)))
+
+
+def finite_differences(
+    model: ModelProto, feeds: dict, name: str, out_grads: list[np.ndarray], eps: float
+) -> np.ndarray:
+    """Central differences of ``sum_k <y_k, g_k>`` with respect to input ``name``."""
+    session = ReferenceEvaluator(model)
+    base = feeds[name]
+    grad = np.zeros(base.shape, dtype=np.float64)
+    for j in np.ndindex(base.shape):
+        values = []
+        for sign in (1.0, -1.0):
+            shifted = base.copy()
+            shifted[j] += sign * eps
+            outputs = session.run(None, {**feeds, name: shifted})
+            values.append(_weighted_sum(outputs, out_grads))
+        grad[j] = (values[0] - values[1]) / (2 * eps)
+    return grad
+
+
+def gradient_feeds(case: OpCase, model: ModelProto, feeds: dict, seed: int = 0):
+    """Random output gradients shaped like the outputs."""
+    outputs = ReferenceEvaluator(model).run(None, feeds)
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(np.shape(o)).astype(np.asarray(o).dtype) for o in outputs]
+
+
+def check_case(case: OpCase, dynamic: bool = False) -> None:
+    """Assert the native gradient of ``case`` equals finite differences (and runs in ORT)."""
+    model, feeds = case_model(case, np.float64, dynamic)
+    wrt = case.differentiated
+    grad_model = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
+    assert {n.domain for n in grad_model.graph.node} <= {""}, "non-standard op emitted"
+    out_grads = gradient_feeds(case, model, feeds)
+    grad_feeds = {**feeds, **{f"y{k}_grad": g for k, g in enumerate(out_grads)}}
+    got = dict(
+        zip(
+            [o.name for o in grad_model.graph.output],
+            ReferenceEvaluator(grad_model).run(None, grad_feeds),
+        )
+    )
+    for name in wrt:
+        expected = finite_differences(model, feeds, name, out_grads, case.eps)
+        np.testing.assert_allclose(
+            got[f"{name}_grad"], expected, rtol=case.rtol, atol=case.atol,
+            err_msg=f"{case.id}: gradient of {name!r} (dynamic={dynamic})",
+        )  # fmt: skip
+        assert got[f"{name}_grad"].shape == feeds[name].shape
+    if case.check_ort:
+        _check_ort(case, dynamic, got)
+
+
+def _check_ort(case: OpCase, dynamic: bool, reference: dict) -> None:
+    """The float32 gradient graph runs in onnxruntime and agrees with the float64 one."""
+    model, feeds = case_model(case, np.float32, dynamic)
+    grad_model = onnx_derivative(model, weights=[], inputs=case.differentiated, backend="onnx")
+    out_grads = [g.astype(np.float32) for g in gradient_feeds(case, model, feeds)]
+    grad_feeds = {**feeds, **{f"y{k}_grad": g for k, g in enumerate(out_grads)}}
+    session = onnxruntime.InferenceSession(
+        grad_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in grad_model.graph.output]
+    for name, value in zip(names, session.run(None, grad_feeds)):
+        np.testing.assert_allclose(
+            value, reference[name], rtol=case.ort_rtol, atol=case.ort_atol,
+            err_msg=f"{case.id}: onnxruntime float32 gradient of {name!r}",
+        )  # fmt: skip
