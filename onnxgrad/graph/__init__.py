@@ -11,9 +11,14 @@ from onnxgrad.graph.initializers import (
     get_train_initializer,
     replace_initializers_into_onnx,
 )
+from onnxgrad.graph.loss import add_loss_output
+from onnxgrad.graph.select import remove_unused_nodes, select_model_inputs_outputs
 
 __all__ = [
     "add_initializer",
+    "add_loss_output",
     "get_train_initializer",
+    "remove_unused_nodes",
     "replace_initializers_into_onnx",
+    "select_model_inputs_outputs",
 ]

@@ -1,0 +1,60 @@
+"""Appending nodes and constants to a graph with fresh names, in the form its opset wants."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import GraphProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import NameScope, all_names
+from onnxgrad.graph._scopes import iter_graphs
+
+
+class GraphBuilder:
+    """Adds nodes and initializers to ``graph`` (in place), every new name prefixed by
+    ``prefix`` and unique across the graph and its subgraphs."""
+
+    def __init__(self, graph: GraphProto, opset: int, prefix: str):
+        self.graph = graph
+        self.opset = opset
+        self.prefix = prefix
+        self._values = NameScope(all_names(graph))
+        self._nodes = NameScope(n.name for g in iter_graphs(graph) for n in g.node if n.name)
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attributes) -> str:
+        """Append ``op_type(inputs)`` and return its output name (``out`` if given)."""
+        if out is None:
+            out = self._values.unique(f"{self.prefix}_{op_type.lower()}")
+        else:
+            self._values.reserve(out)
+        node_name = self._nodes.unique(f"{self.prefix}_{op_type}")
+        self.graph.node.append(
+            helper.make_node(op_type, list(inputs), [out], name=node_name, **attributes)
+        )
+        return out
+
+    def const(self, value: np.ndarray, base: str) -> str:
+        """Add an initializer holding ``value`` and return its name."""
+        name = self._values.unique(f"{self.prefix}_{base}")
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name=name))
+        return name
+
+    def reduce(
+        self,
+        op_type: str,
+        x: str,
+        axes: list[int] | None = None,
+        keepdims: int = 0,
+        out: str | None = None,
+    ) -> str:
+        """``op_type`` (a Reduce* op) over ``axes``, all axes when ``None``.
+
+        Axes are an input from opset 13 for ReduceSum and from 18 for the others, an
+        attribute before.
+        """
+        if axes is None:
+            return self.op(op_type, x, out=out, keepdims=keepdims)
+        axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
+        if axes_as_input:
+            axes_name = self.const(np.array(axes, dtype=np.int64), "axes")
+            return self.op(op_type, x, axes_name, out=out, keepdims=keepdims)
+        return self.op(op_type, x, out=out, axes=list(axes), keepdims=keepdims)
