@@ -66,3 +66,38 @@ def linear_regression_model(coef: np.ndarray, intercept: np.ndarray) -> ModelPro
         ],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=7)
+
+
+def tanh_mlp_loss_model(n_features: int = 3, hidden: int = 4, dtype=np.float64, seed: int = 0):
+    """loss = sum((tanh(X W1 + b1) W2 + b2 - label)^2), weights W1, b1, W2, b2 (opset 18)."""
+    rng = np.random.default_rng(seed)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    weights = {
+        "W1": rng.standard_normal((n_features, hidden)).astype(dtype),
+        "b1": rng.standard_normal(hidden).astype(dtype),
+        "W2": rng.standard_normal((hidden, 1)).astype(dtype),
+        "b2": rng.standard_normal(1).astype(dtype),
+    }
+    node = helper.make_node
+    nodes = [
+        node("MatMul", ["X", "W1"], ["h0"]),
+        node("Add", ["h0", "b1"], ["h1"]),
+        node("Tanh", ["h1"], ["h2"]),
+        node("MatMul", ["h2", "W2"], ["o0"]),
+        node("Add", ["o0", "b2"], ["y"]),
+        node("Sub", ["y", "label"], ["d"]),
+        node("Mul", ["d", "d"], ["d2"]),
+        node("ReduceSum", ["d2"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tanh_mlp",
+        [
+            helper.make_tensor_value_info("X", elem, ["N", n_features]),
+            helper.make_tensor_value_info("label", elem, ["N", 1]),
+        ],
+        [helper.make_tensor_value_info("loss", elem, [])],
+        [numpy_helper.from_array(v, name=k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    return model, weights

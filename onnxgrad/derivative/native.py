@@ -18,6 +18,7 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     make_model_like,
     np_dtype,
+    subgraphs,
 )
 from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
 from onnxgrad.derivative.autodiff.builder import ValueType
@@ -29,11 +30,13 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     """Build the gradient model described in :mod:`onnxgrad.derivative.api`."""
     model = request.model
     opset = default_opset(model)
+    sources = [*request.inputs, *request.weights]
+    _free_names(model, request, [f"{x}_grad" for x in sources])
     types = infer_value_types(model)
     graph = model.graph
     scope = NameScope(all_names(graph))
-    sources = [*request.inputs, *request.weights]
-    _check_free_names(scope, [f"{x}_grad" for x in sources])
+    for name in (f"{x}_grad" for x in sources):
+        scope.reserve(name)
 
     engine = Engine(graph, types, opset, scope)
     seed_inputs, seeds = _seed_output_gradients(engine, request, types)
@@ -85,12 +88,42 @@ def _dim(dim) -> int | str | None:
     return dim.dim_param or None
 
 
-def _check_free_names(scope: NameScope, names: list[str]) -> None:
-    taken = [n for n in names if n in scope]
-    if taken:
-        raise ValueError(f"the gradient output names {taken} are already used in the model")
-    for name in names:
-        scope.reserve(name)
+def _free_names(model: ModelProto, request: DerivativeRequest, names: list[str]) -> None:
+    """Make ``names`` (the new outputs and seed inputs) free in ``model``.
+
+    An intermediate value already called so (typically ``w_grad`` when a gradient graph is
+    differentiated again) is renamed; a clash with an input, an initializer or an output
+    the result keeps is an error.
+    """
+    graph = model.graph
+    if DerivativeOptions.Loss in request.options or DerivativeOptions.FillGrad in request.options:
+        seeds = []
+    else:
+        seeds = [f"{o.name}_grad" for o in graph.output]
+    wanted = [*names, *seeds]
+    kept = {o.name for o in _kept_outputs(graph, request)}
+    fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer} | kept
+    clashes = [n for n in wanted if n in fixed]
+    if clashes:
+        raise ValueError(
+            f"cannot name the gradient values {clashes}: the model already has inputs, "
+            "initializers or kept outputs with these names"
+        )
+    scope = NameScope(all_names(graph) | set(wanted))
+    renames = {n: scope.unique(f"{n}_fw") for n in wanted if n in all_names(graph)}
+    if renames:
+        rename_values(graph, renames)
+
+
+def rename_values(graph: GraphProto, renames: dict[str, str]) -> None:
+    """Rename values everywhere in ``graph`` and its subgraphs (outer-scope references too)."""
+    for node in graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+        for sub in subgraphs(node):
+            rename_values(sub, renames)
+    for info in [*graph.output, *graph.value_info]:
+        info.name = renames.get(info.name, info.name)
 
 
 def _seed_output_gradients(
