@@ -12,12 +12,16 @@ from onnxgrad.graph.initializers import (
     replace_initializers_into_onnx,
 )
 from onnxgrad.graph.loss import add_loss_output
+from onnxgrad.graph.names import onnx_rename_weights
 from onnxgrad.graph.select import remove_unused_nodes, select_model_inputs_outputs
+from onnxgrad.graph.text import onnx_simple_text_plot
 
 __all__ = [
     "add_initializer",
     "add_loss_output",
     "get_train_initializer",
+    "onnx_rename_weights",
+    "onnx_simple_text_plot",
     "remove_unused_nodes",
     "replace_initializers_into_onnx",
     "select_model_inputs_outputs",

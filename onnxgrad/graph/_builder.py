@@ -20,10 +20,13 @@ class GraphBuilder:
         self._values = NameScope(all_names(graph))
         self._nodes = NameScope(n.name for g in iter_graphs(graph) for n in g.node if n.name)
 
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attributes) -> str:
-        """Append ``op_type(inputs)`` and return its output name (``out`` if given)."""
+    def op(
+        self, op_type: str, *inputs: str, out: str | None = None, hint: str = "", **attributes
+    ) -> str:
+        """Append ``op_type(inputs)`` and return its output name: ``out`` if given, else a
+        fresh ``<prefix>_<hint>`` (the hint defaults to the op type)."""
         if out is None:
-            out = self._values.unique(f"{self.prefix}_{op_type.lower()}")
+            out = self._values.unique(f"{self.prefix}_{hint or op_type.lower()}")
         else:
             self._values.reserve(out)
         node_name = self._nodes.unique(f"{self.prefix}_{op_type}")
@@ -45,6 +48,7 @@ class GraphBuilder:
         axes: list[int] | None = None,
         keepdims: int = 0,
         out: str | None = None,
+        hint: str = "",
     ) -> str:
         """``op_type`` (a Reduce* op) over ``axes``, all axes when ``None``.
 
@@ -52,9 +56,9 @@ class GraphBuilder:
         attribute before.
         """
         if axes is None:
-            return self.op(op_type, x, out=out, keepdims=keepdims)
+            return self.op(op_type, x, out=out, hint=hint, keepdims=keepdims)
         axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
         if axes_as_input:
             axes_name = self.const(np.array(axes, dtype=np.int64), "axes")
-            return self.op(op_type, x, axes_name, out=out, keepdims=keepdims)
-        return self.op(op_type, x, out=out, axes=list(axes), keepdims=keepdims)
+            return self.op(op_type, x, axes_name, out=out, hint=hint, keepdims=keepdims)
+        return self.op(op_type, x, out=out, hint=hint, axes=list(axes), keepdims=keepdims)

@@ -63,7 +63,7 @@ def add_loss_output(
 
     Without ``weight_name``, ``w_i = 1`` (so the classification losses are means, as
     scikit-learn's ``log_loss``). The regression labels have the prediction's type and
-    shape; classification labels are int64 class indices, ``[N]`` or ``[N, 1]``.
+    shape; classification labels are int64 class indices of shape ``[N]``.
     Probabilities are clipped to ``[eps, 1 - eps]`` before the log (keyword ``eps``,
     default: the machine epsilon of the dtype, as scikit-learn's ``log_loss``).
 
@@ -98,8 +98,9 @@ def add_loss_output(
     data_term = score.build(
         builder, prediction, label_name, weight_name, dtype, data_out, **score.options
     )
-    if penalty_terms:
-        builder.op("Sum", data_term, *penalty_terms, out=loss_name)
+    for k, term in enumerate(penalty_terms):
+        last = k == len(penalty_terms) - 1
+        data_term = builder.op("Add", data_term, term, out=loss_name if last else None)
 
     del graph.output[:]
     graph.output.extend([helper.make_tensor_value_info(loss_name, dtype, []), prediction])
@@ -178,7 +179,7 @@ def _dims(info: ValueInfoProto) -> list:
 
 def _label_info(prediction: ValueInfoProto, name: str, classification: bool) -> ValueInfoProto:
     if classification:
-        info = helper.make_tensor_value_info(name, TensorProto.INT64, None)
+        info = helper.make_tensor_value_info(name, TensorProto.INT64, _dims(prediction)[:1])
     else:
         info = ValueInfoProto()
         info.CopyFrom(prediction)
@@ -230,31 +231,32 @@ def _penalty_term(
     b: GraphBuilder, graph: GraphProto, name: str, kind: str, coef: float, dtype: int
 ) -> str:
     """``coef * sum |W|`` (``l1``) or ``coef * sum W^2`` (``l2``) in the loss dtype."""
-    magnitude = b.op("Abs", name) if kind == "l1" else b.op("Mul", name, name)
-    total = b.reduce("ReduceSum", magnitude)
+    magnitude = b.op("Abs", name) if kind == "l1" else b.op("Mul", name, name, hint="square")
+    total = b.reduce("ReduceSum", magnitude, hint=f"{kind}_{name}")
     weight_type = next(i.data_type for i in graph.initializer if i.name == name)
     if weight_type != dtype:
         total = b.op("Cast", total, to=dtype)
-    return b.op("Mul", total, b.const(np.array(coef, dtype=np_dtype(dtype)), f"{kind}_{name}"))
+    coef_name = b.const(np.array(coef, dtype=np_dtype(dtype)), f"{kind}_coef_{name}")
+    return b.op("Mul", total, coef_name, hint=f"penalty_{kind}_{name}")
 
 
 def _sum_per_sample(b: GraphBuilder, elementwise: str, weight: str | None, out: str | None) -> str:
     """``sum_i w_i sum_j e_ij`` over the samples ``i`` (first axis) of ``e``."""
     if weight is None:
         return b.reduce("ReduceSum", elementwise, out=out)
-    rows = b.op("Flatten", elementwise, axis=1)
-    per_sample = b.reduce("ReduceSum", rows, axes=[1])
-    return b.reduce("ReduceSum", b.op("Mul", per_sample, weight), out=out)
+    rows = b.op("Flatten", elementwise, axis=1, hint="rows")
+    per_sample = b.reduce("ReduceSum", rows, axes=[1], hint="per_sample")
+    return b.reduce("ReduceSum", b.op("Mul", per_sample, weight, hint="weighted"), out=out)
 
 
 def _squared_error(b, prediction, label, weight, dtype, out) -> str:
-    diff = b.op("Sub", prediction.name, label)
-    return _sum_per_sample(b, b.op("Mul", diff, diff), weight, out)
+    diff = b.op("Sub", prediction.name, label, hint="diff")
+    return _sum_per_sample(b, b.op("Mul", diff, diff, hint="diff_2"), weight, out)
 
 
 def _absolute_error(b, prediction, label, weight, dtype, out) -> str:
-    diff = b.op("Sub", prediction.name, label)
-    return _sum_per_sample(b, b.op("Abs", diff), weight, out)
+    diff = b.op("Sub", prediction.name, label, hint="diff")
+    return _sum_per_sample(b, b.op("Abs", diff, hint="abs_diff"), weight, out)
 
 
 def _elastic(b, prediction, label, weight, dtype, out, l1_weight, l2_weight) -> str:
@@ -262,12 +264,12 @@ def _elastic(b, prediction, label, weight, dtype, out, l1_weight, l2_weight) -> 
         if not _is_number(value) or not np.isfinite(value):
             raise ValueError(f"{arg} must be a finite number, got {value!r}")
     np_type = np_dtype(dtype)
-    diff = b.op("Sub", prediction.name, label)
-    l1 = b.op("Mul", b.op("Abs", diff), b.const(np.array(l1_weight, dtype=np_type), "l1_weight"))
-    l2 = b.op(
-        "Mul", b.op("Mul", diff, diff), b.const(np.array(l2_weight, dtype=np_type), "l2_weight")
-    )
-    return _sum_per_sample(b, b.op("Add", l1, l2), weight, out)
+    diff = b.op("Sub", prediction.name, label, hint="diff")
+    l1_coef = b.const(np.array(l1_weight, dtype=np_type), "l1_weight")
+    l2_coef = b.const(np.array(l2_weight, dtype=np_type), "l2_weight")
+    l1 = b.op("Mul", b.op("Abs", diff, hint="abs_diff"), l1_coef, hint="l1")
+    l2 = b.op("Mul", b.op("Mul", diff, diff, hint="diff_2"), l2_coef, hint="l2")
+    return _sum_per_sample(b, b.op("Add", l1, l2, hint="elastic"), weight, out)
 
 
 def _log(b, prediction, label, weight, dtype, out, eps) -> str:
@@ -289,19 +291,28 @@ def _cross_entropy(b, prediction, label, weight, dtype, out, eps, probabilities)
             raise ValueError(f"eps must be a number in (0, 0.5), got {eps!r}")
         low = b.const(np.array(eps, dtype=np_type), "eps")
         high = b.const(np.array(1 - eps, dtype=np_type), "one_minus_eps")
-        log_p = b.op("Log", b.op("Clip", prediction.name, low, high))
+        clipped = b.op("Clip", prediction.name, low, high, hint="clipped")
+        log_p = b.op("Log", clipped, hint="log_p")
     elif probabilities is False:
-        log_p = b.op("LogSoftmax", prediction.name, axis=1)
+        log_p = b.op("LogSoftmax", prediction.name, axis=1, hint="log_p")
     else:
         raise TypeError(f"probabilities must be True or False, got {probabilities!r}")
-    column = b.op("Reshape", label, b.const(np.array([-1, 1], dtype=np.int64), "column"))
+    column_shape = b.const(np.array([-1, 1], dtype=np.int64), "column_shape")
+    column = b.op("Reshape", label, column_shape, hint="label_column")
     classes = b.const(np.arange(n_classes, dtype=np.int64).reshape((1, -1)), "classes")
-    one_hot = b.op("Cast", b.op("Equal", column, classes), to=dtype)
-    log_likelihood = b.reduce("ReduceSum", b.op("Mul", one_hot, log_p), axes=[1])
+    is_class = b.op("Equal", column, classes, hint="is_class")
+    one_hot = b.op("Cast", is_class, to=dtype, hint="one_hot")
+    picked = b.op("Mul", one_hot, log_p, hint="picked_log_p")
+    log_likelihood = b.reduce("ReduceSum", picked, axes=[1], hint="log_likelihood")
     if weight is None:
-        return b.op("Neg", b.reduce("ReduceMean", log_likelihood), out=out)
-    weighted = b.reduce("ReduceSum", b.op("Mul", log_likelihood, weight))
-    return b.op("Neg", b.op("Div", weighted, b.reduce("ReduceSum", weight)), out=out)
+        mean = b.reduce("ReduceMean", log_likelihood, hint="mean_log_likelihood")
+        return b.op("Neg", mean, out=out)
+    weighted = b.reduce(
+        "ReduceSum", b.op("Mul", log_likelihood, weight, hint="weighted"), hint="weighted_sum"
+    )
+    total_weight = b.reduce("ReduceSum", weight, hint="total_weight")
+    mean = b.op("Div", weighted, total_weight, hint="mean_log_likelihood")
+    return b.op("Neg", mean, out=out)
 
 
 def _n_classes(prediction: ValueInfoProto) -> int:
