@@ -1,3 +1,10 @@
-"""functions layer (see the package docstring)."""
+"""Authored graphs: small fixed ONNX graphs written with onnxscript.
 
-__all__: list[str] = []
+:func:`function_onnx_graph` serves weight updates (``axpy``, ``axpyw``, ``axpyw2``, ``adam``...),
+losses with their gradients and penalties, for float32 or float64 and opsets 13 to 21;
+:func:`get_supported_functions` lists them with a one-line description each.
+"""
+
+from onnxgrad.functions.catalogue import function_onnx_graph, get_supported_functions
+
+__all__ = ["function_onnx_graph", "get_supported_functions"]
