@@ -44,12 +44,13 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     kept_outputs = _kept_outputs(graph, request)
+    weights = set(request.weights)
     new_graph = helper.make_graph(
         [],
         f"{graph.name}_grad" if graph.name else "gradient",
         _new_inputs(graph, request) + seed_inputs,
         grad_outputs + kept_outputs,
-        [i for i in graph.initializer if i.name not in set(request.weights)],
+        [i for i in graph.initializer if i.name not in weights],
     )
     nodes = list(graph.node) + engine.emitted_nodes + tail_nodes
     new_graph.node.extend(_prune(nodes, [o.name for o in new_graph.output]))
@@ -109,8 +110,9 @@ def _free_names(model: ModelProto, request: DerivativeRequest, names: list[str])
             f"cannot name the gradient values {clashes}: the model already has inputs, "
             "initializers or kept outputs with these names"
         )
-    scope = NameScope(all_names(graph) | set(wanted))
-    renames = {n: scope.unique(f"{n}_fw") for n in wanted if n in all_names(graph)}
+    existing = all_names(graph)
+    scope = NameScope(existing | set(wanted))
+    renames = {n: scope.unique(f"{n}_fw") for n in wanted if n in existing}
     if renames:
         rename_values(graph, renames)
 

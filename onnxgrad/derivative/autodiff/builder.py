@@ -226,6 +226,8 @@ def unbroadcast(b: GradBuilder, grad: str, target: str, grad_shape: tuple | None
     if not axes:
         return grad
     lead = len(grad_shape) - len(target_shape)
+    if axes == list(range(lead)):
+        return b.reduce_sum(grad, axes, keepdims=False)
     reduced = b.reduce_sum(grad, axes, keepdims=True)
     if lead == 0:
         return reduced
