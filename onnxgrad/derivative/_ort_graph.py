@@ -1,0 +1,295 @@
+"""Graph surgery of ``backend="ort"``, before and after onnxruntime-training's builder.
+
+``OrtModuleGraphBuilder`` returns the forward graph, then a ``YieldOp`` node whose inputs
+are the model outputs ``y_k`` and whose outputs are their gradients ``g_k``, then the
+backward nodes. :func:`assemble` replaces that placeholder with the seeds the options ask
+for and gives the result the interface of :mod:`onnxgrad.derivative.api`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import GraphProto, ModelProto, NodeProto, ValueInfoProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import MAX_IR_VERSION, NameScope, all_names, np_dtype
+from onnxgrad.derivative.api import DerivativeRequest
+from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.graph._scopes import node_inputs
+from onnxgrad.graph.names import rename_values
+from onnxgrad.graph.select import prune_graph
+
+MS_DOMAIN = "com.microsoft"
+_GRAD_SUFFIX = re.compile(r"_grad(_\d+)?$")
+
+
+@dataclass
+class Forward:
+    """The model handed to the builder and how its outputs relate to the user's model.
+
+    :param model: the user's model without initializers among its inputs, with only the
+        loss output under ``Loss``, and no intermediate value named like a gradient.
+    :param outputs: the user's outputs the result seeds (original names), aligned with
+        ``model.graph.output``.
+    """
+
+    model: ModelProto
+    outputs: list[ValueInfoProto] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BuiltGraph:
+    """What the builder produced: its ``YieldOp`` graph and the gradient names it chose."""
+
+    model: ModelProto | None
+    gradients: dict[str, str]
+    seeds: dict[str, str]
+
+
+def prepare_forward(request: DerivativeRequest) -> Forward:
+    """The model the builder differentiates; ``request.model`` is left untouched."""
+    model = ModelProto()
+    model.CopyFrom(request.model)
+    graph = model.graph
+    initializers = {i.name for i in graph.initializer}
+    _replace(graph.input, [i for i in graph.input if i.name not in initializers])
+    if DerivativeOptions.Loss in request.options:
+        _replace(graph.output, [o for o in graph.output if o.name == request.loss])
+    outputs = [_copy(o) for o in graph.output]
+    _free_gradient_names(graph, request)
+    return Forward(model, outputs)
+
+
+def _free_gradient_names(graph: GraphProto, request: DerivativeRequest) -> None:
+    """Rename the intermediate values the builder's ``<value>_grad`` names could hit.
+
+    The result's own names (``<source>_grad`` outputs, ``<output>_grad`` seeds) must not be
+    inputs, initializers or kept outputs of the model.
+    """
+    wanted = [f"{name}_grad" for name in (*request.inputs, *request.weights)]
+    if _seeds_are_inputs(request.options):
+        wanted += [f"{o.name}_grad" for o in graph.output]
+    fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    fixed |= {o.name for o in kept_outputs(graph.output, request)}
+    clashes = [name for name in wanted if name in fixed]
+    if clashes:
+        raise ValueError(
+            f"cannot name the gradient values {clashes}: the model already has inputs, "
+            "initializers or kept outputs with these names"
+        )
+    names = all_names(graph)
+    scope = NameScope(names | set(wanted))
+    renames = {
+        name: scope.unique(f"{name}_fw")
+        for name in sorted(names - fixed)
+        if name in wanted or _GRAD_SUFFIX.search(name)
+    }
+    if renames:
+        rename_values(graph, renames)
+
+
+def connected_sources(model: ModelProto, names: Sequence[str]) -> list[str]:
+    """The ``names`` some output depends on through at least one node."""
+    graph = model.graph
+    needed = {o.name for o in graph.output}
+    reached = set()
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            inputs = node_inputs(node)
+            needed |= inputs
+            reached |= inputs
+    return [name for name in names if name in reached]
+
+
+def kept_outputs(
+    outputs: Sequence[ValueInfoProto], request: DerivativeRequest
+) -> list[ValueInfoProto]:
+    """The model outputs the result returns after the gradients."""
+    if DerivativeOptions.KeepOutputs in request.options:
+        return list(outputs)
+    if DerivativeOptions.Loss in request.options:
+        return [o for o in outputs if o.name == request.loss]
+    return []
+
+
+def _seeds_are_inputs(options: DerivativeOptions) -> bool:
+    return not options & (
+        DerivativeOptions.FillGrad | DerivativeOptions.Loss | DerivativeOptions.KeepYieldOp
+    )
+
+
+def built_graph(model: ModelProto | None, info: dict | None) -> BuiltGraph:
+    """Gradient names from the builder's GraphInfo (``model=None``: nothing was built)."""
+    if model is None or info is None:
+        return BuiltGraph(None, {}, {})
+    gradients = dict(info["user_input_grad_names"])
+    gradients.update(
+        zip(info["initializer_names_to_train"], info["initializer_grad_names_to_train"])
+    )
+    skipped = set(info["output_grad_indices_non_differentiable"])
+    outputs = [o for k, o in enumerate(info["user_output_names"]) if k not in skipped]
+    return BuiltGraph(model, gradients, dict(zip(outputs, info["module_output_gradient_name"])))
+
+
+def assemble(built: BuiltGraph, forward: Forward, request: DerivativeRequest) -> ModelProto:
+    """The gradient model with the interface described in :mod:`onnxgrad.derivative.api`."""
+    base = built.model if built.model is not None else forward.model
+    graph = GraphProto()
+    graph.CopyFrom(base.graph)
+    graph.name = f"{forward.model.graph.name or 'model'}_grad"
+    scope = NameScope(all_names(graph))
+    keep_yield = DerivativeOptions.KeepYieldOp in request.options
+
+    seed_inputs: list[ValueInfoProto] = []
+    seed_nodes: list[NodeProto] = []
+    if _seeds_are_inputs(request.options):
+        seed_inputs = _seed_inputs(graph, forward, built.seeds, scope)
+    elif not keep_yield:
+        seed_nodes = _ones_seeds(forward, built.seeds, scope)
+    nodes = list(graph.node)
+    position = next(
+        (k for k, n in enumerate(nodes) if n.op_type == "YieldOp" and n.domain == MS_DOMAIN),
+        len(nodes),
+    )
+    if not keep_yield and position < len(nodes):
+        nodes[position : position + 1] = seed_nodes
+
+    grad_outputs, zero_nodes = _gradient_outputs(graph, forward, built, request, scope)
+    _replace(graph.node, nodes + zero_nodes)
+    _replace(graph.input, _inputs(graph, forward, request) + seed_inputs)
+    _replace(graph.output, grad_outputs + kept_outputs(forward.model.graph.output, request))
+    weights = set(request.weights)
+    _replace(graph.initializer, [i for i in graph.initializer if i.name not in weights])
+    prune_graph(graph, keep_inputs=True)
+    return _model(graph, forward.model, base)
+
+
+def _seed_inputs(
+    graph: GraphProto, forward: Forward, seeds: dict[str, str], scope: NameScope
+) -> list[ValueInfoProto]:
+    """One ``<output>_grad`` input per model output (``Zero``), named after the user's output."""
+    inputs, renames = [], {}
+    for current, original in zip(forward.model.graph.output, forward.outputs):
+        name = f"{original.name}_grad"
+        if current.name in seeds and seeds[current.name] != name:
+            renames[seeds[current.name]] = name
+        info = _copy(original)
+        info.name = name
+        inputs.append(info)
+        scope.reserve(name)
+    if renames:
+        rename_values(graph, renames)
+    return inputs
+
+
+def _ones_seeds(forward: Forward, seeds: dict[str, str], scope: NameScope) -> list[NodeProto]:
+    """``g = ConstantOfShape(Shape(y), 1)`` for each output ``y`` with a gradient."""
+    nodes = []
+    for output in forward.model.graph.output:
+        if output.name not in seeds:
+            continue
+        shape = scope.unique(f"{output.name}_shape")
+        one = np.ones((1,), dtype=np_dtype(output.type.tensor_type.elem_type))
+        nodes += [
+            helper.make_node("Shape", [output.name], [shape], name=scope.unique(f"{shape}_Shape")),
+            helper.make_node(
+                "ConstantOfShape",
+                [shape],
+                [seeds[output.name]],
+                name=scope.unique(f"{output.name}_Seed"),
+                value=numpy_helper.from_array(one),
+            ),
+        ]
+    return nodes
+
+
+def _gradient_outputs(
+    graph: GraphProto,
+    forward: Forward,
+    built: BuiltGraph,
+    request: DerivativeRequest,
+    scope: NameScope,
+) -> tuple[list[ValueInfoProto], list[NodeProto]]:
+    """``<source>_grad`` outputs, inputs first; a source the builder skipped gets zeros."""
+    types = _source_types(forward.model, request)
+    built_outputs = {o.name: o for o in graph.output}
+    renames, outputs, zero_nodes = {}, [], []
+    for source in (*request.inputs, *request.weights):
+        name = f"{source}_grad"
+        gradient = built.gradients.get(source)
+        if gradient is None:
+            zero_nodes += _zeros_like(source, name, types[source].type.tensor_type.elem_type, scope)
+        elif gradient != name:
+            renames[gradient] = name
+        info = _copy(built_outputs.get(gradient) or types[source])
+        info.name = name
+        outputs.append(info)
+    if renames:
+        rename_values(graph, renames)
+    return outputs, zero_nodes
+
+
+def _zeros_like(source: str, name: str, elem_type: int, scope: NameScope) -> list[NodeProto]:
+    shape = scope.unique(f"{name}_shape")
+    zero = numpy_helper.from_array(np.zeros((1,), dtype=np_dtype(elem_type)))
+    return [
+        helper.make_node("Shape", [source], [shape], name=scope.unique(f"{shape}_Shape")),
+        helper.make_node(
+            "ConstantOfShape", [shape], [name], name=scope.unique(f"{name}_Zeros"), value=zero
+        ),
+    ]
+
+
+def _source_types(model: ModelProto, request: DerivativeRequest) -> dict[str, ValueInfoProto]:
+    types = {i.name: i for i in model.graph.input if i.name in request.inputs}
+    for init in model.graph.initializer:
+        if init.name in request.weights:
+            types[init.name] = helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)
+            )
+    return types
+
+
+def _inputs(
+    graph: GraphProto, forward: Forward, request: DerivativeRequest
+) -> list[ValueInfoProto]:
+    """The model's inputs, then the weights (typed as the builder typed them)."""
+    types = _source_types(forward.model, request)
+    built = {i.name: i for i in graph.input}
+    weights = [_copy(built.get(w) or types[w]) for w in request.weights]
+    return [_copy(i) for i in forward.model.graph.input] + weights
+
+
+def _model(graph: GraphProto, forward: ModelProto, built: ModelProto) -> ModelProto:
+    """Wrap ``graph`` declaring only the domains its nodes use (the user's versions first)."""
+    used = {_domain(n.domain) for n in graph.node} | {""}
+    versions = {_domain(op.domain): op.version for op in built.opset_import}
+    versions.update({_domain(op.domain): op.version for op in forward.opset_import})
+    opsets = [helper.make_opsetid(d, versions.get(d, 1)) for d in sorted(used)]
+    model = helper.make_model(
+        graph,
+        opset_imports=opsets,
+        ir_version=min(max(forward.ir_version, built.ir_version), MAX_IR_VERSION),
+        producer_name="onnxgrad",
+    )
+    model.functions.extend(f for f in forward.functions if f.domain in used)
+    return model
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def _replace(container, values) -> None:
+    values = list(values)
+    del container[:]
+    container.extend(values)
+
+
+def _copy(message):
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy

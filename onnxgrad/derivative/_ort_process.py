@@ -1,0 +1,125 @@
+"""Parent side of ``backend="ort"``: talks to :mod:`onnxgrad.derivative._ort_worker`.
+
+onnxruntime-training's native code runs in a child interpreter, so that a segfault
+there becomes a :class:`RuntimeError` here instead of killing the user's process. One child
+serves a whole :func:`~onnxgrad.derivative.ort.ort_derivative` call (builds, retries and
+the final loading check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+WORKER = Path(__file__).with_name("_ort_worker.py")
+
+_BOOTSTRAP = (
+    "import json, runpy, sys; sys.path[:] = json.loads(sys.argv[2]); "
+    "runpy.run_path(sys.argv[1], run_name='__main__')"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class BuilderError(Exception):
+    """onnxruntime-training raised an error (the child is still alive)."""
+
+
+class OrtCrashError(RuntimeError):
+    """The child running onnxruntime-training died."""
+
+
+def worker_command() -> list[str]:
+    """The command starting a child with the parent's interpreter and module path."""
+    return [sys.executable, "-c", _BOOTSTRAP, str(WORKER), json.dumps(sys.path)]
+
+
+class OrtChild:
+    """A child interpreter running onnxruntime-training; a context manager.
+
+    :param workdir: a private directory for the child's stderr log.
+    """
+
+    def __init__(self, workdir: str | os.PathLike):
+        self._stderr_path = Path(workdir) / "ort_child_stderr.txt"
+        self._stderr = open(self._stderr_path, "wb")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            worker_command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+
+    def __enter__(self) -> OrtChild:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def build(
+        self, model: Path, output: Path, weights: Sequence[str], inputs: Sequence[str]
+    ) -> dict:
+        """Build the ``YieldOp`` gradient graph of ``model`` into ``output``; its GraphInfo."""
+        request = {
+            "command": "build",
+            "model": str(model),
+            "output": str(output),
+            "weights": list(weights),
+            "inputs": list(inputs),
+        }
+        return self._call(request, "building the gradient graph")["info"]
+
+    def load(self, model: Path) -> None:
+        """Create an onnxruntime ``InferenceSession`` on ``model`` (CPU)."""
+        self._call({"command": "load", "model": str(model)}, "loading the gradient graph")
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            try:
+                self._process.stdin.write(json.dumps({"command": "quit"}) + "\n")
+                self._process.stdin.flush()
+                self._process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout, self._stderr):
+            stream.close()
+
+    def _call(self, request: dict, activity: str) -> dict:
+        try:
+            self._process.stdin.write(json.dumps(request) + "\n")
+            self._process.stdin.flush()
+            line = self._process.stdout.readline()
+        except OSError:
+            line = ""
+        if not line:
+            raise self._crash(activity)
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise BuilderError(reply["error"])
+        return reply
+
+    def _crash(self, activity: str) -> OrtCrashError:
+        code = self._process.wait()
+        if code < 0:
+            how = f"signal {signal.Signals(-code).name}"
+        else:
+            how = f"exit code {code}"
+        self._stderr.flush()
+        log = _tail(self._stderr_path.read_text(errors="replace"))
+        return OrtCrashError(
+            f"onnxruntime-training crashed ({how}) while {activity} with backend='ort'; "
+            "it ran in a child process, yours is unaffected. Use backend='onnx' for this "
+            "model." + (f"\nLast messages of onnxruntime:\n{log}" if log else "")
+        )
+
+
+def _tail(text: str, lines: int = 10) -> str:
+    kept = [line for line in _ANSI.sub("", text).splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])

@@ -1,0 +1,214 @@
+"""``backend="ort"``: onnxruntime-training's gradient builder behind :func:`onnx_derivative`.
+
+The builder (``OrtModuleGraphBuilder`` of ``onnxruntime.capi._pybind_state``, onnxruntime-
+training 1.19.2) differentiates the forward graph; it runs, like the check that the result
+loads in an ``InferenceSession``, in a child process (:mod:`._ort_process`): a crash of
+onnxruntime becomes a :class:`RuntimeError` instead of taking the user's process down.
+
+The result contains onnxruntime contrib ops (``com.microsoft``: ``SliceGrad``,
+``BroadcastGradientArgs``, ``FusedMatMul``, ``YieldOp`` with ``KeepYieldOp``...) and, for a
+few ops, training ops onnxruntime registers in the default domain (``AveragePoolGrad``,
+``MaxPoolGrad``...). It runs with onnxruntime (training wheel); :func:`check_gradient_model`
+states what the ONNX checker can verify of it.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import onnx
+from onnx import ModelProto
+
+from onnxgrad.derivative._ort_graph import (
+    MS_DOMAIN,
+    BuiltGraph,
+    Forward,
+    assemble,
+    built_graph,
+    connected_sources,
+    prepare_forward,
+)
+from onnxgrad.derivative._ort_process import BuilderError, OrtChild
+from onnxgrad.derivative.api import DerivativeRequest
+from onnxgrad.derivative.options import DerivativeOptions
+
+#: Gradient ops whose onnxruntime kernels read the output shape from the graph, not from
+#: an input: the forward input must have a static shape (onnxruntime 1.19.2 otherwise
+#: returns empty tensors or dies of SIGFPE at run time).
+STATIC_SHAPE_GRADIENTS = {"AveragePoolGrad": "AveragePool", "MaxPoolGrad": "MaxPool"}
+
+_NO_GRADIENT = re.compile(r"gradient builder has not been registered: (\S+) for node (.*)$")
+_UNREACHABLE = (
+    re.compile(r"Cannot compute the partial derivative for '(.+?)' as it's unreachable"),
+    re.compile(r"(\S+) couldn't find the consumer node"),
+)
+
+
+def ort_derivative(request: DerivativeRequest) -> ModelProto:
+    """The gradient model of ``request`` built by onnxruntime-training (see the module doc).
+
+    Sources (inputs, weights) no output depends on through differentiable ops get a zero
+    gradient. Raises ``NotImplementedError`` naming the op and node onnxruntime-training
+    cannot differentiate, ``RuntimeError`` when its builder fails or crashes.
+    """
+    forward = prepare_forward(request)
+    with (
+        tempfile.TemporaryDirectory(prefix="onnxgrad-ort-") as tmp,
+        OrtChild(tmp) as child,
+    ):
+        built = _build(child, forward, request, Path(tmp))
+        result = assemble(built, forward, request)
+        check_static_pooling_shapes(forward.model, result)
+        check_gradient_model(result)
+        if DerivativeOptions.KeepYieldOp not in request.options:
+            path = Path(tmp) / "gradient.onnx"
+            onnx.save(result, path)
+            try:
+                child.load(path)
+            except BuilderError as exc:
+                raise RuntimeError(
+                    f"onnxruntime cannot load the gradient graph built with backend='ort': "
+                    f"{short_message(str(exc))}"
+                ) from None
+    return result
+
+
+def _build(child: OrtChild, forward: Forward, request: DerivativeRequest, tmp: Path) -> BuiltGraph:
+    """Run the builder, dropping the sources it finds unreachable from every output."""
+    reachable = set(connected_sources(forward.model, [*request.inputs, *request.weights]))
+    weights = [w for w in request.weights if w in reachable]
+    inputs = [i for i in request.inputs if i in reachable]
+    model_path, output_path = tmp / "forward.onnx", tmp / "yield.onnx"
+    onnx.save(forward.model, model_path)
+    while weights or inputs:
+        try:
+            info = child.build(model_path, output_path, weights, inputs)
+        except BuilderError as exc:
+            unreachable = unreachable_source(str(exc))
+            if unreachable in weights:
+                weights.remove(unreachable)
+            elif unreachable in inputs:
+                inputs.remove(unreachable)
+            else:
+                raise builder_error(str(exc), forward.model) from None
+            continue
+        return built_graph(onnx.load(output_path), info)
+    if DerivativeOptions.KeepYieldOp in request.options:
+        raise ValueError(
+            "KeepYieldOp: no output depends on the selected inputs and weights, "
+            "onnxruntime-training builds no graph"
+        )
+    return built_graph(None, None)
+
+
+def unreachable_source(message: str) -> str | None:
+    """The name onnxruntime-training's builder reports as not reaching any output."""
+    for pattern in _UNREACHABLE:
+        match = pattern.search(message)
+        if match:
+            return match.group(1)
+    return None
+
+
+def builder_error(message: str, model: ModelProto) -> Exception:
+    """The exception to raise for a builder failure, naming the op and node when possible."""
+    match = _NO_GRADIENT.search(message)
+    if match:
+        op_type, name = match.group(1), match.group(2).strip()
+        return NotImplementedError(
+            f"backend='ort': onnxruntime-training has no gradient for op {op_type!r} "
+            f"({_describe_node(model, op_type, name)}); try backend='onnx'"
+        )
+    return RuntimeError(
+        f"onnxruntime-training's gradient builder (backend='ort') failed: {short_message(message)}"
+    )
+
+
+def _describe_node(model: ModelProto, op_type: str, name: str) -> str:
+    if name:
+        return f"node {name!r}"
+    for index, node in enumerate(model.graph.node):
+        if node.op_type == op_type:
+            return f"node #{index} {op_type}({', '.join(node.input)})"
+    return "unnamed node"
+
+
+def short_message(message: str) -> str:
+    """An onnxruntime error without the C++ source location and function signature."""
+    text = message.strip()
+    if "[ONNXRuntimeError]" in text:
+        return text[text.index("[ONNXRuntimeError]") :]
+    location = re.match(r"\S+\.(?:cc|cpp|h):\d+ ", text)
+    if not location:
+        return text
+    depth, in_signature = 0, False
+    for index in range(location.end(), len(text)):
+        char = text[index]
+        if char in "(<":
+            depth += 1
+            in_signature |= char == "("
+        elif char in ")>":
+            depth -= 1
+        elif char == " " and depth == 0 and in_signature:
+            return text[index + 1 :]
+    return text
+
+
+def check_static_pooling_shapes(forward: ModelProto, gradient: ModelProto) -> None:
+    """Refuse pooling gradients onnxruntime-training would compute wrongly at run time.
+
+    Its ``AveragePoolGrad`` and ``MaxPoolGrad`` kernels take ``dX``'s shape from the graph;
+    with a symbolic dimension (a batch size ``N``...) they return empty tensors or crash.
+    """
+    pooled = {
+        STATIC_SHAPE_GRADIENTS[n.op_type]
+        for n in gradient.graph.node
+        if n.domain in ("", "ai.onnx") and n.op_type in STATIC_SHAPE_GRADIENTS
+    }
+    if not pooled:
+        return
+    shapes = _static_shapes(forward)
+    for node in forward.graph.node:
+        if node.op_type in pooled and shapes.get(node.input[0]) is None:
+            raise NotImplementedError(
+                f"backend='ort' cannot differentiate {node.op_type} node "
+                f"{node.name or node.output[0]!r}: onnxruntime-training's gradient kernel "
+                f"needs the static shape of its input {node.input[0]!r}, which is dynamic "
+                "or unknown; use backend='onnx' or give the model's inputs fixed shapes"
+            )
+
+
+def _static_shapes(model: ModelProto) -> dict[str, tuple[int, ...] | None]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    graph = inferred.graph
+    shapes = {}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = info.type.tensor_type
+        dims = tensor.shape.dim if tensor.HasField("shape") else None
+        static = dims is not None and all(d.HasField("dim_value") for d in dims)
+        shapes[info.name] = tuple(d.dim_value for d in dims) if static else None
+    return shapes
+
+
+def check_gradient_model(model: ModelProto) -> None:
+    """``onnx.checker.check_model(full_check=True)`` on everything ONNX can check.
+
+    The checker skips ops of other domains (``com.microsoft``) but rejects the training ops
+    onnxruntime registers in the default domain without an ONNX schema; those are checked
+    as if they were ``com.microsoft`` ops, the rest of the graph (structure, topological
+    order, types, shape inference) is fully checked.
+    """
+    checked = ModelProto()
+    checked.CopyFrom(model)
+    foreign = [
+        node
+        for node in checked.graph.node
+        if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type)
+    ]
+    for node in foreign:
+        node.domain = MS_DOMAIN
+    if foreign and all(op.domain != MS_DOMAIN for op in checked.opset_import):
+        checked.opset_import.add(domain=MS_DOMAIN, version=1)
+    onnx.checker.check_model(checked, full_check=True)
