@@ -71,7 +71,9 @@ def add_loss_output(
     the initializer ``W`` named ``coef`` and ``c sum V^2`` for ``intercept`` (a bare number is
     an L2 coefficient).
 
-    The other outputs, and the nodes only they needed, are dropped. Needs a default-domain
+    The other outputs, and the nodes only they needed, are dropped; the loss, label and
+    weight names must be new to what remains (a classifier's ``label`` output does not
+    collide with the default label name when the loss is put on its probabilities). Needs a default-domain
     opset >= 13; the nodes are standard ONNX ops in the form that opset defines.
     """
     model = load_model(model)
@@ -80,9 +82,15 @@ def add_loss_output(
     if opset < MIN_LOSS_OPSET:
         raise ValueError(f"add_loss_output needs opset >= {MIN_LOSS_OPSET}, the model has {opset}")
     score = _score(score_name, kwargs)
-    _check_new_names(graph, loss_name=loss_name, label_name=label_name, weight_name=weight_name)
     prediction = _chosen_output(graph, output_index)
     penalties = _penalties(graph, penalty)
+    _keep_only(graph, prediction)
+    _check_new_names(graph, loss_name=loss_name, label_name=label_name, weight_name=weight_name)
+    unused = sorted({name for name, _, _ in penalties} - {i.name for i in graph.initializer})
+    if unused:
+        raise ValueError(
+            f"penalty on initializers {unused}, which {prediction.name!r} does not use"
+        )
     dtype = prediction.type.tensor_type.elem_type
 
     label = _label_info(prediction, label_name, score.classification)
@@ -102,9 +110,7 @@ def add_loss_output(
         last = k == len(penalty_terms) - 1
         data_term = builder.op("Add", data_term, term, out=loss_name if last else None)
 
-    del graph.output[:]
-    graph.output.extend([helper.make_tensor_value_info(loss_name, dtype, []), prediction])
-    prune_graph(graph, keep_inputs=True)
+    graph.output.insert(0, helper.make_tensor_value_info(loss_name, dtype, []))
     return finalize_model(model)
 
 
@@ -136,6 +142,13 @@ def _check_new_names(graph: GraphProto, **names: str | None) -> None:
     values = list(given.values())
     if len(set(values)) != len(values):
         raise ValueError(f"{', '.join(given)} must be different names, got {given}")
+
+
+def _keep_only(graph: GraphProto, prediction: ValueInfoProto) -> None:
+    """Reduce ``graph`` (in place) to what computes ``prediction``."""
+    del graph.output[:]
+    graph.output.append(prediction)
+    prune_graph(graph, keep_inputs=True)
 
 
 def _chosen_output(graph: GraphProto, output_index: int | str | None) -> ValueInfoProto:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import ModelLike, load_model, np_dtype
@@ -146,10 +149,9 @@ def _values_text(tensor: TensorProto) -> str:
     if tensor.data_location == TensorProto.EXTERNAL and not tensor.raw_data:
         return "<external data>"
     array = numpy_helper.to_array(tensor)
-    if array.ndim == 0:
-        return repr(array)
-    values = array.ravel()
-    shown = repr(values[:MAX_SHOWN_VALUES])
-    if values.size > MAX_SHOWN_VALUES:
-        shown += f" ... ({values.size} values)"
+    values = array if array.ndim == 0 else array.ravel()[:MAX_SHOWN_VALUES]
+    with np.printoptions(linewidth=sys.maxsize):
+        shown = repr(values)
+    if array.size > MAX_SHOWN_VALUES:
+        shown += f" ... ({array.size} values)"
     return shown
