@@ -73,8 +73,9 @@ def add_loss_output(
 
     The other outputs, and the nodes only they needed, are dropped; the loss, label and
     weight names must be new to what remains (a classifier's ``label`` output does not
-    collide with the default label name when the loss is put on its probabilities). Needs a default-domain
-    opset >= 13; the nodes are standard ONNX ops in the form that opset defines.
+    collide with the default label name when the loss is put on its probabilities).
+    Needs a default-domain opset >= 13; the nodes are standard ONNX ops in the form that
+    opset defines.
     """
     model = load_model(model)
     graph = model.graph

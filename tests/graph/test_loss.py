@@ -1,4 +1,4 @@
-"""add_loss_output: every loss against a numpy / scikit-learn / torch formula, run by onnxruntime."""
+"""add_loss_output: every loss against numpy, scikit-learn or torch, run by onnxruntime."""
 
 from __future__ import annotations
 
@@ -342,7 +342,7 @@ def test_bad_arguments(kwargs, error, match):
 
 
 def test_classification_errors():
-    with pytest.raises(ValueError, match="2-column.*'p' has 3 columns"):
+    with pytest.raises(ValueError, match=r"2-column.*'p' has 3 columns"):
         add_loss_output(softmax_model(15), "log")
     with pytest.raises(ValueError, match="eps must be"):
         add_loss_output(softmax_model(15), "cross_entropy", eps=0.7)
