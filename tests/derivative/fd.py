@@ -155,3 +155,15 @@ def initializer_values(model: ModelProto, names: Sequence[str]) -> dict[str, np.
     """The current values of the initializers ``names``."""
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     return {name: values[name] for name in names}
+
+
+def run_onnxruntime(model: ModelProto, feeds: Feeds) -> dict[str, np.ndarray]:
+    """``{output name: value}`` of ``model`` run by an onnxruntime CPU session."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in session.get_outputs()]
+    wanted = {i.name for i in session.get_inputs()}
+    return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
