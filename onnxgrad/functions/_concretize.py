@@ -38,7 +38,7 @@ def concretize(
     passes.RemoveUnusedOpsetsPass()(model)
 
     public = {WEIGHT: weight_name} if ctx.weighted else {}
-    declared = {p.name: input_shapes.get(public.get(p.name, p.name), p.shape) for p in inputs}
+    declared = _declared_shapes(inputs, public, input_shapes)
     for value, port in zip(model.graph.inputs, inputs):
         value.name = public.get(port.name, port.name)
         _declare(value, port, declared[port.name], ctx)
@@ -52,13 +52,28 @@ def concretize(
     model.producer_name = "onnxgrad"
     proto = ir.serde.serialize_model(model)
     proto.ir_version = min(_min_ir_version(ctx.opset), MAX_IR_VERSION)
-    _declare_inferred_outputs(proto, outputs)
     try:
+        _declare_inferred_outputs(proto, outputs)
         return finalize_model(proto)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        shapes = {public.get(k, k): v for k, v in declared.items()}
         raise ValueError(
-            f"graph {spec.name!r} is invalid with the input shapes {dict(declared)}: {exc}"
+            f"graph {spec.name!r} is invalid with the input shapes {shapes}: {exc}"
         ) from exc
+
+
+def _declared_shapes(
+    inputs: list[Port], public: Mapping[str, str], requested: Mapping[str, tuple[Dim, ...]]
+) -> dict[str, tuple[Dim, ...]]:
+    """Shapes of the inputs: requested, else that of the input they follow, else the default."""
+    declared: dict[str, tuple[Dim, ...]] = {}
+    for port in inputs:
+        name = public.get(port.name, port.name)
+        if name in requested:
+            declared[port.name] = requested[name]
+        else:
+            declared[port.name] = declared[port.like] if port.like else port.shape
+    return declared
 
 
 def _expect_inputs(graph: ir.Graph, ports: list[Port], name: str) -> None:

@@ -29,7 +29,7 @@ class Port:
     """A graph input or output.
 
     ``shape`` holds the declared dimensions (``None`` for an output whose shape onnx shape
-    inference finds); ``like`` names an input whose declared shape an output shares;
+    inference finds); ``like`` names an earlier input whose declared shape this port shares;
     ``integer`` makes the element type int64 instead of the requested float type.
     """
 
@@ -50,7 +50,10 @@ def scalar(name: str) -> Port:
 
 
 def like(name: str, source: str) -> Port:
-    """An output declared with the shape of input ``source``."""
+    """An input or output declared with the shape of input ``source``.
+
+    An input follows ``source`` unless ``input_shapes`` gives its own shape.
+    """
     return Port(name, like=source)
 
 

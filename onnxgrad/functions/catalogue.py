@@ -42,8 +42,9 @@ def function_onnx_graph(
     :param weight_name: name of an extra per-sample weight input of shape ``[N]``, for the
         graphs computing a loss; ``None`` means every sample weighs 1
     :param input_shapes: declared shapes of some inputs, by input name (dims are ints,
-        symbolic names or None); ONNX declares a rank for every input, so a graph working on
-        tensors of any shape is served with a default rank (2 for weights and labels)
+        symbolic names or None). A valid ONNX model declares the rank of every input, so a
+        graph working on tensors of any shape is served 2-D by default; the inputs sharing the
+        shape of an earlier one (X2 of X1, G, M and V of X...) follow it unless given here
     :param kwargs: options of the graph (``l1_weight``, ``eps``, ``n_tensors``...)
     :return: a new model whose formula is in its ``doc_string``; it passes
         ``onnx.checker.check_model(full_check=True)`` and runs with onnxruntime and

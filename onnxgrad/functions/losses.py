@@ -10,8 +10,8 @@ trailing dimensions of the rows):
     Y_{grad} = \frac{\partial Y}{\partial X_2} = w \, \frac{\partial e}{\partial X_2}
 
 ``Y`` is a scalar (shape ``[]``); ``Y_grad`` has the shape of ``X2``: it is the gradient of the
-loss with respect to the predictions, the one to back-propagate through the model. Inputs are
-declared ``[N, K]`` by default (see ``input_shapes``).
+loss with respect to the predictions, the one to back-propagate through the model. X1 is
+declared ``[N, K]`` by default and X2 follows it (see ``input_shapes``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from onnxgrad.functions._registry import (
     tensor,
 )
 
-_PAIR = [tensor("X1", "N", "K"), tensor("X2", "N", "K")]
+_PAIR = [tensor("X1", "N", "K"), like("X2", "X1")]
 _LOSS = tensor("Y")
 _GRAD = like("Y_grad", "X2")
 _ELASTIC = {"l1_weight": Param(0.01, non_negative), "l2_weight": Param(0.01, non_negative)}
@@ -191,7 +191,7 @@ def grad_loss_elastic_error(
 
 @register(
     "grad_sigmoid_neg_log_loss_error",
-    inputs=[tensor("X1", "N", "K", integer=True), tensor("X2", "N", "K")],
+    inputs=[tensor("X1", "N", "K", integer=True), like("X2", "X1")],
     outputs=[_LOSS, _GRAD],
     params={"eps": Param(1e-5, clip_epsilon)},
     weighted=True,

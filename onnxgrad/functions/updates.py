@@ -1,8 +1,8 @@
 """Weight updates: plain, momentum and Nesterov steps, Adam, copy and zero.
 
-Every tensor input and output has the shape of the weight being trained (declared 2-D by
-default, see ``input_shapes``); hyper-parameters are inputs of shape ``[1]`` so one graph
-serves every learning rate.
+Every tensor input and output has the shape of the weight being trained: declared 2-D by
+default, or as ``input_shapes`` gives the first input (the other tensors follow it).
+Hyper-parameters are inputs of shape ``[1]`` so that one graph serves every learning rate.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import numpy as np
 import onnx
 from onnxscript import script
 
-from onnxgrad.functions._registry import BuildContext, like, register, scalar, tensor
+from onnxgrad.functions._registry import BuildContext, Port, like, register, scalar, tensor
 
 _DIMS = ("D0", "D1")
 
 
-def _weight(name: str):
-    return tensor(name, *_DIMS)
+def _weight(name: str, follows: str | None = None) -> Port:
+    return like(name, follows) if follows else tensor(name, *_DIMS)
 
 
 @register(
     "axpy",
-    inputs=[_weight("X1"), _weight("X2"), scalar("alpha")],
+    inputs=[_weight("X1"), _weight("X2", "X1"), scalar("alpha")],
     outputs=[like("Y", "X1")],
 )
 def axpy(ctx: BuildContext) -> onnx.ModelProto:
@@ -42,7 +42,13 @@ def axpy(ctx: BuildContext) -> onnx.ModelProto:
 
 @register(
     "axpyw",
-    inputs=[_weight("X1"), _weight("X2"), _weight("G"), scalar("alpha"), scalar("beta")],
+    inputs=[
+        _weight("X1"),
+        _weight("X2", "X1"),
+        _weight("G", "X1"),
+        scalar("alpha"),
+        scalar("beta"),
+    ],
     outputs=[like("Y", "X1"), like("Z", "X1")],
 )
 def axpyw(ctx: BuildContext) -> onnx.ModelProto:
@@ -66,7 +72,13 @@ def axpyw(ctx: BuildContext) -> onnx.ModelProto:
 
 @register(
     "axpyw2",
-    inputs=[_weight("X1"), _weight("X2"), _weight("G"), scalar("alpha"), scalar("beta")],
+    inputs=[
+        _weight("X1"),
+        _weight("X2", "X1"),
+        _weight("G", "X1"),
+        scalar("alpha"),
+        scalar("beta"),
+    ],
     outputs=[like("Y", "X1"), like("Z", "X1")],
 )
 def axpyw2(ctx: BuildContext) -> onnx.ModelProto:
@@ -93,9 +105,9 @@ def axpyw2(ctx: BuildContext) -> onnx.ModelProto:
     "adam",
     inputs=[
         _weight("X"),
-        _weight("G"),
-        _weight("M"),
-        _weight("V"),
+        _weight("G", "X"),
+        _weight("M", "X"),
+        _weight("V", "X"),
         scalar("alpha"),
         scalar("beta1"),
         scalar("beta2"),
