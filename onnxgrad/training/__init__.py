@@ -1,3 +1,78 @@
-"""training layer (see the package docstring)."""
+"""Training: fused train steps, the onnxruntime runner and scikit-learn style estimators.
 
-__all__: list[str] = []
+* :mod:`~onnxgrad.training.composition` fuses forward, loss, gradient, penalty and update
+  into one ONNX graph (:func:`make_train_step`), plus the evaluation and prediction graphs;
+* :mod:`~onnxgrad.training.runner` runs them with IOBinding, the state on the device;
+* :mod:`~onnxgrad.training.estimators` wraps both in ``fit``/``score`` estimators.
+"""
+
+from onnxgrad.training.composition import (
+    LossModel,
+    TrainStep,
+    make_eval_step,
+    make_loss_model,
+    make_predict_model,
+    make_train_step,
+    weights_as_inputs,
+    with_batch_indices,
+)
+from onnxgrad.training.data import OrtDataLoader
+from onnxgrad.training.devices import Device, check_device, parse_device
+from onnxgrad.training.estimators import (
+    BaseOrtOptimizer,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+)
+from onnxgrad.training.learning_rate import (
+    BaseLearningRate,
+    LearningRateAdam,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+)
+from onnxgrad.training.losses import (
+    AbsoluteLearningLoss,
+    BaseLearningLoss,
+    CrossEntropyLearningLoss,
+    ElasticLearningLoss,
+    NegLogLearningLoss,
+    SquareLearningLoss,
+)
+from onnxgrad.training.penalties import (
+    BaseLearningPenalty,
+    ElasticLearningPenalty,
+    NoLearningPenalty,
+)
+from onnxgrad.training.runner import GraphRunner, TrainingRunner
+
+__all__ = [
+    "AbsoluteLearningLoss",
+    "BaseLearningLoss",
+    "BaseLearningPenalty",
+    "BaseLearningRate",
+    "BaseOrtOptimizer",
+    "CrossEntropyLearningLoss",
+    "Device",
+    "ElasticLearningLoss",
+    "ElasticLearningPenalty",
+    "GraphRunner",
+    "LearningRateAdam",
+    "LearningRateSGD",
+    "LearningRateSGDNesterov",
+    "LossModel",
+    "NegLogLearningLoss",
+    "NoLearningPenalty",
+    "OrtDataLoader",
+    "OrtGradientForwardBackwardOptimizer",
+    "OrtGradientOptimizer",
+    "SquareLearningLoss",
+    "TrainStep",
+    "TrainingRunner",
+    "check_device",
+    "make_eval_step",
+    "make_loss_model",
+    "make_predict_model",
+    "make_train_step",
+    "parse_device",
+    "weights_as_inputs",
+    "with_batch_indices",
+]

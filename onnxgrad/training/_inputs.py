@@ -1,0 +1,100 @@
+"""Checking user arrays against the inputs of a graph before any training starts."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, ValueInfoProto
+
+from onnxgrad._onnx_utils import np_dtype
+
+
+def input_info(model: ModelProto, name: str) -> ValueInfoProto:
+    for info in model.graph.input:
+        if info.name == name:
+            return info
+    raise ValueError(f"the graph has no input {name!r}")
+
+
+def _dims(info: ValueInfoProto) -> list[int | None]:
+    tensor = info.type.tensor_type
+    if not tensor.HasField("shape"):
+        return []
+    return [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+
+
+def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarray:
+    """``X`` as an array of the dtype and shape input ``name`` declares, or an error."""
+    info = input_info(model, name)
+    array = np.asarray(X.numpy() if hasattr(X, "numpy") and not isinstance(X, np.ndarray) else X)
+    expected = np_dtype(info.type.tensor_type.elem_type)
+    if array.dtype != expected:
+        raise TypeError(
+            f"{what} has dtype {array.dtype}, the model input {name!r} expects {expected}: "
+            f"convert it with {what}.astype(numpy.{expected})"
+        )
+    dims = _dims(info)
+    if dims and array.ndim != len(dims):
+        raise ValueError(
+            f"{what} has shape {array.shape}, the model input {name!r} expects {len(dims)} "
+            f"dimensions {dims}"
+        )
+    for axis, (got, want) in enumerate(zip(array.shape, dims)):
+        if axis > 0 and want is not None and got != want:
+            raise ValueError(
+                f"{what} has shape {array.shape}, the model input {name!r} expects "
+                f"{want} values on axis {axis} (shape {dims})"
+            )
+    return np.ascontiguousarray(array)
+
+
+def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") -> np.ndarray:
+    """``y`` reshaped and typed for the label input ``name``.
+
+    Integer labels are cast to an integer label's dtype; float labels must already have
+    the label's dtype. A vector feeds a one-column label and the reverse.
+    """
+    info = input_info(model, name)
+    array = np.asarray(y.numpy() if hasattr(y, "numpy") and not isinstance(y, np.ndarray) else y)
+    if array.ndim == 0 or array.shape[0] != n_rows:
+        raise ValueError(
+            f"X and {what} have different numbers of observations: {n_rows} and "
+            f"{array.shape[0] if array.ndim else 'a scalar'}"
+        )
+    expected = np_dtype(info.type.tensor_type.elem_type)
+    if expected.kind in "iu" and array.dtype.kind in "iub":
+        array = array.astype(expected)
+    elif array.dtype != expected:
+        raise TypeError(
+            f"{what} has dtype {array.dtype}, the label input {name!r} expects {expected}"
+        )
+    dims = _dims(info)
+    if dims:
+        array = _reshape_labels(array, dims, name, what)
+    return np.ascontiguousarray(array)
+
+
+def _reshape_labels(array: np.ndarray, dims: list, name: str, what: str) -> np.ndarray:
+    if array.ndim == 1 and len(dims) == 2 and dims[1] in (1, None):
+        return array.reshape((-1, 1))
+    if array.ndim == 2 and len(dims) == 1 and array.shape[1] == 1:
+        return array.reshape((-1,))
+    if array.ndim != len(dims) or any(
+        want is not None and got != want for got, want in zip(array.shape[1:], dims[1:])
+    ):
+        raise ValueError(f"{what} has shape {array.shape}, the label input {name!r} expects {dims}")
+    return array
+
+
+def check_sample_weight(model: ModelProto, name: str, weight, n_rows: int) -> np.ndarray:
+    """Per-observation weights as a float vector of the input's dtype."""
+    info = input_info(model, name)
+    array = np.asarray(weight)
+    if array.ndim != 1 or array.shape[0] != n_rows:
+        raise ValueError(
+            f"sample_weight must be a vector of {n_rows} weights, got shape {array.shape}"
+        )
+    if array.dtype.kind not in "fiub":
+        raise TypeError(f"sample_weight must be numeric, got dtype {array.dtype}")
+    if not np.isfinite(array).all() or (array < 0).any():
+        raise ValueError("sample_weight must hold finite values >= 0")
+    return np.ascontiguousarray(array.astype(np_dtype(info.type.tensor_type.elem_type)))

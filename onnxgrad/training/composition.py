@@ -1,0 +1,506 @@
+"""Composition: forward, loss, gradient, penalty and update fused into one ONNX graph.
+
+Every function here is pure: it takes a model (``ModelProto`` or path), never modifies it,
+and returns checker-valid models keeping the model's default-domain opset, so each graph
+the runner executes can be inspected, saved and run by any onnxruntime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import ModelProto, TensorProto, helper
+
+from onnxgrad._onnx_utils import (
+    FLOAT_TYPES,
+    ModelLike,
+    NameScope,
+    all_names,
+    default_opset,
+    finalize_model,
+    load_model,
+    np_dtype,
+)
+from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
+from onnxgrad.training._builder import StepBuilder
+from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
+from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
+from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
+
+#: The lowest default-domain opset the composed graphs are written for.
+MIN_OPSET = 13
+
+
+@dataclass(frozen=True)
+class LossModel:
+    """A model reduced to one scalar output ``loss`` with its data inputs named by role."""
+
+    model: ModelProto
+    features: tuple[str, ...]
+    label: str
+    sample_weight: str | None
+    loss: str
+    weights: tuple[str, ...]
+
+    @property
+    def data_inputs(self) -> tuple[str, ...]:
+        """Inputs fed with one row per observation: features, label, sample weight."""
+        extra = (self.sample_weight,) if self.sample_weight else ()
+        return (*self.features, self.label, *extra)
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """The fused train step and the role of each of its inputs and outputs.
+
+    Inputs: :attr:`data_inputs` (a batch), :attr:`weights`, :attr:`state`, and the scalar
+    :attr:`learning_rate`. Outputs: :attr:`loss`, :attr:`new_weights`, :attr:`new_state`
+    (same order as their inputs).
+    """
+
+    model: ModelProto
+    features: tuple[str, ...]
+    label: str
+    sample_weight: str | None
+    weights: tuple[str, ...]
+    new_weights: tuple[str, ...]
+    state: tuple[str, ...]
+    new_state: tuple[str, ...]
+    learning_rate: str
+    loss: str
+    #: state input -> (weight it is shaped like, or None for a scalar; initial value)
+    state_init: Mapping[str, tuple[str | None, float]] = field(default_factory=dict)
+
+    @property
+    def data_inputs(self) -> tuple[str, ...]:
+        extra = (self.sample_weight,) if self.sample_weight else ()
+        return (*self.features, self.label, *extra)
+
+    def initial_state(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Fresh optimizer state for weights of these values (zeros, step counts...)."""
+        state = {}
+        for name, (like, value) in self.state_init.items():
+            dtype = np_dtype(_elem_type_of(self.model, name))
+            shape = (1,) if like is None else np.shape(weights[like])
+            state[name] = np.full(shape, value, dtype=dtype)
+        return state
+
+
+def make_loss_model(
+    model: ModelLike,
+    loss: BaseLearningLoss | None = None,
+    *,
+    weights: Sequence[str] | None = None,
+    output: str | None = None,
+    penalty: BaseLearningPenalty | None = None,
+    loss_output_name: str = "loss",
+    label_name: str | None = None,
+    weight_name: str | None = None,
+) -> LossModel:
+    """``model`` with one scalar output: the mean training loss, plus ``penalty``.
+
+    :param loss: appended on ``output`` (default: the first float output) with new inputs
+        for the label (``label_name``, default a free name starting with ``label``) and,
+        when ``weight_name`` is given, per-sample weights. ``None``: the model already ends
+        in a loss output ``loss_output_name`` with label input ``label_name`` (default
+        ``'label'``) and sample-weight input ``weight_name`` (optional).
+    :param weights: the trained initializers (default: :func:`onnxgrad.get_train_initializer`).
+    """
+    model = load_model(model)
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        raise ValueError(
+            f"training needs a default-domain opset >= {MIN_OPSET}, the model has {opset}"
+        )
+    weights = resolve_weights(model, weights)
+    features = tuple(_real_inputs(model))
+    if loss is None:
+        label = label_name or "label"
+        result = _existing_loss(model, loss_output_name, label, weight_name)
+        features = tuple(n for n in features if n not in (label, weight_name))
+    else:
+        if not isinstance(loss, BaseLearningLoss):
+            raise TypeError(f"loss must be a learning loss object or None, got {loss!r}")
+        used = NameScope(all_names(model.graph))
+        label = label_name or used.unique("label")
+        loss_name = used.unique(loss_output_name)
+        output = output or _first_float_output(model)
+        result = loss.build(model, output, loss_name, label, weight_name)
+    _check_weight_types(result, weights)
+    if penalty is not None:
+        result = _add_penalty(result, penalty, weights)
+    return LossModel(
+        result,
+        features=features,
+        label=label,
+        sample_weight=weight_name,
+        loss=result.graph.output[0].name,
+        weights=weights,
+    )
+
+
+def make_train_step(
+    model: ModelLike,
+    weights: Sequence[str] | None = None,
+    *,
+    loss: BaseLearningLoss | None = SquareLearningLoss(),  # noqa: B008
+    learning_rate: BaseLearningRate | None = None,
+    penalty: BaseLearningPenalty | None = None,
+    output: str | None = None,
+    loss_output_name: str = "loss",
+    label_name: str | None = None,
+    weight_name: str | None = None,
+    backend: str = "onnx",
+) -> TrainStep:
+    """One ONNX graph running a whole optimisation step on a batch.
+
+    ``loss_model = loss(f(x; W), y) + penalty(W)`` (see :func:`make_loss_model`), then
+    ``G = dloss/dW`` by :func:`onnxgrad.onnx_derivative` (``backend``), then the update of
+    ``learning_rate`` (default :class:`LearningRateSGD`): ``W', S' = update(W, G, S, lr)``.
+    """
+    learning_rate = learning_rate if learning_rate is not None else LearningRateSGD()
+    if not isinstance(learning_rate, BaseLearningRate):
+        raise TypeError(f"learning_rate must be an optimizer object, got {learning_rate!r}")
+    learning_rate.check()
+    lm = make_loss_model(
+        model,
+        loss,
+        weights=weights,
+        output=output,
+        penalty=penalty if penalty is not None else NoLearningPenalty(),
+        loss_output_name=loss_output_name,
+        label_name=label_name,
+        weight_name=weight_name,
+    )
+    gradient = onnx_derivative(
+        lm.model,
+        weights=list(lm.weights),
+        inputs=[],
+        options=DerivativeOptions.Loss,
+        loss=lm.loss,
+        label=lm.label,
+        backend=backend,
+    )
+    return _append_update(gradient, lm, learning_rate)
+
+
+def make_eval_step(
+    model: ModelLike,
+    weights: Sequence[str] | None = None,
+    *,
+    loss: BaseLearningLoss | None = SquareLearningLoss(),  # noqa: B008
+    output: str | None = None,
+    loss_output_name: str = "loss",
+    label_name: str | None = None,
+    weight_name: str | None = None,
+) -> LossModel:
+    """The loss on a batch without update (no penalty); the weights are inputs."""
+    lm = make_loss_model(
+        model,
+        loss,
+        weights=weights,
+        output=output,
+        loss_output_name=loss_output_name,
+        label_name=label_name,
+        weight_name=weight_name,
+    )
+    return LossModel(
+        weights_as_inputs(lm.model, lm.weights),
+        lm.features,
+        lm.label,
+        lm.sample_weight,
+        lm.loss,
+        lm.weights,
+    )
+
+
+def make_predict_model(model: ModelLike, weights: Sequence[str] | None = None) -> ModelProto:
+    """``model`` with the trained ``weights`` turned into inputs (after its own inputs)."""
+    model = load_model(model)
+    return weights_as_inputs(model, resolve_weights(model, weights))
+
+
+def weights_as_inputs(model: ModelLike, weights: Sequence[str]) -> ModelProto:
+    """A copy of ``model`` where the initializers ``weights`` are graph inputs instead."""
+    model = load_model(model)
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    unknown = [w for w in weights if w not in initializers]
+    if unknown:
+        raise ValueError(f"unknown weights {unknown}: they are not initializers of the model")
+    listed = {i.name for i in graph.input}
+    for name in weights:
+        init = initializers[name]
+        if name not in listed:
+            graph.input.append(helper.make_tensor_value_info(name, init.data_type, init.dims))
+        graph.initializer.remove(init)
+    return finalize_model(model)
+
+
+def with_batch_indices(step: TrainStep, indices_name: str = "batch_indices") -> ModelProto:
+    """The train step reading its batch from whole data sets: ``x[batch_indices]``.
+
+    Each data input keeps its name but receives every observation; an int64 input
+    ``indices_name`` selects the rows of the batch (``Gather`` on the first axis), so the
+    data can stay on the device for the whole training.
+    """
+    model = load_model(step.model)
+    graph = model.graph
+    b = StepBuilder(graph, default_opset(model))
+    indices = b.input(indices_name, TensorProto.INT64, ["batch"])
+    renamed = {name: b.names.unique(f"{name}_batch") for name in step.data_inputs}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
+    gathers = []
+    for name, batch in renamed.items():
+        gathers.append(helper.make_node("Gather", [name, indices], [batch], axis=0, name=batch))
+    nodes = gathers + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return finalize_model(model)
+
+
+def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[str, ...]:
+    """The weights to train: checked names, or every weight of ``get_train_initializer``."""
+    if weights is None:
+        found = tuple(get_train_initializer(model))
+        if not found:
+            raise ValueError("the model has no float initializer to train")
+        return found
+    if isinstance(weights, str):
+        raise TypeError(f"weights must be a list of names, not the string {weights!r}")
+    names = tuple(weights)
+    if not names:
+        raise ValueError("weights is empty: nothing to train")
+    initializers = {init.name: init for init in model.graph.initializer}
+    unknown = [n for n in names if n not in initializers]
+    if unknown:
+        raise ValueError(
+            f"unknown weights {unknown}: the model's initializers are {sorted(initializers)}"
+        )
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"weights {duplicated} are listed more than once")
+    not_float = [n for n in names if initializers[n].data_type not in FLOAT_TYPES]
+    if not_float:
+        raise ValueError(f"weights {not_float} are not float tensors and cannot be trained")
+    return names
+
+
+def _real_inputs(model: ModelProto) -> list[str]:
+    initializers = {init.name for init in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers]
+
+
+def _first_float_output(model: ModelProto) -> str:
+    for info in model.graph.output:
+        if info.type.tensor_type.elem_type in FLOAT_TYPES:
+            return info.name
+    raise ValueError(
+        f"the model has no float output to put a loss on: {[o.name for o in model.graph.output]}"
+    )
+
+
+def _elem_type_of(model: ModelProto, name: str) -> int:
+    for info in list(model.graph.input) + list(model.graph.output):
+        if info.name == name:
+            return info.type.tensor_type.elem_type
+    for init in model.graph.initializer:
+        if init.name == name:
+            return init.data_type
+    raise ValueError(f"{name!r} is neither an input, an output nor an initializer")
+
+
+def _existing_loss(
+    model: ModelProto, loss_name: str, label: str, weight_name: str | None
+) -> ModelProto:
+    outputs = [o.name for o in model.graph.output]
+    if loss_name not in outputs:
+        raise ValueError(
+            f"loss output {loss_name!r} not found among the outputs {outputs}: "
+            "add one with onnxgrad.add_loss_output"
+        )
+    inputs = _real_inputs(model)
+    for role, name in (("label", label), ("sample weight", weight_name)):
+        if name is not None and name not in inputs:
+            raise ValueError(f"{role} input {name!r} not found among the inputs {inputs}")
+    info = next(o for o in model.graph.output if o.name == loss_name)
+    if info.type.tensor_type.elem_type not in FLOAT_TYPES:
+        raise ValueError(f"loss output {loss_name!r} is not a float tensor")
+    selected = select_model_inputs_outputs(model, outputs=[loss_name])
+    kept = {i.name for i in selected.graph.input}
+    for name in (label, weight_name):
+        if name is not None and name not in kept:
+            raise ValueError(f"the loss output {loss_name!r} does not depend on input {name!r}")
+    _reorder_inputs(selected, inputs)
+    return selected
+
+
+def _reorder_inputs(model: ModelProto, order: Sequence[str]) -> None:
+    position = {name: i for i, name in enumerate(order)}
+    inputs = sorted(model.graph.input, key=lambda i: position.get(i.name, len(position)))
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+
+
+def _check_weight_types(model: ModelProto, weights: Sequence[str]) -> None:
+    loss_type = model.graph.output[0].type.tensor_type.elem_type
+    types = {init.name: init.data_type for init in model.graph.initializer}
+    mismatched = [w for w in weights if types.get(w) != loss_type]
+    if mismatched:
+        loss_dtype = np_dtype(loss_type)
+        raise ValueError(
+            f"weights {mismatched} do not have the loss dtype {loss_dtype}: the trained "
+            "weights must all share the element type of the loss"
+        )
+
+
+def _add_penalty(
+    model: ModelProto, penalty: BaseLearningPenalty, weights: Sequence[str]
+) -> ModelProto:
+    if not isinstance(penalty, BaseLearningPenalty):
+        raise TypeError(f"penalty must be a learning penalty object or None, got {penalty!r}")
+    graph = model.graph
+    b = StepBuilder(graph, default_opset(model))
+    loss_info = graph.output[0]
+    elem_type = loss_info.type.tensor_type.elem_type
+    term = penalty.emit(b, weights, elem_type)
+    if term is None:
+        return model
+    data_loss = b.names.unique(f"{loss_info.name}_data")
+    _rename_values(graph, {loss_info.name: data_loss})
+    b.op("Add", data_loss, term, out=loss_info.name)
+    return finalize_model(model)
+
+
+def _rename_values(graph, renames: Mapping[str, str]) -> None:
+    """Rename values in every node of ``graph`` (not in subgraphs: no node here has any)."""
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            node.output[i] = renames.get(name, name)
+        for i, name in enumerate(node.input):
+            node.input[i] = renames.get(name, name)
+
+
+def _append_update(
+    gradient: ModelProto, lm: LossModel, learning_rate: BaseLearningRate
+) -> TrainStep:
+    """Append the optimizer's update to the gradient graph (outputs: gradients, loss)."""
+    graph = gradient.graph
+    b = StepBuilder(graph, default_opset(gradient))
+    outputs = list(graph.output)
+    grads = dict(zip(lm.weights, [o.name for o in outputs[: len(lm.weights)]]))
+    loss_info = outputs[len(lm.weights)]
+    elem_type = loss_info.type.tensor_type.elem_type
+    shapes = {i.name: _shape(i) for i in graph.input if i.name in grads}
+
+    lr = b.input("learning_rate", elem_type, [])
+    state = _declare_state(b, learning_rate, lm.weights, shapes, elem_type)
+    feeds, new_shared = learning_rate.emit_shared(b, lr, state.shared, elem_type)
+    results = {state.shared[k]: v for k, v in new_shared.items()}
+    for w in lm.weights:
+        new_w, new_s = learning_rate.emit_update(
+            b, w, grads[w], state.per_weight[w], feeds, elem_type
+        )
+        results[w] = _keep_shape(b, new_w, shapes[w])
+        for suffix, name in state.per_weight[w].items():
+            results[name] = _keep_shape(b, new_s[suffix], shapes[w])
+
+    renames = {value: b.names.unique(f"{old}_new") for old, value in results.items()}
+    _rename_values(graph, renames)
+    typed = {i.name: i for i in graph.input}
+    state_names = tuple(state.init)
+    del graph.output[:]
+    graph.output.append(loss_info)
+    for old in (*lm.weights, *state_names):
+        graph.output.append(_typed_like(typed[old], renames[results[old]]))
+    _move_input_to_end(graph, lr)
+    return TrainStep(
+        model=finalize_model(gradient),
+        features=lm.features,
+        label=lm.label,
+        sample_weight=lm.sample_weight,
+        weights=lm.weights,
+        new_weights=tuple(renames[results[w]] for w in lm.weights),
+        state=state_names,
+        new_state=tuple(renames[results[s]] for s in state_names),
+        learning_rate=lr,
+        loss=loss_info.name,
+        state_init=state.init,
+    )
+
+
+@dataclass
+class _StateInputs:
+    shared: dict[str, str]
+    per_weight: dict[str, dict[str, str]]
+    init: dict[str, tuple[str | None, float]]
+
+
+def _declare_state(
+    b: StepBuilder,
+    learning_rate: BaseLearningRate,
+    weights: Sequence[str],
+    shapes: Mapping[str, list],
+    elem_type: int,
+) -> _StateInputs:
+    """One graph input per optimizer state tensor: shared ones, then each weight's."""
+    state = _StateInputs({}, {w: {} for w in weights}, {})
+    for spec in learning_rate.state_specs:
+        if spec.shared:
+            name = b.input(spec.suffix, spec.elem_type or elem_type, [1])
+            state.shared[spec.suffix] = name
+            state.init[name] = (None, spec.initial)
+    for w in weights:
+        for spec in learning_rate.state_specs:
+            if not spec.shared:
+                name = b.input(f"{w}_{spec.suffix}", elem_type, shapes[w])
+                state.per_weight[w][spec.suffix] = name
+                state.init[name] = (w, spec.initial)
+    return state
+
+
+def _keep_shape(b: StepBuilder, value: str, shape: list) -> str:
+    """The authored graphs broadcast against ``[1]`` parameters: rank-0 weights get their
+    shape back."""
+    if shape:
+        return value
+    return b.op("Reshape", value, b.const(np.zeros((0,), dtype=np.int64), TensorProto.INT64))
+
+
+def _typed_like(info, name: str):
+    copy = type(info)()
+    copy.CopyFrom(info)
+    copy.name = name
+    return copy
+
+
+def _move_input_to_end(graph, name: str) -> None:
+    inputs = list(graph.input)
+    del graph.input[:]
+    graph.input.extend(
+        [i for i in inputs if i.name != name] + [i for i in inputs if i.name == name]
+    )
+
+
+def _shape(info) -> list:
+    return [
+        d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim
+    ]
+
+
+__all__ = [
+    "LossModel",
+    "TrainStep",
+    "make_eval_step",
+    "make_loss_model",
+    "make_predict_model",
+    "make_train_step",
+    "weights_as_inputs",
+    "with_batch_indices",
+]

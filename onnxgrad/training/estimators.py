@@ -1,0 +1,485 @@
+"""scikit-learn style estimators training an ONNX model with fused train steps.
+
+* :class:`OrtGradientForwardBackwardOptimizer`: the model predicts; the loss is a separate
+  object (:mod:`onnxgrad.training.losses`) composed with it.
+* :class:`OrtGradientOptimizer`: the model already ends in a loss output (see
+  :func:`onnxgrad.add_loss_output`).
+
+Both follow scikit-learn's conventions (parameters stored unchanged by the constructor,
+``get_params``/``set_params``, fitted attributes ending with ``_``) without importing it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+from onnxgrad._onnx_utils import load_model
+from onnxgrad.exceptions import ConvergenceError
+from onnxgrad.graph import replace_initializers_into_onnx, select_model_inputs_outputs
+from onnxgrad.training._inputs import check_features, check_labels, check_sample_weight
+from onnxgrad.training._params import ParamsMixin
+from onnxgrad.training.composition import (
+    LossModel,
+    TrainStep,
+    make_eval_step,
+    make_predict_model,
+    make_train_step,
+)
+from onnxgrad.training.data import OrtDataLoader
+from onnxgrad.training.devices import check_device
+from onnxgrad.training.learning_rate import select_learning_rate
+from onnxgrad.training.losses import select_learning_loss
+from onnxgrad.training.penalties import select_learning_penalty
+from onnxgrad.training.runner import GraphRunner, TrainingRunner
+
+#: parameters the composed graphs do not depend on
+_RUN_PARAMS = frozenset(
+    [
+        "max_iter",
+        "batch_size",
+        "device",
+        "warm_start",
+        "verbose",
+        "validation_every",
+        "exc",
+        "random_state",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class _Graphs:
+    """Everything an estimator runs, built once per fit configuration."""
+
+    train: TrainStep
+    evaluation: LossModel
+    prediction: ModelProto | None
+
+
+class BaseOrtOptimizer(ParamsMixin):
+    """The training loop shared by the estimators (see the subclasses for parameters)."""
+
+    # -- to define in subclasses ----------------------------------------------------------
+    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+        raise NotImplementedError
+
+    # -- fitting ----------------------------------------------------------------------------
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+        """Train for ``max_iter`` epochs of shuffled batches of ``batch_size`` observations.
+
+        ``X_val, y_val`` give :attr:`validation_losses_`, the loss every
+        ``validation_every`` epochs (a fraction of ``max_iter`` below 1, a number of epochs
+        otherwise, ``0`` never). Raises :class:`~onnxgrad.ConvergenceError` (``exc=True``)
+        when a loss or a weight stops being finite; the estimator then keeps the weights of
+        the last epoch that ended finite.
+        """
+        self._check_params()
+        continuing = self.warm_start and hasattr(self, "runner_")
+        model = load_model(self.model_onnx)
+        graphs = self._graphs_for(model, sample_weight is not None)
+        device = check_device(self.device)
+        loader = self._loader(graphs.train, X, y, sample_weight, device)
+        validation = self._validation_data(graphs.evaluation, X_val, y_val)
+        if not continuing:
+            self._start(model, graphs, device)
+        elif self.runner_.step is not graphs.train:
+            self._switch_graphs(graphs, device)
+        self._train(loader, validation)
+        return self
+
+    def _check_params(self) -> None:
+        for name in ("max_iter", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        every = self.validation_every
+        if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
+            raise ValueError(f"validation_every must be a number >= 0, got {every!r}")
+
+    def _graphs_for(self, model: ModelProto, with_weight: bool) -> _Graphs:
+        """The graphs of the current parameters, rebuilt only when a parameter they depend
+        on changed (a warm start keeps them and the runner)."""
+        params = self.get_params(deep=True)
+        key = (with_weight, repr({k: v for k, v in params.items() if k not in _RUN_PARAMS}))
+        cached = getattr(self, "_graphs_key", None)
+        if cached is None or cached[0] != key or cached[1] is not self.model_onnx:
+            self.learning_rate_ = select_learning_rate(self.learning_rate).init_learning_rate()
+            self.learning_penalty_ = select_learning_penalty(self.learning_penalty)
+            self._graphs_key = (key, self.model_onnx, self._build_graphs(model, with_weight))
+        return self._graphs_key[2]
+
+    def _loader(self, step: TrainStep, X, y, sample_weight, device) -> OrtDataLoader:
+        model = step.model
+        X = check_features(model, step.features[0], X)
+        y = check_labels(model, step.label, y, X.shape[0])
+        if step.sample_weight is not None:
+            if sample_weight is None:
+                sample_weight = np.ones(X.shape[0])
+            sample_weight = check_sample_weight(model, step.sample_weight, sample_weight, len(X))
+        elif sample_weight is not None:
+            raise ValueError("sample_weight is given but the model has no sample-weight input")
+        return OrtDataLoader(X, y, sample_weight, self.batch_size, device, self._rng())
+
+    def _rng(self) -> np.random.Generator:
+        if not hasattr(self, "_random_generator"):
+            self._random_generator = np.random.default_rng(self.random_state)
+        return self._random_generator
+
+    def _validation_data(self, evaluation: LossModel, X_val, y_val):
+        if X_val is None and y_val is None:
+            return None
+        if X_val is None or y_val is None:
+            raise ValueError("give both X_val and y_val, or neither")
+        X_val = check_features(evaluation.model, evaluation.features[0], X_val, "X_val")
+        y_val = check_labels(evaluation.model, evaluation.label, y_val, X_val.shape[0], "y_val")
+        return self._data_arrays(evaluation, X_val, y_val, None)
+
+    def _start(self, model: ModelProto, graphs: _Graphs, device) -> None:
+        initializers = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+        weights = {w: initializers[w] for w in graphs.train.weights}
+        self._make_runners(graphs, device, weights, None)
+        self.train_losses_: list[float] = []
+        self.validation_losses_: list[float] = []
+        self.n_iter_ = 0
+        self.t_ = 0
+
+    def _switch_graphs(self, graphs: _Graphs, device) -> None:
+        old = self.runner_
+        self._make_runners(graphs, device, old.get_weights(), old.get_state())
+
+    def _make_runners(self, graphs: _Graphs, device, weights, state) -> None:
+        self.device_ = device
+        self.runner_ = TrainingRunner(graphs.train, device, weights, state)
+        self.evaluator_ = GraphRunner(
+            graphs.evaluation.model, graphs.evaluation.data_inputs, device
+        )
+        self.predictor_ = None
+        if graphs.prediction is not None:
+            weights = set(graphs.train.weights)
+            features = [i.name for i in graphs.prediction.graph.input if i.name not in weights]
+            self.predictor_ = GraphRunner(graphs.prediction, features, device)
+        self.graphs_ = graphs
+
+    def _train(self, loader: OrtDataLoader, validation) -> None:
+        every = self._validation_period()
+        lr = self.learning_rate_
+        good = self._snapshot()
+        epochs = range(self.max_iter)
+        bar = _progress_bar(epochs) if self.verbose else None
+        for epoch in bar if bar is not None else epochs:
+            lr.update_learning_rate(self.t_)
+            losses = self.runner_.run_epoch(loader, lr.value)
+            sizes = _batch_sizes(len(loader), loader.batch_size)
+            if not (np.isfinite(losses).all() and self._weights_finite()):
+                self._diverged(good, losses)
+                return
+            good = self._snapshot()
+            self.t_ += len(loader)
+            self.n_iter_ += 1
+            self.train_losses_.append(float(np.average(losses, weights=sizes)))
+            if validation is not None and every and (epoch + 1) % every == 0:
+                self.validation_losses_.append(self._evaluate(validation))
+            if bar is not None:
+                bar.set_postfix(loss=f"{self.train_losses_[-1]:.4g}", lr=f"{lr.value:.3g}")
+        self.trained_coef_ = self.runner_.get_weights()
+
+    def _validation_period(self) -> int:
+        every = self.validation_every
+        if every == 0:
+            return 0
+        if every < 1:
+            return max(1, int(every * self.max_iter))
+        return int(every)
+
+    def _snapshot(self) -> dict[str, np.ndarray]:
+        return self.runner_.current.numpy()
+
+    def _weights_finite(self) -> bool:
+        return all(np.isfinite(v).all() for v in self.runner_.get_weights().values())
+
+    def _diverged(self, good: dict[str, np.ndarray], losses: np.ndarray) -> None:
+        self.runner_.set_values(good)
+        self.trained_coef_ = self.runner_.get_weights()
+        bad = np.flatnonzero(~np.isfinite(losses))
+        where = f"batch {bad[0]}" if bad.size else "the weights after the last batch"
+        message = (
+            f"the training diverged at epoch {self.n_iter_ + 1} ({where} is not finite, "
+            f"learning rate {self.learning_rate_.value:.3g}); the weights of the last "
+            "finite epoch are kept: lower the learning rate"
+        )
+        if self.exc:
+            raise ConvergenceError(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "runner_"):
+            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit first")
+
+    def _data_arrays(self, evaluation: LossModel, X, y, sample_weight) -> list[np.ndarray]:
+        arrays = [X, y]
+        if evaluation.sample_weight is not None:
+            weight = np.ones(X.shape[0]) if sample_weight is None else sample_weight
+            arrays.append(
+                check_sample_weight(evaluation.model, evaluation.sample_weight, weight, len(X))
+            )
+        elif sample_weight is not None:
+            raise ValueError("sample_weight is given but the model has no sample-weight input")
+        return arrays
+
+    def _evaluate(self, arrays) -> float:
+        return float(self.evaluator_.run(arrays, self.runner_.current.ortvalues)[0])
+
+    def _checked(self, X, y, sample_weight):
+        self._check_fitted()
+        evaluation = self.graphs_.evaluation
+        X = check_features(evaluation.model, evaluation.features[0], X)
+        y = check_labels(evaluation.model, evaluation.label, y, X.shape[0])
+        return self._data_arrays(evaluation, X, y, sample_weight)
+
+    def losses(self, X, y, sample_weight=None) -> np.ndarray:
+        """The loss of each observation (the training loss of a batch of one row)."""
+        arrays = self._checked(X, y, sample_weight)
+        return np.array(
+            [self._evaluate([a[i : i + 1] for a in arrays]) for i in range(len(arrays[0]))]
+        )
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """The opposite of the mean loss on ``(X, y)`` (greater is better, as scikit-learn)."""
+        return -self._evaluate(self._checked(X, y, sample_weight))
+
+    def predict(self, X) -> np.ndarray:
+        """The first output of the model (the first besides the loss) with the current
+        weights."""
+        self._check_fitted()
+        if self.predictor_ is None:
+            raise ValueError("the model has no output besides the loss: nothing to predict")
+        name = self.predictor_.data_inputs[0]
+        X = check_features(self.predictor_.model, name, X)
+        return self.predictor_.run([X], self.runner_.current.ortvalues)[0]
+
+    # -- state ------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, np.ndarray]:
+        """The current weights by name (numpy copies)."""
+        self._check_fitted()
+        return self.runner_.get_weights()
+
+    def get_full_state(self) -> dict[str, np.ndarray]:
+        """The current weights and optimizer state (velocities, moments, step count)."""
+        self._check_fitted()
+        return {**self.runner_.get_weights(), **self.runner_.get_state()}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> BaseOrtOptimizer:
+        """Overwrite weights (and optimizer state) by name, as :meth:`get_full_state` names
+        them."""
+        self._check_fitted()
+        self.runner_.set_values(state)
+        self.trained_coef_ = self.runner_.get_weights()
+        return self
+
+    def get_trained_onnx(self, model=None) -> ModelProto:
+        """``model`` (default: ``model_onnx``) with the trained weights as initializers."""
+        self._check_fitted()
+        base = self.model_onnx if model is None else model
+        return replace_initializers_into_onnx(base, self.runner_.get_weights())
+
+    def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
+        """Save every graph the estimator runs into ``folder``; returns their paths by role."""
+        self._check_fitted()
+        os.makedirs(folder, exist_ok=True)
+        models = {
+            "train_step": self.graphs_.train.model,
+            "train_step_indexed": self.runner_.model,
+            "evaluation": self.graphs_.evaluation.model,
+            "prediction": self.graphs_.prediction,
+        }
+        paths = {}
+        for role, proto in models.items():
+            if proto is None:
+                continue
+            paths[role] = os.path.join(os.fspath(folder), f"{type(self).__name__}.{role}.onnx")
+            onnx.save(proto, paths[role])
+        return paths
+
+
+class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
+    """Trains a model that predicts, with a separate loss object.
+
+    :param model_onnx: ModelProto or path; never modified
+    :param weights_to_train: initializer names (default: every weight
+        :func:`onnxgrad.get_train_initializer` finds)
+    :param loss_output_name: name of the loss in the composed graphs
+    :param max_iter: number of epochs
+    :param batch_size: observations per batch
+    :param learning_rate: a number (``eta0`` of SGD), ``'SGD'``, ``'Nesterov'``,
+        ``'Momentum'``, ``'Adam'`` or an optimizer object (:mod:`~onnxgrad.training.learning_rate`)
+    :param device: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``
+    :param warm_start: continue from the current weights, optimizer state and schedule
+    :param verbose: show a tqdm progress bar with the loss and the learning rate
+    :param validation_every: see :meth:`fit`
+    :param learning_loss: a name (``'square_error'``, ``'absolute_error'``, ``'elastic'``,
+        ``'log'``, ``'cross_entropy'``) or a loss object
+    :param weight_name: name of the sample-weight input added when ``fit`` gets weights
+    :param learning_penalty: ``None`` or a penalty object
+    :param exc: raise :class:`~onnxgrad.ConvergenceError` on divergence (else warn and stop)
+    :param output: the model output the loss applies to (default: the first float one)
+    :param random_state: seed of the batch shuffling
+    :param backend: :func:`onnxgrad.onnx_derivative` backend
+    """
+
+    def __init__(
+        self,
+        model_onnx,
+        weights_to_train=None,
+        loss_output_name="loss",
+        max_iter=100,
+        batch_size=10,
+        learning_rate="SGD",
+        device="cpu",
+        warm_start=False,
+        verbose=0,
+        validation_every=0.1,
+        learning_loss="square_error",
+        weight_name=None,
+        learning_penalty=None,
+        exc=True,
+        output=None,
+        random_state=None,
+        backend="onnx",
+    ):
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.loss_output_name = loss_output_name
+        self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.validation_every = validation_every
+        self.learning_loss = learning_loss
+        self.weight_name = weight_name
+        self.learning_penalty = learning_penalty
+        self.exc = exc
+        self.output = output
+        self.random_state = random_state
+        self.backend = backend
+
+    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+        self.learning_loss_ = select_learning_loss(self.learning_loss)
+        weight_name = (self.weight_name or "weight") if with_weight else None
+        common = {
+            "loss": self.learning_loss_,
+            "output": self.output,
+            "loss_output_name": self.loss_output_name,
+            "weight_name": weight_name,
+        }
+        train = make_train_step(
+            model,
+            self.weights_to_train,
+            learning_rate=self.learning_rate_,
+            penalty=self.learning_penalty_,
+            backend=self.backend,
+            **common,
+        )
+        evaluation = make_eval_step(model, train.weights, label_name=train.label, **common)
+        return _Graphs(train, evaluation, make_predict_model(model, train.weights))
+
+
+class OrtGradientOptimizer(BaseOrtOptimizer):
+    """Trains a model that already ends in a loss (:func:`onnxgrad.add_loss_output`).
+
+    :param weights_to_train: initializer names to train
+    :param loss_output_name: the model's loss output
+    :param label_name: the model's label input
+    :param sample_weight_name: the model's sample-weight input, if it has one
+
+    The other parameters are those of :class:`OrtGradientForwardBackwardOptimizer`.
+    """
+
+    def __init__(
+        self,
+        model_onnx,
+        weights_to_train,
+        loss_output_name="loss",
+        max_iter=100,
+        batch_size=10,
+        learning_rate="SGD",
+        device="cpu",
+        warm_start=False,
+        verbose=0,
+        validation_every=0.1,
+        label_name="label",
+        sample_weight_name="weight",
+        learning_penalty=None,
+        exc=True,
+        random_state=None,
+        backend="onnx",
+    ):
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.loss_output_name = loss_output_name
+        self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.validation_every = validation_every
+        self.label_name = label_name
+        self.sample_weight_name = sample_weight_name
+        self.learning_penalty = learning_penalty
+        self.exc = exc
+        self.random_state = random_state
+        self.backend = backend
+
+    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+        inputs = {i.name for i in model.graph.input}
+        has_weight = self.sample_weight_name in inputs
+        if with_weight and not has_weight:
+            raise ValueError(
+                f"sample_weight is given but the model has no input {self.sample_weight_name!r}"
+                " (see sample_weight_name)"
+            )
+        common = {
+            "loss": None,
+            "loss_output_name": self.loss_output_name,
+            "label_name": self.label_name,
+            "weight_name": self.sample_weight_name if has_weight else None,
+        }
+        train = make_train_step(
+            model,
+            self.weights_to_train,
+            learning_rate=self.learning_rate_,
+            penalty=self.learning_penalty_,
+            backend=self.backend,
+            **common,
+        )
+        evaluation = make_eval_step(model, train.weights, **common)
+        predictions = [o.name for o in model.graph.output if o.name != self.loss_output_name]
+        prediction = None
+        if predictions:
+            without_loss = select_model_inputs_outputs(model, outputs=predictions)
+            prediction = make_predict_model(without_loss, train.weights)
+        return _Graphs(train, evaluation, prediction)
+
+
+def _batch_sizes(n: int, batch_size: int) -> np.ndarray:
+    sizes = np.full(-(-n // batch_size), batch_size)
+    sizes[-1] = n - batch_size * (len(sizes) - 1)
+    return sizes
+
+
+def _progress_bar(epochs):
+    from tqdm import tqdm
+
+    return tqdm(epochs)
+
+
+__all__ = ["BaseOrtOptimizer", "OrtGradientForwardBackwardOptimizer", "OrtGradientOptimizer"]
