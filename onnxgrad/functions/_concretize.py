@@ -8,6 +8,7 @@ shapes, and validates the result with ``onnx.checker.check_model(full_check=True
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,7 +49,7 @@ def concretize(
     passes.NameFixPass()(model)
 
     model.graph.name = spec.name
-    model.graph.doc_string = spec.build.__doc__
+    model.graph.doc_string = inspect.cleandoc(spec.build.__doc__ or "")
     model.producer_name = "onnxgrad"
     proto = ir.serde.serialize_model(model)
     proto.ir_version = min(_min_ir_version(ctx.opset), MAX_IR_VERSION)

@@ -26,9 +26,9 @@ def _weight(name: str, follows: str | None = None) -> Port:
     outputs=[like("Y", "X1")],
 )
 def axpy(ctx: BuildContext) -> onnx.ModelProto:
-    """Y = alpha X1 + X2, a gradient step (X1 gradient, X2 weight, alpha = -learning rate).
+    r"""Y = alpha X1 + X2, a gradient step (X1 gradient, X2 weight, alpha = -learning rate).
 
-    .. math:: Y = \\alpha X_1 + X_2
+    .. math:: Y = \alpha X_1 + X_2
     """
     op = ctx.op
 
@@ -52,12 +52,12 @@ def axpy(ctx: BuildContext) -> onnx.ModelProto:
     outputs=[like("Y", "X1"), like("Z", "X1")],
 )
 def axpyw(ctx: BuildContext) -> onnx.ModelProto:
-    """Y, Z = X2 + Z, beta G + alpha X1: a momentum step (G previous velocity, Z the new one).
+    r"""Y, Z = X2 + Z, beta G + alpha X1: a momentum step (G previous velocity, Z the new one).
 
-    .. math:: Z = \\beta G + \\alpha X_1 \\qquad Y = Z + X_2
+    .. math:: Z = \beta G + \alpha X_1 \qquad Y = Z + X_2
 
-    With :math:`X_1` the gradient, :math:`X_2` the weight, :math:`\\alpha = -\\eta` the
-    negated learning rate and :math:`\\beta` the momentum.
+    With :math:`X_1` the gradient, :math:`X_2` the weight, :math:`\alpha = -\eta` the
+    negated learning rate and :math:`\beta` the momentum.
     """
     op = ctx.op
 
@@ -82,9 +82,9 @@ def axpyw(ctx: BuildContext) -> onnx.ModelProto:
     outputs=[like("Y", "X1"), like("Z", "X1")],
 )
 def axpyw2(ctx: BuildContext) -> onnx.ModelProto:
-    """Y, Z = X2 + beta Z + alpha X1, beta G + alpha X1: a Nesterov momentum step.
+    r"""Y, Z = X2 + beta Z + alpha X1, beta G + alpha X1: a Nesterov momentum step.
 
-    .. math:: Z = \\beta G + \\alpha X_1 \\qquad Y = \\beta Z + \\alpha X_1 + X_2
+    .. math:: Z = \beta G + \alpha X_1 \qquad Y = \beta Z + \alpha X_1 + X_2
 
     Same roles as ``axpyw``; the weight moves along the velocity it is about to have, as
     scikit-learn's ``nesterovs_momentum=True``.
@@ -117,14 +117,14 @@ def axpyw2(ctx: BuildContext) -> onnx.ModelProto:
     outputs=[like("Y", "X"), like("M_new", "X"), like("V_new", "X")],
 )
 def adam(ctx: BuildContext) -> onnx.ModelProto:
-    """Y, M_new, V_new: one Adam step with bias correction (t is the 1-based int64 step).
+    r"""Y, M_new, V_new: one Adam step with bias correction (t is the 1-based int64 step).
 
     .. math::
 
-        M' = \\beta_1 M + (1 - \\beta_1) G \\qquad
-        V' = \\beta_2 V + (1 - \\beta_2) G^2
+        M' = \beta_1 M + (1 - \beta_1) G \qquad
+        V' = \beta_2 V + (1 - \beta_2) G^2
 
-        Y = X - \\alpha \\frac{M' / (1 - \\beta_1^t)}{\\sqrt{V' / (1 - \\beta_2^t)} + \\epsilon}
+        Y = X - \alpha \frac{M' / (1 - \beta_1^t)}{\sqrt{V' / (1 - \beta_2^t)} + \epsilon}
 
     X weight, G gradient, M and V first and second moments (zeros before step 1), alpha
     learning rate; as Kingma and Ba (2015) and ``torch.optim.Adam``.
@@ -165,9 +165,9 @@ def copy(ctx: BuildContext) -> onnx.ModelProto:
 
 @register("zero", inputs=[_weight("X")], outputs=[like("Y", "X")])
 def zero(ctx: BuildContext) -> onnx.ModelProto:
-    """Y = zeros with the shape of X (also where X holds inf or NaN).
+    r"""Y = zeros with the shape of X (also where X holds inf or NaN).
 
-    .. math:: Y = 0_{\\text{shape}(X)}
+    .. math:: Y = 0_{\text{shape}(X)}
     """
     op = ctx.op
     zero_value = np.zeros((1,), dtype=ctx.dtype)
