@@ -36,8 +36,9 @@ from onnxgrad.derivative.options import DerivativeOptions
 
 #: Gradient ops whose onnxruntime kernels read the output shape from the graph, not from
 #: an input: the forward input must have a static shape (onnxruntime 1.19.2 otherwise
-#: returns empty tensors or dies of SIGFPE at run time).
-STATIC_SHAPE_GRADIENTS = {"AveragePoolGrad": "AveragePool", "MaxPoolGrad": "MaxPool"}
+#: returns empty tensors or dies of SIGFPE at run time). ``MaxPoolGrad`` gets it from its
+#: indices input and handles dynamic shapes.
+STATIC_SHAPE_GRADIENTS = {"AveragePoolGrad": "AveragePool"}
 
 _NO_GRADIENT = re.compile(r"gradient builder has not been registered: (\S+) for node (.*)$")
 _UNREACHABLE = (
@@ -70,7 +71,7 @@ def ort_derivative(request: DerivativeRequest) -> ModelProto:
             except BuilderError as exc:
                 raise RuntimeError(
                     f"onnxruntime cannot load the gradient graph built with backend='ort': "
-                    f"{short_message(str(exc))}"
+                    f"{short_message(str(exc))}; try backend='onnx'"
                 ) from None
     return result
 
@@ -159,8 +160,8 @@ def short_message(message: str) -> str:
 def check_static_pooling_shapes(forward: ModelProto, gradient: ModelProto) -> None:
     """Refuse pooling gradients onnxruntime-training would compute wrongly at run time.
 
-    Its ``AveragePoolGrad`` and ``MaxPoolGrad`` kernels take ``dX``'s shape from the graph;
-    with a symbolic dimension (a batch size ``N``...) they return empty tensors or crash.
+    Its ``AveragePoolGrad`` kernel takes ``dX``'s shape from the graph; with a symbolic
+    dimension (a batch size ``N``...) it returns empty tensors or dies of SIGFPE.
     """
     pooled = {
         STATIC_SHAPE_GRADIENTS[n.op_type]
