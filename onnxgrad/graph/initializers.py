@@ -20,7 +20,7 @@ from onnxgrad.graph._differentiable import differentiable_values, model_opsets, 
 
 
 def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, TensorProto]]:
-    """The initializers worth training: ``{name: (value, TensorProto)}`` in graph order.
+    """The initializers worth training: ``{name: (array, TensorProto)}`` in graph order.
 
     An initializer is a weight when it holds floats and a small change of it reaches a graph
     output through inputs the op schemas mark differentiable. ``Unknown`` schema categories
@@ -29,11 +29,12 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     Range bounds, quantisation scales...). So a float initializer only feeding a Reshape
     shape, Clip bounds, Resize scales or Dropout ratio is not a weight. Uses inside
     subgraphs count, and so do initializers an old exporter also listed in ``graph.input``.
+    The arrays are writable copies; the TensorProtos belong to a private copy of the model.
     """
     model = load_model(model)
     live = differentiable_values(model.graph, model_opsets(model), value_elem_types(model))
     return {
-        init.name: (numpy_helper.to_array(init), init)
+        init.name: (numpy_helper.to_array(init).copy(), init)
         for init in model.graph.initializer
         if init.data_type in FLOAT_TYPES and init.name in live
     }

@@ -241,7 +241,7 @@ def test_label_of_shape_n_by_1_is_accepted_at_run_time_through_reshape(rng):
 @pytest.mark.parametrize(
     "score", ["squared_error", "absolute_error", "elastic", "cross_entropy", "logits"]
 )
-def test_loss_graph_is_differentiable_by_onnxruntime_training(rng, score):
+def test_loss_graph_is_differentiable_by_onnxruntime_training(rng, tmp_path, score):
     """onnxruntime-training's builder differentiates the loss graph; its gradient matches torch."""
     torch = pytest.importorskip("torch")
     from onnxruntime.capi._pybind_state import GradientGraphBuilder
@@ -261,7 +261,7 @@ def test_loss_graph_is_differentiable_by_onnxruntime_training(rng, score):
     )
     builder = GradientGraphBuilder(result.SerializeToString(), {"loss"}, {"W", "b"}, "loss")
     builder.build()
-    path = f"{pytest.importorskip('tempfile').mkdtemp()}/grad.onnx"
+    path = str(tmp_path / "grad.onnx")
     builder.save(path)
     feeds = {"x": x, "label": label.astype(np.int64) if classification else label, "w": w}
     got = run(onnx.load(path), feeds)

@@ -3,16 +3,50 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import numpy_helper
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad.graph import get_train_initializer
+from tests.graph.sklearn_models import (
+    linear_regression,
+    logistic_regression,
+    mlp_classifier,
+    mlp_regressor,
+)
 from tests.models import linear_regression_model, seed004_model
+
+F = TensorProto.FLOAT
+
+
+def make(nodes, inits, inputs=None, outputs=None, opset=18, value_info=()):
+    inputs = inputs or [helper.make_tensor_value_info("x", F, [None, 4])]
+    outputs = outputs or [helper.make_tensor_value_info("y", F, None)]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        outputs,
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+        value_info=list(value_info),
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+def weights(model) -> list[str]:
+    return list(get_train_initializer(model))
+
+
+def f32(*values):
+    return np.array(values, dtype=np.float32)
 
 
 def test_seed004_weights_are_the_three_float_coefficients():
     model = seed004_model()
+    before = model.SerializeToString()
     expected = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     found = get_train_initializer(model)
+    assert model.SerializeToString() == before
     assert list(found) == ["init", "init_1", "init_b10"]
     for name, (array, proto) in found.items():
         np.testing.assert_array_equal(array, expected[name])
@@ -23,3 +57,191 @@ def test_linear_regression_weights():
     found = get_train_initializer(linear_regression_model(np.array([1.0, 2.0]), np.array([3.0])))
     assert list(found) == ["coefs", "intercept"]
     np.testing.assert_array_equal(found["coefs"][0], np.array([[1.0], [2.0]], dtype=np.float32))
+
+
+def test_converted_regressors_keep_coefficients_not_shapes():
+    lr = linear_regression()
+    found = get_train_initializer(lr.onnx)
+    assert list(found) == ["coef", "intercept"]
+    np.testing.assert_allclose(found["coef"][0].ravel(), lr.estimator.coef_)
+    np.testing.assert_allclose(found["intercept"][0].ravel(), [lr.estimator.intercept_])
+
+    mlp = mlp_regressor()
+    found = get_train_initializer(mlp.onnx)
+    assert list(found) == ["coefficient", "intercepts", "coefficient1", "intercepts1"]
+    np.testing.assert_allclose(found["coefficient1"][0], mlp.estimator.coefs_[1], rtol=1e-6)
+
+
+def test_converted_classifiers_skip_the_label_branch():
+    logreg = logistic_regression()
+    assert weights(logreg.onnx) == ["coef", "intercept"]
+    # skl2onnx writes P(class 0) = unity - P(class 1): the float constant ``unity`` feeds a
+    # differentiable Sub input, so the schema rule counts it (documented limitation).
+    assert weights(mlp_classifier().onnx) == [
+        "coefficient",
+        "intercepts",
+        "coefficient1",
+        "intercepts1",
+        "unity",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "attrs"),
+    [
+        ("Clip", ["x", "low", "high"], {}),
+        ("Dropout", ["x", "ratio"], {}),
+        ("Pad", ["x", "pads", "value"], {}),
+        ("Resize", ["x", "", "scales"], {}),
+    ],
+)
+def test_non_differentiable_float_inputs_are_not_weights(op, inputs, attrs):
+    inits = {
+        "low": np.float32(-1),
+        "high": np.float32(1),
+        "ratio": np.float32(0.1),
+        "pads": np.array([0, 1, 0, 1], dtype=np.int64),
+        "value": np.float32(2.0),
+        "scales": f32(1, 2),
+        "w": f32(1, 2, 3, 4),
+    }
+    used = {k: v for k, v in inits.items() if k in inputs or k == "w"}
+    model = make(
+        [
+            helper.make_node(op, inputs, ["h"], **attrs),
+            helper.make_node("Mul", ["h", "w"], ["y"]),
+        ],
+        used,
+    )
+    assert weights(model) == ["w"]
+
+
+def test_float_shape_constants_cast_to_int_are_not_weights():
+    model = make(
+        [
+            helper.make_node("Cast", ["float_shape"], ["shape"], to=TensorProto.INT64),
+            helper.make_node("Reshape", ["x", "shape"], ["h"]),
+            helper.make_node("Add", ["h", "bias"], ["y"]),
+        ],
+        {"float_shape": f32(-1, 2, 2), "bias": f32(0.5)},
+    )
+    assert weights(model) == ["bias"]
+
+
+def test_batch_norm_statistics_are_not_weights_but_scale_and_bias_are():
+    model = make(
+        [helper.make_node("BatchNormalization", ["x", "scale", "B", "mean", "var"], ["y"])],
+        {"scale": f32(1, 1), "B": f32(0, 0), "mean": f32(0, 0), "var": f32(1, 1)},
+        inputs=[helper.make_tensor_value_info("x", F, [None, 2])],
+    )
+    assert weights(model) == ["scale", "B"]
+
+
+def test_unknown_category_counts_as_differentiable():
+    model = make(
+        [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"], axis=-1)],
+        {"gamma": f32(1, 1, 1, 1), "beta": f32(0, 0, 0, 0)},
+        opset=17,
+    )
+    assert weights(model) == ["gamma", "beta"]
+
+
+def test_variadic_inputs_and_non_differentiable_outputs():
+    model = make(
+        [
+            helper.make_node("Sum", ["x", "a", "b"], ["s"]),
+            helper.make_node("TopK", ["s", "k"], ["values", "indices"], axis=1),
+            helper.make_node("Cast", ["indices"], ["y"], to=F),
+            helper.make_node("Mul", ["values", "c"], ["z"]),
+        ],
+        {"a": f32(1, 1, 1, 1), "b": f32(2, 2, 2, 2), "k": np.array([2], np.int64), "c": f32(3)},
+        outputs=[
+            helper.make_tensor_value_info("y", F, None),
+            helper.make_tensor_value_info("z", F, None),
+        ],
+    )
+    assert weights(model) == ["a", "b", "c"]
+
+
+def test_only_the_index_path_is_not_enough():
+    model = make(
+        [
+            helper.make_node("Add", ["x", "a"], ["s"]),
+            helper.make_node("ArgMax", ["s"], ["i"], axis=1),
+            helper.make_node("Cast", ["i"], ["y"], to=F),
+        ],
+        {"a": f32(1, 1, 1, 1)},
+    )
+    assert weights(model) == []
+
+
+def test_unused_and_integer_initializers_are_not_weights():
+    model = make(
+        [helper.make_node("Gather", ["w", "idx"], ["y"], axis=0)],
+        {"w": f32(1, 2, 3), "idx": np.array([0, 2], np.int64), "unused": f32(5)},
+        inputs=[],
+    )
+    assert weights(model) == ["w"]
+
+
+def test_initializers_used_in_subgraphs_count_unless_shadowed():
+    then_graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "outer"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", F, None)],
+    )
+    shadowed = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["shadow"], value_float=2.0),
+            helper.make_node("Mul", ["x", "shadow"], ["e"]),
+        ],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", F, None)],
+    )
+    model = make(
+        [
+            helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+            helper.make_node("Greater", ["total", "zero"], ["cond"]),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=shadowed),
+        ],
+        {"outer": f32(3), "shadow": f32(4), "zero": f32(0)},
+    )
+    assert weights(model) == ["outer"]
+
+
+def test_initializers_listed_as_inputs_count():
+    model = make(
+        [helper.make_node("Mul", ["x", "w"], ["y"])],
+        {"w": f32(1, 2, 3, 4)},
+        inputs=[
+            helper.make_tensor_value_info("x", F, [None, 4]),
+            helper.make_tensor_value_info("w", F, [4]),
+        ],
+    )
+    assert weights(model) == ["w"]
+
+
+def test_custom_domain_ops_count_as_differentiable():
+    graph = helper.make_graph(
+        [helper.make_node("Scale", ["x", "w"], ["y"], domain="my.domain")],
+        "custom",
+        [helper.make_tensor_value_info("x", F, [None, 4])],
+        [helper.make_tensor_value_info("y", F, [None, 4])],
+        [numpy_helper.from_array(f32(2), "w")],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("my.domain", 1)],
+        ir_version=9,
+    )
+    assert weights(model) == ["w"]
+
+
+def test_accepts_a_path_and_rejects_other_types(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(seed004_model(), path)
+    assert weights(str(path)) == ["init", "init_1", "init_b10"]
+    with pytest.raises(TypeError, match=r"expected an onnx\.ModelProto or a path"):
+        get_train_initializer(42)
