@@ -1,11 +1,665 @@
-"""The ``onnxgrad`` command (placeholder until the CLI issue lands)."""
+"""The ``onnxgrad`` command (also ``python -m onnxgrad``).
+
+Each subcommand reads its model, does one job with the public API, and writes its result
+through a temporary file in the destination folder renamed at the end, so a failure never
+leaves a partial file. Expected failures (missing, unreadable or invalid files, bad
+options, models the library rejects) print one line on stderr and exit with status 2;
+a training that diverges exits with status 1.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import tempfile
+import textwrap
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+from google.protobuf.message import Error as ProtobufError
+from onnx import ModelProto
+from onnx.checker import ValidationError
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, subgraphs
+from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
+from onnxgrad.exceptions import ConvergenceError
+from onnxgrad.graph import add_loss_output, get_train_initializer
+from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
+from onnxgrad.training import (
+    LearningRateAdam,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    OrtGradientForwardBackwardOptimizer,
+)
+
+USAGE_ERROR = 2
+JOB_FAILED = 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    print("onnxgrad: no subcommand implemented yet", file=sys.stderr)
-    return 2
+class CommandError(Exception):
+    """A failure the command reports in one line (status 2), without a traceback."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except KeyboardInterrupt:
+        _fail(args.prog, "interrupted")
+        return 130
+    except ConvergenceError as exc:
+        _fail(args.prog, f"training diverged: {exc}")
+        return JOB_FAILED
+    except EXPECTED_ERRORS as exc:
+        _fail(args.prog, _one_line(exc))
+        return USAGE_ERROR
+
+
+def _fail(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    return text or type(exc).__name__
+
+
+#: Exceptions meaning "bad input", as raised by onnxgrad, onnx, protobuf and onnxruntime.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    CommandError,
+    ValueError,
+    TypeError,
+    OSError,
+    NotImplementedError,
+    ValidationError,
+    ProtobufError,
+    *(
+        getattr(ort_state, name)
+        for name in (
+            "Fail",
+            "InvalidArgument",
+            "InvalidGraph",
+            "InvalidProtobuf",
+            "NoSuchFile",
+            "NoModel",
+            "NotImplemented",
+            "RuntimeException",
+            "EPFail",
+        )
+        if hasattr(ort_state, name)
+    ),
+)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_model(path: str) -> ModelProto:
+    """The model stored at ``path``; ``CommandError`` names the file when it cannot be read."""
+    if os.path.isdir(path):
+        raise CommandError(f"{path!r} is a folder, not an ONNX file")
+    if os.path.exists(path) and not os.access(path, os.R_OK):
+        raise CommandError(f"{path!r} cannot be read (permission denied)")
+    return load_model(path)
+
+
+def check_destination(path: str) -> Path:
+    """``path`` as a Path whose folder exists, checked before any work is done."""
+    destination = Path(path)
+    folder = destination.parent
+    if not folder.is_dir():
+        raise CommandError(f"the folder of the output {path!r} does not exist")
+    if destination.is_dir():
+        raise CommandError(f"the output {path!r} is a folder, expected a file name")
+    return destination
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(temporary_path)`` then rename the temporary file to ``path``.
+
+    The temporary file lives in the destination folder (so the rename is atomic) and is
+    removed when ``write`` fails: no partial file is ever left at ``path``.
+    """
+    destination = Path(path)
+    handle, temporary = tempfile.mkstemp(
+        dir=destination.parent or ".", prefix=f".{destination.name}.", suffix=".tmp"
+    )
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, destination)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    write_atomically(path, lambda temporary: Path(temporary).write_bytes(data))
+
+
+def save_model(model: ModelProto, path: str | os.PathLike) -> None:
+    write_bytes(path, model.SerializeToString())
+
+
+# ----------------------------------------------------------------------------- info
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    model = read_model(args.model)
+    weights = get_train_initializer(model)
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    constants = [init for init in graph.initializer if init.name not in weights]
+    opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in model.opset_import)
+    size = sum(int(value.size) for value, _ in weights.values())
+    lines = [
+        f"model: {args.model}",
+        f"  ir_version {model.ir_version}, opsets {opsets or 'none'}"
+        + (f", producer {model.producer_name}" if model.producer_name else ""),
+        f"inputs ({len(inputs)}):",
+        *_table((i.name, type_text(i.type)) for i in inputs),
+        f"outputs ({len(graph.output)}):",
+        *_table((o.name, type_text(o.type)) for o in graph.output),
+        f"trainable initializers ({len(weights)}, {size} values):",
+        *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
+        f"other initializers ({len(constants)}):",
+        *_table((init.name, tensor_text(init)) for init in constants),
+        f"ops ({len(graph.node)} nodes):",
+        *_wrapped(_op_counts(model)),
+        "ops without a native gradient rule:",
+        *_wrapped(", ".join(_ops_without_rule(model)) or "none"),
+    ]
+    print("\n".join(lines))
+
+
+def _table(rows) -> list[str]:
+    rows = list(rows)
+    if not rows:
+        return ["  none"]
+    width = max(len(name) for name, _ in rows)
+    return [f"  {name.ljust(width)}  {text}" for name, text in rows]
+
+
+def _wrapped(text: str) -> list[str]:
+    return textwrap.wrap(text, width=96, initial_indent="  ", subsequent_indent="  ") or ["  none"]
+
+
+def _all_nodes(graph):
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from _all_nodes(sub)
+
+
+def _op_key(node) -> str:
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    return f"{domain}::{node.op_type}" if domain else node.op_type
+
+
+def _op_counts(model: ModelProto) -> str:
+    counts = Counter(_op_key(node) for node in _all_nodes(model.graph))
+    return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
+
+
+def _ops_without_rule(model: ModelProto) -> list[str]:
+    """Ops that neither have a native gradient rule at the model's opset nor are constant."""
+    opsets = {
+        ("" if op.domain == "ai.onnx" else op.domain): op.version for op in model.opset_import
+    }
+    missing = set()
+    for node in _all_nodes(model.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        opset = opsets.get(domain, 0)
+        if find_rule(domain, node.op_type, opset) is None and not has_zero_gradient(
+            domain, node.op_type
+        ):
+            missing.add(f"{_op_key(node)} (opset {opset})")
+    return sorted(missing)
+
+
+# ----------------------------------------------------------------------------- text, plot
+
+
+def cmd_text(args: argparse.Namespace) -> None:
+    from onnxgrad.graph import onnx_simple_text_plot
+
+    print(onnx_simple_text_plot(read_model(args.model)))
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    model = read_model(args.model)
+    destination = check_destination(args.output)
+    if destination.suffix.lower() in (".dot", ".gv"):
+        write_bytes(destination, to_dot(model).encode())
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CommandError(
+            "matplotlib is not installed: pip install 'onnxgrad[plot]', or write a .dot file"
+        ) from None
+    image_format = destination.suffix.lower().lstrip(".")
+    supported = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if image_format not in supported:
+        raise CommandError(
+            f"cannot draw {args.output!r}: use one of .{', .'.join(sorted(supported))} or .dot"
+        )
+    ax = plot_onnxs(model, title=args.title or Path(args.model).stem)
+    try:
+        write_atomically(
+            destination,
+            lambda temporary: ax.figure.savefig(
+                temporary, format=image_format, bbox_inches="tight", dpi=args.dpi
+            ),
+        )
+    finally:
+        plt.close(ax.figure)
+
+
+# ----------------------------------------------------------------------------- add-loss
+
+
+def cmd_add_loss(args: argparse.Namespace) -> None:
+    model = read_model(args.model)
+    destination = check_destination(args.output)
+    result = add_loss_output(
+        model,
+        score_name=args.score,
+        loss_name=args.loss_name,
+        label_name=args.label,
+        weight_name=args.weight,
+        penalty=parse_penalties(args.penalty) or None,
+        output_index=args.prediction,
+    )
+    save_model(result, destination)
+    print(f"wrote {destination}: outputs {[o.name for o in result.graph.output]}")
+
+
+def parse_penalties(specs: Sequence[str] | None) -> dict[str, dict[str, float]]:
+    """``['coef=l1:0.1,l2:0.01', 'intercept=0.5']`` -> ``{'coef': {'l1': .1, 'l2': .01},
+    'intercept': {'l2': .5}}`` (a bare number is an L2 coefficient)."""
+    penalties: dict[str, dict[str, float]] = {}
+    for spec in specs or ():
+        name, sep, terms = spec.partition("=")
+        if not sep or not name or not terms:
+            raise CommandError(f"--penalty {spec!r}: expected NAME=l1:A,l2:B or NAME=B")
+        if name in penalties:
+            raise CommandError(f"--penalty names {name!r} twice")
+        penalties[name] = {}
+        for term in terms.split(","):
+            kind, sep, value = term.rpartition(":")
+            kind = kind if sep else "l2"
+            if kind not in ("l1", "l2"):
+                raise CommandError(
+                    f"--penalty {spec!r}: unknown penalty kind {kind!r}, expected l1 or l2"
+                )
+            penalties[name][kind] = _number(value, f"--penalty {spec!r}")
+    return penalties
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise CommandError(f"{what}: {text!r} is not a number") from None
+
+
+# ----------------------------------------------------------------------------- derivative
+
+
+def cmd_derivative(args: argparse.Namespace) -> None:
+    model = read_model(args.model)
+    destination = check_destination(args.output)
+    options = DerivativeOptions.Zero
+    if args.keep_outputs:
+        options |= DerivativeOptions.KeepOutputs
+    if args.fill_grad:
+        options |= DerivativeOptions.FillGrad
+    if args.loss is not None:
+        options |= DerivativeOptions.Loss
+    elif args.label is not None:
+        raise CommandError("--label needs --loss")
+    gradient = onnx_derivative(
+        model,
+        weights=args.weights,
+        inputs=args.inputs,
+        options=options,
+        loss=args.loss,
+        label=args.label,
+        backend=args.backend,
+    )
+    save_model(gradient, destination)
+    inputs = [i.name for i in gradient.graph.input]
+    outputs = [o.name for o in gradient.graph.output]
+    print(f"wrote {destination}: inputs {inputs}, outputs {outputs}")
+
+
+# ----------------------------------------------------------------------------- train
+
+#: --optimizer -> (optimizer class, default --lr); every schedule is constant.
+OPTIMIZERS = {
+    "sgd": (LearningRateSGD, 0.01),
+    "nesterov": (LearningRateSGDNesterov, 0.01),
+    "adam": (LearningRateAdam, 0.001),
+}
+LOSSES = ("square_error", "absolute_error", "elastic", "log", "cross_entropy")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    model = read_model(args.model)
+    destination = check_destination(args.output)
+    X, y = read_training_data(args.data, model)
+    cls, default_lr = OPTIMIZERS[args.optimizer]
+    lr = default_lr if args.lr is None else args.lr
+    optimizer = cls(eta0=lr) if cls is LearningRateAdam else cls(eta0=lr, learning_rate="constant")
+    estimator = OrtGradientForwardBackwardOptimizer(
+        model,
+        max_iter=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=optimizer,
+        learning_loss=args.loss,
+        device=args.device,
+        random_state=args.seed,
+        validation_every=0,
+        verbose=1,
+    )
+    estimator.fit(X, y)
+    for epoch, loss in enumerate(estimator.train_losses_, start=1):
+        print(f"epoch {epoch:3d}/{args.epochs}  loss {loss:.6g}")
+    save_model(estimator.get_trained_onnx(), destination)
+    print(f"wrote {destination}")
+
+
+def read_training_data(path: str, model: ModelProto):
+    """Arrays ``X`` and ``y`` of the ``.npz`` file ``path``; float arrays are cast to the
+    element type of the model's first input and first float output."""
+    if not os.path.isfile(path):
+        raise CommandError(f"data file {path!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except Exception as exc:  # numpy and zipfile raise many types for a corrupt file
+        raise CommandError(f"{path!r} is not a readable .npz file: {_one_line(exc)}") from None
+    missing = [name for name in ("X", "y") if name not in arrays]
+    if missing:
+        raise CommandError(
+            f"{path!r} has no array {' or '.join(map(repr, missing))}; it holds {sorted(arrays)}"
+        )
+    X, y = arrays["X"], arrays["y"]
+    if X.dtype.kind == "f":
+        X = X.astype(np_dtype(_first_input(model).type.tensor_type.elem_type), copy=False)
+    output = next(
+        (o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES), None
+    )
+    if y.dtype.kind == "f" and output is not None:
+        y = y.astype(np_dtype(output.type.tensor_type.elem_type), copy=False)
+    return X, y
+
+
+def _first_input(model: ModelProto):
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
+    if not inputs:
+        raise CommandError("the model has no input to feed X to")
+    return inputs[0]
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def build_parser() -> OneLineParser:
+    """The argument parser of the ``onnxgrad`` command and its subcommands."""
+    parser = OneLineParser(
+        prog="onnxgrad",
+        description="Turn ONNX models into trainable and differentiable graphs, and train them.",
+        epilog="Run 'onnxgrad COMMAND --help' for the options and examples of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(
+        title="commands", dest="command", metavar="COMMAND", required=True
+    )
+    for add in (
+        _add_demo,
+        _add_info,
+        _add_text,
+        _add_plot,
+        _add_add_loss,
+        _add_derivative,
+        _add_train,
+    ):
+        add(commands)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onnxgrad")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _command(commands, name: str, run, summary: str, examples: str) -> OneLineParser:
+    sub = commands.add_parser(
+        name,
+        help=summary,
+        description=summary,
+        epilog="examples:\n" + textwrap.indent(textwrap.dedent(examples).strip(), "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.set_defaults(run=run, prog=f"onnxgrad {name}")
+    return sub
+
+
+def _add_demo(commands) -> None:
+    sub = _command(
+        commands,
+        "demo",
+        _run_demo,
+        "Train an MLP regression end to end on generated data and save what it built.",
+        """
+        onnxgrad demo
+        onnxgrad demo -o /tmp/demo --epochs 50
+        """,
+    )
+    sub.add_argument(
+        "-o",
+        "--output",
+        default="onnxgrad-demo",
+        help="folder to write into (default: %(default)s)",
+    )
+    sub.add_argument("--epochs", type=_positive_int, default=None, help="training epochs")
+
+
+def _run_demo(args: argparse.Namespace) -> None:
+    from onnxgrad.demo import run_demo
+
+    run_demo(args.output, epochs=args.epochs)
+
+
+def _add_info(commands) -> None:
+    sub = _command(
+        commands,
+        "info",
+        cmd_info,
+        "Describe a model: inputs, outputs, trainable initializers, ops and missing rules.",
+        "onnxgrad info model.onnx",
+    )
+    sub.add_argument("model", help="ONNX file")
+
+
+def _add_text(commands) -> None:
+    sub = _command(
+        commands,
+        "text",
+        cmd_text,
+        "Print the graph as indented text, one line per node.",
+        "onnxgrad text model.onnx",
+    )
+    sub.add_argument("model", help="ONNX file")
+
+
+def _add_plot(commands) -> None:
+    sub = _command(
+        commands,
+        "plot",
+        cmd_plot,
+        "Draw the graph (PNG, SVG, PDF... with matplotlib, or graphviz DOT text for .dot).",
+        """
+        onnxgrad plot model.onnx -o model.png
+        onnxgrad plot model.onnx -o model.dot && dot -Tsvg model.dot > model.svg
+        """,
+    )
+    sub.add_argument("model", help="ONNX file")
+    sub.add_argument("-o", "--output", required=True, help="picture file (.png, .svg, .dot...)")
+    sub.add_argument("--title", help="title of the picture (default: the file name)")
+    sub.add_argument("--dpi", type=_positive_int, default=100, help="resolution of raster images")
+
+
+def _add_add_loss(commands) -> None:
+    sub = _command(
+        commands,
+        "add-loss",
+        cmd_add_loss,
+        "Append a training loss (and weight penalties) to a model: outputs [loss, prediction].",
+        """
+        onnxgrad add-loss model.onnx -o model_loss.onnx
+        onnxgrad add-loss model.onnx -o model_loss.onnx --score l1 --weight sample_weight
+        onnxgrad add-loss model.onnx -o model_loss.onnx --penalty coef=l1:0.1,l2:0.01
+        """,
+    )
+    sub.add_argument("model", help="ONNX file")
+    sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    sub.add_argument(
+        "--score",
+        default="squared_error",
+        help="squared_error (l2), absolute_error (l1), elastic, log or cross_entropy "
+        "(default: %(default)s)",
+    )
+    sub.add_argument("--label", default="label", help="name of the new label input")
+    sub.add_argument("--weight", help="name of a new per-sample weight input")
+    sub.add_argument("--loss-name", default="loss", help="name of the loss output")
+    sub.add_argument("--prediction", help="the output the loss compares to the label")
+    sub.add_argument(
+        "--penalty",
+        action="append",
+        metavar="NAME=l1:A,l2:B",
+        help="penalise initializer NAME by A*sum|W| + B*sum W^2 (repeatable; NAME=B means l2:B)",
+    )
+
+
+def _add_derivative(commands) -> None:
+    sub = _command(
+        commands,
+        "derivative",
+        cmd_derivative,
+        "Write the gradient graph of a model (the pre-deployment step).",
+        """
+        onnxgrad derivative model.onnx -o grad.onnx
+        onnxgrad derivative model.onnx -o grad.onnx --inputs x --weights --fill-grad
+        onnxgrad derivative model_loss.onnx -o grad.onnx --loss loss --label label
+        """,
+    )
+    sub.add_argument("model", help="ONNX file")
+    sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    sub.add_argument(
+        "--weights",
+        nargs="*",
+        metavar="NAME",
+        help="initializers to differentiate (default: every trainable one; none if empty)",
+    )
+    sub.add_argument(
+        "--inputs",
+        nargs="*",
+        metavar="NAME",
+        help="inputs to differentiate (default: every float input; none if empty)",
+    )
+    sub.add_argument("--keep-outputs", action="store_true", help="also return the original outputs")
+    sub.add_argument(
+        "--fill-grad",
+        action="store_true",
+        help="seed every output gradient with ones instead of taking <output>_grad inputs",
+    )
+    sub.add_argument("--loss", metavar="NAME", help="differentiate the scalar loss output NAME")
+    sub.add_argument("--label", metavar="NAME", help="with --loss, the label input")
+    sub.add_argument(
+        "--backend",
+        choices=("onnx", "ort"),
+        default="onnx",
+        help="onnx: native engine, standard ops only (default); ort: onnxruntime-training",
+    )
+
+
+def _add_train(commands) -> None:
+    sub = _command(
+        commands,
+        "train",
+        cmd_train,
+        "Train a model on the arrays X and y of an .npz file and write the trained model.",
+        """
+        python -c "import numpy as np; np.savez('data.npz', X=X, y=y)"
+        onnxgrad train model.onnx --data data.npz -o trained.onnx
+        onnxgrad train model.onnx --data data.npz -o trained.onnx --optimizer adam --lr 1e-3
+        """,
+    )
+    sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
+    sub.add_argument("--data", required=True, help=".npz file holding the arrays X and y")
+    sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    sub.add_argument("--epochs", type=_positive_int, default=10, help="default: %(default)s")
+    sub.add_argument("--batch-size", type=_positive_int, default=32, help="default: %(default)s")
+    sub.add_argument(
+        "--optimizer", choices=sorted(OPTIMIZERS), default="nesterov", help="default: %(default)s"
+    )
+    sub.add_argument(
+        "--lr",
+        type=_positive_float,
+        help="constant learning rate (default: 0.01, 0.001 for adam)",
+    )
+    sub.add_argument(
+        "--loss", choices=LOSSES, default="square_error", help="mean loss (default: %(default)s)"
+    )
+    sub.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    sub.add_argument("--seed", type=int, default=0, help="seed of the batch shuffling")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
