@@ -62,3 +62,10 @@ class GraphBuilder:
             axes_name = self.const(np.array(axes, dtype=np.int64), "axes")
             return self.op(op_type, x, axes_name, out=out, hint=hint, keepdims=keepdims)
         return self.op(op_type, x, out=out, hint=hint, axes=list(axes), keepdims=keepdims)
+
+    def rename_output(self, value: str, name: str) -> str:
+        """Make the node that computes ``value`` write ``name`` instead; return ``name``."""
+        node = next(n for n in reversed(self.graph.node) if value in n.output)
+        self._values.reserve(name)
+        node.output[list(node.output).index(value)] = name
+        return name
