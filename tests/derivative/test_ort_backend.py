@@ -349,3 +349,28 @@ def test_builder_messages_lose_their_cpp_signature():
     assert short_message(raw) == "B couldn't find the consumer node."
     wrapped = "/src/x.cc:548 f(int)::<lambda(a&)> [ONNXRuntimeError] : 1 : FAIL : bad model"
     assert short_message(wrapped) == "[ONNXRuntimeError] : 1 : FAIL : bad model"
+
+
+def _native(model: onnx.ModelProto, **kwargs) -> onnx.ModelProto:
+    """The native backend's gradient; a rule it lacks skips the comparison."""
+    try:
+        return onnx_derivative(model, backend="onnx", **kwargs)
+    except (ModuleNotFoundError, NotImplementedError) as exc:
+        pytest.skip(f"native backend: {exc}")
+
+
+@pytest.mark.parametrize("opset", [13, 17, 18, 21])
+def test_native_backend_agrees(opset):
+    model = _opset_model(opset)
+    rng = np.random.default_rng(opset)
+    feeds = {
+        "X": rng.standard_normal((5, 4)).astype(np.float32),
+        "W": rng.standard_normal((4, 3)).astype(np.float32),
+        "Y_grad": rng.standard_normal((5, 1)).astype(np.float32),
+        "Z_grad": rng.standard_normal((5,)).astype(np.float32),
+    }
+    expected = run_onnxruntime(onnx_derivative(model, backend="ort"), feeds)
+    got = run_onnxruntime(_native(model), feeds)
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -132,3 +132,24 @@ def test_loss_gradient_matches_finite_differences(loss_only, feeds):
     for name, value in expected.items():
         np.testing.assert_allclose(got[f"{name}_grad"], value, rtol=1e-4, err_msg=name)
     assert "label_grad" not in got
+
+
+def test_native_backend_reproduces_the_notebook_table(loss_only, feeds):
+    try:
+        grad = onnx_derivative(
+            loss_only, options=DerivativeOptions.FillGrad | DerivativeOptions.KeepOutputs
+        )
+    except NotImplementedError as exc:
+        pytest.skip(f"native backend: {exc}")
+    assert _io(grad) == _io(
+        onnx_derivative(
+            loss_only,
+            options=DerivativeOptions.FillGrad | DerivativeOptions.KeepOutputs,
+            backend="ort",
+        )
+    )
+    got = run_onnxruntime(grad, feeds)
+    for name, expected in NOTEBOOK.items():
+        np.testing.assert_allclose(
+            got[name].reshape(expected.shape), expected, rtol=1e-5, err_msg=name
+        )
