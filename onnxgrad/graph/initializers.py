@@ -56,11 +56,15 @@ def to_numpy(value: Any, name: str) -> np.ndarray:
 
 
 def replace_initializers_into_onnx(model: ModelLike, values: Mapping[str, Any]) -> ModelProto:
-    """A copy of ``model`` whose initializers named in ``values`` hold the new values.
+    """A copy of ``model`` whose (main-graph) initializers named in ``values`` hold new values.
 
     ``values`` maps initializer names to numpy arrays or OrtValues. Each new value must keep
     the dtype and shape of the initializer it replaces; the initializer keeps its position.
     """
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"values must be a dict {{initializer: array}}, got {type(values).__name__}"
+        )
     model = load_model(model)
     position = {init.name: i for i, init in enumerate(model.graph.initializer)}
     unknown = sorted(set(values) - set(position))

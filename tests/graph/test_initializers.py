@@ -72,6 +72,8 @@ def test_replace_rejects_values_that_are_not_arrays():
     model = linear_regression_model(np.array([1.0, 2.0]), np.array([3.0]))
     with pytest.raises(TypeError, match="value of 'intercept'"):
         replace_initializers_into_onnx(model, {"intercept": "3"})
+    with pytest.raises(TypeError, match="values must be a dict"):
+        replace_initializers_into_onnx(model, [np.zeros((2, 1), np.float32)])
 
 
 def test_add_initializer_appends_a_value():
