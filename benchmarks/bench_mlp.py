@@ -1,0 +1,287 @@
+"""Seed 004's benchmark: an MLPRegressor (100 -> 50 -> 10 -> 1) trained 100 epochs.
+
+make_regression(1000 x 100), batches of 15, SGD with Nesterov momentum 0.9 and the
+'invscaling' schedule (power_t=0.5), side by side in one process:
+
+* scikit-learn's ``MLPRegressor``;
+* onnxgrad's ``OrtGradientForwardBackwardOptimizer`` (one fused train step per batch);
+* the per-tensor baseline of the seeds: a gradient graph, then one small ``axpyw2`` graph
+  per weight tensor per batch, every call through IOBinding;
+* PyTorch eager (when installed).
+
+All start from the same initial weights. scikit-learn minimises half the squared error,
+the others the squared error, so they use half its learning rate: the trajectories are
+the same up to the batch order. ``alpha=0``: no L2 penalty anywhere.
+
+Run: ``python benchmarks/bench_mlp.py [--epochs 100] [--backend onnx|ort] [--repeat 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+from onnx import numpy_helper
+from sklearn.datasets import make_regression
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import r2_score
+from sklearn.model_selection import train_test_split
+from sklearn.neural_network import MLPRegressor
+from skl2onnx import to_onnx
+
+from onnxgrad import (
+    DerivativeOptions,
+    LearningRateSGDNesterov,
+    OrtGradientForwardBackwardOptimizer,
+    SquareLearningLoss,
+    function_onnx_graph,
+    make_loss_model,
+    onnx_derivative,
+)
+from onnxgrad.training.composition import weights_as_inputs
+
+BATCH_SIZE = 15
+SKL_LR = 5e-5
+POWER_T = 0.5
+MOMENTUM = 0.9
+
+
+def data():
+    X, y = make_regression(1000, n_features=100, bias=2, random_state=0)
+    X, y = X.astype(np.float32), y.astype(np.float32)
+    return train_test_split(X, y, random_state=0)
+
+
+def sklearn_model(epochs: int, X, y) -> MLPRegressor:
+    """An MLPRegressor holding scikit-learn's initial weights (one step at a tiny rate)."""
+    init = MLPRegressor(
+        hidden_layer_sizes=(50, 10),
+        solver="sgd",
+        max_iter=1,
+        batch_size=len(X),
+        learning_rate_init=1e-30,
+        alpha=0.0,
+        random_state=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        init.fit(X, y)
+    model = copy.deepcopy(init)
+    model.set_params(
+        warm_start=True,
+        max_iter=epochs,
+        batch_size=BATCH_SIZE,
+        learning_rate_init=SKL_LR,
+        learning_rate="invscaling",
+        power_t=POWER_T,
+        momentum=MOMENTUM,
+        nesterovs_momentum=True,
+        n_iter_no_change=10 * epochs,
+        tol=0.0,
+    )
+    return model
+
+
+def optimizer() -> LearningRateSGDNesterov:
+    return LearningRateSGDNesterov(
+        eta0=SKL_LR / 2, learning_rate="invscaling", power_t=POWER_T, momentum=MOMENTUM
+    )
+
+
+def timed(fit):
+    start = time.perf_counter()
+    result = fit()
+    return time.perf_counter() - start, result
+
+
+def bench_sklearn(model, X, y, X_test, y_test):
+    model = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        seconds, _ = timed(lambda: model.fit(X, y))
+    return seconds, r2_score(y_test, model.predict(X_test))
+
+
+def bench_onnxgrad(onx, epochs, backend, X, y, X_test, y_test):
+    est = OrtGradientForwardBackwardOptimizer(
+        onx,
+        max_iter=epochs,
+        batch_size=BATCH_SIZE,
+        learning_rate=optimizer(),
+        learning_loss=SquareLearningLoss(),
+        random_state=0,
+        backend=backend,
+    )
+    est.fit(X, y)  # builds and caches the graphs and sessions
+    seconds, _ = timed(lambda: est.fit(X, y))
+    return seconds, r2_score(y_test, est.predict(X_test).ravel())
+
+
+class PerTensorBaseline:
+    """The seeds' loop: per batch, one gradient call then one ``axpyw2`` call per weight."""
+
+    def __init__(self, onx, backend: str):
+        weights = [i.name for i in onx.graph.initializer if i.name != "shape_tensor"]
+        lm = make_loss_model(onx, SquareLearningLoss(), weights=weights)
+        gradient = onnx_derivative(
+            lm.model,
+            weights=weights,
+            inputs=[],
+            options=DerivativeOptions.Loss,
+            loss=lm.loss,
+            label=lm.label,
+            backend=backend,
+        )
+        self.features, self.label, self.weights = lm.features[0], lm.label, weights
+        self.grad = ort.InferenceSession(
+            gradient.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        self.grad_outputs = [o.name for o in gradient.graph.output]
+        self.predict_session = ort.InferenceSession(
+            weights_as_inputs(onx, weights).SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        init = {
+            i.name: numpy_helper.to_array(i) for i in onx.graph.initializer if i.name in weights
+        }
+        self.initial = init
+        self.updates = {}
+        for name, value in init.items():
+            shapes = {"X1": list(value.shape), "X2": list(value.shape), "G": list(value.shape)}
+            update = function_onnx_graph("axpyw2", target_opset=15, input_shapes=shapes)
+            self.updates[name] = ort.InferenceSession(
+                update.SerializeToString(), providers=["CPUExecutionProvider"]
+            )
+
+    def fit(self, X, y, epochs: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        y = y.reshape((-1, 1))
+        values = {k: ort.OrtValue.ortvalue_from_numpy(v.copy()) for k, v in self.initial.items()}
+        velocity = {
+            k: ort.OrtValue.ortvalue_from_numpy(np.zeros_like(v)) for k, v in self.initial.items()
+        }
+        beta = ort.OrtValue.ortvalue_from_numpy(np.array([MOMENTUM], np.float32))
+        t = 0
+        for _ in range(epochs):
+            lr = optimizer().learning_rate_at(t)
+            alpha = ort.OrtValue.ortvalue_from_numpy(np.array([-lr], np.float32))
+            order = rng.permutation(len(X))
+            for start in range(0, len(X), BATCH_SIZE):
+                rows = order[start : start + BATCH_SIZE]
+                binding = self.grad.io_binding()
+                xb = ort.OrtValue.ortvalue_from_numpy(X[rows])
+                yb = ort.OrtValue.ortvalue_from_numpy(y[rows])
+                binding.bind_ortvalue_input(self.features, xb)
+                binding.bind_ortvalue_input(self.label, yb)
+                for name in self.weights:
+                    binding.bind_ortvalue_input(name, values[name])
+                for name in self.grad_outputs:
+                    binding.bind_output(name, "cpu")
+                self.grad.run_with_iobinding(binding)
+                grads = dict(zip(self.grad_outputs, binding.get_outputs()))
+                for name in self.weights:
+                    update = self.updates[name].io_binding()
+                    update.bind_ortvalue_input("X1", grads[f"{name}_grad"])
+                    update.bind_ortvalue_input("X2", values[name])
+                    update.bind_ortvalue_input("G", velocity[name])
+                    update.bind_ortvalue_input("alpha", alpha)
+                    update.bind_ortvalue_input("beta", beta)
+                    update.bind_output("Y", "cpu")
+                    update.bind_output("Z", "cpu")
+                    self.updates[name].run_with_iobinding(update)
+                    values[name], velocity[name] = update.get_outputs()
+            t += len(X)
+        self.values = values
+        return self
+
+    def predict(self, X):
+        feeds = {self.features: X, **{k: v.numpy() for k, v in self.values.items()}}
+        return self.predict_session.run(None, feeds)[0]
+
+
+def bench_per_tensor(onx, epochs, backend, X, y, X_test, y_test):
+    baseline = PerTensorBaseline(onx, backend)
+    seconds, _ = timed(lambda: baseline.fit(X, y, epochs))
+    return seconds, r2_score(y_test, baseline.predict(X_test).ravel())
+
+
+def bench_torch(skl_init, epochs, X, y, X_test, y_test):
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    layers = []
+    for i, (coef, intercept) in enumerate(zip(skl_init.coefs_, skl_init.intercepts_)):
+        linear = torch.nn.Linear(*coef.shape)
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(coef.T.astype(np.float32)))
+            linear.bias.copy_(torch.from_numpy(intercept.astype(np.float32)))
+        layers.append(linear)
+        if i < len(skl_init.coefs_) - 1:
+            layers.append(torch.nn.ReLU())
+    net = torch.nn.Sequential(*layers)
+    sgd = torch.optim.SGD(net.parameters(), lr=SKL_LR / 2, momentum=MOMENTUM, nesterov=True)
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y.reshape((-1, 1)))
+    schedule = optimizer()
+    generator = torch.Generator().manual_seed(0)
+
+    def fit():
+        t = 0
+        for _ in range(epochs):
+            for group in sgd.param_groups:
+                group["lr"] = schedule.learning_rate_at(t)
+            order = torch.randperm(len(Xt), generator=generator)
+            for start in range(0, len(Xt), BATCH_SIZE):
+                rows = order[start : start + BATCH_SIZE]
+                sgd.zero_grad()
+                loss = ((net(Xt[rows]) - yt[rows]) ** 2).mean()
+                loss.backward()
+                sgd.step()
+            t += len(Xt)
+
+    seconds, _ = timed(fit)
+    with torch.no_grad():
+        prediction = net(torch.from_numpy(X_test)).numpy().ravel()
+    return seconds, r2_score(y_test, prediction)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--backend", default="onnx", choices=["onnx", "ort"])
+    parser.add_argument("--repeat", type=int, default=1, help="keep the best of n runs")
+    args = parser.parse_args(argv)
+
+    X_train, X_test, y_train, y_test = data()
+    skl = sklearn_model(args.epochs, X_train, y_train)
+    onx = to_onnx(skl, X_train[:1], target_opset=15)
+    runs = {
+        "scikit-learn": lambda: bench_sklearn(skl, X_train, y_train, X_test, y_test),
+        "onnxgrad": lambda: bench_onnxgrad(
+            onx, args.epochs, args.backend, X_train, y_train, X_test, y_test
+        ),
+        "per-tensor baseline": lambda: bench_per_tensor(
+            onx, args.epochs, args.backend, X_train, y_train, X_test, y_test
+        ),
+        "torch eager": lambda: bench_torch(skl, args.epochs, X_train, y_train, X_test, y_test),
+    }
+    results = {}
+    for name, run in runs.items():
+        measures = [run() for _ in range(args.repeat)]
+        if measures[0] is None:
+            print(f"{name:>20}: not installed")
+            continue
+        results[name] = min(measures)
+    reference = results["scikit-learn"][0]
+    print(f"epochs={args.epochs} batch={BATCH_SIZE} backend={args.backend}")
+    print(f"{'':>20}  {'seconds':>8}  {'x sklearn':>9}  {'test R2':>8}")
+    for name, (seconds, r2) in results.items():
+        print(f"{name:>20}  {seconds:8.3f}  {seconds / reference:9.3f}  {r2:8.4f}")
+
+
+if __name__ == "__main__":
+    main()
