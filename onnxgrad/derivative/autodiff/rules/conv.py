@@ -1,0 +1,302 @@
+r"""Conv and ConvTranspose (1-D to 3-D, strides, pads, ``auto_pad``, dilations, groups,
+``output_padding``/``output_shape``), gradients made of Conv, ConvTranspose and data movement.
+
+For ``y = conv(x, w) + b`` with strides :math:`s`, dilations :math:`d` and begin pads
+:math:`p` (padded input :math:`\tilde x`)
+
+.. math::
+    y[n, m, o] = \sum_{c, j} w[m, c, j]\, \tilde x[n, g(m) C_g + c, o s + j d] + b[m]
+
+* ``x_bar`` is the transposed convolution of ``g`` by ``w``, cropped to ``x``: a
+  ``ConvTranspose`` whose pads and ``output_padding`` land exactly on ``x``'s shape (an input
+  size that the strides do not divide leaves trailing positions no window reads: zeros);
+* ``w_bar[m, c, j] = sum_{n, o} g[n, m, o] x~[n, g(m) C_g + c, o s + j d]`` is a convolution
+  of ``x`` (batch and channels swapped, groups moved into the channels) by ``g`` with
+  strides :math:`d` and dilations :math:`s`;
+* ``b_bar`` sums ``g`` over every axis but the channels.
+
+ConvTranspose is the adjoint of that Conv: ``x_bar`` is the Conv of ``g`` by ``w`` and
+``w_bar`` is the weight gradient above with the roles of input and output swapped.
+
+Grouped transposed convolutions other than depthwise with one channel per group (which the
+onnx reference evaluator computes wrongly) are emitted as a grouped Conv of ``g``, dilated by
+the strides, with the flipped kernel regrouped to ``(C, M / G, k)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
+from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._nn_helpers import (
+    INT64_MAX,
+    Vec,
+    all_but_channel,
+    as_tensor,
+    crop_to,
+    dims,
+    extents,
+    ints_attr,
+    is_static,
+    pad_spatial,
+    same_pads,
+    shape_slice,
+    spatial_axes,
+    spatial_rank,
+    swap_batch_and_channels,
+    unsupported,
+    vadd,
+    vdiv,
+    vmul,
+    vsub,
+    window_pads,
+)
+
+INT64_MIN = -INT64_MAX - 1
+
+
+@dataclass(frozen=True)
+class Window:
+    """Geometry of a convolution along its ``k`` spatial axes."""
+
+    k: int
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    group: int
+    kernel: Vec
+    begin: Vec
+    end: Vec
+
+    @property
+    def rank(self) -> int:
+        return self.k + 2
+
+    def extents(self, b: GradBuilder) -> Vec:
+        return extents(b, self.kernel, self.dilations)
+
+    def conv_attrs(self) -> dict:
+        return {
+            "strides": list(self.strides),
+            "dilations": list(self.dilations),
+            "group": self.group if self.group > 1 else None,
+        }
+
+
+def _geometry(b: GradBuilder, node: NodeView, x: str, w: str) -> tuple:
+    k = spatial_rank(b, node, x, w)
+    kernel = tuple(node.attr("kernel_shape", ())) or dims(b, w)
+    return (
+        k,
+        ints_attr(node, "strides", 1, k),
+        ints_attr(node, "dilations", 1, k),
+        node.attr("group", 1),
+        kernel,
+    )
+
+
+@register("Conv", since=13)
+def conv_grad(b, node, grads, needs):
+    (g,) = grads
+    x, w = node.inputs[0], node.inputs[1]
+    k, strides, dilations, group, kernel = _geometry(b, node, x, w)
+    ext = extents(b, kernel, dilations)
+    x_sizes, y_sizes = dims(b, x), dims(b, node.outputs[0])
+    begin, end = window_pads(b, node, k, x_sizes, ext, strides)
+    win = Window(k, strides, dilations, group, kernel, begin, end)
+    gx = _conv_input_grad(b, g, w, win, x_sizes, y_sizes) if needs[0] else None
+    gw = _conv_weight_grad(b, x, g, win, x_sizes, y_sizes) if needs[1] else None
+    gb = _bias_grad(b, g, win) if len(needs) > 2 and needs[2] else None
+    return [gx, gw, gb]
+
+
+@register("ConvTranspose", since=13)
+def conv_transpose_grad(b, node, grads, needs):
+    (g,) = grads
+    x, w = node.inputs[0], node.inputs[1]
+    k, strides, dilations, group, kernel = _geometry(b, node, x, w)
+    ext = extents(b, kernel, dilations)
+    x_sizes, y_sizes = dims(b, x), dims(b, node.outputs[0])
+    output_padding = ints_attr(node, "output_padding", 0, k)
+    begin, end = _transpose_pads(b, node, k, x_sizes, ext, strides, output_padding)
+    win = Window(k, strides, dilations, group, kernel, begin, end)
+    gx = _conv_transpose_input_grad(b, g, w, win, x_sizes, output_padding) if needs[0] else None
+    gw = _conv_weight_grad(b, g, x, win, y_sizes, x_sizes) if needs[1] else None
+    gb = _bias_grad(b, g, win) if len(needs) > 2 and needs[2] else None
+    return [gx, gw, gb]
+
+
+def _bias_grad(b: GradBuilder, g: str, win: Window) -> str:
+    return b.reduce_sum(g, all_but_channel(win.rank), keepdims=False)
+
+
+def _transpose_pads(b, node, k, x_sizes, ext, strides, output_padding) -> tuple[Vec, Vec]:
+    """ConvTranspose pads; with ``output_shape`` or SAME, ``total = s (in - 1) + op + ext - out``
+    is split as the ONNX specification says."""
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    output_shape = node.attr("output_shape")
+    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        s = tuple(strides)
+        target = tuple(output_shape[-k:]) if output_shape else vmul(b, x_sizes, s)
+        natural = vadd(b, vmul(b, vsub(b, x_sizes, 1), s), vadd(b, output_padding, ext))
+        total = vsub(b, natural, target)
+        if isinstance(total, tuple) and min(total) < 0:
+            raise unsupported(node, f"output_shape {list(target)} exceeds the full output")
+        return same_pads(b, "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER", total)
+    if auto_pad == "VALID":
+        return (0,) * k, (0,) * k
+    if auto_pad not in ("NOTSET", ""):
+        raise unsupported(node, f"auto_pad={auto_pad!r}")
+    pads = ints_attr(node, "pads", 0, 2 * k)
+    return pads[:k], pads[k:]
+
+
+# -- gradient of the convolution input: a transposed convolution --------------------------------
+def _conv_input_grad(
+    b: GradBuilder, g: str, w: str, win: Window, x_sizes: Vec, y_sizes: Vec
+) -> str:
+    if not _transpose_is_portable(b, w, win.group):
+        return _correlate_transposed(b, g, w, win, x_sizes, y_sizes)
+    ext = win.extents(b)
+    full = vadd(b, vmul(b, vsub(b, y_sizes, 1), win.strides), ext)
+    if is_static(full, x_sizes, win.begin):
+        excess = vsub(b, vsub(b, full, win.begin), x_sizes)
+        end = tuple(max(e, 0) for e in excess)
+        output_padding = [max(-e, 0) for e in excess]
+        return b.op(
+            "ConvTranspose", g, w, pads=[*win.begin, *end],
+            output_padding=output_padding if any(output_padding) else None, **win.conv_attrs(),
+        )  # fmt: skip
+    z = b.op("ConvTranspose", g, w, **win.conv_attrs())
+    return crop_to(b, z, win.begin, x_sizes, None, win.k)
+
+
+def _transpose_is_portable(b: GradBuilder, w: str, group: int) -> bool:
+    """Whether a grouped ConvTranspose by ``w`` maps one channel to one channel per group."""
+    if group == 1:
+        return True
+    shape = b.shape(w)
+    return shape is not None and tuple(shape[:2]) == (group, 1)
+
+
+def _correlate_transposed(
+    b: GradBuilder, g: str, w: str, win: Window, x_sizes: Vec, y_sizes: Vec
+) -> str:
+    """The transposed convolution as a Conv: ``g`` with ``s - 1`` zeros after each element,
+    padded by ``ext - 1`` on both sides, correlated with the flipped, regrouped kernel."""
+    u, u_sizes = _dilate(b, g, win, y_sizes)
+    kernel = _flip_and_regroup(b, w, win)
+    halo = vsub(b, win.extents(b), 1)
+    if is_static(u_sizes, halo, win.begin, x_sizes):
+        begin = vsub(b, halo, win.begin)
+        end = vsub(b, vadd(b, x_sizes, win.begin), u_sizes)
+        if min(begin + end) >= 0:
+            return b.op("Conv", u, kernel, pads=[*begin, *end], **_unit_stride(win))
+    if is_static(halo):
+        z = b.op("Conv", u, kernel, pads=[*halo, *halo], **_unit_stride(win))
+    else:
+        z = b.op("Conv", pad_spatial(b, u, halo, halo, win.k), kernel, **_unit_stride(win))
+    z_sizes = vadd(b, u_sizes, halo) if is_static(u_sizes, halo) else None
+    return crop_to(b, z, win.begin, x_sizes, z_sizes, win.k)
+
+
+def _unit_stride(win: Window) -> dict:
+    return {"dilations": list(win.dilations), "group": win.group if win.group > 1 else None}
+
+
+def _dilate(b: GradBuilder, g: str, win: Window, y_sizes: Vec) -> tuple[str, Vec]:
+    """``g`` with ``s - 1`` zeros inserted after every element along each spatial axis."""
+    if all(s == 1 for s in win.strides):
+        return g, y_sizes
+    k = win.k
+    spread = b.unsqueeze(g, [3 + 2 * i for i in range(k)])
+    trailing = [v for s in win.strides for v in (0, s - 1)]
+    spread = b.op("Pad", spread, b.ints([0] * (2 + 2 * k) + [0, 0, *trailing]))
+    sizes = vmul(b, y_sizes, win.strides)
+    return b.op("Reshape", spread, _shape_with_spatial(b, [0, 0], sizes)), sizes
+
+
+def _flip_and_regroup(b: GradBuilder, w: str, win: Window) -> str:
+    """``w`` of shape ``(M, C_g, k)`` -> flipped kernel of shape ``(C, M_g, k)``."""
+    k, group = win.k, win.group
+    axes = spatial_axes(k)
+    flipped = b.op(
+        "Slice", w, b.ints([-1] * k), b.ints([INT64_MIN] * k), b.ints(axes), b.ints([-1] * k)
+    )
+    shape = b.shape(w)
+    static = shape is not None and all(isinstance(d, int) for d in shape)
+    if static:
+        blocks = b.ints([group, shape[0] // group, *shape[1:]])
+    else:
+        blocks = b.op("Concat", b.ints([group, -1]), shape_slice(b, w, 1), axis=0)
+    swapped = b.op("Transpose", b.op("Reshape", flipped, blocks), perm=[0, 2, 1, *range(3, k + 3)])
+    if static:
+        merged = b.ints([shape[1] * group, shape[0] // group, *shape[2:]])
+    else:
+        merged = b.op("Concat", b.ints([-1]), shape_slice(b, swapped, 2), axis=0)
+    return b.op("Reshape", swapped, merged)
+
+
+# -- gradient of ConvTranspose's input: the forward convolution -------------------------------
+def _conv_transpose_input_grad(
+    b: GradBuilder, g: str, w: str, win: Window, x_sizes: Vec, output_padding
+) -> str:
+    if is_static(win.begin, win.end):
+        z = b.op("Conv", g, w, pads=[*win.begin, *win.end], **win.conv_attrs())
+    else:
+        z = b.op("Conv", pad_spatial(b, g, win.begin, win.end, win.k), w, **win.conv_attrs())
+    if all(p < s for p, s in zip(output_padding, win.strides)):
+        return z
+    starts = (0,) * win.k
+    return b.op(
+        "Slice", z, as_tensor(b, starts), as_tensor(b, x_sizes), b.ints(spatial_axes(win.k))
+    )
+
+
+# -- gradient of the kernel -------------------------------------------------------------------
+def _conv_weight_grad(
+    b: GradBuilder, image: str, grad: str, win: Window, image_sizes: Vec, grad_sizes: Vec
+) -> str:
+    """``w_bar[m, c, j] = sum_{n, o} grad[n, m, o] image~[n, g(m) C_g + c, o s + j d]``,
+    a Conv over ``image`` (batch as channels) by ``grad`` (batch as input channels)."""
+    rank, k = win.rank, win.k
+    image_t = _channels_first_by_group(b, image, win, image_sizes)
+    grad_t = swap_batch_and_channels(b, grad, rank)
+    attrs = {
+        "strides": list(win.dilations),
+        "dilations": list(win.strides),
+        "group": win.group if win.group > 1 else None,
+    }
+    ext = win.extents(b)
+    if is_static(image_sizes, grad_sizes, ext, win.begin, win.end):
+        used = vadd(b, vmul(b, vsub(b, grad_sizes, 1), win.strides), ext)
+        unused = vsub(b, vadd(b, vadd(b, image_sizes, win.begin), win.end), used)
+        trimmed = tuple(min(e, r) for e, r in zip(win.end, unused))
+        end = vsub(b, win.end, trimmed)
+        extra = vdiv(b, vsub(b, unused, trimmed), win.dilations)
+        z = b.op("Conv", image_t, grad_t, pads=[*win.begin, *end], **attrs)
+        if any(extra):
+            z = b.op("Slice", z, b.ints([0] * k), b.ints(list(win.kernel)), b.ints(spatial_axes(k)))
+    else:
+        if is_static(win.begin, win.end):
+            z = b.op("Conv", image_t, grad_t, pads=[*win.begin, *win.end], **attrs)
+        else:
+            padded = pad_spatial(b, image_t, win.begin, win.end, k)
+            z = b.op("Conv", padded, grad_t, **attrs)
+        z = b.op("Slice", z, b.ints([0] * k), as_tensor(b, win.kernel), b.ints(spatial_axes(k)))
+    return swap_batch_and_channels(b, z, rank)
+
+
+def _channels_first_by_group(b: GradBuilder, x: str, win: Window, sizes: Vec) -> str:
+    """``(N, G C_g, *sp)`` -> ``(C_g, G N, *sp)``: group ``g`` reads channels ``g N + n``."""
+    if win.group == 1:
+        return swap_batch_and_channels(b, x, win.rank)
+    split = _shape_with_spatial(b, [0, win.group, -1], sizes)
+    t = b.op("Transpose", b.op("Reshape", x, split), perm=[2, 1, 0, *range(3, win.k + 3)])
+    return b.op("Reshape", t, _shape_with_spatial(b, [0, -1], sizes))
+
+
+def _shape_with_spatial(b: GradBuilder, head: list[int], sizes: Vec) -> str:
+    if is_static(sizes):
+        return b.ints([*head, *sizes])
+    return b.op("Concat", b.ints(head), sizes, axis=0)

@@ -1,0 +1,23 @@
+"""Rule table entries: Softmax and LogSoftmax along first, middle, last and negative axes."""
+
+import numpy as np
+
+from tests.derivative.autodiff.gradcheck import OpCase
+
+rng = np.random.default_rng(2)
+
+
+def r(*shape):
+    return rng.standard_normal(shape)
+
+
+CASES = [
+    OpCase("Softmax", {"x": r(2, 5)}, opset=13, id="Softmax-default-axis-opset13"),
+    OpCase("Softmax", {"x": r(3, 4, 2)}, {"axis": 1}, id="Softmax-axis1"),
+    OpCase("Softmax", {"x": r(3, 2, 4)}, {"axis": 0}, opset=21, id="Softmax-axis0"),
+    OpCase("Softmax", {"x": r(2, 3, 4)}, {"axis": -2}, id="Softmax-axis-negative"),
+    OpCase("LogSoftmax", {"x": r(2, 5)}, opset=13, id="LogSoftmax-default-axis-opset13"),
+    OpCase("LogSoftmax", {"x": r(3, 4, 2)}, {"axis": 1}, id="LogSoftmax-axis1"),
+    OpCase("LogSoftmax", {"x": r(4, 3)}, {"axis": 0}, opset=21, id="LogSoftmax-axis0"),
+    OpCase("LogSoftmax", {"x": r(2, 3, 4)}, {"axis": -2}, id="LogSoftmax-axis-negative"),
+]
