@@ -18,7 +18,7 @@ from onnx import GraphProto, ModelProto, NodeProto, ValueInfoProto, helper, nump
 from onnxgrad._onnx_utils import MAX_IR_VERSION, NameScope, all_names, np_dtype
 from onnxgrad.derivative.api import DerivativeRequest
 from onnxgrad.derivative.options import DerivativeOptions
-from onnxgrad.graph._scopes import node_inputs
+from onnxgrad.graph._scopes import iter_graphs, node_inputs
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 
@@ -31,9 +31,9 @@ class Forward:
     """The model handed to the builder and how its outputs relate to the user's model.
 
     :param model: the user's model without initializers among its inputs, with only the
-        loss output under ``Loss``, and no intermediate value named like a gradient.
-    :param outputs: the user's outputs the result seeds (original names), aligned with
-        ``model.graph.output``.
+        loss output under ``Loss``, no intermediate value named like a gradient, and every
+        output computed by a node.
+    :param outputs: the user's outputs (original names), aligned with ``model.graph.output``.
     """
 
     model: ModelProto
@@ -60,7 +60,23 @@ def prepare_forward(request: DerivativeRequest) -> Forward:
         _replace(graph.output, [o for o in graph.output if o.name == request.loss])
     outputs = [_copy(o) for o in graph.output]
     _free_gradient_names(graph, request)
+    _detach_outputs(graph)
     return Forward(model, outputs)
+
+
+def _detach_outputs(graph: GraphProto) -> None:
+    """Compute outputs that are inputs or initializers with an ``Identity`` node.
+
+    onnxruntime-training's builder segfaults on an output that is also a differentiated
+    input.
+    """
+    sources = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    scope = NameScope(all_names(graph))
+    for output in graph.output:
+        if output.name in sources:
+            detached = scope.unique(f"{output.name}_output")
+            graph.node.append(helper.make_node("Identity", [output.name], [detached]))
+            output.name = detached
 
 
 def _free_gradient_names(graph: GraphProto, request: DerivativeRequest) -> None:
@@ -74,11 +90,11 @@ def _free_gradient_names(graph: GraphProto, request: DerivativeRequest) -> None:
         wanted += [f"{o.name}_grad" for o in graph.output]
     fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     fixed |= {o.name for o in kept_outputs(graph.output, request)}
-    clashes = [name for name in wanted if name in fixed]
+    clashes = [name for k, name in enumerate(wanted) if name in fixed or name in wanted[:k]]
     if clashes:
         raise ValueError(
             f"cannot name the gradient values {clashes}: the model already has inputs, "
-            "initializers or kept outputs with these names"
+            "initializers or kept outputs with these names, or two of them would share a name"
         )
     names = all_names(graph)
     scope = NameScope(names | set(wanted))
@@ -160,7 +176,7 @@ def assemble(built: BuiltGraph, forward: Forward, request: DerivativeRequest) ->
     grad_outputs, zero_nodes = _gradient_outputs(graph, forward, built, request, scope)
     _replace(graph.node, nodes + zero_nodes)
     _replace(graph.input, _inputs(graph, forward, request) + seed_inputs)
-    _replace(graph.output, grad_outputs + kept_outputs(forward.model.graph.output, request))
+    _replace(graph.output, grad_outputs + kept_outputs(forward.outputs, request))
     weights = set(request.weights)
     _replace(graph.initializer, [i for i in graph.initializer if i.name not in weights])
     prune_graph(graph, keep_inputs=True)
@@ -265,7 +281,7 @@ def _inputs(
 
 def _model(graph: GraphProto, forward: ModelProto, built: ModelProto) -> ModelProto:
     """Wrap ``graph`` declaring only the domains its nodes use (the user's versions first)."""
-    used = {_domain(n.domain) for n in graph.node} | {""}
+    used = {_domain(n.domain) for g in iter_graphs(graph) for n in g.node} | {""}
     versions = {_domain(op.domain): op.version for op in built.opset_import}
     versions.update({_domain(op.domain): op.version for op in forward.opset_import})
     opsets = [helper.make_opsetid(d, versions.get(d, 1)) for d in sorted(used)]

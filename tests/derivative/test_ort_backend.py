@@ -320,6 +320,38 @@ def _torch_export(torch, net, x, dynamic: bool) -> onnx.ModelProto:
     return onnx.load_from_string(buffer.getvalue())
 
 
+def _output_is_input_model() -> onnx.ModelProto:
+    """Outputs Y = X * W, then X and W themselves."""
+    return _model(
+        [helper.make_node("Mul", ["X", "W"], ["Y"])],
+        [_tensor("X", [None, 2])],
+        [_tensor("Y", [None, 2]), _tensor("X", [None, 2]), _tensor("W", [2])],
+        [numpy_helper.from_array(np.array([2.0, 3.0], dtype=np.float32), "W")],
+    )
+
+
+def test_outputs_that_are_inputs_or_weights():
+    model = _output_is_input_model()
+    grad = onnx_derivative(model, options=D.FillGrad | D.KeepOutputs, backend="ort")
+    assert [o.name for o in grad.graph.output] == ["X_grad", "W_grad", "Y", "X", "W"]
+    feeds = {"X": np.array([[1.0, -1.0], [0.5, 2.0]], dtype=np.float32), "W": np.ones(2)}
+    feeds["W"] = feeds["W"].astype(np.float32)
+    got = run_onnxruntime(grad, feeds)
+    _assert_close(got, onnx_numerical_vjp(model, feeds, ["X", "W"]))
+
+
+def test_a_real_builder_segfault_is_contained(tmp_path):
+    """The raw builder dies of SIGSEGV on an output that is a differentiated input
+    (ort_derivative avoids it by computing such outputs with an Identity node)."""
+    model_path = tmp_path / "model.onnx"
+    onnx.save(_output_is_input_model(), model_path)
+    with (
+        _ort_process.OrtChild(tmp_path) as child,
+        pytest.raises(RuntimeError, match=r"crashed \(signal SIGSEGV\) while building"),
+    ):
+        child.build(model_path, tmp_path / "out.onnx", ["W"], ["X"])
+
+
 def test_a_crash_of_onnxruntime_becomes_a_runtime_error(monkeypatch):
     suicide = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
     monkeypatch.setattr(_ort_process, "worker_command", lambda: [sys.executable, "-c", suicide])
