@@ -1,0 +1,349 @@
+"""The estimators: converted scikit-learn networks, warm start, state, clone, bad input."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from skl2onnx import to_onnx
+from sklearn.base import clone
+from sklearn.datasets import make_classification, make_regression
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LinearRegression
+from sklearn.metrics import log_loss, r2_score
+from sklearn.model_selection import train_test_split
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+from onnxgrad import ConvergenceError, add_loss_output, select_model_inputs_outputs
+from onnxgrad.training import (
+    CrossEntropyLearningLoss,
+    ElasticLearningPenalty,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    NegLogLearningLoss,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+)
+from tests.models import linear_regression_model
+
+
+def initial_network(estimator, X, y):
+    """A scikit-learn network holding its initial weights (one step at a tiny rate)."""
+    init = clone(estimator).set_params(max_iter=1, learning_rate_init=1e-30, batch_size=len(X))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        init.fit(X, y)
+    trained = copy.deepcopy(init)
+    trained.set_params(**{**estimator.get_params(), "warm_start": True})
+    return init, trained
+
+
+def fit_quietly(estimator, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return estimator.fit(X, y)
+
+
+def run_onnx(model, X, exact_kernels=False):
+    """Run ``model`` on ``X``; ``exact_kernels``: no graph rewrite, no weight prepacking, so
+    constant weights go through the kernels that weights fed as inputs use."""
+    options = ort.SessionOptions()
+    if exact_kernels:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, {session.get_inputs()[0].name: X})
+
+
+@pytest.fixture(scope="module")
+def regression():
+    X, y = make_regression(400, n_features=10, noise=5.0, random_state=0)
+    X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)
+    return train_test_split(X, y, random_state=0)
+
+
+def test_mlp_regressor_reaches_sklearn_r2(regression):
+    X_train, X_test, y_train, y_test = regression
+    skl = MLPRegressor(
+        hidden_layer_sizes=(16,),
+        solver="sgd",
+        batch_size=20,
+        max_iter=30,
+        learning_rate="constant",
+        learning_rate_init=0.01,
+        momentum=0.9,
+        nesterovs_momentum=True,
+        alpha=0.0,
+        n_iter_no_change=1000,
+        random_state=0,
+    )
+    init, skl = initial_network(skl, X_train, y_train)
+    fit_quietly(skl, X_train, y_train)
+    expected = r2_score(y_test, skl.predict(X_test))
+
+    onx = to_onnx(init, X_train[:1], target_opset=15)
+    # scikit-learn minimises half the squared error: half its rate gives the same steps
+    est = OrtGradientForwardBackwardOptimizer(
+        onx,
+        max_iter=30,
+        batch_size=20,
+        learning_rate=LearningRateSGDNesterov(eta0=0.005, learning_rate="constant"),
+        random_state=0,
+    )
+    est.fit(X_train, y_train)
+    got = r2_score(y_test, est.predict(X_test).ravel())
+    assert expected > 0.9
+    assert abs(got - expected) < 0.02
+    assert len(est.train_losses_) == 30 and est.n_iter_ == 30
+    assert est.train_losses_[-1] < est.train_losses_[0] / 5
+
+    trained = est.get_trained_onnx()
+    onnx.checker.check_model(trained, full_check=True)
+    assert trained.ir_version <= 10
+    # the deployable model predicts exactly what the final state predicts
+    np.testing.assert_array_equal(run_onnx(trained, X_test, True)[0], est.predict(X_test))
+    for name, value in est.trained_coef_.items():
+        np.testing.assert_array_equal(value, est.get_state()[name])
+
+
+@pytest.fixture(scope="module")
+def classification():
+    X, y = make_classification(
+        300, n_features=6, n_informative=4, n_classes=3, n_clusters_per_class=1, random_state=1
+    )
+    return train_test_split(X.astype(np.float32), y, random_state=0)
+
+
+def test_mlp_classifier_learns_with_cross_entropy(classification):
+    X_train, X_test, y_train, y_test = classification
+    init = MLPClassifier(hidden_layer_sizes=(12,), random_state=0)
+    init, _ = initial_network(init, X_train, y_train)
+    onx = to_onnx(init, X_train[:1], target_opset=15, options={"zipmap": False})
+    est = OrtGradientForwardBackwardOptimizer(
+        onx,
+        output="probabilities",
+        learning_loss=CrossEntropyLearningLoss(probability_function=None),
+        learning_rate=LearningRateSGDNesterov(eta0=0.05, learning_rate="constant"),
+        max_iter=25,
+        batch_size=16,
+        random_state=0,
+    )
+    before = log_loss(y_test, run_onnx(onx, X_test)[1], labels=[0, 1, 2])
+    est.fit(X_train, y_train)
+    probabilities = run_onnx(est.get_trained_onnx(), X_test)[1]
+    after = log_loss(y_test, probabilities, labels=[0, 1, 2])
+    assert after < before / 2
+    assert (probabilities.argmax(axis=1) == y_test).mean() > 0.8
+    # score is the opposite of the mean loss, here scikit-learn's log loss
+    assert -est.score(X_test, y_test) == pytest.approx(after, rel=1e-4)
+
+
+def test_binary_mlp_classifier_learns_with_neg_log_on_logits():
+    X, y = make_classification(200, n_features=5, random_state=2)
+    X = X.astype(np.float32)
+    init = MLPClassifier(hidden_layer_sizes=(8,), random_state=0)
+    init, _ = initial_network(init, X, y)
+    onx = to_onnx(init, X[:1], target_opset=15, options={"zipmap": False})
+    logits = select_model_inputs_outputs(onx, outputs=["add_result1"])
+    weights = ["coefficient", "intercepts", "coefficient1", "intercepts1"]
+    est = OrtGradientForwardBackwardOptimizer(
+        logits,
+        weights_to_train=weights,
+        learning_loss=NegLogLearningLoss(),
+        learning_rate=LearningRateSGDNesterov(eta0=0.05, learning_rate="constant"),
+        max_iter=20,
+        batch_size=10,
+        random_state=0,
+    )
+    est.fit(X, y)
+    scores = run_onnx(est.get_trained_onnx(), X)[0].ravel().astype(np.float64)
+    probability = 1 / (1 + np.exp(-scores))
+    assert log_loss(y, probability) == pytest.approx(-est.score(X, y), rel=1e-3)
+    assert log_loss(y, probability) < 0.4
+    assert ((probability > 0.5) == y).mean() > 0.85
+
+
+def linear_data(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 3)).astype(np.float32)
+    y = (X @ np.array([1.5, -2.0, 0.5]) + 0.3).astype(np.float32)
+    return X, y
+
+
+def linear_estimator(**kwargs):
+    params = {
+        "max_iter": 10,
+        "batch_size": 8,
+        "learning_rate": LearningRateSGDNesterov(eta0=0.02, learning_rate="constant"),
+        "random_state": 3,
+    }
+    params.update(kwargs)
+    return OrtGradientForwardBackwardOptimizer(
+        linear_regression_model(np.zeros((1, 3)), np.zeros(1)), **params
+    )
+
+
+def test_warm_start_continues_where_it_stopped():
+    X, y = linear_data()
+    once = linear_estimator(max_iter=10).fit(X, y)
+    twice = linear_estimator(max_iter=5, warm_start=True).fit(X, y).fit(X, y)
+    for name, value in once.get_full_state().items():
+        np.testing.assert_allclose(twice.get_full_state()[name], value, rtol=1e-6)
+    assert twice.train_losses_ == pytest.approx(once.train_losses_, rel=1e-5)
+    cold = linear_estimator(max_iter=5).fit(X, y)
+    cold.fit(X, y)
+    assert len(cold.train_losses_) == 5
+
+
+def test_ort_gradient_optimizer_solves_least_squares():
+    X, y = linear_data(n=80)
+    reference = LinearRegression().fit(X, y)
+    model = add_loss_output(linear_regression_model(np.zeros((1, 3)), np.zeros(1)))
+    est = OrtGradientOptimizer(
+        model,
+        ["coefs", "intercept"],
+        max_iter=60,
+        batch_size=10,
+        learning_rate=LearningRateSGD(eta0=0.002, learning_rate="constant"),
+        random_state=0,
+    )
+    est.fit(X, y)
+    state = est.get_state()
+    np.testing.assert_allclose(state["coefs"].ravel(), reference.coef_, atol=1e-3)
+    np.testing.assert_allclose(state["intercept"], [reference.intercept_], atol=1e-3)
+    np.testing.assert_allclose(est.predict(X).ravel(), reference.predict(X), atol=1e-2)
+
+
+def test_sample_weights_and_penalty():
+    X, y = linear_data(n=40)
+    weights = np.random.default_rng(1).uniform(0, 2, len(X))
+    est = linear_estimator(
+        max_iter=200,
+        batch_size=40,
+        learning_penalty=ElasticLearningPenalty(l1=0.0, l2=0.1),
+        learning_rate=LearningRateSGD(eta0=0.05, learning_rate="constant"),
+    )
+    est.fit(X, y, sample_weight=weights)
+    # minimiser of sum w (x.c + b - y)^2 / sum w + 0.1 (|c|^2 + b^2): ridge normal equations
+    A = np.hstack([X, np.ones((len(X), 1))]).astype(np.float64)
+    W = weights / weights.sum()
+    solution = np.linalg.solve(A.T @ (W[:, None] * A) + 0.1 * np.eye(4), A.T @ (W * y))
+    got = np.concatenate([est.trained_coef_["coefs"].ravel(), est.trained_coef_["intercept"]])
+    np.testing.assert_allclose(got, solution, atol=2e-3)
+
+
+def test_validation_losses_and_losses():
+    X, y = linear_data(n=50)
+    est = linear_estimator(max_iter=10, validation_every=0.2)
+    est.fit(X[:40], y[:40], X_val=X[40:], y_val=y[40:])
+    assert len(est.validation_losses_) == 5
+    coefs, intercept = est.trained_coef_["coefs"], est.trained_coef_["intercept"]
+    residual = X[40:] @ coefs + intercept - y[40:, None]
+    assert est.validation_losses_[-1] == pytest.approx(float((residual**2).mean()), rel=1e-4)
+    np.testing.assert_allclose(est.losses(X[40:], y[40:]), (residual**2).ravel(), rtol=1e-4)
+
+
+def test_clone_and_params():
+    est = linear_estimator(max_iter=3, learning_penalty=ElasticLearningPenalty(0.1, 0.2))
+    cloned = clone(est)
+    assert not hasattr(cloned, "runner_")
+    assert cloned.get_params()["learning_rate__eta0"] == 0.02
+    assert cloned.get_params()["learning_penalty__l2"] == 0.2
+    cloned.set_params(max_iter=4, learning_rate__eta0=0.05)
+    assert cloned.max_iter == 4 and cloned.learning_rate.eta0 == 0.05
+    assert est.learning_rate.eta0 == 0.02
+    X, y = linear_data()
+    cloned.fit(X, y)
+    assert cloned.learning_rate.get_params()["eta0"] == 0.05
+    with pytest.raises(ValueError, match="invalid parameter 'speed'"):
+        cloned.set_params(speed=3)
+
+
+def test_the_model_is_never_modified(tmp_path):
+    X, y = linear_data()
+    model = linear_regression_model(np.zeros((1, 3)), np.zeros(1))
+    before = model.SerializeToString()
+    est = OrtGradientForwardBackwardOptimizer(model, max_iter=2).fit(X, y)
+    assert model.SerializeToString() == before
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    from_path = OrtGradientForwardBackwardOptimizer(str(path), max_iter=2).fit(X, y)
+    assert from_path.get_trained_onnx().graph.initializer
+    paths = est.save_onnx_graph(tmp_path / "graphs")
+    for path in paths.values():
+        onnx.checker.check_model(onnx.load(path), full_check=True)
+    assert set(paths) == {"train_step", "train_step_indexed", "evaluation", "prediction"}
+
+
+def test_verbose_shows_loss_and_learning_rate(capsys):
+    X, y = linear_data()
+    linear_estimator(max_iter=3, verbose=1).fit(X, y)
+    err = capsys.readouterr().err
+    assert "loss=" in err and "lr=" in err and "3/3" in err
+
+
+def test_divergence_raises_and_keeps_finite_weights():
+    X, y = linear_data()
+    X = X * 1000
+    est = linear_estimator(
+        max_iter=50, learning_rate=LearningRateSGD(eta0=10.0, learning_rate="constant")
+    )
+    with pytest.raises(ConvergenceError, match="diverged"):
+        est.fit(X, y)
+    assert all(np.isfinite(v).all() for v in est.get_state().values())
+    assert all(np.isfinite(v).all() for v in est.trained_coef_.values())
+    quiet = linear_estimator(
+        max_iter=50, learning_rate=LearningRateSGD(eta0=10.0, learning_rate="constant"), exc=False
+    )
+    with pytest.warns(RuntimeWarning, match="diverged"):
+        quiet.fit(X, y)
+    assert all(np.isfinite(v).all() for v in quiet.get_state().values())
+
+
+@pytest.mark.parametrize(
+    ("X", "y", "error", "message"),
+    [
+        (np.zeros((5, 3), np.float32), np.zeros(4, np.float32), ValueError, "different numbers"),
+        (np.zeros((5, 3)), np.zeros(5, np.float32), TypeError, "X has dtype float64"),
+        (np.zeros((5, 4), np.float32), np.zeros(5, np.float32), ValueError, "expects 3 values"),
+        (np.zeros(5, np.float32), np.zeros(5, np.float32), ValueError, "expects 2 dimensions"),
+        (np.zeros((5, 3), np.float32), np.zeros(5), TypeError, "y has dtype float64"),
+    ],
+)
+def test_bad_data_is_refused_before_training(X, y, error, message):
+    est = linear_estimator()
+    with pytest.raises(error, match=message):
+        est.fit(X, y)
+    assert not hasattr(est, "runner_")
+
+
+def test_bad_parameters_are_refused_before_training():
+    X, y = linear_data()
+    with pytest.raises(ValueError, match=r"unknown weights \['coef'\]"):
+        linear_estimator(weights_to_train=["coef"]).fit(X, y)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        linear_estimator(batch_size=0).fit(X, y)
+    with pytest.raises(ValueError, match="sample_weight must be a vector of 60"):
+        linear_estimator().fit(X, y, sample_weight=np.ones(3))
+    with pytest.raises(ValueError, match="unknown learning_loss 'hinge'"):
+        linear_estimator(learning_loss="hinge").fit(X, y)
+    with pytest.raises(ValueError, match="not fitted"):
+        linear_estimator().get_state()
+    with pytest.raises(ValueError, match="give both X_val and y_val"):
+        linear_estimator().fit(X, y, X_val=X)
+
+
+def test_ort_gradient_optimizer_needs_the_loss_output():
+    X, y = linear_data()
+    model = linear_regression_model(np.zeros((1, 3)), np.zeros(1))
+    with pytest.raises(ValueError, match="loss output 'loss' not found"):
+        OrtGradientOptimizer(model, ["coefs"]).fit(X, y)
+    with_loss = add_loss_output(model)
+    with pytest.raises(ValueError, match="has no input 'weight'"):
+        OrtGradientOptimizer(with_loss, ["coefs"]).fit(X, y, sample_weight=np.ones(len(X)))
