@@ -48,13 +48,20 @@ class OrtChild:
     def __init__(self, workdir: str | os.PathLike):
         self._stderr_path = Path(workdir) / "ort_child_stderr.txt"
         self._stderr = open(self._stderr_path, "wb")  # noqa: SIM115
-        self._process = subprocess.Popen(
-            worker_command(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-        )
+        try:
+            self._process = subprocess.Popen(
+                worker_command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                text=True,
+            )
+        except OSError as exc:
+            self._stderr.close()
+            raise RuntimeError(
+                f"backend='ort' could not start the child process running "
+                f"onnxruntime-training with {sys.executable!r}: {exc}"
+            ) from exc
 
     def __enter__(self) -> OrtChild:
         return self

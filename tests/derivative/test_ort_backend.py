@@ -359,6 +359,20 @@ def test_a_crash_of_onnxruntime_becomes_a_runtime_error(monkeypatch):
         onnx_derivative(seed004_model(), backend="ort")
 
 
+def test_a_failing_child_reports_its_exit_code_and_last_messages(monkeypatch):
+    failing = "import sys; sys.stderr.write('cannot import onnxruntime\\n'); sys.exit(3)"
+    monkeypatch.setattr(_ort_process, "worker_command", lambda: [sys.executable, "-c", failing])
+    with pytest.raises(RuntimeError, match=r"(?s)exit code 3.*cannot import onnxruntime"):
+        onnx_derivative(seed004_model(), backend="ort")
+
+
+def test_a_child_that_cannot_start_is_reported(monkeypatch, tmp_path):
+    missing = str(tmp_path / "no-python")
+    monkeypatch.setattr(_ort_process, "worker_command", lambda: [missing])
+    with pytest.raises(RuntimeError, match="could not start the child process"):
+        onnx_derivative(seed004_model(), backend="ort")
+
+
 def test_a_model_onnxruntime_cannot_load_is_reported():
     """The builder differentiates float64 MatMul with FusedMatMul, which has no double kernel."""
     model = _model(
