@@ -1,0 +1,160 @@
+"""Elementwise functions of one tensor, ``y = f(x)``: ``x_bar = y_bar * f'(x)``.
+
+The derivative reuses the forward output ``y`` where that saves work:
+
+* ``Exp``: ``y``; ``Log``: ``1 / x``; ``Sqrt``: ``1 / (2 y)``; ``Reciprocal``: ``-y^2``
+* ``Abs``: ``sign(x)`` (0 at 0)
+* ``Sin``: ``cos x``; ``Cos``: ``-sin x``; ``Tan``: ``1 + y^2``; ``Tanh``: ``1 - y^2``
+* ``Sinh``: ``cosh x``; ``Cosh``: ``sinh x``; ``Asin``: ``1 / sqrt(1 - x^2)``;
+  ``Acos``: ``-1 / sqrt(1 - x^2)``; ``Atan``: ``1 / (1 + x^2)``
+* ``Asinh``: ``1 / sqrt(x^2 + 1)``; ``Acosh``: ``1 / sqrt(x^2 - 1)``; ``Atanh``: ``1 / (1 - x^2)``
+* ``Erf``: ``2 / sqrt(pi) exp(-x^2)``
+* ``Cast``, ``CastLike`` (float to float): the gradient cast back to the type of ``x``
+* ``Dropout``: ``y = x`` in inference mode; ``y = x * mask / (1 - ratio)`` in training mode
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnxgrad.derivative.autodiff.registry import register
+
+
+def _square(b, x: str) -> str:
+    return b.mul(x, x)
+
+
+def _one_minus_square(b, x: str) -> str:
+    return b.op("Sub", b.const(1, like=x), _square(b, x))
+
+
+def _one_plus_square(b, x: str) -> str:
+    return b.add(_square(b, x), b.const(1, like=x))
+
+
+@register("Exp", since=13)
+def exp_grad(b, node, grads, needs):
+    return [b.mul(grads[0], node.outputs[0])]
+
+
+@register("Log", since=13)
+def log_grad(b, node, grads, needs):
+    return [b.op("Div", grads[0], node.inputs[0])]
+
+
+@register("Sqrt", since=13)
+def sqrt_grad(b, node, grads, needs):
+    y = node.outputs[0]
+    return [b.op("Div", grads[0], b.mul(y, b.const(2, like=y)))]
+
+
+@register("Reciprocal", since=13)
+def reciprocal_grad(b, node, grads, needs):
+    return [b.neg(b.mul(grads[0], _square(b, node.outputs[0])))]
+
+
+@register("Abs", since=13)
+def abs_grad(b, node, grads, needs):
+    return [b.mul(grads[0], b.op("Sign", node.inputs[0]))]
+
+
+@register("Sin", since=13)
+def sin_grad(b, node, grads, needs):
+    return [b.mul(grads[0], b.op("Cos", node.inputs[0]))]
+
+
+@register("Cos", since=13)
+def cos_grad(b, node, grads, needs):
+    return [b.neg(b.mul(grads[0], b.op("Sin", node.inputs[0])))]
+
+
+@register("Tan", since=13)
+def tan_grad(b, node, grads, needs):
+    return [b.mul(grads[0], _one_plus_square(b, node.outputs[0]))]
+
+
+@register("Tanh", since=13)
+def tanh_grad(b, node, grads, needs):
+    return [b.mul(grads[0], _one_minus_square(b, node.outputs[0]))]
+
+
+@register("Sinh", since=13)
+def sinh_grad(b, node, grads, needs):
+    return [b.mul(grads[0], b.op("Cosh", node.inputs[0]))]
+
+
+@register("Cosh", since=13)
+def cosh_grad(b, node, grads, needs):
+    return [b.mul(grads[0], b.op("Sinh", node.inputs[0]))]
+
+
+@register("Asin", since=13)
+def asin_grad(b, node, grads, needs):
+    return [b.op("Div", grads[0], b.op("Sqrt", _one_minus_square(b, node.inputs[0])))]
+
+
+@register("Acos", since=13)
+def acos_grad(b, node, grads, needs):
+    return [b.neg(b.op("Div", grads[0], b.op("Sqrt", _one_minus_square(b, node.inputs[0]))))]
+
+
+@register("Atan", since=13)
+def atan_grad(b, node, grads, needs):
+    return [b.op("Div", grads[0], _one_plus_square(b, node.inputs[0]))]
+
+
+@register("Asinh", since=13)
+def asinh_grad(b, node, grads, needs):
+    return [b.op("Div", grads[0], b.op("Sqrt", _one_plus_square(b, node.inputs[0])))]
+
+
+@register("Acosh", since=13)
+def acosh_grad(b, node, grads, needs):
+    x = node.inputs[0]
+    square_minus_one = b.op("Sub", _square(b, x), b.const(1, like=x))
+    return [b.op("Div", grads[0], b.op("Sqrt", square_minus_one))]
+
+
+@register("Atanh", since=13)
+def atanh_grad(b, node, grads, needs):
+    return [b.op("Div", grads[0], _one_minus_square(b, node.inputs[0]))]
+
+
+@register("Erf", since=13)
+def erf_grad(b, node, grads, needs):
+    x = node.inputs[0]
+    gaussian = b.op("Exp", b.neg(_square(b, x)))
+    return [b.mul(grads[0], b.mul(gaussian, b.const(2 / math.sqrt(math.pi), like=x)))]
+
+
+@register("Cast", since=13)
+def cast_grad(b, node, grads, needs):
+    return [b.op("Cast", grads[0], to=b.dtype(node.inputs[0]))]
+
+
+@register("CastLike", since=15)
+def cast_like_grad(b, node, grads, needs):
+    return [b.op("CastLike", grads[0], node.inputs[0]), None]
+
+
+@register("Dropout", since=13)
+def dropout_grad(b, node, grads, needs):
+    """Identity without a ``training_mode`` input. With one, whatever its value:
+    ``x_bar = y_bar * mask * s`` with ``s = 1 / (1 - ratio)`` in training mode and ``1``
+    otherwise (the mask is all true then); this needs the ``mask`` output."""
+    g = grads[0]
+    training_mode = node.input(2)
+    if training_mode is None:
+        return [g]
+    if len(node.outputs) < 2 or not node.outputs[1]:
+        raise NotImplementedError(
+            f"Dropout node {node.name or node.outputs[0]!r} has a 'training_mode' input but no "
+            "'mask' output: the gradient in training mode needs the mask of kept elements"
+        )
+    x = node.inputs[0]
+    one = b.const(1, like=x)
+    ratio = node.input(1)
+    ratio = b.const(0.5, like=x) if ratio is None else b.op("Cast", ratio, to=b.dtype(x))
+    scale = b.op("Where", training_mode, b.op("Div", one, b.op("Sub", one, ratio)), one)
+    mask = b.op("Cast", node.outputs[1], to=b.dtype(x))
+    return [b.mul(g, b.mul(mask, scale))]

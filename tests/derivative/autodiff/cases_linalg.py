@@ -1,0 +1,103 @@
+"""Rule table entries: MatMul (1-D, batched, broadcast), Gemm (transposes, alpha, beta, C),
+Einsum (contractions, implicit output, diagonals, summed letters, ellipsis broadcasting)."""
+
+import numpy as np
+
+from tests.derivative.autodiff.gradcheck import OpCase
+
+rng = np.random.default_rng(5)
+
+
+def r(*shape):
+    return rng.standard_normal(shape)
+
+
+MATMUL_SHAPES = [
+    ((2, 3), (3, 4), 13),
+    ((3,), (3, 4), 13),
+    ((2, 3), (3,), 18),
+    ((3,), (3,), 13),
+    ((3,), (2, 3, 2), 18),
+    ((2, 2, 3), (3,), 13),
+    ((2, 2, 3), (3, 2), 13),
+    ((2, 3), (2, 3, 2), 18),
+    ((2, 2, 3), (2, 3, 2), 21),
+    ((2, 1, 2, 3), (3, 3, 2), 13),
+    ((1, 2, 3), (2, 3, 2), 18),
+]
+
+GEMM_SETTINGS = [
+    # (A shape, B shape, C shape or None, attributes, opset)
+    ((2, 3), (3, 4), (4,), {}, 13),
+    ((3, 2), (3, 4), (2, 1), {"transA": 1}, 13),
+    ((2, 3), (4, 3), (), {"transB": 1, "alpha": 0.5}, 18),
+    ((3, 2), (4, 3), (2, 4), {"transA": 1, "transB": 1, "beta": 2.0}, 21),
+    ((2, 3), (3, 4), None, {"alpha": -1.5}, 13),
+    ((2, 3), (3, 4), (1, 4), {"alpha": 2.0, "beta": 0.25}, 18),
+]
+
+EINSUM_SETTINGS = [
+    # (equation, operand shapes, opset)
+    ("ij,jk->ik", [(2, 3), (3, 4)], 13),
+    ("ij,jk", [(2, 3), (3, 2)], 18),
+    ("bij,bjk->bik", [(2, 2, 3), (2, 3, 2)], 13),
+    ("ij,ij->i", [(2, 3), (2, 3)], 18),
+    ("i,i", [(4,), (4,)], 13),
+    ("i,j->ij", [(2,), (3,)], 21),
+    ("ijk->kji", [(2, 3, 2)], 13),
+    ("ba", [(2, 3)], 18),
+    ("ij->", [(2, 3)], 13),
+    ("ijk,j->k", [(2, 3, 2), (3,)], 18),
+    ("ii->i", [(3, 3)], 13),
+    ("ii", [(3, 3)], 18),
+    ("iij,jk->ik", [(2, 2, 3), (3, 2)], 21),
+    ("ij,ji->", [(2, 3), (3, 2)], 13),
+    ("...ij,...jk->...ik", [(2, 2, 3), (2, 3, 2)], 18),
+    ("...ij,jk->...ik", [(2, 1, 2, 3), (3, 2)], 13),
+    ("...i,...i->...", [(1, 3), (2, 3)], 18),
+    ("i...,i->...", [(3, 2, 2), (3,)], 21),
+    ("...,...->...", [(2, 1), (1, 3)], 18),
+]
+
+
+def _shape_id(shape):
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _attrs_id(attrs):
+    return "-".join(f"{k}{v}" for k, v in attrs.items()) or "plain"
+
+
+CASES = [
+    OpCase(
+        "MatMul", {"a": r(*sa), "b": r(*sb)}, opset=opset,
+        id=f"MatMul-{_shape_id(sa)}-{_shape_id(sb)}-opset{opset}",
+    )
+    for sa, sb, opset in MATMUL_SHAPES
+] + [
+    OpCase(
+        "MatMul", {"a": r(2, 3), "b": r(3, 2)}, wrt=("b",), opset=21, id="MatMul-right-only",
+    ),
+    OpCase(
+        "MatMul", {"a": r(2, 2, 3), "b": r(2, 3, 2)}, wrt=("a",), opset=13, id="MatMul-left-only",
+    ),
+] + [
+    OpCase(
+        "Gemm",
+        {"a": r(*sa), "b": r(*sb), "c": None if sc is None else r(*sc)},
+        attrs, opset=opset,
+        id=f"Gemm-{_attrs_id(attrs)}-C{_shape_id(sc or ())}",
+    )
+    for sa, sb, sc, attrs, opset in GEMM_SETTINGS
+] + [
+    OpCase(
+        "Gemm", {"a": r(2, 3), "b": r(3, 4), "c": r(4)}, {"beta": 3.0}, wrt=("c",), opset=18,
+        id="Gemm-C-only",
+    ),
+] + [
+    OpCase(
+        "Einsum", {f"x{k}": r(*s) for k, s in enumerate(shapes)}, {"equation": eq},
+        opset=opset, id=f"Einsum-{eq.replace('...', 'E').replace('->', '_to_') or 'scalar'}",
+    )
+    for eq, shapes, opset in EINSUM_SETTINGS
+]  # fmt: skip
