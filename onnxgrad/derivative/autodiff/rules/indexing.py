@@ -1,0 +1,287 @@
+"""Ops that select or scatter elements by index.
+
+* Slice: ``x_bar`` is ``y_bar`` scattered into zeros where the slice read. Without
+  ``steps`` it is a Pad of ``y_bar`` (bounds clamped as Slice clamps them); with ``steps``
+  (values unknown when the graph is built) the positions are found by slicing an index grid
+  the same way, so negative steps and clamped bounds follow the runtime's own Slice.
+* Gather, GatherElements, GatherND: ``data_bar`` is the scatter-*add* of ``y_bar`` (indices
+  may repeat): ScatterND / ScatterElements with ``reduction='add'`` from opset 16; below,
+  a one-hot matrix product (exact, denser).
+* ScatterElements / ScatterND, ``y = scatter(data, idx, u)``: ``reduction='none'``:
+  ``data_bar = scatter(y_bar, idx, 0)``, ``u_bar = gather(y_bar, idx)``; ``'add'``:
+  ``data_bar = y_bar``; ``'mul'``: ``data_bar = scatter_mul(y_bar, idx, u)``,
+  ``u_bar = gather(y_bar y, idx) / u`` (undefined where ``u = 0``). Repeated indices with
+  ``reduction='none'`` are undefined in ONNX and so are their gradients.
+* Trilu: the same triangle of ``y_bar``.
+"""
+
+from __future__ import annotations
+
+from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._shape_helpers import (
+    Part,
+    arange,
+    as_tensor,
+    cast_like,
+    filled,
+    index_grid,
+    normalize_axis,
+    numel,
+    require_rank,
+    reshape,
+    reshape_like,
+    scatter_flat,
+    shape_parts,
+    shape_tensor,
+    to_int64,
+    unsupported,
+    zeros_like,
+)
+
+# -- Slice ----------------------------------------------------------------------------------
+
+
+@register("Slice", since=11)
+def slice_grad(b, node, grads, needs):
+    (g,) = grads
+    x = node.inputs[0]
+    if node.input(4) is None:
+        return [_slice_grad_by_pad(b, node, g)]
+    sources = b.op("Slice", index_grid(b, x), *node.inputs[1:])
+    return [scatter_flat(b, x, sources, g)]
+
+
+def _slice_grad_by_pad(b, node, g: str) -> str:
+    """Unit steps: pad ``g`` by ``start`` before and ``size - end`` after each sliced axis,
+    with ``start``/``end`` made non-negative and clamped to ``[0, size]`` like Slice does."""
+    x = node.inputs[0]
+    rank = require_rank(b, x, node)
+    starts, ends = to_int64(b, node.inputs[1]), to_int64(b, node.inputs[2])
+    axes = node.input(3)
+    if axes is None:
+        axes = arange(b, 0, b.op("Size", starts))
+    else:
+        axes = to_int64(b, axes)
+    sizes = b.op("Gather", b.shape_of(x), axes)
+    start = _clamped_bound(b, starts, sizes)
+    end = _maximum(b, _clamped_bound(b, ends, sizes), start)
+    before, after = start, b.op("Sub", sizes, end)
+    if b.opset >= 18:
+        return b.op("Pad", g, b.op("Concat", before, after, axis=0), None, axes)
+    zeros = b.ints([0] * rank)
+    full = [b.op("ScatterElements", zeros, axes, side, axis=0) for side in (before, after)]
+    return b.op("Pad", g, b.op("Concat", *full, axis=0))
+
+
+def _clamped_bound(b, bound: str, sizes: str) -> str:
+    """A Slice bound for unit steps: ``bound + size`` if negative, then clamped to
+    ``[0, size]``."""
+    zero = b.ints([0])
+    wrapped = b.op("Where", b.op("Less", bound, zero), b.op("Add", bound, sizes), bound)
+    return _maximum(b, _minimum(b, wrapped, sizes), zero)
+
+
+def _minimum(b, x: str, y: str) -> str:
+    """Elementwise minimum of int64 tensors (Min takes integers from opset 12)."""
+    if b.opset >= 12:
+        return b.op("Min", x, y)
+    return b.op("Where", b.op("Less", y, x), y, x)
+
+
+def _maximum(b, x: str, y: str) -> str:
+    if b.opset >= 12:
+        return b.op("Max", x, y)
+    return b.op("Where", b.op("Less", x, y), y, x)
+
+
+# -- Gather family --------------------------------------------------------------------------
+
+
+@register("Gather", since=11)
+def gather_grad(b, node, grads, needs):
+    (g,) = grads
+    data, indices = node.inputs
+    rank = require_rank(b, data, node)
+    axis = normalize_axis(node.attr("axis", 0), rank)
+    if axis == 0 and node.opset >= 16:
+        positions = b.unsqueeze(to_int64(b, indices), [-1])
+        return [b.op("ScatterND", zeros_like(b, data), positions, g, reduction="add")]
+    outer = numel(b, shape_parts(b, data, 0, axis))
+    inner = numel(b, shape_parts(b, data, axis + 1))
+    rows = shape_parts(b, data, axis, axis + 1)[0]
+    updates = reshape(b, g, [outer, -1, inner])
+    flat = b.op("Reshape", to_int64(b, indices), b.ints([-1]))
+    out = [outer, rows, inner]
+    summed = _scatter_add_rows(b, node, flat, updates, out, rows, data, shared=True)
+    return [reshape_like(b, summed, data)]
+
+
+@register("GatherND", since=12)
+def gather_nd_grad(b, node, grads, needs):
+    (g,) = grads
+    data, indices = node.inputs
+    batch = node.attr("batch_dims", 0)
+    if batch == 0 and node.opset >= 16:
+        return [b.op("ScatterND", zeros_like(b, data), indices, g, reduction="add")]
+    depth = _index_depth(b, node)
+    require_rank(b, data, node)
+    indexed = shape_parts(b, data, batch, batch + depth)
+    rows = numel(b, indexed)
+    outer = numel(b, shape_parts(b, data, 0, batch))
+    inner = numel(b, shape_parts(b, data, batch + depth))
+    grid = reshape(b, arange(b, rows), indexed)
+    flat = reshape(b, b.op("GatherND", grid, indices), [outer, -1])
+    updates = reshape(b, g, [outer, -1, inner])
+    out = [outer, rows, inner]
+    summed = _scatter_add_rows(b, node, flat, updates, out, rows, data, shared=False)
+    return [reshape_like(b, summed, data)]
+
+
+def _index_depth(b, node) -> int:
+    shape = b.shape(node.inputs[1])
+    if not shape or not isinstance(shape[-1], int):
+        raise NotImplementedError(
+            f"the gradient of GatherND node {node.name or '<unnamed>'!r} needs the static "
+            f"last dimension of its indices {node.inputs[1]!r}"
+        )
+    return shape[-1]
+
+
+def _scatter_add_rows(
+    b, node, rows_index: str, updates: str, out: list[Part], n_rows: Part, like: str, shared: bool
+) -> str:
+    """``out[p, rows_index[p?, q], r] += updates[p, q, r]`` into zeros of shape ``out``;
+    ``rows_index`` is ``[Q]`` (shared by every ``p``) or ``[P, Q]``.
+
+    Opset >= 16: ScatterElements with ``reduction='add'``. Below: the product of the
+    transposed one-hot matrix of the rows with the updates."""
+    if node.opset >= 16:
+        shape = b.op("Shape", updates)
+        positions = b.op("Expand", b.unsqueeze(rows_index, [-1]), shape)
+        zeros = filled(b, out, 0, like)
+        return b.op("ScatterElements", zeros, positions, updates, axis=1, reduction="add")
+    count = as_tensor(b, [n_rows])
+    positive = b.op(
+        "Where",
+        b.op("Less", rows_index, b.ints(0)),
+        b.op("Add", rows_index, count),
+        rows_index,
+    )
+    one_hot = _one_hot(b, positive, n_rows, like)
+    perm = [1, 0] if shared else [0, 2, 1]
+    return b.op("MatMul", b.op("Transpose", one_hot, perm=perm), updates)
+
+
+def _one_hot(b, index: str, count: Part, like: str) -> str:
+    """``[..., count]`` one-hot encoding of non-negative ``index``, typed like ``like``."""
+    classes = arange(b, count)
+    hits = b.op("Equal", b.unsqueeze(index, [-1]), classes)
+    return cast_like(b, hits, like)
+
+
+@register("GatherElements", since=11)
+def gather_elements_grad(b, node, grads, needs):
+    (g,) = grads
+    data, indices = node.inputs
+    rank = require_rank(b, data, node)
+    axis = normalize_axis(node.attr("axis", 0), rank)
+    if node.opset >= 16:
+        zeros = zeros_like(b, data)
+        return [b.op("ScatterElements", zeros, indices, g, axis=axis, reduction="add")]
+    size = shape_parts(b, data, axis, axis + 1)[0]
+    count = as_tensor(b, [size])
+    index = to_int64(b, indices)
+    index = b.op("Where", b.op("Less", index, b.ints(0)), b.op("Add", index, count), index)
+    classes = arange(b, size)
+    classes = b.op("Reshape", classes, as_tensor(b, [-1] + [1] * (rank - axis - 1)))
+    hits = cast_like(b, b.op("Equal", b.unsqueeze(index, [axis + 1]), classes), data)
+    spread = b.op("Mul", hits, b.unsqueeze(g, [axis + 1]))
+    summed = b.reduce_sum(spread, [axis], keepdims=False)
+    if _same_dims_but(b, indices, data, axis):
+        return [summed]
+    pads = b.op(
+        "Concat",
+        b.ints([0] * rank),
+        b.op("Sub", shape_tensor(b, data), b.op("Shape", summed)),
+        axis=0,
+    )
+    return [b.op("Pad", summed, pads)]
+
+
+def _same_dims_but(b, a: str, other: str, axis: int) -> bool:
+    """Whether ``a`` and ``other`` provably have the same sizes except along ``axis``."""
+    a_shape, other_shape = b.shape(a), b.shape(other)
+    if a_shape is None or other_shape is None:
+        return False
+    return all(
+        i == axis or (x is not None and x == y)
+        for i, (x, y) in enumerate(zip(a_shape, other_shape))
+    )
+
+
+def _crop_to_indices(b, node, t: str, axis: int) -> str:
+    """``t`` (shaped like ``data``) cut to the sizes of ``indices`` on every axis but
+    ``axis``: GatherElements wants them equal on some runtimes (the reference evaluator),
+    ScatterElements allows smaller indices."""
+    data, indices = node.inputs[:2]
+    if _same_dims_but(b, indices, data, axis):
+        return t
+    rank = require_rank(b, data, node)
+    others = [i for i in range(rank) if i != axis]
+    ends = b.op("Gather", shape_tensor(b, indices), b.ints(others))
+    return b.op("Slice", t, b.ints([0] * len(others)), ends, b.ints(others))
+
+
+# -- Scatter family -------------------------------------------------------------------------
+
+
+@register("ScatterElements", since=11)
+def scatter_elements_grad(b, node, grads, needs):
+    axis = normalize_axis(node.attr("axis", 0), require_rank(b, node.inputs[0], node))
+
+    def scatter(target, updates, **attrs):
+        return b.op("ScatterElements", target, node.inputs[1], updates, axis=axis, **attrs)
+
+    def gather(source):
+        cropped = _crop_to_indices(b, node, source, axis)
+        return b.op("GatherElements", cropped, node.inputs[1], axis=axis)
+
+    return _scatter_grad(b, node, grads, needs, scatter, gather)
+
+
+@register("ScatterND", since=11)
+def scatter_nd_grad(b, node, grads, needs):
+    def scatter(target, updates, **attrs):
+        return b.op("ScatterND", target, node.inputs[1], updates, **attrs)
+
+    def gather(source):
+        return b.op("GatherND", source, node.inputs[1])
+
+    return _scatter_grad(b, node, grads, needs, scatter, gather)
+
+
+def _scatter_grad(b, node, grads, needs, scatter, gather):
+    (g,) = grads
+    updates = node.inputs[2]
+    reduction = node.attr("reduction", "none")
+    if reduction == "none":
+        data_grad = scatter(g, zeros_like(b, updates)) if needs[0] else None
+        return [data_grad, None, gather(g) if needs[2] else None]
+    if reduction == "add":
+        return [g, None, gather(g) if needs[2] else None]
+    if reduction == "mul":
+        data_grad = scatter(g, updates, reduction="mul") if needs[0] else None
+        updates_grad = None
+        if needs[2]:
+            weighted = gather(b.op("Mul", g, node.outputs[0]))
+            updates_grad = b.op("Div", weighted, updates)
+        return [data_grad, None, updates_grad]
+    raise unsupported(node, f"reduction={reduction!r}")
+
+
+# -- masks ----------------------------------------------------------------------------------
+
+
+@register("Trilu", since=14)
+def trilu_grad(b, node, grads, needs):
+    return [b.op("Trilu", grads[0], node.input(1), upper=node.attr("upper", 1))]

@@ -1,0 +1,158 @@
+"""Reductions ``y = reduce(x, axes)`` and CumSum.
+
+Let ``g`` be ``y_bar`` with the reduced axes restored (size 1) when ``keepdims=0``, and ``y``
+likewise; both broadcast against ``x``:
+
+* ReduceSum: ``x_bar = expand(g)``; ReduceMean: ``x_bar = expand(g / n)``, ``n = |x| / |y|``
+* ReduceSumSquare: ``2 x g``; ReduceL1: ``sign(x) g``; ReduceL2: ``x g / y`` (0 where
+  ``y = 0``, the subgradient PyTorch picks); ReduceLogSumExp: ``g exp(x - y)``
+* ReduceMax, ReduceMin: ``g m / sum(m)`` with ``m = (x == y)``: tied extrema share the
+  gradient equally
+* ReduceProd: ``g prod_{j != i} x_j``, from the product of the non-zero elements, so zeros
+  are exact: with one zero only that element gets a gradient, with two or more none does
+* CumSum: the cumulative sum of ``y_bar`` in the other direction, ``exclusive`` unchanged
+
+Axes come from the ``axes`` attribute (ReduceSum before opset 13, the others before 18) or
+the ``axes`` input, possibly computed at run time: the restoring Unsqueeze and the helper
+reductions reuse that input, so an empty one with ``noop_with_empty_axes=1`` works too
+(as a reduction over no axes, like the ONNX reference evaluator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._shape_helpers import cast_like, expand_like
+
+
+@dataclass(frozen=True)
+class _Axes:
+    """What a reduction node reduces: ``values`` (a list, an int64 tensor name, or ``None``
+    for every axis), or nothing at all (``noop``)."""
+
+    values: list[int] | str | None
+    noop: bool = False
+
+
+def _reduced_axes(b, node) -> _Axes:
+    moved = 13 if node.op_type == "ReduceSum" else 18
+    if node.opset < moved:
+        return _Axes(node.attr("axes"))
+    axes = node.input(1)
+    if axes is None or b.shape(axes) == (0,):
+        return _Axes(None, noop=bool(node.attr("noop_with_empty_axes", 0)))
+    return _Axes(axes)
+
+
+def _restore(b, node, axes: _Axes, t: str) -> str:
+    """``t``, of the shape of the node's output, with the reduced axes back as size 1."""
+    if node.attr("keepdims", 1) or axes.noop or axes.values is None:
+        return t
+    return b.unsqueeze(t, axes.values)
+
+
+def _reduce_again(b, node, axes: _Axes, op_type: str, t: str) -> str:
+    """``op_type`` over the node's axes, ``keepdims=1`` (``t`` has the shape of ``x``)."""
+    if axes.noop:
+        return t
+    if isinstance(axes.values, str):
+        noop = node.attr("noop_with_empty_axes", 0)
+        return b.op(op_type, t, axes.values, keepdims=1, noop_with_empty_axes=noop)
+    return b.reduce(op_type, t, axes.values, keepdims=True)
+
+
+def _inputs(b, node, grads):
+    axes = _reduced_axes(b, node)
+    return node.inputs[0], axes, _restore(b, node, axes, grads[0])
+
+
+@register("ReduceSum", since=11)
+def reduce_sum_grad(b, node, grads, needs):
+    x, axes, g = _inputs(b, node, grads)
+    return [g if axes.noop else expand_like(b, g, x)]
+
+
+@register("ReduceMean", since=11)
+def reduce_mean_grad(b, node, grads, needs):
+    x, axes, g = _inputs(b, node, grads)
+    if axes.noop:
+        return [g]
+    x_shape, y_shape = b.static_shape(x), b.static_shape(node.outputs[0])
+    if x_shape is not None and y_shape is not None:
+        count = prod(x_shape) // max(prod(y_shape), 1)
+        scaled = b.op("Mul", g, b.const(1.0 / max(count, 1), like=x))
+    else:
+        count = b.op(
+            "Div", cast_like(b, b.op("Size", x), x), cast_like(b, b.op("Size", node.outputs[0]), x)
+        )
+        scaled = b.op("Div", g, count)
+    return [expand_like(b, scaled, x)]
+
+
+@register("ReduceSumSquare", since=11)
+def reduce_sum_square_grad(b, node, grads, needs):
+    x, _, g = _inputs(b, node, grads)
+    return [b.op("Mul", x, b.op("Mul", g, b.const(2.0, like=x)))]
+
+
+@register("ReduceL1", since=11)
+def reduce_l1_grad(b, node, grads, needs):
+    x, _, g = _inputs(b, node, grads)
+    return [b.op("Mul", b.op("Sign", x), g)]
+
+
+@register("ReduceL2", since=11)
+def reduce_l2_grad(b, node, grads, needs):
+    x, axes, g = _inputs(b, node, grads)
+    norm = _restore(b, node, axes, node.outputs[0])
+    zero = b.const(0.0, like=x)
+    scale = b.op("Where", b.op("Equal", norm, zero), zero, b.op("Div", g, norm))
+    return [b.op("Mul", x, scale)]
+
+
+@register("ReduceLogSumExp", since=11)
+def reduce_log_sum_exp_grad(b, node, grads, needs):
+    x, axes, g = _inputs(b, node, grads)
+    y = _restore(b, node, axes, node.outputs[0])
+    return [b.op("Mul", g, b.op("Exp", b.op("Sub", x, y)))]
+
+
+@register("ReduceMax", "ReduceMin", since=11)
+def reduce_extremum_grad(b, node, grads, needs):
+    x, axes, g = _inputs(b, node, grads)
+    if axes.noop:
+        return [g]
+    y = _restore(b, node, axes, node.outputs[0])
+    hits = cast_like(b, b.op("Equal", x, y), x)
+    ties = _reduce_again(b, node, axes, "ReduceSum", hits)
+    return [b.op("Mul", hits, b.op("Div", g, ties))]
+
+
+@register("ReduceProd", since=11)
+def reduce_prod_grad(b, node, grads, needs):
+    x, axes, g = _inputs(b, node, grads)
+    if axes.noop:
+        return [g]
+    zero, one = b.const(0.0, like=x), b.const(1.0, like=x)
+    is_zero = b.op("Equal", x, zero)
+    nonzero = b.op("Where", is_zero, one, x)
+    product = _reduce_again(b, node, axes, "ReduceProd", nonzero)
+    zeros = _reduce_again(b, node, axes, "ReduceSum", cast_like(b, is_zero, x))
+    no_zero = cast_like(b, b.op("Equal", zeros, zero), x)
+    one_zero = cast_like(b, b.op("Equal", zeros, one), x)
+    others = b.op(
+        "Where",
+        is_zero,
+        b.op("Mul", product, one_zero),
+        b.op("Mul", b.op("Div", product, nonzero), no_zero),
+    )
+    return [b.op("Mul", others, g)]
+
+
+@register("CumSum", since=11)
+def cumsum_grad(b, node, grads, needs):
+    reverse = 1 - node.attr("reverse", 0)
+    exclusive = node.attr("exclusive", 0)
+    return [b.op("CumSum", grads[0], node.inputs[1], exclusive=exclusive, reverse=reverse)]

@@ -1,0 +1,282 @@
+"""Ops that only move, copy or pad data. Each is linear, ``y = A x``, so ``x_bar = A^T y_bar``:
+
+* Reshape, Flatten, Squeeze, Unsqueeze: ``x_bar = reshape(y_bar, shape(x))``
+* Transpose with ``perm``: ``x_bar = transpose(y_bar, perm^-1)``
+* Concat: ``x_bar_i = split(y_bar)_i``; Split: ``x_bar = concat(y_bar_k)`` (zeros for
+  outputs without a gradient)
+* Expand: ``x_bar = unbroadcast(y_bar)`` (done by the engine); Tile with repeats ``r``:
+  ``y_bar`` viewed as ``[r0, d0, r1, d1, ...]`` summed over the ``r`` axes
+* DepthToSpace / SpaceToDepth: the inverse rearrangement
+* Pad (constant): the slice of ``y_bar`` where ``x`` was copied; ``c_bar = sum(y_bar) -
+  sum(x_bar)`` for the padding value. Reflect, edge and wrap modes: each output copies one
+  input element, whose flat index is found by padding an index grid the same way, and
+  ``x_bar`` is the scatter-add of ``y_bar`` at those indices (opset >= 16)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._shape_helpers import (
+    as_tensor,
+    filled,
+    index_grid,
+    inverse_permutation,
+    is_static,
+    normalize_axis,
+    numel,
+    require_rank,
+    reshape,
+    reshape_like,
+    scatter_flat,
+    shape_parts,
+    shape_tensor,
+    sum_parts,
+    unsupported,
+    zeros_like,
+)
+
+
+def _axes(node, index: int = 1):
+    """Axes from the attribute (opset < 13) or the input (opset >= 13); None if absent."""
+    return node.attr("axes") if node.opset < 13 else node.input(index)
+
+
+@register("Reshape", "Flatten")
+def reshape_grad(b, node, grads, needs):
+    return [reshape_like(b, grads[0], node.inputs[0])]
+
+
+@register("Squeeze")
+def squeeze_grad(b, node, grads, needs):
+    x, axes = node.inputs[0], _axes(node)
+    if b.static_shape(x) is None and axes is not None:
+        return [b.unsqueeze(grads[0], axes)]
+    return [reshape_like(b, grads[0], x)]
+
+
+@register("Unsqueeze")
+def unsqueeze_grad(b, node, grads, needs):
+    x = node.inputs[0]
+    if b.static_shape(x) is None:
+        return [b.squeeze(grads[0], _axes(node))]
+    return [reshape_like(b, grads[0], x)]
+
+
+@register("Transpose")
+def transpose_grad(b, node, grads, needs):
+    perm = node.attr("perm")
+    if perm is None:
+        return [b.op("Transpose", grads[0])]
+    return [b.op("Transpose", grads[0], perm=inverse_permutation(perm))]
+
+
+@register("Concat")
+def concat_grad(b, node, grads, needs):
+    (g,) = grads
+    inputs = node.inputs
+    if len(inputs) == 1:
+        return [g]
+    axis = normalize_axis(node.attr("axis"), require_rank(b, inputs[0], node))
+    sizes = [shape_parts(b, x, axis, axis + 1)[0] for x in inputs]
+    if node.opset >= 13:
+        pieces = b.op("Split", g, as_tensor(b, sizes), axis=axis, outputs=len(inputs))
+    elif is_static(sizes):
+        pieces = b.op("Split", g, axis=axis, split=sizes, outputs=len(inputs))
+    else:
+        return _slices_along(b, g, sizes, axis, needs)
+    return [piece if need else None for piece, need in zip(pieces, needs)]
+
+
+def _slices_along(b, g: str, sizes: list, axis: int, needs: list[bool]) -> list[str | None]:
+    """``g`` cut into consecutive pieces of ``sizes`` along ``axis`` (one Slice per need)."""
+    results = []
+    for i, need in enumerate(needs):
+        if not need:
+            results.append(None)
+            continue
+        start = sum_parts(b, sizes[:i])
+        end = sum_parts(b, sizes[: i + 1])
+        results.append(b.op("Slice", g, as_tensor(b, [start]), as_tensor(b, [end]), b.ints([axis])))
+    return results
+
+
+@register("Split")
+def split_grad(b, node, grads, needs):
+    x = node.inputs[0]
+    pieces = [g if g is not None else zeros_like(b, y, like=x) for g, y in zip(grads, node.outputs)]
+    if len(pieces) == 1:
+        return [pieces[0]]
+    return [b.op("Concat", *pieces, axis=node.attr("axis", 0))]
+
+
+@register("Expand", broadcast=True)
+def expand_grad(b, node, grads, needs):
+    return [grads[0], None]
+
+
+@register("Tile")
+def tile_grad(b, node, grads, needs):
+    (g,) = grads
+    x, repeats = node.inputs[:2]
+    rank = require_rank(b, x, node)
+    x_shape, y_shape = b.static_shape(x), b.static_shape(node.outputs[0])
+    if x_shape is None or y_shape is None or 0 in x_shape:
+        pairs = b.op("Concat", b.unsqueeze(repeats, [1]), b.unsqueeze(b.shape_of(x), [1]), axis=1)
+        split = b.op("Reshape", g, b.op("Reshape", pairs, b.ints([-1])))
+        return [b.reduce_sum(split, list(range(0, 2 * rank, 2)), keepdims=False)]
+    dims, axes = [], []
+    for before, after in zip(x_shape, y_shape):
+        if after != before:
+            axes.append(len(dims))
+            dims.append(after // before)
+        dims.append(before)
+    if not axes:
+        return [g]
+    return [b.reduce_sum(b.op("Reshape", g, b.ints(dims)), axes, keepdims=False)]
+
+
+@register("SpaceToDepth")
+def space_to_depth_grad(b, node, grads, needs):
+    return [b.op("DepthToSpace", grads[0], blocksize=node.attr("blocksize"), mode="DCR")]
+
+
+@register("DepthToSpace")
+def depth_to_space_grad(b, node, grads, needs):
+    (g,) = grads
+    x = node.inputs[0]
+    block = node.attr("blocksize")
+    if node.attr("mode", "DCR") == "DCR":
+        return [b.op("SpaceToDepth", g, blocksize=block)]
+    require_rank(b, x, node)
+    n, _, h, w = (shape_parts(b, x, i, i + 1)[0] for i in range(4))
+    blocks = reshape(b, g, [n, -1, h, block, w, block])
+    moved = b.op("Transpose", blocks, perm=[0, 1, 3, 5, 2, 4])
+    return [reshape_like(b, moved, x)]
+
+
+@register("Pad", since=11)
+def pad_grad(b, node, grads, needs):
+    (g,) = grads
+    mode = node.attr("mode", "constant")
+    if mode != "constant":
+        return [_pad_copy_grad(b, node, g, mode)]
+    x, pads = node.inputs[:2]
+    axes = node.input(3)
+    _reject_cropping(b, node)
+    begin, _ = b.op("Split", pads, axis=0, outputs=2, num_outputs=2 if b.opset >= 18 else None)
+    sizes = shape_tensor(b, x) if axes is None else b.op("Gather", b.shape_of(x), axes)
+    x_grad = b.op("Slice", g, begin, b.op("Add", begin, sizes), axes)
+    value_grad = None
+    if len(needs) > 2 and needs[2]:
+        value = node.inputs[2]
+        total = b.op("Sub", b.reduce_sum(g, None, False), b.reduce_sum(x_grad, None, False))
+        value_grad = reshape_like(b, total, value)
+    return [x_grad if needs[0] else None, None, value_grad]
+
+
+def _reject_cropping(b, node) -> None:
+    """Negative pads crop: the Slice-based gradient assumes they never do."""
+    x_shape, y_shape = b.static_shape(node.inputs[0]), b.static_shape(node.outputs[0])
+    if x_shape and y_shape and any(after < before for before, after in zip(x_shape, y_shape)):
+        raise unsupported(node, "negative pads (cropping)")
+
+
+def _pad_copy_grad(b, node, g: str, mode: str) -> str:
+    """Reflect/edge/wrap: scatter-add ``g`` to the input elements each output copies."""
+    if node.opset < 16:
+        raise unsupported(node, f"mode={mode!r} below opset 16 (no ScatterElements reduction)")
+    x = node.inputs[0]
+    sources = b.op("Pad", index_grid(b, x), node.inputs[1], None, node.input(3), mode=mode)
+    return scatter_flat(b, x, sources, g, reduction="add")
+
+
+# -- Resize ---------------------------------------------------------------------------------
+
+_RESIZE_ATTRIBUTES = (
+    "mode",
+    "coordinate_transformation_mode",
+    "cubic_coeff_a",
+    "exclude_outside",
+    "nearest_mode",
+    "antialias",
+)
+
+
+@register("Resize", since=13)
+def resize_grad(b, node, grads, needs):
+    """Resize is linear and separable: along each resized axis ``a``, ``y = W_a x`` with an
+    ``m_a x n_a`` interpolation matrix. ``W_a^T`` is obtained by resizing the identity
+    ``I_{n_a}`` along its second axis with the node's own settings (so every mode, rounding
+    and coordinate transformation follows the runtime's Resize), then contracted with
+    ``y_bar`` along ``a``: ``x_bar = y_bar x_1 W_1^T ... x_k W_k^T``.
+
+    Without the ``axes`` attribute the resized axes are taken to be the spatial ones (every
+    axis of a 1-D or 2-D input, axes ``2..`` of an ``N x C x ...`` input, what exporters
+    emit and what onnxruntime's linear and cubic modes require)."""
+    (g,) = grads
+    x, y = node.inputs[0], node.outputs[0]
+    _check_resize_settings(node)
+    rank = require_rank(b, x, node)
+    positions = _resized_axes(b, node, rank)
+    flattened = False
+    for axis in sorted(positions, reverse=True):
+        matrix = _interpolation_matrix(b, node, axis, positions[axis])
+        if axis == rank - 1:
+            g = b.op("MatMul", g, b.op("Transpose", matrix, perm=[1, 0]))
+        elif axis == rank - 2 and not flattened:
+            g = b.op("MatMul", matrix, g)
+        else:
+            inner = numel(b, shape_parts(b, x, axis + 1))
+            size = shape_parts(b, y, axis, axis + 1)[0]
+            g = b.op("MatMul", matrix, reshape(b, g, [-1, size, inner]))
+            flattened = True
+    return [reshape_like(b, g, x) if flattened else g]
+
+
+def _check_resize_settings(node) -> None:
+    if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+        raise unsupported(node, "coordinate_transformation_mode='tf_crop_and_resize'")
+    policy = node.attr("keep_aspect_ratio_policy", "stretch")
+    if policy != "stretch":
+        raise unsupported(node, f"keep_aspect_ratio_policy={policy!r}")
+    mode = node.attr("mode", "nearest")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise unsupported(node, f"mode={mode!r}")
+
+
+def _resized_axes(b, node, rank: int) -> dict[int, int]:
+    """``{axis: its position in scales/sizes}`` for every axis the gradient contracts."""
+    listed = node.attr("axes")
+    if listed is not None:
+        return {normalize_axis(a, rank): i for i, a in enumerate(listed)}
+    fixed = range(2) if rank >= 3 else range(0)
+    x_shape, y_shape = b.shape(node.inputs[0]), b.shape(node.outputs[0])
+    for axis in fixed:
+        before, after = x_shape[axis], (y_shape or [None] * rank)[axis]
+        if isinstance(before, int) and isinstance(after, int) and before != after:
+            raise unsupported(node, f"axis {axis} resized (only spatial axes 2.. are)")
+    return {a: a for a in range(rank) if a not in fixed}
+
+
+def _interpolation_matrix(b, node, axis: int, position: int) -> str:
+    """``W_a^T``, ``n_a x m_a``: row ``i`` is the resized unit impulse at ``i``."""
+    x = node.inputs[0]
+    size = shape_parts(b, x, axis, axis + 1)[0]
+    identity = b.op("EyeLike", filled(b, [size, size], 0, x))
+    sizes, scales = node.input(3), node.input(2)
+    index = b.ints([position])
+    attrs = {name: node.attr(name) for name in _RESIZE_ATTRIBUTES}
+    if node.opset >= 18:
+        if sizes is not None:
+            return b.op(
+                "Resize", identity, None, None, b.op("Gather", sizes, index), axes=[1], **attrs
+            )
+        return b.op("Resize", identity, None, b.op("Gather", scales, index), axes=[1], **attrs)
+    if sizes is not None:
+        target = b.op("Concat", as_tensor(b, [size]), b.op("Gather", sizes, index), axis=0)
+        return b.op("Resize", identity, None, None, target, **attrs)
+    unit = b.const([1.0], dtype=np.float32)
+    target = b.op("Concat", unit, b.op("Gather", scales, index), axis=0)
+    return b.op("Resize", identity, None, target, **attrs)

@@ -1,0 +1,102 @@
+"""Rule table entries: Slice, Gather, GatherElements, GatherND, ScatterElements, ScatterND,
+Trilu. Indices repeat on purpose where the op allows it (their gradients must add up)."""
+
+import numpy as np
+
+from tests.derivative.autodiff.gradcheck import OpCase
+
+rng = np.random.default_rng(3)
+
+
+def r(*shape):
+    return rng.standard_normal(shape)
+
+
+def i64(*values):
+    return np.array(values, dtype=np.int64)
+
+
+def idx(values, dtype=np.int64):
+    return np.array(values, dtype=dtype)
+
+
+# fmt: off
+SLICE = [
+    OpCase("Slice", {"x": r(4, 5), "starts": i64(1, -4), "ends": i64(3, 100)}, opset=13,
+           id="Slice-unit-steps-clamped"),
+    OpCase("Slice", {"x": r(3, 4, 2), "starts": i64(-2), "ends": i64(-1), "axes": i64(-2)},
+           opset=18, id="Slice-unit-steps-axes"),
+    OpCase("Slice", {"x": r(3, 4), "starts": idx([5], np.int32), "ends": idx([1], np.int32),
+                     "axes": idx([0], np.int32)}, opset=21, id="Slice-empty"),
+    OpCase("Slice", {"x": r(5, 4), "starts": i64(-1, 0), "ends": i64(-100, 4),
+                     "axes": i64(0, 1), "steps": i64(-2, 3)}, opset=13, id="Slice-negative-steps"),
+    OpCase("Slice", {"x": r(2, 6), "starts": i64(1), "ends": i64(6), "axes": None,
+                     "steps": i64(2)}, opset=18, id="Slice-steps-axes-omitted"),
+    OpCase("Slice", {"x": r(3, 4), "starts": i64(0, 1), "ends": i64(2, 3)}, opset=11,
+           id="Slice-opset11"),
+]
+
+GATHER = [
+    OpCase("Gather", {"data": r(4, 3), "indices": idx([[0, 3], [-1, 0]])}, opset=16,
+           id="Gather-axis0-scatternd"),
+    OpCase("Gather", {"data": r(2, 4, 3), "indices": idx([1, -1, 1])}, {"axis": 1}, opset=18,
+           id="Gather-axis1"),
+    OpCase("Gather", {"data": r(3, 4), "indices": idx(2)}, {"axis": -1}, opset=21,
+           id="Gather-scalar-index"),
+    OpCase("Gather", {"data": r(4, 3), "indices": idx([[0, 3], [-1, 0]], np.int32)}, opset=13,
+           id="Gather-axis0-one-hot"),
+    OpCase("Gather", {"data": r(2, 3, 2), "indices": idx([[2], [-3]])}, {"axis": 1}, opset=13,
+           id="Gather-axis1-one-hot"),
+    OpCase("GatherElements", {"data": r(2, 4), "indices": idx([[0, 2, 2, -1, 2], [1, 1, 0, 3, 0]])},
+           {"axis": 1}, opset=18, id="GatherElements-axis1"),
+    OpCase("GatherElements", {"data": r(3, 2), "indices": idx([[2, 0], [-1, 2]])},
+           {"axis": 0}, opset=13, id="GatherElements-one-hot"),
+    OpCase("GatherElements", {"data": r(2, 3, 2), "indices": idx([[[1], [1], [-2]]] * 2)},
+           {"axis": 2}, opset=16, id="GatherElements-last-axis"),
+    OpCase("GatherND", {"data": r(3, 4), "indices": idx([[0, 1], [2, -1], [0, 1]])}, opset=18,
+           id="GatherND-elements"),
+    OpCase("GatherND", {"data": r(3, 2, 2), "indices": idx([[[1]], [[-1]]])}, opset=16,
+           id="GatherND-slices"),
+    OpCase("GatherND", {"data": r(2, 3, 2), "indices": idx([[[1], [1]], [[0], [2]]])},
+           {"batch_dims": 1}, opset=18, id="GatherND-batch1"),
+    OpCase("GatherND", {"data": r(2, 3, 4), "indices": idx([[[0, 1], [0, 1]], [[2, -1], [1, 0]]])},
+           {"batch_dims": 1}, opset=13, id="GatherND-batch1-one-hot"),
+    OpCase("GatherND", {"data": r(3, 4), "indices": idx([[2], [0], [2]])}, opset=13,
+           id="GatherND-one-hot"),
+]
+
+SCATTER = [
+    OpCase("ScatterElements", {"data": r(3, 4), "indices": idx([[1, 0], [3, 2], [0, 1]]),
+                               "updates": r(3, 2)}, {"axis": 1}, opset=13,
+           id="ScatterElements-none"),
+    OpCase("ScatterElements", {"data": r(3, 4), "indices": idx([[1, 0], [3, 2]]),
+                               "updates": r(2, 2)}, {"axis": -1}, opset=13,
+           id="ScatterElements-smaller-indices"),
+    OpCase("ScatterElements", {"data": r(3, 4), "indices": idx([[1, 1, -1, 0]]),
+                               "updates": r(1, 4)}, {"axis": 0, "reduction": "none"}, opset=18,
+           constants=("data",), id="ScatterElements-updates-only"),
+    OpCase("ScatterElements", {"data": r(3, 4), "indices": idx([[1, 1], [0, 1]]),
+                               "updates": r(2, 2)}, {"axis": 1, "reduction": "add"}, opset=16,
+           id="ScatterElements-add"),
+    OpCase("ScatterElements", {"data": r(3, 4), "indices": idx([[1, 1], [0, -1]]),
+                               "updates": r(2, 2)}, {"axis": 1, "reduction": "mul"}, opset=18,
+           id="ScatterElements-mul"),
+    OpCase("ScatterND", {"data": r(3, 4), "indices": idx([[1], [-1]]), "updates": r(2, 4)},
+           opset=13, id="ScatterND-none"),
+    OpCase("ScatterND", {"data": r(3, 2, 2), "indices": idx([[0, 1], [2, 0]]),
+                         "updates": r(2, 2)}, {"reduction": "none"}, opset=18,
+           id="ScatterND-none-18"),
+    OpCase("ScatterND", {"data": r(4, 2), "indices": idx([[1], [1], [3]]), "updates": r(3, 2)},
+           {"reduction": "add"}, opset=16, id="ScatterND-add"),
+    OpCase("ScatterND", {"data": r(3, 3), "indices": idx([[0, 1], [0, 1], [2, 2]]),
+                         "updates": r(3)}, {"reduction": "mul"}, opset=18, id="ScatterND-mul"),
+]
+
+TRILU = [
+    OpCase("Trilu", {"x": r(3, 4), "k": i64(1)}, opset=14, id="Trilu-upper-k1"),
+    OpCase("Trilu", {"x": r(2, 3, 3), "k": i64(-1)}, {"upper": 0}, opset=18, id="Trilu-lower"),
+    OpCase("Trilu", {"x": r(4, 3)}, {"upper": 0}, opset=21, id="Trilu-lower-default-k"),
+]
+# fmt: on
+
+CASES = SLICE + GATHER + SCATTER + TRILU

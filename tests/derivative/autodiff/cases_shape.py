@@ -1,0 +1,151 @@
+"""Rule table entries: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Expand,
+Tile, DepthToSpace, SpaceToDepth, Pad, Resize."""
+
+import numpy as np
+from onnx import helper
+
+from tests.derivative.autodiff.gradcheck import OpCase
+
+rng = np.random.default_rng(2)
+
+
+def r(*shape):
+    return rng.standard_normal(shape)
+
+
+def i64(*values):
+    return np.array(values, dtype=np.int64)
+
+
+def _split_with_unused_output(inputs, outputs):
+    """Split into three pieces, the middle one unused: its gradient is a symbolic zero."""
+    return [
+        helper.make_node("Split", inputs, [outputs[0], "unused", outputs[1]], axis=1),
+    ]
+
+
+def _squeeze_all_then_flatten(inputs, outputs):
+    """Squeeze without axes, flattened: with unknown dims the squeezed rank is unknown and a
+    graph output needs a rank."""
+    shape = helper.make_tensor("flat", 7, [1], [-1])
+    return [
+        helper.make_node("Squeeze", inputs, ["squeezed"]),
+        helper.make_node("Constant", [], ["flat"], value=shape),
+        helper.make_node("Reshape", ["squeezed", "flat"], outputs),
+    ]
+
+
+def _resize(x_shape, opset=13, scales=None, sizes=None, id="", **attrs):
+    """A Resize case; float32 ``scales`` come from a Constant node (the harness casts float
+    inputs to the case's dtype, and Resize wants float scales)."""
+    inputs = {"x": r(*x_shape)}
+    if sizes is not None:
+        inputs["sizes"] = np.array(sizes, dtype=np.int64)
+
+    def graph(names, outputs):
+        nodes, scale_name = [], ""
+        if scales is not None:
+            value = helper.make_tensor("scales", 1, [len(scales)], scales)
+            nodes.append(helper.make_node("Constant", [], ["scales"], value=value))
+            scale_name = "scales"
+        resize_inputs = [names[0], "", scale_name, *names[1:]]
+        return [*nodes, helper.make_node("Resize", resize_inputs, outputs, **attrs)]
+
+    return OpCase("Resize", inputs, attrs, opset=opset, graph=graph, id=f"Resize-{id}")
+
+
+# fmt: off
+RESHAPE = [
+    OpCase("Reshape", {"x": r(2, 3, 2), "shape": i64(3, -1)}, opset=13, id="Reshape-13"),
+    OpCase("Reshape", {"x": r(2, 3, 2), "shape": i64(0, 6)}, opset=14, id="Reshape-copy-dim"),
+    OpCase("Reshape", {"x": r(2, 6), "shape": i64(4, 3)}, {"allowzero": 1}, opset=21,
+           id="Reshape-allowzero"),
+    OpCase("Flatten", {"x": r(2, 3, 2)}, {"axis": 2}, opset=13, id="Flatten-axis2"),
+    OpCase("Flatten", {"x": r(2, 3, 2)}, {"axis": 0}, opset=21, id="Flatten-axis0"),
+    OpCase("Flatten", {"x": r(2, 3, 2)}, {"axis": -1}, opset=13, id="Flatten-axis-neg"),
+    OpCase("Transpose", {"x": r(2, 3, 4)}, {"perm": [1, 2, 0]}, opset=13, id="Transpose-perm"),
+    OpCase("Transpose", {"x": r(2, 3, 4)}, opset=21, id="Transpose-reverse"),
+    OpCase("Squeeze", {"x": r(2, 1, 3, 1)}, {"axes": [1, -1]}, opset=11, id="Squeeze-attr"),
+    OpCase("Squeeze", {"x": r(2, 1, 3, 1), "axes": i64(-1)}, opset=13, id="Squeeze-input"),
+    OpCase("Squeeze", {"x": r(1, 3, 1)}, opset=21, graph=_squeeze_all_then_flatten,
+           id="Squeeze-all"),
+    OpCase("Unsqueeze", {"x": r(2, 3)}, {"axes": [0, 3]}, opset=12, id="Unsqueeze-attr"),
+    OpCase("Unsqueeze", {"x": r(2, 3), "axes": i64(-1, 1)}, opset=13, id="Unsqueeze-input"),
+    OpCase("Unsqueeze", {"x": r(), "axes": i64(0)}, opset=21, id="Unsqueeze-scalar"),
+]
+
+CONCAT_SPLIT = [
+    OpCase("Concat", {"a": r(2, 1, 2), "b": r(2, 3, 2), "c": r(2, 2, 2)}, {"axis": 1}, opset=13,
+           id="Concat-axis1"),
+    OpCase("Concat", {"a": r(2, 2), "b": r(2, 3)}, {"axis": -1}, opset=18, constants=("a",),
+           id="Concat-one-needed"),
+    OpCase("Concat", {"a": r(2, 3), "b": r(1, 3), "c": r(2, 3)}, {"axis": 0}, opset=11,
+           id="Concat-opset11"),
+    OpCase("Concat", {"a": r(2, 3)}, {"axis": 0}, opset=13, id="Concat-single"),
+    OpCase("Split", {"x": r(2, 5)}, {"axis": 1, "split": [2, 3]}, opset=11, n_outputs=2,
+           id="Split-attr"),
+    OpCase("Split", {"x": r(6, 2), "split": i64(1, 2, 3)}, opset=13, n_outputs=3,
+           id="Split-input"),
+    OpCase("Split", {"x": r(2, 6)}, {"axis": -1, "num_outputs": 3}, opset=18, n_outputs=3,
+           id="Split-num-outputs"),
+    OpCase("Split", {"x": r(2, 7)}, {"axis": 1, "num_outputs": 3}, opset=18, n_outputs=3,
+           id="Split-uneven"),
+    OpCase("Split", {"x": r(2, 6)}, opset=13, n_outputs=2, graph=_split_with_unused_output,
+           id="Split-unused-output"),
+]
+
+EXPAND_TILE = [
+    OpCase("Expand", {"x": r(3, 1), "shape": i64(2, 3, 4)}, opset=13, id="Expand-broadcast"),
+    OpCase("Expand", {"x": r(2, 3), "shape": i64(1, 1)}, opset=21, id="Expand-noop-shape"),
+    OpCase("Tile", {"x": r(2, 1, 3), "repeats": i64(2, 3, 1)}, opset=13, id="Tile-13"),
+    OpCase("Tile", {"x": r(2, 3), "repeats": i64(1, 1)}, opset=21, id="Tile-identity"),
+]
+
+DEPTH_SPACE = [
+    OpCase("DepthToSpace", {"x": r(1, 8, 2, 3)}, {"blocksize": 2}, opset=13,
+           id="DepthToSpace-DCR"),
+    OpCase("DepthToSpace", {"x": r(2, 4, 2, 2)}, {"blocksize": 2, "mode": "CRD"}, opset=13,
+           id="DepthToSpace-CRD"),
+    OpCase("DepthToSpace", {"x": r(1, 9, 2, 1)}, {"blocksize": 3, "mode": "CRD"}, opset=21,
+           id="DepthToSpace-CRD-block3"),
+    OpCase("SpaceToDepth", {"x": r(1, 2, 4, 6)}, {"blocksize": 2}, opset=13, id="SpaceToDepth"),
+]
+
+PAD = [
+    OpCase("Pad", {"x": r(2, 3), "pads": i64(1, 0, 2, 3), "value": np.array(0.5)}, opset=13,
+           id="Pad-constant-value"),
+    OpCase("Pad", {"x": r(2, 3), "pads": i64(0, 1, 1, 0)}, opset=11, id="Pad-opset11"),
+    OpCase("Pad", {"x": r(2, 3, 2), "pads": i64(1, 2), "value": None, "axes": i64(-2)},
+           opset=18, id="Pad-axes"),
+    OpCase("Pad", {"x": r(2, 3), "pads": i64(1, 2, 0, 2)}, {"mode": "reflect"}, opset=18,
+           id="Pad-reflect"),
+    OpCase("Pad", {"x": r(2, 3), "pads": i64(2, 0, 1, 3)}, {"mode": "edge"}, opset=16,
+           id="Pad-edge"),
+    OpCase("Pad", {"x": r(2, 3), "pads": i64(1, 1, 0, 2)}, {"mode": "wrap"}, opset=19,
+           id="Pad-wrap"),
+    OpCase("Pad", {"x": r(3, 2, 2), "pads": i64(1, 2), "value": None, "axes": i64(0)},
+           {"mode": "edge"}, opset=21, id="Pad-edge-axes"),
+]
+
+RESIZE = [
+    _resize((1, 2, 2, 3), scales=[1, 1, 2, 2], mode="nearest", id="nearest-up2"),
+    _resize((1, 1, 3, 4), scales=[1, 1, 1.5, 0.75], mode="nearest", nearest_mode="floor",
+            coordinate_transformation_mode="asymmetric", id="nearest-fractional"),
+    _resize((2, 1, 3, 2), scales=[1, 1, 2, 1.5], mode="linear",
+            coordinate_transformation_mode="half_pixel", id="linear-half-pixel"),
+    _resize((1, 2, 3, 3), sizes=[1, 2, 5, 4], mode="cubic",
+            coordinate_transformation_mode="align_corners", id="cubic-sizes"),
+    _resize((3, 4), scales=[2, 0.5], mode="linear", id="linear-2d"),
+    _resize((1, 1, 2, 2, 3), scales=[1, 1, 2, 1.5, 2], mode="linear", opset=18,
+            coordinate_transformation_mode="pytorch_half_pixel", id="linear-3d-spatial"),
+    _resize((1, 2, 6, 4), scales=[0.5, 0.5], mode="linear", antialias=1, axes=[2, 3], opset=18,
+            id="linear-antialias-axes"),
+    _resize((1, 1, 4, 3), sizes=[2, 5], mode="cubic", axes=[2, 3], opset=18, exclude_outside=1,
+            cubic_coeff_a=-0.5, id="cubic-sizes-axes"),
+    _resize((1, 1, 3, 3), scales=[1, 1, 1.6, 2.4], mode="nearest", opset=19,
+            coordinate_transformation_mode="half_pixel_symmetric",
+            nearest_mode="round_prefer_ceil", id="nearest-symmetric"),
+]
+# fmt: on
+
+CASES = RESHAPE + CONCAT_SPLIT + EXPAND_TILE + DEPTH_SPACE + PAD + RESIZE
