@@ -14,7 +14,7 @@ stderr so that it cannot corrupt the replies.
   saves it to ``output`` and replies ``{"ok": true, "info": {...}}`` (the builder's
   ``GraphInfo``);
 * ``{"command": "load", "model": path}`` creates an ``InferenceSession`` on CPU;
-* ``{"command": "quit"}`` exits.
+* ``{"command": "quit"}`` (or the end of stdin) exits.
 
 A failure replies ``{"ok": false, "error": message}``.
 """
