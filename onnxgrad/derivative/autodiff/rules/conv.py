@@ -104,7 +104,7 @@ def conv_grad(b, node, grads, needs):
     x_sizes, y_sizes = dims(b, x), dims(b, node.outputs[0])
     begin, end = window_pads(b, node, k, x_sizes, ext, strides)
     win = Window(k, strides, dilations, group, kernel, begin, end)
-    gx = _conv_input_grad(b, g, w, win, x_sizes, y_sizes) if needs[0] else None
+    gx = conv_input_grad(b, g, w, win, x_sizes, y_sizes) if needs[0] else None
     gw = _conv_weight_grad(b, x, g, win, x_sizes, y_sizes) if needs[1] else None
     gb = _bias_grad(b, g, win) if len(needs) > 2 and needs[2] else None
     return [gx, gw, gb]
@@ -152,9 +152,9 @@ def _transpose_pads(b, node, k, x_sizes, ext, strides, output_padding) -> tuple[
 
 
 # -- gradient of the convolution input: a transposed convolution --------------------------------
-def _conv_input_grad(
-    b: GradBuilder, g: str, w: str, win: Window, x_sizes: Vec, y_sizes: Vec
-) -> str:
+def conv_input_grad(b: GradBuilder, g: str, w: str, win: Window, x_sizes: Vec, y_sizes: Vec) -> str:
+    """The transposed convolution of ``g`` (spatial sizes ``y_sizes``) by ``w``, exactly of
+    spatial sizes ``x_sizes``: the gradient of a Conv's input."""
     if not _transpose_is_portable(b, w, win.group):
         return _correlate_transposed(b, g, w, win, x_sizes, y_sizes)
     ext = win.extents(b)

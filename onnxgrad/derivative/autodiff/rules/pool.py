@@ -1,0 +1,270 @@
+r"""Pooling: MaxPool, AveragePool (pads, strides, dilations, ceil_mode, count_include_pad,
+auto_pad), GlobalAveragePool and GlobalMaxPool.
+
+* MaxPool routes each output gradient to the input element its window selected: the flat
+  ``Indices`` of a MaxPool (the node's own when it has them) address a zero tensor with
+  ``x``'s size, filled by ``ScatterElements`` with ``reduction="add"`` (windows may share
+  their maximum). Before opset 16, where ScatterElements cannot add, overlapping windows
+  are split into classes of output positions (``o mod ceil(k d / s)`` along each axis) whose
+  windows are disjoint, and the classes are accumulated one after the other.
+* AveragePool is linear: ``y[o] = sum_{p in window(o)} x~[p] / count(o)``, so ``x_bar`` is
+  the transposed convolution of ``g / count`` by a kernel of ones, applied to every
+  ``(n, c)`` plane, cropped to ``x``. ``count(o)`` counts the window positions inside the
+  input (``count_include_pad=0``) or inside the padded input (``=1``); positions that
+  ``ceil_mode`` adds beyond the padded input are never counted (as in the ONNX reference
+  implementation and PyTorch; onnxruntime 1.19 counts them with ``count_include_pad=1``).
+* GlobalAveragePool: ``x_bar = g / (H W ...)`` broadcast; GlobalMaxPool: ``g`` shared
+  equally among the elements equal to the maximum.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from onnx import TensorProto, numpy_helper
+
+from onnxgrad._onnx_utils import np_dtype
+from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
+from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._nn_helpers import (
+    INT64_MAX,
+    Vec,
+    dims,
+    extents,
+    ints_attr,
+    is_static,
+    spatial_axes,
+    static_dims,
+    tensor_rank,
+    window_pads,
+)
+from onnxgrad.derivative.autodiff.rules.conv import Window, conv_input_grad
+
+_WINDOW_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
+
+
+# -- MaxPool ----------------------------------------------------------------------------------
+@register("MaxPool", since=13)
+def max_pool_grad(b, node, grads, needs):
+    g = grads[0]
+    if g is None:
+        return [None]
+    x = node.inputs[0]
+    flat = _route_to_maxima(b, node, g, _argmax_indices(b, node, x), x)
+    return [b.op("Reshape", flat, _shape(b, x))]
+
+
+def _argmax_indices(b: GradBuilder, node: NodeView, x: str) -> str:
+    """Flat row-major indices in ``x`` of each window's maximum."""
+    kernel = list(node.attr("kernel_shape"))
+    k = len(kernel)
+    strides = list(ints_attr(node, "strides", 1, k))
+    dilations = list(ints_attr(node, "dilations", 1, k))
+    unit_steps = all(s == 1 for s in strides + dilations)
+    own = len(node.outputs) > 1 and node.outputs[1] and node.attr("storage_order", 0) == 0
+    if own and not unit_steps:
+        return node.outputs[1]
+    attrs = {name: node.attr(name) for name in _WINDOW_ATTRS if node.has_attr(name)}
+    if unit_steps:
+        x, attrs = _with_a_step(b, x, attrs, kernel)
+    return b.op("MaxPool", x, outputs=2, **attrs)[1]
+
+
+def _with_a_step(b: GradBuilder, x: str, attrs: dict, kernel: list[int]) -> tuple[str, dict]:
+    """The same windows, described with a dilation of 2 along an axis of kernel size 1 (a
+    trailing unit axis is added if none has size 1): the onnx reference evaluator returns
+    wrong ``Indices`` when every stride and dilation is 1. The indices are unchanged."""
+    k = len(kernel)
+    dilations = [1] * k
+    if 1 in kernel:
+        dilations[kernel.index(1)] = 2
+        return x, {**attrs, "dilations": dilations}
+    if k >= 3:
+        return x, attrs
+    pads = list(attrs.get("pads", [0] * 2 * k))
+    widened = {
+        **attrs,
+        "kernel_shape": [*kernel, 1],
+        "strides": [1] * (k + 1),
+        "dilations": [*dilations, 2],
+        "pads": [*pads[:k], 0, *pads[k:], 0],
+    }
+    return b.unsqueeze(x, [k + 2]), widened
+
+
+def _route_to_maxima(b: GradBuilder, node: NodeView, g: str, indices: str, x: str) -> str:
+    """``zeros(size(x))`` plus ``g`` added at ``indices``, flat."""
+    zeros = b.op("ConstantOfShape", _size(b, x), value=_scalar(b, 0, x))
+    flat_g = b.op("Reshape", g, b.ints([-1]))
+    flat_indices = b.op("Reshape", indices, b.ints([-1]))
+    if b.opset >= 16:
+        return b.op("ScatterElements", zeros, flat_indices, flat_g, axis=0, reduction="add")
+    periods = _overlap_periods(node)
+    if all(p == 1 for p in periods):
+        return b.op("ScatterElements", zeros, flat_indices, flat_g, axis=0)
+    return _scatter_by_classes(b, node, g, indices, zeros, periods)
+
+
+def _overlap_periods(node: NodeView) -> list[int]:
+    """Per axis, a period ``m`` such that windows ``m`` steps apart never overlap (1 where no
+    two windows do: ``lcm(s, d) >= k d``)."""
+    kernel = list(node.attr("kernel_shape"))
+    k = len(kernel)
+    strides = ints_attr(node, "strides", 1, k)
+    dilations = ints_attr(node, "dilations", 1, k)
+    return [
+        1 if math.lcm(s, d) >= n * d else -(-(n * d) // s)
+        for n, s, d in zip(kernel, strides, dilations)
+    ]
+
+
+def _scatter_by_classes(
+    b: GradBuilder, node: NodeView, g: str, indices: str, zeros: str, periods: list[int]
+) -> str:
+    """Opsets 13-15, where ``ScatterElements`` cannot add: output positions are split by
+    ``o mod period`` along each axis; within a class no two windows share an element, so
+    each class adds its gradients with a Gather, an Add and a ScatterElements."""
+    k = len(periods)
+    out_sizes = static_dims(b, node.outputs[0])
+    axes, steps, ends = b.ints(spatial_axes(k)), b.ints(periods), b.ints([INT64_MAX] * k)
+    total = None
+    for residue in itertools.product(*(range(p) for p in periods)):
+        if out_sizes is not None and any(r >= n for r, n in zip(residue, out_sizes)):
+            continue
+        starts = b.ints(list(residue))
+        values = b.op("Reshape", b.op("Slice", g, starts, ends, axes, steps), b.ints([-1]))
+        where = b.op("Reshape", b.op("Slice", indices, starts, ends, axes, steps), b.ints([-1]))
+        if total is None:
+            total = b.op("ScatterElements", zeros, where, values, axis=0)
+            continue
+        added = b.add(b.op("Gather", total, where, axis=0), values)
+        total = b.op("ScatterElements", total, where, added, axis=0)
+    return total
+
+
+def _size(b: GradBuilder, x: str) -> str:
+    shape = b.static_shape(x)
+    if shape is not None:
+        return b.ints([int(np.prod(shape))])
+    return b.op("Reshape", b.op("Size", x), b.ints([1]))
+
+
+def _shape(b: GradBuilder, x: str) -> str:
+    shape = b.static_shape(x)
+    return b.ints(list(shape)) if shape is not None else b.shape_of(x)
+
+
+def _scalar(b: GradBuilder, value: float, like: str) -> TensorProto:
+    return numpy_helper.from_array(np.array([value], dtype=np_dtype(b.dtype(like))))
+
+
+# -- AveragePool ------------------------------------------------------------------------------
+@register("AveragePool", since=13)
+def average_pool_grad(b, node, grads, needs):
+    (g,) = grads
+    x, y = node.inputs[0], node.outputs[0]
+    kernel = tuple(node.attr("kernel_shape"))
+    k = len(kernel)
+    strides = ints_attr(node, "strides", 1, k)
+    dilations = ints_attr(node, "dilations", 1, k)
+    x_sizes, y_sizes = dims(b, x), dims(b, y)
+    begin, end = window_pads(b, node, k, x_sizes, extents(b, kernel, dilations), strides)
+    win = Window(k, strides, dilations, 1, kernel, begin, end)
+    scaled = _divide_by_counts(b, node, g, win, x_sizes, y_sizes)
+    planes = b.op("Reshape", scaled, _plane_shape(b, y_sizes))
+    ones = b.const(np.ones((1, 1, *kernel)), like=x)
+    spread = conv_input_grad(b, planes, ones, win, x_sizes, y_sizes)
+    return [b.op("Reshape", spread, _shape(b, x))]
+
+
+def _plane_shape(b: GradBuilder, sizes: Vec) -> str:
+    if is_static(sizes):
+        return b.ints([-1, 1, *sizes])
+    return b.op("Concat", b.ints([-1, 1]), sizes, axis=0)
+
+
+def _divide_by_counts(
+    b: GradBuilder, node: NodeView, g: str, win: Window, x_sizes: Vec, y_sizes: Vec
+) -> str:
+    include_pad = bool(node.attr("count_include_pad", 0))
+    if is_static(x_sizes, y_sizes, win.begin, win.end):
+        counts = _static_counts(win, x_sizes, y_sizes, include_pad)
+        if np.all(counts == counts.flat[0]):
+            return b.mul(g, b.const(1.0 / counts.flat[0], like=g))
+        return b.mul(g, b.const(1.0 / counts, like=g))
+    return b.op("Div", g, _dynamic_counts(b, win, x_sizes, y_sizes, include_pad, g))
+
+
+def _axis_bounds(win: Window, x_sizes, include_pad: bool, i: int):
+    """Where window positions count along axis ``i``: ``[lo, hi)``."""
+    if include_pad:
+        return -win.begin[i], x_sizes[i] + win.end[i]
+    return 0, x_sizes[i]
+
+
+def _static_counts(win: Window, x_sizes, y_sizes, include_pad: bool) -> np.ndarray:
+    counts = np.ones((), dtype=np.int64)
+    for i in range(win.k):
+        starts = np.arange(y_sizes[i]) * win.strides[i] - win.begin[i]
+        positions = starts[:, None] + np.arange(win.kernel[i]) * win.dilations[i]
+        lo, hi = _axis_bounds(win, x_sizes, include_pad, i)
+        inside = ((positions >= lo) & (positions < hi)).sum(axis=1)
+        counts = np.multiply.outer(counts, inside)
+    return counts.astype(np.float64)
+
+
+def _dynamic_counts(b, win: Window, x_sizes: Vec, y_sizes: Vec, include_pad: bool, g) -> str:
+    """``count(o)`` as a tensor of shape ``y_sizes``, from run-time sizes."""
+    k = win.k
+    total = None
+    for i in range(k):
+        n_out = _component(b, y_sizes, i)
+        starts = b.op(
+            "Sub", b.mul(b.op("Range", b.ints(0), n_out, b.ints(1)), b.ints(win.strides[i])),
+            _component(b, win.begin, i),
+        )  # fmt: skip
+        offsets = b.ints(list(np.arange(win.kernel[i]) * win.dilations[i]))
+        positions = b.add(b.unsqueeze(starts, [1]), offsets)
+        if include_pad:
+            lo = b.neg(_component(b, win.begin, i))
+            hi = b.add(_component(b, x_sizes, i), _component(b, win.end, i))
+        else:
+            lo, hi = b.ints(0), _component(b, x_sizes, i)
+        inside = b.op("And", b.op("GreaterOrEqual", positions, lo), b.op("Less", positions, hi))
+        counts = b.reduce_sum(b.op("Cast", inside, to=b.dtype(g)), [1], keepdims=False)
+        shaped = b.op("Reshape", counts, b.ints([1] * i + [-1] + [1] * (k - 1 - i)))
+        total = shaped if total is None else b.mul(total, shaped)
+    return total
+
+
+def _component(b: GradBuilder, v: Vec, i: int) -> str:
+    """Entry ``i`` of a per-axis vector, as a 0-D int64 tensor."""
+    if isinstance(v, tuple):
+        return b.ints(v[i])
+    return b.op("Gather", v, b.ints(i), axis=0)
+
+
+# -- global pools -----------------------------------------------------------------------------
+@register("GlobalAveragePool", since=13)
+def global_average_pool_grad(b, node, grads, needs):
+    (g,) = grads
+    x = node.inputs[0]
+    sizes = dims(b, x)
+    if is_static(sizes):
+        scaled = b.mul(g, b.const(1.0 / max(int(np.prod(sizes)), 1), like=x))
+    else:
+        count = b.op("Div", b.op("Size", x), b.op("Size", g))
+        scaled = b.op("Div", g, b.op("Cast", count, to=b.dtype(x)))
+    return [b.op("Expand", scaled, _shape(b, x))]
+
+
+@register("GlobalMaxPool", since=13)
+def global_max_pool_grad(b, node, grads, needs):
+    (g,) = grads
+    x = node.inputs[0]
+    rank = tensor_rank(b, node, x)
+    mask = b.op("Cast", b.op("Equal", x, node.outputs[0]), to=b.dtype(x))
+    ties = b.reduce_sum(mask, spatial_axes(rank - 2), keepdims=True)
+    return [b.mul(mask, b.op("Div", g, ties))]

@@ -1,0 +1,96 @@
+"""Rule table entries: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (1-D to 3-D,
+strides 1 and 2, pads, dilations, ceil_mode, count_include_pad, auto_pad, storage_order, the
+Indices output) and the 1-D pooling PyTorch exports as Unsqueeze + 2-D pool + Squeeze.
+
+Inputs are distinct random values, so every window has a single maximum. The onnx reference
+evaluator fails on ceil_mode with asymmetric pads or strides above 2, and computes
+GlobalMaxPool of 2-D inputs only: cases avoid those.
+"""
+
+import numpy as np
+from onnx import helper
+
+from tests.derivative.autodiff.gradcheck import OpCase
+
+rng = np.random.default_rng(4)
+
+
+def r(*shape):
+    return rng.standard_normal(shape)
+
+
+def pool(op_type, id, shape, opset=18, **attrs):
+    return OpCase(op_type, {"X": r(*shape)}, attrs, opset=opset, id=f"{op_type}-{id}")
+
+
+def max_pool_with_indices(id, shape, opset=18, **attrs):
+    """A MaxPool whose Indices output exists but is not a graph output."""
+
+    def graph(inputs, outputs):
+        return [helper.make_node("MaxPool", inputs, [*outputs, "indices"], **attrs)]
+
+    return OpCase("MaxPool", {"X": r(*shape)}, opset=opset, graph=graph, id=f"MaxPool-{id}")
+
+
+def torch_1d(op_type, id, shape, kernel, stride, opset=18, **attrs):
+    """PyTorch's 1-D pooling export: Unsqueeze(2) -> 2-D pool with a (1, k) window -> Squeeze."""
+
+    def graph(inputs, outputs):
+        return [
+            helper.make_node("Constant", [], ["axes"], value_ints=[2]),
+            helper.make_node("Unsqueeze", [inputs[0], "axes"], ["x4"]),
+            helper.make_node(
+                op_type, ["x4"], ["y4"], kernel_shape=[1, kernel], strides=[1, stride], **attrs
+            ),
+            helper.make_node("Squeeze", ["y4", "axes"], outputs),
+        ]
+
+    return OpCase(op_type, {"X": r(*shape)}, opset=opset, graph=graph, id=f"{op_type}-{id}")
+
+
+CASES = [
+    pool("MaxPool", "1d-stride1-opset13", (2, 2, 7), kernel_shape=[3], opset=13),
+    pool("MaxPool", "1d-stride2-pads", (2, 2, 8), kernel_shape=[3], strides=[2], pads=[1, 1]),
+    pool("MaxPool", "2d-stride2-pads-ceil-opset13", (1, 2, 6, 7), kernel_shape=[3, 3],
+         strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, opset=13),
+    pool("MaxPool", "2d-disjoint-opset13", (1, 2, 4, 6), kernel_shape=[2, 2], strides=[2, 2],
+         opset=13),
+    pool("MaxPool", "2d-dilation2-opset15", (1, 2, 6, 6), kernel_shape=[2, 2], strides=[1, 2],
+         dilations=[2, 2], pads=[1, 0, 1, 1], opset=15),
+    pool("MaxPool", "2d-dilation2-stride1", (1, 1, 6, 7), kernel_shape=[2, 3],
+         dilations=[2, 1], pads=[1, 1, 1, 1], opset=21),
+    pool("MaxPool", "2d-unit-kernel-axis", (1, 2, 6, 4), kernel_shape=[3, 1]),
+    pool("MaxPool", "2d-same-upper", (1, 2, 7, 6), kernel_shape=[3, 3], strides=[2, 2],
+         auto_pad="SAME_UPPER"),
+    max_pool_with_indices("2d-indices-output", (1, 2, 6, 5), kernel_shape=[3, 2],
+                          strides=[2, 2]),
+    max_pool_with_indices("2d-storage-order-column", (1, 2, 5, 6), kernel_shape=[2, 3],
+                          strides=[2, 1], storage_order=1),
+    pool("MaxPool", "3d", (1, 2, 4, 4, 3), kernel_shape=[2, 2, 2], strides=[2, 1, 2],
+         pads=[1, 0, 0, 0, 1, 1]),
+    pool("MaxPool", "3d-stride1-opset13", (1, 1, 4, 3, 4), kernel_shape=[2, 1, 2], opset=13),
+    pool("AveragePool", "1d-stride1-opset13", (2, 2, 7), kernel_shape=[3], opset=13),
+    pool("AveragePool", "1d-stride2-pads-include", (2, 2, 8), kernel_shape=[3], strides=[2],
+         pads=[1, 1], count_include_pad=1),
+    pool("AveragePool", "2d-ceil-pads-exclude", (1, 2, 6, 7), kernel_shape=[3, 3],
+         strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+    pool("AveragePool", "2d-ceil-include-overflow", (1, 1, 8, 6), kernel_shape=[3, 3],
+         strides=[2, 2], ceil_mode=1, count_include_pad=1, opset=13),
+    pool("AveragePool", "2d-dilation-include", (1, 2, 6, 5), kernel_shape=[2, 2],
+         dilations=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1, opset=19),
+    pool("AveragePool", "2d-dilation-stride-exclude", (1, 2, 7, 6), kernel_shape=[2, 2],
+         dilations=[2, 1], strides=[2, 1], pads=[1, 1, 1, 1], opset=21),
+    pool("AveragePool", "2d-same-lower", (1, 2, 7, 6), kernel_shape=[3, 3], strides=[2, 2],
+         auto_pad="SAME_LOWER"),
+    pool("AveragePool", "2d-valid", (1, 2, 7, 6), kernel_shape=[3, 2], strides=[2, 2],
+         auto_pad="VALID"),
+    pool("AveragePool", "3d-include", (1, 2, 4, 5, 5), kernel_shape=[2, 2, 2],
+         strides=[2, 1, 2], pads=[1, 0, 0, 0, 1, 1], count_include_pad=1),
+    pool("GlobalAveragePool", "2d", (2, 3, 3, 4)),
+    pool("GlobalAveragePool", "1d-opset13", (2, 3, 5), opset=13),
+    pool("GlobalAveragePool", "3d", (1, 2, 2, 3, 2), opset=21),
+    pool("GlobalMaxPool", "2d", (2, 3, 3, 4)),
+    pool("GlobalMaxPool", "2d-opset13", (1, 2, 5, 2), opset=13),
+    torch_1d("AveragePool", "torch-1d-export", (2, 3, 8), 3, 2),
+    torch_1d("MaxPool", "torch-1d-export", (2, 3, 8), 3, 1, opset=13),
+]  # fmt: skip
