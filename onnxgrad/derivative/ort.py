@@ -1,15 +1,19 @@
 """``backend="ort"``: onnxruntime-training's gradient builder behind :func:`onnx_derivative`.
 
 The builder (``OrtModuleGraphBuilder`` of ``onnxruntime.capi._pybind_state``, onnxruntime-
-training 1.19.2) differentiates the forward graph; it runs, like the check that the result
-loads in an ``InferenceSession``, in a child process (:mod:`._ort_process`): a crash of
-onnxruntime becomes a :class:`RuntimeError` instead of taking the user's process down.
+training 1.19.2) differentiates the forward graph. It runs, like the check that the result
+loads in an ``InferenceSession``, in a child interpreter (:mod:`._ort_process`): onnxruntime
+segfaults on some models (an output that is also a differentiated input, for one), and a
+crash must become a :class:`RuntimeError`, not take the user's process down. The child
+costs about 0.2 s a call on an idle machine (interpreter start and onnxruntime import,
+PyTorch import blocked); the build of a small model takes milliseconds.
 
 The result contains onnxruntime contrib ops (``com.microsoft``: ``SliceGrad``,
 ``BroadcastGradientArgs``, ``FusedMatMul``, ``YieldOp`` with ``KeepYieldOp``...) and, for a
 few ops, training ops onnxruntime registers in the default domain (``AveragePoolGrad``,
-``MaxPoolGrad``...). It runs with onnxruntime (training wheel); :func:`check_gradient_model`
-states what the ONNX checker can verify of it.
+``MaxPoolGrad``). It runs with onnxruntime (training wheel), not with the
+inference wheel or the ONNX reference evaluator; :func:`check_gradient_model` states what
+the ONNX checker verifies of it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad.derivative import DerivativeOptions, _ort_process, onnx_derivative
-from onnxgrad.derivative.ort import short_message
+from onnxgrad.derivative.ort import check_gradient_model, short_message
 from tests.derivative.fd import initializer_values, onnx_numerical_vjp, run_onnxruntime
 from tests.models import seed004_model
 
@@ -251,9 +251,14 @@ def _average_pool_1d(batch: int | str) -> onnx.ModelProto:
 
 
 def test_average_pool_with_static_shapes():
+    """onnxruntime registers AveragePoolGrad in the default domain: the ONNX checker rejects
+    it, check_gradient_model checks the rest of the graph."""
     model = _average_pool_1d(2)
     grad = onnx_derivative(model, backend="ort")
     assert "AveragePoolGrad" in {n.op_type for n in grad.graph.node}
+    with pytest.raises(onnx.checker.ValidationError, match="AveragePoolGrad"):
+        onnx.checker.check_model(grad)
+    check_gradient_model(grad)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
     y_grad = rng.standard_normal((2, 3, 2)).astype(np.float32)
