@@ -13,12 +13,16 @@ All start from the same initial weights. scikit-learn minimises half the squared
 the others the squared error, so they use half its learning rate: the trajectories are
 the same up to the batch order. ``alpha=0``: no L2 penalty anywhere.
 
+Every framework runs on ``--threads`` threads (default 1: the fastest for batches of 15
+rows, and fair on a busy machine); the runs alternate ``--repeat`` times, the best kept.
+
 Run: ``python benchmarks/bench_mlp.py [--epochs 100] [--backend onnx|ort] [--repeat 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import time
 import warnings
@@ -26,12 +30,13 @@ import warnings
 import numpy as np
 import onnxruntime as ort
 from onnx import numpy_helper
+from skl2onnx import to_onnx
 from sklearn.datasets import make_regression
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPRegressor
-from skl2onnx import to_onnx
+from threadpoolctl import threadpool_limits
 
 from onnxgrad import (
     DerivativeOptions,
@@ -106,7 +111,7 @@ def bench_sklearn(model, X, y, X_test, y_test):
     return seconds, r2_score(y_test, model.predict(X_test))
 
 
-def bench_onnxgrad(onx, epochs, backend, X, y, X_test, y_test):
+def bench_onnxgrad(onx, epochs, backend, threads, X, y, X_test, y_test):
     est = OrtGradientForwardBackwardOptimizer(
         onx,
         max_iter=epochs,
@@ -115,6 +120,7 @@ def bench_onnxgrad(onx, epochs, backend, X, y, X_test, y_test):
         learning_loss=SquareLearningLoss(),
         random_state=0,
         backend=backend,
+        intra_op_num_threads=threads,
     )
     est.fit(X, y)  # builds and caches the graphs and sessions
     seconds, _ = timed(lambda: est.fit(X, y))
@@ -124,7 +130,7 @@ def bench_onnxgrad(onx, epochs, backend, X, y, X_test, y_test):
 class PerTensorBaseline:
     """The seeds' loop: per batch, one gradient call then one ``axpyw2`` call per weight."""
 
-    def __init__(self, onx, backend: str):
+    def __init__(self, onx, backend: str, threads: int | None):
         weights = [i.name for i in onx.graph.initializer if i.name != "shape_tensor"]
         lm = make_loss_model(onx, SquareLearningLoss(), weights=weights)
         gradient = onnx_derivative(
@@ -137,8 +143,11 @@ class PerTensorBaseline:
             backend=backend,
         )
         self.features, self.label, self.weights = lm.features[0], lm.label, weights
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
         self.grad = ort.InferenceSession(
-            gradient.SerializeToString(), providers=["CPUExecutionProvider"]
+            gradient.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
         self.grad_outputs = [o.name for o in gradient.graph.output]
         self.predict_session = ort.InferenceSession(
@@ -153,7 +162,7 @@ class PerTensorBaseline:
             shapes = {"X1": list(value.shape), "X2": list(value.shape), "G": list(value.shape)}
             update = function_onnx_graph("axpyw2", target_opset=15, input_shapes=shapes)
             self.updates[name] = ort.InferenceSession(
-                update.SerializeToString(), providers=["CPUExecutionProvider"]
+                update.SerializeToString(), options, providers=["CPUExecutionProvider"]
             )
 
     def fit(self, X, y, epochs: int, seed: int = 0):
@@ -202,17 +211,19 @@ class PerTensorBaseline:
         return self.predict_session.run(None, feeds)[0]
 
 
-def bench_per_tensor(onx, epochs, backend, X, y, X_test, y_test):
-    baseline = PerTensorBaseline(onx, backend)
+def bench_per_tensor(onx, epochs, backend, threads, X, y, X_test, y_test):
+    baseline = PerTensorBaseline(onx, backend, threads)
     seconds, _ = timed(lambda: baseline.fit(X, y, epochs))
     return seconds, r2_score(y_test, baseline.predict(X_test).ravel())
 
 
-def bench_torch(skl_init, epochs, X, y, X_test, y_test):
+def bench_torch(skl_init, epochs, threads, X, y, X_test, y_test):
     try:
         import torch
     except ImportError:
         return None
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     layers = []
     for i, (coef, intercept) in enumerate(zip(skl_init.coefs_, skl_init.intercepts_)):
@@ -254,7 +265,11 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--backend", default="onnx", choices=["onnx", "ort"])
     parser.add_argument("--repeat", type=int, default=1, help="keep the best of n runs")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="threads of every framework (0: their default)"
+    )
     args = parser.parse_args(argv)
+    threads = args.threads or None
 
     X_train, X_test, y_train, y_test = data()
     skl = sklearn_model(args.epochs, X_train, y_train)
@@ -262,22 +277,29 @@ def main(argv=None):
     runs = {
         "scikit-learn": lambda: bench_sklearn(skl, X_train, y_train, X_test, y_test),
         "onnxgrad": lambda: bench_onnxgrad(
-            onx, args.epochs, args.backend, X_train, y_train, X_test, y_test
+            onx, args.epochs, args.backend, threads, X_train, y_train, X_test, y_test
         ),
         "per-tensor baseline": lambda: bench_per_tensor(
-            onx, args.epochs, args.backend, X_train, y_train, X_test, y_test
+            onx, args.epochs, args.backend, threads, X_train, y_train, X_test, y_test
         ),
-        "torch eager": lambda: bench_torch(skl, args.epochs, X_train, y_train, X_test, y_test),
+        "torch eager": lambda: bench_torch(
+            skl, args.epochs, threads, X_train, y_train, X_test, y_test
+        ),
     }
     results = {}
-    for name, run in runs.items():
-        measures = [run() for _ in range(args.repeat)]
+    limits = threadpool_limits(threads) if threads else contextlib.nullcontext()
+    with limits:
+        measures_by_name = {name: [] for name in runs}
+        for _ in range(args.repeat):
+            for name, run in runs.items():
+                measures_by_name[name].append(run())
+    for name, measures in measures_by_name.items():
         if measures[0] is None:
             print(f"{name:>20}: not installed")
             continue
         results[name] = min(measures)
     reference = results["scikit-learn"][0]
-    print(f"epochs={args.epochs} batch={BATCH_SIZE} backend={args.backend}")
+    print(f"epochs={args.epochs} batch={BATCH_SIZE} backend={args.backend} threads={threads}")
     print(f"{'':>20}  {'seconds':>8}  {'x sklearn':>9}  {'test R2':>8}")
     for name, (seconds, r2) in results.items():
         print(f"{name:>20}  {seconds:8.3f}  {seconds / reference:9.3f}  {r2:8.4f}")

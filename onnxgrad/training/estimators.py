@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import load_model
@@ -153,17 +154,27 @@ class BaseOrtOptimizer(ParamsMixin):
         old = self.runner_
         self._make_runners(graphs, device, old.get_weights(), old.get_state())
 
+    def _session_options(self) -> ort.SessionOptions:
+        options = ort.SessionOptions()
+        threads = self.intra_op_num_threads
+        if threads is not None:
+            if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+                raise TypeError(f"intra_op_num_threads must be an integer, got {threads!r}")
+            options.intra_op_num_threads = int(threads)
+        return options
+
     def _make_runners(self, graphs: _Graphs, device, weights, state) -> None:
         self.device_ = device
-        self.runner_ = TrainingRunner(graphs.train, device, weights, state)
+        options = self._session_options()
+        self.runner_ = TrainingRunner(graphs.train, device, weights, state, options)
         self.evaluator_ = GraphRunner(
-            graphs.evaluation.model, graphs.evaluation.data_inputs, device
+            graphs.evaluation.model, graphs.evaluation.data_inputs, device, options
         )
         self.predictor_ = None
         if graphs.prediction is not None:
             weights = set(graphs.train.weights)
             features = [i.name for i in graphs.prediction.graph.input if i.name not in weights]
-            self.predictor_ = GraphRunner(graphs.prediction, features, device)
+            self.predictor_ = GraphRunner(graphs.prediction, features, device, options)
         self.graphs_ = graphs
 
     def _train(self, loader: OrtDataLoader, validation) -> None:
@@ -331,6 +342,8 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
     :param output: the model output the loss applies to (default: the first float one)
     :param random_state: seed of the batch shuffling
     :param backend: :func:`onnxgrad.onnx_derivative` backend
+    :param intra_op_num_threads: threads of each onnxruntime session (default: onnxruntime's
+        choice, one per core; small batches often run fastest on one)
     """
 
     def __init__(
@@ -352,6 +365,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         output=None,
         random_state=None,
         backend="onnx",
+        intra_op_num_threads=None,
     ):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -370,6 +384,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         self.output = output
         self.random_state = random_state
         self.backend = backend
+        self.intra_op_num_threads = intra_op_num_threads
 
     def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
         self.learning_loss_ = select_learning_loss(self.learning_loss)
@@ -421,6 +436,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         exc=True,
         random_state=None,
         backend="onnx",
+        intra_op_num_threads=None,
     ):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -438,6 +454,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         self.exc = exc
         self.random_state = random_state
         self.backend = backend
+        self.intra_op_num_threads = intra_op_num_threads
 
     def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
         inputs = {i.name for i in model.graph.input}
