@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from tests.derivative.autodiff.cases_unary import second_order
 from tests.derivative.autodiff.gradcheck import OpCase
 
 rng = np.random.default_rng(4)
@@ -102,3 +103,12 @@ CASES = [
         {"fmod": 1}, wrt=("x",), opset=18, id="Mod-x-only",
     ),
 ]  # fmt: skip
+
+SECOND_ORDER_IDS = {
+    "Pow-broadcast-both", "Pow-int-exponent", "Clip-bounds-differentiated",
+    "Max-three-broadcast", "Min-two", "Sum-three-broadcast", "Mean-three-broadcast",
+    "Where-broadcast", "Mod-fmod",
+}  # fmt: skip
+SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
+assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
+CASES += SECOND_ORDER

@@ -3,6 +3,7 @@ Einsum (contractions, implicit output, diagonals, summed letters, ellipsis broad
 
 import numpy as np
 
+from tests.derivative.autodiff.cases_unary import second_order
 from tests.derivative.autodiff.gradcheck import OpCase
 
 rng = np.random.default_rng(5)
@@ -101,3 +102,15 @@ CASES = [
     )
     for eq, shapes, opset in EINSUM_SETTINGS
 ]  # fmt: skip
+
+SECOND_ORDER_IDS = {
+    "MatMul-2x3-3x4-opset13", "MatMul-3-3x4-opset13", "MatMul-2x3-3-opset18",
+    "MatMul-3-3-opset13", "MatMul-3-2x3x2-opset18", "MatMul-2x2x3-3-opset13",
+    "MatMul-2x2x3-3x2-opset13", "MatMul-2x3-2x3x2-opset18", "MatMul-2x1x2x3-3x3x2-opset13",
+    "Gemm-transA1-C2x1", "Gemm-transA1-transB1-beta2.0-C2x4", "Gemm-transB1-alpha0.5-Cscalar",
+    "Einsum-ij,jk_to_ik", "Einsum-ii_to_i", "Einsum-ij_to_", "Einsum-iij,jk_to_ik",
+    "Einsum-Ei,Ei_to_E", "Einsum-ba",
+}  # fmt: skip
+SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
+assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
+CASES += SECOND_ORDER

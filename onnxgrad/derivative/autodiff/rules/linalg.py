@@ -159,14 +159,15 @@ ELLIPSIS = "..."
 class EinsumSpec:
     """An einsum equation with every subscript explicit: one letter per dimension.
 
-    The dimensions an ellipsis stands for get fresh letters, right-aligned across operands
-    (numpy broadcasting); ``broadcast`` holds those letters, the only ones whose sizes may
-    differ between operands (1 against n).
+    The dimensions an ellipsis stands for get fresh letters (``broadcast``), right-aligned
+    across operands (ONNX requires every ellipsis to stand for as many dimensions). They are
+    the only dimensions whose sizes may differ between operands (1 against n), so the
+    equations built from a spec write them back as an ellipsis (:meth:`render`).
     """
 
     inputs: tuple[str, ...]
     output: str
-    broadcast: frozenset[str]
+    broadcast: str
     spare: str
 
     @classmethod
@@ -198,7 +199,15 @@ class EinsumSpec:
             output = fresh + "".join(
                 sorted(c for c in set(counts) if c not in fresh and counts.count(c) == 1)
             )
-        return cls(inputs, output, frozenset(fresh), spare)
+        return cls(inputs, output, fresh, spare)
+
+    def render(self, *terms: str) -> str:
+        """The equation ``terms[0],...,terms[-2]->terms[-1]``, with the ellipsis put back."""
+        return ",".join(map(self._render, terms[:-1])) + "->" + self._render(terms[-1])
+
+    def _render(self, term: str) -> str:
+        run = "".join(c for c in term if c in self.broadcast)
+        return term.replace(run, ELLIPSIS) if run else term
 
     def fresh_letters(self, count: int, where: str) -> str:
         if count > len(self.spare):
@@ -247,7 +256,7 @@ def einsum_operand_grad(
     others = [(name, s) for j, (name, s) in enumerate(zip(operands, spec.inputs)) if j != i]
     elsewhere = set(spec.output).union(*(s for _, s in others))
     kept = "".join(c for c in distinct if c in elsewhere)
-    grad = _contract(b, g, spec.output, others, kept)
+    grad = _contract(b, spec, g, others, kept)
     if kept != distinct:
         missing = [k for k, c in enumerate(distinct) if c not in elsewhere]
         shape = _dims_at(b, x, [subscripts.index(c) for c in distinct])
@@ -257,13 +266,26 @@ def einsum_operand_grad(
     return _sum_broadcast(b, spec, grad, x, subscripts, output_name, others)
 
 
-def _contract(b, g: str, output: str, others: list[tuple[str, str]], target: str) -> str:
+def _contract(b, spec: EinsumSpec, g: str, others: list[tuple[str, str]], target: str) -> str:
+    output = spec.output
     if not others:
         if target == output:
             return g
         return b.op("Transpose", g, perm=[output.index(c) for c in target])
-    terms = ",".join([output, *(s for _, s in others)])
-    return b.op("Einsum", g, *(name for name, _ in others), equation=f"{terms}->{target}")
+    inputs = [output, *(s for _, s in others)]
+    summed = spec.broadcast if _drops_ellipsis(spec, inputs, target) else ""
+    equation = spec.render(*inputs, summed + target)
+    result = b.op("Einsum", g, *(name for name, _ in others), equation=equation)
+    if summed:
+        return b.reduce_sum(result, list(range(len(summed))), keepdims=False)
+    return result
+
+
+def _drops_ellipsis(spec: EinsumSpec, inputs: list[str], target: str) -> bool:
+    """Whether ``target`` lacks the ellipsis of some input: onnxruntime refuses such an
+    equation, so the ellipsis is kept in the result and summed by a ReduceSum."""
+    letters = set(spec.broadcast)
+    return bool(letters) and not letters & set(target) and any(letters & set(t) for t in inputs)
 
 
 def _dims_at(b, x: str, positions: list[int]) -> str:
@@ -290,8 +312,8 @@ def _embed_diagonals(b, spec, grad, x, subscripts, distinct, where) -> str:
         twin = next(fresh)
         result.append(twin)
         identities.append((letter + twin, _identity(b, x, subscripts.index(letter))))
-    terms = ",".join([distinct, *(t for t, _ in identities)])
-    return b.op("Einsum", grad, *(e for _, e in identities), equation=f"{terms}->{''.join(result)}")
+    equation = spec.render(distinct, *(t for t, _ in identities), "".join(result))
+    return b.op("Einsum", grad, *(e for _, e in identities), equation=equation)
 
 
 def _identity(b, x: str, position: int) -> str:
