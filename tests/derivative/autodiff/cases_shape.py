@@ -145,6 +145,12 @@ RESIZE = [
     _resize((1, 1, 3, 3), scales=[1, 1, 1.6, 2.4], mode="nearest", opset=19,
             coordinate_transformation_mode="half_pixel_symmetric",
             nearest_mode="round_prefer_ceil", id="nearest-symmetric"),
+    _resize((1, 2, 3, 2), scales=[2, 1.5, 1.5, 2], mode="nearest", opset=18,
+            id="nearest-every-axis"),
+    _resize((1, 1, 3, 4), sizes=[4, 4], axes=[2, 3], mode="nearest", opset=18,
+            keep_aspect_ratio_policy="not_larger", id="nearest-keep-aspect-ratio"),
+    _resize((2, 3, 2), scales=[1, 1, 2.5], mode="nearest", opset=16,
+            coordinate_transformation_mode="align_corners", id="nearest-align-corners"),
 ]
 # fmt: on
 

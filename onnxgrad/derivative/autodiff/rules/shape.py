@@ -1,4 +1,5 @@
-"""Ops that only move, copy or pad data. Each is linear, ``y = A x``, so ``x_bar = A^T y_bar``:
+"""Ops that only move, copy, pad or resample data. Each is linear, ``y = A x``, so
+``x_bar = A^T y_bar``:
 
 * Reshape, Flatten, Squeeze, Unsqueeze: ``x_bar = reshape(y_bar, shape(x))``
 * Transpose with ``perm``: ``x_bar = transpose(y_bar, perm^-1)``
@@ -7,15 +8,20 @@
 * Expand: ``x_bar = unbroadcast(y_bar)`` (done by the engine); Tile with repeats ``r``:
   ``y_bar`` viewed as ``[r0, d0, r1, d1, ...]`` summed over the ``r`` axes
 * DepthToSpace / SpaceToDepth: the inverse rearrangement
-* Pad (constant): the slice of ``y_bar`` where ``x`` was copied; ``c_bar = sum(y_bar) -
-  sum(x_bar)`` for the padding value. Reflect, edge and wrap modes: each output copies one
-  input element, whose flat index is found by padding an index grid the same way, and
-  ``x_bar`` is the scatter-add of ``y_bar`` at those indices (opset >= 16)
+* Pad (constant): the slice of ``y_bar`` where ``x`` was copied, ``c_bar = sum(y_bar) -
+  sum(x_bar)`` for the padding value; negative pads (cropping) are not supported (the
+  ONNX reference evaluator rejects them as well; a crop visible in static shapes raises).
+  Reflect, edge and wrap modes: each output copies one input element, whose flat index is
+  found by padding an index grid the same way; ``x_bar`` is the scatter-add of ``y_bar``
+  at those indices (opset >= 16)
+* Resize: nearest (opset >= 16) by the same index-grid scatter-add; otherwise through the
+  per-axis interpolation matrices (see :func:`_separable_resize_grad`)
 """
 
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto, helper
 
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
@@ -206,6 +212,31 @@ _RESIZE_ATTRIBUTES = (
 
 @register("Resize", since=13)
 def resize_grad(b, node, grads, needs):
+    if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+        raise unsupported(node, "coordinate_transformation_mode='tf_crop_and_resize'")
+    mode = node.attr("mode", "nearest")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise unsupported(node, f"mode={mode!r}")
+    if mode == "nearest" and node.opset >= 16:
+        return [_nearest_resize_grad(b, node, grads[0])]
+    policy = node.attr("keep_aspect_ratio_policy", "stretch")
+    if policy != "stretch":
+        raise unsupported(node, f"mode={mode!r} and keep_aspect_ratio_policy={policy!r}")
+    return [_separable_resize_grad(b, node, grads[0])]
+
+
+def _nearest_resize_grad(b, node, g: str) -> str:
+    """Nearest: each output copies one input element, found by resizing an (int32) index
+    grid with the node's own inputs and attributes; ``x_bar`` is the scatter-add of ``g``
+    there. Exact for every axis, scale and rounding mode."""
+    x = node.inputs[0]
+    grid = b.op("Cast", index_grid(b, x), to=TensorProto.INT32)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.proto.attribute}
+    sources = b.op("Resize", grid, *node.inputs[1:], **attrs)
+    return scatter_flat(b, x, sources, g, reduction="add")
+
+
+def _separable_resize_grad(b, node, g: str) -> str:
     """Resize is linear and separable: along each resized axis ``a``, ``y = W_a x`` with an
     ``m_a x n_a`` interpolation matrix. ``W_a^T`` is obtained by resizing the identity
     ``I_{n_a}`` along its second axis with the node's own settings (so every mode, rounding
@@ -215,9 +246,7 @@ def resize_grad(b, node, grads, needs):
     Without the ``axes`` attribute the resized axes are taken to be the spatial ones (every
     axis of a 1-D or 2-D input, axes ``2..`` of an ``N x C x ...`` input, what exporters
     emit and what onnxruntime's linear and cubic modes require)."""
-    (g,) = grads
     x, y = node.inputs[0], node.outputs[0]
-    _check_resize_settings(node)
     rank = require_rank(b, x, node)
     positions = _resized_axes(b, node, rank)
     flattened = False
@@ -232,18 +261,7 @@ def resize_grad(b, node, grads, needs):
             size = shape_parts(b, y, axis, axis + 1)[0]
             g = b.op("MatMul", matrix, reshape(b, g, [-1, size, inner]))
             flattened = True
-    return [reshape_like(b, g, x) if flattened else g]
-
-
-def _check_resize_settings(node) -> None:
-    if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
-        raise unsupported(node, "coordinate_transformation_mode='tf_crop_and_resize'")
-    policy = node.attr("keep_aspect_ratio_policy", "stretch")
-    if policy != "stretch":
-        raise unsupported(node, f"keep_aspect_ratio_policy={policy!r}")
-    mode = node.attr("mode", "nearest")
-    if mode not in ("nearest", "linear", "cubic"):
-        raise unsupported(node, f"mode={mode!r}")
+    return reshape_like(b, g, x) if flattened else g
 
 
 def _resized_axes(b, node, rank: int) -> dict[int, int]:
