@@ -1,0 +1,155 @@
+r"""BatchNormalization (inference mode), InstanceNormalization and LayerNormalization.
+
+All three compute :math:`y = s \hat x + b` with :math:`\hat x = (x - \mu) r` and
+:math:`r = 1 / \sqrt{v + \epsilon}`.
+
+* BatchNormalization reads :math:`\mu, v` from its inputs (running statistics, shape ``(C,)``
+  along axis 1); sums :math:`\Sigma` run over every axis but 1:
+  :math:`\bar x = g s r`, :math:`\bar s = \Sigma g \hat x`, :math:`\bar b = \Sigma g`,
+  :math:`\bar\mu = -s r \Sigma g`, :math:`\bar v = -\tfrac12 s r^3 \Sigma g (x - \mu)`.
+* Instance and layer normalization compute :math:`\mu, v` from ``x`` over the normalized
+  axes (:math:`D` elements, means :math:`\langle\cdot\rangle`); with :math:`h = g s`:
+  :math:`\bar x = r (h - \langle h \rangle - \hat x \langle h \hat x \rangle)`.
+  LayerNormalization's optional ``Mean`` and ``InvStdDev`` outputs also carry gradients
+  :math:`g_\mu, g_r`: :math:`\bar x \mathrel{+}= (g_\mu - g_r r^2 \hat x) / D`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxgrad.derivative.autodiff.builder import GradBuilder
+from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._nn_helpers import (
+    all_but_channel,
+    cast_like,
+    per_channel,
+    tensor_rank,
+    unsupported,
+)
+
+
+def _inverse_std(b: GradBuilder, variance: str, epsilon: float, like: str) -> str:
+    return b.op("Reciprocal", b.op("Sqrt", b.add(variance, b.const(epsilon, like=like))))
+
+
+def _normalized_input_grad(b: GradBuilder, h: str, xhat: str, inv: str, axes: list[int]) -> str:
+    """``r * (h - <h> - xhat <h xhat>)``, means over ``axes``."""
+    mean_h = b.reduce("ReduceMean", h, axes, keepdims=True)
+    mean_hx = b.reduce("ReduceMean", b.mul(h, xhat), axes, keepdims=True)
+    return b.mul(inv, b.op("Sub", b.op("Sub", h, mean_h), b.mul(xhat, mean_hx)))
+
+
+def _moments(b: GradBuilder, x: str, axes: list[int], epsilon: float) -> tuple[str, str]:
+    """Mean and inverse standard deviation of ``x`` over ``axes`` (kept)."""
+    mean = b.reduce("ReduceMean", x, axes, keepdims=True)
+    centered = b.op("Sub", x, mean)
+    variance = b.reduce("ReduceMean", b.mul(centered, centered), axes, keepdims=True)
+    return mean, _inverse_std(b, variance, epsilon, x)
+
+
+# -- BatchNormalization -----------------------------------------------------------------------
+@register("BatchNormalization", since=13)
+def batch_normalization_grad(b, node, grads, needs):
+    if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
+        raise unsupported(node, "training mode (batch statistics) is not differentiated")
+    g = grads[0]
+    x, scale, bias, mean, var = node.inputs
+    rank = tensor_rank(b, node, x)
+    axes = all_but_channel(rank)
+    inv = _inverse_std(b, cast_like(b, var, x), node.attr("epsilon", 1e-5), x)
+    results = [None] * 5
+    if needs[0] or needs[3] or needs[4]:
+        gain = b.mul(cast_like(b, scale, x), inv)
+    if needs[0]:
+        results[0] = b.mul(g, per_channel(b, gain, rank))
+    if needs[2] or needs[3]:
+        total = b.reduce_sum(g, axes, keepdims=False)
+        if needs[2]:
+            results[2] = cast_like(b, total, bias, v_like=x)
+        if needs[3]:
+            results[3] = cast_like(b, b.neg(b.mul(total, gain)), mean, v_like=x)
+    if needs[1] or needs[4]:
+        centered = b.op("Sub", x, per_channel(b, cast_like(b, mean, x), rank))
+        moment = b.reduce_sum(b.mul(g, centered), axes, keepdims=False)
+        if needs[1]:
+            results[1] = cast_like(b, b.mul(moment, inv), scale, v_like=x)
+        if needs[4]:
+            half_cube = b.mul(b.mul(inv, inv), b.const(-0.5, like=x))
+            results[4] = cast_like(b, b.mul(b.mul(moment, gain), half_cube), var, v_like=x)
+    return results
+
+
+# -- InstanceNormalization --------------------------------------------------------------------
+@register("InstanceNormalization", since=13)
+def instance_normalization_grad(b, node, grads, needs):
+    (g,) = grads
+    x, scale = node.inputs[0], node.inputs[1]
+    rank = tensor_rank(b, node, x)
+    spatial = list(range(2, rank))
+    mean, inv = _moments(b, x, spatial, node.attr("epsilon", 1e-5))
+    xhat = b.mul(b.op("Sub", x, mean), inv)
+    channel_sum = all_but_channel(rank)
+    return [
+        _normalized_input_grad(b, b.mul(g, per_channel(b, scale, rank)), xhat, inv, spatial)
+        if needs[0]
+        else None,
+        b.reduce_sum(b.mul(g, xhat), channel_sum, keepdims=False) if needs[1] else None,
+        b.reduce_sum(g, channel_sum, keepdims=False) if needs[2] else None,
+    ]
+
+
+# -- LayerNormalization -----------------------------------------------------------------------
+@register("LayerNormalization", since=17)
+def layer_normalization_grad(b, node, grads, needs):
+    x, scale, bias = node.inputs[0], node.inputs[1], node.input(2)
+    rank = tensor_rank(b, node, x)
+    first = node.attr("axis", -1) % rank
+    axes = list(range(first, rank))
+    mean, inv = _layer_moments(b, node, x, axes)
+    xhat = b.mul(b.op("Sub", x, mean), inv)
+    g, g_mean, g_inv = [*grads, None, None][:3]
+    y_shape = b.shape(node.outputs[0])
+    results = [None] * len(node.inputs)
+    if needs[0]:
+        results[0] = _layer_input_grad(b, x, scale, g, g_mean, g_inv, mean, inv, xhat, axes)
+    if g is not None and needs[1]:
+        results[1] = b.unbroadcast(b.mul(g, xhat), scale, y_shape)
+    if g is not None and bias is not None and needs[2]:
+        results[2] = b.unbroadcast(g, bias, y_shape)
+    return results
+
+
+def _layer_moments(b: GradBuilder, node, x: str, axes: list[int]) -> tuple[str, str]:
+    """The node's own Mean and InvStdDev outputs when it has them, else recomputed."""
+    outputs = node.outputs
+    if len(outputs) == 3 and outputs[1] and outputs[2]:
+        return cast_like(b, outputs[1], x), cast_like(b, outputs[2], x)
+    return _moments(b, x, axes, node.attr("epsilon", 1e-5))
+
+
+def _layer_input_grad(b, x, scale, g, g_mean, g_inv, mean, inv, xhat, axes) -> str | None:
+    parts = []
+    if g is not None:
+        parts.append(_normalized_input_grad(b, b.mul(g, scale), xhat, inv, axes))
+    if g_mean is not None or g_inv is not None:
+        through = cast_like(b, g_mean, x) if g_mean is not None else None
+        if g_inv is not None:
+            slope = b.mul(b.mul(cast_like(b, g_inv, x), b.mul(inv, inv)), xhat)
+            through = b.neg(slope) if through is None else b.op("Sub", through, slope)
+        through = b.mul(through, _inverse_count(b, x, mean, axes))
+        if g is None and g_inv is None:
+            through = b.op("Expand", through, b.shape_of(x))
+        parts.append(through)
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else b.add(*parts)
+
+
+def _inverse_count(b: GradBuilder, x: str, mean: str, axes: list[int]) -> str:
+    """``1 / D``, D the number of normalized elements per mean."""
+    shape = b.static_shape(x)
+    if shape is not None:
+        return b.const(1.0 / max(int(np.prod([shape[a] for a in axes])), 1), like=x)
+    count = b.op("Div", b.op("Size", x), b.op("Size", mean))
+    return b.op("Reciprocal", b.op("Cast", count, to=b.dtype(x)))
