@@ -31,7 +31,9 @@ class OrtDataLoader:
     ):
         self.X = _as_array(X, "X")
         self.y = _as_array(y, "y")
-        self.sample_weight = None if sample_weight is None else _as_array(sample_weight, "weight")
+        self.sample_weight = (
+            None if sample_weight is None else _as_array(sample_weight, "sample_weight")
+        )
         _check_lengths(self.X, self.y, self.sample_weight)
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an integer, got {batch_size!r}")

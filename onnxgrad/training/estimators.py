@@ -108,12 +108,12 @@ class BaseOrtOptimizer(ParamsMixin):
         on changed (a warm start keeps them and the runner)."""
         params = self.get_params(deep=True)
         key = (with_weight, repr({k: v for k, v in params.items() if k not in _RUN_PARAMS}))
-        cached = getattr(self, "_graphs_key", None)
+        cached = getattr(self, "_graphs_cache", None)
         if cached is None or cached[0] != key or cached[1] is not self.model_onnx:
             self.learning_rate_ = select_learning_rate(self.learning_rate).init_learning_rate()
             self.learning_penalty_ = select_learning_penalty(self.learning_penalty)
-            self._graphs_key = (key, self.model_onnx, self._build_graphs(model, with_weight))
-        return self._graphs_key[2]
+            self._graphs_cache = (key, self.model_onnx, self._build_graphs(model, with_weight))
+        return self._graphs_cache[2]
 
     def _loader(self, step: TrainStep, X, y, sample_weight, device) -> OrtDataLoader:
         model = step.model
@@ -183,10 +183,10 @@ class BaseOrtOptimizer(ParamsMixin):
         good = self._snapshot()
         epochs = range(self.max_iter)
         bar = _progress_bar(epochs) if self.verbose else None
+        sizes = _batch_sizes(len(loader), loader.batch_size)
         for epoch in bar if bar is not None else epochs:
             lr.update_learning_rate(self.t_)
             losses = self.runner_.run_epoch(loader, lr.value)
-            sizes = _batch_sizes(len(loader), loader.batch_size)
             if not (np.isfinite(losses).all() and self._weights_finite()):
                 self._diverged(good, losses)
                 return

@@ -45,17 +45,14 @@ class ElasticLearningPenalty(BaseLearningPenalty):
         terms = []
         for weight in weights:
             if self.l1:
-                terms.append(b.op("Mul", b.const(self.l1, elem_type, "l1"), _sum_abs(b, weight)))
+                absolute = b.reduce_sum(b.op("Abs", weight))
+                terms.append(b.op("Mul", b.const(self.l1, elem_type, "l1"), absolute))
             if self.l2:
                 squares = b.reduce_sum(b.op("Mul", weight, weight))
                 terms.append(b.op("Mul", b.const(self.l2, elem_type, "l2"), squares))
         if not terms:
             return None
         return terms[0] if len(terms) == 1 else b.op("Sum", *terms)
-
-
-def _sum_abs(b: StepBuilder, weight: str) -> str:
-    return b.reduce_sum(b.op("Abs", weight))
 
 
 def select_learning_penalty(penalty) -> BaseLearningPenalty:
