@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
+import onnxruntime as ort
 from google.protobuf.message import Error as ProtobufError
 from onnx import ModelProto
 from onnx.checker import ValidationError
@@ -40,6 +41,8 @@ from onnxgrad.training import (
 
 USAGE_ERROR = 2
 JOB_FAILED = 1
+#: onnxruntime's own log (fatal only): its failures reach the user as one-line errors.
+ORT_LOG_SEVERITY = 4
 
 
 class CommandError(Exception):
@@ -57,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    ort.set_default_logger_severity(ORT_LOG_SEVERITY)
     try:
         return args.run(args) or 0
     except KeyboardInterrupt:
