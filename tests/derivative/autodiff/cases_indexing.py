@@ -3,6 +3,7 @@ Trilu. Indices repeat on purpose where the op allows it (their gradients must ad
 
 import numpy as np
 
+from tests.derivative.autodiff.cases_unary import second_order
 from tests.derivative.autodiff.gradcheck import OpCase
 
 rng = np.random.default_rng(3)
@@ -100,3 +101,13 @@ TRILU = [
 # fmt: on
 
 CASES = SLICE + GATHER + SCATTER + TRILU
+
+SECOND_ORDER_IDS = {
+    "Slice-unit-steps-clamped", "Slice-unit-steps-axes", "Slice-negative-steps",
+    "Gather-axis0-scatternd", "Gather-axis1", "Gather-scalar-index", "GatherElements-axis1",
+    "GatherND-elements", "GatherND-batch1", "ScatterElements-none", "ScatterElements-add",
+    "ScatterElements-mul", "ScatterND-none", "ScatterND-add", "ScatterND-mul", "Trilu-lower",
+}  # fmt: skip
+SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
+assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
+CASES += SECOND_ORDER

@@ -8,6 +8,7 @@ the engine's unbroadcast computes them."""
 import numpy as np
 from onnx import helper
 
+from tests.derivative.autodiff.cases_unary import second_order
 from tests.derivative.autodiff.gradcheck import OpCase
 
 rng = np.random.default_rng(4)
@@ -124,3 +125,13 @@ CUMSUM = [
 # fmt: on
 
 CASES = SUM_MEAN + NORMS + EXTREMA_PROD + CUMSUM
+
+#: Not ReduceL2-zero-norm, ReduceMax-ties, ReduceProd-zeros: their gradients jump there.
+SECOND_ORDER_IDS = {
+    "ReduceSum-input-axes", "ReduceSum-all", "ReduceMean-input-axes",
+    "ReduceSumSquare-attr", "ReduceL1-all", "ReduceL2-attr", "ReduceLogSumExp-input-axes",
+    "ReduceMax-input-axes", "ReduceMin-all", "ReduceProd-attr", "CumSum-exclusive-reverse",
+}  # fmt: skip
+SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
+assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
+CASES += SECOND_ORDER

@@ -4,6 +4,7 @@ Tile, DepthToSpace, SpaceToDepth, Pad, Resize."""
 import numpy as np
 from onnx import helper
 
+from tests.derivative.autodiff.cases_unary import second_order
 from tests.derivative.autodiff.gradcheck import OpCase
 
 rng = np.random.default_rng(2)
@@ -155,3 +156,13 @@ RESIZE = [
 # fmt: on
 
 CASES = RESHAPE + CONCAT_SPLIT + EXPAND_TILE + DEPTH_SPACE + PAD + RESIZE
+
+SECOND_ORDER_IDS = {
+    "Reshape-13", "Flatten-axis-neg", "Transpose-perm", "Squeeze-input", "Unsqueeze-input",
+    "Concat-axis1", "Expand-broadcast", "Tile-13", "DepthToSpace-DCR", "DepthToSpace-CRD",
+    "SpaceToDepth", "Pad-constant-value", "Pad-axes", "Pad-reflect", "Resize-nearest-up2",
+    "Resize-nearest-every-axis", "Resize-linear-half-pixel", "Resize-cubic-sizes-axes",
+}  # fmt: skip
+SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
+assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
+CASES += SECOND_ORDER
