@@ -48,8 +48,7 @@ class LossModel:
     @property
     def data_inputs(self) -> tuple[str, ...]:
         """Inputs fed with one row per observation: features, label, sample weight."""
-        extra = (self.sample_weight,) if self.sample_weight else ()
-        return (*self.features, self.label, *extra)
+        return _data_inputs(self.features, self.label, self.sample_weight)
 
 
 @dataclass(frozen=True)
@@ -76,8 +75,8 @@ class TrainStep:
 
     @property
     def data_inputs(self) -> tuple[str, ...]:
-        extra = (self.sample_weight,) if self.sample_weight else ()
-        return (*self.features, self.label, *extra)
+        """Inputs fed with one row per observation: features, label, sample weight."""
+        return _data_inputs(self.features, self.label, self.sample_weight)
 
     def initial_state(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Fresh optimizer state for weights of these values (zeros, step counts...)."""
@@ -87,6 +86,10 @@ class TrainStep:
             shape = (1,) if like is None else np.shape(weights[like])
             state[name] = np.full(shape, value, dtype=dtype)
         return state
+
+
+def _data_inputs(features, label: str, sample_weight: str | None) -> tuple[str, ...]:
+    return (*features, label, *((sample_weight,) if sample_weight else ()))
 
 
 def make_loss_model(

@@ -89,7 +89,7 @@ class BaseOrtOptimizer(ParamsMixin):
         validation = self._validation_data(graphs.evaluation, X_val, y_val)
         if not continuing:
             self._start(model, graphs, device)
-        elif self.runner_.step is not graphs.train:
+        elif self.runner_.step is not graphs.train or self.device_ != device:
             self._switch_graphs(graphs, device)
         self._train(loader, validation)
         return self
@@ -125,12 +125,9 @@ class BaseOrtOptimizer(ParamsMixin):
             sample_weight = check_sample_weight(model, step.sample_weight, sample_weight, len(X))
         elif sample_weight is not None:
             raise ValueError("sample_weight is given but the model has no sample-weight input")
-        return OrtDataLoader(X, y, sample_weight, self.batch_size, device, self._rng())
-
-    def _rng(self) -> np.random.Generator:
-        if not hasattr(self, "_random_generator"):
-            self._random_generator = np.random.default_rng(self.random_state)
-        return self._random_generator
+        if not (self.warm_start and hasattr(self, "_shuffling")):
+            self._shuffling = np.random.default_rng(self.random_state)
+        return OrtDataLoader(X, y, sample_weight, self.batch_size, device, self._shuffling)
 
     def _validation_data(self, evaluation: LossModel, X_val, y_val):
         if X_val is None and y_val is None:
@@ -262,7 +259,8 @@ class BaseOrtOptimizer(ParamsMixin):
         )
 
     def score(self, X, y, sample_weight=None) -> float:
-        """The opposite of the mean loss on ``(X, y)`` (greater is better, as scikit-learn)."""
+        """The opposite of the training loss (penalty excepted) on ``(X, y)`` taken as one
+        batch: greater is better, as in scikit-learn."""
         return -self._evaluate(self._checked(X, y, sample_weight))
 
     def predict(self, X) -> np.ndarray:
