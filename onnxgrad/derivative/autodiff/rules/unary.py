@@ -129,12 +129,18 @@ def erf_grad(b, node, grads, needs):
 
 @register("Cast", since=13)
 def cast_grad(b, node, grads, needs):
-    return [b.op("Cast", grads[0], to=b.dtype(node.inputs[0]))]
+    source = b.dtype(node.inputs[0])
+    if source == node.attr("to"):
+        return [grads[0]]
+    return [b.op("Cast", grads[0], to=source)]
 
 
 @register("CastLike", since=15)
 def cast_like_grad(b, node, grads, needs):
-    return [b.op("CastLike", grads[0], node.inputs[0]), None]
+    x, target = node.inputs
+    if b.dtype(x) == b.dtype(target):
+        return [grads[0], None]
+    return [b.op("Cast", grads[0], to=b.dtype(x)), None]
 
 
 @register("Dropout", since=13)

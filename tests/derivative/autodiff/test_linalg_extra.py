@@ -1,0 +1,246 @@
+"""Checks of the native rules beyond the finite-difference table.
+
+* MatMul, Gemm and Einsum gradients against PyTorch's autograd, on shapes given as known,
+  symbolic and unknown dims, run by the inference-only onnxruntime;
+* the tie rule of Max/Min for more than two tied inputs (finite differences see a one-sided
+  average there, not a subgradient);
+* Dropout in training mode under onnxruntime, against the mask it drew;
+* the errors of the rules: they name the node, the equation or the attribute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper
+
+from onnxgrad import DerivativeOptions, onnx_derivative
+
+FLOAT = TensorProto.FLOAT
+
+
+def single_node_model(op_type, inputs, outputs=("y",), opset=18, initializers=(), **attrs):
+    """A model of one node; ``inputs`` maps names to shapes (``None``: unknown rank)."""
+    node = helper.make_node(op_type, list(inputs), list(outputs), name=f"the_{op_type}", **attrs)
+    graph = helper.make_graph(
+        [node],
+        "single",
+        [helper.make_tensor_value_info(n, FLOAT, s) for n, s in inputs.items() if s != "init"],
+        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs],
+        list(initializers),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+    inferred = {o.name: o.type for o in onnx.shape_inference.infer_shapes(model).graph.output}
+    for output in model.graph.output:
+        output.type.CopyFrom(inferred[output.name])
+    return model
+
+
+def run_ort(model, feeds):
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feeds)))
+
+
+def native_gradients(model, values: dict, seed: np.ndarray) -> dict:
+    grad_model = onnx_derivative(model, weights=[], backend="onnx")
+    return run_ort(grad_model, {**values, "y_grad": seed})
+
+
+def torch_gradients(torch, function, values: dict, seed: np.ndarray) -> dict:
+    tensors = {k: torch.tensor(v, requires_grad=True) for k, v in values.items()}
+    function(*tensors.values()).backward(torch.tensor(seed))
+    return {f"{k}_grad": t.grad.numpy() for k, t in tensors.items()}
+
+
+def dims(shape, mode):
+    """The declared shape of a graph input: known, symbolic (one name per axis) or unknown."""
+    if mode == "known":
+        return list(shape)
+    if mode == "symbolic":
+        return [f"d{k}_{n}" for k, n in enumerate(shape)]
+    return [None] * len(shape)
+
+
+def compare(torch, op_type, function, values, mode, opset=18, **attrs):
+    rng = np.random.default_rng(0)
+    model = single_node_model(
+        op_type, {k: dims(v.shape, mode) for k, v in values.items()}, opset=opset, **attrs
+    )
+    expected_output = function(*(torch.tensor(v) for v in values.values())).numpy()
+    seed = rng.standard_normal(expected_output.shape).astype(np.float32)
+    got = native_gradients(model, values, seed)
+    expected = torch_gradients(torch, function, values, seed)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def random_inputs(*shapes, seed=1):
+    rng = np.random.default_rng(seed)
+    return {f"x{k}": rng.standard_normal(s).astype(np.float32) for k, s in enumerate(shapes)}
+
+
+MODES = ["known", "symbolic", "unknown"]
+
+MATMUL_SHAPES = [
+    ((4,), (4,)),
+    ((4,), (4, 3)),
+    ((5, 4), (4,)),
+    ((4,), (2, 4, 3)),
+    ((2, 5, 4), (4,)),
+    ((5, 4), (4, 3)),
+    ((2, 5, 4), (4, 3)),
+    ((5, 4), (2, 4, 3)),
+    ((2, 1, 5, 4), (3, 4, 2)),
+    ((1, 5, 4), (2, 4, 3)),
+    ((3, 2, 5, 4), (2, 4, 3)),
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES, ids=str)
+def test_matmul_against_torch(shapes, mode):
+    torch = pytest.importorskip("torch")
+    compare(torch, "MatMul", torch.matmul, random_inputs(*shapes), mode)
+
+
+GEMM_SETTINGS = [
+    ({}, (5,)),
+    ({"transA": 1}, (3, 1)),
+    ({"transB": 1, "alpha": 0.5}, ()),
+    ({"transA": 1, "transB": 1, "beta": -2.0}, (3, 5)),
+    ({"alpha": 3.0, "beta": 0.5}, (1, 5)),
+    ({"transB": 1}, None),
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("attrs, c_shape", GEMM_SETTINGS, ids=str)
+def test_gemm_against_torch(attrs, c_shape, mode):
+    torch = pytest.importorskip("torch")
+    a_shape = (4, 3) if attrs.get("transA") else (3, 4)
+    b_shape = (5, 4) if attrs.get("transB") else (4, 5)
+    shapes = [a_shape, b_shape] if c_shape is None else [a_shape, b_shape, c_shape]
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+
+    def gemm(a, b, c=None):
+        a = a.T if attrs.get("transA") else a
+        b = b.T if attrs.get("transB") else b
+        return alpha * a @ b + (0 if c is None else beta * c)
+
+    compare(torch, "Gemm", gemm, random_inputs(*shapes), mode, **attrs)
+
+
+EINSUM_SETTINGS = [
+    ("ij,jk->ik", [(3, 4), (4, 2)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
+    ("ij,kj->", [(3, 4), (2, 4)]),
+    ("i,i", [(4,), (4,)]),
+    ("ijk->ki", [(2, 3, 4)]),
+    ("ii->i", [(3, 3)]),
+    ("iij->j", [(3, 3, 2)]),
+    ("iji,jk->ik", [(3, 2, 3), (2, 4)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (1, 3, 4, 2)]),
+    ("b...,b->...", [(3, 2, 4), (3,)]),
+    ("...i,...i->...", [(1, 4), (3, 4)]),
+    ("aB,Ba->", [(2, 3), (3, 2)]),
+]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("equation, shapes", EINSUM_SETTINGS, ids=[e for e, _ in EINSUM_SETTINGS])
+def test_einsum_against_torch(equation, shapes, mode):
+    torch = pytest.importorskip("torch")
+
+    def einsum(*operands):
+        return torch.einsum(equation, *operands)
+
+    compare(torch, "Einsum", einsum, random_inputs(*shapes), mode, equation=equation)
+
+
+@pytest.mark.parametrize("op_type", ["Max", "Min"])
+def test_extremum_splits_ties_equally(op_type):
+    values = {
+        "a": np.array([1.0, 2.0, 5.0, 0.0], np.float32),
+        "b": np.array([1.0, 3.0, 5.0, 0.0], np.float32),
+        "c": np.array([1.0, 2.0, 4.0, 0.0], np.float32),
+        "d": np.array([1.0, 2.0, 5.0, -1.0], np.float32),
+    }
+    if op_type == "Min":
+        values = {k: -v for k, v in values.items()}
+    model = single_node_model(op_type, {k: [4] for k in values})
+    seed = np.array([4.0, 3.0, 6.0, 5.0], np.float32)
+    got = native_gradients(model, values, seed)
+    stacked = np.stack(list(values.values()))
+    winners = stacked == (stacked.max(0) if op_type == "Max" else stacked.min(0))
+    for k, name in enumerate(values):
+        np.testing.assert_allclose(got[f"{name}_grad"], seed * winners[k] / winners.sum(0))
+
+
+@pytest.mark.parametrize("ratio", [None, 0.25])
+def test_dropout_training_mode_in_onnxruntime(ratio):
+    """``x_bar = y_bar * mask / (1 - ratio)`` with the mask onnxruntime drew (ratio 0.5 when
+    omitted), checked in one run of the gradient graph that keeps the outputs."""
+    inits = [helper.make_tensor("mode", TensorProto.BOOL, [], [True])]
+    if ratio is not None:
+        inits.append(helper.make_tensor("ratio", FLOAT, [], [ratio]))
+    model = single_node_model(
+        "Dropout",
+        {"x": [3, 40], "ratio" if ratio is not None else "": "init", "mode": "init"},
+        outputs=("y", "mask"),
+        opset=13,
+        initializers=inits,
+    )
+    grad_model = onnx_derivative(
+        model, weights=[], inputs=["x"], options=DerivativeOptions.KeepOutputs, backend="onnx"
+    )
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    seed = rng.standard_normal((3, 40)).astype(np.float32)
+    got = run_ort(grad_model, {"x": x, "y_grad": seed, "mask_grad": np.zeros((3, 40), bool)})
+    mask = got["mask"]
+    assert 0 < mask.sum() < mask.size
+    scale = 1 / (1 - (0.5 if ratio is None else ratio))
+    np.testing.assert_allclose(got["x_grad"], seed * mask * scale, rtol=1e-6)
+
+
+def test_dropout_training_mode_without_mask_names_the_node():
+    model = single_node_model(
+        "Dropout",
+        {"x": [3, 4], "": "init", "mode": "init"},
+        initializers=[helper.make_tensor("mode", TensorProto.BOOL, [], [True])],
+    )
+    with pytest.raises(NotImplementedError, match=r"the_Dropout.*mask"):
+        onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
+
+
+def test_matmul_of_unknown_rank_names_the_node():
+    model = single_node_model("MatMul", {"a": None, "b": None})
+    with pytest.raises(NotImplementedError, match=r"the_MatMul.*rank"):
+        onnx_derivative(model, weights=[], backend="onnx")
+
+
+def test_einsum_ellipsis_of_unknown_rank_names_the_equation():
+    model = single_node_model("Einsum", {"a": None, "b": [3, 2]}, equation="...ij,jk->...ik")
+    with pytest.raises(NotImplementedError, match=r"the_Einsum.*\.\.\.ij,jk->\.\.\.ik"):
+        onnx_derivative(model, weights=[], backend="onnx")
+
+
+def test_einsum_bad_equation_names_it():
+    model = single_node_model("Einsum", {"a": [2, 3], "b": [3, 2]}, equation="ij,j1->i")
+    with pytest.raises(ValueError, match=r"the_Einsum.*ij,j1->i"):
+        onnx_derivative(model, weights=[], backend="onnx")
+
+
+def test_gelu_unknown_approximation_names_the_attribute():
+    model = single_node_model("Gelu", {"x": [2, 3]}, opset=20, approximate="sigmoid")
+    with pytest.raises(NotImplementedError, match=r"the_Gelu.*approximate"):
+        onnx_derivative(model, weights=[], backend="onnx")
