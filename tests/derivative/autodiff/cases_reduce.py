@@ -1,5 +1,5 @@
 """Rule table entries: ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2,
-ReduceLogSumExp, ReduceMax, ReduceMin, ReduceProd, CumSum.
+ReduceLogSumExp, ReduceLogSum, ReduceMax, ReduceMin, ReduceProd, CumSum.
 
 Axes as attributes (ReduceSum before opset 13, the others before 18) and as inputs,
 negative, omitted, empty with ``noop_with_empty_axes``, and computed at run time the way
@@ -21,6 +21,10 @@ def r(*shape):
 def away_from_zero(*shape):
     """Entries of magnitude in [0.5, 1.5] with random signs (|x| and ReduceL1 have a kink at 0)."""
     return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
+
+
+def positive(*shape):
+    return rng.uniform(0.5, 2.0, shape)
 
 
 def distinct(*shape):
@@ -94,6 +98,10 @@ NORMS = [
            id="ReduceLogSumExp-attr"),
     OpCase("ReduceLogSumExp", {"x": r(2, 3, 2), "axes": i64(0, -1)}, opset=18,
            id="ReduceLogSumExp-input-axes"),
+    OpCase("ReduceLogSum", {"x": positive(2, 3)}, {"axes": [0], "keepdims": 0}, opset=13,
+           id="ReduceLogSum-attr"),
+    OpCase("ReduceLogSum", {"x": positive(3, 2), "axes": i64(-1)}, opset=18,
+           id="ReduceLogSum-input-axes"),
 ]
 
 EXTREMA_PROD = [
@@ -130,6 +138,7 @@ CASES = SUM_MEAN + NORMS + EXTREMA_PROD + CUMSUM
 SECOND_ORDER_IDS = {
     "ReduceSum-input-axes", "ReduceSum-all", "ReduceMean-input-axes",
     "ReduceSumSquare-attr", "ReduceL1-all", "ReduceL2-attr", "ReduceLogSumExp-input-axes",
+    "ReduceLogSum-input-axes",
     "ReduceMax-input-axes", "ReduceMin-all", "ReduceProd-attr", "CumSum-exclusive-reverse",
 }  # fmt: skip
 SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]

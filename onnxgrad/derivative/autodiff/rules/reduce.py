@@ -5,7 +5,8 @@ likewise; both broadcast against ``x``:
 
 * ReduceSum: ``x_bar = expand(g)``; ReduceMean: ``x_bar = expand(g / n)``, ``n = |x| / |y|``
 * ReduceSumSquare: ``2 x g``; ReduceL1: ``sign(x) g``; ReduceL2: ``x g / y`` (0 where
-  ``y = 0``, the subgradient PyTorch picks); ReduceLogSumExp: ``g exp(x - y)``
+  ``y = 0``, the subgradient PyTorch picks); ReduceLogSumExp: ``g exp(x - y)``;
+  ReduceLogSum: ``g exp(-y)``
 * ReduceMax, ReduceMin: ``g m / sum(m)`` with ``m = (x == y)``: tied extrema share the
   gradient equally
 * ReduceProd: ``g prod_{j != i} x_j``, from the product of the non-zero elements, so zeros
@@ -117,6 +118,13 @@ def reduce_log_sum_exp_grad(b, node, grads, needs):
     x, axes, g = _inputs(b, node, grads)
     y = _restore(b, node, axes, node.outputs[0])
     return [b.op("Mul", g, b.op("Exp", b.op("Sub", x, y)))]
+
+
+@register("ReduceLogSum", since=11)
+def reduce_log_sum_grad(b, node, grads, needs):
+    x, axes, g = _inputs(b, node, grads)
+    y = _restore(b, node, axes, node.outputs[0])
+    return [expand_like(b, b.op("Div", g, b.op("Exp", y)), x)]
 
 
 @register("ReduceMax", "ReduceMin", since=11)

@@ -14,8 +14,8 @@
   Reflect, edge and wrap modes: each output copies one input element, whose flat index is
   found by padding an index grid the same way; ``x_bar`` is the scatter-add of ``y_bar``
   at those indices (opset >= 16)
-* Resize: nearest (opset >= 16) by the same index-grid scatter-add; otherwise through the
-  per-axis interpolation matrices (see :func:`_separable_resize_grad`)
+* Resize: through per-axis interpolation matrices, or for nearest by the same index-grid
+  scatter-add (see :func:`resize_grad`)
 """
 
 from __future__ import annotations
@@ -212,17 +212,34 @@ _RESIZE_ATTRIBUTES = (
 
 @register("Resize", since=13)
 def resize_grad(b, node, grads, needs):
+    """Two constructions, both following the runtime's own Resize for every mode, rounding
+    and coordinate transformation:
+
+    * per-axis interpolation matrices (:func:`_separable_resize_grad`), used when the
+      resized axes are known: the ``axes`` attribute, a 1-D or 2-D input, or an
+      ``N x C x ...`` input whose two outer sizes provably do not change (they are then
+      taken as not resized; unknown outer sizes are assumed unchanged for linear and cubic
+      modes, what exporters emit and what onnxruntime requires there);
+    * otherwise, for nearest (opset >= 16), the index-grid scatter-add
+      (:func:`_nearest_resize_grad`), exact on every axis but slower.
+    """
     if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
         raise unsupported(node, "coordinate_transformation_mode='tf_crop_and_resize'")
     mode = node.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
         raise unsupported(node, f"mode={mode!r}")
-    if mode == "nearest" and node.opset >= 16:
+    rank = require_rank(b, node.inputs[0], node)
+    positions = _known_resized_axes(b, node, rank)
+    if positions is None and mode == "nearest" and node.opset >= 16:
         return [_nearest_resize_grad(b, node, grads[0])]
     policy = node.attr("keep_aspect_ratio_policy", "stretch")
-    if policy != "stretch":
+    if policy != "stretch" and (mode != "nearest" or node.opset < 16):
         raise unsupported(node, f"mode={mode!r} and keep_aspect_ratio_policy={policy!r}")
-    return [_separable_resize_grad(b, node, grads[0])]
+    if policy != "stretch":
+        return [_nearest_resize_grad(b, node, grads[0])]
+    if positions is None:
+        positions = _spatial_axes(b, node, rank)
+    return [_separable_resize_grad(b, node, grads[0], positions)]
 
 
 def _nearest_resize_grad(b, node, g: str) -> str:
@@ -236,19 +253,14 @@ def _nearest_resize_grad(b, node, g: str) -> str:
     return scatter_flat(b, x, sources, g, reduction="add")
 
 
-def _separable_resize_grad(b, node, g: str) -> str:
+def _separable_resize_grad(b, node, g: str, positions: dict[int, int]) -> str:
     """Resize is linear and separable: along each resized axis ``a``, ``y = W_a x`` with an
     ``m_a x n_a`` interpolation matrix. ``W_a^T`` is obtained by resizing the identity
-    ``I_{n_a}`` along its second axis with the node's own settings (so every mode, rounding
-    and coordinate transformation follows the runtime's Resize), then contracted with
-    ``y_bar`` along ``a``: ``x_bar = y_bar x_1 W_1^T ... x_k W_k^T``.
-
-    Without the ``axes`` attribute the resized axes are taken to be the spatial ones (every
-    axis of a 1-D or 2-D input, axes ``2..`` of an ``N x C x ...`` input, what exporters
-    emit and what onnxruntime's linear and cubic modes require)."""
+    ``I_{n_a}`` along its second axis with the node's own settings, then contracted with
+    ``y_bar`` along ``a``: ``x_bar = y_bar x_1 W_1^T ... x_k W_k^T`` (``positions``:
+    ``{axis: its index in scales/sizes}``)."""
     x, y = node.inputs[0], node.outputs[0]
-    rank = require_rank(b, x, node)
-    positions = _resized_axes(b, node, rank)
+    rank = b.rank(x)
     flattened = False
     for axis in sorted(positions, reverse=True):
         matrix = _interpolation_matrix(b, node, axis, positions[axis])
@@ -264,18 +276,27 @@ def _separable_resize_grad(b, node, g: str) -> str:
     return reshape_like(b, g, x) if flattened else g
 
 
-def _resized_axes(b, node, rank: int) -> dict[int, int]:
-    """``{axis: its position in scales/sizes}`` for every axis the gradient contracts."""
+def _known_resized_axes(b, node, rank: int) -> dict[int, int] | None:
+    """``{axis: its index in scales/sizes}`` when the axes to contract are known."""
     listed = node.attr("axes")
     if listed is not None:
         return {normalize_axis(a, rank): i for i, a in enumerate(listed)}
-    fixed = range(2) if rank >= 3 else range(0)
+    if rank <= 2:
+        return {a: a for a in range(rank)}
     x_shape, y_shape = b.shape(node.inputs[0]), b.shape(node.outputs[0])
-    for axis in fixed:
-        before, after = x_shape[axis], (y_shape or [None] * rank)[axis]
+    if y_shape is None or any(x_shape[a] is None or x_shape[a] != y_shape[a] for a in (0, 1)):
+        return None
+    return {a: a for a in range(2, rank)}
+
+
+def _spatial_axes(b, node, rank: int) -> dict[int, int]:
+    """Axes ``2..``, after checking that the outer sizes do not visibly change."""
+    x_shape, y_shape = b.shape(node.inputs[0]), b.shape(node.outputs[0]) or [None] * rank
+    for axis in (0, 1):
+        before, after = x_shape[axis], y_shape[axis]
         if isinstance(before, int) and isinstance(after, int) and before != after:
             raise unsupported(node, f"axis {axis} resized (only spatial axes 2.. are)")
-    return {a: a for a in range(rank) if a not in fixed}
+    return {a: a for a in range(2, rank)}
 
 
 def _interpolation_matrix(b, node, axis: int, position: int) -> str:
