@@ -117,6 +117,11 @@ class BaseOrtOptimizer(ParamsMixin):
 
     def _loader(self, step: TrainStep, X, y, sample_weight, device) -> OrtDataLoader:
         model = step.model
+        if len(step.features) != 1:
+            raise ValueError(
+                f"the model has several inputs {list(step.features)}, fit feeds only one "
+                "feature matrix X"
+            )
         X = check_features(model, step.features[0], X)
         y = check_labels(model, step.label, y, X.shape[0])
         if step.sample_weight is not None:

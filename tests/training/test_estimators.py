@@ -202,6 +202,14 @@ def test_warm_start_continues_where_it_stopped():
     assert cold.train_losses_ == pytest.approx(once.train_losses_[:5], rel=1e-6)
 
 
+def test_both_gradient_backends_train_the_same_weights():
+    X, y = linear_data()
+    native = linear_estimator(max_iter=4).fit(X, y)
+    builder = linear_estimator(max_iter=4, backend="ort").fit(X, y)
+    for name, value in native.get_full_state().items():
+        np.testing.assert_allclose(builder.get_full_state()[name], value, rtol=1e-5, atol=1e-6)
+
+
 def test_ort_gradient_optimizer_solves_least_squares():
     X, y = linear_data(n=80)
     reference = LinearRegression().fit(X, y)
