@@ -141,7 +141,9 @@ def _transpose_pads(b, node, k, x_sizes, ext, strides, output_padding) -> tuple[
         natural = vadd(b, vmul(b, vsub(b, x_sizes, 1), s), vadd(b, output_padding, ext))
         total = vsub(b, natural, target)
         if isinstance(total, tuple) and min(total) < 0:
-            raise unsupported(node, f"output_shape {list(target)} exceeds the full output")
+            raise unsupported(
+                node, f"output_shape {list(target)} exceeds the full output (runtimes disagree)"
+            )
         return same_pads(b, "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER", total)
     if auto_pad == "VALID":
         return (0,) * k, (0,) * k

@@ -52,7 +52,7 @@ def _moments(b: GradBuilder, x: str, axes: list[int], epsilon: float) -> tuple[s
 @register("BatchNormalization", since=13)
 def batch_normalization_grad(b, node, grads, needs):
     if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
-        raise unsupported(node, "training mode (batch statistics) is not differentiated")
+        raise unsupported(node, "training_mode=1 (batch statistics, running-mean outputs)")
     g = grads[0]
     x, scale, bias, mean, var = node.inputs
     rank = tensor_rank(b, node, x)
