@@ -230,6 +230,8 @@ def einsum_grad(b, node, grads, needs):
     (g,) = grads
     where = f"Einsum node {node.name or node.outputs[0]!r}"
     equation = node.attr("equation")
+    if not equation:
+        raise ValueError(f"{where} has no 'equation' attribute")
     spec = EinsumSpec.parse(equation, [b.rank(x) for x in node.inputs], where)
     return [
         einsum_operand_grad(b, spec, node.inputs, node.outputs[0], g, i, where) if need else None
