@@ -31,15 +31,16 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     model = request.model
     opset = default_opset(model)
     sources = [*request.inputs, *request.weights]
-    _free_names(model, request, [f"{x}_grad" for x in sources])
+    renames = _free_names(model, request, [f"{x}_grad" for x in sources])
+    original_names = {new: old for old, new in renames.items()}
     types = infer_value_types(model)
     graph = model.graph
-    scope = NameScope(all_names(graph))
+    scope = NameScope(all_names(graph) | {node.name for node in graph.node})
     for name in (f"{x}_grad" for x in sources):
         scope.reserve(name)
 
     engine = Engine(graph, types, opset, scope)
-    seed_inputs, seeds = _seed_output_gradients(engine, request, types)
+    seed_inputs, seeds = _seed_output_gradients(engine, request, types, original_names)
     gradients = engine.gradients(sources, seeds)
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
@@ -89,7 +90,7 @@ def _dim(dim) -> int | str | None:
     return dim.dim_param or None
 
 
-def _free_names(model: ModelProto, request: DerivativeRequest, names: list[str]) -> None:
+def _free_names(model: ModelProto, request: DerivativeRequest, names: list[str]) -> dict:
     """Make ``names`` (the new outputs and seed inputs) free in ``model``.
 
     An intermediate value already called so (typically ``w_grad`` when a gradient graph is
@@ -115,6 +116,7 @@ def _free_names(model: ModelProto, request: DerivativeRequest, names: list[str])
     renames = {n: scope.unique(f"{n}_fw") for n in wanted if n in existing}
     if renames:
         rename_values(graph, renames)
+    return renames
 
 
 def rename_values(graph: GraphProto, renames: dict[str, str]) -> None:
@@ -129,7 +131,10 @@ def rename_values(graph: GraphProto, renames: dict[str, str]) -> None:
 
 
 def _seed_output_gradients(
-    engine: Engine, request: DerivativeRequest, types: dict[str, ValueType]
+    engine: Engine,
+    request: DerivativeRequest,
+    types: dict[str, ValueType],
+    original_names: dict[str, str],
 ) -> tuple[list[ValueInfoProto], dict[str, str]]:
     """Graph inputs ``<output>_grad`` (``Zero``) or constant seeds (``FillGrad``, ``Loss``)."""
     outputs = list(request.model.graph.output)
@@ -141,7 +146,7 @@ def _seed_output_gradients(
         return [], {o.name: _ones_like(engine, o.name, types) for o in outputs}
     seed_inputs, seeds = [], {}
     for output in outputs:
-        name = f"{output.name}_grad"
+        name = f"{original_names.get(output.name, output.name)}_grad"
         if name in engine.emitter.scope:
             raise ValueError(f"cannot add the input {name!r}: the name is already used")
         engine.emitter.scope.reserve(name)

@@ -134,7 +134,13 @@ def test_native_gradient_equals_torch_autograd(name, dynamo):
     out_grads = [torch.randn_like(o) for o in outputs]
     _, expected = torch_gradients(module, inputs, out_grads)
 
-    weights = [i.name for i in model.graph.initializer if i.name in expected]
+    parameters = dict(module.named_parameters())
+    weights = [
+        i.name
+        for i in model.graph.initializer
+        if i.name in parameters
+        and np.array_equal(onnx.numpy_helper.to_array(i), parameters[i.name].detach().numpy())
+    ]  # an exporter may fold BatchNormalization into a conv weight and keep its name
     grad_model = onnx_derivative(model, weights=weights)
     assert {n.domain for n in grad_model.graph.node} <= {""}
     feeds = {f"x{i}": t.numpy() for i, t in enumerate(inputs)}
@@ -151,7 +157,7 @@ def test_native_gradient_equals_torch_autograd(name, dynamo):
     )
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     checked = [n for n in expected if f"{n}_grad" in got]
-    assert len(checked) >= len(expected) // 2, f"too few weights kept their names: {checked}"
+    assert len(checked) >= len(expected) // 2, f"too few weights kept their values: {checked}"
     for key in checked:
         np.testing.assert_allclose(
             got[f"{key}_grad"], expected[key], rtol=2e-4, atol=2e-5, err_msg=f"{name}: {key}"
