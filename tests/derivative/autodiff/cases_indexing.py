@@ -2,6 +2,7 @@
 Trilu. Indices repeat on purpose where the op allows it (their gradients must add up)."""
 
 import numpy as np
+from onnx import helper
 
 from tests.derivative.autodiff.cases_unary import second_order
 from tests.derivative.autodiff.gradcheck import OpCase
@@ -21,6 +22,16 @@ def idx(values, dtype=np.int64):
     return np.array(values, dtype=dtype)
 
 
+def _slice_with_runtime_steps(inputs, outputs):
+    """Slice whose ``steps`` (2) are computed in the graph, unknown while building."""
+    minus_two = helper.make_tensor("minus_two", 7, [1], [-2])
+    return [
+        helper.make_node("Constant", [], ["minus_two"], value=minus_two),
+        helper.make_node("Neg", ["minus_two"], ["steps"]),
+        helper.make_node("Slice", [*inputs, "steps"], outputs),
+    ]
+
+
 # fmt: off
 SLICE = [
     OpCase("Slice", {"x": r(4, 5), "starts": i64(1, -4), "ends": i64(3, 100)}, opset=13,
@@ -35,6 +46,10 @@ SLICE = [
                      "steps": i64(2)}, opset=18, id="Slice-steps-axes-omitted"),
     OpCase("Slice", {"x": r(3, 4), "starts": i64(0, 1), "ends": i64(2, 3)}, opset=11,
            id="Slice-opset11"),
+    OpCase("Slice", {"x": r(3, 5), "starts": i64(0, 1), "ends": i64(2, -1), "axes": i64(0, 1),
+                     "steps": i64(1, 1)}, opset=13, id="Slice-unit-steps-given"),
+    OpCase("Slice", {"x": r(2, 7), "starts": i64(1), "ends": i64(7), "axes": i64(1)}, opset=18,
+           graph=_slice_with_runtime_steps, id="Slice-runtime-steps"),
 ]
 
 GATHER = [
@@ -104,6 +119,7 @@ CASES = SLICE + GATHER + SCATTER + TRILU
 
 SECOND_ORDER_IDS = {
     "Slice-unit-steps-clamped", "Slice-unit-steps-axes", "Slice-negative-steps",
+    "Slice-unit-steps-given",
     "Gather-axis0-scatternd", "Gather-axis1", "Gather-scalar-index", "GatherElements-axis1",
     "GatherND-elements", "GatherND-batch1", "ScatterElements-none", "ScatterElements-add",
     "ScatterElements-mul", "ScatterND-none", "ScatterND-add", "ScatterND-mul", "Trilu-lower",

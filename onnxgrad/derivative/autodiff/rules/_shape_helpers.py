@@ -29,6 +29,19 @@ def require_rank(b, name: str, node) -> int:
     return rank
 
 
+def constant_ints(b, name: str | None) -> list[int] | None:
+    """The values of an integer tensor known while the gradient is built (an initializer or
+    a ``Constant`` output), flattened; ``None`` when unknown.
+
+    Rules use it to pick leaner graphs (a Slice with unit ``steps`` has a Pad for gradient).
+    The lookup is the builder's ``constant_value(name) -> ndarray | None``; a builder
+    without it knows no values and the rules fall back to their general graphs.
+    """
+    lookup = getattr(b, "constant_value", None)
+    value = None if name is None or lookup is None else lookup(name)
+    return None if value is None else [int(v) for v in np.asarray(value).ravel()]
+
+
 def normalize_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 

@@ -23,6 +23,7 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     arange,
     as_tensor,
     cast_like,
+    constant_ints,
     filled,
     index_grid,
     normalize_axis,
@@ -45,10 +46,38 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
 def slice_grad(b, node, grads, needs):
     (g,) = grads
     x = node.inputs[0]
-    if node.input(4) is None:
+    if _has_unit_steps(b, node):
+        static_pads = _static_slice_pads(b, node)
+        if static_pads is not None:
+            return [b.op("Pad", g, b.ints(static_pads))]
         return [_slice_grad_by_pad(b, node, g)]
     sources = b.op("Slice", index_grid(b, x), *node.inputs[1:])
     return [scatter_flat(b, x, sources, g)]
+
+
+def _has_unit_steps(b, node) -> bool:
+    steps = node.input(4)
+    if steps is None:
+        return True
+    values = constant_ints(b, steps)
+    return values is not None and all(v == 1 for v in values)
+
+
+def _static_slice_pads(b, node) -> list[int] | None:
+    """The pads of the unit-step gradient when the shape and every bound are known."""
+    shape = b.static_shape(node.inputs[0])
+    starts, ends = constant_ints(b, node.inputs[1]), constant_ints(b, node.inputs[2])
+    axes = constant_ints(b, node.input(3)) if node.input(3) else list(range(len(starts or [])))
+    if shape is None or starts is None or ends is None or axes is None:
+        return None
+    pads = [0] * (2 * len(shape))
+    for axis, start, end in zip(axes, starts, ends):
+        axis = normalize_axis(axis, len(shape))
+        size = shape[axis]
+        start = min(max(start + size if start < 0 else start, 0), size)
+        end = max(min(max(end + size if end < 0 else end, 0), size), start)
+        pads[axis], pads[axis + len(shape)] = start, size - end
+    return pads
 
 
 def _slice_grad_by_pad(b, node, g: str) -> str:
