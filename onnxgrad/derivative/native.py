@@ -18,12 +18,13 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     make_model_like,
     np_dtype,
-    subgraphs,
 )
 from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
 from onnxgrad.derivative.autodiff.builder import ValueType
-from onnxgrad.derivative.autodiff.engine import Engine, node_inputs
+from onnxgrad.derivative.autodiff.engine import Engine
 from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.graph._scopes import node_inputs
+from onnxgrad.graph.names import rename_values
 
 
 def native_derivative(request: DerivativeRequest) -> ModelProto:
@@ -117,17 +118,6 @@ def _free_names(model: ModelProto, request: DerivativeRequest, names: list[str])
     if renames:
         rename_values(graph, renames)
     return renames
-
-
-def rename_values(graph: GraphProto, renames: dict[str, str]) -> None:
-    """Rename values everywhere in ``graph`` and its subgraphs (outer-scope references too)."""
-    for node in graph.node:
-        node.input[:] = [renames.get(n, n) for n in node.input]
-        node.output[:] = [renames.get(n, n) for n in node.output]
-        for sub in subgraphs(node):
-            rename_values(sub, renames)
-    for info in [*graph.output, *graph.value_info]:
-        info.name = renames.get(info.name, info.name)
 
 
 def _seed_output_gradients(

@@ -13,9 +13,10 @@ from collections.abc import Iterable, Sequence
 
 from onnx import GraphProto, NodeProto
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, subgraphs
+from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView, ValueType
 from onnxgrad.derivative.autodiff.registry import Rule, find_rule, has_zero_gradient
+from onnxgrad.graph._scopes import node_inputs
 
 
 class Engine:
@@ -133,20 +134,3 @@ class Engine:
     def _prefix(self, node: NodeProto) -> str:
         base = node.name or f"{node.op_type}_{node.output[0]}"
         return f"{base}_Grad/"
-
-
-def node_inputs(node: NodeProto) -> list[str]:
-    """Explicit inputs plus the outer-scope names its subgraphs read."""
-    names = [n for n in node.input if n]
-    for graph in subgraphs(node):
-        names.extend(_outer_names(graph))
-    return names
-
-
-def _outer_names(graph: GraphProto) -> set[str]:
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(node_inputs(node))
-        defined.update(node.output)
-    return used - defined
