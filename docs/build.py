@@ -19,6 +19,7 @@ import argparse
 import csv
 import html
 import json
+import os
 import re
 import shutil
 import sys
@@ -96,8 +97,8 @@ def render_guides(output: Path) -> list[str]:
         text = source.read_text(encoding="utf-8")
         if source.name == "benchmarks.md":
             text = with_benchmark_results(text, RESULTS)
-        text = _relink(text, source)
-        broken += [f"{source.name}: {link}" for link in _broken_links(text, source, output)]
+        broken += [f"{source.name}: {link}" for link in _broken_links(text, source)]
+        text = _relink(text, source, output)
         extras = {k: v for k, v in markdown_extensions.items() if k != "link-patterns"}
         body = markdown2.markdown(text, extras=extras)
         nav = " ".join(
@@ -120,28 +121,28 @@ def _pdoc_css(name: str) -> str:
 _LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 
 
-def _relink(text: str, source: Path) -> str:
-    """Point links to guides at their HTML pages (``concepts.md`` -> ``concepts.html``)."""
+def _relink(text: str, source: Path, output: Path) -> str:
+    """Point links to guides at their HTML pages (``concepts.md`` -> ``concepts.html``) and
+    other relative links at the repository's files, seen from ``output``."""
     guides = {s.resolve(): page_name(s) for s, _ in GUIDES}
 
     def replace(match: re.Match) -> str:
         target, anchor = match.group(1), match.group(2) or ""
-        if "://" in target:
+        if "://" in target or target.startswith(("mailto:", "api/")):
             return match.group(0)
-        page = guides.get((source.parent / target).resolve())
-        return f"]({page}{anchor})" if page else match.group(0)
+        path = (source.parent / target).resolve()
+        page = guides.get(path) or Path(os.path.relpath(path, output)).as_posix()
+        return f"]({page}{anchor})"
 
     return _LINK.sub(replace, text)
 
 
-def _broken_links(text: str, source: Path, output: Path) -> list[str]:
-    pages = {page_name(s) for s, _ in GUIDES}
+def _broken_links(text: str, source: Path) -> list[str]:
+    """Relative links of ``text`` (a guide at ``source``) to files that do not exist."""
     broken = []
     for match in _LINK.finditer(text):
         target = match.group(1)
-        if "://" in target or target.startswith("mailto:"):
-            continue
-        if target in pages or target.startswith("api/"):
+        if "://" in target or target.startswith(("mailto:", "api/")):
             continue
         if not (source.parent / target).exists():
             broken.append(target)
