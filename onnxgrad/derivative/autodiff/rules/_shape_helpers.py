@@ -29,6 +29,13 @@ def require_rank(b, name: str, node) -> int:
     return rank
 
 
+def unsupported(node, what: str) -> NotImplementedError:
+    """The error of an attribute setting a rule does not differentiate."""
+    return NotImplementedError(
+        f"no gradient for {node.op_type} node {node.name or '<unnamed>'!r} with {what}"
+    )
+
+
 def constant_ints(b, name: str | None) -> list[int] | None:
     """The values of an integer tensor known while the gradient is built (an initializer or
     a ``Constant`` output), flattened; ``None`` when unknown.
@@ -44,6 +51,13 @@ def constant_ints(b, name: str | None) -> list[int] | None:
 
 def normalize_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
+
+
+def inverse_permutation(perm: Sequence[int]) -> list[int]:
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return inverse
 
 
 def shape_parts(b, x: str, start: int = 0, end: int | None = None) -> list[Part]:
@@ -112,6 +126,29 @@ def numel(b, parts: Sequence[Part]) -> Part:
     return total if known == 1 else b.op("Mul", total, b.ints([known]))
 
 
+def sum_parts(b, parts: Sequence[Part]) -> Part:
+    """The sum of sizes: an int, or a 1-D int64 tensor of one element."""
+    known = sum(p for p in parts if isinstance(p, int))
+    total: Part = known
+    for part in parts:
+        if isinstance(part, str):
+            total = part if total == 0 else b.op("Add", as_tensor(b, [total]), part)
+    return total
+
+
+def scalar(b, part: Part) -> str:
+    """A 0-D int64 tensor: a Constant node for an int (``b.ints`` of an int comes out 1-D),
+    a Squeeze of a one-element tensor."""
+    if isinstance(part, int):
+        return b.op("Constant", value=numpy_helper.from_array(np.array(part, dtype=np.int64)))
+    return b.squeeze(part, [0])
+
+
+def arange(b, end: str) -> str:
+    """``range(end)`` as int64, ``end`` a 0-D int64 tensor."""
+    return b.op("Range", scalar(b, 0), end, scalar(b, 1))
+
+
 def shape_tensor(b, x: str) -> str:
     """The shape of ``x``: a constant if static, else ``Shape(x)``."""
     static = b.static_shape(x)
@@ -162,49 +199,11 @@ def cast_like(b, t: str, like: str) -> str:
     return b.op("Cast", t, to=b.dtype(like))
 
 
-def inverse_permutation(perm: Sequence[int]) -> list[int]:
-    inverse = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inverse[p] = i
-    return inverse
-
-
-def unsupported(node, what: str) -> NotImplementedError:
-    """The error of an attribute setting a rule does not differentiate."""
-    return NotImplementedError(
-        f"no gradient for {node.op_type} node {node.name or '<unnamed>'!r} with {what}"
-    )
-
-
-def sum_parts(b, parts: Sequence[Part]) -> Part:
-    """The sum of sizes: an int, or a 1-D int64 tensor of one element."""
-    known = sum(p for p in parts if isinstance(p, int))
-    total: Part = known
-    for part in parts:
-        if isinstance(part, str):
-            total = part if total == 0 else b.op("Add", as_tensor(b, [total]), part)
-    return total
-
-
-def scalar(b, part: Part) -> str:
-    """A 0-D int64 tensor: a Constant node for an int (``b.ints`` of an int comes out 1-D),
-    a Squeeze of a one-element tensor."""
-    if isinstance(part, int):
-        return b.op("Constant", value=numpy_helper.from_array(np.array(part, dtype=np.int64)))
-    return b.squeeze(part, [0])
-
-
-def arange(b, stop: Part, scalar_stop: str | None = None) -> str:
-    """``range(stop)`` as int64 (``scalar_stop``: a 0-D tensor to use instead of ``stop``)."""
-    end = scalar_stop if scalar_stop is not None else scalar(b, stop)
-    return b.op("Range", scalar(b, 0), end, scalar(b, 1))
-
-
 def index_grid(b, x: str) -> str:
     """``reshape(range(size(x)), shape(x))``: the flat index of every element of ``x``."""
     static = b.static_shape(x)
-    flat = arange(b, prod(static)) if static is not None else arange(b, 0, b.op("Size", x))
-    return reshape_like(b, flat, x)
+    size = scalar(b, prod(static)) if static is not None else b.op("Size", x)
+    return reshape_like(b, arange(b, size), x)
 
 
 def scatter_flat(b, x: str, sources: str, g: str, reduction: str = "none") -> str:

@@ -1,9 +1,10 @@
 """Ops that select or scatter elements by index.
 
-* Slice: ``x_bar`` is ``y_bar`` scattered into zeros where the slice read. Without
-  ``steps`` it is a Pad of ``y_bar`` (bounds clamped as Slice clamps them); with ``steps``
-  (values unknown when the graph is built) the positions are found by slicing an index grid
-  the same way, so negative steps and clamped bounds follow the runtime's own Slice.
+* Slice: ``x_bar`` is ``y_bar`` scattered into zeros where the slice read. With unit
+  steps (``steps`` omitted, or known to be ones) it is a Pad of ``y_bar`` (bounds clamped
+  as Slice clamps them, constant pads when everything is known); otherwise the positions
+  are found by slicing an index grid the same way, so any steps and clamped bounds follow
+  the runtime's own Slice.
 * Gather, GatherElements, GatherND: ``data_bar`` is the scatter-*add* of ``y_bar`` (indices
   may repeat): ScatterND / ScatterElements with ``reduction='add'`` from opset 16; below,
   a one-hot matrix product (exact, denser).
@@ -31,6 +32,7 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     require_rank,
     reshape,
     reshape_like,
+    scalar,
     scatter_flat,
     shape_parts,
     shape_tensor,
@@ -88,7 +90,7 @@ def _slice_grad_by_pad(b, node, g: str) -> str:
     starts, ends = to_int64(b, node.inputs[1]), to_int64(b, node.inputs[2])
     axes = node.input(3)
     if axes is None:
-        axes = arange(b, 0, b.op("Size", starts))
+        axes = arange(b, b.op("Size", starts))
     else:
         axes = to_int64(b, axes)
     sizes = b.op("Gather", b.shape_of(x), axes)
@@ -158,7 +160,7 @@ def gather_nd_grad(b, node, grads, needs):
     rows = numel(b, indexed)
     outer = numel(b, shape_parts(b, data, 0, batch))
     inner = numel(b, shape_parts(b, data, batch + depth))
-    grid = reshape(b, arange(b, rows), indexed)
+    grid = reshape(b, arange(b, scalar(b, rows)), indexed)
     flat = reshape(b, b.op("GatherND", grid, indices), [outer, -1])
     updates = reshape(b, g, [outer, -1, inner])
     out = [outer, rows, inner]
@@ -203,7 +205,7 @@ def _scatter_add_rows(
 
 def _one_hot(b, index: str, count: Part, like: str) -> str:
     """``[..., count]`` one-hot encoding of non-negative ``index``, typed like ``like``."""
-    classes = arange(b, count)
+    classes = arange(b, scalar(b, count))
     hits = b.op("Equal", b.unsqueeze(index, [-1]), classes)
     return cast_like(b, hits, like)
 
@@ -221,7 +223,7 @@ def gather_elements_grad(b, node, grads, needs):
     count = as_tensor(b, [size])
     index = to_int64(b, indices)
     index = b.op("Where", b.op("Less", index, b.ints(0)), b.op("Add", index, count), index)
-    classes = arange(b, size)
+    classes = arange(b, scalar(b, size))
     classes = b.op("Reshape", classes, as_tensor(b, [-1] + [1] * (rank - axis - 1)))
     hits = cast_like(b, b.op("Equal", b.unsqueeze(index, [axis + 1]), classes), data)
     spread = b.op("Mul", hits, b.unsqueeze(g, [axis + 1]))
