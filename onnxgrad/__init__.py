@@ -8,15 +8,19 @@ Layers, each importing only from the ones before it:
 * :mod:`onnxgrad.training` — fused train steps, the runner and sklearn-style estimators.
 """
 
-from onnxgrad.derivative import *  # noqa: F403
-from onnxgrad.derivative import __all__ as _derivative_all
-from onnxgrad.exceptions import ConvergenceError
-from onnxgrad.functions import *  # noqa: F403
-from onnxgrad.functions import __all__ as _functions_all
-from onnxgrad.graph import *  # noqa: F403
-from onnxgrad.graph import __all__ as _graph_all
-from onnxgrad.training import *  # noqa: F403
-from onnxgrad.training import __all__ as _training_all
+from onnxgrad._runtime import import_onnxruntime
+
+import_onnxruntime()
+
+from onnxgrad.derivative import *  # noqa: E402, F403
+from onnxgrad.derivative import __all__ as _derivative_all  # noqa: E402
+from onnxgrad.exceptions import ConvergenceError  # noqa: E402
+from onnxgrad.functions import *  # noqa: E402, F403
+from onnxgrad.functions import __all__ as _functions_all  # noqa: E402
+from onnxgrad.graph import *  # noqa: E402, F403
+from onnxgrad.graph import __all__ as _graph_all  # noqa: E402
+from onnxgrad.training import *  # noqa: E402, F403
+from onnxgrad.training import __all__ as _training_all  # noqa: E402
 
 __version__ = "0.1.0"
 
