@@ -59,10 +59,10 @@ def graph_network(model: ModelLike) -> nx.DiGraph:
 
     for info in graph.input:
         if info.name not in initializers:
-            add(("input", info.name), f"{info.name}\n{_type_text(info.type)}")
+            add(("input", info.name), f"{info.name}\n{type_text(info.type)}")
             producer[info.name] = ("input", info.name)
     for init in graph.initializer:
-        add(("initializer", init.name), f"{init.name}\n{_tensor_text(init)}")
+        add(("initializer", init.name), f"{init.name}\n{tensor_text(init)}")
         producer[init.name] = ("initializer", init.name)
     for index, node in enumerate(graph.node):
         vertex = ("node", index)
@@ -73,7 +73,7 @@ def graph_network(model: ModelLike) -> nx.DiGraph:
         producer.update((name, vertex) for name in node.output if name)
     for info in graph.output:
         vertex = ("output", info.name)
-        add(vertex, f"{info.name}\n{_type_text(info.type)}")
+        add(vertex, f"{info.name}\n{type_text(info.type)}")
         if info.name in producer:
             _link(network, producer[info.name], vertex, info.name)
     return network
@@ -271,11 +271,12 @@ def _outer_names(graph: GraphProto) -> set[str]:
     return read - defined
 
 
-def _type_text(type_proto: TypeProto) -> str:
+def type_text(type_proto: TypeProto) -> str:
+    """``float32 [N, 2]``: element type and shape (``?`` for unknown dimensions)."""
     if not type_proto.HasField("tensor_type"):
         return type_proto.WhichOneof("value") or "?"
     tensor = type_proto.tensor_type
-    dtype = _dtype_name(tensor.elem_type)
+    dtype = dtype_name(tensor.elem_type)
     if not tensor.HasField("shape"):
         return dtype
     dims = [
@@ -285,11 +286,12 @@ def _type_text(type_proto: TypeProto) -> str:
     return f"{dtype} [{', '.join(dims)}]"
 
 
-def _tensor_text(init: TensorProto) -> str:
-    return f"{_dtype_name(init.data_type)} {tuple(init.dims)}"
+def tensor_text(init: TensorProto) -> str:
+    """``float32 (2, 1)``: element type and dimensions of a tensor."""
+    return f"{dtype_name(init.data_type)} {tuple(init.dims)}"
 
 
-def _dtype_name(elem_type: int) -> str:
+def dtype_name(elem_type: int) -> str:
     try:
         return str(helper.tensor_dtype_to_np_dtype(elem_type))
     except (KeyError, ValueError):
