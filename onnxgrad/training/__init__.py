@@ -1,14 +1,15 @@
 """Training: fused train steps, the onnxruntime runner and scikit-learn style estimators.
 
 * :mod:`~onnxgrad.training.composition` fuses forward, loss, gradient, penalty and update
-  into one ONNX graph (:func:`make_train_step`), plus the evaluation and prediction graphs;
+  into one ONNX graph (:func:`make_train_step`, described by a
+  :class:`~onnxgrad.training.train_step.TrainStep`), plus the evaluation and prediction
+  graphs;
 * :mod:`~onnxgrad.training.runner` runs them with IOBinding, the state on the device;
 * :mod:`~onnxgrad.training.estimators` wraps both in ``fit``/``score`` estimators.
 """
 
 from onnxgrad.training.composition import (
     LossModel,
-    TrainStep,
     make_eval_step,
     make_loss_model,
     make_predict_model,
@@ -43,6 +44,7 @@ from onnxgrad.training.penalties import (
     NoLearningPenalty,
 )
 from onnxgrad.training.runner import GraphRunner, TrainingRunner
+from onnxgrad.training.train_step import StateSlot, TrainStep
 
 __all__ = [
     "AbsoluteLearningLoss",
@@ -65,6 +67,7 @@ __all__ = [
     "OrtGradientForwardBackwardOptimizer",
     "OrtGradientOptimizer",
     "SquareLearningLoss",
+    "StateSlot",
     "TrainStep",
     "TrainingRunner",
     "check_device",

@@ -100,3 +100,12 @@ def inline_model(b: StepBuilder, model: ModelProto, feeds: dict[str, str]) -> di
         copy.name = b.node_names.unique(f"{graph.name}_{node.op_type}")
         b.graph.node.append(copy)
     return {o.name: names[o.name] for o in graph.output}
+
+
+def rename_values(graph: GraphProto, renames: dict[str, str]) -> None:
+    """Rename values in every node of ``graph`` (whose nodes hold no subgraph)."""
+    for node in graph.node:
+        for i, name in enumerate(node.output):
+            node.output[i] = renames.get(name, name)
+        for i, name in enumerate(node.input):
+            node.input[i] = renames.get(name, name)

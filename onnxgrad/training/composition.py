@@ -7,10 +7,9 @@ the runner executes can be inspected, saved and run by any onnxruntime.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import (
@@ -25,10 +24,11 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
-from onnxgrad.training._builder import StepBuilder
+from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
+from onnxgrad.training.train_step import TrainStep, append_update
 
 #: The lowest default-domain opset the composed graphs are written for.
 MIN_OPSET = 13
@@ -48,48 +48,7 @@ class LossModel:
     @property
     def data_inputs(self) -> tuple[str, ...]:
         """Inputs fed with one row per observation: features, label, sample weight."""
-        return _data_inputs(self.features, self.label, self.sample_weight)
-
-
-@dataclass(frozen=True)
-class TrainStep:
-    """The fused train step and the role of each of its inputs and outputs.
-
-    Inputs: :attr:`data_inputs` (a batch), :attr:`weights`, :attr:`state`, and the scalar
-    :attr:`learning_rate`. Outputs: :attr:`loss`, :attr:`new_weights`, :attr:`new_state`
-    (same order as their inputs).
-    """
-
-    model: ModelProto
-    features: tuple[str, ...]
-    label: str
-    sample_weight: str | None
-    weights: tuple[str, ...]
-    new_weights: tuple[str, ...]
-    state: tuple[str, ...]
-    new_state: tuple[str, ...]
-    learning_rate: str
-    loss: str
-    #: state input -> (weight it is shaped like, or None for a scalar; initial value)
-    state_init: Mapping[str, tuple[str | None, float]] = field(default_factory=dict)
-
-    @property
-    def data_inputs(self) -> tuple[str, ...]:
-        """Inputs fed with one row per observation: features, label, sample weight."""
-        return _data_inputs(self.features, self.label, self.sample_weight)
-
-    def initial_state(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Fresh optimizer state for weights of these values (zeros, step counts...)."""
-        state = {}
-        for name, (like, value) in self.state_init.items():
-            dtype = np_dtype(_elem_type_of(self.model, name))
-            shape = (1,) if like is None else np.shape(weights[like])
-            state[name] = np.full(shape, value, dtype=dtype)
-        return state
-
-
-def _data_inputs(features, label: str, sample_weight: str | None) -> tuple[str, ...]:
-    return (*features, label, *((sample_weight,) if sample_weight else ()))
+        return (*self.features, self.label, *((self.sample_weight,) if self.sample_weight else ()))
 
 
 def make_loss_model(
@@ -157,12 +116,15 @@ def make_train_step(
     label_name: str | None = None,
     weight_name: str | None = None,
     backend: str = "onnx",
+    layout: str = "per_weight",
 ) -> TrainStep:
     """One ONNX graph running a whole optimisation step on a batch.
 
     ``loss_model = loss(f(x; W), y) + penalty(W)`` (see :func:`make_loss_model`), then
     ``G = dloss/dW`` by :func:`onnxgrad.onnx_derivative` (``backend``), then the update of
-    ``learning_rate`` (default :class:`LearningRateSGD`): ``W', S' = update(W, G, S, lr)``.
+    ``learning_rate`` (default :class:`LearningRateSGD`): ``W', S' = update(W, G, S, lr)``,
+    per weight tensor or on all of them end to end (``layout``, see
+    :mod:`onnxgrad.training.train_step`).
     """
     learning_rate = learning_rate if learning_rate is not None else LearningRateSGD()
     if not isinstance(learning_rate, BaseLearningRate):
@@ -187,7 +149,8 @@ def make_train_step(
         label=lm.label,
         backend=backend,
     )
-    return _append_update(gradient, lm, learning_rate)
+    roles = {"features": lm.features, "label": lm.label, "sample_weight": lm.sample_weight}
+    return append_update(gradient, roles, lm.weights, learning_rate, layout)
 
 
 def make_eval_step(
@@ -309,16 +272,6 @@ def _first_float_output(model: ModelProto) -> str:
     )
 
 
-def _elem_type_of(model: ModelProto, name: str) -> int:
-    for info in list(model.graph.input) + list(model.graph.output):
-        if info.name == name:
-            return info.type.tensor_type.elem_type
-    for init in model.graph.initializer:
-        if init.name == name:
-            return init.data_type
-    raise ValueError(f"{name!r} is neither an input, an output nor an initializer")
-
-
 def _existing_loss(
     model: ModelProto, loss_name: str, label: str, weight_name: str | None
 ) -> ModelProto:
@@ -376,130 +329,13 @@ def _add_penalty(
     if term is None:
         return model
     data_loss = b.names.unique(f"{loss_info.name}_data")
-    _rename_values(graph, {loss_info.name: data_loss})
+    rename_values(graph, {loss_info.name: data_loss})
     b.op("Add", data_loss, term, out=loss_info.name)
     return finalize_model(model)
 
 
-def _rename_values(graph, renames: Mapping[str, str]) -> None:
-    """Rename values in every node of ``graph`` (not in subgraphs: no node here has any)."""
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            node.output[i] = renames.get(name, name)
-        for i, name in enumerate(node.input):
-            node.input[i] = renames.get(name, name)
-
-
-def _append_update(
-    gradient: ModelProto, lm: LossModel, learning_rate: BaseLearningRate
-) -> TrainStep:
-    """Append the optimizer's update to the gradient graph (outputs: gradients, loss)."""
-    graph = gradient.graph
-    b = StepBuilder(graph, default_opset(gradient))
-    outputs = list(graph.output)
-    grads = dict(zip(lm.weights, [o.name for o in outputs[: len(lm.weights)]]))
-    loss_info = outputs[len(lm.weights)]
-    elem_type = loss_info.type.tensor_type.elem_type
-    shapes = {i.name: _shape(i) for i in graph.input if i.name in grads}
-
-    lr = b.input("learning_rate", elem_type, [])
-    state = _declare_state(b, learning_rate, lm.weights, shapes, elem_type)
-    feeds, new_shared = learning_rate.emit_shared(b, lr, state.shared, elem_type)
-    results = {state.shared[k]: v for k, v in new_shared.items()}
-    for w in lm.weights:
-        new_w, new_s = learning_rate.emit_update(
-            b, w, grads[w], state.per_weight[w], feeds, elem_type
-        )
-        results[w] = _keep_shape(b, new_w, shapes[w])
-        for suffix, name in state.per_weight[w].items():
-            results[name] = _keep_shape(b, new_s[suffix], shapes[w])
-
-    renames = {value: b.names.unique(f"{old}_new") for old, value in results.items()}
-    _rename_values(graph, renames)
-    typed = {i.name: i for i in graph.input}
-    state_names = tuple(state.init)
-    del graph.output[:]
-    graph.output.append(loss_info)
-    for old in (*lm.weights, *state_names):
-        graph.output.append(_typed_like(typed[old], renames[results[old]]))
-    _move_input_to_end(graph, lr)
-    return TrainStep(
-        model=finalize_model(gradient),
-        features=lm.features,
-        label=lm.label,
-        sample_weight=lm.sample_weight,
-        weights=lm.weights,
-        new_weights=tuple(renames[results[w]] for w in lm.weights),
-        state=state_names,
-        new_state=tuple(renames[results[s]] for s in state_names),
-        learning_rate=lr,
-        loss=loss_info.name,
-        state_init=state.init,
-    )
-
-
-@dataclass
-class _StateInputs:
-    shared: dict[str, str]
-    per_weight: dict[str, dict[str, str]]
-    init: dict[str, tuple[str | None, float]]
-
-
-def _declare_state(
-    b: StepBuilder,
-    learning_rate: BaseLearningRate,
-    weights: Sequence[str],
-    shapes: Mapping[str, list],
-    elem_type: int,
-) -> _StateInputs:
-    """One graph input per optimizer state tensor: shared ones, then each weight's."""
-    state = _StateInputs({}, {w: {} for w in weights}, {})
-    for spec in learning_rate.state_specs:
-        if spec.shared:
-            name = b.input(spec.suffix, spec.elem_type or elem_type, [1])
-            state.shared[spec.suffix] = name
-            state.init[name] = (None, spec.initial)
-    for w in weights:
-        for spec in learning_rate.state_specs:
-            if not spec.shared:
-                name = b.input(f"{w}_{spec.suffix}", elem_type, shapes[w])
-                state.per_weight[w][spec.suffix] = name
-                state.init[name] = (w, spec.initial)
-    return state
-
-
-def _keep_shape(b: StepBuilder, value: str, shape: list) -> str:
-    """The authored graphs broadcast against ``[1]`` parameters: rank-0 weights get their
-    shape back."""
-    if shape:
-        return value
-    return b.op("Reshape", value, b.const(np.zeros((0,), dtype=np.int64), TensorProto.INT64))
-
-
-def _typed_like(info, name: str):
-    copy = type(info)()
-    copy.CopyFrom(info)
-    copy.name = name
-    return copy
-
-
-def _move_input_to_end(graph, name: str) -> None:
-    inputs = list(graph.input)
-    del graph.input[:]
-    graph.input.extend(
-        [i for i in inputs if i.name != name] + [i for i in inputs if i.name == name]
-    )
-
-
-def _shape(info) -> list:
-    return [
-        d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim
-    ]
-
-
 __all__ = [
     "LossModel",
-    "TrainStep",
     "make_eval_step",
     "make_loss_model",
     "make_predict_model",

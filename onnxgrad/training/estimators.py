@@ -67,7 +67,7 @@ class BaseOrtOptimizer(ParamsMixin):
     """The training loop shared by the estimators (see the subclasses for parameters)."""
 
     # -- to define in subclasses ----------------------------------------------------------
-    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+    def _build_graphs(self, model: ModelProto, with_weight: bool, layout: str) -> _Graphs:
         raise NotImplementedError
 
     # -- fitting ----------------------------------------------------------------------------
@@ -83,8 +83,8 @@ class BaseOrtOptimizer(ParamsMixin):
         self._check_params()
         continuing = self.warm_start and hasattr(self, "runner_")
         model = load_model(self.model_onnx)
-        graphs = self._graphs_for(model, sample_weight is not None)
         device = check_device(self.device)
+        graphs = self._graphs_for(model, sample_weight is not None, device)
         loader = self._loader(graphs.train, X, y, sample_weight, device)
         validation = self._validation_data(graphs.evaluation, X_val, y_val)
         if not continuing:
@@ -103,16 +103,23 @@ class BaseOrtOptimizer(ParamsMixin):
         if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
             raise ValueError(f"validation_every must be a number >= 0, got {every!r}")
 
-    def _graphs_for(self, model: ModelProto, with_weight: bool) -> _Graphs:
+    def _graphs_for(self, model: ModelProto, with_weight: bool, device) -> _Graphs:
         """The graphs of the current parameters, rebuilt only when a parameter they depend
-        on changed (a warm start keeps them and the runner)."""
+        on changed (a warm start keeps them and the runner).
+
+        On the CPU the update runs on all weights end to end (``'flat'`` layout: fewer,
+        larger kernels), elsewhere weight by weight.
+        """
+        layout = "flat" if device.kind == "cpu" else "per_weight"
         params = self.get_params(deep=True)
-        key = (with_weight, repr({k: v for k, v in params.items() if k not in _RUN_PARAMS}))
+        graph_params = {k: v for k, v in params.items() if k not in _RUN_PARAMS}
+        key = (with_weight, layout, repr(graph_params))
         cached = getattr(self, "_graphs_cache", None)
         if cached is None or cached[0] != key or cached[1] is not self.model_onnx:
             self.learning_rate_ = select_learning_rate(self.learning_rate).init_learning_rate()
             self.learning_penalty_ = select_learning_penalty(self.learning_penalty)
-            self._graphs_cache = (key, self.model_onnx, self._build_graphs(model, with_weight))
+            graphs = self._build_graphs(model, with_weight, layout)
+            self._graphs_cache = (key, self.model_onnx, graphs)
         return self._graphs_cache[2]
 
     def _loader(self, step: TrainStep, X, y, sample_weight, device) -> OrtDataLoader:
@@ -154,7 +161,8 @@ class BaseOrtOptimizer(ParamsMixin):
 
     def _switch_graphs(self, graphs: _Graphs, device) -> None:
         old = self.runner_
-        self._make_runners(graphs, device, old.get_weights(), old.get_state())
+        state = graphs.train.state_inputs(old.step.state_by_weight(old.get_state()))
+        self._make_runners(graphs, device, old.get_weights(), state)
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()
@@ -211,7 +219,7 @@ class BaseOrtOptimizer(ParamsMixin):
         return int(every)
 
     def _snapshot(self) -> dict[str, np.ndarray]:
-        return self.runner_.current.numpy()
+        return {**self.runner_.get_weights(), **self.runner_.get_state()}
 
     def _weights_finite(self) -> bool:
         return all(np.isfinite(v).all() for v in self.runner_.get_weights().values())
@@ -247,7 +255,7 @@ class BaseOrtOptimizer(ParamsMixin):
         return arrays
 
     def _evaluate(self, arrays) -> float:
-        return float(self.evaluator_.run(arrays, self.runner_.current.ortvalues)[0])
+        return float(self.evaluator_.run(arrays, self.runner_.current.values)[0])
 
     def _checked(self, X, y, sample_weight):
         self._check_fitted()
@@ -276,7 +284,7 @@ class BaseOrtOptimizer(ParamsMixin):
             raise ValueError("the model has no output besides the loss: nothing to predict")
         name = self.predictor_.data_inputs[0]
         X = check_features(self.predictor_.model, name, X)
-        return self.predictor_.run([X], self.runner_.current.ortvalues)[0]
+        return self.predictor_.run([X], self.runner_.current.values)[0]
 
     # -- state ------------------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:
@@ -285,15 +293,23 @@ class BaseOrtOptimizer(ParamsMixin):
         return self.runner_.get_weights()
 
     def get_full_state(self) -> dict[str, np.ndarray]:
-        """The current weights and optimizer state (velocities, moments, step count)."""
+        """The current weights and optimizer state: ``<weight>_<state>`` (``_velocity``,
+        ``_m``, ``_v``) and the shared ``step`` count."""
         self._check_fitted()
-        return {**self.runner_.get_weights(), **self.runner_.get_state()}
+        step = self.runner_.step
+        return {**self.runner_.get_weights(), **step.state_by_weight(self.runner_.get_state())}
 
     def set_state(self, state: dict[str, np.ndarray]) -> BaseOrtOptimizer:
-        """Overwrite weights (and optimizer state) by name, as :meth:`get_full_state` names
-        them."""
+        """Overwrite weights and optimizer state named as :meth:`get_full_state` names them."""
         self._check_fitted()
-        self.runner_.set_values(state)
+        step = self.runner_.step
+        named = step.state_by_weight(self.runner_.get_state())
+        unknown = sorted(set(state) - set(step.weights) - set(named))
+        if unknown:
+            raise ValueError(f"unknown weights or state {unknown}, see get_full_state()")
+        weights = {k: v for k, v in state.items() if k in step.weights}
+        named.update({k: v for k, v in state.items() if k not in step.weights})
+        self.runner_.set_values({**weights, **step.state_inputs(named)})
         self.trained_coef_ = self.runner_.get_weights()
         return self
 
@@ -389,7 +405,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         self.backend = backend
         self.intra_op_num_threads = intra_op_num_threads
 
-    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+    def _build_graphs(self, model: ModelProto, with_weight: bool, layout: str) -> _Graphs:
         self.learning_loss_ = select_learning_loss(self.learning_loss)
         weight_name = (self.weight_name or "weight") if with_weight else None
         common = {
@@ -404,6 +420,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
             learning_rate=self.learning_rate_,
             penalty=self.learning_penalty_,
             backend=self.backend,
+            layout=layout,
             **common,
         )
         evaluation = make_eval_step(model, train.weights, label_name=train.label, **common)
@@ -459,7 +476,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         self.backend = backend
         self.intra_op_num_threads = intra_op_num_threads
 
-    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+    def _build_graphs(self, model: ModelProto, with_weight: bool, layout: str) -> _Graphs:
         inputs = {i.name for i in model.graph.input}
         has_weight = self.sample_weight_name in inputs
         if with_weight and not has_weight:
@@ -479,6 +496,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
             learning_rate=self.learning_rate_,
             penalty=self.learning_penalty_,
             backend=self.backend,
+            layout=layout,
             **common,
         )
         evaluation = make_eval_step(model, train.weights, **common)

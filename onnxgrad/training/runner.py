@@ -16,9 +16,10 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import np_dtype
-from onnxgrad.training.composition import TrainStep, with_batch_indices
+from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
+from onnxgrad.training.train_step import TrainStep
 
 
 def make_session(
@@ -30,37 +31,72 @@ def make_session(
     )
 
 
-class DeviceTensors:
-    """Named tensors on a device; on the CPU the ``OrtValue`` share a numpy array's memory."""
+class StepBuffers:
+    """One set of the tensors a train step reads, on the device: weights and optimizer state.
 
-    def __init__(self, values: Mapping[str, np.ndarray], device: Device):
+    On the CPU, every ``OrtValue`` shares the memory of a numpy array, so the values can be
+    read without a copy; in the ``'flat'`` layout the weight arrays are views of one flat
+    array, the buffer the step writes its flat output into.
+    """
+
+    def __init__(
+        self,
+        step: TrainStep,
+        device: Device,
+        weights: Mapping[str, np.ndarray],
+        state: Mapping[str, np.ndarray],
+    ):
         self.device = device
-        self.arrays = {k: np.array(v, copy=True, order="C") for k, v in values.items()}
-        self.ortvalues = {k: to_ortvalue(a, device) for k, a in self.arrays.items()}
+        self.host: dict[str, np.ndarray] = {}
+        self.values: dict[str, ort.OrtValue] = {}
+        #: step output name -> the buffer of this set it writes into
+        self.targets: dict[str, ort.OrtValue] = {}
+        if step.layout == "flat":
+            if device.kind != "cpu":
+                raise ValueError(f"the 'flat' layout runs on the CPU only, not on {device}")
+            flat = np.concatenate([np.asarray(weights[w]).ravel() for w in step.weights])
+            for name, part in step.weight_slices.items():
+                self._add(name, flat[part].reshape(step.weight_shapes[name]))
+            self.targets[step.new_weights[0]] = to_ortvalue(flat, device)
+        else:
+            for name, new in zip(step.weights, step.new_weights):
+                self._add(name, np.array(weights[name], copy=True))
+                self.targets[new] = self.values[name]
+        for name, new in zip(step.state, step.new_state):
+            self._add(name, np.array(state[name], copy=True))
+            self.targets[new] = self.values[name]
 
-    def numpy(self) -> dict[str, np.ndarray]:
-        """Host copies of the current values."""
+    def _add(self, name: str, array: np.ndarray) -> None:
         if self.device.kind == "cpu":
-            return {k: a.copy() for k, a in self.arrays.items()}
-        return {k: v.numpy() for k, v in self.ortvalues.items()}
+            self.host[name] = array
+        self.values[name] = to_ortvalue(array, self.device)
+
+    def numpy(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Host copies of the values ``names``."""
+        if self.device.kind == "cpu":
+            return {n: self.host[n].copy() for n in names}
+        return {n: self.values[n].numpy() for n in names}
 
     def assign(self, values: Mapping[str, np.ndarray]) -> None:
+        """Overwrite values in place (the bindings keep pointing at the same buffers)."""
         for name, value in values.items():
-            target = self.arrays[name]
-            if target.shape != np.shape(value):
+            shape = tuple(self.values[name].shape())
+            if tuple(np.shape(value)) != shape:
                 raise ValueError(
-                    f"{name!r}: new value of shape {np.shape(value)}, expected {target.shape}"
+                    f"{name!r}: new value of shape {np.shape(value)}, expected {shape}"
                 )
-            np.copyto(target, value, casting="same_kind")
-            if self.device.kind != "cpu":
-                self.ortvalues[name].update_inplace(target)
+            if self.device.kind == "cpu":
+                np.copyto(self.host[name], value, casting="same_kind")
+            else:
+                dtype = self.values[name].numpy().dtype
+                self.values[name].update_inplace(np.ascontiguousarray(value, dtype=dtype))
 
 
 class TrainingRunner:
-    """Runs a :class:`~onnxgrad.training.composition.TrainStep` epoch after epoch.
+    """Runs a :class:`~onnxgrad.training.train_step.TrainStep` epoch after epoch.
 
-    :param weights: initial weights by name; ``state``: initial optimizer state (default:
-        :meth:`TrainStep.initial_state`).
+    :param weights: initial weights by name; ``state``: initial optimizer state by input
+        name of the step (default: :meth:`TrainStep.initial_state`).
     """
 
     indices_name = "batch_indices"
@@ -77,11 +113,9 @@ class TrainingRunner:
         self.device = device
         self.model = with_batch_indices(step, self.indices_name)
         self.session = make_session(self.model, device, session_options)
-        values = {
-            **_ordered(weights, step.weights, "weight"),
-            **self._initial_state(weights, state),
-        }
-        self._sets = [DeviceTensors(values, device), DeviceTensors(values, device)]
+        weights = _ordered(weights, step.weights, "weight")
+        state = _ordered(step.initial_state() if state is None else state, step.state, "state")
+        self._sets = [StepBuffers(step, device, weights, state) for _ in range(2)]
         self._current = 0
         self._lr = np.zeros((), dtype=self._lr_dtype())
         self._lr_value = ort.OrtValue.ortvalue_from_numpy(self._lr)
@@ -93,27 +127,21 @@ class TrainingRunner:
                 return np_dtype(info.type.tensor_type.elem_type)
         raise AssertionError("the train step has no learning-rate input")
 
-    def _initial_state(self, weights, state) -> dict[str, np.ndarray]:
-        if state is None:
-            return self.step.initial_state(weights)
-        return _ordered(state, self.step.state, "optimizer state")
-
     # -- state ------------------------------------------------------------------------------
     @property
-    def current(self) -> DeviceTensors:
+    def current(self) -> StepBuffers:
         """The buffers holding the latest weights and optimizer state."""
         return self._sets[self._current]
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        values = self.current.numpy()
-        return {w: values[w] for w in self.step.weights}
+        return self.current.numpy(self.step.weights)
 
     def get_state(self) -> dict[str, np.ndarray]:
-        values = self.current.numpy()
-        return {s: values[s] for s in self.step.state}
+        """The optimizer state by input name of the step."""
+        return self.current.numpy(self.step.state)
 
     def set_values(self, values: Mapping[str, np.ndarray]) -> None:
-        """Overwrite weights and/or optimizer state by name."""
+        """Overwrite weights and/or optimizer state (by input name of the step)."""
         known = set(self.step.weights) | set(self.step.state)
         unknown = sorted(set(values) - known)
         if unknown:
@@ -171,15 +199,16 @@ class _EpochBindings:
 
     def _bind(self, runner: TrainingRunner, data, parity: int, j: int) -> ort.IOBinding:
         step = runner.step
-        source, target = runner._sets[parity].ortvalues, runner._sets[1 - parity].ortvalues
+        source, target = runner._sets[parity], runner._sets[1 - parity]
         binding = runner.session.io_binding()
         for name, value in zip(step.data_inputs, data):
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_input(runner.indices_name, self._indices[j])
         binding.bind_ortvalue_input(step.learning_rate, runner._lr_value)
-        for old, new in zip(step.weights + step.state, step.new_weights + step.new_state):
-            binding.bind_ortvalue_input(old, source[old])
-            binding.bind_ortvalue_output(new, target[old])
+        for name, value in source.values.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in target.targets.items():
+            binding.bind_ortvalue_output(name, value)
         binding.bind_ortvalue_output(step.loss, self._loss_values[j])
         return binding
 
@@ -230,4 +259,4 @@ def _ordered(values: Mapping[str, np.ndarray], names: Sequence[str], what: str) 
     return {n: np.asarray(values[n]) for n in names}
 
 
-__all__ = ["DeviceTensors", "GraphRunner", "TrainingRunner", "make_session"]
+__all__ = ["GraphRunner", "StepBuffers", "TrainingRunner", "make_session"]

@@ -27,14 +27,16 @@ def run(model, feeds):
     return dict(zip(names, session.run(None, feeds)))
 
 
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
 @pytest.mark.parametrize("opset", [13, 15, 18, 21])
 @pytest.mark.parametrize(
     "optimizer", [LearningRateSGD(), LearningRateSGDNesterov(), LearningRateAdam()]
 )
-def test_train_step_is_valid_and_keeps_the_opset(opset, optimizer):
+def test_train_step_is_valid_and_keeps_the_opset(opset, optimizer, layout):
     model = seed004_model(opset)
     before = model.SerializeToString()
-    step = make_train_step(model, ["init", "init_1", "init_b10"], learning_rate=optimizer)
+    weights = ["init", "init_1", "init_b10"]
+    step = make_train_step(model, weights, learning_rate=optimizer, layout=layout)
     assert model.SerializeToString() == before
     onnx.checker.check_model(step.model, full_check=True)
     assert step.model.ir_version <= 10
@@ -45,6 +47,12 @@ def test_train_step_is_valid_and_keeps_the_opset(opset, optimizer):
     assert inputs == [*step.data_inputs, *step.weights, *step.state, step.learning_rate]
     outputs = [o.name for o in step.model.graph.output]
     assert outputs == [step.loss, *step.new_weights, *step.new_state]
+    assert len(step.new_weights) == (1 if layout == "flat" else 3)
+    state = step.initial_state()
+    assert set(state) == set(step.state)
+    named = step.state_by_weight(state)
+    for name, value in step.state_inputs(named).items():
+        np.testing.assert_array_equal(value, state[name])
 
 
 def test_seed004_step_loss_and_update_equal_numpy():

@@ -105,27 +105,29 @@ def mse_gradients(X, y, weights):
 
 
 def run_steps(step, X, y, weights, lr, n_steps):
-    """Feed the step graph its own outputs ``n_steps`` times; returns the weights."""
+    """Feed the step graph its own outputs ``n_steps`` times; returns the weights and the
+    optimizer state by weight."""
     session = ort.InferenceSession(
         step.model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
-    state = step.initial_state(weights)
+    state = step.initial_state()
     values = dict(weights)
     for _ in range(n_steps):
         feeds = {"X": X, step.label: y, step.learning_rate: np.array(lr, np.float32)}
         feeds.update(values)
         feeds.update(state)
         outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-        values = {w: outputs[n] for w, n in zip(step.weights, step.new_weights)}
+        values = step.unpack_weights(outputs)
         state = {s: outputs[n] for s, n in zip(step.state, step.new_state)}
-    return values, state
+    return values, step.state_by_weight(state)
 
 
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
 @pytest.mark.parametrize("nesterov", [True, False])
-def test_momentum_equals_sklearn_sgd_optimizer(nesterov):
+def test_momentum_equals_sklearn_sgd_optimizer(nesterov, layout):
     model, X, y, weights = linear_problem()
     lr = LearningRateSGDNesterov(momentum=0.8, nesterov=nesterov)
-    step = make_train_step(model, learning_rate=lr)
+    step = make_train_step(model, learning_rate=lr, layout=layout)
     got, state = run_steps(step, X, y, weights, 0.05, 6)
 
     params = [weights["coefs"].astype(np.float64), weights["intercept"].astype(np.float64)]
@@ -140,9 +142,10 @@ def test_momentum_equals_sklearn_sgd_optimizer(nesterov):
     np.testing.assert_allclose(state["coefs_velocity"], reference.velocities[0], atol=1e-5)
 
 
-def test_sgd_equals_numpy():
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
+def test_sgd_equals_numpy(layout):
     model, X, y, weights = linear_problem()
-    step = make_train_step(model, learning_rate=LearningRateSGD())
+    step = make_train_step(model, learning_rate=LearningRateSGD(), layout=layout)
     got, state = run_steps(step, X, y, weights, 0.1, 5)
     expected = {k: v.astype(np.float64) for k, v in weights.items()}
     for _ in range(5):
@@ -153,11 +156,12 @@ def test_sgd_equals_numpy():
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
 
 
-def test_adam_equals_torch():
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
+def test_adam_equals_torch(layout):
     torch = pytest.importorskip("torch")
     model, X, y, weights = linear_problem()
     lr = LearningRateAdam(beta1=0.8, beta2=0.95, epsilon=1e-6)
-    step = make_train_step(model, learning_rate=lr)
+    step = make_train_step(model, learning_rate=lr, layout=layout)
     got, state = run_steps(step, X, y, weights, 0.03, 7)
 
     params = {
@@ -174,11 +178,12 @@ def test_adam_equals_torch():
     assert state["step"].tolist() == [7]
 
 
-def test_runner_ping_pong_equals_numpy_over_epochs():
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
+def test_runner_ping_pong_equals_numpy_over_epochs(layout):
     """Three batches an epoch (an odd number: the buffers swap roles between epochs)."""
     model, X, y, weights = linear_problem(n=10)
     lr = LearningRateSGDNesterov(momentum=0.9)
-    step = make_train_step(model, learning_rate=lr)
+    step = make_train_step(model, learning_rate=lr, layout=layout)
     runner = TrainingRunner(step, check_device("cpu"), weights)
     loader = OrtDataLoader(X, y, batch_size=4, random_state=7)
 
@@ -201,9 +206,8 @@ def test_runner_ping_pong_equals_numpy_over_epochs():
     got = runner.get_weights()
     for k in expected:
         np.testing.assert_allclose(got[k], expected[k], rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(
-        runner.get_state()["coefs_velocity"], velocity["coefs"], rtol=1e-3, atol=1e-6
-    )
+    state = step.state_by_weight(runner.get_state())
+    np.testing.assert_allclose(state["coefs_velocity"], velocity["coefs"], rtol=1e-3, atol=1e-6)
 
 
 @pytest.mark.parametrize(
