@@ -7,9 +7,11 @@ appends the nodes emitted by :class:`~onnxgrad.derivative.autodiff.engine.Engine
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
-from onnx import GraphProto, ModelProto, ValueInfoProto, helper, numpy_helper
+from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
     NameScope,
@@ -23,8 +25,8 @@ from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
 from onnxgrad.derivative.autodiff.builder import ValueType
 from onnxgrad.derivative.autodiff.engine import Engine
 from onnxgrad.derivative.options import DerivativeOptions
-from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
+from onnxgrad.graph.select import prune_graph
 
 
 def native_derivative(request: DerivativeRequest) -> ModelProto:
@@ -40,7 +42,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     for name in (f"{x}_grad" for x in sources):
         scope.reserve(name)
 
-    engine = Engine(graph, types, opset, scope)
+    engine = Engine(graph, types, opset, scope, constant_tensors(graph, request.weights))
     seed_inputs, seeds = _seed_output_gradients(engine, request, types, original_names)
     gradients = engine.gradients(sources, seeds)
 
@@ -54,9 +56,8 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
         grad_outputs + kept_outputs,
         [i for i in graph.initializer if i.name not in weights],
     )
-    nodes = list(graph.node) + engine.emitted_nodes + tail_nodes
-    new_graph.node.extend(_prune(nodes, [o.name for o in new_graph.output]))
-    _drop_unused_initializers(new_graph)
+    new_graph.node.extend(list(graph.node) + engine.emitted_nodes + tail_nodes)
+    prune_graph(new_graph, keep_inputs=True)
     result = make_model_like(new_graph, model)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
     return finalize_model(result)
@@ -76,6 +77,29 @@ def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
     for init in graph.initializer:
         types[init.name] = ValueType(init.data_type, tuple(init.dims))
     return types
+
+
+def constant_tensors(graph: GraphProto, weights: Sequence[str]) -> dict[str, TensorProto]:
+    """Values rules may read: initializers that are not differentiated, Constant outputs."""
+    excluded = set(weights) | {i.name for i in graph.input}
+    tensors = {i.name: i for i in graph.initializer if i.name not in excluded}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            tensor = _constant_node_tensor(node)
+            if tensor is not None:
+                tensors[node.output[0]] = tensor
+    return tensors
+
+
+def _constant_node_tensor(node) -> TensorProto | None:
+    attr = node.attribute[0] if len(node.attribute) == 1 else None
+    if attr is None or attr.name in ("sparse_value", "value_string", "value_strings"):
+        return None
+    if attr.name == "value":
+        return attr.t
+    value = helper.get_attribute_value(attr)
+    dtype = np.float32 if attr.name.startswith("value_float") else np.int64
+    return numpy_helper.from_array(np.asarray(value, dtype=dtype))
 
 
 def _value_type(info: ValueInfoProto) -> ValueType:
@@ -208,25 +232,6 @@ def _kept_outputs(graph: GraphProto, request: DerivativeRequest) -> list[ValueIn
     if DerivativeOptions.Loss in options:
         return [o for o in graph.output if o.name == request.loss]
     return []
-
-
-def _prune(nodes: list, outputs: list[str]) -> list:
-    """Keep the nodes an output depends on, in their original order."""
-    needed = set(outputs)
-    kept = []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(node_inputs(node))
-    return kept[::-1]
-
-
-def _drop_unused_initializers(graph: GraphProto) -> None:
-    used = {name for node in graph.node for name in node_inputs(node)}
-    used |= {o.name for o in graph.output}
-    kept = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
 
 
 def check_default_domain_only(nodes: list) -> None:

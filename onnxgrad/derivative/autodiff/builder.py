@@ -3,7 +3,7 @@ nodes (:class:`GradBuilder`) that knows types, shapes and the opset."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,12 +61,29 @@ class NodeView:
 class GraphEmitter:
     """The gradient nodes under construction, with unique names and known value types."""
 
-    def __init__(self, scope: NameScope, types: dict[str, ValueType], opset: int):
+    def __init__(
+        self,
+        scope: NameScope,
+        types: dict[str, ValueType],
+        opset: int,
+        constants: Mapping[str, TensorProto] | None = None,
+    ):
         self.scope = scope
         self.types = types
         self.opset = opset
         self.nodes: list[NodeProto] = []
         self._constants: dict[tuple, str] = {}
+        self._constant_tensors = dict(constants or {})
+        self._constant_values: dict[str, np.ndarray] = {}
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of a constant (a non-differentiated initializer or a Constant output)."""
+        if name not in self._constant_values:
+            tensor = self._constant_tensors.get(name)
+            if tensor is None:
+                return None
+            self._constant_values[name] = numpy_helper.to_array(tensor)
+        return self._constant_values[name]
 
     def emit(
         self, op_type: str, inputs: Sequence[str | None], n_outputs: int, prefix: str, attrs: dict
@@ -82,7 +99,7 @@ class GraphEmitter:
 
     def constant(self, value: np.ndarray, prefix: str) -> str:
         """A ``Constant`` node (not an initializer, so the result is never taken for a weight)."""
-        value = np.ascontiguousarray(value)
+        value = np.asarray(value, order="C")
         key = (value.dtype.str, value.shape, value.tobytes())
         if key in self._constants:
             return self._constants[key]
@@ -95,6 +112,7 @@ class GraphEmitter:
         )
         self.types[name] = ValueType(tensor.data_type, value.shape)
         self._constants[key] = name
+        self._constant_values[name] = value
         return name
 
 
@@ -121,6 +139,10 @@ class GradBuilder:
             dtype = np_dtype(self.dtype(like))
         array = np.asarray(value, dtype=dtype)
         return self._emitter.constant(array, self.prefix)
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is a constant (never a differentiated input)."""
+        return self._emitter.constant_value(name)
 
     def ints(self, values: Sequence[int] | int) -> str:
         """An int64 constant (axes, shapes, indices): 1-D for a sequence, 0-D for an int."""
@@ -253,6 +275,11 @@ def _static_reduction_axes(grad_shape: tuple | None, target_shape: tuple | None)
 
 
 def _dynamic_unbroadcast(b, grad, target, grad_shape, target_shape) -> str:
+    if b.opset < 13:
+        raise NotImplementedError(
+            f"undoing the broadcast of {target!r} with unknown shapes needs opset >= 13 "
+            f"(ReduceSum with an axes input), the model has opset {b.opset}"
+        )
     if grad_shape is not None and target_shape is not None:
         lead = len(grad_shape) - len(target_shape)
         if lead > 0:

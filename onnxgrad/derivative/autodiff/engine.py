@@ -9,9 +9,9 @@ symbolic zeros (``None``) and naming (``<node>_Grad/...``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from onnx import GraphProto, NodeProto
+from onnx import GraphProto, NodeProto, TensorProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView, ValueType
@@ -28,10 +28,11 @@ class Engine:
         types: dict[str, ValueType],
         opset: int,
         scope: NameScope,
+        constants: Mapping[str, TensorProto] | None = None,
     ):
         self.nodes = list(graph.node)
         self.opset = opset
-        self.emitter = GraphEmitter(scope, types, opset)
+        self.emitter = GraphEmitter(scope, types, opset, constants)
         self.types = types
 
     @property
