@@ -40,8 +40,7 @@ def test_notebook_is_committed_without_outputs(path):
 def kernel_dir(tmp_path, monkeypatch):
     """A kernel spec running this very interpreter, so the notebooks see this environment.
 
-    PyTorch is blocked in the kernel: no notebook uses it, and onnxruntime-training imports
-    it at start-up when it is installed (seconds per kernel).
+    PyTorch is blocked in the kernel: no notebook needs it (it is a test extra only).
     """
     blocked = tmp_path / "blocked" / "torch"
     blocked.mkdir(parents=True)

@@ -27,8 +27,8 @@ def run_onnxgrad(
     """``python -m onnxgrad ARGS`` (or ``program ARGS``) in ``cwd``, with the packages
     ``blocked`` failing to import.
 
-    PyTorch is always blocked: it is no dependency of onnxgrad, and onnxruntime-training
-    imports it at start-up when it is installed (seconds per process).
+    PyTorch is always blocked: it is no dependency of onnxgrad, so the command must work
+    without it.
     """
     with tempfile.TemporaryDirectory() as blocked_folder:
         paths = [str(block_modules(Path(blocked_folder), "torch", *blocked))]
