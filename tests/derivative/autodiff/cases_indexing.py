@@ -4,8 +4,7 @@ Trilu. Indices repeat on purpose where the op allows it (their gradients must ad
 import numpy as np
 from onnx import helper
 
-from tests.derivative.autodiff.cases_unary import second_order
-from tests.derivative.autodiff.gradcheck import OpCase
+from tests.derivative.autodiff.gradcheck import OpCase, second_order
 
 rng = np.random.default_rng(3)
 

@@ -3,8 +3,7 @@ Einsum (contractions, implicit output, diagonals, summed letters, ellipsis broad
 
 import numpy as np
 
-from tests.derivative.autodiff.cases_unary import second_order
-from tests.derivative.autodiff.gradcheck import OpCase
+from tests.derivative.autodiff.gradcheck import OpCase, second_order
 
 rng = np.random.default_rng(5)
 

@@ -8,8 +8,7 @@ the engine's unbroadcast computes them."""
 import numpy as np
 from onnx import helper
 
-from tests.derivative.autodiff.cases_unary import second_order
-from tests.derivative.autodiff.gradcheck import OpCase
+from tests.derivative.autodiff.gradcheck import OpCase, second_order
 
 rng = np.random.default_rng(4)
 

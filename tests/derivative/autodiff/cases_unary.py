@@ -1,16 +1,9 @@
-"""Rule table entries: elementwise functions of one tensor, Cast, CastLike, Dropout.
-
-Also :func:`second_order`, which turns a case into the check of its gradient's gradient.
-"""
-
-from dataclasses import replace
+"""Rule table entries: elementwise functions of one tensor, Cast, CastLike, Dropout."""
 
 import numpy as np
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
-from onnxgrad import onnx_derivative
-from tests.derivative.autodiff.gradcheck import OpCase, case_model
+from tests.derivative.autodiff.gradcheck import OpCase, second_order
 
 rng = np.random.default_rng(2)
 
@@ -111,45 +104,6 @@ CASES = [
         id="Dropout-training-opset21",
     ),
 ]  # fmt: skip
-
-
-def second_order(case: OpCase, **changes) -> OpCase:
-    """The case whose graph is the native gradient graph of ``case``.
-
-    Its inputs are those of ``case`` plus the output gradient ``z_grad``, its outputs the
-    gradients; checking it against finite differences checks the second derivatives
-    (Hessian-vector products), and that every op the rule emits has a rule itself. The
-    gradient graph is built once in float64, so onnxruntime's float32 run is skipped.
-    """
-    model, feeds = case_model(case, np.float64)
-    _rename_value(model, "y0", "z")
-    wrt = case.differentiated
-    gradient = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
-    (output,) = ReferenceEvaluator(model).run(None, feeds)
-    seed = np.random.default_rng(7).standard_normal(np.shape(output))
-
-    def graph(inputs, outputs):
-        ends = [helper.make_node("Identity", [f"{x}_grad"], [y]) for x, y in zip(wrt, outputs)]
-        return [*gradient.graph.node, *ends]
-
-    return replace(
-        case,
-        inputs={**case.inputs, "z_grad": seed},
-        wrt=None if case.wrt is None else (*case.wrt, "z_grad"),
-        n_outputs=len(wrt),
-        graph=graph,
-        check_ort=False,
-        id=f"{case.id}-second-order",
-        **changes,
-    )
-
-
-def _rename_value(model, old: str, new: str) -> None:
-    for node in model.graph.node:
-        node.output[:] = [new if o == old else o for o in node.output]
-    for output in model.graph.output:
-        if output.name == old:
-            output.name = new
 
 
 SECOND_ORDER_IDS = {

@@ -11,7 +11,7 @@ and computes the same values there.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -165,7 +165,10 @@ def _check_ort(case: OpCase, dynamic: bool, reference: dict) -> None:
     """The float32 gradient graph runs in onnxruntime and agrees with the float64 one."""
     model, feeds = case_model(case, np.float32, dynamic)
     grad_model = onnx_derivative(model, weights=[], inputs=case.differentiated, backend="onnx")
-    out_grads = [g.astype(np.float32) for g in gradient_feeds(case, model, feeds)]
+    out_grads = [
+        g.astype(np.float32) if g.dtype == np.float64 else g
+        for g in gradient_feeds(case, model, feeds)
+    ]
     grad_feeds = {**feeds, **{f"y{k}_grad": g for k, g in enumerate(out_grads)}}
     session = onnxruntime.InferenceSession(
         grad_model.SerializeToString(), providers=["CPUExecutionProvider"]
@@ -176,3 +179,42 @@ def _check_ort(case: OpCase, dynamic: bool, reference: dict) -> None:
             value, reference[name], rtol=case.ort_rtol, atol=case.ort_atol,
             err_msg=f"{case.id}: onnxruntime float32 gradient of {name!r}",
         )  # fmt: skip
+
+
+def second_order(case: OpCase, **changes) -> OpCase:
+    """The case whose graph is the native gradient graph of ``case``.
+
+    Its inputs are those of ``case`` plus the output gradient ``z_grad``, its outputs the
+    gradients; checking it against finite differences checks the second derivatives
+    (Hessian-vector products), and that every op the rule emits has a rule itself. The
+    gradient graph is built once in float64, so onnxruntime's float32 run is skipped.
+    """
+    model, feeds = case_model(case, np.float64)
+    _rename_value(model, "y0", "z")
+    wrt = case.differentiated
+    gradient = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
+    (output,) = ReferenceEvaluator(model).run(None, feeds)
+    seed = np.random.default_rng(7).standard_normal(np.shape(output))
+
+    def graph(inputs, outputs):
+        ends = [helper.make_node("Identity", [f"{x}_grad"], [y]) for x, y in zip(wrt, outputs)]
+        return [*gradient.graph.node, *ends]
+
+    return replace(
+        case,
+        inputs={**case.inputs, "z_grad": seed},
+        wrt=None if case.wrt is None else (*case.wrt, "z_grad"),
+        n_outputs=len(wrt),
+        graph=graph,
+        check_ort=False,
+        id=f"{case.id}-second-order",
+        **changes,
+    )
+
+
+def _rename_value(model, old: str, new: str) -> None:
+    for node in model.graph.node:
+        node.output[:] = [new if o == old else o for o in node.output]
+    for output in model.graph.output:
+        if output.name == old:
+            output.name = new
