@@ -14,7 +14,8 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from onnxgrad import DerivativeOptions, onnx_derivative
 
@@ -244,3 +245,22 @@ def test_gelu_unknown_approximation_names_the_attribute():
     model = single_node_model("Gelu", {"x": [2, 3]}, opset=20, approximate="sigmoid")
     with pytest.raises(NotImplementedError, match=r"the_Gelu.*approximate"):
         onnx_derivative(model, weights=[], backend="onnx")
+
+
+def test_dropout_with_constant_false_training_mode_is_identity_without_mask():
+    graph = helper.make_graph(
+        [helper.make_node("Dropout", ["x", "ratio", "training"], ["y"], name="drop")],
+        "dropout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [
+            numpy_helper.from_array(np.array(0.3, np.float32), "ratio"),
+            numpy_helper.from_array(np.array(False), "training"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    grad = onnx_derivative(model)
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    g = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
+    (x_grad,) = ReferenceEvaluator(grad).run(None, {"x": x, "y_grad": g})
+    np.testing.assert_array_equal(x_grad, g)

@@ -145,12 +145,15 @@ def cast_like_grad(b, node, grads, needs):
 
 @register("Dropout", since=13)
 def dropout_grad(b, node, grads, needs):
-    """Identity without a ``training_mode`` input. With one, whatever its value:
+    """Identity without a ``training_mode`` input or with a constant false one. Otherwise:
     ``x_bar = y_bar * mask * s`` with ``s = 1 / (1 - ratio)`` in training mode and ``1``
     otherwise (the mask is all true then); this needs the ``mask`` output."""
     g = grads[0]
     training_mode = node.input(2)
     if training_mode is None:
+        return [g]
+    constant_mode = b.constant_value(training_mode)
+    if constant_mode is not None and not bool(constant_mode):
         return [g]
     if len(node.outputs) < 2 or not node.outputs[1]:
         raise NotImplementedError(
