@@ -30,7 +30,7 @@ from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, subgraphs
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
 from onnxgrad.exceptions import ConvergenceError
-from onnxgrad.graph import add_loss_output, get_train_initializer
+from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
 from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
 from onnxgrad.training import (
     LearningRateAdam,
@@ -54,6 +54,33 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+#: Exceptions meaning "bad input", as raised by onnxgrad, onnx, protobuf and onnxruntime.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    CommandError,
+    ValueError,
+    TypeError,
+    OSError,
+    NotImplementedError,
+    ValidationError,
+    ProtobufError,
+    *(
+        getattr(ort_state, name)
+        for name in (
+            "Fail",
+            "InvalidArgument",
+            "InvalidGraph",
+            "InvalidProtobuf",
+            "NoSuchFile",
+            "NoModel",
+            "NotImplemented",
+            "RuntimeException",
+            "EPFail",
+        )
+        if hasattr(ort_state, name)
+    ),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,33 +110,6 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         text = f"{exc.filename}: {exc.strerror}"
     return text or type(exc).__name__
-
-
-#: Exceptions meaning "bad input", as raised by onnxgrad, onnx, protobuf and onnxruntime.
-EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
-    CommandError,
-    ValueError,
-    TypeError,
-    OSError,
-    NotImplementedError,
-    ValidationError,
-    ProtobufError,
-    *(
-        getattr(ort_state, name)
-        for name in (
-            "Fail",
-            "InvalidArgument",
-            "InvalidGraph",
-            "InvalidProtobuf",
-            "NoSuchFile",
-            "NoModel",
-            "NotImplemented",
-            "RuntimeException",
-            "EPFail",
-        )
-        if hasattr(ort_state, name)
-    ),
-)
 
 
 # ----------------------------------------------------------------------------- files
@@ -243,8 +243,6 @@ def _ops_without_rule(model: ModelProto) -> list[str]:
 
 
 def cmd_text(args: argparse.Namespace) -> None:
-    from onnxgrad.graph import onnx_simple_text_plot
-
     print(onnx_simple_text_plot(read_model(args.model)))
 
 
