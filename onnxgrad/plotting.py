@@ -146,7 +146,7 @@ def plot_onnxs(
     titles = _titles(title, len(models))
     networks = [graph_network(model) for model in models]
     layouts = [layered_layout(network) for network in networks]
-    axes = _axes(ax, layouts)
+    axes = _axes(ax, networks, layouts)
     for network, positions, axis, text in zip(networks, layouts, axes, titles):
         _draw(network, positions, axis)
         if text is not None:
@@ -167,18 +167,28 @@ def _titles(title: str | Sequence[str] | None, count: int) -> list[str | None]:
     return titles
 
 
-def _axes(ax: Any, layouts: list[dict]) -> list[Axes]:
+def _axes(ax: Any, networks: list[nx.DiGraph], layouts: list[dict]) -> list[Axes]:
+    """The given axes, or new ones sized so that boxes of 7-point text do not overlap."""
     if ax is None:
         plt = _pyplot()
-        widths = [_extent(layout)[0] for layout in layouts]
+        widths = [_extent(layout)[0] * _slot_inches(n) for n, layout in zip(networks, layouts)]
         height = max(_extent(layout)[1] for layout in layouts)
-        figsize = (min(4 + 1.3 * sum(widths), 40), min(2 + 0.9 * height, 40))
+        figsize = (min(1 + sum(widths), 60), min(2 + 0.9 * height, 60))
         _, axes = plt.subplots(1, len(layouts), figsize=figsize, squeeze=False)
         return list(axes[0])
     axes = [ax] if hasattr(ax, "annotate") else list(np.ravel(np.asarray(ax, dtype=object)))
     if len(axes) != len(layouts):
         raise ValueError(f"ax must hold {len(layouts)} axes, one per model, got {len(axes)}")
     return axes
+
+
+def _slot_inches(network: nx.DiGraph) -> float:
+    """Width of one column: the longest label line at about 0.07 inch a character."""
+    longest = max(
+        (len(line) for _, label in network.nodes(data="label") for line in label.split("\n")),
+        default=1,
+    )
+    return max(1.0, 0.07 * longest + 0.3)
 
 
 def _extent(layout: dict) -> tuple[float, float]:
