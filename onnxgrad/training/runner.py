@@ -57,7 +57,8 @@ class StepBuffers:
             flat = np.concatenate([np.asarray(weights[w]).ravel() for w in step.weights])
             for name, part in step.weight_slices.items():
                 self._add(name, flat[part].reshape(step.weight_shapes[name]))
-            self.targets[step.new_weights[0]] = to_ortvalue(flat, device)
+            self._add(step.flat_weights, flat)
+            self.targets[step.new_weights[0]] = self.values[step.flat_weights]
         else:
             for name, new in zip(step.weights, step.new_weights):
                 self._add(name, np.array(weights[name], copy=True))

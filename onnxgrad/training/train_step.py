@@ -5,11 +5,14 @@ Two layouts of the update:
 
 * ``'per_weight'``: one update graph per weight tensor, one output per new weight and per
   state tensor;
-* ``'flat'``: the weights and their gradients are flattened and concatenated (in the order
-  of :attr:`TrainStep.weights`), one update graph runs on the whole vector, the step
-  returns the new weights as one flat vector and keeps the optimizer state flat. Fewer and
-  larger kernels: the runner lays the weight buffers end to end in one flat array so
-  that the flat output feeds the next step without a copy.
+* ``'flat'``: the gradients are flattened and concatenated (in the order of
+  :attr:`TrainStep.weights`), one update graph runs on the whole vector, the optimizer
+  state is flat too and the step returns the new weights as one flat vector. The weights
+  come in twice: one input per weight for the forward pass, and the input
+  :attr:`TrainStep.flat_weights` which must hold the same values end to end (as fused
+  optimizers keep flat parameter buffers). The runner lays the weight buffers in one flat
+  array and binds views of it, so both come without a copy and the flat output feeds the
+  next step as it is. Fewer and larger kernels than ``'per_weight'``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ class TrainStep:
     learning_rate: str
     loss: str
     layout: str
+    #: the flat weight vector input (``'flat'`` layout only)
+    flat_weights: str | None = None
 
     @property
     def data_inputs(self) -> tuple[str, ...]:
@@ -79,6 +84,14 @@ class TrainStep:
             slices[name] = slice(start, start + size)
             start += size
         return slices
+
+    def weight_inputs(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inputs carrying ``weights`` (by weight name): one per weight, plus the flat
+        vector in the ``'flat'`` layout."""
+        inputs = {w: np.asarray(weights[w]) for w in self.weights}
+        if self.flat_weights is not None:
+            inputs[self.flat_weights] = np.concatenate([inputs[w].ravel() for w in self.weights])
+        return inputs
 
     def initial_state(self) -> dict[str, np.ndarray]:
         """Fresh optimizer state by input name (zeros, step counts...)."""
@@ -148,8 +161,15 @@ def append_update(
     shapes = {w: _static_shape(typed[w]) for w in weights}
 
     lr = b.input("learning_rate", elem_type, [])
-    emit = _emit_flat if layout == "flat" else _emit_per_weight
-    slots, results = emit(b, learning_rate, weights, grads, shapes, lr, elem_type)
+    flat_weights = None
+    if layout == "flat":
+        size = sum(int(np.prod(shapes[w], dtype=np.int64)) for w in weights)
+        flat_weights = b.input("weights", elem_type, [size])
+        slots, results = _emit_flat(
+            b, learning_rate, weights, grads, flat_weights, size, lr, elem_type
+        )
+    else:
+        slots, results = _emit_per_weight(b, learning_rate, weights, grads, shapes, lr, elem_type)
     renames = {value: b.names.unique(f"{key}_new") for key, value in results.items()}
     rename_values(graph, renames)
     new_infos = []
@@ -160,7 +180,9 @@ def append_update(
         )
     del graph.output[:]
     graph.output.extend([loss_info, *new_infos])
-    _move_input_to_end(graph, lr)
+    for name in (flat_weights, *slots, lr):
+        if name is not None:
+            _move_input_to_end(graph, name)
     new_names = [renames[v] for v in results.values()]
     n_weights = len(new_names) - len(slots)
     return TrainStep(
@@ -177,6 +199,7 @@ def append_update(
         learning_rate=lr,
         loss=loss_info.name,
         layout=layout,
+        flat_weights=flat_weights,
     )
 
 
@@ -204,9 +227,9 @@ def _emit_per_weight(b, learning_rate, weights, grads, shapes, lr, elem_type):
     return slots, {**new_weights, **{k: new_state[k] for k in slots}}
 
 
-def _emit_flat(b, learning_rate, weights, grads, shapes, lr, elem_type):
-    """One update graph on the concatenated weights; returns slots and new values."""
-    size = sum(int(np.prod(shapes[w], dtype=np.int64)) for w in weights)
+def _emit_flat(b, learning_rate, weights, grads, flat_weights, size, lr, elem_type):
+    """One update graph on the flat weights and the concatenated gradients; returns the
+    state slots and ``{input: new value}``."""
     slots = _shared_slots(b, learning_rate, elem_type)
     flat_state = {}
     for spec in learning_rate.state_specs:
@@ -216,7 +239,6 @@ def _emit_flat(b, learning_rate, weights, grads, shapes, lr, elem_type):
             slots[name] = StateSlot(spec.suffix, None, False, (size,), spec.initial, elem_type)
     shared = {slot.suffix: name for name, slot in slots.items() if slot.shared}
     feeds, new_shared = learning_rate.emit_shared(b, lr, shared, elem_type)
-    flat_weights = _concat_flat(b, list(weights))
     flat_grads = _concat_flat(b, [grads[w] for w in weights])
     new_w, new_s = learning_rate.emit_update(
         b, flat_weights, flat_grads, flat_state, feeds, elem_type

@@ -44,7 +44,8 @@ def test_train_step_is_valid_and_keeps_the_opset(opset, optimizer, layout):
     assert opsets[""] == opset
     assert all(node.domain in ("", "ai.onnx") for node in step.model.graph.node)
     inputs = [i.name for i in step.model.graph.input]
-    assert inputs == [*step.data_inputs, *step.weights, *step.state, step.learning_rate]
+    flat = [step.flat_weights] if layout == "flat" else []
+    assert inputs == [*step.data_inputs, *step.weights, *flat, *step.state, step.learning_rate]
     outputs = [o.name for o in step.model.graph.output]
     assert outputs == [step.loss, *step.new_weights, *step.new_state]
     assert len(step.new_weights) == (1 if layout == "flat" else 3)

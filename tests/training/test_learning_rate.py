@@ -114,7 +114,7 @@ def run_steps(step, X, y, weights, lr, n_steps):
     values = dict(weights)
     for _ in range(n_steps):
         feeds = {"X": X, step.label: y, step.learning_rate: np.array(lr, np.float32)}
-        feeds.update(values)
+        feeds.update(step.weight_inputs(values))
         feeds.update(state)
         outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
         values = step.unpack_weights(outputs)
