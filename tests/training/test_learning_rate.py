@@ -251,3 +251,31 @@ def test_unknown_learning_rate_name():
         select_learning_rate("rmsprop")
     with pytest.raises(TypeError, match="learning_rate must be"):
         select_learning_rate([0.1])
+
+
+def test_state_moves_between_layouts():
+    """A run continued in the other layout, its state converted by weight name, ends where
+    a run in one layout ends."""
+    model, X, y, weights = linear_problem(n=10)
+    lr = LearningRateAdam(eta0=0.05)
+    flat = make_train_step(model, learning_rate=lr, layout="flat")
+    per_weight = make_train_step(model, learning_rate=lr, layout="per_weight")
+    cpu = check_device("cpu")
+
+    reference = TrainingRunner(flat, cpu, weights)
+    first = TrainingRunner(flat, cpu, weights)
+    loader_ref = OrtDataLoader(X, y, batch_size=4, random_state=1)
+    loader = OrtDataLoader(X, y, batch_size=4, random_state=1)
+    for _ in range(4):
+        reference.run_epoch(loader_ref, 0.05)
+    for _ in range(2):
+        first.run_epoch(loader, 0.05)
+    state = per_weight.state_inputs(flat.state_by_weight(first.get_state()))
+    second = TrainingRunner(per_weight, cpu, first.get_weights(), state)
+    for _ in range(2):
+        second.run_epoch(loader, 0.05)
+    for name, value in reference.get_weights().items():
+        np.testing.assert_allclose(second.get_weights()[name], value, rtol=1e-5, atol=1e-7)
+    expected = flat.state_by_weight(reference.get_state())
+    for name, value in per_weight.state_by_weight(second.get_state()).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-7)
