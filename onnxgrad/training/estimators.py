@@ -197,10 +197,12 @@ class BaseOrtOptimizer(ParamsMixin):
         for epoch in bar if bar is not None else epochs:
             lr.update_learning_rate(self.t_)
             losses = self.runner_.run_epoch(loader, lr.value)
-            if not (np.isfinite(losses).all() and self._weights_finite()):
+            snapshot = self._snapshot()
+            weights = (snapshot[w] for w in self.runner_.step.weights)
+            if not (np.isfinite(losses).all() and all(np.isfinite(w).all() for w in weights)):
                 self._diverged(good, losses)
                 return
-            good = self._snapshot()
+            good = snapshot
             self.t_ += len(loader)
             self.n_iter_ += 1
             self.train_losses_.append(float(np.average(losses, weights=sizes)))
@@ -220,9 +222,6 @@ class BaseOrtOptimizer(ParamsMixin):
 
     def _snapshot(self) -> dict[str, np.ndarray]:
         return {**self.runner_.get_weights(), **self.runner_.get_state()}
-
-    def _weights_finite(self) -> bool:
-        return all(np.isfinite(v).all() for v in self.runner_.get_weights().values())
 
     def _diverged(self, good: dict[str, np.ndarray], losses: np.ndarray) -> None:
         self.runner_.set_values(good)
