@@ -16,6 +16,7 @@ import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import MAX_IR_VERSION, NameScope, all_names, np_dtype
+from onnxgrad.derivative._naming import free_gradient_names, kept_outputs, seeds_are_inputs
 from onnxgrad.derivative.api import DerivativeRequest
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.graph._scopes import iter_graphs, node_inputs
@@ -80,31 +81,9 @@ def _detach_outputs(graph: GraphProto) -> None:
 
 
 def _free_gradient_names(graph: GraphProto, request: DerivativeRequest) -> None:
-    """Rename the intermediate values the builder's ``<value>_grad`` names could hit.
-
-    The result's own names (``<source>_grad`` outputs, ``<output>_grad`` seeds) must not be
-    inputs, initializers or kept outputs of the model.
-    """
-    wanted = [f"{name}_grad" for name in (*request.inputs, *request.weights)]
-    if _seeds_are_inputs(request.options):
-        wanted += [f"{o.name}_grad" for o in graph.output]
-    fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    fixed |= {o.name for o in kept_outputs(graph.output, request)}
-    clashes = [name for k, name in enumerate(wanted) if name in fixed or name in wanted[:k]]
-    if clashes:
-        raise ValueError(
-            f"cannot name the gradient values {clashes}: the model already has inputs, "
-            "initializers or kept outputs with these names, or two of them would share a name"
-        )
-    names = all_names(graph)
-    scope = NameScope(names | set(wanted))
-    renames = {
-        name: scope.unique(f"{name}_fw")
-        for name in sorted(names - fixed)
-        if name in wanted or _GRAD_SUFFIX.search(name)
-    }
-    if renames:
-        rename_values(graph, renames)
+    """Rename the intermediates the result's names, or the builder's own ``<value>_grad``
+    names, could hit."""
+    free_gradient_names(graph, request, also=_GRAD_SUFFIX.search)
 
 
 def connected_sources(model: ModelProto, names: Sequence[str]) -> list[str]:
@@ -118,23 +97,6 @@ def connected_sources(model: ModelProto, names: Sequence[str]) -> list[str]:
             needed |= inputs
             reached |= inputs
     return [name for name in names if name in reached]
-
-
-def kept_outputs(
-    outputs: Sequence[ValueInfoProto], request: DerivativeRequest
-) -> list[ValueInfoProto]:
-    """The model outputs the result returns after the gradients."""
-    if DerivativeOptions.KeepOutputs in request.options:
-        return list(outputs)
-    if DerivativeOptions.Loss in request.options:
-        return [o for o in outputs if o.name == request.loss]
-    return []
-
-
-def _seeds_are_inputs(options: DerivativeOptions) -> bool:
-    return not options & (
-        DerivativeOptions.FillGrad | DerivativeOptions.Loss | DerivativeOptions.KeepYieldOp
-    )
 
 
 def built_graph(model: ModelProto | None, info: dict | None) -> BuiltGraph:
@@ -161,7 +123,7 @@ def assemble(built: BuiltGraph, forward: Forward, request: DerivativeRequest) ->
 
     seed_inputs: list[ValueInfoProto] = []
     seed_nodes: list[NodeProto] = []
-    if _seeds_are_inputs(request.options):
+    if seeds_are_inputs(request.options):
         seed_inputs = _seed_inputs(graph, forward, built.seeds, scope)
     elif not keep_yield:
         seed_nodes = _ones_seeds(forward, built.seeds, scope)

@@ -21,11 +21,11 @@ from onnxgrad._onnx_utils import (
     make_model_like,
     np_dtype,
 )
+from onnxgrad.derivative._naming import free_gradient_names, kept_outputs
 from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
 from onnxgrad.derivative.autodiff.builder import ValueType
 from onnxgrad.derivative.autodiff.engine import Engine
 from onnxgrad.derivative.options import DerivativeOptions
-from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 
 
@@ -34,7 +34,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     model = request.model
     opset = default_opset(model)
     sources = [*request.inputs, *request.weights]
-    renames = _free_names(model, request, [f"{x}_grad" for x in sources])
+    renames = free_gradient_names(model.graph, request)
     original_names = {new: old for old, new in renames.items()}
     types = infer_value_types(model)
     graph = model.graph
@@ -47,13 +47,13 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     gradients = engine.gradients(sources, seeds)
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
-    kept_outputs = _kept_outputs(graph, request)
+    kept = kept_outputs(graph.output, request)
     weights = set(request.weights)
     new_graph = helper.make_graph(
         [],
         f"{graph.name}_grad" if graph.name else "gradient",
         _new_inputs(graph, request) + seed_inputs,
-        grad_outputs + kept_outputs,
+        grad_outputs + kept,
         [i for i in graph.initializer if i.name not in weights],
     )
     new_graph.node.extend(list(graph.node) + engine.emitted_nodes + tail_nodes)
@@ -115,35 +115,6 @@ def _dim(dim) -> int | str | None:
     return dim.dim_param or None
 
 
-def _free_names(model: ModelProto, request: DerivativeRequest, names: list[str]) -> dict:
-    """Make ``names`` (the new outputs and seed inputs) free in ``model``.
-
-    An intermediate value already called so (typically ``w_grad`` when a gradient graph is
-    differentiated again) is renamed; a clash with an input, an initializer or an output
-    the result keeps is an error.
-    """
-    graph = model.graph
-    if DerivativeOptions.Loss in request.options or DerivativeOptions.FillGrad in request.options:
-        seeds = []
-    else:
-        seeds = [f"{o.name}_grad" for o in graph.output]
-    wanted = [*names, *seeds]
-    kept = {o.name for o in _kept_outputs(graph, request)}
-    fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer} | kept
-    clashes = [n for n in wanted if n in fixed]
-    if clashes:
-        raise ValueError(
-            f"cannot name the gradient values {clashes}: the model already has inputs, "
-            "initializers or kept outputs with these names"
-        )
-    existing = all_names(graph)
-    scope = NameScope(existing | set(wanted))
-    renames = {n: scope.unique(f"{n}_fw") for n in wanted if n in existing}
-    if renames:
-        rename_values(graph, renames)
-    return renames
-
-
 def _seed_output_gradients(
     engine: Engine,
     request: DerivativeRequest,
@@ -195,20 +166,23 @@ def _gradient_outputs(
 ) -> tuple[list[ValueInfoProto], list]:
     """One ``<x>_grad`` output per source; structural zeros become zeros of x's shape."""
     outputs, nodes = [], []
+    unique = engine.emitter.scope.unique
     for source, grad in gradients.items():
         name = f"{source}_grad"
         value = types[source]
         if grad is None:
             zero = numpy_helper.from_array(np.array([0], dtype=np_dtype(value.elem_type)))
-            shape = helper.make_node("Shape", [source], [f"{name}_shape"], name=f"{name}_Shape")
+            shape = unique(f"{name}_shape")
             nodes += [
-                shape,
+                helper.make_node("Shape", [source], [shape], name=unique(f"{name}_Shape")),
                 helper.make_node(
-                    "ConstantOfShape", [shape.output[0]], [name], name=f"{name}_Zeros", value=zero
+                    "ConstantOfShape", [shape], [name], name=unique(f"{name}_Zeros"), value=zero
                 ),
             ]
         else:
-            nodes.append(helper.make_node("Identity", [grad], [name], name=f"{name}_Identity"))
+            nodes.append(
+                helper.make_node("Identity", [grad], [name], name=unique(f"{name}_Identity"))
+            )
         dims = None if value.shape is None else [d if d is not None else "" for d in value.shape]
         outputs.append(helper.make_tensor_value_info(name, value.elem_type, dims))
     return outputs, nodes
@@ -223,15 +197,6 @@ def _new_inputs(graph: GraphProto, request: DerivativeRequest) -> list[ValueInfo
         init = initializers[weight]
         result.append(helper.make_tensor_value_info(weight, init.data_type, list(init.dims)))
     return result
-
-
-def _kept_outputs(graph: GraphProto, request: DerivativeRequest) -> list[ValueInfoProto]:
-    options = request.options
-    if DerivativeOptions.KeepOutputs in options:
-        return list(graph.output)
-    if DerivativeOptions.Loss in options:
-        return [o for o in graph.output if o.name == request.loss]
-    return []
 
 
 def check_default_domain_only(nodes: list) -> None:

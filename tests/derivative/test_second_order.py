@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime
+import pytest
 from onnx.reference import ReferenceEvaluator
 
 from onnxgrad import DerivativeOptions, onnx_derivative
-from tests.models import tanh_mlp_loss_model
+from tests.models import seed004_model, tanh_mlp_loss_model
 
 WEIGHTS = ["W1", "b1", "W2", "b2"]
 
@@ -70,3 +71,12 @@ def test_gradient_of_gradient_names_do_not_clash():
         "b2_grad_grad",
         "loss_grad",
     ]
+
+
+@pytest.mark.parametrize("options", [DerivativeOptions.FillGrad, DerivativeOptions.Zero])
+def test_second_derivative_has_unique_node_names_and_loads(options):
+    first = onnx_derivative(seed004_model(), weights=[], options=DerivativeOptions.FillGrad)
+    second = onnx_derivative(first, weights=[], inputs=["x"], options=options)
+    names = [n.name for n in second.graph.node if n.name]
+    assert len(names) == len(set(names))
+    onnxruntime.InferenceSession(second.SerializeToString(), providers=["CPUExecutionProvider"])
