@@ -19,6 +19,7 @@ from onnxgrad.functions import *  # noqa: E402, F403
 from onnxgrad.functions import __all__ as _functions_all  # noqa: E402
 from onnxgrad.graph import *  # noqa: E402, F403
 from onnxgrad.graph import __all__ as _graph_all  # noqa: E402
+from onnxgrad.plotting import plot_onnxs, to_dot  # noqa: E402
 from onnxgrad.training import *  # noqa: E402, F403
 from onnxgrad.training import __all__ as _training_all  # noqa: E402
 
@@ -27,6 +28,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ConvergenceError",
     "__version__",
+    "plot_onnxs",
+    "to_dot",
     *_graph_all,
     *_functions_all,
     *_derivative_all,
