@@ -16,7 +16,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from onnxgrad._onnx_utils import default_opset, finalize_model
 from onnxgrad.graph import add_loss_output, select_model_inputs_outputs
-from onnxgrad.training._builder import StepBuilder
+from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._params import ParamsMixin
 
 
@@ -183,18 +183,29 @@ def _divide_by_total_weight(
     graph = model.graph
     b = StepBuilder(graph, default_opset(model))
     total = b.names.unique(f"{loss_name}_sum")
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == loss_name:
-                node.output[i] = total
+    rename_values(graph, {loss_name: total})
     elem_type = graph.output[0].type.tensor_type.elem_type
-    if weight_name is None:
+    if weight_name is not None:
+        b.op("Div", total, b.reduce_sum(weight_name), out=loss_name)
+        return
+    label = next(i for i in graph.input if i.name == label_name)
+    per_sample = _static_size(_dims(label)[1:])
+    if per_sample is None:
         zero = b.const(np.array([0], dtype=np.int64), TensorProto.INT64, "first_axis")
         count = b.op("Gather", b.op("Shape", label_name), zero, axis=0)
-        denominator = b.op("Cast", b.op("Squeeze", count, zero), to=elem_type)
-    else:
-        denominator = b.reduce_sum(weight_name)
-    b.op("Div", total, denominator, out=loss_name)
+        b.op("Div", total, b.op("Cast", b.op("Squeeze", count, zero), to=elem_type), out=loss_name)
+        return
+    # N = size(label) / per_sample, so loss = per_sample * sum / size(label)
+    size = b.op("Cast", b.op("Size", label_name), to=elem_type)
+    if per_sample != 1:
+        total = b.op("Mul", total, b.const(per_sample, elem_type, "per_sample"))
+    b.op("Div", total, size, out=loss_name)
+
+
+def _static_size(dims: list) -> int | None:
+    if not all(isinstance(d, int) and d > 0 for d in dims):
+        return None
+    return int(np.prod(dims, dtype=np.int64))
 
 
 def _output_info(model: ModelProto, output: str) -> ValueInfoProto:

@@ -173,3 +173,14 @@ def test_bad_loss_configurations():
         make_eval_step(shift_model(1), ["b"], loss=NegLogLearningLoss(probability_function="tanh"))
     with pytest.raises(ValueError, match="l1 must be a finite number >= 0"):
         make_train_step(shift_model(1), ["b"], penalty=ElasticLearningPenalty(l1=-1.0))
+
+
+def test_mean_over_samples_with_symbolic_output_shape():
+    """Outputs of unknown width: the number of samples comes from the label's shape."""
+    model = shift_model(2)
+    for info in (*model.graph.input, *model.graph.output):
+        info.type.tensor_type.shape.dim[1].dim_param = "k"
+    X, y = batch("float", 2)
+    evaluation = make_eval_step(model, ["b"], loss=SquareLearningLoss())
+    got = run(evaluation.model, {"X": X, evaluation.label: y, "b": np.zeros(2, np.float32)})[0]
+    assert got == pytest.approx(per_sample_square(X.astype(np.float64), y).mean(), rel=1e-5)
