@@ -10,9 +10,11 @@ For ``y = conv(x, w) + b`` with strides :math:`s`, dilations :math:`d` and begin
 * ``x_bar`` is the transposed convolution of ``g`` by ``w``, cropped to ``x``: a
   ``ConvTranspose`` whose pads and ``output_padding`` land exactly on ``x``'s shape (an input
   size that the strides do not divide leaves trailing positions no window reads: zeros);
-* ``w_bar[m, c, j] = sum_{n, o} g[n, m, o] x~[n, g(m) C_g + c, o s + j d]`` is a convolution
-  of ``x`` (batch and channels swapped, groups moved into the channels) by ``g`` with
-  strides :math:`d` and dilations :math:`s`;
+* ``w_bar[m, c, j] = sum_{n, o} g[n, m, o] x~[n, g(m) C_g + c, o s + j d]``: with static
+  sizes, an im2col (one slice of the padded ``x`` per kernel offset ``j``, strided positions
+  read from a polyphase view) contracted with ``g`` by GEMMs, per group; otherwise a
+  convolution of ``x`` (batch and channels swapped, groups moved into the channels) by ``g``
+  with strides :math:`d` and dilations :math:`s`;
 * ``b_bar`` sums ``g`` over every axis but the channels.
 
 ConvTranspose is the adjoint of that Conv: ``x_bar`` is the Conv of ``g`` by ``w`` and
