@@ -15,6 +15,14 @@ def input_info(model: ModelProto, name: str) -> ValueInfoProto:
     raise ValueError(f"the graph has no input {name!r}")
 
 
+def _host_array(value) -> np.ndarray:
+    """``value`` as a numpy array; an ``OrtValue`` is copied (its ``numpy()`` is a view that
+    does not keep the tensor alive)."""
+    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+        return np.array(value.numpy(), copy=True)
+    return np.asarray(value)
+
+
 def _dims(info: ValueInfoProto) -> list[int | None]:
     tensor = info.type.tensor_type
     if not tensor.HasField("shape"):
@@ -25,7 +33,7 @@ def _dims(info: ValueInfoProto) -> list[int | None]:
 def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarray:
     """``X`` as an array of the dtype and shape input ``name`` declares, or an error."""
     info = input_info(model, name)
-    array = np.asarray(X.numpy() if hasattr(X, "numpy") and not isinstance(X, np.ndarray) else X)
+    array = _host_array(X)
     expected = np_dtype(info.type.tensor_type.elem_type)
     if array.dtype != expected:
         raise TypeError(
@@ -54,7 +62,7 @@ def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") 
     the label's dtype. A vector feeds a one-column label and the reverse.
     """
     info = input_info(model, name)
-    array = np.asarray(y.numpy() if hasattr(y, "numpy") and not isinstance(y, np.ndarray) else y)
+    array = _host_array(y)
     if array.ndim == 0 or array.shape[0] != n_rows:
         raise ValueError(
             f"X and {what} have different numbers of observations: {n_rows} and "

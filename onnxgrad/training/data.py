@@ -94,7 +94,7 @@ def to_ortvalue(array: np.ndarray, device: Device) -> ort.OrtValue:
 
 def _as_array(value, name: str) -> np.ndarray:
     if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-        value = value.numpy()
+        value = np.array(value.numpy(), copy=True)
     array = np.asarray(value)
     if array.dtype == object:
         raise TypeError(f"{name} must be a numeric array, got dtype object")

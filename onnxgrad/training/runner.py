@@ -48,6 +48,7 @@ class StepBuffers:
     ):
         self.device = device
         self.host: dict[str, np.ndarray] = {}
+        self.dtypes: dict[str, np.dtype] = {}
         self.values: dict[str, ort.OrtValue] = {}
         #: step output name -> the buffer of this set it writes into
         self.targets: dict[str, ort.OrtValue] = {}
@@ -68,6 +69,7 @@ class StepBuffers:
             self.targets[new] = self.values[name]
 
     def _add(self, name: str, array: np.ndarray) -> None:
+        self.dtypes[name] = array.dtype
         if self.device.kind == "cpu":
             self.host[name] = array
         self.values[name] = to_ortvalue(array, self.device)
@@ -76,7 +78,7 @@ class StepBuffers:
         """Host copies of the values ``names``."""
         if self.device.kind == "cpu":
             return {n: self.host[n].copy() for n in names}
-        return {n: self.values[n].numpy() for n in names}
+        return {n: np.array(self.values[n].numpy(), copy=True) for n in names}
 
     def assign(self, values: Mapping[str, np.ndarray]) -> None:
         """Overwrite values in place (the bindings keep pointing at the same buffers)."""
@@ -89,8 +91,8 @@ class StepBuffers:
             if self.device.kind == "cpu":
                 np.copyto(self.host[name], value, casting="same_kind")
             else:
-                dtype = self.values[name].numpy().dtype
-                self.values[name].update_inplace(np.ascontiguousarray(value, dtype=dtype))
+                array = np.ascontiguousarray(value, dtype=self.dtypes[name])
+                self.values[name].update_inplace(array)
 
 
 class TrainingRunner:
@@ -250,7 +252,8 @@ class GraphRunner:
         for name in self.output_names:
             binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(binding)
-        return [v.numpy() for v in binding.get_outputs()]
+        # OrtValue.numpy() views the tensor's memory without keeping it alive: copy it
+        return [np.array(v.numpy(), copy=True) for v in binding.get_outputs()]
 
 
 def _ordered(values: Mapping[str, np.ndarray], names: Sequence[str], what: str) -> dict:

@@ -356,3 +356,15 @@ def test_ort_gradient_optimizer_needs_the_loss_output():
     with_loss = add_loss_output(model)
     with pytest.raises(ValueError, match="has no input 'weight'"):
         OrtGradientOptimizer(with_loss, ["coefs"]).fit(X, y, sample_weight=np.ones(len(X)))
+
+
+def test_results_own_their_memory():
+    """OrtValue.numpy() is a view that does not keep the tensor alive: results are copies."""
+    X, y = linear_data()
+    est = linear_estimator(max_iter=2).fit(X, y)
+    first = est.predict(X[:5])
+    expected = first.copy()
+    for _ in range(3):
+        est.predict(X[::-1] * 3)
+        _ = [np.random.rand(1000) for _ in range(100)]
+    np.testing.assert_array_equal(first, expected)
