@@ -8,7 +8,6 @@ from onnx import (
     GraphProto,
     ModelProto,
     NodeProto,
-    TensorProto,
     helper,
     numpy_helper,
 )
@@ -57,12 +56,9 @@ class StepBuilder:
         )
         return name
 
-    def reduce_sum(self, x: str, axes: list[int] | None = None, keepdims: int = 0) -> str:
-        """``ReduceSum`` over ``axes`` (every axis when ``None``); axes are an input since 13."""
-        if axes is None:
-            return self.op("ReduceSum", x, keepdims=keepdims)
-        axes_name = self.const(np.array(axes, dtype=np.int64), TensorProto.INT64, "axes")
-        return self.op("ReduceSum", x, axes_name, keepdims=keepdims)
+    def reduce_sum(self, x: str) -> str:
+        """The sum of every element of ``x``, a rank-0 tensor (the same node at any opset)."""
+        return self.op("ReduceSum", x, keepdims=0)
 
     def input(self, base: str, elem_type: int, shape) -> str:
         """Declare a new graph input named ``base`` (made unique); returns its name."""
