@@ -6,9 +6,10 @@ An optimizer object plays two parts:
   samples seen so far (scikit-learn's ``SGDRegressor`` and ``MLPRegressor`` count time
   the same way): :meth:`BaseLearningRate.learning_rate_at`;
 * the **update**: the authored graph of :mod:`onnxgrad.functions` holding its formula,
-  inlined into the fused train step for each weight ``w`` with gradient ``g`` and the
-  current learning rate ``lr``; it yields the new value and the new optimizer state
-  (velocity, moments), all computed on the device.
+  inlined into the fused train step for each weight ``w`` with gradient ``g`` (or once for
+  all the weights end to end, see :mod:`onnxgrad.training.train_step`) and the current
+  learning rate ``lr``; it yields the new value and the new optimizer state (velocity,
+  moments), all computed on the device.
 """
 
 from __future__ import annotations
