@@ -368,3 +368,15 @@ def test_results_own_their_memory():
         est.predict(X[::-1] * 3)
         _ = [np.random.rand(1000) for _ in range(100)]
     np.testing.assert_array_equal(first, expected)
+
+
+def test_cuda_without_the_provider_fails_before_training():
+    from onnxgrad.training.devices import _cuda_provider_loads
+
+    if _cuda_provider_loads(0):
+        pytest.skip("CUDA works on this machine")
+    X, y = linear_data()
+    est = linear_estimator(device="cuda:0")
+    with pytest.raises(ValueError, match="CUDAExecutionProvider"):
+        est.fit(X, y)
+    assert not hasattr(est, "runner_")
