@@ -52,7 +52,7 @@ def flat(op_type, id, x, w, opset=18, **attrs):
 
 CASES = [
     conv("1d", (2, 3, 7), (4, 3, 3), opset=13),
-    conv("1d-stride3-remainder", (1, 2, 10), (2, 2, 2), strides=[3]),
+    conv("1d-stride3-remainder-opset11", (1, 2, 10), (2, 2, 2), strides=[3], opset=11),
     conv("1d-group2-stride2-dilation2", (1, 4, 9), (2, 2, 2), group=2, strides=[2],
          dilations=[2], pads=[1, 0]),
     conv("1d-channels16-stride2", (1, 16, 5), (2, 16, 2), strides=[2], pads=[1, 0]),
@@ -78,7 +78,8 @@ CASES = [
          strides=[2, 1]),
     conv("3d", (1, 2, 4, 4, 3), (2, 2, 2, 2, 2), strides=[2, 1, 1], pads=[1, 0, 0, 0, 1, 1]),
     conv_transpose("1d", (2, 3, 4), (3, 2, 3), opset=13),
-    conv_transpose("1d-channels16-stride2", (1, 2, 3), (2, 16, 2), strides=[2], bias=False),
+    conv_transpose("1d-channels16-stride2-opset11", (1, 2, 3), (2, 16, 2), strides=[2],
+                   bias=False, opset=11),
     conv_transpose("2d-stride2-pads-output-padding", (1, 2, 3, 3), (2, 3, 3, 3),
                    strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 0]),
     conv_transpose("2d-stride2-dilation2", (1, 2, 3, 2), (2, 2, 2, 2), strides=[2, 2],

@@ -36,12 +36,19 @@ def torch_1d(op_type, id, shape, kernel, stride, opset=18, **attrs):
     """PyTorch's 1-D pooling export: Unsqueeze(2) -> 2-D pool with a (1, k) window -> Squeeze."""
 
     def graph(inputs, outputs):
+        pool = helper.make_node(
+            op_type, ["x4"], ["y4"], kernel_shape=[1, kernel], strides=[1, stride], **attrs
+        )
+        if opset < 13:
+            return [
+                helper.make_node("Unsqueeze", inputs, ["x4"], axes=[2]),
+                pool,
+                helper.make_node("Squeeze", ["y4"], outputs, axes=[2]),
+            ]
         return [
             helper.make_node("Constant", [], ["axes"], value_ints=[2]),
             helper.make_node("Unsqueeze", [inputs[0], "axes"], ["x4"]),
-            helper.make_node(
-                op_type, ["x4"], ["y4"], kernel_shape=[1, kernel], strides=[1, stride], **attrs
-            ),
+            pool,
             helper.make_node("Squeeze", ["y4", "axes"], outputs),
         ]
 
@@ -50,7 +57,8 @@ def torch_1d(op_type, id, shape, kernel, stride, opset=18, **attrs):
 
 CASES = [
     pool("MaxPool", "1d-stride1-opset13", (2, 2, 7), kernel_shape=[3], opset=13),
-    pool("MaxPool", "1d-stride2-pads", (2, 2, 8), kernel_shape=[3], strides=[2], pads=[1, 1]),
+    pool("MaxPool", "1d-stride2-pads-opset11", (2, 2, 8), kernel_shape=[3], strides=[2],
+         pads=[1, 1], opset=11),
     pool("MaxPool", "2d-stride2-pads-ceil-opset13", (1, 2, 6, 7), kernel_shape=[3, 3],
          strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, opset=13),
     pool("MaxPool", "2d-disjoint-opset13", (1, 2, 4, 6), kernel_shape=[2, 2], strides=[2, 2],
@@ -70,8 +78,8 @@ CASES = [
          pads=[1, 0, 0, 0, 1, 1]),
     pool("MaxPool", "3d-stride1-opset13", (1, 1, 4, 3, 4), kernel_shape=[2, 1, 2], opset=13),
     pool("AveragePool", "1d-stride1-opset13", (2, 2, 7), kernel_shape=[3], opset=13),
-    pool("AveragePool", "1d-stride2-pads-include", (2, 2, 8), kernel_shape=[3], strides=[2],
-         pads=[1, 1], count_include_pad=1),
+    pool("AveragePool", "1d-stride2-pads-include-opset11", (2, 2, 8), kernel_shape=[3],
+         strides=[2], pads=[1, 1], count_include_pad=1, opset=11),
     pool("AveragePool", "2d-ceil-pads-exclude", (1, 2, 6, 7), kernel_shape=[3, 3],
          strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
     pool("AveragePool", "2d-ceil-include-overflow", (1, 1, 8, 6), kernel_shape=[3, 3],
@@ -87,10 +95,11 @@ CASES = [
     pool("AveragePool", "3d-include", (1, 2, 4, 5, 5), kernel_shape=[2, 2, 2],
          strides=[2, 1, 2], pads=[1, 0, 0, 0, 1, 1], count_include_pad=1),
     pool("GlobalAveragePool", "2d", (2, 3, 3, 4)),
-    pool("GlobalAveragePool", "1d-opset13", (2, 3, 5), opset=13),
+    pool("GlobalAveragePool", "1d-opset11", (2, 3, 5), opset=11),
     pool("GlobalAveragePool", "3d", (1, 2, 2, 3, 2), opset=21),
     pool("GlobalMaxPool", "2d", (2, 3, 3, 4)),
-    pool("GlobalMaxPool", "2d-opset13", (1, 2, 5, 2), opset=13),
+    pool("GlobalMaxPool", "2d-opset11", (1, 2, 5, 2), opset=11),
     torch_1d("AveragePool", "torch-1d-export", (2, 3, 8), 3, 2),
     torch_1d("MaxPool", "torch-1d-export", (2, 3, 8), 3, 1, opset=13),
+    torch_1d("AveragePool", "torch-1d-export-opset11", (1, 2, 7), 2, 1, opset=11),
 ]  # fmt: skip

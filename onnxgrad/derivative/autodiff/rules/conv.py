@@ -100,7 +100,7 @@ def _geometry(b: GradBuilder, node: NodeView, x: str, w: str) -> tuple:
     )
 
 
-@register("Conv", since=13)
+@register("Conv", since=11)
 def conv_grad(b, node, grads, needs):
     (g,) = grads
     x, w = node.inputs[0], node.inputs[1]
@@ -115,7 +115,7 @@ def conv_grad(b, node, grads, needs):
     return [gx, gw, gb]
 
 
-@register("ConvTranspose", since=13)
+@register("ConvTranspose", since=11)
 def conv_transpose_grad(b, node, grads, needs):
     (g,) = grads
     x, w = node.inputs[0], node.inputs[1]

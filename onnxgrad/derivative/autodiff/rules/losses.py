@@ -51,7 +51,7 @@ def softmax_cross_entropy_grad(b, node, grads, needs):
     return [parts[0] if len(parts) == 1 else b.add(*parts)]
 
 
-@register("NegativeLogLikelihoodLoss", since=13)
+@register("NegativeLogLikelihoodLoss", since=12)
 def negative_log_likelihood_grad(b, node, grads, needs):
     _refuse_weight_gradient(node, needs)
     one_hot, spread = _labels_and_spread(b, node, node.inputs[0], grads[0])

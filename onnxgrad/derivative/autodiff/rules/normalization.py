@@ -49,7 +49,7 @@ def _moments(b: GradBuilder, x: str, axes: list[int], epsilon: float) -> tuple[s
 
 
 # -- BatchNormalization -----------------------------------------------------------------------
-@register("BatchNormalization", since=13)
+@register("BatchNormalization", since=11)
 def batch_normalization_grad(b, node, grads, needs):
     if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
         raise unsupported(node, "training_mode=1 (batch statistics, running-mean outputs)")
@@ -81,7 +81,7 @@ def batch_normalization_grad(b, node, grads, needs):
 
 
 # -- InstanceNormalization --------------------------------------------------------------------
-@register("InstanceNormalization", since=13)
+@register("InstanceNormalization", since=11)
 def instance_normalization_grad(b, node, grads, needs):
     (g,) = grads
     x, scale = node.inputs[0], node.inputs[1]

@@ -46,7 +46,7 @@ _WINDOW_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "
 
 
 # -- MaxPool ----------------------------------------------------------------------------------
-@register("MaxPool", since=13)
+@register("MaxPool", since=11)
 def max_pool_grad(b, node, grads, needs):
     g = grads[0]
     if g is None:
@@ -161,7 +161,7 @@ def _scalar(b: GradBuilder, value: float, like: str) -> TensorProto:
 
 
 # -- AveragePool ------------------------------------------------------------------------------
-@register("AveragePool", since=13)
+@register("AveragePool", since=11)
 def average_pool_grad(b, node, grads, needs):
     (g,) = grads
     x, y = node.inputs[0], node.outputs[0]
@@ -232,7 +232,8 @@ def _dynamic_counts(b, win: Window, x_sizes: Vec, y_sizes: Vec, include_pad: boo
             hi = b.add(_component(b, x_sizes, i), _component(b, win.end, i))
         else:
             lo, hi = b.ints(0), _component(b, x_sizes, i)
-        inside = b.op("And", b.op("GreaterOrEqual", positions, lo), b.op("Less", positions, hi))
+        below = b.op("Less", positions, lo)
+        inside = b.op("And", b.op("Not", below), b.op("Less", positions, hi))
         counts = b.reduce_sum(b.op("Cast", inside, to=b.dtype(g)), [1], keepdims=False)
         shaped = b.op("Reshape", counts, b.ints([1] * i + [-1] + [1] * (k - 1 - i)))
         total = shaped if total is None else b.mul(total, shaped)
@@ -247,7 +248,7 @@ def _component(b: GradBuilder, v: Vec, i: int) -> str:
 
 
 # -- global pools -----------------------------------------------------------------------------
-@register("GlobalAveragePool", since=13)
+@register("GlobalAveragePool", since=11)
 def global_average_pool_grad(b, node, grads, needs):
     (g,) = grads
     x = node.inputs[0]
@@ -260,7 +261,7 @@ def global_average_pool_grad(b, node, grads, needs):
     return [b.op("Expand", scaled, _shape(b, x))]
 
 
-@register("GlobalMaxPool", since=13)
+@register("GlobalMaxPool", since=11)
 def global_max_pool_grad(b, node, grads, needs):
     (g,) = grads
     x = node.inputs[0]
