@@ -64,7 +64,27 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
 
 
 def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
-    """Element type and static shape of every value the shape inference can type."""
+    """Element type and shape of every value the shape inference can type.
+
+    Shapes refined by :func:`_refine_reshapes` are fed back as hints for a second pass, so
+    the symbols they recover propagate downstream.
+    """
+    types = _inferred_types(model)
+    refined = _refine_reshapes(model.graph, types, constant_tensors(model.graph, ()))
+    if not refined:
+        return types
+    hinted = ModelProto()
+    hinted.CopyFrom(model)
+    known = {info.name: info for info in hinted.graph.value_info}
+    for name, value in refined.items():
+        info = known.get(name) or hinted.graph.value_info.add()
+        info.CopyFrom(helper.make_tensor_value_info(name, value.elem_type, list(value.shape)))
+    types = _inferred_types(hinted)
+    types.update(refined)
+    return types
+
+
+def _inferred_types(model: ModelProto) -> dict[str, ValueType]:
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # inference is best effort: rules fall back to dynamic shapes
@@ -77,6 +97,38 @@ def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
     for init in graph.initializer:
         types[init.name] = ValueType(init.data_type, tuple(init.dims))
     return types
+
+
+def _refine_reshapes(
+    graph: GraphProto, types: dict[str, ValueType], constants: dict
+) -> dict[str, ValueType]:
+    """Keep the batch symbol through ``Reshape(x, [-1, ...])``, which shape inference loses.
+
+    When ``x`` has one symbolic dim ``S`` and the static dims of ``x`` and of the target
+    shape have equal products, the ``-1`` is ``S`` (``[N, 1] -> [-1, 1]`` stays ``[N, 1]``).
+    Returns the refined types.
+    """
+    refined = {}
+    for node in graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            continue
+        source, target = types.get(node.input[0]), constants.get(node.input[1])
+        result = types.get(node.output[0])
+        if source is None or source.shape is None or target is None or result is None:
+            continue
+        symbols = [d for d in source.shape if not isinstance(d, int)]
+        requested = [int(v) for v in numpy_helper.to_array(target).ravel()]
+        if len(symbols) != 1 or not isinstance(symbols[0], str) or requested.count(-1) != 1:
+            continue
+        if 0 in requested:
+            continue
+        known_in = int(np.prod([d for d in source.shape if isinstance(d, int)]))
+        known_out = int(np.prod([v for v in requested if v != -1]))
+        if known_in == known_out:
+            shape = tuple(symbols[0] if v == -1 else v for v in requested)
+            if shape != result.shape:
+                refined[node.output[0]] = ValueType(result.elem_type, shape)
+    return refined
 
 
 def constant_tensors(graph: GraphProto, weights: Sequence[str]) -> dict[str, TensorProto]:

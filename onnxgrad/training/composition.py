@@ -92,6 +92,7 @@ def make_loss_model(
         output = output or _first_float_output(model)
         result = loss.build(model, output, loss_name, label, weight_name)
     _check_weight_types(result, weights)
+    _share_batch_dim(result, [*features, label, weight_name])
     if penalty is not None:
         result = _add_penalty(result, penalty, weights)
     return LossModel(
@@ -256,6 +257,23 @@ def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[s
     if not_float:
         raise ValueError(f"weights {not_float} are not float tensors and cannot be trained")
     return names
+
+
+def _share_batch_dim(model: ModelProto, names: Sequence[str | None]) -> None:
+    """Give the first dimension of every data input one symbolic name.
+
+    The runner slices features, labels and sample weights with the same batch indices, so
+    their first dimensions are equal; saying so lets shape inference prove that the
+    prediction and the label have the same shape, and the gradient then needs no run-time
+    reduction of broadcast axes.
+    """
+    inputs = [i for i in model.graph.input if i.name in set(names) - {None}]
+    dims = [i.type.tensor_type.shape.dim[0] for i in inputs if i.type.tensor_type.shape.dim]
+    if any(d.HasField("dim_value") for d in dims):
+        return
+    symbol = next((d.dim_param for d in dims if d.dim_param), "N")
+    for dim in dims:
+        dim.dim_param = symbol
 
 
 def _real_inputs(model: ModelProto) -> list[str]:

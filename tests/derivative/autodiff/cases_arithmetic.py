@@ -1,6 +1,7 @@
 """Rule table entries: Add, Sub, Mul, Div, Neg, Identity."""
 
 import numpy as np
+from onnx import helper
 
 from tests.derivative.autodiff.gradcheck import OpCase
 
@@ -23,6 +24,12 @@ CASES = [
     OpCase("Sub", {"a": r(), "b": r(2, 3)}, id="Sub-scalar"),
     OpCase("Mul", {"a": r(2, 3), "b": r(2, 3)}, id="Mul-same"),
     OpCase("Mul", {"a": r(3, 1), "b": r(1, 4)}, id="Mul-outer"),
+    OpCase(
+        "Mul",
+        {"a": r(2, 3)},
+        graph=lambda inputs, outputs: [helper.make_node("Mul", [inputs[0], inputs[0]], outputs)],
+        id="Mul-square",
+    ),
     OpCase("Div", {"a": r(2, 3), "b": positive(3)}, id="Div-broadcast"),
     OpCase("Div", {"a": r(1), "b": positive(2, 2)}, id="Div-scalar-numerator"),
     OpCase("Neg", {"a": r(2, 3)}),

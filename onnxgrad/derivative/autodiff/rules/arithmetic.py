@@ -2,7 +2,7 @@
 
 * ``z = a + b``: ``a_bar = z_bar``, ``b_bar = z_bar``
 * ``z = a - b``: ``a_bar = z_bar``, ``b_bar = -z_bar``
-* ``z = a * b``: ``a_bar = z_bar b``, ``b_bar = z_bar a``
+* ``z = a * b``: ``a_bar = z_bar b``, ``b_bar = z_bar a`` (``z = a * a``: ``a_bar = z_bar 2a``)
 * ``z = a / b``: ``a_bar = z_bar / b``, ``b_bar = -z_bar a / b^2 = -a_bar z``
 * ``z = -a``: ``a_bar = -z_bar``; ``z = a`` (Identity): ``a_bar = z_bar``
 """
@@ -28,6 +28,8 @@ def sub_grad(b, node, grads, needs):
 def mul_grad(b, node, grads, needs):
     (g,) = grads
     x, y = node.inputs
+    if x == y:
+        return [b.mul(g, b.add(x, x)), None]
     return [b.mul(g, y) if needs[0] else None, b.mul(g, x) if needs[1] else None]
 
 
