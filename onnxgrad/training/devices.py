@@ -68,9 +68,23 @@ def check_device(device: str | Device) -> Device:
         raise ValueError(
             f"device {str(device)!r} needs onnxruntime's CUDAExecutionProvider, which is "
             f"unavailable here (available providers: {ort.get_available_providers()}; "
-            "the CUDA provider needs a GPU and the CUDA and cuDNN libraries it was built for)"
+            f"the CUDA provider needs a GPU and {_cuda_build_requirements()})"
         )
     return device
+
+
+#: onnxruntime's default logger severity (warnings), restored after the CUDA probe.
+_DEFAULT_LOGGER_SEVERITY = 2
+
+
+def _cuda_build_requirements() -> str:
+    """The CUDA toolkit the installed onnxruntime wheel was built against (11.8 for
+    onnxruntime-training 1.19.2, which also needs cuDNN 8)."""
+    try:
+        from onnxruntime.capi.build_and_package_info import cuda_version
+    except ImportError:
+        return "the CUDA and cuDNN libraries the wheel was built for"
+    return f"the CUDA {cuda_version} and matching cuDNN libraries the wheel was built for"
 
 
 @functools.cache
@@ -88,10 +102,13 @@ def _cuda_provider_loads(index: int) -> bool:
     )
     options = ort.SessionOptions()
     options.log_severity_level = 4
+    ort.set_default_logger_severity(4)  # the failed library load is logged, then reported
     try:
         session = ort.InferenceSession(
             model.SerializeToString(), options, providers=Device("cuda", index).providers
         )
     except Exception:  # onnxruntime raises several types when a provider fails
         return False
+    finally:
+        ort.set_default_logger_severity(_DEFAULT_LOGGER_SEVERITY)
     return "CUDAExecutionProvider" in session.get_providers()
