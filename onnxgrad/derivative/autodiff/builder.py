@@ -227,6 +227,12 @@ class GradBuilder:
     def neg(self, a: str) -> str:
         return self.op("Neg", a)
 
+    def mask(self, condition: str, g: str) -> str:
+        """``g`` where ``condition`` holds, 0 elsewhere, as ``g * Cast(condition)``: the same
+        values as ``Where(condition, g, 0)`` for finite ``g``, and several times faster in
+        onnxruntime, whose ``Where`` kernel is slow."""
+        return self.mul(g, self.op("Cast", condition, to=self.dtype(g)))
+
     def unbroadcast(self, grad: str, target: str, grad_shape: tuple | None) -> str:
         """Sum ``grad`` (of static shape ``grad_shape``, possibly unknown) down to the shape
         of ``target``, undoing numpy-style broadcasting with standard ops only."""

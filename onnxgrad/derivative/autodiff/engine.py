@@ -44,6 +44,9 @@ class Engine:
         active = self._active_values(sources)
         path = self._nodes_on_path(active, seeds)
         rules = self._rules_for(path)
+        for node, rule in zip(path, rules):
+            if rule.forward is not None:
+                rule.forward(node, self.emitter.scope)
         contributions: dict[str, list[str]] = {y: [g] for y, g in seeds.items()}
         for node, rule in zip(reversed(path), reversed(rules)):
             self._backward(node, rule, active, contributions)

@@ -19,8 +19,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from onnx import NodeProto
+
 if TYPE_CHECKING:
+    from onnxgrad._onnx_utils import NameScope
     from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
+
+#: ``hook(node, scope)`` may append outputs to a forward node on the path (e.g. MaxPool's
+#: Indices) so that its rule reuses them instead of computing them again.
+ForwardHook = Callable[[NodeProto, "NameScope"], None]
 
 RuleFunction = Callable[
     ["GradBuilder", "NodeView", list["str | None"], list[bool]], Sequence["str | None"]
@@ -37,6 +44,7 @@ class Rule:
     until: int | None
     function: RuleFunction
     broadcast: bool
+    forward: ForwardHook | None = None
 
     def covers(self, opset: int) -> bool:
         return self.since <= opset and (self.until is None or opset <= self.until)
@@ -52,6 +60,7 @@ def register(
     since: int = 1,
     until: int | None = None,
     broadcast: bool = False,
+    forward: ForwardHook | None = None,
 ) -> Callable[[RuleFunction], RuleFunction]:
     """Decorator registering a rule for ``op_types`` over ``[since, until]``."""
 
@@ -60,7 +69,7 @@ def register(
             rules = _RULES.setdefault((domain, op_type), [])
             if any(_overlap(other, since, until) for other in rules):
                 raise ValueError(f"gradient rules for {domain or 'ai.onnx'}::{op_type} overlap")
-            rules.append(Rule(domain, op_type, since, until, function, broadcast))
+            rules.append(Rule(domain, op_type, since, until, function, broadcast, forward))
         return function
 
     return decorate

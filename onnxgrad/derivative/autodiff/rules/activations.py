@@ -36,7 +36,7 @@ def _scaled(b, g: str, derivative: str) -> str:
 
 def _pass_where(b, mask: str, g: str) -> str:
     """``g`` where ``mask``, 0 elsewhere."""
-    return b.op("Where", mask, g, b.const(0, like=g))
+    return b.mask(mask, g)
 
 
 @register("Sigmoid", since=13)

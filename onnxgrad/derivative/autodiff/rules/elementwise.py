@@ -48,16 +48,15 @@ def clip_grad(b, node, grads, needs):
     (g,) = grads
     x, low, high = node.inputs[0], node.input(1), node.input(2)
     need_low, need_high = low is not None and needs[1], high is not None and needs[2]
-    zero = b.const(0, like=g)
     inside = None
     if low is not None:
         inside = b.op("GreaterOrEqual", x, low)
     if high is not None:
         below_high = b.op("LessOrEqual", x, high)
         inside = below_high if inside is None else b.op("And", inside, below_high)
-    gx = g if inside is None else b.op("Where", inside, g, zero)
-    g_low = b.op("Where", b.op("Less", x, low), g, zero) if need_low else None
-    g_high = b.op("Where", b.op("Greater", x, high), g, zero) if need_high else None
+    gx = g if inside is None else b.mask(inside, g)
+    g_low = b.mask(b.op("Less", x, low), g) if need_low else None
+    g_high = b.mask(b.op("Greater", x, high), g) if need_high else None
     return [gx if needs[0] else None, g_low, g_high]
 
 
@@ -91,9 +90,8 @@ def mean_grad(b, node, grads, needs):
 def where_grad(b, node, grads, needs):
     (g,) = grads
     condition = node.inputs[0]
-    zero = b.const(0, like=g)
-    gx = b.op("Where", condition, g, zero) if needs[1] else None
-    gy = b.op("Where", condition, zero, g) if needs[2] else None
+    gx = b.mask(condition, g) if needs[1] else None
+    gy = b.mask(b.op("Not", condition), g) if needs[2] else None
     return [None, gx, gy]
 
 

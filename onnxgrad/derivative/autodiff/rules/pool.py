@@ -23,9 +23,9 @@ import itertools
 import math
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import NodeProto, TensorProto, numpy_helper
 
-from onnxgrad._onnx_utils import np_dtype
+from onnxgrad._onnx_utils import NameScope, np_dtype
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._nn_helpers import (
@@ -46,7 +46,21 @@ _WINDOW_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "
 
 
 # -- MaxPool ----------------------------------------------------------------------------------
-@register("MaxPool", since=11)
+def _expose_indices(node: NodeProto, scope: NameScope) -> None:
+    """The forward MaxPool also returns its ``Indices``, so the gradient does not pool again
+    (not when every stride and dilation is 1: see :func:`_with_a_step`)."""
+    view = NodeView(node, opset=0)
+    if len(node.output) == 1 and view.attr("storage_order", 0) == 0 and not _unit_steps(view):
+        node.output.append(scope.unique(f"{node.output[0]}_indices"))
+
+
+def _unit_steps(node: NodeView) -> bool:
+    k = len(node.attr("kernel_shape"))
+    steps = list(ints_attr(node, "strides", 1, k)) + list(ints_attr(node, "dilations", 1, k))
+    return all(s == 1 for s in steps)
+
+
+@register("MaxPool", since=11, forward=_expose_indices)
 def max_pool_grad(b, node, grads, needs):
     g = grads[0]
     if g is None:
@@ -59,10 +73,7 @@ def max_pool_grad(b, node, grads, needs):
 def _argmax_indices(b: GradBuilder, node: NodeView, x: str) -> str:
     """Flat row-major indices in ``x`` of each window's maximum."""
     kernel = list(node.attr("kernel_shape"))
-    k = len(kernel)
-    strides = list(ints_attr(node, "strides", 1, k))
-    dilations = list(ints_attr(node, "dilations", 1, k))
-    unit_steps = all(s == 1 for s in strides + dilations)
+    unit_steps = _unit_steps(node)
     own = len(node.outputs) > 1 and node.outputs[1] and node.attr("storage_order", 0) == 0
     if own and not unit_steps:
         return node.outputs[1]
