@@ -41,11 +41,8 @@ def constant_ints(b, name: str | None) -> list[int] | None:
     a ``Constant`` output), flattened; ``None`` when unknown.
 
     Rules use it to pick leaner graphs (a Slice with unit ``steps`` has a Pad for gradient).
-    The lookup is the builder's ``constant_value(name) -> ndarray | None``; a builder
-    without it knows no values and the rules fall back to their general graphs.
     """
-    lookup = getattr(b, "constant_value", None)
-    value = None if name is None or lookup is None else lookup(name)
+    value = None if name is None else b.constant_value(name)
     return None if value is None else [int(v) for v in np.asarray(value).ravel()]
 
 
