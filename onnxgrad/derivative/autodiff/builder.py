@@ -4,21 +4,13 @@ nodes (:class:`GradBuilder`) that knows types, shapes and the opset."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import NameScope, np_dtype
-
-
-@dataclass(frozen=True)
-class ValueType:
-    """Element type and shape: ints, symbolic names (equal names, equal sizes), ``None`` for
-    unknown dims; ``shape=None`` when even the rank is unknown."""
-
-    elem_type: int
-    shape: tuple[int | str | None, ...] | None
+from onnxgrad.derivative.autodiff.value_types import ValueType, infer_subgraph_types
+from onnxgrad.graph._scopes import node_inputs
 
 
 class NodeView:
@@ -33,6 +25,9 @@ class NodeView:
         self.inputs = list(proto.input)
         self.outputs = list(proto.output)
         self._attributes = {a.name: a for a in proto.attribute}
+        #: outer-scope values its subgraphs read (If branches, Loop and Scan bodies), sorted;
+        #: a rule receives ``needs`` and returns gradients for ``inputs + captured``
+        self.captured = sorted(node_inputs(proto) - set(proto.input) - {""})
 
     def input(self, index: int) -> str | None:
         """Name of input ``index``, or ``None`` when it is absent or omitted."""
@@ -75,6 +70,13 @@ class GraphEmitter:
         self._constants: dict[tuple, str] = {}
         self._constant_tensors = dict(constants or {})
         self._constant_values: dict[str, np.ndarray] = {}
+
+    def child(self) -> GraphEmitter:
+        """An emitter for a subgraph: its own nodes, the same names, types and constants."""
+        child = GraphEmitter(self.scope, self.types, self.opset)
+        child._constant_tensors = self._constant_tensors
+        child._constant_values = self._constant_values
+        return child
 
     def constant_value(self, name: str) -> np.ndarray | None:
         """The value of a constant (a non-differentiated initializer or a Constant output)."""
@@ -143,6 +145,22 @@ class GradBuilder:
     def constant_value(self, name: str) -> np.ndarray | None:
         """The value of ``name`` if it is a constant (never a differentiated input)."""
         return self._emitter.constant_value(name)
+
+    def unique_name(self, base: str) -> str:
+        """A value name free in the whole model, under this node's prefix."""
+        return self._emitter.scope.unique(f"{self.prefix}{base}")
+
+    def differentiate_subgraph(
+        self, graph: GraphProto, sources: Sequence[str], seeds: dict[str, str]
+    ) -> tuple[list[NodeProto], dict[str, str | None]]:
+        """Backward nodes of a subgraph: ``{source: gradient}`` for outer-scope ``sources``
+        given gradients ``seeds`` of its outputs (outer-scope names too)."""
+        from onnxgrad.derivative.autodiff.engine import Engine
+
+        infer_subgraph_types(graph, self._emitter.types, self.opset)
+        engine = Engine.nested(graph, self._emitter)
+        gradients = engine.gradients(sources, seeds)
+        return engine.emitted_nodes, gradients
 
     def ints(self, values: Sequence[int] | int) -> str:
         """An int64 constant (axes, shapes, indices): 1-D for a sequence, 0-D for an int."""

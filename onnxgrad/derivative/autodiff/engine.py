@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from onnx import GraphProto, NodeProto, TensorProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope
-from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView, ValueType
+from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView
 from onnxgrad.derivative.autodiff.registry import Rule, find_rule, has_zero_gradient
+from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import node_inputs
 
 
@@ -34,6 +35,16 @@ class Engine:
         self.opset = opset
         self.emitter = GraphEmitter(scope, types, opset, constants)
         self.types = types
+
+    @classmethod
+    def nested(cls, graph: GraphProto, outer: GraphEmitter) -> Engine:
+        """An engine for a subgraph, sharing the names, types and constants of ``outer``."""
+        engine = cls.__new__(cls)
+        engine.nodes = list(graph.node)
+        engine.opset = outer.opset
+        engine.emitter = outer.child()
+        engine.types = outer.types
+        return engine
 
     @property
     def emitted_nodes(self) -> list[NodeProto]:
@@ -104,12 +115,13 @@ class Engine:
         if all(g is None for g in grads):
             return
         view = NodeView(node, self.opset)
-        needs = [bool(name) and name in active for name in node.input]
+        inputs = [*node.input, *view.captured]
+        needs = [bool(name) and name in active for name in inputs]
         builder = GradBuilder(self.emitter, self._prefix(node))
         results = list(rule.function(builder, view, grads, needs))
-        if len(results) < len(node.input):
-            results += [None] * (len(node.input) - len(results))
-        for name, need, grad in zip(node.input, needs, results):
+        if len(results) < len(inputs):
+            results += [None] * (len(inputs) - len(results))
+        for name, need, grad in zip(inputs, needs, results):
             if not need or grad is None:
                 continue
             if rule.broadcast:
