@@ -36,9 +36,17 @@ class GraphBuilder:
         return out
 
     def const(self, value: np.ndarray, base: str) -> str:
-        """Add an initializer holding ``value`` and return its name."""
+        """Append a ``Constant`` node holding ``value`` and return its output name.
+
+        Not an initializer: loss coefficients and axes must never be taken for weights
+        (:func:`onnxgrad.get_train_initializer` lists float initializers).
+        """
         name = self._values.unique(f"{self.prefix}_{base}")
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name=name))
+        tensor = numpy_helper.from_array(np.asarray(value), name=name)
+        node_name = self._nodes.unique(f"{self.prefix}_Constant")
+        self.graph.node.append(
+            helper.make_node("Constant", [], [name], name=node_name, value=tensor)
+        )
         return name
 
     def reduce(

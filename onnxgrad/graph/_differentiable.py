@@ -24,8 +24,10 @@ _Category = OpSchema.DifferentiationCategory
 
 #: Inputs whose schema says Differentiable or Unknown but which hold constants, statistics or
 #: shapes rather than weights: running statistics, resampling scales, random-op shapes,
-#: quantisation parameters, rotary caches.
+#: quantisation parameters, rotary caches, and Pow's exponent (a constant-folded ``x ** 2``;
+#: its gradient ``z log(x)`` is NaN wherever ``x < 0``).
 _NOT_TRAINABLE: dict[tuple[str, str], frozenset[str]] = {
+    ("", "Pow"): frozenset({"Y"}),
     ("", "BatchNormalization"): frozenset({"mean", "var", "input_mean", "input_var"}),
     ("", "Upsample"): frozenset({"scales"}),
     ("", "Range"): frozenset({"start", "limit", "delta"}),

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxgrad.graph import get_train_initializer
+from onnxgrad.graph import add_loss_output, get_train_initializer
 from tests.graph.sklearn_models import (
     linear_regression,
     logistic_regression,
@@ -245,3 +245,24 @@ def test_accepts_a_path_and_rejects_other_types(tmp_path):
     assert weights(str(path)) == ["init", "init_1", "init_b10"]
     with pytest.raises(TypeError, match=r"expected an onnx\.ModelProto or a path"):
         get_train_initializer(42)
+
+
+def test_loss_coefficients_and_pow_exponents_are_not_weights():
+    """add_loss_output's coefficients are Constant nodes, and a Pow exponent is a constant:
+    training them would move a penalty coefficient or produce z log(x) = NaN for x < 0."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "W"], ["xw"]), helper.make_node("Pow", ["xw", "P"], ["Y"])],
+        "pow",
+        [x],
+        [y],
+        [
+            numpy_helper.from_array(np.array([1.0, -2.0, 0.5], np.float32), "W"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "P"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    assert list(get_train_initializer(model)) == ["W"]
+    with_loss = add_loss_output(model, "elastic", penalty={"W": {"l1": 0.1, "l2": 0.2}})
+    assert list(get_train_initializer(with_loss)) == ["W"]
