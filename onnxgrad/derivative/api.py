@@ -153,6 +153,21 @@ def _resolve_loss(model: ModelProto, loss: str | None, label: str | None) -> tup
             raise ValueError(f"the model has several outputs {outputs}: name the loss with loss=")
     if loss not in outputs:
         raise ValueError(f"loss output {loss!r} not found among the outputs {outputs}")
+    _check_scalar_loss(next(o for o in model.graph.output if o.name == loss))
     if label is not None and label not in graph_inputs(model):
         raise ValueError(f"label input {label!r} not found among the inputs {graph_inputs(model)}")
     return loss, label
+
+
+def _check_scalar_loss(output) -> None:
+    """A loss is one float number: shape ``[]``, ``[1]``, ``[1, 1]``... (unknown shapes pass)."""
+    tensor = output.type.tensor_type
+    if tensor.elem_type and tensor.elem_type not in FLOAT_TYPES:
+        raise ValueError(f"loss output {output.name!r} is not a float tensor")
+    if tensor.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if any(d is not None and d != 1 for d in dims):
+            raise ValueError(
+                f"loss output {output.name!r} has shape {dims}: DerivativeOptions.Loss needs a "
+                "scalar loss (use FillGrad to differentiate the sum of an output)"
+            )

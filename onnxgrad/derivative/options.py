@@ -28,10 +28,15 @@ class DerivativeOptions(IntFlag):
 
 def check_options(options: DerivativeOptions | int, backend: str) -> DerivativeOptions:
     """Validate a combination of flags, raising ``ValueError`` that names the conflict."""
-    try:
-        options = DerivativeOptions(options)
-    except ValueError:
-        raise ValueError(f"unknown DerivativeOptions value {options!r}") from None
+    if isinstance(options, bool) or not isinstance(options, int):
+        raise TypeError(f"options must be DerivativeOptions flags, got {options!r}")
+    known = sum(DerivativeOptions)
+    if options < 0 or options & ~known:
+        raise ValueError(
+            f"unknown DerivativeOptions bits in {options!r}: the flags are "
+            + ", ".join(f"{flag.name}={flag.value}" for flag in DerivativeOptions if flag)
+        )
+    options = DerivativeOptions(options)
     if DerivativeOptions.KeepYieldOp in options:
         if backend != "ort":
             raise ValueError("DerivativeOptions.KeepYieldOp is only available with backend='ort'")
@@ -40,5 +45,10 @@ def check_options(options: DerivativeOptions | int, backend: str) -> DerivativeO
     if DerivativeOptions.Loss in options and DerivativeOptions.FillGrad in options:
         raise ValueError(
             "DerivativeOptions.Loss already seeds the loss gradient with 1: drop FillGrad"
+        )
+    if backend == "ort" and options == DerivativeOptions.Loss | DerivativeOptions.KeepOutputs:
+        raise ValueError(
+            "backend='ort' returns only the loss with DerivativeOptions.Loss; "
+            "KeepOutputs needs backend='onnx'"
         )
     return options
