@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, ValueInfoProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import MAX_IR_VERSION, NameScope, all_names, np_dtype
+from onnxgrad._onnx_utils import (
+    MAX_IR_VERSION,
+    MAX_OPSET,
+    NameScope,
+    all_names,
+    default_opset,
+    np_dtype,
+)
 from onnxgrad.derivative._naming import free_gradient_names, kept_outputs, seeds_are_inputs
 from onnxgrad.derivative.api import DerivativeRequest
 from onnxgrad.derivative.options import DerivativeOptions
@@ -54,6 +61,13 @@ def prepare_forward(request: DerivativeRequest) -> Forward:
     """The model the builder differentiates; ``request.model`` is left untouched."""
     model = ModelProto()
     model.CopyFrom(request.model)
+    opset = default_opset(model)
+    if opset > MAX_OPSET:
+        raise ValueError(
+            f"onnxruntime-training 1.19.2 accepts opsets up to {MAX_OPSET}, the model has "
+            f"opset {opset}: use backend='onnx'"
+        )
+    model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     graph = model.graph
     initializers = {i.name for i in graph.initializer}
     _replace(graph.input, [i for i in graph.input if i.name not in initializers])

@@ -57,3 +57,16 @@ def test_ort_backend_refuses_loss_with_kept_outputs():
 def test_bad_names_are_named(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         onnx_derivative(seed004_model(), **kwargs)
+
+
+def test_ort_backend_clamps_a_newer_ir_version():
+    model = seed004_model()
+    model.ir_version = 14
+    grad = onnx_derivative(model, backend="ort")
+    assert [o.name for o in grad.graph.output][0] == "x_grad"
+    assert grad.ir_version <= 10
+
+
+def test_ort_backend_names_its_opset_limit():
+    with pytest.raises(ValueError, match="opsets up to 21, the model has opset 22"):
+        onnx_derivative(seed004_model(22), backend="ort")
