@@ -60,14 +60,25 @@ def default_opset(model: ModelProto) -> int:
 def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     """Clamp the IR version to what onnxruntime-training accepts and validate the model.
 
+    Below IR 4 every initializer must also be a graph input, which rewrites do not keep:
+    such models are raised to the lowest IR version their opsets allow (at least 4).
     ``check_model(full_check=True)`` also runs strict shape inference, so a result that
     passes here loads in onnxruntime.
     """
-    if model.ir_version == 0 or model.ir_version > MAX_IR_VERSION:
-        model.ir_version = MAX_IR_VERSION
+    model.ir_version = supported_ir_version(model)
     if check:
         onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def supported_ir_version(model: ModelProto) -> int:
+    """The model's IR version clamped to ``[4 or its opsets' minimum, MAX_IR_VERSION]``."""
+    if model.ir_version == 0 or model.ir_version > MAX_IR_VERSION:
+        return MAX_IR_VERSION
+    if model.ir_version < 4:
+        lowest = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+        return min(max(4, lowest), MAX_IR_VERSION)
+    return model.ir_version
 
 
 def make_model_like(graph: onnx.GraphProto, template: ModelProto, **kwargs) -> ModelProto:

@@ -67,7 +67,6 @@ def prepare_forward(request: DerivativeRequest) -> Forward:
             f"onnxruntime-training 1.19.2 accepts opsets up to {MAX_OPSET}, the model has "
             f"opset {opset}: use backend='onnx'"
         )
-    model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     graph = model.graph
     initializers = {i.name for i in graph.initializer}
     _replace(graph.input, [i for i in graph.input if i.name not in initializers])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, ModelLike, load_model
+from onnxgrad._onnx_utils import FLOAT_TYPES, ModelLike, load_model, supported_ir_version
 from onnxgrad.derivative.options import DerivativeOptions, check_options
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
@@ -68,7 +68,9 @@ def onnx_derivative(
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}, expected one of {sorted(BACKENDS)}")
     options = check_options(options, backend)
-    request = resolve_request(load_model(model), weights, inputs, options, loss, label)
+    model = load_model(model)
+    model.ir_version = supported_ir_version(model)
+    request = resolve_request(model, weights, inputs, options, loss, label)
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
 

@@ -63,10 +63,19 @@ def test_ort_backend_clamps_a_newer_ir_version():
     model = seed004_model()
     model.ir_version = 14
     grad = onnx_derivative(model, backend="ort")
-    assert [o.name for o in grad.graph.output][0] == "x_grad"
+    assert grad.graph.output[0].name == "x_grad"
     assert grad.ir_version <= 10
 
 
 def test_ort_backend_names_its_opset_limit():
     with pytest.raises(ValueError, match="opsets up to 21, the model has opset 22"):
         onnx_derivative(seed004_model(22), backend="ort")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "ort"])
+def test_models_below_ir_4_are_raised_to_a_valid_version(backend):
+    model = seed004_model()
+    model.ir_version = 3
+    grad = onnx_derivative(model, backend=backend)
+    assert 4 <= grad.ir_version <= 10
+    assert model.ir_version == 3

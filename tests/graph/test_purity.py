@@ -92,3 +92,12 @@ def test_read_only_functions_are_pure(model_name):
     for name in found:
         assert not np.array_equal(found[name][0], expected[name])
     assert model.SerializeToString() == before
+
+
+def test_rewrites_of_an_ir_3_model_stay_valid():
+    """Below IR 4 initializers must be graph inputs; results are raised to a valid version."""
+    model = seed004_model()
+    model.ir_version = 3
+    result = add_initializer(model, "extra", np.ones(2, np.float32))
+    onnx.checker.check_model(result, full_check=True)
+    assert result.ir_version >= 4
