@@ -154,3 +154,19 @@ def np_dtype(elem_type: int) -> np.dtype:
 def elem_type(dtype) -> int:
     """ONNX tensor element type of a numpy dtype."""
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def zeros_like_nodes(
+    source: str, output: str, elem_type: int, values: NameScope, nodes: NameScope | None = None
+) -> list[onnx.NodeProto]:
+    """``Shape`` then ``ConstantOfShape(0)``: zeros of ``elem_type`` shaped like ``source``,
+    written to ``output``; new value and node names come from ``values`` and ``nodes``."""
+    nodes = values if nodes is None else nodes
+    shape = values.unique(f"{output}_shape")
+    zero = onnx.numpy_helper.from_array(np.zeros((1,), dtype=np_dtype(elem_type)))
+    return [
+        helper.make_node("Shape", [source], [shape], name=nodes.unique(f"{output}_Shape")),
+        helper.make_node(
+            "ConstantOfShape", [shape], [output], name=nodes.unique(f"{output}_Zeros"), value=zero
+        ),
+    ]

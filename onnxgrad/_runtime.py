@@ -27,3 +27,34 @@ def import_onnxruntime() -> ModuleType:
         if masked and sys.modules.get("onnxruntime.training", False) is None:
             del sys.modules["onnxruntime.training"]
     return onnxruntime
+
+
+#: onnxruntime's own default logger severity: warnings and above.
+DEFAULT_LOGGER_SEVERITY = 2
+_LOGGER_SEVERITIES = range(5)
+_recorded_severity = DEFAULT_LOGGER_SEVERITY
+
+
+def set_logger_severity(level: int) -> int:
+    """Set onnxruntime's default logger severity and record it; return the level it replaces.
+
+    Levels are onnxruntime's: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal. Code that
+    silences onnxruntime for a moment calls :func:`restore_logger_severity` afterwards, so the
+    level chosen here (by the command line, say) survives it.
+    """
+    global _recorded_severity
+    if isinstance(level, bool) or not isinstance(level, int) or level not in _LOGGER_SEVERITIES:
+        raise ValueError(f"logger severity must be an integer from 0 to 4, got {level!r}")
+    import_onnxruntime().set_default_logger_severity(level)
+    previous, _recorded_severity = _recorded_severity, level
+    return previous
+
+
+def logger_severity() -> int:
+    """The level last set by :func:`set_logger_severity` (onnxruntime's default before)."""
+    return _recorded_severity
+
+
+def restore_logger_severity() -> None:
+    """Set onnxruntime's default logger back to the recorded level after a temporary change."""
+    import_onnxruntime().set_default_logger_severity(_recorded_severity)

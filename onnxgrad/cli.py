@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
-import onnxruntime as ort
 from google.protobuf.message import Error as ProtobufError
 from onnx import ModelProto
 from onnx.checker import ValidationError
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, subgraphs
+from onnxgrad._runtime import set_logger_severity
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
 from onnxgrad.exceptions import ConvergenceError
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    ort.set_default_logger_severity(ORT_LOG_SEVERITY)
+    previous_severity = set_logger_severity(ORT_LOG_SEVERITY)
     try:
         return args.run(args) or 0
     except KeyboardInterrupt:
@@ -99,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EXPECTED_ERRORS as exc:
         _fail(args.prog, _one_line(exc))
         return USAGE_ERROR
+    finally:
+        set_logger_severity(previous_severity)
 
 
 def _fail(prog: str, message: str) -> None:

@@ -22,6 +22,7 @@ from onnxgrad._onnx_utils import (
     all_names,
     default_opset,
     np_dtype,
+    zeros_like_nodes,
 )
 from onnxgrad.derivative._naming import free_gradient_names, kept_outputs, seeds_are_inputs
 from onnxgrad.derivative.api import DerivativeRequest
@@ -212,7 +213,9 @@ def _gradient_outputs(
         name = f"{source}_grad"
         gradient = built.gradients.get(source)
         if gradient is None:
-            zero_nodes += _zeros_like(source, name, types[source].type.tensor_type.elem_type, scope)
+            zero_nodes += zeros_like_nodes(
+                source, name, types[source].type.tensor_type.elem_type, scope
+            )
         elif gradient != name:
             renames[gradient] = name
         info = _copy(built_outputs.get(gradient) or types[source])
@@ -221,17 +224,6 @@ def _gradient_outputs(
     if renames:
         rename_values(graph, renames)
     return outputs, zero_nodes
-
-
-def _zeros_like(source: str, name: str, elem_type: int, scope: NameScope) -> list[NodeProto]:
-    shape = scope.unique(f"{name}_shape")
-    zero = numpy_helper.from_array(np.zeros((1,), dtype=np_dtype(elem_type)))
-    return [
-        helper.make_node("Shape", [source], [shape], name=scope.unique(f"{shape}_Shape")),
-        helper.make_node(
-            "ConstantOfShape", [shape], [name], name=scope.unique(f"{name}_Zeros"), value=zero
-        ),
-    ]
 
 
 def _source_types(model: ModelProto, request: DerivativeRequest) -> dict[str, ValueInfoProto]:

@@ -17,6 +17,7 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     make_model_like,
     np_dtype,
+    zeros_like_nodes,
 )
 from onnxgrad.derivative._naming import free_gradient_names, kept_outputs
 from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
@@ -25,6 +26,7 @@ from onnxgrad.derivative.autodiff.value_types import (
     ValueType,
     constant_tensors,
     infer_value_types,
+    value_info,
 )
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.graph.select import prune_graph
@@ -39,7 +41,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     original_names = {new: old for old, new in renames.items()}
     types = infer_value_types(model)
     graph = model.graph
-    scope = NameScope(all_names(graph) | {node.name for node in graph.node})
+    scope = NameScope(all_names(graph))
     for name in (f"{x}_grad" for x in sources):
         scope.reserve(name)
 
@@ -115,25 +117,16 @@ def _gradient_outputs(
 ) -> tuple[list[ValueInfoProto], list]:
     """One ``<x>_grad`` output per source; structural zeros become zeros of x's shape."""
     outputs, nodes = [], []
-    unique = engine.emitter.scope.unique
+    values, node_names = engine.emitter.scope, engine.emitter.node_names
     for source, grad in gradients.items():
         name = f"{source}_grad"
         value = types[source]
         if grad is None:
-            zero = numpy_helper.from_array(np.array([0], dtype=np_dtype(value.elem_type)))
-            shape = unique(f"{name}_shape")
-            nodes += [
-                helper.make_node("Shape", [source], [shape], name=unique(f"{name}_Shape")),
-                helper.make_node(
-                    "ConstantOfShape", [shape], [name], name=unique(f"{name}_Zeros"), value=zero
-                ),
-            ]
+            nodes += zeros_like_nodes(source, name, value.elem_type, values, node_names)
         else:
-            nodes.append(
-                helper.make_node("Identity", [grad], [name], name=unique(f"{name}_Identity"))
-            )
-        dims = None if value.shape is None else [d if d is not None else "" for d in value.shape]
-        outputs.append(helper.make_tensor_value_info(name, value.elem_type, dims))
+            identity = node_names.unique(f"{name}_Identity")
+            nodes.append(helper.make_node("Identity", [grad], [name], name=identity))
+        outputs.append(value_info(name, value))
     return outputs, nodes
 
 

@@ -29,6 +29,7 @@ from onnxgrad.training.learning_rate import (
     LearningRateAdam,
     LearningRateSGD,
     LearningRateSGDNesterov,
+    learning_rate_from_name,
 )
 from onnxgrad.training.losses import (
     AbsoluteLearningLoss,
@@ -71,6 +72,7 @@ __all__ = [
     "TrainStep",
     "TrainingRunner",
     "check_device",
+    "learning_rate_from_name",
     "make_eval_step",
     "make_loss_model",
     "make_predict_model",

@@ -15,7 +15,7 @@ def input_info(model: ModelProto, name: str) -> ValueInfoProto:
     raise ValueError(f"the graph has no input {name!r}")
 
 
-def _host_array(value) -> np.ndarray:
+def host_array(value) -> np.ndarray:
     """``value`` as a numpy array; an ``OrtValue`` is copied (its ``numpy()`` is a view that
     does not keep the tensor alive)."""
     if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
@@ -23,35 +23,41 @@ def _host_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def _dims(info: ValueInfoProto) -> list[int | None]:
+def tensor_dims(info: ValueInfoProto) -> list[int | None]:
+    """The dimensions of a tensor's type, ``None`` where not fixed (``[]``: no shape)."""
     tensor = info.type.tensor_type
     if not tensor.HasField("shape"):
         return []
     return [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
 
 
-def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarray:
-    """``X`` as an array of the dtype and shape input ``name`` declares, or an error."""
-    info = input_info(model, name)
-    array = _host_array(X)
+def check_tensor(info: ValueInfoProto, array: np.ndarray, what: str) -> None:
+    """``array`` has the dtype, the rank and the fixed dimensions after the first (the batch
+    axis) that ``info`` declares, or a ``TypeError``/``ValueError`` naming ``what``."""
     expected = np_dtype(info.type.tensor_type.elem_type)
     if array.dtype != expected:
         raise TypeError(
-            f"{what} has dtype {array.dtype}, the model input {name!r} expects {expected}: "
+            f"{what} has dtype {array.dtype}, the model input {info.name!r} expects {expected}: "
             f"convert it with {what}.astype(numpy.{expected})"
         )
-    dims = _dims(info)
+    dims = tensor_dims(info)
     if dims and array.ndim != len(dims):
         raise ValueError(
-            f"{what} has shape {array.shape}, the model input {name!r} expects {len(dims)} "
+            f"{what} has shape {array.shape}, the model input {info.name!r} expects {len(dims)} "
             f"dimensions {dims}"
         )
     for axis, (got, want) in enumerate(zip(array.shape, dims)):
         if axis > 0 and want is not None and got != want:
             raise ValueError(
-                f"{what} has shape {array.shape}, the model input {name!r} expects "
+                f"{what} has shape {array.shape}, the model input {info.name!r} expects "
                 f"{want} values on axis {axis} (shape {dims})"
             )
+
+
+def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarray:
+    """``X`` as an array of the dtype and shape input ``name`` declares, or an error."""
+    array = host_array(X)
+    check_tensor(input_info(model, name), array, what)
     return np.ascontiguousarray(array)
 
 
@@ -62,7 +68,7 @@ def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") 
     the label's dtype. A vector feeds a one-column label and the reverse.
     """
     info = input_info(model, name)
-    array = _host_array(y)
+    array = host_array(y)
     if array.ndim == 0 or array.shape[0] != n_rows:
         raise ValueError(
             f"X and {what} have different numbers of observations: {n_rows} and "
@@ -75,7 +81,7 @@ def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") 
         raise TypeError(
             f"{what} has dtype {array.dtype}, the label input {name!r} expects {expected}"
         )
-    dims = _dims(info)
+    dims = tensor_dims(info)
     if dims:
         array = _reshape_labels(array, dims, name, what)
     return np.ascontiguousarray(array)

@@ -28,14 +28,14 @@ from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
-from onnxgrad.training.train_step import TrainStep, append_update
+from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
 
 #: The lowest default-domain opset the composed graphs are written for.
 MIN_OPSET = 13
 
 
 @dataclass(frozen=True)
-class LossModel:
+class LossModel(DataRoles):
     """A model reduced to one scalar output ``loss`` with its data inputs named by role."""
 
     model: ModelProto
@@ -44,11 +44,6 @@ class LossModel:
     sample_weight: str | None
     loss: str
     weights: tuple[str, ...]
-
-    @property
-    def data_inputs(self) -> tuple[str, ...]:
-        """Inputs fed with one row per observation: features, label, sample weight."""
-        return (*self.features, self.label, *((self.sample_weight,) if self.sample_weight else ()))
 
 
 def make_loss_model(
@@ -323,9 +318,18 @@ def _reorder_inputs(model: ModelProto, order: Sequence[str]) -> None:
 
 
 def _check_weight_types(model: ModelProto, weights: Sequence[str]) -> None:
-    loss_type = model.graph.output[0].type.tensor_type.elem_type
+    """Every trained weight must feed the loss (which kept only the initializers it uses)
+    and share its element type."""
+    loss = model.graph.output[0]
+    loss_type = loss.type.tensor_type.elem_type
     types = {init.name: init.data_type for init in model.graph.initializer}
-    mismatched = [w for w in weights if types.get(w) != loss_type]
+    unused = [w for w in weights if w not in types]
+    if unused:
+        raise ValueError(
+            f"weights {unused} do not reach the loss output {loss.name!r}: they would get no "
+            "gradient, leave them out of the trained weights"
+        )
+    mismatched = [w for w in weights if types[w] != loss_type]
     if mismatched:
         loss_dtype = np_dtype(loss_type)
         raise ValueError(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import onnxruntime as ort
 
+from onnxgrad.training._inputs import host_array
 from onnxgrad.training.devices import Device, check_device
 
 
@@ -15,7 +16,8 @@ class OrtDataLoader:
 
     Batches have ``batch_size`` rows, the last one the remainder (as scikit-learn's
     ``gen_batches``). The whole data set is copied to ``device`` once (:meth:`device_data`),
-    so a runner only sends the row indices of each batch (:meth:`epoch_batches`).
+    so a runner only sends the row indices of each batch: the consecutive slices of
+    :meth:`epoch_order` (:meth:`epoch_batches`).
 
     :param random_state: seed or ``numpy.random.Generator`` of the shuffling
     """
@@ -58,9 +60,13 @@ class OrtDataLoader:
             return self.X, self.y
         return self.X, self.y, self.sample_weight
 
+    def epoch_order(self) -> np.ndarray:
+        """The int64 row order of a new shuffled epoch (the only draw from :attr:`rng`)."""
+        return self.rng.permutation(len(self)).astype(np.int64, copy=False)
+
     def epoch_batches(self) -> list[np.ndarray]:
         """The int64 row indices of each batch of a new shuffled epoch."""
-        order = self.rng.permutation(len(self)).astype(np.int64)
+        order = self.epoch_order()
         return [order[i : i + self.batch_size] for i in range(0, len(self), self.batch_size)]
 
     def iter_numpy(self) -> Iterator[tuple[np.ndarray, ...]]:
@@ -93,9 +99,7 @@ def to_ortvalue(array: np.ndarray, device: Device) -> ort.OrtValue:
 
 
 def _as_array(value, name: str) -> np.ndarray:
-    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-        value = np.array(value.numpy(), copy=True)
-    array = np.asarray(value)
+    array = host_array(value)
     if array.dtype == object:
         raise TypeError(f"{name} must be a numeric array, got dtype object")
     if array.ndim == 0:

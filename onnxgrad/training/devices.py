@@ -15,6 +15,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from onnxgrad._onnx_utils import MAX_IR_VERSION
+from onnxgrad._runtime import restore_logger_severity
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -73,10 +74,6 @@ def check_device(device: str | Device) -> Device:
     return device
 
 
-#: onnxruntime's default logger severity (warnings), restored after the CUDA probe.
-_DEFAULT_LOGGER_SEVERITY = 2
-
-
 def _cuda_build_requirements() -> str:
     """The CUDA toolkit the installed onnxruntime wheel was built against (11.8 for
     onnxruntime-training 1.19.2, which also needs cuDNN 8)."""
@@ -110,5 +107,5 @@ def _cuda_provider_loads(index: int) -> bool:
     except Exception:  # onnxruntime raises several types when a provider fails
         return False
     finally:
-        ort.set_default_logger_severity(_DEFAULT_LOGGER_SEVERITY)
+        restore_logger_severity()
     return "CUDAExecutionProvider" in session.get_providers()

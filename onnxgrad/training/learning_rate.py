@@ -291,31 +291,62 @@ def _check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be > 0, got {value!r}")
 
 
+#: optimizer name (lower case) -> its class and the parameters the name fixes
 _BY_NAME = {
-    "sgd": LearningRateSGD,
-    "nesterov": LearningRateSGDNesterov,
-    "momentum": lambda: LearningRateSGDNesterov(nesterov=False),
-    "adam": LearningRateAdam,
+    "sgd": (LearningRateSGD, {}),
+    "nesterov": (LearningRateSGDNesterov, {}),
+    "momentum": (LearningRateSGDNesterov, {"nesterov": False}),
+    "adam": (LearningRateAdam, {}),
 }
+
+#: the optimizer names :func:`learning_rate_from_name` accepts (in any case)
+LEARNING_RATE_NAMES = tuple(_BY_NAME)
+
+
+def learning_rate_from_name(
+    name: str, eta0: float | None = None, schedule: str | None = None
+) -> BaseLearningRate:
+    """A fresh, checked optimizer ``'SGD'``, ``'Nesterov'``, ``'Momentum'`` (classical
+    momentum) or ``'Adam'``, in any case, with its default hyper-parameters except:
+
+    :param eta0: the base learning rate (default: the optimizer's, 0.01 for the SGD family,
+        0.001 for Adam)
+    :param schedule: the SGD family's schedule (default ``'invscaling'``, see
+        :class:`LearningRateSGD`); Adam's rate is constant, ``'constant'`` is accepted
+    """
+    if not isinstance(name, str) or name.lower() not in _BY_NAME:
+        raise ValueError(f"unknown optimizer {name!r}, expected one of {list(LEARNING_RATE_NAMES)}")
+    cls, params = _BY_NAME[name.lower()]
+    params = dict(params)
+    if eta0 is not None:
+        params["eta0"] = eta0
+    if schedule is not None and cls is LearningRateAdam:
+        if schedule != "constant":
+            raise ValueError(f"Adam's learning rate is constant, it has no schedule {schedule!r}")
+    elif schedule is not None:
+        params["learning_rate"] = schedule
+    optimizer = cls(**params)
+    optimizer.check()
+    return optimizer
 
 
 def select_learning_rate(learning_rate) -> BaseLearningRate:
     """A fresh optimizer from the estimators' ``learning_rate`` parameter.
 
-    A number is the initial rate ``eta0`` of :class:`LearningRateSGD`; ``'SGD'``,
-    ``'Nesterov'``, ``'Momentum'`` and ``'Adam'`` (any case) select the optimizer with its
-    defaults; an optimizer object is copied (the estimator never mutates its parameters).
+    A number is the initial rate ``eta0`` of :class:`LearningRateSGD`; a name of
+    :data:`LEARNING_RATE_NAMES` (any case) selects the optimizer with its defaults
+    (:func:`learning_rate_from_name`); an optimizer object is copied (the estimator never
+    mutates its parameters).
     """
     if isinstance(learning_rate, BaseLearningRate):
         return type(learning_rate)(**learning_rate.get_params(deep=False))
     if isinstance(learning_rate, str):
-        factory = _BY_NAME.get(learning_rate.lower())
-        if factory is None:
+        if learning_rate.lower() not in _BY_NAME:
             raise ValueError(
                 f"unknown learning_rate {learning_rate!r}, expected a number, an optimizer "
                 "object or one of 'SGD', 'Nesterov', 'Momentum', 'Adam'"
             )
-        return factory()
+        return learning_rate_from_name(learning_rate)
     if isinstance(learning_rate, (int, float, np.number)) and not isinstance(learning_rate, bool):
         return LearningRateSGD(eta0=float(learning_rate))
     raise TypeError(
@@ -324,10 +355,12 @@ def select_learning_rate(learning_rate) -> BaseLearningRate:
 
 
 __all__ = [
+    "LEARNING_RATE_NAMES",
     "BaseLearningRate",
     "LearningRateAdam",
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "StateSpec",
+    "learning_rate_from_name",
     "select_learning_rate",
 ]

@@ -17,6 +17,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 from onnxgrad._onnx_utils import default_opset, finalize_model
 from onnxgrad.graph import add_loss_output, select_model_inputs_outputs
 from onnxgrad.training._builder import StepBuilder, rename_values
+from onnxgrad.training._inputs import tensor_dims
 from onnxgrad.training._params import ParamsMixin
 
 
@@ -124,7 +125,7 @@ class NegLogLearningLoss(BaseLearningLoss):
         if columns != 1:
             raise ValueError(
                 f"NegLogLearningLoss needs one column of scores or probabilities, output "
-                f"{output!r} has shape {_dims(info)}"
+                f"{output!r} has shape {tensor_dims(info)}"
             )
         return _two_column_probabilities(model, info, self.probability_function == "sigmoid")
 
@@ -189,7 +190,7 @@ def _divide_by_total_weight(
         b.op("Div", total, b.reduce_sum(weight_name), out=loss_name)
         return
     label = next(i for i in graph.input if i.name == label_name)
-    per_sample = _static_size(_dims(label)[1:])
+    per_sample = _static_size(tensor_dims(label)[1:])
     if per_sample is None:
         zero = b.const(np.array([0], dtype=np.int64), TensorProto.INT64, "first_axis")
         count = b.op("Gather", b.op("Shape", label_name), zero, axis=0)
@@ -217,12 +218,8 @@ def _output_info(model: ModelProto, output: str) -> ValueInfoProto:
     )
 
 
-def _dims(info: ValueInfoProto) -> list:
-    return [d.dim_value or d.dim_param or None for d in info.type.tensor_type.shape.dim]
-
-
 def _columns(info: ValueInfoProto) -> int | None:
-    dims = _dims(info)
+    dims = tensor_dims(info)
     if len(dims) == 1:
         return 1
     return dims[1] if len(dims) == 2 else None

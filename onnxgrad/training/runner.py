@@ -216,8 +216,8 @@ class _EpochBindings:
         return binding
 
     def shuffle(self) -> None:
-        """Write a new permutation of the rows in place: every index ``OrtValue`` sees it."""
-        self.order[:] = self.loader.rng.permutation(len(self.loader))
+        """Write the loader's next epoch order in place: every index ``OrtValue`` sees it."""
+        self.order[:] = self.loader.epoch_order()
 
 
 class GraphRunner:

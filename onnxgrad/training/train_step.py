@@ -25,6 +25,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from onnxgrad._onnx_utils import default_opset, finalize_model, np_dtype
 from onnxgrad.training._builder import StepBuilder, rename_values
+from onnxgrad.training._inputs import tensor_dims
 from onnxgrad.training.learning_rate import BaseLearningRate
 
 LAYOUTS = ("per_weight", "flat")
@@ -44,8 +45,22 @@ class StateSlot:
     elem_type: int
 
 
+class DataRoles:
+    """The inputs of a graph fed with one row per observation, by role."""
+
+    features: tuple[str, ...]
+    label: str
+    sample_weight: str | None
+
+    @property
+    def data_inputs(self) -> tuple[str, ...]:
+        """Inputs fed with one row per observation: features, label, sample weight."""
+        weight = (self.sample_weight,) if self.sample_weight else ()
+        return (*self.features, self.label, *weight)
+
+
 @dataclass(frozen=True)
-class TrainStep:
+class TrainStep(DataRoles):
     """The fused train step and the role of each of its inputs and outputs.
 
     Inputs: :attr:`data_inputs` (a batch), :attr:`weights`, :attr:`state`, and the scalar
@@ -69,11 +84,6 @@ class TrainStep:
     layout: str
     #: the flat weight vector input (``'flat'`` layout only)
     flat_weights: str | None = None
-
-    @property
-    def data_inputs(self) -> tuple[str, ...]:
-        """Inputs fed with one row per observation: features, label, sample weight."""
-        return (*self.features, self.label, *((self.sample_weight,) if self.sample_weight else ()))
 
     @property
     def weight_slices(self) -> dict[str, slice]:
@@ -283,10 +293,10 @@ def _keep_shape(b: StepBuilder, value: str, shape: tuple) -> str:
 
 
 def _static_shape(info: ValueInfoProto) -> tuple[int, ...]:
-    dims = info.type.tensor_type.shape.dim
-    if not all(d.HasField("dim_value") for d in dims):
+    dims = tensor_dims(info)
+    if None in dims:
         raise ValueError(f"weight {info.name!r} has no static shape")
-    return tuple(d.dim_value for d in dims)
+    return tuple(dims)
 
 
 def _move_input_to_end(graph, name: str) -> None:

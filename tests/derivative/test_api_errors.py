@@ -79,3 +79,17 @@ def test_models_below_ir_4_are_raised_to_a_valid_version(backend):
     grad = onnx_derivative(model, backend=backend)
     assert 4 <= grad.ir_version <= 10
     assert model.ir_version == 3
+
+
+def test_a_node_name_does_not_block_a_gradient_value_name():
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["X"], ["Y"], name="Y_grad")],
+        "relu",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    grad = onnx_derivative(model)
+    assert [i.name for i in grad.graph.input] == ["X", "Y_grad"]
+    names = [n.name for n in grad.graph.node if n.name]
+    assert len(names) == len(set(names))

@@ -62,8 +62,10 @@ class GraphEmitter:
         types: dict[str, ValueType],
         opset: int,
         constants: Mapping[str, TensorProto] | None = None,
+        node_names: NameScope | None = None,
     ):
         self.scope = scope
+        self.node_names = node_names if node_names is not None else NameScope()
         self.types = types
         self.opset = opset
         self.nodes: list[NodeProto] = []
@@ -73,7 +75,7 @@ class GraphEmitter:
 
     def child(self) -> GraphEmitter:
         """An emitter for a subgraph: its own nodes, the same names, types and constants."""
-        child = GraphEmitter(self.scope, self.types, self.opset)
+        child = GraphEmitter(self.scope, self.types, self.opset, node_names=self.node_names)
         child._constant_tensors = self._constant_tensors
         child._constant_values = self._constant_values
         return child
@@ -91,7 +93,7 @@ class GraphEmitter:
         self, op_type: str, inputs: Sequence[str | None], n_outputs: int, prefix: str, attrs: dict
     ) -> list[str]:
         outputs = [self.scope.unique(f"{prefix}{op_type}_out{i}") for i in range(n_outputs)]
-        name = self.scope.unique(f"{prefix}{op_type}")
+        name = self.node_names.unique(f"{prefix}{op_type}")
         clean_inputs = ["" if i is None else i for i in inputs]
         while clean_inputs and clean_inputs[-1] == "":
             clean_inputs.pop()
@@ -107,11 +109,8 @@ class GraphEmitter:
             return self._constants[key]
         name = self.scope.unique(f"{prefix}cst")
         tensor = numpy_helper.from_array(value, name=name)
-        self.nodes.append(
-            helper.make_node(
-                "Constant", [], [name], name=self.scope.unique(f"{prefix}Constant"), value=tensor
-            )
-        )
+        node_name = self.node_names.unique(f"{prefix}Constant")
+        self.nodes.append(helper.make_node("Constant", [], [name], name=node_name, value=tensor))
         self.types[name] = ValueType(tensor.data_type, value.shape)
         self._constants[key] = name
         self._constant_values[name] = value
@@ -146,9 +145,23 @@ class GradBuilder:
         """The value of ``name`` if it is a constant (never a differentiated input)."""
         return self._emitter.constant_value(name)
 
+    @property
+    def names(self) -> NameScope:
+        """The value names of the whole model (for nodes built outside :meth:`op`)."""
+        return self._emitter.scope
+
+    @property
+    def node_names(self) -> NameScope:
+        """The node names of the whole model."""
+        return self._emitter.node_names
+
     def unique_name(self, base: str) -> str:
         """A value name free in the whole model, under this node's prefix."""
         return self._emitter.scope.unique(f"{self.prefix}{base}")
+
+    def unique_node_name(self, base: str) -> str:
+        """A node name free in the whole model, under this node's prefix."""
+        return self._emitter.node_names.unique(f"{self.prefix}{base}")
 
     def differentiate_subgraph(
         self, graph: GraphProto, sources: Sequence[str], seeds: dict[str, str]

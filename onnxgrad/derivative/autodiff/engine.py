@@ -17,7 +17,7 @@ from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView
 from onnxgrad.derivative.autodiff.registry import Rule, find_rule, has_zero_gradient
 from onnxgrad.derivative.autodiff.value_types import ValueType
-from onnxgrad.graph._scopes import node_inputs
+from onnxgrad.graph._scopes import iter_graphs, node_inputs
 
 
 class Engine:
@@ -33,7 +33,8 @@ class Engine:
     ):
         self.nodes = list(graph.node)
         self.opset = opset
-        self.emitter = GraphEmitter(scope, types, opset, constants)
+        node_names = NameScope(n.name for g in iter_graphs(graph) for n in g.node if n.name)
+        self.emitter = GraphEmitter(scope, types, opset, constants, node_names)
         self.types = types
 
     @classmethod

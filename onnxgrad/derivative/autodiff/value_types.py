@@ -137,7 +137,7 @@ def infer_subgraph_types(graph: GraphProto, types: dict[str, ValueType], opset: 
     standalone = GraphProto()
     standalone.CopyFrom(graph)
     del standalone.input[:]
-    standalone.input.extend([_value_info(n, types[n]) for n in outer])
+    standalone.input.extend([value_info(n, types[n]) for n in outer])
     standalone.input.extend(graph.input)
     model = helper.make_model(
         standalone,
@@ -148,6 +148,7 @@ def infer_subgraph_types(graph: GraphProto, types: dict[str, ValueType], opset: 
         types.setdefault(name, value)
 
 
-def _value_info(name: str, value: ValueType) -> ValueInfoProto:
+def value_info(name: str, value: ValueType) -> ValueInfoProto:
+    """A tensor ValueInfoProto with ``value``'s type (unknown dims left unnamed)."""
     dims = None if value.shape is None else [d if d is not None else "" for d in value.shape]
     return helper.make_tensor_value_info(name, value.elem_type, dims)

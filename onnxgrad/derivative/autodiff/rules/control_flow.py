@@ -13,12 +13,12 @@ no rule yet: the engine reports them by name.
 
 from __future__ import annotations
 
-import numpy as np
-from onnx import GraphProto, NodeProto, helper, numpy_helper
+from onnx import GraphProto, NodeProto, helper
 
-from onnxgrad._onnx_utils import np_dtype
+from onnxgrad._onnx_utils import zeros_like_nodes
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.value_types import value_info
 from onnxgrad.graph.select import prune_graph
 
 
@@ -48,9 +48,7 @@ def _branch_gradient(
     for source in sources:
         name = b.unique_name(f"{source}_branch_grad")
         tail += _result_nodes(b, source, gradients[source], name)
-        value = b.value_type(source)
-        dims = None if value.shape is None else [d if d is not None else "" for d in value.shape]
-        outputs.append(helper.make_tensor_value_info(name, value.elem_type, dims))
+        outputs.append(value_info(name, b.value_type(source)))
     graph = helper.make_graph(
         [*branch.node, *backward, *tail],
         b.unique_name(f"{branch.name or 'branch'}_grad"),
@@ -63,13 +61,6 @@ def _branch_gradient(
 
 
 def _result_nodes(b: GradBuilder, source: str, grad: str | None, name: str) -> list[NodeProto]:
-    if grad is not None:
-        return [helper.make_node("Identity", [grad], [name], name=b.unique_name("Identity"))]
-    zero = numpy_helper.from_array(np.array([0], dtype=np_dtype(b.dtype(source))))
-    shape = b.unique_name(f"{source}_shape")
-    return [
-        helper.make_node("Shape", [source], [shape], name=b.unique_name("Shape")),
-        helper.make_node(
-            "ConstantOfShape", [shape], [name], name=b.unique_name("ConstantOfShape"), value=zero
-        ),
-    ]
+    if grad is None:
+        return zeros_like_nodes(source, name, b.dtype(source), b.names, b.node_names)
+    return [helper.make_node("Identity", [grad], [name], name=b.unique_node_name("Identity"))]
