@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from onnx import ValueInfoProto
 
@@ -145,7 +146,7 @@ def _log_probabilities(
         return b.op("LogSoftmax", prediction, axis=1, hint="log_p")
     if probabilities is not True:
         raise TypeError(f"probabilities must be True or False, got {probabilities!r}")
-    eps = float(np.finfo(np_type).eps) if eps is None else eps
+    eps = float(ml_dtypes.finfo(np_type).eps) if eps is None else eps
     if not is_number(eps) or not 0 < eps < 0.5:
         raise ValueError(f"eps must be a number in (0, 0.5), got {eps!r}")
     low = b.const(np.array(eps, dtype=np_type), "eps")

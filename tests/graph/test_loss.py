@@ -362,3 +362,14 @@ def test_penalty_on_a_weight_the_prediction_does_not_use():
     model.graph.initializer.append(numpy_helper.from_array(np.ones(2, np.float32), "spare"))
     with pytest.raises(ValueError, match=r"penalty on initializers \['spare'\], which 'y'"):
         add_loss_output(model, penalty={"spare": 1.0})
+
+
+def test_log_loss_accepts_bfloat16_probabilities():
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "bf16",
+        [helper.make_tensor_value_info("X", TensorProto.BFLOAT16, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.BFLOAT16, ["N", 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.checker.check_model(add_loss_output(model, "log"), full_check=True)

@@ -205,12 +205,6 @@ class GradBuilder:
             return None
         return tuple(shape)
 
-    def set_type(self, name: str, like: str) -> str:
-        """Declare that ``name`` has the element type and shape of ``like``."""
-        if like in self._emitter.types:
-            self._emitter.types[name] = self._emitter.types[like]
-        return name
-
     # -- opset-aware helpers ----------------------------------------------------------------
     def shape_of(self, x: str) -> str:
         return self.op("Shape", x)

@@ -105,7 +105,12 @@ class Engine:
                 )
             rules.append(rule)
         if missing:
-            raise NotImplementedError("no gradient rule for " + "; ".join(missing))
+            hint = (
+                "; the native rules cover opsets 13 to 21, try backend='ort'"
+                if self.opset < 13
+                else ""
+            )
+            raise NotImplementedError("no gradient rule for " + "; ".join(missing) + hint)
         return rules
 
     # -- backward pass ----------------------------------------------------------------------

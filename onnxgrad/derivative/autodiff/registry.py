@@ -110,11 +110,6 @@ def registered_rules() -> list[Rule]:
     return sorted(rules, key=lambda r: (r.domain, r.op_type, r.since))
 
 
-def zero_gradient_ops() -> set[tuple[str, str]]:
-    load_rules()
-    return set(_ZERO_GRADIENT)
-
-
 _LOADED = False
 
 
