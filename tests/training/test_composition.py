@@ -158,3 +158,17 @@ def test_composition_errors_name_the_culprit():
     with_int.graph.initializer.append(shape)
     with pytest.raises(ValueError, match=r"weights \['shape'\] are not float"):
         make_train_step(with_int, ["coefs", "shape"])
+
+
+def test_a_weight_that_does_not_reach_the_loss_is_named():
+    model = add_loss_output(linear_regression_model(np.array([[1.0, -1.0]]), np.array([0.5])))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(2, np.float32), "unused"))
+    unreached = r"weights \['unused'\] do not reach the loss output 'loss'"
+    with pytest.raises(ValueError, match=unreached):
+        make_train_step(model, ["coefs", "unused"], loss=None)
+    predicting = linear_regression_model(np.array([[1.0, -1.0]]), np.array([0.5]))
+    predicting.graph.initializer.append(
+        onnx.numpy_helper.from_array(np.zeros(2, np.float32), "unused")
+    )
+    with pytest.raises(ValueError, match=r"weights \['unused'\] do not reach the loss output"):
+        make_train_step(predicting, ["coefs", "unused"])
