@@ -28,14 +28,14 @@ from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
-from onnxgrad.training.train_step import TrainStep, append_update
+from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
 
 #: The lowest default-domain opset the composed graphs are written for.
 MIN_OPSET = 13
 
 
 @dataclass(frozen=True)
-class LossModel:
+class LossModel(DataRoles):
     """A model reduced to one scalar output ``loss`` with its data inputs named by role."""
 
     model: ModelProto
@@ -44,11 +44,6 @@ class LossModel:
     sample_weight: str | None
     loss: str
     weights: tuple[str, ...]
-
-    @property
-    def data_inputs(self) -> tuple[str, ...]:
-        """Inputs fed with one row per observation: features, label, sample weight."""
-        return (*self.features, self.label, *((self.sample_weight,) if self.sample_weight else ()))
 
 
 def make_loss_model(

@@ -76,3 +76,15 @@ def test_loader_errors():
         OrtDataLoader(np.zeros((3, 2)), np.zeros(3), np.zeros(2))
     with pytest.raises(ValueError, match="no observation"):
         OrtDataLoader(np.zeros((0, 2)), np.zeros(0))
+
+
+def test_epoch_batches_slice_the_epoch_order():
+    X = np.arange(11, dtype=np.float32).reshape((11, 1))
+    loader = OrtDataLoader(X, X.ravel(), batch_size=4, random_state=5)
+    twin = OrtDataLoader(X, X.ravel(), batch_size=4, random_state=5)
+    order = twin.epoch_order()
+    assert order.dtype == np.int64
+    assert order.tolist() == np.random.default_rng(5).permutation(11).tolist()
+    batches = loader.epoch_batches()
+    np.testing.assert_array_equal(np.concatenate(batches), order)
+    assert [len(b) for b in batches] == [4, 4, 3]

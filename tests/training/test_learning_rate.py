@@ -18,9 +18,10 @@ from onnxgrad.training import (
     OrtDataLoader,
     TrainingRunner,
     check_device,
+    learning_rate_from_name,
     make_train_step,
 )
-from onnxgrad.training.learning_rate import select_learning_rate
+from onnxgrad.training.learning_rate import LEARNING_RATE_NAMES, select_learning_rate
 from tests.models import linear_regression_model
 
 
@@ -279,3 +280,30 @@ def test_state_moves_between_layouts():
     expected = flat.state_by_weight(reference.get_state())
     for name, value in per_weight.state_by_weight(second.get_state()).items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("SGD", 0.05, "constant"), LearningRateSGD(eta0=0.05, learning_rate="constant")),
+        (("nesterov",), LearningRateSGDNesterov()),
+        (("Momentum", 0.2), LearningRateSGDNesterov(eta0=0.2, nesterov=False)),
+        (("adam", 0.003, "constant"), LearningRateAdam(eta0=0.003)),
+    ],
+)
+def test_learning_rate_from_name(args, expected):
+    selected = learning_rate_from_name(*args)
+    assert type(selected) is type(expected)
+    assert selected.get_params() == expected.get_params()
+    assert args[0].lower() in LEARNING_RATE_NAMES
+
+
+def test_learning_rate_from_name_errors():
+    with pytest.raises(ValueError, match="unknown optimizer 'rmsprop'"):
+        learning_rate_from_name("rmsprop")
+    with pytest.raises(ValueError, match="eta0 must be > 0"):
+        learning_rate_from_name("sgd", -1.0)
+    with pytest.raises(ValueError, match="no schedule 'optimal'"):
+        learning_rate_from_name("adam", schedule="optimal")
+    with pytest.raises(ValueError, match="unknown learning_rate schedule 'adaptive'"):
+        learning_rate_from_name("nesterov", schedule="adaptive")
