@@ -170,3 +170,28 @@ def zeros_like_nodes(
             "ConstantOfShape", [shape], [output], name=nodes.unique(f"{output}_Zeros"), value=zero
         ),
     ]
+
+
+def normalize_domain(domain: str) -> str:
+    """``''`` for the default ONNX domain, however it is spelled."""
+    return "" if domain == "ai.onnx" else domain
+
+
+def reduce_axes_are_input(op_type: str, opset: int) -> bool:
+    """Whether ``op_type`` (a Reduce* op) takes its axes as an input at ``opset``: from 13
+    for ReduceSum, from 18 for the others; an attribute before."""
+    return opset >= (13 if op_type == "ReduceSum" else 18)
+
+
+def copy_message(message):
+    """A detached copy of a protobuf message."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
+
+
+def replace_repeated(field, values: Iterable) -> None:
+    """Set a repeated message field to copies of ``values`` (which may be its own items)."""
+    values = [copy_message(v) for v in values]
+    del field[:]
+    field.extend(values)

@@ -20,8 +20,11 @@ from onnxgrad._onnx_utils import (
     MAX_OPSET,
     NameScope,
     all_names,
+    copy_message,
     default_opset,
+    normalize_domain,
     np_dtype,
+    replace_repeated,
     zeros_like_nodes,
 )
 from onnxgrad.derivative._naming import free_gradient_names, kept_outputs, seeds_are_inputs
@@ -70,10 +73,10 @@ def prepare_forward(request: DerivativeRequest) -> Forward:
         )
     graph = model.graph
     initializers = {i.name for i in graph.initializer}
-    _replace(graph.input, [i for i in graph.input if i.name not in initializers])
+    replace_repeated(graph.input, [i for i in graph.input if i.name not in initializers])
     if DerivativeOptions.Loss in request.options:
-        _replace(graph.output, [o for o in graph.output if o.name == request.loss])
-    outputs = [_copy(o) for o in graph.output]
+        replace_repeated(graph.output, [o for o in graph.output if o.name == request.loss])
+    outputs = [copy_message(o) for o in graph.output]
     _free_gradient_names(graph, request)
     _detach_outputs(graph)
     return Forward(model, outputs)
@@ -150,11 +153,11 @@ def assemble(built: BuiltGraph, forward: Forward, request: DerivativeRequest) ->
         nodes[position : position + 1] = seed_nodes
 
     grad_outputs, zero_nodes = _gradient_outputs(graph, forward, built, request, scope)
-    _replace(graph.node, nodes + zero_nodes)
-    _replace(graph.input, _inputs(graph, forward, request) + seed_inputs)
-    _replace(graph.output, grad_outputs + kept_outputs(forward.outputs, request))
+    replace_repeated(graph.node, nodes + zero_nodes)
+    replace_repeated(graph.input, _inputs(graph, forward, request) + seed_inputs)
+    replace_repeated(graph.output, grad_outputs + kept_outputs(forward.outputs, request))
     weights = set(request.weights)
-    _replace(graph.initializer, [i for i in graph.initializer if i.name not in weights])
+    replace_repeated(graph.initializer, [i for i in graph.initializer if i.name not in weights])
     prune_graph(graph, keep_inputs=True)
     return _model(graph, forward.model, base)
 
@@ -168,7 +171,7 @@ def _seed_inputs(
         name = f"{original.name}_grad"
         if current.name in seeds and seeds[current.name] != name:
             renames[seeds[current.name]] = name
-        info = _copy(original)
+        info = copy_message(original)
         info.name = name
         inputs.append(info)
         scope.reserve(name)
@@ -218,7 +221,7 @@ def _gradient_outputs(
             )
         elif gradient != name:
             renames[gradient] = name
-        info = _copy(built_outputs.get(gradient) or types[source])
+        info = copy_message(built_outputs.get(gradient) or types[source])
         info.name = name
         outputs.append(info)
     if renames:
@@ -242,15 +245,15 @@ def _inputs(
     """The model's inputs, then the weights (typed as the builder typed them)."""
     types = _source_types(forward.model, request)
     built = {i.name: i for i in graph.input}
-    weights = [_copy(built.get(w) or types[w]) for w in request.weights]
-    return [_copy(i) for i in forward.model.graph.input] + weights
+    weights = [copy_message(built.get(w) or types[w]) for w in request.weights]
+    return [copy_message(i) for i in forward.model.graph.input] + weights
 
 
 def _model(graph: GraphProto, forward: ModelProto, built: ModelProto) -> ModelProto:
     """Wrap ``graph`` declaring only the domains its nodes use (the user's versions first)."""
-    used = {_domain(n.domain) for g in iter_graphs(graph) for n in g.node} | {""}
-    versions = {_domain(op.domain): op.version for op in built.opset_import}
-    versions.update({_domain(op.domain): op.version for op in forward.opset_import})
+    used = {normalize_domain(n.domain) for g in iter_graphs(graph) for n in g.node} | {""}
+    versions = {normalize_domain(op.domain): op.version for op in built.opset_import}
+    versions.update({normalize_domain(op.domain): op.version for op in forward.opset_import})
     opsets = [helper.make_opsetid(d, versions.get(d, 1)) for d in sorted(used)]
     model = helper.make_model(
         graph,
@@ -260,19 +263,3 @@ def _model(graph: GraphProto, forward: ModelProto, built: ModelProto) -> ModelPr
     )
     model.functions.extend(f for f in forward.functions if f.domain in used)
     return model
-
-
-def _domain(domain: str) -> str:
-    return "" if domain == "ai.onnx" else domain
-
-
-def _replace(container, values) -> None:
-    values = list(values)
-    del container[:]
-    container.extend(values)
-
-
-def _copy(message):
-    copy = type(message)()
-    copy.CopyFrom(message)
-    return copy

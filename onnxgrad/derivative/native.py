@@ -16,6 +16,7 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     make_model_like,
+    normalize_domain,
     np_dtype,
     zeros_like_nodes,
 )
@@ -143,6 +144,6 @@ def _new_inputs(graph: GraphProto, request: DerivativeRequest) -> list[ValueInfo
 
 def check_default_domain_only(nodes: list) -> None:
     """Post-condition: every emitted gradient node belongs to the default ONNX domain."""
-    foreign = sorted({f"{n.domain}::{n.op_type}" for n in nodes if n.domain not in ("", "ai.onnx")})
+    foreign = sorted({f"{n.domain}::{n.op_type}" for n in nodes if normalize_domain(n.domain)})
     if foreign:
         raise AssertionError(f"the native engine emitted non-standard ops {foreign}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import GraphProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, all_names
+from onnxgrad._onnx_utils import NameScope, all_names, reduce_axes_are_input
 from onnxgrad.graph._scopes import iter_graphs
 
 
@@ -65,7 +65,7 @@ class GraphBuilder:
         """
         if axes is None:
             return self.op(op_type, x, out=out, hint=hint, keepdims=keepdims)
-        axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
+        axes_as_input = reduce_axes_are_input(op_type, self.opset)
         if axes_as_input:
             axes_name = self.const(np.array(axes, dtype=np.int64), "axes")
             return self.op(op_type, x, axes_name, out=out, hint=hint, keepdims=keepdims)

@@ -17,7 +17,7 @@ import onnx
 from onnx import GraphProto, ModelProto, NodeProto
 from onnx.defs import OpSchema
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, subgraphs
+from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, subgraphs
 from onnxgrad.graph._scopes import free_names, iter_graphs
 
 _Category = OpSchema.DifferentiationCategory
@@ -46,7 +46,7 @@ _NOT_TRAINABLE: dict[tuple[str, str], frozenset[str]] = {
 
 def model_opsets(model: ModelProto) -> dict[str, int]:
     """``{domain: version}`` with ``ai.onnx`` spelled ``''``."""
-    return {("" if op.domain == "ai.onnx" else op.domain): op.version for op in model.opset_import}
+    return {normalize_domain(op.domain): op.version for op in model.opset_import}
 
 
 def value_elem_types(model: ModelProto) -> dict[str, int]:
@@ -82,7 +82,7 @@ def _formal(params, index: int):
 
 
 def _schema_of(node: NodeProto, opsets: Mapping[str, int]) -> OpSchema | None:
-    domain = "" if node.domain == "ai.onnx" else node.domain
+    domain = normalize_domain(node.domain)
     if domain not in opsets:
         return None
     return _schema(node.op_type, domain, opsets[domain])
@@ -95,7 +95,7 @@ def input_is_differentiable(node: NodeProto, index: int, opsets: Mapping[str, in
         return True
     if formal.differentiation_category == _Category.NonDifferentiable:
         return False
-    domain = "" if node.domain == "ai.onnx" else node.domain
+    domain = normalize_domain(node.domain)
     return formal.name not in _NOT_TRAINABLE.get((domain, node.op_type), frozenset())
 
 

@@ -7,7 +7,13 @@ from collections.abc import Iterable, Sequence
 import onnx
 from onnx import GraphProto, ModelProto, ValueInfoProto, helper
 
-from onnxgrad._onnx_utils import ModelLike, finalize_model, load_model, subgraphs
+from onnxgrad._onnx_utils import (
+    ModelLike,
+    finalize_model,
+    load_model,
+    replace_repeated,
+    subgraphs,
+)
 from onnxgrad.graph._scopes import node_inputs
 
 #: onnx shape inference names the unknown dimensions it creates ``unk__<i>``.
@@ -54,13 +60,13 @@ def select_model_inputs_outputs(
 
     if output_names is not None:
         _check_known(output_names, known, "output")
-        _replace(graph.output, [_typed_info(infos, n, "output") for n in output_names])
+        replace_repeated(graph.output, [_typed_info(infos, n, "output") for n in output_names])
     if input_names is not None:
         _check_known(input_names, produced | {i.name for i in graph.input}, "input")
         new_inputs = [_typed_info(infos, n, "input") for n in input_names]
         fed = set(input_names)
-        _replace(graph.node, [n for n in graph.node if not fed.intersection(n.output)])
-        _replace(graph.input, new_inputs)
+        replace_repeated(graph.node, [n for n in graph.node if not fed.intersection(n.output)])
+        replace_repeated(graph.input, new_inputs)
     prune_graph(graph, keep_inputs=input_names is not None)
     _check_computable(graph)
     return finalize_model(model)
@@ -114,19 +120,6 @@ def _typed_info(infos: dict[str, ValueInfoProto], name: str, what: str) -> Value
     return info
 
 
-def _replace(field, values: Iterable) -> None:
-    """Set a repeated message field to copies of ``values`` (which may be its own items)."""
-    values = [_copy(v) for v in values]
-    del field[:]
-    field.extend(values)
-
-
-def _copy(message):
-    copy = type(message)()
-    copy.CopyFrom(message)
-    return copy
-
-
 def prune_graph(graph: GraphProto, keep_inputs: bool) -> None:
     """Drop, in place, the nodes, initializers, value_info (and inputs unless
     ``keep_inputs``) no output of ``graph`` needs; subgraphs are pruned against their own
@@ -140,15 +133,15 @@ def prune_graph(graph: GraphProto, keep_inputs: bool) -> None:
         if needed.intersection(node.output):
             kept.append(node)
             needed |= node_inputs(node)
-    _replace(graph.node, kept[::-1])
-    _replace(graph.initializer, [i for i in graph.initializer if i.name in needed])
-    _replace(
+    replace_repeated(graph.node, kept[::-1])
+    replace_repeated(graph.initializer, [i for i in graph.initializer if i.name in needed])
+    replace_repeated(
         graph.sparse_initializer, [i for i in graph.sparse_initializer if i.values.name in needed]
     )
     if not keep_inputs:
-        _replace(graph.input, [i for i in graph.input if i.name in needed])
+        replace_repeated(graph.input, [i for i in graph.input if i.name in needed])
     available = needed | {o for node in graph.node for o in node.output}
-    _replace(graph.value_info, [v for v in graph.value_info if v.name in available])
+    replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in available])
 
 
 def _check_computable(graph: GraphProto) -> None:

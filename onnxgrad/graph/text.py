@@ -7,7 +7,7 @@ import sys
 import numpy as np
 from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import ModelLike, load_model, np_dtype
+from onnxgrad._onnx_utils import ModelLike, load_model, normalize_domain, np_dtype
 
 #: How many values of an initializer the text view shows.
 MAX_SHOWN_VALUES = 8
@@ -75,7 +75,7 @@ def _attribute_graphs(attr: AttributeProto) -> list[GraphProto]:
 
 
 def _node_text(node: NodeProto) -> str:
-    op = f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+    op = f"{node.domain}.{node.op_type}" if normalize_domain(node.domain) else node.op_type
     arguments = list(node.input)
     arguments += [
         f"{a.name}={_attribute_value(a)}"

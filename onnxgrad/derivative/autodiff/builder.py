@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, np_dtype
+from onnxgrad._onnx_utils import NameScope, np_dtype, reduce_axes_are_input
 from onnxgrad.derivative.autodiff.value_types import ValueType, infer_subgraph_types
 from onnxgrad.graph._scopes import node_inputs
 
@@ -220,14 +220,15 @@ class GradBuilder:
 
     def reduce(self, op_type: str, x: str, axes: Sequence[int] | str | None, keepdims: bool):
         """``Reduce*`` over ``axes`` (a list, the name of an int64 tensor, or None for all)."""
-        moved = 13 if op_type == "ReduceSum" else 18
         if axes is None:
             return self.op(op_type, x, keepdims=int(keepdims))
-        if self.opset >= moved:
+        if reduce_axes_are_input(op_type, self.opset):
             axes_input = axes if isinstance(axes, str) else self.ints(list(axes))
             return self.op(op_type, x, axes_input, keepdims=int(keepdims))
         if isinstance(axes, str):
-            raise NotImplementedError(f"{op_type} with dynamic axes needs opset >= {moved}")
+            raise NotImplementedError(
+                f"{op_type} with dynamic axes needs a newer opset than {self.opset}"
+            )
         return self.op(op_type, x, axes=list(axes), keepdims=int(keepdims))
 
     def reduce_sum(self, x: str, axes: Sequence[int] | str | None, keepdims: bool = True) -> str:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from onnx import NodeProto
 
+from onnxgrad._onnx_utils import normalize_domain
+
 if TYPE_CHECKING:
     from onnxgrad._onnx_utils import NameScope
     from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
@@ -91,7 +93,7 @@ def register_zero_gradient(*op_types: str, domain: str = "") -> None:
 def find_rule(domain: str, op_type: str, opset: int) -> Rule | None:
     """The rule covering ``opset``, or ``None``."""
     load_rules()
-    domain = "" if domain == "ai.onnx" else domain
+    domain = normalize_domain(domain)
     for rule in _RULES.get((domain, op_type), ()):
         if rule.covers(opset):
             return rule
@@ -100,7 +102,7 @@ def find_rule(domain: str, op_type: str, opset: int) -> Rule | None:
 
 def has_zero_gradient(domain: str, op_type: str) -> bool:
     load_rules()
-    return ("" if domain == "ai.onnx" else domain, op_type) in _ZERO_GRADIENT
+    return (normalize_domain(domain), op_type) in _ZERO_GRADIENT
 
 
 def registered_rules() -> list[Rule]:

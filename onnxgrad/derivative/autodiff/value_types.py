@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import MAX_IR_VERSION
+from onnxgrad._onnx_utils import MAX_IR_VERSION, normalize_domain
 from onnxgrad.graph._scopes import free_names
 
 
@@ -74,7 +74,7 @@ def _refine_reshapes(
     """
     refined = {}
     for node in graph.node:
-        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "Reshape" or normalize_domain(node.domain):
             continue
         source, target = types.get(node.input[0]), constants.get(node.input[1])
         result = types.get(node.output[0])
@@ -100,7 +100,7 @@ def constant_tensors(graph: GraphProto, weights: Sequence[str]) -> dict[str, Ten
     excluded = set(weights) | {i.name for i in graph.input}
     tensors = {i.name: i for i in graph.initializer if i.name not in excluded}
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and not normalize_domain(node.domain):
             tensor = _constant_node_tensor(node)
             if tensor is not None:
                 tensors[node.output[0]] = tensor

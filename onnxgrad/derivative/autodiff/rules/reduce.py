@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from onnxgrad._onnx_utils import reduce_axes_are_input
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._shape_helpers import cast_like, expand_like
 
@@ -38,8 +39,7 @@ class _Axes:
 
 
 def _reduced_axes(b, node) -> _Axes:
-    moved = 13 if node.op_type == "ReduceSum" else 18
-    if node.opset < moved:
+    if not reduce_axes_are_input(node.op_type, node.opset):
         return _Axes(node.attr("axes"))
     axes = node.input(1)
     if axes is None or b.shape(axes) == (0,):
