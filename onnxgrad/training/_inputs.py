@@ -54,10 +54,26 @@ def check_tensor(info: ValueInfoProto, array: np.ndarray, what: str) -> None:
             )
 
 
+def check_finite(array: np.ndarray, what: str) -> None:
+    """A ``ValueError`` naming the first row of ``array`` holding a NaN or an infinity."""
+    if array.dtype.kind not in "fc":
+        return
+    finite = np.isfinite(array)
+    if finite.all():
+        return
+    index = tuple(int(i) for i in np.argwhere(~finite)[0])
+    position = ", ".join(map(str, index))
+    raise ValueError(
+        f"{what} holds {array[index]} at row {index[0]} ({what}[{position}]): only finite "
+        "values are accepted, remove or impute that row"
+    )
+
+
 def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarray:
-    """``X`` as an array of the dtype and shape input ``name`` declares, or an error."""
+    """``X`` as a finite array of the dtype and shape input ``name`` declares, or an error."""
     array = host_array(X)
     check_tensor(input_info(model, name), array, what)
+    check_finite(array, what)
     return np.ascontiguousarray(array)
 
 
@@ -65,7 +81,7 @@ def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") 
     """``y`` reshaped and typed for the label input ``name``.
 
     Integer labels are cast to an integer label's dtype; float labels must already have
-    the label's dtype. A vector feeds a one-column label and the reverse.
+    the label's dtype and be finite. A vector feeds a one-column label and the reverse.
     """
     info = input_info(model, name)
     array = host_array(y)
@@ -81,6 +97,7 @@ def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") 
         raise TypeError(
             f"{what} has dtype {array.dtype}, the label input {name!r} expects {expected}"
         )
+    check_finite(array, what)
     dims = tensor_dims(info)
     if dims:
         array = _reshape_labels(array, dims, name, what)

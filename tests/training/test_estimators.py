@@ -315,6 +315,12 @@ def test_divergence_raises_and_keeps_finite_weights():
     assert all(np.isfinite(v).all() for v in quiet.get_state().values())
 
 
+def with_value(shape, index, value) -> np.ndarray:
+    array = np.zeros(shape, np.float32)
+    array[index] = value
+    return array
+
+
 @pytest.mark.parametrize(
     ("X", "y", "error", "message"),
     [
@@ -323,6 +329,8 @@ def test_divergence_raises_and_keeps_finite_weights():
         (np.zeros((5, 4), np.float32), np.zeros(5, np.float32), ValueError, "expects 3 values"),
         (np.zeros(5, np.float32), np.zeros(5, np.float32), ValueError, "expects 2 dimensions"),
         (np.zeros((5, 3), np.float32), np.zeros(5), TypeError, "y has dtype float64"),
+        (with_value((5, 3), (3, 1), np.nan), np.zeros(5, np.float32), ValueError, "X holds nan"),
+        (np.zeros((5, 3), np.float32), with_value(5, 2, -np.inf), ValueError, "y holds -inf"),
     ],
 )
 def test_bad_data_is_refused_before_training(X, y, error, message):
@@ -346,6 +354,20 @@ def test_bad_parameters_are_refused_before_training():
         linear_estimator().get_state()
     with pytest.raises(ValueError, match="give both X_val and y_val"):
         linear_estimator().fit(X, y, X_val=X)
+
+
+def test_non_finite_data_is_named_not_taken_for_divergence():
+    X, y = linear_data()
+    bad = X.copy()
+    bad[7, 2] = np.inf
+    with pytest.raises(ValueError, match=r"X holds inf at row 7 \(X\[7, 2\]\)"):
+        linear_estimator().fit(bad, y)
+    with pytest.raises(ValueError, match=r"X_val holds inf at row 7"):
+        linear_estimator().fit(X, y, X_val=bad, y_val=y)
+    y_nan = y.copy()
+    y_nan[4] = np.nan
+    with pytest.raises(ValueError, match=r"y_val holds nan at row 4 \(y_val\[4\]\)"):
+        linear_estimator().fit(X, y, X_val=X, y_val=y_nan)
 
 
 def test_ort_gradient_optimizer_needs_the_loss_output():
