@@ -22,7 +22,8 @@ from typing import NoReturn
 import numpy as np
 from google.protobuf.message import Error as ProtobufError
 from onnx import ModelProto
-from onnx.checker import ValidationError
+from onnx.checker import ValidationError, check_model
+from onnx.shape_inference import InferenceError
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, subgraphs
@@ -56,14 +57,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-#: Exceptions meaning "bad input", as raised by onnxgrad, onnx, protobuf and onnxruntime.
+#: Exceptions meaning "bad input", as raised by onnxgrad, onnx, protobuf and onnxruntime
+#: (whose run failures, a shape only known at run time say, are plain RuntimeErrors).
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     CommandError,
     ValueError,
     TypeError,
     OSError,
-    NotImplementedError,
+    RuntimeError,
     ValidationError,
+    InferenceError,
     ProtobufError,
     *(
         getattr(ort_state, name)
@@ -118,12 +121,19 @@ def _one_line(exc: BaseException) -> str:
 
 
 def read_model(path: str) -> ModelProto:
-    """The model stored at ``path``; ``CommandError`` names the file when it cannot be read."""
+    """The model stored at ``path``, once onnx's full checker (strict shape inference
+    included) accepts it; ``CommandError`` names the file when it cannot be read or is
+    invalid (a cycle, inconsistent shapes...)."""
     if os.path.isdir(path):
         raise CommandError(f"{path!r} is a folder, not an ONNX file")
     if os.path.exists(path) and not os.access(path, os.R_OK):
         raise CommandError(f"{path!r} cannot be read (permission denied)")
-    return load_model(path)
+    model = load_model(path)
+    try:
+        check_model(path, full_check=True)  # by path: external data and models over 2 GiB
+    except (ValidationError, InferenceError) as exc:
+        raise CommandError(f"{path!r} is not a valid ONNX model: {_one_line(exc)}") from None
+    return model
 
 
 def check_destination(path: str) -> Path:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from onnxgrad.cli import CommandError, parse_penalties, write_atomically
 from onnxgrad.training import check_device
@@ -61,6 +62,81 @@ def test_truncated_model_file(workdir):
     (workdir / "cut.onnx").write_bytes(data[: len(data) // 2])
     result = run_in_process(*_args("add-loss", "cut.onnx"), cwd=workdir)
     _check(workdir, result, 2, "'cut.onnx'")
+
+
+def _model(nodes, initializers=(), width: int = 3) -> ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "invalid",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(value, name) for name, value in initializers],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def inconsistent_matmul_model() -> ModelProto:
+    """``X [N, 3] @ W [4, 1]``: onnx's shape inference rejects it."""
+    return _model(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], [("W", np.zeros((4, 1), np.float32))]
+    )
+
+
+def cyclic_model() -> ModelProto:
+    """``a = X + b``, ``b = Relu(a)``: a cycle onnx's checker rejects."""
+    return _model(
+        [
+            helper.make_node("Add", ["X", "b"], ["a"]),
+            helper.make_node("Relu", ["a"], ["b"]),
+            helper.make_node("ReduceSum", ["a"], ["Y"], keepdims=1),
+        ]
+    )
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (inconsistent_matmul_model, "Incompatible dimensions for matrix multiplication"),
+        (cyclic_model, "topologically sorted"),
+    ],
+)
+def test_invalid_model_is_named_in_one_line(workdir, command, model, reason):
+    save(model(), workdir / "invalid.onnx")
+    np.savez(workdir / "data.npz", X=np.zeros((8, 3), np.float32), y=np.zeros(8, np.float32))
+    run = run_onnxgrad if command in ("add-loss", "derivative", "train") else run_in_process
+    result = run(*_args(command, "invalid.onnx"), cwd=workdir)
+    _check(workdir, result, 2, "'invalid.onnx' is not a valid ONNX model", reason)
+
+
+def test_runtime_failure_of_onnxruntime_is_one_line(workdir):
+    """Reshape to ``[-1, 4]`` needs an even batch: onnxruntime fails on the batch of 3."""
+    pairs = _model(
+        [
+            helper.make_node("Reshape", ["X", "pairs"], ["paired"]),
+            helper.make_node("MatMul", ["paired", "W"], ["product"]),
+            helper.make_node("Reshape", ["product", "column"], ["Y"]),
+        ],
+        [
+            ("pairs", np.array([-1, 4])),
+            ("W", np.ones((4, 2), np.float32)),
+            ("column", np.array([-1, 1])),
+        ],
+        width=2,
+    )
+    save(pairs, workdir / "pairs.onnx")
+    X = np.random.default_rng(0).standard_normal((9, 2)).astype(np.float32)
+    np.savez(workdir / "odd.npz", X=X, y=X.sum(axis=1))
+    result = run_onnxgrad(
+        "train", "pairs.onnx", "--data", "odd.npz", "-o", "out/t.onnx", "--batch-size", "3",
+        cwd=workdir,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("onnxgrad train: error:"), last
+    assert "Reshape" in last and "{3,2}" in last, last
+    assert list((workdir / "out").iterdir()) == []
 
 
 def test_folder_given_as_model(workdir):
