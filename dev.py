@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 INFERENCE_VENV = ROOT / ".venv-inference"
 INFERENCE_PACKAGES = ["onnxruntime", "onnx", "numpy"]
+SUPPORTED_PYTHON = ((3, 10), (3, 12))
 
 
 def _python(env_dir: Path) -> Path:
@@ -38,13 +39,32 @@ def _run(*cmd: object, check: bool = True, env: dict | None = None) -> int:
     return rc
 
 
+def _check_python() -> None:
+    if not SUPPORTED_PYTHON[0] <= sys.version_info[:2] <= SUPPORTED_PYTHON[1]:
+        sys.exit(
+            f"error: onnxgrad needs Python 3.10 to 3.12 (onnxruntime-training 1.19.2 has no "
+            f"wheel for {sys.version.split()[0]}); run dev.py with such an interpreter"
+        )
+
+
+def _usable(python: Path) -> bool:
+    """The venv's interpreter runs, has pip, and is the version running this script."""
+    probe = "import sys, pip; print(sys.version_info[:2])"
+    try:
+        out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    except OSError:
+        return False
+    return out.returncode == 0 and out.stdout.strip() == str(sys.version_info[:2])
+
+
 def _ensure_venv(env_dir: Path, stamp_text: str, install) -> Path:
-    """Create ``env_dir`` if needed and run ``install(python)`` when ``stamp_text`` changed."""
+    """Create ``env_dir`` (again if it is broken or of another Python) and run
+    ``install(python)`` when ``stamp_text`` or the Python version changed."""
     python = _python(env_dir)
-    if not python.exists():
+    if not _usable(python):
         venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     stamp = env_dir / ".onnxgrad-stamp"
-    digest = hashlib.sha256(stamp_text.encode()).hexdigest()
+    digest = hashlib.sha256(f"{sys.version}\n{stamp_text}".encode()).hexdigest()
     if not stamp.exists() or stamp.read_text() != digest:
         install(python)
         stamp.write_text(digest)
@@ -129,6 +149,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(__doc__)
         return 2
+    _check_python()
     return COMMANDS[argv[0]](argv[1:])
 
 
