@@ -117,15 +117,23 @@ def _reshape_labels(array: np.ndarray, dims: list, name: str, what: str) -> np.n
 
 
 def check_sample_weight(model: ModelProto, name: str, weight, n_rows: int) -> np.ndarray:
-    """Per-observation weights as a float vector of the input's dtype."""
+    """Per-observation weights as a float vector of the input's dtype: finite, ``>= 0``,
+    not all zero (a weighted mean needs a positive total)."""
     info = input_info(model, name)
-    array = np.asarray(weight)
+    array = host_array(weight)
     if array.ndim != 1 or array.shape[0] != n_rows:
         raise ValueError(
             f"sample_weight must be a vector of {n_rows} weights, got shape {array.shape}"
         )
     if array.dtype.kind not in "fiub":
         raise TypeError(f"sample_weight must be numeric, got dtype {array.dtype}")
-    if not np.isfinite(array).all() or (array < 0).any():
-        raise ValueError("sample_weight must hold finite values >= 0")
-    return np.ascontiguousarray(array.astype(np_dtype(info.type.tensor_type.elem_type)))
+    check_finite(array, "sample_weight")
+    negative = np.flatnonzero(array < 0)
+    if negative.size:
+        raise ValueError(
+            f"sample_weight[{negative[0]}] is {array[negative[0]]}: weights must be >= 0"
+        )
+    array = array.astype(np_dtype(info.type.tensor_type.elem_type))
+    if not array.any():
+        raise ValueError("sample_weight is all zeros: no observation would count")
+    return np.ascontiguousarray(array)

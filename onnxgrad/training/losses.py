@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
-from onnxgrad._onnx_utils import default_opset, finalize_model
+from onnxgrad._onnx_utils import default_opset, finalize_model, np_dtype
 from onnxgrad.graph import add_loss_output, select_model_inputs_outputs
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import tensor_dims
@@ -180,14 +181,20 @@ def select_learning_loss(loss) -> BaseLearningLoss:
 def _divide_by_total_weight(
     model: ModelProto, loss_name: str, label_name: str, weight_name: str | None
 ) -> None:
-    """Rename the producer of ``loss_name`` and append ``loss = sum / sum_i w_i``."""
+    """Rename the producer of ``loss_name`` and append ``loss = sum / sum_i w_i``.
+
+    With sample weights the divisor is ``max(sum_i w_i, tiny)`` (``tiny`` the smallest
+    normal number of the dtype): a batch whose weights are all zero has the loss 0 and a
+    zero gradient instead of ``0 / 0``.
+    """
     graph = model.graph
     b = StepBuilder(graph, default_opset(model))
     total = b.names.unique(f"{loss_name}_sum")
     rename_values(graph, {loss_name: total})
     elem_type = graph.output[0].type.tensor_type.elem_type
     if weight_name is not None:
-        b.op("Div", total, b.reduce_sum(weight_name), out=loss_name)
+        tiny = b.const(ml_dtypes.finfo(np_dtype(elem_type)).tiny, elem_type, "tiny")
+        b.op("Div", total, b.op("Max", b.reduce_sum(weight_name), tiny), out=loss_name)
         return
     label = next(i for i in graph.input if i.name == label_name)
     per_sample = _static_size(tensor_dims(label)[1:])

@@ -247,6 +247,45 @@ def test_sample_weights_and_penalty():
     np.testing.assert_allclose(got, solution, atol=2e-3)
 
 
+def test_zero_sample_weights_skip_their_rows():
+    """Batches of one row: plain SGD on the rows of positive weight, in the shuffled order
+    (a zero-weight batch is a no-op, not a 0 / 0 divergence)."""
+    X, y = linear_data(n=12)
+    weights = np.tile([0.0, 2.0, 0.0, 1.0], 3)
+    est = linear_estimator(
+        max_iter=3,
+        batch_size=1,
+        learning_rate=LearningRateSGD(eta0=0.05, learning_rate="constant"),
+        random_state=4,
+    )
+    est.fit(X, y, sample_weight=weights)
+    coefs, intercept = np.zeros(3), 0.0
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        for row in rng.permutation(len(X)):
+            if weights[row]:
+                residual = X[row] @ coefs + intercept - y[row]
+                coefs, intercept = coefs - 0.1 * residual * X[row], intercept - 0.1 * residual
+    np.testing.assert_allclose(est.trained_coef_["coefs"].ravel(), coefs, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(est.trained_coef_["intercept"], [intercept], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        (np.zeros(60), "sample_weight is all zeros"),
+        (np.r_[np.ones(59), -1.0], r"sample_weight\[59\] is -1.0: weights must be >= 0"),
+        (np.r_[np.nan, np.ones(59)], r"sample_weight holds nan at row 0"),
+    ],
+)
+def test_bad_sample_weights_are_refused(weights, message):
+    X, y = linear_data()
+    est = linear_estimator()
+    with pytest.raises(ValueError, match=message):
+        est.fit(X, y, sample_weight=weights)
+    assert not hasattr(est, "runner_")
+
+
 def test_validation_losses_and_losses():
     X, y = linear_data(n=50)
     est = linear_estimator(max_iter=10, validation_every=0.2)

@@ -184,3 +184,29 @@ def test_mean_over_samples_with_symbolic_output_shape():
     evaluation = make_eval_step(model, ["b"], loss=SquareLearningLoss())
     got = run(evaluation.model, {"X": X, evaluation.label: y, "b": np.zeros(2, np.float32)})[0]
     assert got == pytest.approx(per_sample_square(X.astype(np.float64), y).mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["onnx", "ort"])
+@pytest.mark.parametrize(("loss", "columns", "kind", "reference"), CASES[:3])
+def test_zero_sample_weights_do_not_divide_zero_by_zero(loss, columns, kind, reference, backend):
+    """scikit-learn allows zero sample weights: a batch of them has the loss 0 and leaves
+    the weights as they are; a batch with some is the mean over the others."""
+    X, y = batch(kind, columns)
+    step = make_train_step(
+        shift_model(columns),
+        ["b"],
+        loss=loss,
+        learning_rate=LearningRateSGD(),
+        weight_name="sw",
+        backend=backend,
+    )
+    b = np.linspace(-1, 1, columns).astype(np.float32)
+    feeds = {"X": X, step.label: y, "b": b, step.learning_rate: np.array(1.0, np.float32)}
+    value, new_b = run(step.model, {**feeds, "sw": np.zeros(len(X), np.float32)})
+    assert value == 0
+    np.testing.assert_array_equal(new_b, b)
+
+    kept = np.arange(len(X)) % 3 == 0
+    value = run(step.model, {**feeds, "sw": kept.astype(np.float32)})[0]
+    expected = reference(X[kept].astype(np.float64) + b, y[kept]).mean()
+    assert value == pytest.approx(expected, rel=1e-5)
