@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import textwrap
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,6 +25,7 @@ from onnx.checker import ValidationError, check_model
 from onnx.shape_inference import InferenceError
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from onnxgrad._files import save_model, write_atomically, write_bytes
 from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, subgraphs
 from onnxgrad._runtime import set_logger_severity
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
@@ -145,33 +145,6 @@ def check_destination(path: str) -> Path:
     if destination.is_dir():
         raise CommandError(f"the output {path!r} is a folder, expected a file name")
     return destination
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(temporary_path)`` then rename the temporary file to ``path``.
-
-    The temporary file lives in the destination folder (so the rename is atomic) and is
-    removed when ``write`` fails: no partial file is ever left at ``path``.
-    """
-    destination = Path(path)
-    handle, temporary = tempfile.mkstemp(
-        dir=destination.parent or ".", prefix=f".{destination.name}.", suffix=".tmp"
-    )
-    os.close(handle)
-    try:
-        write(temporary)
-        os.replace(temporary, destination)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    write_atomically(path, lambda temporary: Path(temporary).write_bytes(data))
-
-
-def save_model(model: ModelProto, path: str | os.PathLike) -> None:
-    write_bytes(path, model.SerializeToString())
 
 
 # ----------------------------------------------------------------------------- info

@@ -27,8 +27,8 @@ import onnxruntime as ort
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 from tqdm import tqdm
 
+from onnxgrad._files import save_model, write_atomically
 from onnxgrad._onnx_utils import MAX_IR_VERSION
-from onnxgrad.cli import save_model, write_atomically
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.exceptions import ConvergenceError
 from onnxgrad.graph import add_loss_output, replace_initializers_into_onnx

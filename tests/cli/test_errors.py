@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from onnxgrad.cli import CommandError, parse_penalties, write_atomically
+from onnxgrad._files import write_atomically
+from onnxgrad.cli import CommandError, parse_penalties
 from onnxgrad.training import check_device
 from tests.cli.helpers import assert_failed, run_in_process, run_onnxgrad, save
 from tests.models import linear_regression_model, seed004_model

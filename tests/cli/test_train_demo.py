@@ -5,6 +5,8 @@ recomputed from the files it wrote."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -144,3 +146,11 @@ def test_demo_refuses_a_file_as_folder(tmp_path):
     (tmp_path / "taken").write_text("x")
     result = run_in_process("demo", "-o", "taken", "--epochs", "1", cwd=tmp_path)
     assert_failed(result, 2, "'taken' exists and is not a folder")
+
+
+def test_demo_does_not_import_the_command_line():
+    """The file helpers live in onnxgrad._files, so demo and cli do not import each other."""
+    code = "import sys, onnxgrad.demo; print('onnxgrad.cli' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
