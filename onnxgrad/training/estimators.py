@@ -162,7 +162,8 @@ class BaseOrtOptimizer(ParamsMixin):
     def _switch_graphs(self, graphs: _Graphs, device) -> None:
         old = self.runner_
         state = graphs.train.state_inputs(old.step.state_by_weight(old.get_state()))
-        self._make_runners(graphs, device, old.get_weights(), state)
+        weights = {w: v for w, v in old.get_weights().items() if w in graphs.train.weights}
+        self._make_runners(graphs, device, weights, state)
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()

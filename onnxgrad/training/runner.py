@@ -16,6 +16,7 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import np_dtype
+from onnxgrad.training._inputs import check_tensor, host_array
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
@@ -116,8 +117,10 @@ class TrainingRunner:
         self.device = device
         self.model = with_batch_indices(step, self.indices_name)
         self.session = make_session(self.model, device, session_options)
-        weights = _ordered(weights, step.weights, "weight")
-        state = _ordered(step.initial_state() if state is None else state, step.state, "state")
+        weights = _checked_values(weights, _weight_types(step), "weight")
+        state = _checked_values(
+            step.initial_state() if state is None else state, _state_types(step), "state"
+        )
         self._sets = [StepBuffers(step, device, weights, state) for _ in range(2)]
         self._current = 0
         self._lr = np.zeros((), dtype=self._lr_dtype())
@@ -180,12 +183,16 @@ class _EpochBindings:
     def __init__(self, runner: TrainingRunner, loader: OrtDataLoader):
         self.loader = loader
         step = runner.step
-        data = loader.device_data()
-        if len(data) != len(step.data_inputs):
+        arrays = loader.arrays()
+        if len(arrays) != len(step.data_inputs):
             raise ValueError(
                 f"the train step expects the inputs {list(step.data_inputs)}, "
-                f"the data loader holds {len(data)} arrays"
+                f"the data loader holds {len(arrays)} arrays"
             )
+        inputs = {i.name: i for i in step.model.graph.input}
+        for name, array, what in zip(step.data_inputs, arrays, ("X", "y", "sample_weight")):
+            check_tensor(inputs[name], array, what)
+        data = loader.device_data()
         self.order = np.zeros(len(loader), dtype=np.int64)
         size = loader.batch_size
         starts = range(0, len(loader), size)
@@ -256,11 +263,44 @@ class GraphRunner:
         return [np.array(v.numpy(), copy=True) for v in binding.get_outputs()]
 
 
-def _ordered(values: Mapping[str, np.ndarray], names: Sequence[str], what: str) -> dict:
-    missing = [n for n in names if n not in values]
+def _weight_types(step: TrainStep) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    inputs = {i.name: i for i in step.model.graph.input}
+    return {
+        w: (step.weight_shapes[w], np_dtype(inputs[w].type.tensor_type.elem_type))
+        for w in step.weights
+    }
+
+
+def _state_types(step: TrainStep) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    return {name: (slot.shape, np_dtype(slot.elem_type)) for name, slot in step.state_slots.items()}
+
+
+def _checked_values(
+    values: Mapping[str, np.ndarray],
+    expected: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+    what: str,
+) -> dict[str, np.ndarray]:
+    """``values`` in the order of ``expected`` (name -> shape, dtype), each with exactly
+    that shape and dtype: a transposed weight must not be read as a reshaped one."""
+    missing = [n for n in expected if n not in values]
     if missing:
         raise ValueError(f"no value for {what} {missing}")
-    return {n: np.asarray(values[n]) for n in names}
+    unknown = sorted(set(values) - set(expected))
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}, the train step's are {list(expected)}")
+    arrays = {}
+    for name, (shape, dtype) in expected.items():
+        array = host_array(values[name])
+        if array.dtype != dtype:
+            raise TypeError(
+                f"{what} {name!r} has dtype {array.dtype}, the train step expects {dtype}"
+            )
+        if array.shape != shape:
+            raise ValueError(
+                f"{what} {name!r} has shape {array.shape}, the train step expects {shape}"
+            )
+        arrays[name] = array
+    return arrays
 
 
 __all__ = ["GraphRunner", "StepBuffers", "TrainingRunner", "make_session"]
