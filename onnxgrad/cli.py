@@ -33,12 +33,8 @@ from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
 from onnxgrad.exceptions import ConvergenceError
 from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
 from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
-from onnxgrad.training import (
-    LearningRateAdam,
-    LearningRateSGD,
-    LearningRateSGDNesterov,
-    OrtGradientForwardBackwardOptimizer,
-)
+from onnxgrad.training import OrtGradientForwardBackwardOptimizer, learning_rate_from_name
+from onnxgrad.training.learning_rate import LEARNING_RATE_NAMES
 
 USAGE_ERROR = 2
 JOB_FAILED = 1
@@ -345,12 +341,6 @@ def cmd_derivative(args: argparse.Namespace) -> None:
 
 # ----------------------------------------------------------------------------- train
 
-#: --optimizer -> (optimizer class, default --lr); every schedule is constant.
-OPTIMIZERS = {
-    "sgd": (LearningRateSGD, 0.01),
-    "nesterov": (LearningRateSGDNesterov, 0.01),
-    "adam": (LearningRateAdam, 0.001),
-}
 LOSSES = ("square_error", "absolute_error", "elastic", "log", "cross_entropy")
 
 
@@ -358,9 +348,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     model = read_model(args.model)
     destination = check_destination(args.output)
     X, y = read_training_data(args.data, model)
-    cls, default_lr = OPTIMIZERS[args.optimizer]
-    lr = default_lr if args.lr is None else args.lr
-    optimizer = cls(eta0=lr) if cls is LearningRateAdam else cls(eta0=lr, learning_rate="constant")
+    optimizer = learning_rate_from_name(args.optimizer, eta0=args.lr, schedule="constant")
     estimator = OrtGradientForwardBackwardOptimizer(
         model,
         max_iter=args.epochs,
@@ -618,7 +606,10 @@ def _add_train(commands) -> None:
     sub.add_argument("--epochs", type=_positive_int, default=10, help="default: %(default)s")
     sub.add_argument("--batch-size", type=_positive_int, default=32, help="default: %(default)s")
     sub.add_argument(
-        "--optimizer", choices=sorted(OPTIMIZERS), default="nesterov", help="default: %(default)s"
+        "--optimizer",
+        choices=LEARNING_RATE_NAMES,
+        default="nesterov",
+        help="momentum is classical momentum, nesterov Nesterov's (default: %(default)s)",
     )
     sub.add_argument(
         "--lr",

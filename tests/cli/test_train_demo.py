@@ -66,6 +66,42 @@ def test_train_reaches_least_squares(workdir, optimizer, lr, epochs, in_process)
     np.testing.assert_allclose(weights["intercept"], [bias], atol=2e-2)
 
 
+def _full_batch_momentum(X, y, epochs, lr, momentum, nesterov):
+    """numpy reference: ``epochs`` steps on the mean squared error over all rows, with
+    ``v <- mu v - lr g`` then ``w <- w + mu v - lr g`` (Nesterov) or ``w <- w + v``."""
+    A = np.hstack([X, np.ones((len(X), 1))]).astype(np.float64)
+    w, v = np.zeros(A.shape[1]), np.zeros(A.shape[1])
+    for _ in range(epochs):
+        g = 2 * A.T @ (A @ w - y) / len(A)
+        v = momentum * v - lr * g
+        w = w + (momentum * v - lr * g if nesterov else v)
+    return w
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "lr_option", "lr", "momentum", "nesterov"),
+    [
+        ("momentum", ["--lr", "0.05"], 0.05, 0.9, False),
+        ("nesterov", ["--lr", "0.05"], 0.05, 0.9, True),
+        ("sgd", [], 0.01, 0.0, False),
+    ],
+)
+def test_train_optimizer_steps_match_numpy(workdir, optimizer, lr_option, lr, momentum, nesterov):
+    """One batch per epoch, so the shuffling does not matter; no --lr is the default 0.01."""
+    data = np.load(workdir / "data.npz")
+    X, y = data["X"].astype(np.float32), data["y"].astype(np.float32)
+    result = run_in_process(
+        "train", "lr.onnx", "--data", "data.npz", "-o", "trained.onnx",
+        "--optimizer", optimizer, *lr_option, "--epochs", "3", "--batch-size", str(len(X)),
+        cwd=workdir,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    expected = _full_batch_momentum(X, y, 3, lr, momentum, nesterov)
+    weights = _weights(workdir / "trained.onnx")
+    np.testing.assert_allclose(weights["coefs"].ravel(), expected[:2], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(weights["intercept"], expected[2:], rtol=1e-4, atol=1e-6)
+
+
 def test_train_absolute_error_loss(workdir):
     result = run_in_process(
         "train", "lr.onnx", "--data", "data.npz", "-o", "trained.onnx",
