@@ -2,6 +2,7 @@
 
 Constructors store their arguments unchanged under the same names; ``get_params`` reads them
 back from the signature, so ``sklearn.base.clone`` rebuilds an equal, unfitted object.
+Estimators add scikit-learn's tags (:class:`EstimatorMixin`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ class ParamsMixin:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={_short_repr(v)}" for k, v in self.get_params(deep=False).items())
         return f"{type(self).__name__}({args})"
+
+
+class EstimatorMixin(ParamsMixin):
+    """What scikit-learn's model selection (``clone``, ``GridSearchCV``,
+    ``check_is_fitted``) asks of an estimator, scikit-learn imported only when it asks;
+    subclasses tell whether they are fitted with ``__sklearn_is_fitted__``.
+    """
+
+    def __sklearn_tags__(self):
+        from sklearn.utils import InputTags, Tags, TargetTags
+
+        return Tags(
+            estimator_type=None,
+            target_tags=TargetTags(required=True),
+            input_tags=InputTags(two_d_array=True, allow_nan=False),
+        )
 
 
 def _short_repr(value: Any) -> str:

@@ -24,7 +24,7 @@ from onnxgrad._onnx_utils import load_model
 from onnxgrad.exceptions import ConvergenceError
 from onnxgrad.graph import replace_initializers_into_onnx, select_model_inputs_outputs
 from onnxgrad.training._inputs import check_features, check_labels, check_sample_weight
-from onnxgrad.training._params import ParamsMixin
+from onnxgrad.training._params import EstimatorMixin
 from onnxgrad.training.composition import (
     LossModel,
     TrainStep,
@@ -63,7 +63,7 @@ class _Graphs:
     prediction: ModelProto | None
 
 
-class BaseOrtOptimizer(ParamsMixin):
+class BaseOrtOptimizer(EstimatorMixin):
     """The training loop shared by the estimators (see the subclasses for parameters)."""
 
     # -- to define in subclasses ----------------------------------------------------------
@@ -239,8 +239,11 @@ class BaseOrtOptimizer(ParamsMixin):
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     # -- evaluation -------------------------------------------------------------------------
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "runner_")
+
     def _check_fitted(self) -> None:
-        if not hasattr(self, "runner_"):
+        if not self.__sklearn_is_fitted__():
             raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit first")
 
     def _data_arrays(self, evaluation: LossModel, X, y, sample_weight) -> list[np.ndarray]:

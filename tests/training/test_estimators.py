@@ -12,11 +12,12 @@ import pytest
 from skl2onnx import to_onnx
 from sklearn.base import clone
 from sklearn.datasets import make_classification, make_regression
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import log_loss, r2_score
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import GridSearchCV, KFold, train_test_split
 from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.utils.validation import check_is_fitted
 
 from onnxgrad import ConvergenceError, add_loss_output, select_model_inputs_outputs
 from onnxgrad.training import (
@@ -311,6 +312,23 @@ def test_clone_and_params():
     assert cloned.learning_rate.get_params()["eta0"] == 0.05
     with pytest.raises(ValueError, match="invalid parameter 'speed'"):
         cloned.set_params(speed=3)
+
+
+def test_grid_search_and_check_is_fitted():
+    X, y = linear_data()
+    est = linear_estimator(max_iter=5)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+    grid = {"learning_rate": [LearningRateSGD(eta0=0.02, learning_rate="constant"), 1e-6]}
+    search = GridSearchCV(est, grid, cv=2).fit(X, y)
+    assert search.best_params_["learning_rate"] is grid["learning_rate"][0]
+    check_is_fitted(search.best_estimator_)
+    # the score GridSearchCV ranks by is the opposite of the mean squared error
+    scores = []
+    for train, test in KFold(2).split(X):
+        fold = clone(est).set_params(**search.best_params_).fit(X[train], y[train])
+        scores.append(-((fold.predict(X[test]).ravel() - y[test]) ** 2).mean())
+    assert search.best_score_ == pytest.approx(np.mean(scores), rel=1e-5)
 
 
 def test_the_model_is_never_modified(tmp_path):
