@@ -90,7 +90,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         if not continuing:
             self._start(model, graphs, device)
         elif self.runner_.step is not graphs.train or self.device_ != device:
-            self._switch_graphs(graphs, device)
+            self._switch_graphs(model, graphs, device)
         self._train(loader, validation)
         return self
 
@@ -151,19 +151,28 @@ class BaseOrtOptimizer(EstimatorMixin):
         return self._data_arrays(evaluation, X_val, y_val, None)
 
     def _start(self, model: ModelProto, graphs: _Graphs, device) -> None:
-        initializers = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
-        weights = {w: initializers[w] for w in graphs.train.weights}
-        self._make_runners(graphs, device, weights, None)
+        self._make_runners(graphs, device, _initializers(model, graphs.train.weights), None)
         self.train_losses_: list[float] = []
         self.validation_losses_: list[float] = []
         self.n_iter_ = 0
         self.t_ = 0
 
-    def _switch_graphs(self, graphs: _Graphs, device) -> None:
-        old = self.runner_
-        state = graphs.train.state_inputs(old.step.state_by_weight(old.get_state()))
-        weights = {w: v for w, v in old.get_weights().items() if w in graphs.train.weights}
-        self._make_runners(graphs, device, weights, state)
+    def _switch_graphs(self, model: ModelProto, graphs: _Graphs, device) -> None:
+        """Continue with new graphs from the current weights and optimizer state.
+
+        The state tensors the new optimizer shares with the old one (same name, e.g. Adam's
+        moments when only ``eta0`` changed) carry over, the others start fresh (SGD to
+        Adam: zero moments, step 0); a weight trained only now starts from the model.
+        """
+        old, step = self.runner_, graphs.train
+        named = step.state_by_weight(step.initial_state())
+        kept = old.step.state_by_weight(old.get_state())
+        named.update({name: value for name, value in kept.items() if name in named})
+        current = old.get_weights()
+        fresh = [w for w in step.weights if w not in current]
+        weights = {**_initializers(model, fresh), **current}
+        weights = {w: weights[w] for w in step.weights}
+        self._make_runners(graphs, device, weights, step.state_inputs(named))
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()
@@ -509,6 +518,15 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
             without_loss = select_model_inputs_outputs(model, outputs=predictions)
             prediction = make_predict_model(without_loss, train.weights)
         return _Graphs(train, evaluation, prediction)
+
+
+def _initializers(model: ModelProto, names) -> dict[str, np.ndarray]:
+    wanted = set(names)
+    return {
+        init.name: onnx.numpy_helper.to_array(init)
+        for init in model.graph.initializer
+        if init.name in wanted
+    }
 
 
 def _batch_sizes(n: int, batch_size: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from onnxgrad import ConvergenceError, add_loss_output, select_model_inputs_outp
 from onnxgrad.training import (
     CrossEntropyLearningLoss,
     ElasticLearningPenalty,
+    LearningRateAdam,
     LearningRateSGD,
     LearningRateSGDNesterov,
     NegLogLearningLoss,
@@ -201,6 +202,55 @@ def test_warm_start_continues_where_it_stopped():
     cold.fit(X, y)
     # a cold fit starts again: same initial weights, same shuffling
     assert cold.train_losses_ == pytest.approx(once.train_losses_[:5], rel=1e-6)
+
+
+def mse_gradient(X, y, w):
+    """The gradient of ``mean((X w[:-1] + w[-1] - y)^2)``."""
+    residual = X @ w[:-1] + w[-1] - y
+    return np.r_[2 * X.T @ residual / len(X), 2 * residual.mean()]
+
+
+def adam_steps(X, y, w, steps, eta0, moments=None):
+    """``steps`` Adam updates (torch's formula) from ``moments = (m, v, k)``."""
+    m, v, k = moments or (np.zeros_like(w), np.zeros_like(w), 0)
+    for _ in range(steps):
+        k += 1
+        g = mse_gradient(X, y, w)
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        w = w - eta0 * (m / (1 - 0.9**k)) / (np.sqrt(v / (1 - 0.999**k)) + 1e-8)
+    return w, (m, v, k)
+
+
+def test_warm_start_switches_optimizer_and_trained_weights():
+    """SGD on ``coefs`` only, then Adam on every weight (fresh moments, the intercept from
+    the model), then Adam with another rate (its moments and step count carried over)."""
+    X, y = linear_data(n=20)
+    X64, y64 = X.astype(np.float64), y.astype(np.float64)
+    est = linear_estimator(
+        max_iter=3,
+        batch_size=20,
+        weights_to_train=["coefs"],
+        learning_rate=LearningRateSGD(eta0=0.05, learning_rate="constant"),
+        warm_start=True,
+    )
+    est.fit(X, y)
+    w = np.zeros(4)
+    for _ in range(3):
+        w[:3] -= 0.05 * mse_gradient(X64, y64, w)[:3]
+    est.set_params(weights_to_train=None, learning_rate="Adam").fit(X, y)
+    w, moments = adam_steps(X64, y64, w, 3, 0.001)
+    state = est.get_full_state()
+    assert state["step"].tolist() == [3]
+    np.testing.assert_allclose(state["coefs"].ravel(), w[:3], rtol=1e-4)
+    est.set_params(learning_rate=LearningRateAdam(eta0=0.01)).fit(X, y)
+    w, _ = adam_steps(X64, y64, w, 3, 0.01, moments)
+    state = est.get_full_state()
+    assert state["step"].tolist() == [6] and est.n_iter_ == 9
+    np.testing.assert_allclose(state["coefs"].ravel(), w[:3], rtol=1e-4)
+    np.testing.assert_allclose(state["intercept"], w[3:], rtol=1e-4)
+    est.set_params(learning_rate="Nesterov").fit(X, y)
+    velocity = {"coefs_velocity", "intercept_velocity"}
+    assert set(est.get_full_state()) == {"coefs", "intercept", *velocity}
 
 
 def test_both_gradient_backends_train_the_same_weights():
