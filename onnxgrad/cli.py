@@ -88,7 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     previous_severity = set_logger_severity(ORT_LOG_SEVERITY)
     try:
-        return args.run(args) or 0
+        status = args.run(args) or 0
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:  # the reader stopped reading (`onnxgrad text m.onnx | head`)
+        _discard_stdout()
+        return 0
     except KeyboardInterrupt:
         _fail(args.prog, "interrupted")
         return 130
@@ -100,6 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     finally:
         set_logger_severity(previous_severity)
+
+
+def _discard_stdout() -> None:
+    """Send what is left of standard output to the null device, so the interpreter's last
+    flush does not fail on the closed pipe again (the recipe of Python's signal docs)."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file, as under a test runner
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)
+    os.close(devnull)
 
 
 def _fail(prog: str, message: str) -> None:
@@ -361,9 +378,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         verbose=1,
     )
     estimator.fit(X, y)
+    save_model(estimator.get_trained_onnx(), destination)
     for epoch, loss in enumerate(estimator.train_losses_, start=1):
         print(f"epoch {epoch:3d}/{args.epochs}  loss {loss:.6g}")
-    save_model(estimator.get_trained_onnx(), destination)
     print(f"wrote {destination}")
 
 

@@ -13,6 +13,7 @@ network is an ONNX graph written with ``onnx.helper``, and the rest is onnxgrad'
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -223,7 +224,9 @@ def run_demo(
 
 
 def _say(out: TextIO, line: str) -> None:
-    tqdm.write(line, file=out)
+    """Print a progress line; a reader that stopped reading (``| head``) does not stop the demo."""
+    with contextlib.suppress(BrokenPipeError):
+        tqdm.write(line, file=out)
 
 
 def _train(

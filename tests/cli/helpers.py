@@ -31,18 +31,43 @@ def run_onnxgrad(
     without it.
     """
     with tempfile.TemporaryDirectory() as blocked_folder:
-        paths = [str(block_modules(Path(blocked_folder), "torch", *blocked))]
-        paths += [str(ROOT), os.environ.get("PYTHONPATH", "")]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
-        env["MPLBACKEND"] = "Agg"
         return subprocess.run(
             [*program, *map(str, args)],
             cwd=cwd,
-            env=env,
+            env=command_environment(Path(blocked_folder), blocked),
             capture_output=True,
             text=True,
             timeout=timeout,
         )
+
+
+def run_onnxgrad_into_closed_pipe(*args: str, cwd: Path, timeout: float = 240):
+    """``python -m onnxgrad ARGS`` whose standard output is a pipe the reader closes after
+    the first line, as ``| head -1`` does: returns (status, that line, stderr)."""
+    with tempfile.TemporaryDirectory() as blocked_folder, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "onnxgrad", *map(str, args)],
+            cwd=cwd,
+            env=command_environment(Path(blocked_folder)),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        first_line = process.stdout.readline()
+        process.stdout.close()
+        status = process.wait(timeout=timeout)
+        err.seek(0)
+        return status, first_line, err.read()
+
+
+def command_environment(blocked_folder: Path, blocked: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of a child ``onnxgrad``: this checkout first on the path, PyTorch and
+    the packages ``blocked`` unimportable, matplotlib drawing off screen."""
+    paths = [str(block_modules(blocked_folder, "torch", *blocked))]
+    paths += [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    env["MPLBACKEND"] = "Agg"
+    return env
 
 
 def block_modules(folder: Path, *names: str) -> Path:
