@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -34,9 +35,9 @@ from onnxgrad.training.composition import (
 )
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import check_device
-from onnxgrad.training.learning_rate import select_learning_rate
-from onnxgrad.training.losses import select_learning_loss
-from onnxgrad.training.penalties import select_learning_penalty
+from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
+from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
+from onnxgrad.training.penalties import BaseLearningPenalty, select_learning_penalty
 from onnxgrad.training.runner import GraphRunner, TrainingRunner
 
 #: parameters the composed graphs do not depend on
@@ -54,20 +55,37 @@ _RUN_PARAMS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Graphs:
-    """Everything an estimator runs, built once per fit configuration."""
+    """What an estimator runs for one configuration of its graph parameters.
 
-    train: TrainStep
+    Built in the order a fit needs them: the objects the parameters name and the graphs
+    without derivative first (the data is checked against :attr:`evaluation`), the train
+    steps, whose derivative is the costly part, last (:meth:`BaseOrtOptimizer._train_step`).
+    """
+
+    learning_rate: BaseLearningRate
+    penalty: BaseLearningPenalty
+    loss: BaseLearningLoss | None
     evaluation: LossModel
     prediction: ModelProto | None
+    #: keyword arguments of :func:`make_train_step` that name the loss and its inputs
+    step_options: dict[str, Any]
+    #: train steps by layout
+    steps: dict[str, TrainStep] = field(default_factory=dict)
 
 
 class BaseOrtOptimizer(EstimatorMixin):
-    """The training loop shared by the estimators (see the subclasses for parameters)."""
+    """The training loop shared by the estimators (see the subclasses for parameters).
+
+    A fit checks its parameters, then its data, before it builds the train step; fitted
+    attributes change only once the new runners exist, so a fit that fails early leaves
+    the estimator as it was.
+    """
 
     # -- to define in subclasses ----------------------------------------------------------
-    def _build_graphs(self, model: ModelProto, with_weight: bool, layout: str) -> _Graphs:
+    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+        """Everything but the train steps."""
         raise NotImplementedError
 
     # -- fitting ----------------------------------------------------------------------------
@@ -81,16 +99,20 @@ class BaseOrtOptimizer(EstimatorMixin):
         the last epoch that ended finite.
         """
         self._check_params()
-        continuing = self.warm_start and hasattr(self, "runner_")
         model = load_model(self.model_onnx)
         device = check_device(self.device)
-        graphs = self._graphs_for(model, sample_weight is not None, device)
-        loader = self._loader(graphs.train, X, y, sample_weight, device)
+        graphs = self._graphs_for(model, sample_weight is not None)
+        data = self._training_data(graphs.evaluation, X, y, sample_weight)
         validation = self._validation_data(graphs.evaluation, X_val, y_val)
-        if not continuing:
-            self._start(model, graphs, device)
-        elif self.runner_.step is not graphs.train or self.device_ != device:
-            self._switch_graphs(model, graphs, device)
+        step = self._train_step(model, graphs, device)
+        if not (self.warm_start and hasattr(self, "runner_")):
+            self._start(model, graphs, step, device)
+        elif self.runner_.step is not step or self.device_ != device:
+            self._switch_graphs(model, graphs, step, device)
+        X, y, *weight = data
+        loader = OrtDataLoader(
+            X, y, *weight, batch_size=self.batch_size, device=device, random_state=self._shuffling
+        )
         self._train(loader, validation)
         return self
 
@@ -102,69 +124,76 @@ class BaseOrtOptimizer(EstimatorMixin):
         every = self.validation_every
         if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
             raise ValueError(f"validation_every must be a number >= 0, got {every!r}")
+        threads = self.intra_op_num_threads
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+        ):
+            raise TypeError(f"intra_op_num_threads must be an integer, got {threads!r}")
 
-    def _graphs_for(self, model: ModelProto, with_weight: bool, device) -> _Graphs:
+    def _graphs_for(self, model: ModelProto, with_weight: bool) -> _Graphs:
         """The graphs of the current parameters, rebuilt only when a parameter they depend
-        on changed (a warm start keeps them and the runner).
+        on changed (a warm start keeps them and the runner)."""
+        params = self.get_params(deep=True)
+        graph_params = {
+            k: v for k, v in params.items() if k not in _RUN_PARAMS and k != "model_onnx"
+        }
+        key = (with_weight, repr(graph_params))
+        cached = getattr(self, "_graphs_cache", None)
+        if cached is None or cached[0] != key or cached[1] is not self.model_onnx:
+            self._graphs_cache = (key, self.model_onnx, self._build_graphs(model, with_weight))
+        return self._graphs_cache[2]
+
+    def _train_step(self, model: ModelProto, graphs: _Graphs, device) -> TrainStep:
+        """The train step of ``graphs`` for ``device``, built on first use.
 
         On the CPU the update runs on all weights end to end (``'flat'`` layout: fewer,
         larger kernels), elsewhere weight by weight.
         """
         layout = "flat" if device.kind == "cpu" else "per_weight"
-        params = self.get_params(deep=True)
-        graph_params = {k: v for k, v in params.items() if k not in _RUN_PARAMS}
-        key = (with_weight, layout, repr(graph_params))
-        cached = getattr(self, "_graphs_cache", None)
-        if cached is None or cached[0] != key or cached[1] is not self.model_onnx:
-            self.learning_rate_ = select_learning_rate(self.learning_rate).init_learning_rate()
-            self.learning_penalty_ = select_learning_penalty(self.learning_penalty)
-            graphs = self._build_graphs(model, with_weight, layout)
-            self._graphs_cache = (key, self.model_onnx, graphs)
-        return self._graphs_cache[2]
+        if layout not in graphs.steps:
+            graphs.steps[layout] = make_train_step(
+                model,
+                graphs.evaluation.weights,
+                learning_rate=graphs.learning_rate,
+                penalty=graphs.penalty,
+                backend=self.backend,
+                layout=layout,
+                **graphs.step_options,
+            )
+        return graphs.steps[layout]
 
-    def _loader(self, step: TrainStep, X, y, sample_weight, device) -> OrtDataLoader:
-        model = step.model
-        if len(step.features) != 1:
+    def _training_data(self, evaluation: LossModel, X, y, sample_weight) -> list[np.ndarray]:
+        if len(evaluation.features) != 1:
             raise ValueError(
-                f"the model has several inputs {list(step.features)}, fit feeds only one "
+                f"the model has several inputs {list(evaluation.features)}, fit feeds only one "
                 "feature matrix X"
             )
-        X = check_features(model, step.features[0], X)
-        y = check_labels(model, step.label, y, X.shape[0])
-        if step.sample_weight is not None:
-            if sample_weight is None:
-                sample_weight = np.ones(X.shape[0])
-            sample_weight = check_sample_weight(model, step.sample_weight, sample_weight, len(X))
-        elif sample_weight is not None:
-            raise ValueError("sample_weight is given but the model has no sample-weight input")
-        if not (self.warm_start and hasattr(self, "_shuffling")):
-            self._shuffling = np.random.default_rng(self.random_state)
-        return OrtDataLoader(X, y, sample_weight, self.batch_size, device, self._shuffling)
+        return self._checked_data(evaluation, X, y, sample_weight)
 
     def _validation_data(self, evaluation: LossModel, X_val, y_val):
         if X_val is None and y_val is None:
             return None
         if X_val is None or y_val is None:
             raise ValueError("give both X_val and y_val, or neither")
-        X_val = check_features(evaluation.model, evaluation.features[0], X_val, "X_val")
-        y_val = check_labels(evaluation.model, evaluation.label, y_val, X_val.shape[0], "y_val")
-        return self._data_arrays(evaluation, X_val, y_val, None)
+        return self._checked_data(evaluation, X_val, y_val, None, "_val")
 
-    def _start(self, model: ModelProto, graphs: _Graphs, device) -> None:
-        self._make_runners(graphs, device, _initializers(model, graphs.train.weights), None)
+    def _start(self, model: ModelProto, graphs: _Graphs, step: TrainStep, device) -> None:
+        weights = _initializers(model, step.weights)
+        self._install(graphs, device, self._make_runners(graphs, step, device, weights, None))
+        self._shuffling = np.random.default_rng(self.random_state)
         self.train_losses_: list[float] = []
         self.validation_losses_: list[float] = []
         self.n_iter_ = 0
         self.t_ = 0
 
-    def _switch_graphs(self, model: ModelProto, graphs: _Graphs, device) -> None:
+    def _switch_graphs(self, model: ModelProto, graphs: _Graphs, step: TrainStep, device) -> None:
         """Continue with new graphs from the current weights and optimizer state.
 
         The state tensors the new optimizer shares with the old one (same name, e.g. Adam's
         moments when only ``eta0`` changed) carry over, the others start fresh (SGD to
         Adam: zero moments, step 0); a weight trained only now starts from the model.
         """
-        old, step = self.runner_, graphs.train
+        old = self.runner_
         named = step.state_by_weight(step.initial_state())
         kept = old.step.state_by_weight(old.get_state())
         named.update({name: value for name, value in kept.items() if name in named})
@@ -172,30 +201,38 @@ class BaseOrtOptimizer(EstimatorMixin):
         fresh = [w for w in step.weights if w not in current]
         weights = {**_initializers(model, fresh), **current}
         weights = {w: weights[w] for w in step.weights}
-        self._make_runners(graphs, device, weights, step.state_inputs(named))
+        state = step.state_inputs(named)
+        self._install(graphs, device, self._make_runners(graphs, step, device, weights, state))
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()
-        threads = self.intra_op_num_threads
-        if threads is not None:
-            if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
-                raise TypeError(f"intra_op_num_threads must be an integer, got {threads!r}")
-            options.intra_op_num_threads = int(threads)
+        if self.intra_op_num_threads is not None:
+            options.intra_op_num_threads = int(self.intra_op_num_threads)
         return options
 
-    def _make_runners(self, graphs: _Graphs, device, weights, state) -> None:
-        self.device_ = device
+    def _make_runners(self, graphs: _Graphs, step: TrainStep, device, weights, state) -> tuple:
+        """``(runner, evaluator, predictor)``, nothing assigned yet."""
         options = self._session_options()
-        self.runner_ = TrainingRunner(graphs.train, device, weights, state, options)
-        self.evaluator_ = GraphRunner(
-            graphs.evaluation.model, graphs.evaluation.data_inputs, device, options
-        )
-        self.predictor_ = None
+        runner = TrainingRunner(step, device, weights, state, options)
+        evaluation = graphs.evaluation
+        evaluator = GraphRunner(evaluation.model, evaluation.data_inputs, device, options)
+        predictor = None
         if graphs.prediction is not None:
-            weights = set(graphs.train.weights)
-            features = [i.name for i in graphs.prediction.graph.input if i.name not in weights]
-            self.predictor_ = GraphRunner(graphs.prediction, features, device, options)
+            trained = set(step.weights)
+            inputs = graphs.prediction.graph.input
+            features = [i.name for i in inputs if i.name not in trained]
+            predictor = GraphRunner(graphs.prediction, features, device, options)
+        return runner, evaluator, predictor
+
+    def _install(self, graphs: _Graphs, device, runners: tuple) -> None:
+        """Make ``graphs`` and their runners the estimator's fitted state."""
+        self.runner_, self.evaluator_, self.predictor_ = runners
+        self.device_ = device
         self.graphs_ = graphs
+        self.learning_rate_ = graphs.learning_rate
+        self.learning_penalty_ = graphs.penalty
+        if graphs.loss is not None:
+            self.learning_loss_ = graphs.loss
 
     def _train(self, loader: OrtDataLoader, validation) -> None:
         every = self._validation_period()
@@ -255,13 +292,18 @@ class BaseOrtOptimizer(EstimatorMixin):
         if not self.__sklearn_is_fitted__():
             raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit first")
 
-    def _data_arrays(self, evaluation: LossModel, X, y, sample_weight) -> list[np.ndarray]:
-        arrays = [X, y]
+    @staticmethod
+    def _checked_data(
+        evaluation: LossModel, X, y, sample_weight, suffix: str = ""
+    ) -> list[np.ndarray]:
+        """``[X, y]`` (and the sample weights when the graph takes some: ones by default)
+        checked against the data inputs of ``evaluation``."""
+        model = evaluation.model
+        X = check_features(model, evaluation.features[0], X, f"X{suffix}")
+        arrays = [X, check_labels(model, evaluation.label, y, X.shape[0], f"y{suffix}")]
         if evaluation.sample_weight is not None:
             weight = np.ones(X.shape[0]) if sample_weight is None else sample_weight
-            arrays.append(
-                check_sample_weight(evaluation.model, evaluation.sample_weight, weight, len(X))
-            )
+            arrays.append(check_sample_weight(model, evaluation.sample_weight, weight, len(X)))
         elif sample_weight is not None:
             raise ValueError("sample_weight is given but the model has no sample-weight input")
         return arrays
@@ -271,10 +313,7 @@ class BaseOrtOptimizer(EstimatorMixin):
 
     def _checked(self, X, y, sample_weight):
         self._check_fitted()
-        evaluation = self.graphs_.evaluation
-        X = check_features(evaluation.model, evaluation.features[0], X)
-        y = check_labels(evaluation.model, evaluation.label, y, X.shape[0])
-        return self._data_arrays(evaluation, X, y, sample_weight)
+        return self._checked_data(self.graphs_.evaluation, X, y, sample_weight)
 
     def losses(self, X, y, sample_weight=None) -> np.ndarray:
         """The loss of each observation (the training loss of a batch of one row)."""
@@ -336,7 +375,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         self._check_fitted()
         os.makedirs(folder, exist_ok=True)
         models = {
-            "train_step": self.graphs_.train.model,
+            "train_step": self.runner_.step.model,
             "train_step_indexed": self.runner_.model,
             "evaluation": self.graphs_.evaluation.model,
             "prediction": self.graphs_.prediction,
@@ -417,26 +456,23 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         self.backend = backend
         self.intra_op_num_threads = intra_op_num_threads
 
-    def _build_graphs(self, model: ModelProto, with_weight: bool, layout: str) -> _Graphs:
-        self.learning_loss_ = select_learning_loss(self.learning_loss)
-        weight_name = (self.weight_name or "weight") if with_weight else None
-        common = {
-            "loss": self.learning_loss_,
+    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+        loss = select_learning_loss(self.learning_loss)
+        options = {
+            "loss": loss,
             "output": self.output,
             "loss_output_name": self.loss_output_name,
-            "weight_name": weight_name,
+            "weight_name": (self.weight_name or "weight") if with_weight else None,
         }
-        train = make_train_step(
-            model,
-            self.weights_to_train,
-            learning_rate=self.learning_rate_,
-            penalty=self.learning_penalty_,
-            backend=self.backend,
-            layout=layout,
-            **common,
+        evaluation = make_eval_step(model, self.weights_to_train, **options)
+        return _Graphs(
+            learning_rate=select_learning_rate(self.learning_rate).init_learning_rate(),
+            penalty=select_learning_penalty(self.learning_penalty),
+            loss=loss,
+            evaluation=evaluation,
+            prediction=make_predict_model(model, evaluation.weights),
+            step_options={**options, "label_name": evaluation.label},
         )
-        evaluation = make_eval_step(model, train.weights, label_name=train.label, **common)
-        return _Graphs(train, evaluation, make_predict_model(model, train.weights))
 
 
 class OrtGradientOptimizer(BaseOrtOptimizer):
@@ -488,7 +524,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         self.backend = backend
         self.intra_op_num_threads = intra_op_num_threads
 
-    def _build_graphs(self, model: ModelProto, with_weight: bool, layout: str) -> _Graphs:
+    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
         inputs = {i.name for i in model.graph.input}
         has_weight = self.sample_weight_name in inputs
         if with_weight and not has_weight:
@@ -496,28 +532,26 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
                 f"sample_weight is given but the model has no input {self.sample_weight_name!r}"
                 " (see sample_weight_name)"
             )
-        common = {
+        options = {
             "loss": None,
             "loss_output_name": self.loss_output_name,
             "label_name": self.label_name,
             "weight_name": self.sample_weight_name if has_weight else None,
         }
-        train = make_train_step(
-            model,
-            self.weights_to_train,
-            learning_rate=self.learning_rate_,
-            penalty=self.learning_penalty_,
-            backend=self.backend,
-            layout=layout,
-            **common,
-        )
-        evaluation = make_eval_step(model, train.weights, **common)
+        evaluation = make_eval_step(model, self.weights_to_train, **options)
         predictions = [o.name for o in model.graph.output if o.name != self.loss_output_name]
         prediction = None
         if predictions:
             without_loss = select_model_inputs_outputs(model, outputs=predictions)
-            prediction = make_predict_model(without_loss, train.weights)
-        return _Graphs(train, evaluation, prediction)
+            prediction = make_predict_model(without_loss, evaluation.weights)
+        return _Graphs(
+            learning_rate=select_learning_rate(self.learning_rate).init_learning_rate(),
+            penalty=select_learning_penalty(self.learning_penalty),
+            loss=None,
+            evaluation=evaluation,
+            prediction=prediction,
+            step_options=options,
+        )
 
 
 def _initializers(model: ModelProto, names) -> dict[str, np.ndarray]:

@@ -477,6 +477,48 @@ def test_non_finite_data_is_named_not_taken_for_divergence():
         linear_estimator().fit(X, y, X_val=X, y_val=y_nan)
 
 
+def fitted_attributes(estimator) -> set[str]:
+    return {name for name in vars(estimator) if name.endswith("_")}
+
+
+def test_a_failed_fit_leaves_the_estimator_as_it_was():
+    X, y = linear_data()
+    bad_X_val = X[:, :2]
+    est = linear_estimator(learning_rate="SGD")
+    with pytest.raises(ValueError, match="X_val has shape"):
+        est.fit(X, y, X_val=bad_X_val, y_val=y)
+    assert fitted_attributes(est) == set()
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+
+    est.fit(X, y)
+    before = {name: getattr(est, name) for name in fitted_attributes(est)}
+    weights = est.get_state()
+    est.set_params(learning_rate="Adam", warm_start=True)
+    with pytest.raises(ValueError, match="X_val has shape"):
+        est.fit(X, y, X_val=bad_X_val, y_val=y)
+    assert {name: getattr(est, name) for name in fitted_attributes(est)} == before
+    assert isinstance(est.learning_rate_, LearningRateSGD)
+    assert set(est.get_full_state()) == {"coefs", "intercept"}
+    np.testing.assert_array_equal(est.get_state()["coefs"], weights["coefs"])
+
+
+def test_the_data_is_checked_before_the_derivative_is_built(monkeypatch):
+    from onnxgrad.training import estimators
+
+    def no_derivative(*args, **kwargs):
+        raise AssertionError("the train step is built before the data is checked")
+
+    monkeypatch.setattr(estimators, "make_train_step", no_derivative)
+    X, y = linear_data()
+    with pytest.raises(TypeError, match="y has dtype float64"):
+        linear_estimator().fit(X, y.astype(np.float64))
+    with pytest.raises(ValueError, match="y_val has shape"):
+        linear_estimator().fit(X, y, X_val=X, y_val=np.c_[y, y])
+    with pytest.raises(TypeError, match="intra_op_num_threads must be an integer"):
+        linear_estimator(intra_op_num_threads=True).fit(X, y)
+
+
 def test_ort_gradient_optimizer_needs_the_loss_output():
     X, y = linear_data()
     model = linear_regression_model(np.zeros((1, 3)), np.zeros(1))
