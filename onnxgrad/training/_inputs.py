@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from onnx import ModelProto, ValueInfoProto
 
@@ -67,6 +69,20 @@ def check_finite(array: np.ndarray, what: str) -> None:
         f"{what} holds {array[index]} at row {index[0]} ({what}[{position}]): only finite "
         "values are accepted, remove or impute that row"
     )
+
+
+def check_batch_axis(model: ModelProto, names: Sequence[str]) -> None:
+    """The inputs ``names`` must leave their first dimension free: training feeds them
+    batches (and whole data sets) of any number of rows."""
+    for name in names:
+        info = input_info(model, name)
+        dims = tensor_dims(info)
+        if dims and dims[0] is not None:
+            raise ValueError(
+                f"input {name!r} has a fixed first dimension {dims[0]} (shape {dims}): training "
+                "feeds it batches of any size; export the model with a dynamic (symbolic) "
+                "batch axis"
+            )
 
 
 def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarray:

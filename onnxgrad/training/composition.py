@@ -25,6 +25,7 @@ from onnxgrad._onnx_utils import (
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
 from onnxgrad.training._builder import StepBuilder, rename_values
+from onnxgrad.training._inputs import check_batch_axis
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
@@ -207,8 +208,10 @@ def with_batch_indices(step: TrainStep, indices_name: str = "batch_indices") -> 
 
     Each data input keeps its name but receives every observation; an int64 input
     ``indices_name`` selects the rows of the batch (``Gather`` on the first axis), so the
-    data can stay on the device for the whole training.
+    data can stay on the device for the whole training. The data inputs must leave their
+    first dimension free.
     """
+    check_batch_axis(step.model, step.data_inputs)
     model = load_model(step.model)
     graph = model.graph
     b = StepBuilder(graph, default_opset(model))

@@ -24,7 +24,12 @@ from onnx import ModelProto
 from onnxgrad._onnx_utils import load_model
 from onnxgrad.exceptions import ConvergenceError
 from onnxgrad.graph import replace_initializers_into_onnx, select_model_inputs_outputs
-from onnxgrad.training._inputs import check_features, check_labels, check_sample_weight
+from onnxgrad.training._inputs import (
+    check_batch_axis,
+    check_features,
+    check_labels,
+    check_sample_weight,
+)
 from onnxgrad.training._params import EstimatorMixin
 from onnxgrad.training.composition import (
     LossModel,
@@ -168,6 +173,7 @@ class BaseOrtOptimizer(EstimatorMixin):
                 f"the model has several inputs {list(evaluation.features)}, fit feeds only one "
                 "feature matrix X"
             )
+        check_batch_axis(evaluation.model, evaluation.data_inputs)
         return self._checked_data(evaluation, X, y, sample_weight)
 
     def _validation_data(self, evaluation: LossModel, X_val, y_val):

@@ -172,3 +172,12 @@ def test_a_weight_that_does_not_reach_the_loss_is_named():
     )
     with pytest.raises(ValueError, match=r"weights \['unused'\] do not reach the loss output"):
         make_train_step(predicting, ["coefs", "unused"])
+
+
+def test_batch_indices_need_a_free_batch_axis():
+    model = linear_regression_model(np.array([[1.0, -1.0]]), np.array([0.5]))
+    for info in (model.graph.input[0], model.graph.output[0]):
+        info.type.tensor_type.shape.dim[0].dim_value = 4
+    step = make_train_step(model, learning_rate=LearningRateSGD())
+    with pytest.raises(ValueError, match=r"input 'X' has a fixed first dimension 4 \(shape"):
+        with_batch_indices(step)
