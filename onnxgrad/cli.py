@@ -1,10 +1,11 @@
 """The ``onnxgrad`` command (also ``python -m onnxgrad``).
 
-Each subcommand reads its model, does one job with the public API, and writes its result
-through a temporary file in the destination folder renamed at the end, so a failure never
-leaves a partial file. Expected failures (missing, unreadable or invalid files, bad
-options, models the library rejects) print one line on stderr and exit with status 2;
-a training that diverges exits with status 1.
+Each subcommand reads its model (which onnx's full checker must accept), does one job with
+the public API, and writes its result through a temporary file in the destination folder
+renamed at the end, so a failure never leaves a partial file. Expected failures (missing,
+unreadable or invalid files, bad options, models the library or onnxruntime rejects) print
+one line on stderr and exit with status 2; a training that diverges exits with status 1.
+A reader that stops reading the output (``| head``) is no failure: status 0.
 """
 
 from __future__ import annotations
