@@ -99,9 +99,10 @@ class BaseOrtOptimizer(EstimatorMixin):
 
         ``X_val, y_val`` give :attr:`validation_losses_`, the loss every
         ``validation_every`` epochs (a fraction of ``max_iter`` below 1, a number of epochs
-        otherwise, ``0`` never). Raises :class:`~onnxgrad.ConvergenceError` (``exc=True``)
-        when a loss or a weight stops being finite; the estimator then keeps the weights of
-        the last epoch that ended finite.
+        otherwise, ``0`` never), epochs counted since the last cold start so that short
+        warm starts validate too. Raises :class:`~onnxgrad.ConvergenceError` (``exc=True``,
+        else a warning) when a loss or a weight stops being finite; the estimator then
+        keeps the weights of the last epoch that ended finite.
         """
         self._check_params()
         model = load_model(self.model_onnx)
@@ -127,8 +128,12 @@ class BaseOrtOptimizer(EstimatorMixin):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         every = self.validation_every
-        if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
-            raise ValueError(f"validation_every must be a number >= 0, got {every!r}")
+        if (
+            isinstance(every, bool)
+            or not isinstance(every, (int, float, np.integer, np.floating))
+            or not 0 <= every < np.inf
+        ):
+            raise ValueError(f"validation_every must be a finite number >= 0, got {every!r}")
         threads = self.intra_op_num_threads
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
@@ -247,7 +252,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         epochs = range(self.max_iter)
         bar = _progress_bar(epochs) if self.verbose else None
         sizes = _batch_sizes(len(loader), loader.batch_size)
-        for epoch in bar if bar is not None else epochs:
+        for _ in bar if bar is not None else epochs:
             lr.update_learning_rate(self.t_)
             losses = self.runner_.run_epoch(loader, lr.value)
             snapshot = self._snapshot()
@@ -259,7 +264,7 @@ class BaseOrtOptimizer(EstimatorMixin):
             self.t_ += len(loader)
             self.n_iter_ += 1
             self.train_losses_.append(float(np.average(losses, weights=sizes)))
-            if validation is not None and every and (epoch + 1) % every == 0:
+            if validation is not None and every and self.n_iter_ % every == 0:
                 self.validation_losses_.append(self._evaluate(validation))
             if bar is not None:
                 bar.set_postfix(loss=f"{self.train_losses_[-1]:.4g}", lr=f"{lr.value:.3g}")
@@ -288,7 +293,8 @@ class BaseOrtOptimizer(EstimatorMixin):
         )
         if self.exc:
             raise ConvergenceError(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        # the caller of fit: fit -> _train -> _diverged -> warn
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     # -- evaluation -------------------------------------------------------------------------
     def __sklearn_is_fitted__(self) -> bool:

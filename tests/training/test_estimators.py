@@ -348,6 +348,25 @@ def test_validation_losses_and_losses():
     np.testing.assert_allclose(est.losses(X[40:], y[40:]), (residual**2).ravel(), rtol=1e-4)
 
 
+def test_warm_starts_validate_on_the_total_epoch_count():
+    """validation_every counts epochs across warm starts: three fits of one epoch with
+    validation_every=2 validate once, after the second epoch."""
+    X, y = linear_data(n=50)
+    est = linear_estimator(max_iter=1, validation_every=np.int64(2), warm_start=True)
+    for _ in range(3):
+        est.fit(X[:40], y[:40], X_val=X[40:], y_val=y[40:])
+        if est.n_iter_ == 2:
+            residual = X[40:] @ est.trained_coef_["coefs"] + est.trained_coef_["intercept"]
+            after_two = float(((residual - y[40:, None]) ** 2).mean())
+    assert est.validation_losses_ == [pytest.approx(after_two, rel=1e-5)]
+    fraction = linear_estimator(max_iter=4, validation_every=np.float32(0.5))
+    fraction.fit(X[:40], y[:40], X_val=X[40:], y_val=y[40:])
+    assert len(fraction.validation_losses_) == 2
+    for bad in (np.nan, np.inf, -1, True):
+        with pytest.raises(ValueError, match="validation_every must be a finite number"):
+            linear_estimator(validation_every=bad).fit(X, y)
+
+
 def test_clone_and_params():
     est = linear_estimator(max_iter=3, learning_penalty=ElasticLearningPenalty(0.1, 0.2))
     cloned = clone(est)
@@ -417,8 +436,9 @@ def test_divergence_raises_and_keeps_finite_weights():
     quiet = linear_estimator(
         max_iter=50, learning_rate=LearningRateSGD(eta0=10.0, learning_rate="constant"), exc=False
     )
-    with pytest.warns(RuntimeWarning, match="diverged"):
+    with pytest.warns(RuntimeWarning, match="diverged") as warned:
         quiet.fit(X, y)
+    assert warned[0].filename == __file__
     assert all(np.isfinite(v).all() for v in quiet.get_state().values())
 
 
