@@ -159,13 +159,16 @@ def make_eval_step(
     loss_output_name: str = "loss",
     label_name: str | None = None,
     weight_name: str | None = None,
+    penalty: BaseLearningPenalty | None = None,
 ) -> LossModel:
-    """The loss on a batch without update (no penalty); the weights are inputs."""
+    """The mean loss on a batch (plus ``penalty``, none by default), without update; the
+    weights are inputs."""
     lm = make_loss_model(
         model,
         loss,
         weights=weights,
         output=output,
+        penalty=penalty,
         loss_output_name=loss_output_name,
         label_name=label_name,
         weight_name=weight_name,

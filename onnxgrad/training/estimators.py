@@ -42,7 +42,11 @@ from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import check_device
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
-from onnxgrad.training.penalties import BaseLearningPenalty, select_learning_penalty
+from onnxgrad.training.penalties import (
+    BaseLearningPenalty,
+    NoLearningPenalty,
+    select_learning_penalty,
+)
 from onnxgrad.training.runner import GraphRunner, TrainingRunner
 
 #: parameters the composed graphs do not depend on
@@ -72,12 +76,16 @@ class _Graphs:
     learning_rate: BaseLearningRate
     penalty: BaseLearningPenalty
     loss: BaseLearningLoss | None
+    #: the mean loss: score and losses
     evaluation: LossModel
     prediction: ModelProto | None
     #: keyword arguments of :func:`make_train_step` that name the loss and its inputs
     step_options: dict[str, Any]
     #: train steps by layout
     steps: dict[str, TrainStep] = field(default_factory=dict)
+    #: the mean loss plus the penalty, the objective the train steps minimise and report:
+    #: validation losses (:attr:`evaluation` itself without penalty)
+    objective: LossModel | None = None
 
 
 class BaseOrtOptimizer(EstimatorMixin):
@@ -97,12 +105,20 @@ class BaseOrtOptimizer(EstimatorMixin):
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
         """Train for ``max_iter`` epochs of shuffled batches of ``batch_size`` observations.
 
-        ``X_val, y_val`` give :attr:`validation_losses_`, the loss every
-        ``validation_every`` epochs (a fraction of ``max_iter`` below 1, a number of epochs
-        otherwise, ``0`` never), epochs counted since the last cold start so that short
-        warm starts validate too. Raises :class:`~onnxgrad.ConvergenceError` (``exc=True``,
-        else a warning) when a loss or a weight stops being finite; the estimator then
-        keeps the weights of the last epoch that ended finite.
+        Both loss curves are the training objective, the mean loss plus the penalty:
+
+        * :attr:`train_losses_`: per epoch, the average over its batches of their objective
+          with the weights before their update;
+        * :attr:`validation_losses_` (given ``X_val, y_val``): the objective on the
+          validation data with the weights at the end of an epoch, every
+          ``validation_every`` epochs (a fraction of ``max_iter`` below 1, a number of
+          epochs otherwise, ``0`` never), counted since the last cold start so that short
+          warm starts validate too.
+
+        :meth:`score` and :meth:`losses` leave the penalty out, as scikit-learn's scores do.
+        Raises :class:`~onnxgrad.ConvergenceError` (``exc=True``, else a warning) when a
+        loss or a weight stops being finite; the estimator then keeps the weights of the
+        last epoch that ended finite.
         """
         self._check_params()
         model = load_model(self.model_onnx)
@@ -150,7 +166,13 @@ class BaseOrtOptimizer(EstimatorMixin):
         key = (with_weight, repr(graph_params))
         cached = getattr(self, "_graphs_cache", None)
         if cached is None or cached[0] != key or cached[1] is not self.model_onnx:
-            self._graphs_cache = (key, self.model_onnx, self._build_graphs(model, with_weight))
+            graphs = self._build_graphs(model, with_weight)
+            graphs.objective = graphs.evaluation
+            if not isinstance(graphs.penalty, NoLearningPenalty):
+                graphs.objective = make_eval_step(
+                    model, graphs.evaluation.weights, penalty=graphs.penalty, **graphs.step_options
+                )
+            self._graphs_cache = (key, self.model_onnx, graphs)
         return self._graphs_cache[2]
 
     def _train_step(self, model: ModelProto, graphs: _Graphs, device) -> TrainStep:
@@ -222,22 +244,25 @@ class BaseOrtOptimizer(EstimatorMixin):
         return options
 
     def _make_runners(self, graphs: _Graphs, step: TrainStep, device, weights, state) -> tuple:
-        """``(runner, evaluator, predictor)``, nothing assigned yet."""
+        """``(runner, evaluator, validator, predictor)``, nothing assigned yet."""
         options = self._session_options()
         runner = TrainingRunner(step, device, weights, state, options)
-        evaluation = graphs.evaluation
+        evaluation, objective = graphs.evaluation, graphs.objective
         evaluator = GraphRunner(evaluation.model, evaluation.data_inputs, device, options)
+        validator = evaluator
+        if objective is not evaluation:
+            validator = GraphRunner(objective.model, objective.data_inputs, device, options)
         predictor = None
         if graphs.prediction is not None:
             trained = set(step.weights)
             inputs = graphs.prediction.graph.input
             features = [i.name for i in inputs if i.name not in trained]
             predictor = GraphRunner(graphs.prediction, features, device, options)
-        return runner, evaluator, predictor
+        return runner, evaluator, validator, predictor
 
     def _install(self, graphs: _Graphs, device, runners: tuple) -> None:
         """Make ``graphs`` and their runners the estimator's fitted state."""
-        self.runner_, self.evaluator_, self.predictor_ = runners
+        self.runner_, self.evaluator_, self.validator_, self.predictor_ = runners
         self.device_ = device
         self.graphs_ = graphs
         self.learning_rate_ = graphs.learning_rate
@@ -265,7 +290,7 @@ class BaseOrtOptimizer(EstimatorMixin):
             self.n_iter_ += 1
             self.train_losses_.append(float(np.average(losses, weights=sizes)))
             if validation is not None and every and self.n_iter_ % every == 0:
-                self.validation_losses_.append(self._evaluate(validation))
+                self.validation_losses_.append(self._evaluate(validation, self.validator_))
             if bar is not None:
                 bar.set_postfix(loss=f"{self.train_losses_[-1]:.4g}", lr=f"{lr.value:.3g}")
         self.trained_coef_ = self.runner_.get_weights()
@@ -320,15 +345,17 @@ class BaseOrtOptimizer(EstimatorMixin):
             raise ValueError("sample_weight is given but the model has no sample-weight input")
         return arrays
 
-    def _evaluate(self, arrays) -> float:
-        return float(self.evaluator_.run(arrays, self.runner_.current.values)[0])
+    def _evaluate(self, arrays, evaluator: GraphRunner | None = None) -> float:
+        evaluator = evaluator or self.evaluator_
+        return float(evaluator.run(arrays, self.runner_.current.values)[0])
 
     def _checked(self, X, y, sample_weight):
         self._check_fitted()
         return self._checked_data(self.graphs_.evaluation, X, y, sample_weight)
 
     def losses(self, X, y, sample_weight=None) -> np.ndarray:
-        """The loss of each observation (the training loss of a batch of one row)."""
+        """The loss of each observation (the mean loss of a batch of that one row, penalty
+        excepted)."""
         arrays = self._checked(X, y, sample_weight)
         return np.array(
             [self._evaluate([a[i : i + 1] for a in arrays]) for i in range(len(arrays[0]))]

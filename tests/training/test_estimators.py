@@ -348,6 +348,36 @@ def test_validation_losses_and_losses():
     np.testing.assert_allclose(est.losses(X[40:], y[40:]), (residual**2).ravel(), rtol=1e-4)
 
 
+def test_train_and_validation_losses_are_the_same_objective():
+    """Both include the penalty (score leaves it out): with one full batch an epoch, the
+    train loss of an epoch is the objective of the weights the previous one ended with."""
+    X, y = linear_data(n=50)
+    X64, y64 = X.astype(np.float64), y.astype(np.float64)
+
+    def mse(X, y, w):
+        return float(((X @ w["coefs"] + w["intercept"] - y[:, None]) ** 2).mean())
+
+    def objective(X, y, w):
+        penalty = sum(0.1 * np.abs(v).sum() + 0.2 * (v**2).sum() for v in w.values())
+        return mse(X, y, w) + penalty
+
+    est = linear_estimator(
+        max_iter=1,
+        batch_size=40,
+        validation_every=1,
+        learning_penalty=ElasticLearningPenalty(l1=0.1, l2=0.2),
+        learning_rate=LearningRateSGD(eta0=0.1, learning_rate="constant"),
+        warm_start=True,
+    )
+    est.fit(X[:40], y[:40], X_val=X[40:], y_val=y[40:])
+    first = {k: v.astype(np.float64) for k, v in est.trained_coef_.items()}
+    assert est.validation_losses_ == [pytest.approx(objective(X64[40:], y64[40:], first))]
+    est.fit(X[:40], y[:40])
+    assert est.train_losses_[1] == pytest.approx(objective(X64[:40], y64[:40], first), rel=1e-5)
+    now = {k: v.astype(np.float64) for k, v in est.trained_coef_.items()}
+    assert -est.score(X[40:], y[40:]) == pytest.approx(mse(X64[40:], y64[40:], now), rel=1e-5)
+
+
 def test_warm_starts_validate_on_the_total_epoch_count():
     """validation_every counts epochs across warm starts: three fits of one epoch with
     validation_every=2 validate once, after the second epoch."""
