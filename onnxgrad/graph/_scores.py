@@ -116,7 +116,8 @@ def cross_entropy(
     eps: float | None,
     probabilities: bool,
 ) -> str:
-    """``-sum_i w_i log p_{i,y_i} / sum_i w_i``, ``p`` clipped to ``[eps, 1 - eps]`` or
+    """``-sum_i w_i log p_{i,y_i} / max(sum_i w_i, tiny)`` (0, not NaN, when every weight
+    is 0), ``p`` clipped to ``[eps, 1 - eps]`` or
     ``log p = LogSoftmax(logits)``; the class is picked by a one-hot mask (Equal, Cast, Mul)."""
     dtype = elem_type_of(prediction)
     np_type = np_dtype(dtype)
@@ -135,7 +136,9 @@ def cross_entropy(
         weighted = b.op("Mul", log_likelihood, weight, hint="weighted")
         weighted_sum = b.reduce("ReduceSum", weighted, hint="weighted_sum")
         total_weight = b.reduce("ReduceSum", weight, hint="total_weight")
-        mean = b.op("Div", weighted_sum, total_weight, hint="mean_log_likelihood")
+        tiny = b.const(np.array(ml_dtypes.finfo(np_type).tiny, dtype=np_type), "tiny")
+        positive = b.op("Max", total_weight, tiny, hint="positive_total_weight")
+        mean = b.op("Div", weighted_sum, positive, hint="mean_log_likelihood")
     return b.op("Neg", mean)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.metrics import log_loss
@@ -373,3 +374,24 @@ def test_log_loss_accepts_bfloat16_probabilities():
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     onnx.checker.check_model(add_loss_output(model, "log"), full_check=True)
+
+
+@pytest.mark.parametrize("score", ["log", "cross_entropy"])
+def test_weighted_class_losses_are_zero_not_nan_when_every_weight_is_zero(score):
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["P"])],
+        "probabilities",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("P", TensorProto.FLOAT, ["N", 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    with_loss = add_loss_output(model, score, weight_name="weight")
+    feeds = {
+        "X": np.array([[0.3, 0.7], [0.9, 0.1]], np.float32),
+        "label": np.array([1, 0], np.int64),
+        "weight": np.zeros(2, np.float32),
+    }
+    loss = ort.InferenceSession(
+        with_loss.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(["loss"], feeds)[0]
+    assert loss == 0
