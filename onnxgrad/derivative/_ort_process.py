@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import selectors
 import signal
 import subprocess
 import sys
@@ -24,6 +25,8 @@ _BOOTSTRAP = (
     "runpy.run_path(sys.argv[1], run_name='__main__')"
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: seconds the child may take to answer one request (a build of a large model included)
+TIMEOUT_S = 600.0
 
 
 class BuilderError(Exception):
@@ -99,6 +102,7 @@ class OrtChild:
         try:
             self._process.stdin.write(json.dumps(request) + "\n")
             self._process.stdin.flush()
+            self._wait_for_reply(activity)
             line = self._process.stdout.readline()
         except OSError:
             line = ""
@@ -108,6 +112,19 @@ class OrtChild:
         if not reply["ok"]:
             raise BuilderError(reply["error"])
         return reply
+
+    def _wait_for_reply(self, activity: str) -> None:
+        """Kill a child that neither answers nor dies within ``TIMEOUT_S`` seconds."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._process.stdout, selectors.EVENT_READ)
+            if selector.select(TIMEOUT_S):
+                return
+        self._process.kill()
+        raise OrtCrashError(
+            f"onnxruntime-training did not answer within {TIMEOUT_S:g} s while {activity} "
+            "with backend='ort'; the child process was stopped. Use backend='onnx' for this "
+            "model."
+        )
 
     def _crash(self, activity: str) -> OrtCrashError:
         code = self._process.wait()

@@ -425,3 +425,11 @@ def test_native_backend_agrees(opset):
     assert list(got) == list(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_child_that_hangs_is_stopped_after_the_time_limit(monkeypatch):
+    hanging = "import time; time.sleep(60)"
+    monkeypatch.setattr(_ort_process, "worker_command", lambda: [sys.executable, "-c", hanging])
+    monkeypatch.setattr(_ort_process, "TIMEOUT_S", 0.5)
+    with pytest.raises(RuntimeError, match=r"did not answer within 0.5 s.*backend='onnx'"):
+        onnx_derivative(seed004_model(), backend="ort")
