@@ -23,29 +23,30 @@ from onnxgrad.graph._scopes import iter_graphs, node_inputs
 class Engine:
     """Differentiates the nodes of ``graph`` (the forward graph, topologically sorted)."""
 
-    def __init__(
-        self,
+    def __init__(self, graph: GraphProto, emitter: GraphEmitter):
+        self.nodes = list(graph.node)
+        self.emitter = emitter
+        self.opset = emitter.opset
+        self.types = emitter.types
+
+    @classmethod
+    def for_graph(
+        cls,
         graph: GraphProto,
         types: dict[str, ValueType],
         opset: int,
         scope: NameScope,
         constants: Mapping[str, TensorProto] | None = None,
-    ):
-        self.nodes = list(graph.node)
-        self.opset = opset
+    ) -> Engine:
+        """An engine for a model's main graph: value names from ``scope``, node names free
+        in the graph and its subgraphs, values rules may read from ``constants``."""
         node_names = NameScope(n.name for g in iter_graphs(graph) for n in g.node if n.name)
-        self.emitter = GraphEmitter(scope, types, opset, constants, node_names)
-        self.types = types
+        return cls(graph, GraphEmitter(scope, types, opset, constants, node_names))
 
     @classmethod
     def nested(cls, graph: GraphProto, outer: GraphEmitter) -> Engine:
         """An engine for a subgraph, sharing the names, types and constants of ``outer``."""
-        engine = cls.__new__(cls)
-        engine.nodes = list(graph.node)
-        engine.opset = outer.opset
-        engine.emitter = outer.child()
-        engine.types = outer.types
-        return engine
+        return cls(graph, outer.child())
 
     @property
     def emitted_nodes(self) -> list[NodeProto]:
