@@ -90,7 +90,7 @@ NETWORKS = {
 }
 
 
-def export(module, inputs, dynamo: bool) -> onnx.ModelProto:
+def export(module, inputs, dynamo: bool, opset: int = 17) -> onnx.ModelProto:
     names = [f"x{i}" for i in range(len(inputs))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -100,7 +100,7 @@ def export(module, inputs, dynamo: bool) -> onnx.ModelProto:
         buffer = io.BytesIO()
         torch.onnx.export(
             module, tuple(inputs), buffer, input_names=names, dynamo=False,
-            opset_version=17, do_constant_folding=False,
+            opset_version=opset, do_constant_folding=False,
         )  # fmt: skip
         return onnx.load_from_string(buffer.getvalue())
 
@@ -117,9 +117,13 @@ def torch_gradients(module, inputs, out_grads):
     return [o.detach().numpy() for o in outputs], grads
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize(
+    ("dynamo", "opset"),
+    [(False, 11), (False, 17), (True, 18)],
+    ids=["torchscript-opset11", "torchscript-opset17", "dynamo"],
+)
 @pytest.mark.parametrize("name", sorted(NETWORKS))
-def test_native_gradient_equals_torch_autograd(name, dynamo):
+def test_native_gradient_equals_torch_autograd(name, dynamo, opset):
     torch.manual_seed(0)
     factory, shapes = NETWORKS[name]
     module = factory().eval()
@@ -127,7 +131,7 @@ def test_native_gradient_equals_torch_autograd(name, dynamo):
         module.bn.running_mean.uniform_(-0.5, 0.5)
         module.bn.running_var.uniform_(0.5, 2.0)
     inputs = [torch.randn(*s) for s in shapes]
-    model = export(module, inputs, dynamo)
+    model = export(module, inputs, dynamo, opset)
     with torch.no_grad():
         outputs = module(*inputs)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)

@@ -39,13 +39,13 @@ def _pass_where(b, mask: str, g: str) -> str:
     return b.mask(mask, g)
 
 
-@register("Sigmoid", since=13)
+@register("Sigmoid", since=11)
 def sigmoid_grad(b, node, grads, needs):
     y = node.outputs[0]
     return [_scaled(b, grads[0], b.mul(y, b.op("Sub", b.const(1, like=y), y)))]
 
 
-@register("HardSigmoid", since=13)
+@register("HardSigmoid", since=11)
 def hard_sigmoid_grad(b, node, grads, needs):
     y = node.outputs[0]
     linear = b.op("And", _positive(b, y), b.op("Less", y, b.const(1, like=y)))
@@ -53,26 +53,26 @@ def hard_sigmoid_grad(b, node, grads, needs):
     return [_scaled(b, grads[0], slope)]
 
 
-@register("Relu", since=13)
+@register("Relu", since=11)
 def relu_grad(b, node, grads, needs):
     return [_pass_where(b, _positive(b, node.inputs[0]), grads[0])]
 
 
-@register("ThresholdedRelu", since=13)
+@register("ThresholdedRelu", since=11)
 def thresholded_relu_grad(b, node, grads, needs):
     x = node.inputs[0]
     above = b.op("Greater", x, b.const(node.attr("alpha", 1.0), like=x))
     return [_pass_where(b, above, grads[0])]
 
 
-@register("Shrink", since=13)
+@register("Shrink", since=11)
 def shrink_grad(b, node, grads, needs):
     x = node.inputs[0]
     outside = b.op("Greater", b.op("Abs", x), b.const(node.attr("lambd", 0.5), like=x))
     return [_pass_where(b, outside, grads[0])]
 
 
-@register("LeakyRelu", since=13)
+@register("LeakyRelu", since=11)
 def leaky_relu_grad(b, node, grads, needs):
     x = node.inputs[0]
     slope = b.op(
@@ -81,7 +81,7 @@ def leaky_relu_grad(b, node, grads, needs):
     return [_scaled(b, grads[0], slope)]
 
 
-@register("PRelu", since=13, broadcast=True)
+@register("PRelu", since=11, broadcast=True)
 def prelu_grad(b, node, grads, needs):
     (g,) = grads
     x, slope = node.inputs
@@ -94,7 +94,7 @@ def prelu_grad(b, node, grads, needs):
     return [gx, gs]
 
 
-@register("Elu", since=13)
+@register("Elu", since=11)
 def elu_grad(b, node, grads, needs):
     x, y = node.inputs[0], node.outputs[0]
     negative_side = b.add(y, b.const(node.attr("alpha", 1.0), like=x))
@@ -102,7 +102,7 @@ def elu_grad(b, node, grads, needs):
     return [_scaled(b, grads[0], slope)]
 
 
-@register("Selu", since=13)
+@register("Selu", since=11)
 def selu_grad(b, node, grads, needs):
     x, y = node.inputs[0], node.outputs[0]
     gamma = node.attr("gamma", SELU_GAMMA)
@@ -111,7 +111,7 @@ def selu_grad(b, node, grads, needs):
     return [_scaled(b, grads[0], slope)]
 
 
-@register("Celu", since=13)
+@register("Celu", since=12)
 def celu_grad(b, node, grads, needs):
     x, y = node.inputs[0], node.outputs[0]
     one = b.const(1, like=x)
@@ -119,12 +119,12 @@ def celu_grad(b, node, grads, needs):
     return [_scaled(b, grads[0], b.op("Where", _positive(b, x), one, negative_side))]
 
 
-@register("Softplus", since=13)
+@register("Softplus", since=11)
 def softplus_grad(b, node, grads, needs):
     return [_scaled(b, grads[0], b.op("Sigmoid", node.inputs[0]))]
 
 
-@register("Softsign", since=13)
+@register("Softsign", since=11)
 def softsign_grad(b, node, grads, needs):
     y = node.outputs[0]
     root = b.op("Sub", b.const(1, like=y), b.op("Abs", y))

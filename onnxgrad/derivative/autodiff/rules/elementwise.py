@@ -25,7 +25,7 @@ def _cast_to(b, value: str, like: str) -> str:
     return b.op("Cast", value, to=b.dtype(like))
 
 
-@register("Pow", since=13, broadcast=True)
+@register("Pow", since=11, broadcast=True)
 def pow_grad(b, node, grads, needs):
     (g,) = grads
     x, p = node.inputs
@@ -43,16 +43,23 @@ def pow_grad(b, node, grads, needs):
     return [gx, gp]
 
 
-@register("Clip", since=13, broadcast=True)
+def _at_least(b, x: str, bound: str) -> str:
+    """``x >= bound``: GreaterOrEqual exists from opset 12, ``Not(x < bound)`` before."""
+    if b.opset >= 12:
+        return b.op("GreaterOrEqual", x, bound)
+    return b.op("Not", b.op("Less", x, bound))
+
+
+@register("Clip", since=11, broadcast=True)
 def clip_grad(b, node, grads, needs):
     (g,) = grads
     x, low, high = node.inputs[0], node.input(1), node.input(2)
     need_low, need_high = low is not None and needs[1], high is not None and needs[2]
     inside = None
     if low is not None:
-        inside = b.op("GreaterOrEqual", x, low)
+        inside = _at_least(b, x, low)
     if high is not None:
-        below_high = b.op("LessOrEqual", x, high)
+        below_high = _at_least(b, high, x)
         inside = below_high if inside is None else b.op("And", inside, below_high)
     gx = g if inside is None else b.mask(inside, g)
     g_low = b.mask(b.op("Less", x, low), g) if need_low else None
@@ -70,23 +77,23 @@ def _extremum_grad(b, node, grads, needs):
     return [b.mul(share, hit) if need else None for hit, need in zip(hits, needs)]
 
 
-register("Max", since=13, broadcast=True)(_extremum_grad)
-register("Min", since=13, broadcast=True)(_extremum_grad)
+register("Max", since=11, broadcast=True)(_extremum_grad)
+register("Min", since=11, broadcast=True)(_extremum_grad)
 
 
-@register("Sum", since=13, broadcast=True)
+@register("Sum", since=11, broadcast=True)
 def sum_grad(b, node, grads, needs):
     return [grads[0]] * len(node.inputs)
 
 
-@register("Mean", since=13, broadcast=True)
+@register("Mean", since=11, broadcast=True)
 def mean_grad(b, node, grads, needs):
     (g,) = grads
     share = g if len(node.inputs) == 1 else b.op("Div", g, b.const(len(node.inputs), like=g))
     return [share] * len(node.inputs)
 
 
-@register("Where", since=13, broadcast=True)
+@register("Where", since=11, broadcast=True)
 def where_grad(b, node, grads, needs):
     (g,) = grads
     condition = node.inputs[0]
@@ -95,7 +102,7 @@ def where_grad(b, node, grads, needs):
     return [None, gx, gy]
 
 
-@register("Mod", since=13, broadcast=True)
+@register("Mod", since=11, broadcast=True)
 def mod_grad(b, node, grads, needs):
     (g,) = grads
     x, d = node.inputs

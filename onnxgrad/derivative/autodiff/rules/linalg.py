@@ -45,7 +45,7 @@ def _last_dim(b, x: str):
 # -- MatMul -------------------------------------------------------------------------------
 
 
-@register("MatMul", since=13)
+@register("MatMul", since=11)
 def matmul_grad(b, node, grads, needs):
     (g,) = grads
     a, w = node.inputs
@@ -113,7 +113,7 @@ def _matmul_right_grad(b, g, a, w, rank_a, rank_w, out_shape):
 # -- Gemm ---------------------------------------------------------------------------------
 
 
-@register("Gemm", since=13)
+@register("Gemm", since=11)
 def gemm_grad(b, node, grads, needs):
     (g,) = grads
     a, w = node.inputs[:2]
@@ -225,7 +225,7 @@ def _ellipsis_rank(term: str, rank: int | None, equation: str, where: str) -> in
     return rank - len(term.replace(ELLIPSIS, ""))
 
 
-@register("Einsum", since=13)
+@register("Einsum", since=12)
 def einsum_grad(b, node, grads, needs):
     (g,) = grads
     where = f"Einsum node {node.name or node.outputs[0]!r}"

@@ -1,27 +1,38 @@
-"""Softmax and LogSoftmax along one axis (opset 13 semantics), from their outputs.
+"""Softmax and LogSoftmax, from their outputs.
 
 * ``y = softmax(x)``: ``x_bar = y * (g - sum(g * y))``
 * ``y = log_softmax(x)``: ``x_bar = g - exp(y) * sum(g)``
 
-with sums along ``axis`` (kept, so they broadcast back).
+with sums kept (so they broadcast back) along the normalised axes: ``axis`` from opset 13
+(default -1); before 13 the input is seen as a matrix split at ``axis`` (default 1), so
+every axis from ``axis`` to the last is normalised together.
 """
 
 from __future__ import annotations
 
 from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._shape_helpers import require_rank
 
 
-@register("Softmax", since=13)
+def _normalised_axes(b, node) -> list[int]:
+    if node.opset >= 13:
+        return [node.attr("axis", -1)]
+    rank = require_rank(b, node.inputs[0], node)
+    axis = node.attr("axis", 1)
+    return list(range(axis + rank if axis < 0 else axis, rank))
+
+
+@register("Softmax", since=11)
 def softmax_grad(b, node, grads, needs):
     (g,) = grads
     y = node.outputs[0]
     gy = b.mul(g, y)
-    total = b.reduce_sum(gy, [node.attr("axis", -1)], keepdims=True)
+    total = b.reduce_sum(gy, _normalised_axes(b, node), keepdims=True)
     return [b.op("Sub", gy, b.mul(y, total))]
 
 
-@register("LogSoftmax", since=13)
+@register("LogSoftmax", since=11)
 def log_softmax_grad(b, node, grads, needs):
     (g,) = grads
-    total = b.reduce_sum(g, [node.attr("axis", -1)], keepdims=True)
+    total = b.reduce_sum(g, _normalised_axes(b, node), keepdims=True)
     return [b.op("Sub", g, b.mul(b.op("Exp", node.outputs[0]), total))]

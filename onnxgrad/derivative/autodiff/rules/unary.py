@@ -32,102 +32,102 @@ def _one_plus_square(b, x: str) -> str:
     return b.add(_square(b, x), b.const(1, like=x))
 
 
-@register("Exp", since=13)
+@register("Exp", since=11)
 def exp_grad(b, node, grads, needs):
     return [b.mul(grads[0], node.outputs[0])]
 
 
-@register("Log", since=13)
+@register("Log", since=11)
 def log_grad(b, node, grads, needs):
     return [b.op("Div", grads[0], node.inputs[0])]
 
 
-@register("Sqrt", since=13)
+@register("Sqrt", since=11)
 def sqrt_grad(b, node, grads, needs):
     y = node.outputs[0]
     return [b.op("Div", grads[0], b.mul(y, b.const(2, like=y)))]
 
 
-@register("Reciprocal", since=13)
+@register("Reciprocal", since=11)
 def reciprocal_grad(b, node, grads, needs):
     return [b.neg(b.mul(grads[0], _square(b, node.outputs[0])))]
 
 
-@register("Abs", since=13)
+@register("Abs", since=11)
 def abs_grad(b, node, grads, needs):
     return [b.mul(grads[0], b.op("Sign", node.inputs[0]))]
 
 
-@register("Sin", since=13)
+@register("Sin", since=11)
 def sin_grad(b, node, grads, needs):
     return [b.mul(grads[0], b.op("Cos", node.inputs[0]))]
 
 
-@register("Cos", since=13)
+@register("Cos", since=11)
 def cos_grad(b, node, grads, needs):
     return [b.neg(b.mul(grads[0], b.op("Sin", node.inputs[0])))]
 
 
-@register("Tan", since=13)
+@register("Tan", since=11)
 def tan_grad(b, node, grads, needs):
     return [b.mul(grads[0], _one_plus_square(b, node.outputs[0]))]
 
 
-@register("Tanh", since=13)
+@register("Tanh", since=11)
 def tanh_grad(b, node, grads, needs):
     return [b.mul(grads[0], _one_minus_square(b, node.outputs[0]))]
 
 
-@register("Sinh", since=13)
+@register("Sinh", since=11)
 def sinh_grad(b, node, grads, needs):
     return [b.mul(grads[0], b.op("Cosh", node.inputs[0]))]
 
 
-@register("Cosh", since=13)
+@register("Cosh", since=11)
 def cosh_grad(b, node, grads, needs):
     return [b.mul(grads[0], b.op("Sinh", node.inputs[0]))]
 
 
-@register("Asin", since=13)
+@register("Asin", since=11)
 def asin_grad(b, node, grads, needs):
     return [b.op("Div", grads[0], b.op("Sqrt", _one_minus_square(b, node.inputs[0])))]
 
 
-@register("Acos", since=13)
+@register("Acos", since=11)
 def acos_grad(b, node, grads, needs):
     return [b.neg(b.op("Div", grads[0], b.op("Sqrt", _one_minus_square(b, node.inputs[0]))))]
 
 
-@register("Atan", since=13)
+@register("Atan", since=11)
 def atan_grad(b, node, grads, needs):
     return [b.op("Div", grads[0], _one_plus_square(b, node.inputs[0]))]
 
 
-@register("Asinh", since=13)
+@register("Asinh", since=11)
 def asinh_grad(b, node, grads, needs):
     return [b.op("Div", grads[0], b.op("Sqrt", _one_plus_square(b, node.inputs[0])))]
 
 
-@register("Acosh", since=13)
+@register("Acosh", since=11)
 def acosh_grad(b, node, grads, needs):
     x = node.inputs[0]
     square_minus_one = b.op("Sub", _square(b, x), b.const(1, like=x))
     return [b.op("Div", grads[0], b.op("Sqrt", square_minus_one))]
 
 
-@register("Atanh", since=13)
+@register("Atanh", since=11)
 def atanh_grad(b, node, grads, needs):
     return [b.op("Div", grads[0], _one_minus_square(b, node.inputs[0]))]
 
 
-@register("Erf", since=13)
+@register("Erf", since=11)
 def erf_grad(b, node, grads, needs):
     x = node.inputs[0]
     gaussian = b.op("Exp", b.neg(_square(b, x)))
     return [b.mul(grads[0], b.mul(gaussian, b.const(2 / math.sqrt(math.pi), like=x)))]
 
 
-@register("Cast", since=13)
+@register("Cast", since=11)
 def cast_grad(b, node, grads, needs):
     source = b.dtype(node.inputs[0])
     if source == node.attr("to"):
@@ -143,7 +143,7 @@ def cast_like_grad(b, node, grads, needs):
     return [b.op("Cast", grads[0], to=b.dtype(x)), None]
 
 
-@register("Dropout", since=13)
+@register("Dropout", since=11)
 def dropout_grad(b, node, grads, needs):
     """Identity without a ``training_mode`` input or with a constant false one. Otherwise:
     ``x_bar = y_bar * mask * s`` with ``s = 1 / (1 - ratio)`` in training mode and ``1``
