@@ -107,7 +107,7 @@ class Engine:
             rules.append(rule)
         if missing:
             hint = (
-                "; the native rules cover opsets 13 to 21, try backend='ort'"
+                "; most native rules start at opset 11 or 13, try backend='ort'"
                 if self.opset < 13
                 else ""
             )
