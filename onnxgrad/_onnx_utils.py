@@ -195,3 +195,9 @@ def replace_repeated(field, values: Iterable) -> None:
     values = [copy_message(v) for v in values]
     del field[:]
     field.extend(values)
+
+
+def real_inputs(model: ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a caller feeds: old exports also list initializers among them."""
+    initializers = {init.name for init in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initializers]

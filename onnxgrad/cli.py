@@ -27,7 +27,7 @@ from onnx.shape_inference import InferenceError
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from onnxgrad._files import save_model, write_atomically, write_bytes
-from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, subgraphs
+from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
 from onnxgrad._runtime import set_logger_severity
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
@@ -168,8 +168,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     model = read_model(args.model)
     weights = get_train_initializer(model)
     graph = model.graph
-    initializers = {init.name for init in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in initializers]
+    inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]
     opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in model.opset_import)
     size = sum(int(value.size) for value, _ in weights.values())
@@ -412,8 +411,7 @@ def read_training_data(path: str, model: ModelProto):
 
 
 def _first_input(model: ModelProto):
-    initializers = {init.name for init in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in initializers]
+    inputs = real_inputs(model)
     if not inputs:
         raise CommandError("the model has no input to feed X to")
     return inputs[0]

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, ModelLike, load_model, supported_ir_version
+from onnxgrad._onnx_utils import (
+    FLOAT_TYPES,
+    ModelLike,
+    load_model,
+    real_inputs,
+    supported_ir_version,
+)
 from onnxgrad.derivative.options import DerivativeOptions, check_options
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
@@ -122,9 +128,8 @@ def _resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[
 
 
 def graph_inputs(model: ModelProto) -> list[str]:
-    """Graph inputs that are real inputs (old exports also list initializers there)."""
-    initializers = {init.name for init in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in initializers]
+    """Names of the inputs a caller feeds (see :func:`onnxgrad._onnx_utils.real_inputs`)."""
+    return [i.name for i in real_inputs(model)]
 
 
 def _resolve_inputs(

@@ -40,16 +40,21 @@ def axpy(ctx: BuildContext) -> onnx.ModelProto:
     return axpy.to_model_proto()
 
 
+#: axpyw and axpyw2: gradient, weight, previous velocity, -learning rate, momentum
+_MOMENTUM_INPUTS = [
+    _weight("X1"),
+    _weight("X2", "X1"),
+    _weight("G", "X1"),
+    scalar("alpha"),
+    scalar("beta"),
+]
+_MOMENTUM_OUTPUTS = [like("Y", "X1"), like("Z", "X1")]
+
+
 @register(
     "axpyw",
-    inputs=[
-        _weight("X1"),
-        _weight("X2", "X1"),
-        _weight("G", "X1"),
-        scalar("alpha"),
-        scalar("beta"),
-    ],
-    outputs=[like("Y", "X1"), like("Z", "X1")],
+    inputs=_MOMENTUM_INPUTS,
+    outputs=_MOMENTUM_OUTPUTS,
 )
 def axpyw(ctx: BuildContext) -> onnx.ModelProto:
     r"""Y, Z = X2 + Z, beta G + alpha X1: a momentum step (G previous velocity, Z the new one).
@@ -72,14 +77,8 @@ def axpyw(ctx: BuildContext) -> onnx.ModelProto:
 
 @register(
     "axpyw2",
-    inputs=[
-        _weight("X1"),
-        _weight("X2", "X1"),
-        _weight("G", "X1"),
-        scalar("alpha"),
-        scalar("beta"),
-    ],
-    outputs=[like("Y", "X1"), like("Z", "X1")],
+    inputs=_MOMENTUM_INPUTS,
+    outputs=_MOMENTUM_OUTPUTS,
 )
 def axpyw2(ctx: BuildContext) -> onnx.ModelProto:
     r"""Y, Z = X2 + beta Z + alpha X1, beta G + alpha X1: a Nesterov momentum step.

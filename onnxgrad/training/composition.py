@@ -23,6 +23,7 @@ from onnxgrad._onnx_utils import (
     np_dtype,
 )
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+from onnxgrad.derivative.api import graph_inputs
 from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
@@ -74,7 +75,7 @@ def make_loss_model(
             f"training needs a default-domain opset >= {MIN_OPSET}, the model has {opset}"
         )
     weights = resolve_weights(model, weights)
-    features = tuple(_real_inputs(model))
+    features = tuple(graph_inputs(model))
     if loss is None:
         label = label_name or "label"
         result = _existing_loss(model, loss_output_name, label, weight_name)
@@ -277,11 +278,6 @@ def _share_batch_dim(model: ModelProto, names: Sequence[str | None]) -> None:
         dim.dim_param = symbol
 
 
-def _real_inputs(model: ModelProto) -> list[str]:
-    initializers = {init.name for init in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in initializers]
-
-
 def _first_float_output(model: ModelProto) -> str:
     for info in model.graph.output:
         if info.type.tensor_type.elem_type in FLOAT_TYPES:
@@ -300,7 +296,7 @@ def _existing_loss(
             f"loss output {loss_name!r} not found among the outputs {outputs}: "
             "add one with onnxgrad.add_loss_output"
         )
-    inputs = _real_inputs(model)
+    inputs = graph_inputs(model)
     for role, name in (("label", label), ("sample weight", weight_name)):
         if name is not None and name not in inputs:
             raise ValueError(f"{role} input {name!r} not found among the inputs {inputs}")

@@ -7,8 +7,6 @@ pass it: inputs are the model's inputs, the differentiated weights, then ``<outp
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import onnx
 import pytest
@@ -19,21 +17,11 @@ from onnxgrad.graph import add_loss_output
 from tests.models import linear_regression_model
 
 D = DerivativeOptions
-BACKENDS = ["ort"]
-if importlib.util.find_spec("onnxgrad.derivative.native") is not None:
-    BACKENDS.append("onnx")
-
-pytestmark = pytest.mark.parametrize("backend", BACKENDS)
+pytestmark = pytest.mark.parametrize("backend", ["ort", "onnx"])
 
 
 def _derivative(model: onnx.ModelProto, backend: str, **kwargs) -> onnx.ModelProto:
-    """``onnx_derivative``; a rule the native engine does not have yet skips the test."""
-    try:
-        return onnx_derivative(model, backend=backend, **kwargs)
-    except NotImplementedError as exc:
-        if backend == "ort":
-            raise
-        pytest.skip(f"native backend: {exc}")
+    return onnx_derivative(model, backend=backend, **kwargs)
 
 
 def _names(infos) -> list[str]:
