@@ -10,14 +10,105 @@ with ``onnxruntime.training`` masked; the mask is lifted right after, so a user 
 
 from __future__ import annotations
 
+import functools
 import sys
+from importlib import metadata
 from types import ModuleType
+
+#: The onnxruntime wheels that install the ``onnxruntime`` package: one per environment.
+FLAVOURS = (
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "onnxruntime-training",
+    "onnxruntime-training-cpu",
+    "onnxruntime-directml",
+    "onnxruntime-openvino",
+    "onnxruntime-qnn",
+    "onnxruntime-rocm",
+    "onnxruntime-migraphx",
+    "onnxruntime-webgpu",
+)
+#: The flavours that carry onnxruntime-training's gradient builder (``backend="ort"``).
+TRAINING_FLAVOURS = ("onnxruntime-training", "onnxruntime-training-cpu")
+TRAINING_PYTHONS = "Python 3.10 and 3.11"
+INSTALL_CPU = 'pip install "onnxgrad[cpu]"'
+INSTALL_TRAINING = 'pip install "onnxgrad[training]"'
+
+
+def installed_flavours() -> list[tuple[str, str]]:
+    """``(distribution, version)`` of every onnxruntime flavour installed, sorted by name."""
+    found = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in FLAVOURS:
+            found[name] = dist.version
+    return sorted(found.items())
+
+
+def flavour_description() -> str:
+    """``'onnxruntime-training-cpu 1.19.2'``, the installed flavours joined, or ``'none'``."""
+    flavours = installed_flavours()
+    return ", ".join(f"{name} {version}" for name, version in flavours) or "none"
+
+
+def _mixed_install_error(flavours: list[tuple[str, str]]) -> ImportError:
+    names = " and ".join(f"{name} {version}" for name, version in flavours)
+    return ImportError(
+        f"{names} are installed over one 'onnxruntime' folder, which breaks both; keep one: "
+        f"pip uninstall -y {' '.join(name for name, _ in flavours)}, then reinstall the one "
+        f"you want (for example {INSTALL_CPU})"
+    )
 
 
 def import_onnxruntime() -> ModuleType:
-    """``onnxruntime``, imported (once) without importing ``onnxruntime.training``."""
-    if "onnxruntime" in sys.modules:
+    """``onnxruntime``, imported (once) without importing ``onnxruntime.training``.
+
+    Raises ``ImportError`` whose message is the command to run when no flavour is installed,
+    or names the flavours when several were installed over each other.
+    """
+    if "onnxruntime" in sys.modules and sys.modules["onnxruntime"] is not None:
         return sys.modules["onnxruntime"]
+    flavours = installed_flavours()
+    if len(flavours) > 1:
+        raise _mixed_install_error(flavours)
+    try:
+        return _import_masked()
+    except ImportError as exc:
+        if not flavours:
+            raise ImportError(
+                f"this needs onnxruntime, which is not installed: {INSTALL_CPU} "
+                '(or "onnxgrad[gpu]" for CUDA 12, "onnxgrad[training]" for backend=\'ort\')'
+            ) from exc
+        raise ImportError(
+            f"{flavours[0][0]} {flavours[0][1]} is installed but does not import ({exc}); "
+            f"reinstall it: pip install --force-reinstall {flavours[0][0]}=={flavours[0][1]}"
+        ) from exc
+
+
+@functools.cache
+def has_training_builder() -> bool:
+    """Whether the active onnxruntime carries onnxruntime-training's gradient builder."""
+    try:
+        import_onnxruntime()
+        from onnxruntime.capi import _pybind_state
+    except ImportError:
+        return False
+    return hasattr(_pybind_state, "OrtModuleGraphBuilder")
+
+
+def require_training_builder() -> None:
+    """Raise ``ImportError`` naming the wheel ``backend='ort'`` needs and the active one."""
+    if has_training_builder():
+        return
+    raise ImportError(
+        "backend='ort' needs onnxruntime-training's gradient builder (onnxruntime-training-cpu "
+        f"1.19.2, wheels for {TRAINING_PYTHONS} only: {INSTALL_TRAINING}); the active "
+        f"onnxruntime is {flavour_description()}. The native backend (backend='onnx') needs "
+        "no training build"
+    )
+
+
+def _import_masked() -> ModuleType:
     masked = "onnxruntime.training" not in sys.modules
     if masked:
         sys.modules["onnxruntime.training"] = None  # makes that import raise ImportError

@@ -25,6 +25,7 @@ from pathlib import Path
 import onnx
 from onnx import ModelProto
 
+from onnxgrad._runtime import require_training_builder
 from onnxgrad.derivative._ort_graph import (
     MS_DOMAIN,
     BuiltGraph,
@@ -56,8 +57,10 @@ def ort_derivative(request: DerivativeRequest) -> ModelProto:
 
     Sources (inputs, weights) no output depends on through differentiable ops get a zero
     gradient. Raises ``NotImplementedError`` naming the op and node onnxruntime-training
-    cannot differentiate, ``RuntimeError`` when its builder fails or crashes.
+    cannot differentiate, ``RuntimeError`` when its builder fails or crashes, ``ImportError``
+    naming the wheel to install when the active onnxruntime has no training builder.
     """
+    require_training_builder()
     forward = prepare_forward(request)
     with (
         tempfile.TemporaryDirectory(prefix="onnxgrad-ort-") as tmp,
