@@ -46,7 +46,15 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     for name in (f"{x}_grad" for x in sources):
         scope.reserve(name)
 
-    engine = Engine.for_graph(graph, types, opset, scope, constant_tensors(graph, request.weights))
+    engine = Engine.for_graph(
+        graph,
+        types,
+        opset,
+        scope,
+        constant_tensors(graph, request.weights),
+        opsets={normalize_domain(o.domain): o.version for o in model.opset_import},
+        functions=model.functions,
+    )
     seed_inputs, seeds = _seed_output_gradients(engine, request, types, original_names)
     gradients = engine.gradients(sources, seeds)
 

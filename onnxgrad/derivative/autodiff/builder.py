@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import FunctionProto, GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import NameScope, np_dtype, reduce_axes_are_input
 from onnxgrad.derivative.autodiff.value_types import ValueType, infer_subgraph_types
@@ -63,11 +63,16 @@ class GraphEmitter:
         opset: int,
         constants: Mapping[str, TensorProto] | None = None,
         node_names: NameScope | None = None,
+        opsets: Mapping[str, int] | None = None,
+        functions: Sequence[FunctionProto] = (),
     ):
         self.scope = scope
         self.node_names = node_names if node_names is not None else NameScope()
         self.types = types
         self.opset = opset
+        #: every domain the model imports, and its local functions (for the function fallback)
+        self.opsets = dict(opsets) if opsets else {"": opset}
+        self.functions = tuple(functions)
         self.nodes: list[NodeProto] = []
         self._constants: dict[tuple, str] = {}
         self._constant_tensors = dict(constants or {})
@@ -75,7 +80,14 @@ class GraphEmitter:
 
     def child(self) -> GraphEmitter:
         """An emitter for a subgraph: its own nodes, the same names, types and constants."""
-        child = GraphEmitter(self.scope, self.types, self.opset, node_names=self.node_names)
+        child = GraphEmitter(
+            self.scope,
+            self.types,
+            self.opset,
+            node_names=self.node_names,
+            opsets=self.opsets,
+            functions=self.functions,
+        )
         child._constant_tensors = self._constant_tensors
         child._constant_values = self._constant_values
         return child
@@ -174,6 +186,11 @@ class GradBuilder:
         engine = Engine.nested(graph, self._emitter)
         gradients = engine.gradients(sources, seeds)
         return engine.emitted_nodes, gradients
+
+    def emit_nodes(self, nodes: Sequence[NodeProto]) -> None:
+        """Append nodes built elsewhere (their value and node names taken from :attr:`names`
+        and :attr:`node_names`)."""
+        self._emitter.nodes.extend(nodes)
 
     def ints(self, values: Sequence[int] | int) -> str:
         """An int64 constant (axes, shapes, indices): 1-D for a sequence, 0-D for an int."""

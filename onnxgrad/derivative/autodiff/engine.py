@@ -4,17 +4,20 @@ Given seeds ``g_y`` for some values ``y`` and a set of sources ``x``, the engine
 nodes computing ``x_bar = sum_y g_y . dy/dx`` by walking, in reverse topological order,
 only the nodes on a path from a source to a seeded value. It owns what rules never do:
 pruning, summing the contributions of values used several times, undoing broadcasting,
-symbolic zeros (``None``) and naming (``<node>_Grad/...``).
+symbolic zeros (``None``) and naming (``<node>_Grad/...``). An operator with no rule but
+a function body (schema, context-dependent or model-local) is differentiated through that
+body (:mod:`~onnxgrad.derivative.autodiff.functions`) before it is declared missing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from onnx import GraphProto, NodeProto, TensorProto
+from onnx import FunctionProto, GraphProto, NodeProto, TensorProto
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope
+from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView
+from onnxgrad.derivative.autodiff.functions import function_rule
 from onnxgrad.derivative.autodiff.registry import Rule, find_rule, has_zero_gradient
 from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import iter_graphs, node_inputs
@@ -37,11 +40,15 @@ class Engine:
         opset: int,
         scope: NameScope,
         constants: Mapping[str, TensorProto] | None = None,
+        opsets: Mapping[str, int] | None = None,
+        functions: Sequence[FunctionProto] = (),
     ) -> Engine:
         """An engine for a model's main graph: value names from ``scope``, node names free
-        in the graph and its subgraphs, values rules may read from ``constants``."""
+        in the graph and its subgraphs, values rules may read from ``constants``; ``opsets``
+        and the model-local ``functions`` serve the function fallback."""
         node_names = NameScope(n.name for g in iter_graphs(graph) for n in g.node if n.name)
-        return cls(graph, GraphEmitter(scope, types, opset, constants, node_names))
+        emitter = GraphEmitter(scope, types, opset, constants, node_names, opsets, functions)
+        return cls(graph, emitter)
 
     @classmethod
     def nested(cls, graph: GraphProto, outer: GraphEmitter) -> Engine:
@@ -98,7 +105,9 @@ class Engine:
         """The rule of every node, raising one error listing all the missing ones first."""
         rules, missing = [], []
         for node in path:
-            rule = find_rule(node.domain, node.op_type, self.opset)
+            rule = find_rule(node.domain, node.op_type, self._domain_opset(node.domain))
+            if rule is None:
+                rule = function_rule(node, self.types, self.emitter.opsets, self.emitter.functions)
             if rule is None:
                 missing.append(
                     f"{node.op_type!r} (domain {node.domain or 'ai.onnx'!r}, opset {self.opset}) "
@@ -113,6 +122,9 @@ class Engine:
             )
             raise NotImplementedError("no gradient rule for " + "; ".join(missing) + hint)
         return rules
+
+    def _domain_opset(self, domain: str) -> int:
+        return self.emitter.opsets.get(normalize_domain(domain), self.opset)
 
     # -- backward pass ----------------------------------------------------------------------
     def _backward(

@@ -1,0 +1,106 @@
+"""The function fallback: operators with no rule but an ONNX function body (schema,
+context-dependent, model-local) are differentiated through it; checked against float64
+finite differences on onnx's reference evaluator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxgrad import onnx_derivative
+from onnxgrad.derivative.autodiff.registry import find_rule
+from tests.derivative.autodiff.gradcheck import OpCase, check_case, finite_differences
+
+rng = np.random.default_rng(3)
+
+
+def r(*shape):
+    return rng.standard_normal(shape)
+
+
+CASES = [
+    OpCase("Swish", {"X": r(2, 3)}, {"alpha": 0.7}, opset=24, check_ort=False),
+    OpCase(
+        "RMSNormalization", {"X": r(2, 3, 4), "scale": r(4)}, {"axis": -1}, opset=23,
+        check_ort=False,
+    ),
+    OpCase(
+        "CenterCropPad", {"input_data": r(4, 3), "shape": np.array([2, 5])}, opset=18,
+        check_ort=False,
+    ),
+    OpCase(
+        "Attention", {"Q": r(1, 2, 3, 4), "K": r(1, 2, 5, 4), "V": r(1, 2, 5, 4)}, opset=23,
+        check_ort=False, rtol=1e-4,
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_schema_function_against_finite_differences(case):
+    if find_rule(case.domain, case.op_type, case.opset) is not None:
+        pytest.skip(f"{case.op_type} now has a hand-written rule: the table covers it")
+    check_case(case)
+
+
+def _local_function_model() -> tuple:
+    """``y = Scaled(x, w)`` with the model-local ``Scaled(a, b) = Softplus(a) * b * alpha``,
+    called with ``alpha=1.5`` (the attribute reaches the body by reference)."""
+    alpha = helper.make_attribute_ref("alpha", TensorProto.FLOAT)
+    constant = helper.make_node("Constant", [], ["k"], value_float=0.0)
+    constant.attribute[0].CopyFrom(alpha)
+    constant.attribute[0].name = "value_float"
+    function = helper.make_function(
+        "my.domain",
+        "Scaled",
+        ["a", "b"],
+        ["c"],
+        [
+            helper.make_node("Softplus", ["a"], ["s"]),
+            helper.make_node("Mul", ["s", "b"], ["t"]),
+            constant,
+            helper.make_node("CastLike", ["k", "t"], ["k_like"]),
+            helper.make_node("Mul", ["t", "k_like"], ["c"]),
+        ],
+        opset_imports=[helper.make_opsetid("", 18)],
+        attributes=["alpha"],
+    )
+    node = helper.make_node("Scaled", ["x", "w"], ["y"], domain="my.domain", alpha=1.5)
+    graph = helper.make_graph(
+        [node],
+        "local",
+        [
+            helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3]),
+            helper.make_tensor_value_info("w", TensorProto.DOUBLE, [3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("my.domain", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[function], ir_version=9)
+    return model, {"x": r(2, 3), "w": r(3)}
+
+
+def test_model_local_function_against_finite_differences():
+    model, feeds = _local_function_model()
+    seed = r(2, 3)
+    gradient = onnx_derivative(model, weights=[], inputs=["x", "w"])
+    assert {n.domain for n in gradient.graph.node} <= {"", "my.domain"}
+    got = ReferenceEvaluator(gradient).run(None, {**feeds, "y_grad": seed})
+    for name, value in zip(["x", "w"], got):
+        expected = finite_differences(model, feeds, name, [seed], 1e-6)
+        np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-8)
+
+
+def test_an_operator_without_rule_or_body_is_reported():
+    node = helper.make_node("Scaled", ["x"], ["y"], domain="unknown.domain")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("unknown.domain", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=9)
+    with pytest.raises(NotImplementedError, match=r"'Scaled' .*unknown\.domain"):
+        onnx_derivative(model, weights=[])
