@@ -11,6 +11,7 @@ from onnxgrad.graph.initializers import (
     get_train_initializer,
     replace_initializers_into_onnx,
 )
+from onnxgrad.graph.lora import add_lora, merge_lora
 from onnxgrad.graph.loss import add_loss_output
 from onnxgrad.graph.names import onnx_rename_weights
 from onnxgrad.graph.select import remove_unused_nodes, select_model_inputs_outputs
@@ -18,8 +19,10 @@ from onnxgrad.graph.text import onnx_simple_text_plot
 
 __all__ = [
     "add_initializer",
+    "add_lora",
     "add_loss_output",
     "get_train_initializer",
+    "merge_lora",
     "onnx_rename_weights",
     "onnx_simple_text_plot",
     "remove_unused_nodes",

@@ -5,9 +5,18 @@
   :class:`~onnxgrad.training.train_step.TrainStep`), plus the evaluation and prediction
   graphs;
 * :mod:`~onnxgrad.training.runner` runs them with IOBinding, the state on the device;
-* :mod:`~onnxgrad.training.estimators` wraps both in ``fit``/``score`` estimators.
+* :mod:`~onnxgrad.training.estimators` wraps both in ``fit``/``score`` estimators;
+* :mod:`~onnxgrad.training.artifacts` writes a train step, its checkpoint and the models
+  around it for inference-only runtimes (on-device training).
 """
 
+from onnxgrad.training.artifacts import (
+    TrainingArtifacts,
+    generate_artifacts,
+    load_train_step,
+    merge_checkpoint,
+)
+from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from onnxgrad.training.composition import (
     LossModel,
     make_eval_step,
@@ -53,6 +62,7 @@ __all__ = [
     "BaseLearningPenalty",
     "BaseLearningRate",
     "BaseOrtOptimizer",
+    "Checkpoint",
     "CrossEntropyLearningLoss",
     "Device",
     "ElasticLearningLoss",
@@ -70,14 +80,20 @@ __all__ = [
     "SquareLearningLoss",
     "StateSlot",
     "TrainStep",
+    "TrainingArtifacts",
     "TrainingRunner",
     "check_device",
+    "generate_artifacts",
     "learning_rate_from_name",
+    "load_checkpoint",
+    "load_train_step",
     "make_eval_step",
     "make_loss_model",
     "make_predict_model",
     "make_train_step",
+    "merge_checkpoint",
     "parse_device",
+    "save_checkpoint",
     "weights_as_inputs",
     "with_batch_indices",
 ]

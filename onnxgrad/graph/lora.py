@@ -1,0 +1,242 @@
+"""Low-rank adapters (LoRA): fine-tune a few parameters of a large weight, merge them back.
+
+:func:`add_lora` replaces every use of a weight ``W`` (``d0 x d1 x ...``, read by
+``MatMul``, ``Gemm`` or ``Conv``) with
+
+    W_lora = W + s * reshape(A @ B, shape(W)),   A: d0 x r,  B: r x (d1 * d2 * ...)
+
+``s = alpha / r``; ``A`` starts random (``N(0, 1/d0)``), ``B`` at zero, so the adapted model
+computes exactly what the original did until ``A`` and ``B`` are trained, ``W`` frozen. One
+formula covers a ``MatMul`` weight (``K x N``), a ``Gemm`` one (transposed or not) and a
+convolution kernel (``C_out x C_in/g x k1 x k2``). :func:`merge_lora` folds trained adapters
+into ``W`` and removes them: the result has the original graph and the adapted outputs.
+
+The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+from onnx import ModelProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import (
+    FLOAT_TYPES,
+    ModelLike,
+    NameScope,
+    all_names,
+    finalize_model,
+    load_model,
+    np_dtype,
+    subgraphs,
+)
+
+LORA_METADATA = "onnxgrad.lora"
+#: the operators whose weight input (index 1, or 0 and 1 for Gemm) can get an adapter
+ADAPTED_OPS = {"MatMul": (1,), "Gemm": (0, 1), "Conv": (1,)}
+
+
+def add_lora(
+    model: ModelLike,
+    weights: Sequence[str] | None = None,
+    rank: int = 4,
+    alpha: float | None = None,
+    seed: int = 0,
+) -> ModelProto:
+    """A copy of ``model`` where each weight of ``weights`` (default: every float
+    initializer of rank >= 2 that a MatMul, Gemm or Conv reads) gets a rank-``rank`` adapter
+    (see the module docstring; ``alpha`` defaults to ``rank``, so ``s = 1``).
+
+    The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
+    """
+    model = load_model(model)
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+        raise ValueError(f"rank must be a positive integer, got {rank!r}")
+    scale = float(rank if alpha is None else alpha) / int(rank)
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    targets = _adaptable_weights(model, initializers)
+    if weights is None:
+        chosen = sorted(targets)
+        if not chosen:
+            raise ValueError("the model has no MatMul, Gemm or Conv weight to adapt")
+    else:
+        if isinstance(weights, str):
+            raise TypeError(f"weights must be a list of names, not the string {weights!r}")
+        chosen = list(weights)
+        again = sorted(set(chosen) & {a["weight"] for a in lora_adapters(model)})
+        if again:
+            raise ValueError(f"weights {again} already have an adapter")
+        for name in chosen:
+            _check_target(name, initializers, targets)
+    rng = np.random.default_rng(seed)
+    names = NameScope(all_names(graph))
+    node_names = NameScope(n.name for n in graph.node if n.name)
+    new_nodes, adapters = [], lora_adapters(model)
+    for weight in chosen:
+        nodes, adapter = _adapter(
+            initializers[weight], int(rank), scale, rng, names, node_names, graph
+        )
+        new_nodes.extend(nodes)
+        adapters.append(adapter)
+        _rewire(graph, weight, adapter["output"], skip=set(adapter["nodes"]))
+    nodes = new_nodes + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _set_adapters(model, adapters)
+    return finalize_model(model)
+
+
+def lora_adapters(model: ModelProto) -> list[dict]:
+    """The adapters :func:`add_lora` recorded in ``model`` (``[]`` when none): dicts with
+    the keys ``weight``, ``a``, ``b``, ``scale``, ``output`` and ``nodes``."""
+    for prop in model.metadata_props:
+        if prop.key == LORA_METADATA:
+            return json.loads(prop.value)
+    return []
+
+
+def merge_lora(model: ModelLike) -> ModelProto:
+    """A copy of ``model`` whose adapters are folded into their weights,
+    ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed."""
+    model = load_model(model)
+    adapters = lora_adapters(model)
+    if not adapters:
+        return model
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    for adapter in adapters:
+        missing = [adapter[k] for k in ("weight", "a", "b") if adapter[k] not in initializers]
+        if missing:
+            raise ValueError(f"adapter of {adapter['weight']!r}: no initializer {missing}")
+        if adapter["output"] in outputs:
+            raise ValueError(f"adapter output {adapter['output']!r} is a graph output")
+        base = numpy_helper.to_array(initializers[adapter["weight"]])
+        a = numpy_helper.to_array(initializers[adapter["a"]]).astype(np.float64)
+        b = numpy_helper.to_array(initializers[adapter["b"]]).astype(np.float64)
+        merged = base.astype(np.float64) + adapter["scale"] * (a @ b).reshape(base.shape)
+        initializers[adapter["weight"]].CopyFrom(
+            numpy_helper.from_array(merged.astype(base.dtype), name=adapter["weight"])
+        )
+        removed = set(adapter["nodes"])
+        kept = [n for n in graph.node if n.name not in removed]
+        del graph.node[:]
+        graph.node.extend(kept)
+        _rewire(graph, adapter["output"], adapter["weight"], skip=set())
+        for name in (adapter["a"], adapter["b"]):
+            graph.initializer.remove(initializers.pop(name))
+    _set_adapters(model, [])
+    return finalize_model(model)
+
+
+def _adaptable_weights(model: ModelProto, initializers) -> set[str]:
+    found = set()
+    for node in model.graph.node:
+        for index in ADAPTED_OPS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ():
+            if index < len(node.input) and node.input[index] in initializers:
+                init = initializers[node.input[index]]
+                if init.data_type in FLOAT_TYPES and len(init.dims) >= 2:
+                    found.add(init.name)
+    return found
+
+
+def _check_target(name: str, initializers, targets: set[str]) -> None:
+    if name not in initializers:
+        raise ValueError(f"{name!r} is not an initializer of the model")
+    if name not in targets:
+        raise ValueError(
+            f"initializer {name!r} is no float weight of rank >= 2 read by "
+            f"{'/'.join(ADAPTED_OPS)}: it cannot get a low-rank adapter"
+        )
+
+
+def _adapter(init, rank, scale, rng, names, node_names, graph):
+    """The nodes computing ``W + s reshape(A @ B)`` and the adapter's record."""
+    shape = tuple(init.dims)
+    rows, cols = shape[0], int(np.prod(shape[1:], dtype=np.int64))
+    dtype = np_dtype(init.data_type)
+    a = names.unique(f"{init.name}_lora_A")
+    b = names.unique(f"{init.name}_lora_B")
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(
+                (rng.standard_normal((rows, rank)) / np.sqrt(rows)).astype(dtype), name=a
+            ),
+            numpy_helper.from_array(np.zeros((rank, cols), dtype=dtype), name=b),
+        ]
+    )
+    value = {k: names.unique(f"{init.name}_lora_{k}") for k in ("AB", "scale", "delta", "shape")}
+    output = names.unique(f"{init.name}_lora")
+
+    def node(op, inputs, out, **attrs):
+        return helper.make_node(
+            op, inputs, [out], name=node_names.unique(f"{init.name}_lora_{op}"), **attrs
+        )
+
+    nodes = [
+        node("MatMul", [a, b], value["AB"]),
+        node(
+            "Constant",
+            [],
+            value["scale"],
+            value=numpy_helper.from_array(np.array(scale, dtype=dtype)),
+        ),
+        node("Mul", [value["AB"], value["scale"]], value["delta"]),
+    ]
+    delta = value["delta"]
+    if len(shape) != 2:
+        nodes.append(
+            node(
+                "Constant",
+                [],
+                value["shape"],
+                value=numpy_helper.from_array(np.array(shape, dtype=np.int64)),
+            )
+        )
+        reshaped = names.unique(f"{init.name}_lora_reshaped")
+        nodes.append(node("Reshape", [delta, value["shape"]], reshaped))
+        delta = reshaped
+    nodes.append(node("Add", [init.name, delta], output))
+    record = {
+        "weight": init.name,
+        "a": a,
+        "b": b,
+        "scale": scale,
+        "output": output,
+        "nodes": [n.name for n in nodes],
+    }
+    return nodes, record
+
+
+def _rewire(graph, old: str, new: str, skip: set[str]) -> None:
+    """Make every node of ``graph`` (but ``skip``) read ``new`` instead of ``old``."""
+    for node in graph.node:
+        if node.name in skip:
+            continue
+        if any(old in _names_used(g) for g in subgraphs(node)):
+            raise ValueError(f"weight {old!r} is read inside a subgraph of node {node.name!r}")
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+
+
+def _names_used(graph) -> set[str]:
+    used = {name for node in graph.node for name in node.input}
+    for node in graph.node:
+        for sub in subgraphs(node):
+            used |= _names_used(sub)
+    return used
+
+
+def _set_adapters(model: ModelProto, adapters: list[dict]) -> None:
+    kept = [p for p in model.metadata_props if p.key != LORA_METADATA]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    if adapters:
+        model.metadata_props.add(key=LORA_METADATA, value=json.dumps(adapters))
+
+
+__all__ = ["LORA_METADATA", "add_lora", "lora_adapters", "merge_lora"]
