@@ -55,6 +55,15 @@ CASES = [
         "Clip", {"x": clip_input(3, 4), "lo": np.array(-0.5), "hi": np.array(0.5)}, opset=18,
         id="Clip-bounds-differentiated",
     ),
+    OpCase(
+        "Clip", {"x": clip_input(3, 4, bounds=(0.5, -0.5)), "lo": np.array(0.5),
+                 "hi": np.array(-0.5)}, opset=18, id="Clip-min-above-max",
+    ),
+    OpCase(
+        "Clip", {"x": clip_input(3, 4, bounds=(0.5, -0.5)), "lo": np.array(0.5),
+                 "hi": np.array(-0.5)}, opset=11, id="Clip-min-above-max-opset11",
+        dynamic_shapes=False,
+    ),
     OpCase("Max", {"a": r(2, 3)}, opset=13, id="Max-single"),
     OpCase("Max", dict(zip("ab", distinct(r(2, 3), r(2, 3)))), opset=13, id="Max-two"),
     OpCase(
@@ -104,7 +113,7 @@ CASES = [
 ]  # fmt: skip
 
 SECOND_ORDER_IDS = {
-    "Pow-broadcast-both", "Pow-int-exponent", "Clip-bounds-differentiated",
+    "Pow-broadcast-both", "Pow-int-exponent", "Clip-bounds-differentiated", "Clip-min-above-max",
     "Max-three-broadcast", "Min-two", "Sum-three-broadcast", "Mean-three-broadcast",
     "Where-broadcast", "Mod-fmod",
 }  # fmt: skip

@@ -52,6 +52,8 @@ def _at_least(b, x: str, bound: str) -> str:
 
 @register("Clip", since=11, broadcast=True)
 def clip_grad(b, node, grads, needs):
+    """``y = min(max(x, lo), hi)`` (``hi`` everywhere when ``lo > hi``): ``x`` gets ``g``
+    where ``lo <= x <= hi``, ``lo`` where ``x < lo <= hi``, ``hi`` where ``max(x, lo) > hi``."""
     (g,) = grads
     x, low, high = node.inputs[0], node.input(1), node.input(2)
     need_low, need_high = low is not None and needs[1], high is not None and needs[2]
@@ -62,8 +64,15 @@ def clip_grad(b, node, grads, needs):
         below_high = _at_least(b, high, x)
         inside = below_high if inside is None else b.op("And", inside, below_high)
     gx = g if inside is None else b.mask(inside, g)
-    g_low = b.mask(b.op("Less", x, low), g) if need_low else None
-    g_high = b.mask(b.op("Greater", x, high), g) if need_high else None
+    g_low = g_high = None
+    if need_low:
+        below = b.op("Less", x, low)
+        if high is not None:
+            below = b.op("And", below, _at_least(b, high, low))
+        g_low = b.mask(below, g)
+    if need_high:
+        raised = x if low is None else b.op("Max", x, low)
+        g_high = b.mask(b.op("Greater", raised, high), g)
     return [gx if needs[0] else None, g_low, g_high]
 
 

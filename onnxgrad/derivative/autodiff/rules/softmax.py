@@ -6,6 +6,12 @@
 with sums kept (so they broadcast back) along the normalised axes: ``axis`` from opset 13
 (default -1); before 13 the input is seen as a matrix split at ``axis`` (default 1), so
 every axis from ``axis`` to the last is normalised together.
+
+A row of ``x`` that is all ``-inf`` (a fully masked attention row) gives a NaN row of ``y``,
+which graphs such as Attention's function body replace by zeros with a ``Where``; the
+Softmax gradient reads ``y`` with its NaNs set to 0, so such a row gets the gradient 0 (the
+gradient of the zeros that replace it) instead of NaN. It costs an ``IsNaN`` and a
+``Where`` over ``y``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ def _normalised_axes(b, node) -> list[int]:
 def softmax_grad(b, node, grads, needs):
     (g,) = grads
     y = node.outputs[0]
+    y = b.op("Where", b.op("IsNaN", y), b.const(0, like=y), y)
     gy = b.mul(g, y)
     total = b.reduce_sum(gy, _normalised_axes(b, node), keepdims=True)
     return [b.op("Sub", gy, b.mul(y, total))]
