@@ -2,18 +2,26 @@
 """Set up onnxgrad on a fresh machine and run its main jobs.
 
     python3 dev.py demo     # create .venv, install onnxgrad, run `onnxgrad demo`
-    python3 dev.py test     # create .venv (+ an inference-only venv), lint, run the tests
-    python3 dev.py docs     # build the API reference into docs/_build
+    python3 dev.py test     # set up two environments, lint, run the tests in both
+    python3 dev.py docs     # build the documentation into docs/_build
     python3 dev.py bench    # run the benchmarks
 
-Only the Python standard library is used here, so a newcomer needs nothing but Python.
+Only the Python standard library is used here, so a newcomer needs nothing but Python 3.10 to
+3.14. ``.venv`` is made with the Python running this script and gets the onnxruntime flavour
+that Python has wheels for: onnxruntime-training-cpu (both derivative backends) on 3.10 and
+3.11, the current inference onnxruntime on 3.12 and later. ``test`` also sets up a second
+environment of the other kind, with the newest Python 3.12+ found on the machine (or a 3.10
+or 3.11 when ``.venv`` is the inference one), so every change is tested on both runtimes.
 Installation is skipped when pyproject.toml has not changed since the last one.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -21,9 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
-INFERENCE_VENV = ROOT / ".venv-inference"
-INFERENCE_PACKAGES = ["onnxruntime", "onnx", "numpy"]
-SUPPORTED_PYTHON = ((3, 10), (3, 12))
+SUPPORTED_PYTHON = ((3, 10), (3, 14))
+#: the last Python with onnxruntime-training wheels (the ``training`` extra).
+LAST_TRAINING_PYTHON = (3, 11)
+#: pip's lines worth showing while it works (the rest is noise on a first install).
+PIP_PROGRESS = re.compile(r"^(Collecting|Installing collected|Successfully installed|ERROR)")
 
 
 def _python(env_dir: Path) -> Path:
@@ -31,79 +41,159 @@ def _python(env_dir: Path) -> Path:
     return env_dir / sub / ("python.exe" if os.name == "nt" else "python")
 
 
-def _run(*cmd: object, check: bool = True, env: dict | None = None) -> int:
+def _say(message: str) -> None:
+    print(f"[dev.py] {message}", flush=True)
+
+
+def _run(*cmd: object, check: bool = True, env: dict | None = None, cwd: Path = ROOT) -> int:
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    rc = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
+    rc = subprocess.call([str(c) for c in cmd], cwd=cwd, env=env)
     if check and rc != 0:
         sys.exit(rc)
     return rc
 
 
+def _pip(python: Path, *args: str, what: str, check: bool = True) -> int:
+    """``pip install ARGS`` in the venv of ``python``, showing what it fetches and installs."""
+    _say(f"installing {what}")
+    cmd = [str(python), "-m", "pip", "install", "--progress-bar", "off", *args]
+    process = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    tail: list[str] = []
+    for line in process.stdout:
+        tail = [*tail[-40:], line.rstrip()]
+        if PIP_PROGRESS.match(line):
+            print("   ", line.rstrip()[:150], flush=True)
+    rc = process.wait()
+    if rc != 0:
+        print("\n".join(tail), file=sys.stderr)
+        _say(f"pip failed installing {what} (status {rc})")
+        if check:
+            sys.exit(rc)
+    return rc
+
+
+def _version_of(python: Path | str) -> tuple[int, int] | None:
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    try:
+        out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    except OSError:
+        return None
+    if out.returncode != 0:
+        return None
+    major, minor = out.stdout.strip().split(".")
+    return int(major), int(minor)
+
+
 def _check_python() -> None:
     if not SUPPORTED_PYTHON[0] <= sys.version_info[:2] <= SUPPORTED_PYTHON[1]:
         sys.exit(
-            f"error: onnxgrad needs Python 3.10 to 3.12 (onnxruntime-training 1.19.2 has no "
-            f"wheel for {sys.version.split()[0]}); run dev.py with such an interpreter"
+            f"error: onnxgrad needs Python 3.10 to 3.14, this is {sys.version.split()[0]}; "
+            "run dev.py with such an interpreter"
         )
 
 
-def _usable(python: Path) -> bool:
-    """The venv's interpreter runs, has pip, and is the version running this script."""
-    probe = "import sys, pip; print(sys.version_info[:2])"
+def _runtime_extra(version: tuple[int, int]) -> str:
+    """The onnxruntime flavour a Python gets: the training build where it has wheels."""
+    return "training" if version <= LAST_TRAINING_PYTHON else "cpu"
+
+
+def _usable(python: Path, version: tuple[int, int]) -> bool:
+    """The venv's interpreter runs, has pip, and is of ``version``."""
+    probe = "import sys, pip; print('%d.%d' % sys.version_info[:2])"
     try:
         out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
     except OSError:
         return False
-    return out.returncode == 0 and out.stdout.strip() == str(sys.version_info[:2])
+    return out.returncode == 0 and out.stdout.strip() == f"{version[0]}.{version[1]}"
 
 
-def _ensure_venv(env_dir: Path, stamp_text: str, install) -> Path:
-    """Create ``env_dir`` (again if it is broken or of another Python) and run
-    ``install(python)`` when ``stamp_text`` or the Python version changed."""
-    python = _python(env_dir)
-    if not _usable(python):
+def _create_venv(env_dir: Path, base_python: str, version: tuple[int, int]) -> None:
+    _say(f"creating {env_dir.name} with Python {version[0]}.{version[1]} ({base_python})")
+    if Path(base_python).resolve() == Path(sys.executable).resolve():
         venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    else:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        _run(base_python, "-m", "venv", env_dir)
+
+
+def ensure_env(
+    env_dir: Path, base_python: str, version: tuple[int, int], with_torch: bool = False
+) -> Path:
+    """A venv at ``env_dir`` made from ``base_python`` with onnxgrad (editable), its ``dev``
+    extra and the onnxruntime flavour of its Python; re-installed when pyproject.toml changes."""
+    python = _python(env_dir)
+    if not _usable(python, version):
+        _create_venv(env_dir, base_python, version)
+    extra = _runtime_extra(version)
     stamp = env_dir / ".onnxgrad-stamp"
-    digest = hashlib.sha256(f"{sys.version}\n{stamp_text}".encode()).hexdigest()
+    text = f"{version}\n{extra}\n{(ROOT / 'pyproject.toml').read_text()}"
+    digest = hashlib.sha256(text.encode()).hexdigest()
     if not stamp.exists() or stamp.read_text() != digest:
-        install(python)
+        _pip(python, "-q", "--upgrade", "pip", what=f"the newest pip into {env_dir.name}")
+        _pip(
+            python,
+            "-e",
+            f".[dev,{extra}]",
+            what=f"onnxgrad with its dev tools and the '{extra}' onnxruntime into "
+            f"{env_dir.name} (a few minutes the first time)",
+        )
         stamp.write_text(digest)
-    return python
-
-
-def ensure_dev_env(with_torch: bool = False) -> Path:
-    """The main virtual environment: onnxgrad (editable) with its dev extra."""
-
-    def install(python: Path) -> None:
-        _run(python, "-m", "pip", "install", "-q", "--upgrade", "pip")
-        _run(python, "-m", "pip", "install", "-q", "-e", ".[dev]")
-
-    text = (ROOT / "pyproject.toml").read_text()
-    python = _ensure_venv(VENV, text, install)
     if with_torch:
         ensure_torch(python)
     return python
 
 
+def ensure_dev_env(with_torch: bool = False) -> Path:
+    """``.venv``, made with the Python running this script."""
+    return ensure_env(VENV, sys.executable, sys.version_info[:2], with_torch)
+
+
 def ensure_torch(python: Path) -> None:
-    """PyTorch is a test extra: tests that need it skip when this install fails."""
+    """PyTorch is a test extra: tests that need it skip, with the reason, when it is missing."""
     has_torch = subprocess.call(
         [str(python), "-c", "import torch"], stderr=subprocess.DEVNULL, cwd=ROOT
     )
     if has_torch != 0:
-        rc = _run(python, "-m", "pip", "install", "-q", "-e", ".[torch]", check=False)
+        rc = _pip(python, "-e", ".[torch]", what="PyTorch (tests only)", check=False)
         if rc != 0:
-            print("warning: PyTorch could not be installed; the torch tests will skip.")
+            _say("warning: PyTorch could not be installed; the torch tests will skip.")
 
 
-def ensure_inference_env() -> Path:
-    """A separate venv with the newest inference-only onnxruntime (it cannot share one with
-    onnxruntime-training): the portability tests run native gradient graphs there."""
+def _candidate_pythons() -> list[str]:
+    """Python executables on PATH and in pyenv's versions folder."""
+    found = [shutil.which(f"python3.{minor}") for minor in range(10, 15)]
+    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    found += glob.glob(os.path.join(pyenv_root, "versions", "3.*", "bin", "python3"))
+    return [path for path in dict.fromkeys(found) if path]
 
-    def install(python: Path) -> None:
-        _run(python, "-m", "pip", "install", "-q", "--upgrade", *INFERENCE_PACKAGES)
 
-    return _ensure_venv(INFERENCE_VENV, " ".join(INFERENCE_PACKAGES), install)
+def second_python() -> tuple[str, tuple[int, int]] | None:
+    """The interpreter of the second test environment: the newest Python 3.12+ on the machine
+    when ``.venv`` has the training build, else the newest Python 3.10/3.11."""
+    want_training = _runtime_extra(sys.version_info[:2]) == "cpu"
+    best = None
+    for path in _candidate_pythons():
+        version = _version_of(path)
+        if version is None or not SUPPORTED_PYTHON[0] <= version <= SUPPORTED_PYTHON[1]:
+            continue
+        if (_runtime_extra(version) == "training") != want_training:
+            continue
+        if best is None or version > best[1]:
+            best = (path, version)
+    return best
+
+
+def _environment_text(python: Path) -> str:
+    probe = (
+        "import sys, importlib.util as u\n"
+        "from onnxgrad._runtime import flavour_description\n"
+        "torch = 'torch' if u.find_spec('torch') else 'no torch'\n"
+        'print(f"Python {sys.version.split()[0]}, {flavour_description()}, {torch}")\n'
+    )
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    return out.stdout.strip() or "(could not be described)"
 
 
 def _bin(python: Path, name: str) -> Path:
@@ -115,18 +205,40 @@ def cmd_demo(args: list[str]) -> int:
     return _run(_bin(python, "onnxgrad"), "demo", *args, check=False)
 
 
-def cmd_test(args: list[str]) -> int:
-    python = ensure_dev_env(with_torch=True)
-    inference_python = ensure_inference_env()
-    _run(_bin(python, "ruff"), "check", ".")
-    _run(_bin(python, "ruff"), "format", "--check", ".")
+def _pytest(python: Path, inference_python: Path, args: list[str]) -> int:
     env = dict(os.environ, ONNXGRAD_INFERENCE_PYTHON=str(inference_python))
     env.setdefault("MPLBACKEND", "Agg")
-    rc = _run(python, "-m", "pytest", "-n", "2", "--timeout", "900", *args, check=False, env=env)
-    if rc == 5:
-        print("error: no test ran", file=sys.stderr)
+    cmd = (python, "-m", "pytest", "-n", "2", "--timeout", "900", *args)
+    rc = _run(*cmd, check=False, env=env)
+    return 1 if rc == 5 else rc  # 5: no test ran, a failure
+
+
+def cmd_test(args: list[str]) -> int:
+    main = ensure_dev_env(with_torch=True)
+    second = second_python()
+    if second is None:
+        training = _runtime_extra(sys.version_info[:2]) == "training"
+        kind = "3.12 or newer" if training else "3.10 or 3.11"
+        _say(
+            f"error: the second test environment needs a Python {kind} on this machine "
+            "(on PATH as python3.X, or installed with pyenv)"
+        )
         return 1
-    return rc
+    other_dir = ROOT / f".venv-py{second[1][0]}.{second[1][1]}"
+    other = ensure_env(other_dir, second[0], second[1])
+    _run(_bin(main, "ruff"), "check", ".")
+    _run(_bin(main, "ruff"), "format", "--check", ".")
+    inference = other if _runtime_extra(second[1]) == "cpu" else main
+    results = []
+    for name, python in ((VENV.name, main), (other_dir.name, other)):
+        description = _environment_text(python)
+        _say(f"tests in {name}: {description}")
+        rc = _pytest(python, inference, args)
+        results.append((name, description, rc))
+    _say("environments:")
+    for name, description, rc in results:
+        print(f"    {name:14} {description:60} {'passed' if rc == 0 else f'FAILED ({rc})'}")
+    return next((rc for _, _, rc in results if rc != 0), 0)
 
 
 def cmd_docs(args: list[str]) -> int:

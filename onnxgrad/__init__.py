@@ -6,32 +6,84 @@ Layers, each importing only from the ones before it:
 * :mod:`onnxgrad.functions` — small fixed graphs authored with onnxscript;
 * :mod:`onnxgrad.derivative` — ``onnx_derivative`` with the native and ORT backends;
 * :mod:`onnxgrad.training` — fused train steps, the runner and sklearn-style estimators.
+
+``import onnxgrad`` loads none of them: each public name below is imported from its
+subpackage on first use (PEP 562), so the rewrites and the native derivative never load
+onnxruntime, and nothing loads onnxscript, networkx or matplotlib before it is needed.
 """
 
-from onnxgrad._runtime import import_onnxruntime
+from __future__ import annotations
 
-import_onnxruntime()
-
-from onnxgrad.derivative import *  # noqa: E402, F403
-from onnxgrad.derivative import __all__ as _derivative_all  # noqa: E402
-from onnxgrad.exceptions import ConvergenceError  # noqa: E402
-from onnxgrad.functions import *  # noqa: E402, F403
-from onnxgrad.functions import __all__ as _functions_all  # noqa: E402
-from onnxgrad.graph import *  # noqa: E402, F403
-from onnxgrad.graph import __all__ as _graph_all  # noqa: E402
-from onnxgrad.plotting import plot_onnxs, to_dot  # noqa: E402
-from onnxgrad.training import *  # noqa: E402, F403
-from onnxgrad.training import __all__ as _training_all  # noqa: E402
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ConvergenceError",
-    "__version__",
-    "plot_onnxs",
-    "to_dot",
-    *_graph_all,
-    *_functions_all,
-    *_derivative_all,
-    *_training_all,
-]
+#: subpackage -> the public names it defines; ``tests/test_import.py`` checks this table
+#: against each subpackage's ``__all__``.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "onnxgrad.exceptions": ("ConvergenceError",),
+    "onnxgrad.plotting": ("plot_onnxs", "to_dot"),
+    "onnxgrad.graph": (
+        "add_initializer",
+        "add_loss_output",
+        "get_train_initializer",
+        "onnx_rename_weights",
+        "onnx_simple_text_plot",
+        "remove_unused_nodes",
+        "replace_initializers_into_onnx",
+        "select_model_inputs_outputs",
+    ),
+    "onnxgrad.functions": ("function_onnx_graph", "get_supported_functions"),
+    "onnxgrad.derivative": ("DerivativeOptions", "onnx_derivative"),
+    "onnxgrad.training": (
+        "AbsoluteLearningLoss",
+        "BaseLearningLoss",
+        "BaseLearningPenalty",
+        "BaseLearningRate",
+        "BaseOrtOptimizer",
+        "CrossEntropyLearningLoss",
+        "Device",
+        "ElasticLearningLoss",
+        "ElasticLearningPenalty",
+        "GraphRunner",
+        "LearningRateAdam",
+        "LearningRateSGD",
+        "LearningRateSGDNesterov",
+        "LossModel",
+        "NegLogLearningLoss",
+        "NoLearningPenalty",
+        "OrtDataLoader",
+        "OrtGradientForwardBackwardOptimizer",
+        "OrtGradientOptimizer",
+        "SquareLearningLoss",
+        "StateSlot",
+        "TrainStep",
+        "TrainingRunner",
+        "check_device",
+        "learning_rate_from_name",
+        "make_eval_step",
+        "make_loss_model",
+        "make_predict_model",
+        "make_train_step",
+        "parse_device",
+        "weights_as_inputs",
+        "with_batch_indices",
+    ),
+}
+
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = ["__version__", *_MODULE_OF]
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnxgrad' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))

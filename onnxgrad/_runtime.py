@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from importlib import metadata
 from types import ModuleType
 
 #: The onnxruntime wheels that install the ``onnxruntime`` package: one per environment.
@@ -37,6 +36,8 @@ INSTALL_TRAINING = 'pip install "onnxgrad[training]"'
 
 def installed_flavours() -> list[tuple[str, str]]:
     """``(distribution, version)`` of every onnxruntime flavour installed, sorted by name."""
+    from importlib import metadata
+
     found = {}
     for dist in metadata.distributions():
         name = (dist.metadata["Name"] or "").lower().replace("_", "-")

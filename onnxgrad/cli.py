@@ -11,6 +11,8 @@ A reader that stops reading the output (``| head``) is no failure: status 0.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import os
 import sys
 import textwrap
@@ -19,28 +21,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
-from google.protobuf.message import Error as ProtobufError
-from onnx import ModelProto
-from onnx.checker import ValidationError, check_model
-from onnx.shape_inference import InferenceError
-from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
-
-from onnxgrad._files import save_model, write_atomically, write_bytes
-from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
-from onnxgrad._runtime import set_logger_severity
-from onnxgrad.derivative import DerivativeOptions, onnx_derivative
-from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
-from onnxgrad.exceptions import ConvergenceError
-from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
-from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
-from onnxgrad.training import OrtGradientForwardBackwardOptimizer, learning_rate_from_name
-from onnxgrad.training.learning_rate import LEARNING_RATE_NAMES
-
 USAGE_ERROR = 2
 JOB_FAILED = 1
 #: onnxruntime's own log (fatal only): its failures reach the user as one-line errors.
 ORT_LOG_SEVERITY = 4
+#: Subcommands that run models, so need an onnxruntime.
+RUNTIME_COMMANDS = ("onnxgrad train", "onnxgrad demo")
+
+
+class LazyChoices(Sequence):
+    """The ``choices`` of an option, read from ``module.name`` when argparse first checks or
+    shows them, so building the parser imports nothing heavy (give the option a ``metavar``:
+    argparse lists the choices of an option without one as it is added)."""
+
+    def __init__(self, module: str, name: str):
+        self._where = (module, name)
+
+    @functools.cached_property
+    def _values(self) -> tuple[str, ...]:
+        module, name = self._where
+        return tuple(getattr(importlib.import_module(module), name))
+
+    def __getitem__(self, index):
+        return self._values[index]
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 class CommandError(Exception):
@@ -54,40 +60,94 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-#: Exceptions meaning "bad input", as raised by onnxgrad, onnx, protobuf and onnxruntime
-#: (whose run failures, a shape only known at run time say, are plain RuntimeErrors).
-EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
-    CommandError,
-    ValueError,
-    TypeError,
-    OSError,
-    RuntimeError,
-    ValidationError,
-    InferenceError,
-    ProtobufError,
-    *(
-        getattr(ort_state, name)
-        for name in (
-            "Fail",
-            "InvalidArgument",
-            "InvalidGraph",
-            "InvalidProtobuf",
-            "NoSuchFile",
-            "NoModel",
-            "NotImplemented",
-            "RuntimeException",
-            "EPFail",
-        )
-        if hasattr(ort_state, name)
-    ),
-)
+def _import_libraries() -> None:
+    """Import what the subcommands use, once the arguments are parsed: ``onnxgrad --help``
+    and usage errors answer without loading numpy, onnx or onnxruntime."""
+    global np, ProtobufError, ModelProto, ValidationError, check_model, InferenceError, ort_state
+    global save_model, write_atomically, write_bytes
+    global FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
+    global import_onnxruntime, set_logger_severity
+    global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
+    global add_loss_output, get_train_initializer, onnx_simple_text_plot
+    global plot_onnxs, tensor_text, to_dot, type_text
+    global OrtGradientForwardBackwardOptimizer, learning_rate_from_name
+    import numpy as np
+    from google.protobuf.message import Error as ProtobufError
+    from onnx import ModelProto
+    from onnx.checker import ValidationError, check_model
+    from onnx.shape_inference import InferenceError
+
+    from onnxgrad._files import save_model, write_atomically, write_bytes
+    from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
+    from onnxgrad._runtime import import_onnxruntime, set_logger_severity
+    from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+    from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
+    from onnxgrad.exceptions import ConvergenceError
+    from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
+    from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
+
+    try:
+        import_onnxruntime()
+    except ImportError:  # the rewrites and the native derivative need no onnxruntime
+        ort_state = None
+        return
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    from onnxgrad.training import OrtGradientForwardBackwardOptimizer, learning_rate_from_name
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions meaning "bad input", as raised by onnxgrad, onnx, protobuf and onnxruntime
+    (whose run failures, a shape only known at run time say, are plain RuntimeErrors)."""
+    ort_errors = (
+        "Fail",
+        "InvalidArgument",
+        "InvalidGraph",
+        "InvalidProtobuf",
+        "NoSuchFile",
+        "NoModel",
+        "NotImplemented",
+        "RuntimeException",
+        "EPFail",
+    )
+    return (
+        CommandError,
+        ValueError,
+        TypeError,
+        OSError,
+        RuntimeError,
+        ImportError,
+        ValidationError,
+        InferenceError,
+        ProtobufError,
+        *(getattr(ort_state, name) for name in ort_errors if hasattr(ort_state, name)),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        _import_libraries()
+        if ort_state is None and args.prog in RUNTIME_COMMANDS:
+            import_onnxruntime()  # raises the ImportError that says what to install
+    except KeyboardInterrupt:
+        _fail(args.prog, "interrupted")
+        return 130
+    except ImportError as exc:
+        _fail(args.prog, _one_line(exc))
+        return USAGE_ERROR
+    if ort_state is None:
+        return _run(args)
     previous_severity = set_logger_severity(ORT_LOG_SEVERITY)
+    try:
+        return _run(args)
+    finally:
+        set_logger_severity(previous_severity)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         status = args.run(args) or 0
         sys.stdout.flush()
@@ -101,11 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConvergenceError as exc:
         _fail(args.prog, f"training diverged: {exc}")
         return JOB_FAILED
-    except EXPECTED_ERRORS as exc:
+    except _expected_errors() as exc:
         _fail(args.prog, _one_line(exc))
         return USAGE_ERROR
-    finally:
-        set_logger_severity(previous_severity)
 
 
 def _discard_stdout() -> None:
@@ -623,9 +681,11 @@ def _add_train(commands) -> None:
     sub.add_argument("--batch-size", type=_positive_int, default=32, help="default: %(default)s")
     sub.add_argument(
         "--optimizer",
-        choices=LEARNING_RATE_NAMES,
+        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
+        metavar="NAME",
         default="nesterov",
-        help="momentum is classical momentum, nesterov Nesterov's (default: %(default)s)",
+        help="one of %(choices)s; momentum is classical momentum, nesterov Nesterov's "
+        "(default: %(default)s)",
     )
     sub.add_argument(
         "--lr",

@@ -12,13 +12,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 from onnx import GraphProto, TensorProto, TypeProto, helper
 
 from onnxgrad._onnx_utils import ModelLike, load_model, subgraphs
 
 if TYPE_CHECKING:
+    import networkx as nx
     from matplotlib.axes import Axes
 
 __all__ = ["graph_network", "layered_layout", "plot_onnxs", "to_dot"]
@@ -49,6 +49,8 @@ def graph_network(model: ModelLike) -> nx.DiGraph:
     in the graph's own order). An edge carries the list of ``values`` it passes. A node
     holding subgraphs (If, Loop, Scan) is linked to the outer values its subgraphs read.
     """
+    import networkx as nx
+
     graph = load_model(model).graph
     network = nx.DiGraph(name=graph.name)
     producer: dict[str, Vertex] = {}
@@ -98,6 +100,8 @@ def layered_layout(network: nx.DiGraph) -> dict[Hashable, tuple[float, float]]:
     abscissa of its neighbours in the rows already placed (the barycentre heuristic against
     edge crossings).
     """
+    import networkx as nx
+
     depth = {v: d for d, layer in enumerate(nx.topological_generations(network)) for v in layer}
     for vertex in network:
         successors = list(network.successors(vertex))

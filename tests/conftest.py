@@ -13,12 +13,6 @@ import pytest
 from onnxgrad._runtime import flavour_description, has_training_builder
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "ort_training: needs onnxruntime-training's gradient builder (backend='ort')"
-    )
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if has_training_builder():
         return

@@ -1,26 +1,70 @@
-"""Importing onnxgrad stays light: no PyTorch, no onnxruntime.training."""
+"""Importing onnxgrad stays light: its public names load their subpackage on first use."""
 
+import importlib
 import subprocess
 import sys
 
+import pytest
 
-def test_import_onnxgrad_does_not_import_torch_or_onnxruntime_training():
+import onnxgrad
+
+#: Libraries no part of onnxgrad may load at ``import onnxgrad`` or ``onnxgrad --help``.
+HEAVY = ("onnxruntime", "onnxscript", "networkx", "matplotlib", "torch", "tqdm", "sympy")
+
+
+def _modules_loaded_by(code: str) -> set[str]:
+    probe = f"{code}\nimport sys\nprint(' '.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_import_onnxgrad_loads_no_runtime_and_no_heavy_library():
+    loaded = _modules_loaded_by("import onnxgrad")
+    assert not [name for name in HEAVY if name in loaded]
+    assert "numpy" not in loaded and "onnx" not in loaded
+
+
+def test_command_help_loads_no_heavy_library():
     code = (
-        "import sys, onnxgrad\n"
-        "print('torch' in sys.modules, 'onnxruntime.training' in sys.modules)\n"
-        "import onnxruntime\n"
-        "print(onnxruntime.__version__)\n"
+        "import sys\nfrom onnxgrad.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    flags, version = out.stdout.split("\n")[:2]
-    assert flags == "False False"
-    assert version == "1.19.2"
+    loaded = _modules_loaded_by(code)
+    assert not [name for name in (*HEAVY, "numpy", "onnx") if name in loaded]
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [
+        ("add_loss_output", ()),
+        ("onnx_derivative", ()),
+        ("function_onnx_graph", ("onnxscript", "sympy")),
+    ],
+)
+def test_core_names_need_no_onnxruntime(name, allowed):
+    loaded = _modules_loaded_by(f"from onnxgrad import {name}")
+    assert not [m for m in HEAVY if m in loaded and m not in allowed]
+
+
+def test_training_names_do_not_load_torch_or_onnxruntime_training():
+    loaded = _modules_loaded_by("from onnxgrad import OrtGradientOptimizer")
+    assert "onnxruntime" in loaded
+    assert "torch" not in loaded and "onnxruntime.training" not in loaded
+
+
+def test_lazy_table_matches_the_subpackages():
+    for module, names in onnxgrad._EXPORTS.items():
+        exported = getattr(importlib.import_module(module), "__all__", None)
+        if module in ("onnxgrad.exceptions", "onnxgrad.plotting"):
+            assert set(names) <= set(dir(importlib.import_module(module)))
+        else:
+            assert sorted(names) == sorted(exported), module
 
 
 def test_public_names_are_importable():
-    import onnxgrad
-
     missing = [name for name in onnxgrad.__all__ if not hasattr(onnxgrad, name)]
     assert not missing
     for name in ["add_loss_output", "onnx_derivative", "DerivativeOptions", "function_onnx_graph"]:
         assert name in onnxgrad.__all__
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        onnxgrad.not_a_name  # noqa: B018

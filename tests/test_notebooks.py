@@ -47,9 +47,6 @@ def kernel_dir(tmp_path, monkeypatch):
     (blocked / "__init__.py").write_text("raise ImportError('torch is blocked')\n")
     paths = [str(blocked.parent), str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "MPLBACKEND": "Agg"}
-    inference = ROOT / ".venv-inference" / "bin" / "python"
-    if "ONNXGRAD_INFERENCE_PYTHON" not in os.environ and inference.exists():
-        env["ONNXGRAD_INFERENCE_PYTHON"] = str(inference)
     spec = tmp_path / "jupyter" / "kernels" / KERNEL
     spec.mkdir(parents=True)
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]

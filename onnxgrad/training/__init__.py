@@ -10,6 +10,11 @@
   around it for inference-only runtimes (on-device training).
 """
 
+# ruff: noqa: E402
+from onnxgrad._runtime import import_onnxruntime
+
+import_onnxruntime()  # first, so that the training wheel's import does not load PyTorch
+
 from onnxgrad.training.artifacts import (
     TrainingArtifacts,
     generate_artifacts,

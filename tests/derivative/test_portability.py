@@ -81,7 +81,7 @@ CASES = {
 }
 
 
-def _run_training_wheel(model, feeds):
+def _run_in_process(model, feeds):
     session = onnxruntime.InferenceSession(
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
@@ -91,7 +91,7 @@ def _run_training_wheel(model, feeds):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_reference_evaluator_agrees_with_onnxruntime(name):
     model, feeds = CASES[name]()
-    expected = _run_training_wheel(model, feeds)
+    expected = _run_in_process(model, feeds)
     got = ReferenceEvaluator(model).run(None, feeds)
     for output, value in zip(model.graph.output, got):
         np.testing.assert_allclose(value, expected[output.name], rtol=1e-4, atol=1e-4)
@@ -117,11 +117,12 @@ def test_inference_only_onnxruntime_runs_native_gradients(name, tmp_path):
     version = tuple(int(p) for p in completed.stdout.split()[-1].split(".")[:2])
     assert version > (1, 19), f"expected a newer inference wheel, got {completed.stdout}"
     got = dict(np.load(out_path))
-    expected = _run_training_wheel(model, feeds)
+    expected = _run_in_process(model, feeds)
     assert sorted(got) == sorted(expected)
     for key, value in expected.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.ort_training
 def test_sys_executable_is_the_training_wheel():
     assert onnxruntime.__version__ == "1.19.2", sys.executable
