@@ -2,7 +2,8 @@
 
 Tests that need onnxruntime-training's gradient builder (``backend="ort"``) carry the
 ``ort_training`` marker: they skip, with the reason, in an environment whose onnxruntime is
-an inference-only flavour (the current ``onnxruntime`` on Python 3.12+, for one).
+an inference-only flavour (the current ``onnxruntime`` on Python 3.12+, for one), as do the
+``"ort"`` cases of tests parametrized over ``backend``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         f"{flavour_description()}"
     )
     for item in items:
-        if "ort_training" in item.keywords:
+        if "ort_training" in item.keywords or _parametrized_with_ort_backend(item):
             item.add_marker(skip)
+
+
+def _parametrized_with_ort_backend(item: pytest.Item) -> bool:
+    """A test parametrized over ``backend``, in its ``"ort"`` case."""
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("backend") == "ort"
 
 
 @pytest.fixture

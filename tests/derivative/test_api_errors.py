@@ -33,6 +33,7 @@ def test_loss_option_needs_a_scalar_loss():
         onnx_derivative(model, options=DerivativeOptions.Loss)
 
 
+@pytest.mark.ort_training
 def test_ort_backend_refuses_loss_with_kept_outputs():
     with pytest.raises(ValueError, match="KeepOutputs needs backend='onnx'"):
         onnx_derivative(
@@ -59,6 +60,7 @@ def test_bad_names_are_named(kwargs, message):
         onnx_derivative(seed004_model(), **kwargs)
 
 
+@pytest.mark.ort_training
 def test_ort_backend_clamps_a_newer_ir_version():
     model = seed004_model()
     model.ir_version = 14
@@ -67,6 +69,7 @@ def test_ort_backend_clamps_a_newer_ir_version():
     assert grad.ir_version <= 10
 
 
+@pytest.mark.ort_training
 def test_ort_backend_names_its_opset_limit():
     with pytest.raises(ValueError, match="opsets up to 21, the model has opset 22"):
         onnx_derivative(seed004_model(22), backend="ort")

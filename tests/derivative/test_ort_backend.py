@@ -15,6 +15,8 @@ from onnxgrad.derivative.ort import check_gradient_model, short_message
 from tests.derivative.fd import initializer_values, onnx_numerical_vjp, run_onnxruntime
 from tests.models import seed004_model
 
+pytestmark = pytest.mark.ort_training
+
 D = DerivativeOptions
 F = TensorProto.FLOAT
 WEIGHTS = ["init", "init_1", "init_b10"]

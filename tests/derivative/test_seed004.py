@@ -63,6 +63,7 @@ def feeds() -> dict[str, np.ndarray]:
     return {"x": X, "label": label, **WEIGHTS}
 
 
+@pytest.mark.ort_training
 def test_first_derivative_interface():
     grad = onnx_derivative(seed004_model(), backend="ort")
     inputs, outputs = _io(grad)
@@ -82,6 +83,7 @@ def test_first_derivative_interface():
     assert {i.name for i in grad.graph.initializer} <= {"init_2", "init_3", "init_5", "splits"}
 
 
+@pytest.mark.ort_training
 def test_first_derivative_values_match_finite_differences():
     grad = onnx_derivative(seed004_model(), backend="ort")
     rng = np.random.default_rng(4)
@@ -94,6 +96,7 @@ def test_first_derivative_values_match_finite_differences():
         np.testing.assert_allclose(got[f"{name}_grad"], value, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.ort_training
 def test_loss_gradient_interface(loss_only):
     grad = onnx_derivative(
         loss_only,
@@ -112,6 +115,7 @@ def test_loss_gradient_interface(loss_only):
     ]
 
 
+@pytest.mark.ort_training
 def test_loss_gradient_reproduces_the_notebook_table(loss_only, feeds):
     grad = onnx_derivative(
         loss_only,
@@ -129,6 +133,7 @@ def _assert_notebook_table(grad: onnx.ModelProto, feeds: dict) -> None:
         )
 
 
+@pytest.mark.ort_training
 def test_loss_gradient_matches_finite_differences(loss_only, feeds):
     grad = onnx_derivative(loss_only, options=DerivativeOptions.Loss, label="label", backend="ort")
     got = run_onnxruntime(grad, feeds)
@@ -138,6 +143,7 @@ def test_loss_gradient_matches_finite_differences(loss_only, feeds):
     assert "label_grad" not in got
 
 
+@pytest.mark.ort_training
 def test_native_backend_reproduces_the_notebook_table(loss_only, feeds):
     grad = onnx_derivative(
         loss_only, options=DerivativeOptions.FillGrad | DerivativeOptions.KeepOutputs

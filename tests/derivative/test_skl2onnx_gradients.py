@@ -21,6 +21,8 @@ from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.linear_model import LinearRegression  # noqa: E402
 from sklearn.neural_network import MLPClassifier, MLPRegressor  # noqa: E402
 
+pytestmark = pytest.mark.ort_training
+
 OPSET = 17
 MLP_WEIGHTS = ["coefficient", "intercepts", "coefficient1", "intercepts1"]
 RTOL, ATOL = 1e-4, 1e-4

@@ -253,6 +253,7 @@ def test_warm_start_switches_optimizer_and_trained_weights():
     assert set(est.get_full_state()) == {"coefs", "intercept", *velocity}
 
 
+@pytest.mark.ort_training
 def test_both_gradient_backends_train_the_same_weights():
     X, y = linear_data()
     native = linear_estimator(max_iter=4).fit(X, y)
