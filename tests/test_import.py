@@ -58,7 +58,10 @@ def test_lazy_table_matches_the_subpackages():
         if module in ("onnxgrad.exceptions", "onnxgrad.plotting"):
             assert set(names) <= set(dir(importlib.import_module(module)))
         else:
-            assert sorted(names) == sorted(exported), module
+            missing, extra = sorted(set(exported) - set(names)), sorted(set(names) - set(exported))
+            assert not missing and not extra, (
+                f"onnxgrad._EXPORTS[{module!r}]: add {missing}, drop {extra}"
+            )
 
 
 def test_public_names_are_importable():
