@@ -21,6 +21,7 @@ import glob
 import hashlib
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -185,6 +186,15 @@ def second_python() -> tuple[str, tuple[int, int]] | None:
     return best
 
 
+def ensure_js_env() -> None:
+    """Node packages and Chromium for the JavaScript example's tests (examples/js/setup.py),
+    installed once here rather than by two test workers at the same time."""
+    _say("setting up the JavaScript example (npm packages, Debian's chromium)")
+    setup = runpy.run_path(str(ROOT / "examples" / "js" / "setup.py"))
+    if not setup["ensure_js_env"](ROOT):
+        _say("warning: the JavaScript example could not be set up; its tests will skip")
+
+
 def _environment_text(python: Path) -> str:
     probe = (
         "import sys, importlib.util as u\n"
@@ -226,6 +236,7 @@ def cmd_test(args: list[str]) -> int:
         return 1
     other_dir = ROOT / f".venv-py{second[1][0]}.{second[1][1]}"
     other = ensure_env(other_dir, second[0], second[1])
+    ensure_js_env()
     _run(_bin(main, "ruff"), "check", ".")
     _run(_bin(main, "ruff"), "format", "--check", ".")
     inference = other if _runtime_extra(second[1]) == "cpu" else main
