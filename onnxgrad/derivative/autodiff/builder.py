@@ -187,6 +187,10 @@ class GradBuilder:
         gradients = engine.gradients(sources, seeds)
         return engine.emitted_nodes, gradients
 
+    def declare(self, name: str, value: ValueType) -> None:
+        """Record the type of a value built outside :meth:`op` (a subgraph's input)."""
+        self._emitter.types[name] = value
+
     def emit_nodes(self, nodes: Sequence[NodeProto]) -> None:
         """Append nodes built elsewhere (their value and node names taken from :attr:`names`
         and :attr:`node_names`)."""

@@ -110,6 +110,8 @@ def case_model(case: OpCase, dtype=np.float64, dynamic: bool = False) -> tuple[M
     types = {o.name: o.type for o in inferred.graph.output}
     for out in model.graph.output:
         out.type.CopyFrom(types[out.name])
+    for node, typed in zip(model.graph.node, inferred.graph.node):
+        node.CopyFrom(typed)  # subgraph (Scan/Loop body) inputs typed for onnxruntime
     onnx.checker.check_model(model, full_check=True)
     return model, feeds
 
