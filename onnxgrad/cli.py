@@ -485,7 +485,9 @@ def build_parser() -> OneLineParser:
         description="Turn ONNX models into trainable and differentiable graphs, and train them.",
         epilog="Run 'onnxgrad COMMAND --help' for the options and examples of a command.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--version", action=VersionAction, help="show the version of onnxgrad and exit"
+    )
     commands = parser.add_subparsers(
         title="commands", dest="command", metavar="COMMAND", required=True
     )
@@ -500,6 +502,17 @@ def build_parser() -> OneLineParser:
     ):
         add(commands)
     return parser
+
+
+class VersionAction(argparse.Action):
+    """``--version``: looks the installed version up only when asked (importlib.metadata is
+    slow to import)."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.exit(message=f"{parser.prog} {_version()}\n")
 
 
 def _version() -> str:
