@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import networkx as nx
     from matplotlib.axes import Axes
 
-__all__ = ["graph_network", "layered_layout", "plot_onnxs", "to_dot"]
+__all__ = ["Drawing", "graph_network", "layered_layout", "plot_onnxs", "sized_layout", "to_dot"]
 
 Vertex = tuple[str, Any]
 
@@ -68,7 +68,7 @@ def graph_network(model: ModelLike) -> nx.DiGraph:
         producer[init.name] = ("initializer", init.name)
     for index, node in enumerate(graph.node):
         vertex = ("node", index)
-        add(vertex, f"{node.op_type}\n{node.name}" if node.name else node.op_type)
+        add(vertex, _node_label(node))
         for name in _read_names(node):
             if name in producer:
                 _link(network, producer[name], vertex, name)
@@ -79,6 +79,15 @@ def graph_network(model: ModelLike) -> nx.DiGraph:
         if info.name in producer:
             _link(network, producer[info.name], vertex, info.name)
     return network
+
+
+def _node_label(node) -> str:
+    """The op type, then the node's name when it says more (not ``Cast`` for a Cast, nor
+    ``Cast_3``-like numbering of the op type)."""
+    name = node.name
+    if not name or name.rstrip("_0123456789") in ("", node.op_type):
+        return node.op_type
+    return f"{node.op_type}\n{name}"
 
 
 def _link(network: nx.DiGraph, source: Vertex, target: Vertex, value: str) -> None:
@@ -132,12 +141,38 @@ def _barycentre(x: dict, neighbours, default: float) -> float:
     return float(np.mean(xs)) if xs else default
 
 
+#: Font size of the labels (points) when the picture has room for it.
+FONT_POINTS = 7.0
+#: Smallest font size (points) a crowded picture shrinks to.
+MIN_FONT_POINTS = 2.0
+#: Largest figure side (inches) ``plot_onnxs`` creates; a larger graph gets a smaller font.
+MAX_FIGURE_INCHES = 100.0
+_LINE_SPACING = 1.2
+_BOX_PAD = 0.3  # of the font size, the padding matplotlib's bbox adds around the text
+_GAP = (1.2, 2.5)  # horizontal and vertical space between boxes, in font sizes
+
+
+@dataclass(frozen=True)
+class Drawing:
+    """Where each box of a picture goes, in points at :data:`FONT_POINTS`: ``centres``,
+    ``sizes`` (width, height) and the total ``width`` and ``height``."""
+
+    centres: dict[Hashable, tuple[float, float]]
+    sizes: dict[Hashable, tuple[float, float]]
+    width: float
+    height: float
+
+
 def plot_onnxs(
     *models: ModelLike,
     title: str | Sequence[str] | None = None,
     ax: Axes | Sequence[Axes] | None = None,
 ) -> Axes | np.ndarray:
     """Draw the graphs of ``models`` side by side (matplotlib, no graphviz needed).
+
+    Boxes are sized to their labels and never overlap: a new figure is made large enough for
+    7-point text (up to :data:`MAX_FIGURE_INCHES` a side), and the font shrinks where the
+    graph needs more room than that, or than the given axes offer.
 
     :param models: ModelProtos or paths, one picture each.
     :param title: a title for a single model, or one title per model.
@@ -149,10 +184,10 @@ def plot_onnxs(
         raise ValueError("plot_onnxs needs at least one model")
     titles = _titles(title, len(models))
     networks = [graph_network(model) for model in models]
-    layouts = [layered_layout(network) for network in networks]
-    axes = _axes(ax, networks, layouts)
-    for network, positions, axis, text in zip(networks, layouts, axes, titles):
-        _draw(network, positions, axis)
+    drawings = [sized_layout(network) for network in networks]
+    axes = _axes(ax, drawings)
+    for network, drawing, axis, text in zip(networks, drawings, axes, titles):
+        _draw(network, drawing, axis)
         if text is not None:
             axis.set_title(text)
     return axes[0] if len(models) == 1 else np.array(axes, dtype=object)
@@ -171,62 +206,121 @@ def _titles(title: str | Sequence[str] | None, count: int) -> list[str | None]:
     return titles
 
 
-def _axes(ax: Any, networks: list[nx.DiGraph], layouts: list[dict]) -> list[Axes]:
-    """The given axes, or new ones sized so that boxes of 7-point text do not overlap."""
+def sized_layout(network: nx.DiGraph) -> Drawing:
+    """:func:`layered_layout`'s rows and orders, with each box as wide and tall as its label
+    at :data:`FONT_POINTS`: a row packs its boxes left to right a gap apart, centred on 0;
+    rows are a gap below the tallest box of the row above."""
+    grid = layered_layout(network)
+    sizes = {v: _box_size(label) for v, label in network.nodes(data="label")}
+    rows: dict[float, list[Hashable]] = {}
+    for vertex in sorted(network, key=lambda v: grid[v][0]):
+        rows.setdefault(grid[vertex][1], []).append(vertex)
+    gap_x, gap_y = (FONT_POINTS * g for g in _GAP)
+    centres, top = {}, 0.0
+    for y in sorted(rows, reverse=True):
+        row = rows[y]
+        widths = [sizes[v][0] for v in row]
+        tallest = max(sizes[v][1] for v in row)
+        left = -(sum(widths) + gap_x * (len(row) - 1)) / 2
+        for vertex, width in zip(row, widths):
+            centres[vertex] = (left + width / 2, top - tallest / 2)
+            left += width + gap_x
+        top -= tallest + gap_y
+    half_widths = [abs(x) + sizes[v][0] / 2 for v, (x, _) in centres.items()] or [0.0]
+    return Drawing(centres, sizes, 2 * max(half_widths), -top - gap_y)
+
+
+def _box_size(label: str) -> tuple[float, float]:
+    """Width and height, in points, of a label's box at :data:`FONT_POINTS`."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    font = FontProperties(size=FONT_POINTS)
+    measure = TextToPath().get_text_width_height_descent
+    lines = label.split("\n")
+    width = max(measure(line or " ", font, ismath=False)[0] for line in lines)
+    height = len(lines) * FONT_POINTS * _LINE_SPACING
+    pad = 2 * _BOX_PAD * FONT_POINTS
+    return width + pad, height + pad
+
+
+def _axes(ax: Any, drawings: list[Drawing]) -> list[Axes]:
+    """The given axes, or a new figure with room for every drawing at its natural size."""
     if ax is None:
         plt = _pyplot()
-        widths = [_extent(layout)[0] * _slot_inches(n) for n, layout in zip(networks, layouts)]
-        height = max(_extent(layout)[1] for layout in layouts)
-        figsize = (min(1 + sum(widths), 60), min(2 + 0.9 * height, 60))
-        _, axes = plt.subplots(1, len(layouts), figsize=figsize, squeeze=False)
+        margin = 0.5
+        width = sum(d.width for d in drawings) / 72 + margin * (len(drawings) + 1)
+        height = max(d.height for d in drawings) / 72 + 2 * margin + 0.4
+        figsize = (
+            min(max(width, 2.0), MAX_FIGURE_INCHES),
+            min(max(height, 2.0), MAX_FIGURE_INCHES),
+        )
+        widths = [max(d.width, 1.0) for d in drawings]
+        figure, axes = plt.subplots(
+            1, len(drawings), figsize=figsize, squeeze=False, gridspec_kw={"width_ratios": widths}
+        )
+        figure.subplots_adjust(
+            left=margin / figsize[0],
+            right=1 - margin / figsize[0],
+            bottom=margin / figsize[1],
+            top=1 - (margin + 0.4) / figsize[1],
+            wspace=margin * len(drawings) / max(width - 2 * margin, 1.0),
+        )
         return list(axes[0])
     axes = [ax] if hasattr(ax, "annotate") else list(np.ravel(np.asarray(ax, dtype=object)))
-    if len(axes) != len(layouts):
-        raise ValueError(f"ax must hold {len(layouts)} axes, one per model, got {len(axes)}")
+    if len(axes) != len(drawings):
+        raise ValueError(f"ax must hold {len(drawings)} axes, one per model, got {len(axes)}")
     return axes
 
 
-def _slot_inches(network: nx.DiGraph) -> float:
-    """Width of one column: the longest label line at about 0.07 inch a character."""
-    longest = max(
-        (len(line) for _, label in network.nodes(data="label") for line in label.split("\n")),
-        default=1,
-    )
-    return max(1.0, 0.07 * longest + 0.3)
-
-
-def _extent(layout: dict) -> tuple[float, float]:
-    xs = [x for x, _ in layout.values()] or [0.0]
-    ys = [y for _, y in layout.values()] or [0.0]
-    return max(xs) - min(xs) + 1, max(ys) - min(ys) + 1
-
-
-def _draw(network: nx.DiGraph, positions: dict, axis: Axes) -> None:
+def _draw(network: nx.DiGraph, drawing: Drawing, axis: Axes) -> None:
+    """Boxes and arrows in data units of points at :data:`FONT_POINTS`, the font scaled by
+    the size of a data point on the screen, so boxes keep their relative sizes."""
+    margin = FONT_POINTS
+    axis.set_xlim(-drawing.width / 2 - margin, drawing.width / 2 + margin)
+    axis.set_ylim(-drawing.height - margin, margin)
+    axis.set_aspect("equal", adjustable="box")
+    axis.set_axis_off()
+    scale = _points_per_data_unit(axis, drawing, margin)
+    fontsize = max(FONT_POINTS * min(scale, 1.0), MIN_FONT_POINTS)
     for source, target in network.edges:
         axis.annotate(
             "",
-            xy=positions[target],
-            xytext=positions[source],
-            arrowprops={"arrowstyle": "-|>", "color": "#566573", "shrinkA": 9, "shrinkB": 9},
+            xy=_border(drawing, target, drawing.centres[source]),
+            xytext=_border(drawing, source, drawing.centres[target]),
+            arrowprops={"arrowstyle": "-|>", "color": "#566573", "shrinkA": 0, "shrinkB": 0},
         )
     for vertex, data in network.nodes(data=True):
-        x, y = positions[vertex]
         style = STYLES[data["kind"]]
-        boxstyle = "square,pad=0.3" if data["kind"] == "node" else "round,pad=0.3"
+        boxstyle = f"{'square' if data['kind'] == 'node' else 'round'},pad={_BOX_PAD}"
         axis.text(
-            x,
-            y,
+            *drawing.centres[vertex],
             data["label"],
             ha="center",
             va="center",
-            fontsize=7,
+            fontsize=fontsize,
+            linespacing=_LINE_SPACING,
             bbox={"boxstyle": boxstyle, "facecolor": style.color, "edgecolor": "#2c3e50"},
         )
-    width, height = _extent(positions)
-    xs = [x for x, _ in positions.values()] or [0.0]
-    axis.set_xlim(min(xs) - 0.8, min(xs) + width - 0.2)
-    axis.set_ylim(-height + 0.4, 0.6)
-    axis.set_axis_off()
+
+
+def _points_per_data_unit(axis: Axes, drawing: Drawing, margin: float) -> float:
+    """Screen points per data unit once the axes keep an equal aspect."""
+    box = axis.get_position()
+    width_in, height_in = axis.figure.get_size_inches()
+    available = (box.width * width_in * 72, box.height * height_in * 72)
+    needed = (drawing.width + 2 * margin, drawing.height + 2 * margin)
+    return min(available[0] / needed[0], available[1] / needed[1])
+
+
+def _border(drawing: Drawing, vertex: Hashable, towards: tuple[float, float]) -> tuple:
+    """The point where the segment from ``vertex``'s centre to ``towards`` leaves its box."""
+    (x, y), (width, height) = drawing.centres[vertex], drawing.sizes[vertex]
+    dx, dy = towards[0] - x, towards[1] - y
+    if dx == dy == 0:
+        return x, y
+    t = min(width / 2 / abs(dx) if dx else np.inf, height / 2 / abs(dy) if dy else np.inf)
+    return x + t * dx, y + t * dy
 
 
 def _pyplot():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -158,3 +159,98 @@ def test_dot_lists_every_vertex_and_edge_and_escapes_names():
     labels = dict(vertices)
     assert any(label == 'MatMul\\nsay \\"hi\\"\\\\' for label in labels.values())
     assert re.search(r'-> v\d+ \[label="y1"\];', dot)
+
+
+def _small_cnn() -> onnx.ModelProto:
+    """Conv-Relu-MaxPool twice, Flatten, Gemm: a CNN whose gradient has ~100 nodes."""
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p2"], ["f"]),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [
+            weight("w1", 4, 1, 3, 3),
+            weight("b1", 4),
+            weight("w2", 4, 4, 3, 3),
+            weight("b2", 4),
+            weight("w3", 3, 16),
+            weight("b3", 3),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _train_step_model() -> onnx.ModelProto:
+    from onnxgrad.training import LearningRateSGDNesterov, make_train_step
+
+    return make_train_step(seed004_model(), learning_rate=LearningRateSGDNesterov()).model
+
+
+def _cnn_gradient() -> onnx.ModelProto:
+    from onnxgrad import add_loss_output, onnx_derivative
+    from onnxgrad.derivative import DerivativeOptions
+
+    return onnx_derivative(
+        add_loss_output(_small_cnn()), options=DerivativeOptions.Loss, label="label"
+    )
+
+
+def _overlaps(boxes) -> list[tuple[int, int]]:
+    """Pairs of boxes (x0, y0, x1, y1) that intersect, by a sweep along x."""
+    order = sorted(range(len(boxes)), key=lambda i: boxes[i][0])
+    found, active = [], []
+    for i in order:
+        x0, y0, _, y1 = boxes[i]
+        active = [j for j in active if boxes[j][2] > x0]
+        found += [(j, i) for j in active if boxes[j][1] < y1 and y0 < boxes[j][3]]
+        active.append(i)
+    return found
+
+
+@pytest.mark.parametrize("build", [_train_step_model, _cnn_gradient], ids=["train_step", "cnn"])
+def test_large_graphs_are_drawn_without_overlapping_boxes(build):
+    model = build()
+    assert 40 <= len(model.graph.node) <= 400, len(model.graph.node)
+    ax = plot_onnxs(model)
+    figure = ax.figure
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    labels = [t for t in ax.texts if not isinstance(t, matplotlib.text.Annotation)]
+    boxes = [tuple(t.get_bbox_patch().get_window_extent(renderer).extents) for t in labels]
+    assert not _overlaps(boxes), [
+        labels[i].get_text() for pair in _overlaps(boxes)[:3] for i in pair
+    ]
+    assert min(t.get_fontsize() for t in labels) >= 5
+    plt.close(figure)
+
+
+def test_a_node_named_after_its_op_is_labelled_once():
+    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.DOUBLE, name="Cast")
+    numbered = helper.make_node("Neg", ["y"], ["z"], name="Neg_12")
+    named = helper.make_node("Neg", ["z"], ["t"], name="flip")
+    graph = helper.make_graph(
+        [node, numbered, named],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("t", TensorProto.DOUBLE, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    labels = {v: data["label"] for v, data in graph_network(model).nodes(data=True)}
+    assert labels[("node", 0)] == "Cast"
+    assert labels[("node", 1)] == "Neg"
+    assert labels[("node", 2)] == "Neg\nflip"
