@@ -35,7 +35,7 @@ def site(tmp_path_factory):
     paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     result = subprocess.run(
-        [sys.executable, str(BUILD_SCRIPT), "--output", str(output)],
+        [sys.executable, str(BUILD_SCRIPT), "--output", str(output), "--no-execute"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -83,3 +83,34 @@ def test_broken_links_are_reported():
     source = ROOT / "docs" / "concepts.md"
     text = "[fine](getting-started.md) [gone](missing.md) [web](https://example.org)"
     assert build._broken_links(text, source) == ["missing.md"]
+
+
+def test_notebooks_are_rendered_with_their_outputs(site):
+    listing = (site / "notebooks.html").read_text()
+    pages = re.findall(r'href="(notebook-[^"]+\.html)"', listing)
+    assert len(pages) == len(list((ROOT / "notebooks").glob("*.ipynb")))
+    for page in pages:
+        assert (
+            '<code class="language-python">' in (site / page).read_text()
+            or "<pre>" in (site / page).read_text()
+        )
+    nbformat = pytest.importorskip("nbformat")
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("# A title"),
+            nbformat.v4.new_code_cell(
+                "print(1)",
+                outputs=[
+                    nbformat.v4.new_output("stream", name="stdout", text="1\n"),
+                    nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo="}),
+                ],
+            ),
+        ]
+    )
+    text = _build_module().notebook_markdown(notebook)
+    assert text.split("\n\n") == [
+        "# A title",
+        "```python\nprint(1)\n```",
+        "```text\n1\n```",
+        '<img alt="output" src="data:image/png;base64,iVBORw0KGgo=">',
+    ]
