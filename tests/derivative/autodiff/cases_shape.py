@@ -74,7 +74,27 @@ RESHAPE = [
     OpCase("Unsqueeze", {"x": r(), "axes": i64(0)}, opset=21, id="Unsqueeze-scalar"),
 ]
 
+def _concat_of_squeezed(axis):
+    """``Concat(Squeeze(a), Squeeze(b))`` flattened: with dynamic shapes the ranks are unknown."""
+
+    def graph(inputs, outputs):
+        a, b = inputs
+        return [
+            helper.make_node("Squeeze", [a], ["a_squeezed"]),
+            helper.make_node("Squeeze", [b], ["b_squeezed"]),
+            helper.make_node("Concat", ["a_squeezed", "b_squeezed"], ["joined"], axis=axis),
+            helper.make_node("Constant", [], ["flat"], value_ints=[-1]),
+            helper.make_node("Reshape", ["joined", "flat"], outputs),
+        ]
+
+    return graph
+
+
 CONCAT_SPLIT = [
+    OpCase("Concat", {"a": r(2, 3, 2), "b": r(2, 3, 3)}, opset=13, graph=_concat_of_squeezed(-1),
+           id="Concat-unknown-rank-negative-axis"),
+    OpCase("Concat", {"a": r(2, 3, 2), "b": r(2, 2, 2)}, opset=18, graph=_concat_of_squeezed(1),
+           id="Concat-unknown-rank"),
     OpCase("Concat", {"a": r(2, 1, 2), "b": r(2, 3, 2), "c": r(2, 2, 2)}, {"axis": 1}, opset=13,
            id="Concat-axis1"),
     OpCase("Concat", {"a": r(2, 2), "b": r(2, 3)}, {"axis": -1}, opset=18, constants=("a",),

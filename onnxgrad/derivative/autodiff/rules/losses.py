@@ -11,8 +11,11 @@ or :math:`g / \sum_i w_i` (``mean``):
 * SoftmaxCrossEntropyLoss: :math:`\bar s = (\operatorname{softmax}(s) - t)\, c w`, plus
   :math:`g_{lp} - p \sum_c g_{lp}` when its ``log_prob`` output carries a gradient.
 
-Labels are integers; the class weights are not differentiated (asking for their gradient
-raises ``NotImplementedError``).
+Labels are integers. The class weights :math:`W` get, with :math:`l_i = -lp_{i, y_i}` the
+unweighted loss of sample :math:`i` (:math:`lp` the log-probabilities) and :math:`k_i` 0
+where :math:`y_i` is ignored, 1 elsewhere,
+:math:`\bar W_c = \sum_{i: y_i = c} k_i\, g_i l_i` (``none``), :math:`g \sum k_i l_i`
+(``sum``), :math:`g \sum k_i (l_i - L) / \sum_i w_i` (``mean``, :math:`L` the loss).
 """
 
 from __future__ import annotations
@@ -23,80 +26,120 @@ from onnx import TensorProto
 from onnxgrad._onnx_utils import np_dtype
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
-from onnxgrad.derivative.autodiff.rules._nn_helpers import (
-    cast_like,
-    per_channel,
-    tensor_rank,
-    unsupported,
-)
+from onnxgrad.derivative.autodiff.rules._nn_helpers import cast_like, unsupported
+from onnxgrad.derivative.autodiff.rules._shape_helpers import scalar_tensor
 
 
 @register("SoftmaxCrossEntropyLoss", since=13)
 def softmax_cross_entropy_grad(b, node, grads, needs):
-    _refuse_weight_gradient(node, needs)
     scores = node.inputs[0]
     g, g_log_prob = [*grads, None][:2]
     has_log_prob = len(node.outputs) > 1 and node.outputs[1]
+    log_prob = node.outputs[1] if has_log_prob else None
     if has_log_prob:
-        probabilities = b.op("Exp", node.outputs[1])
+        probabilities = b.op("Exp", log_prob)
     else:
         probabilities = b.op("Softmax", scores, axis=1)
-    parts = []
+    parts, g_weights = [], None
     if g is not None:
-        one_hot, spread = _labels_and_spread(b, node, scores, g)
-        parts.append(b.mul(b.op("Sub", probabilities, one_hot), spread))
+        labels = _Labels(b, node, scores)
+        parts.append(b.mul(b.op("Sub", probabilities, labels.one_hot), labels.spread(g)))
+        if len(needs) > 2 and needs[2]:
+            log_prob = log_prob or b.op("LogSoftmax", scores, axis=1)
+            g_weights = labels.weights_grad(g, log_prob)
     if g_log_prob is not None:
         total = b.reduce_sum(g_log_prob, [1], keepdims=True)
         parts.append(b.op("Sub", g_log_prob, b.mul(probabilities, total)))
-    return [parts[0] if len(parts) == 1 else b.add(*parts)]
+    if not parts:
+        return [None, None, None]
+    return [parts[0] if len(parts) == 1 else b.add(*parts), None, g_weights]
 
 
 @register("NegativeLogLikelihoodLoss", since=12)
 def negative_log_likelihood_grad(b, node, grads, needs):
-    _refuse_weight_gradient(node, needs)
-    one_hot, spread = _labels_and_spread(b, node, node.inputs[0], grads[0])
-    return [b.mul(one_hot, b.neg(spread))]
-
-
-def _refuse_weight_gradient(node: NodeView, needs: list[bool]) -> None:
+    (g,) = grads
+    labels = _Labels(b, node, node.inputs[0])
+    g_scores = b.mul(labels.one_hot, b.neg(labels.spread(g))) if needs[0] else None
+    g_weights = None
     if len(needs) > 2 and needs[2]:
-        raise unsupported(node, f"the class weights {node.inputs[2]!r} are not differentiated")
+        g_weights = labels.weights_grad(g, node.inputs[0])
+    return [g_scores, None, g_weights]
 
 
-def _labels_and_spread(b: GradBuilder, node: NodeView, scores: str, g: str) -> tuple[str, str]:
-    """One-hot labels (shape of ``scores``) and ``c w`` (broadcastable to it)."""
-    labels, weights = node.inputs[1], node.input(2)
-    rank = tensor_rank(b, node, scores)
-    labels_1 = b.unsqueeze(labels, [1])
-    one_hot = b.op(
-        "Cast", b.op("Equal", labels_1, _classes(b, labels, scores, rank)), to=b.dtype(scores)
-    )
-    sample = None
-    if weights is not None:
-        class_weights = per_channel(b, cast_like(b, weights, scores), rank)
-        sample = b.reduce_sum(b.mul(one_hot, class_weights), [1], keepdims=True)
-    ignore_index = node.attr("ignore_index")
-    if ignore_index is not None:
-        ignored = b.op("Equal", labels_1, b.const(ignore_index, like=labels))
-        kept = b.op("Cast", b.op("Not", ignored), to=b.dtype(scores))
-        sample = kept if sample is None else b.mul(sample, kept)
-    spread = _spread(b, node, g, sample, labels, scores)
-    return one_hot, spread if sample is None else b.mul(spread, sample)
+class _Labels:
+    """One-hot labels (shape of ``scores``) and per-sample weights ``w_i`` (shape of the
+    labels with axis 1 kept, ``None`` when every weight is 1)."""
+
+    def __init__(self, b: GradBuilder, node: NodeView, scores: str):
+        self.b, self.node, self.scores = b, node, scores
+        self.labels, weights = node.inputs[1], node.input(2)
+        self.rank = b.rank(scores)
+        labels_1 = b.unsqueeze(self.labels, [1])
+        classes = _classes(b, self.labels, scores, self.rank)
+        self.one_hot = b.op("Cast", b.op("Equal", labels_1, classes), to=b.dtype(scores))
+        self.kept = None
+        ignore_index = node.attr("ignore_index")
+        if ignore_index is not None:
+            ignored = b.op("Equal", labels_1, b.const(ignore_index, like=self.labels))
+            self.kept = b.op("Cast", b.op("Not", ignored), to=b.dtype(scores))
+        self.sample = None
+        if weights is not None:
+            class_weights = _along_channels(b, cast_like(b, weights, scores), scores, self.rank)
+            self.sample = b.reduce_sum(b.mul(self.one_hot, class_weights), [1], keepdims=True)
+        if self.kept is not None:
+            self.sample = self.kept if self.sample is None else b.mul(self.sample, self.kept)
+
+    def spread(self, g: str) -> str:
+        """``c w``, broadcastable to the scores."""
+        spread = _spread(self.b, self.node, g, self.sample, self.labels, self.scores)
+        return spread if self.sample is None else self.b.mul(spread, self.sample)
+
+    def weights_grad(self, g: str, log_prob: str) -> str:
+        """``W_bar``: the per-sample factors of the module docstring summed by class."""
+        b, node = self.b, self.node
+        picked = b.reduce_sum(b.mul(self.one_hot, log_prob), [1], keepdims=True)
+        reduction = node.attr("reduction", "mean")
+        if reduction == "none":
+            factor = b.mul(b.unsqueeze(g, [1]), picked)
+        elif reduction == "sum":
+            factor = b.mul(g, picked)
+        else:
+            centred = b.op("Add", picked, node.outputs[0])
+            factor = b.op("Div", b.mul(g, centred), b.reduce_sum(self.sample, None, False))
+        factor = b.neg(factor)
+        if self.kept is not None:
+            factor = b.mul(factor, self.kept)
+        if self.rank is not None:
+            axes = [0, *range(2, self.rank)]
+        elif b.opset >= 13:
+            rank = b.op("Size", b.shape_of(self.scores))
+            axes = b.op("Concat", b.ints([0]), b.op("Range", b.ints(2), rank, b.ints(1)), axis=0)
+        else:
+            raise unsupported(node, f"the rank of {self.scores!r} is unknown (opset < 13)")
+        total = b.reduce_sum(b.mul(self.one_hot, factor), axes, keepdims=False)
+        return cast_like(b, total, node.inputs[2], self.scores)
 
 
-def _classes(b: GradBuilder, labels: str, scores: str, rank: int) -> str:
+def _classes(b: GradBuilder, labels: str, scores: str, rank: int | None) -> str:
     """``[0, 1, ..., C - 1]`` shaped ``(1, C, 1, ...)`` with the labels' type."""
     shape = b.shape(scores)
-    trailing = [1] * (rank - 2)
     if shape is not None and isinstance(shape[1], int):
-        classes = np.arange(shape[1]).reshape(1, -1, *trailing)
+        classes = np.arange(shape[1]).reshape(1, -1, *[1] * (rank - 2))
         return b.const(classes.astype(np_dtype(b.dtype(labels))))
     count = b.op("Gather", b.shape_of(scores), b.ints(1), axis=0)
-    classes = b.op("Range", b.ints(0), count, b.ints(1))
-    classes = b.op("Reshape", classes, b.ints([1, -1, *trailing]))
+    classes = _along_channels(b, b.op("Range", b.ints(0), count, b.ints(1)), scores, rank)
     if b.dtype(labels) == TensorProto.INT64:
         return classes
     return b.op("Cast", classes, to=b.dtype(labels))
+
+
+def _along_channels(b: GradBuilder, v: str, scores: str, rank: int | None) -> str:
+    """A ``(C,)`` vector shaped ``(1, C, 1, ..., 1)`` like ``scores`` (of unknown rank too)."""
+    if rank is not None:
+        return b.op("Reshape", v, b.ints([1, -1, *[1] * (rank - 2)]))
+    trailing = b.op("Sub", b.op("Shape", b.shape_of(scores)), b.ints([2]))
+    ones = b.op("ConstantOfShape", trailing, value=scalar_tensor(1, TensorProto.INT64))
+    return b.op("Reshape", v, b.op("Concat", b.ints([1, -1]), ones, axis=0))
 
 
 def _spread(b, node, g: str, sample: str | None, labels: str, scores: str) -> str:

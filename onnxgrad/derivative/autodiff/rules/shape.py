@@ -84,8 +84,14 @@ def concat_grad(b, node, grads, needs):
     inputs = node.inputs
     if len(inputs) == 1:
         return [g]
-    axis = normalize_axis(node.attr("axis"), require_rank(b, inputs[0], node))
-    sizes = [shape_parts(b, x, axis, axis + 1)[0] for x in inputs]
+    axis = node.attr("axis")
+    if all(b.rank(x) is None for x in inputs) and node.opset >= 13:
+        sizes = [b.op("Gather", b.shape_of(x), b.ints([axis]), axis=0) for x in inputs]
+        pieces = b.op("Split", g, b.op("Concat", *sizes, axis=0), axis=axis, outputs=len(inputs))
+        return [piece if need else None for piece, need in zip(pieces, needs)]
+    known = next((x for x in inputs if b.rank(x) is not None), inputs[0])
+    axis = normalize_axis(axis, require_rank(b, known, node))
+    sizes = [_size_along(b, x, axis) for x in inputs]
     if node.opset >= 13:
         pieces = b.op("Split", g, as_tensor(b, sizes), axis=axis, outputs=len(inputs))
     elif is_static(sizes):
@@ -93,6 +99,13 @@ def concat_grad(b, node, grads, needs):
     else:
         return _slices_along(b, g, sizes, axis, needs)
     return [piece if need else None for piece, need in zip(pieces, needs)]
+
+
+def _size_along(b, x: str, axis: int):
+    """``x.shape[axis]``: an int when known, else a 1-D int64 tensor."""
+    if b.rank(x) is None:
+        return b.op("Gather", b.shape_of(x), b.ints([axis]), axis=0)
+    return shape_parts(b, x, axis, axis + 1)[0]
 
 
 def _slices_along(b, g: str, sizes: list, axis: int, needs: list[bool]) -> list[str | None]:
