@@ -27,6 +27,23 @@ def batch_norm(id, shape, opset=18, **attrs):
     return OpCase("BatchNormalization", inputs, attrs, opset=opset, id=f"BatchNormalization-{id}")
 
 
+def batch_norm_training(id, shape, opset=18, y_only=False, **attrs):
+    """``training_mode=1``: batch statistics, the running statistics as outputs (not graph
+    outputs with ``y_only``)."""
+    c = shape[1]
+    inputs = {"X": r(*shape), "scale": r(c), "B": r(c), "mean": r(c), "var": positive(c)}
+    attrs = {"training_mode": 1, **attrs}
+
+    def graph(inputs, outputs):
+        running = ["running_mean", "running_var"]
+        return [helper.make_node("BatchNormalization", inputs, [*outputs, *running], **attrs)]
+
+    return OpCase(
+        "BatchNormalization", inputs, attrs, opset=opset, n_outputs=1 if y_only else 3,
+        graph=graph if y_only else None, id=f"BatchNormalization-training-{id}",
+    )  # fmt: skip
+
+
 def layer_norm_with_statistics(id, shape, axis, opset=17):
     """All three outputs are graph outputs: gradients flow from Mean and InvStdDev too."""
     inputs = {"X": r(*shape), "scale": r(*shape[axis:]), "B": r(*shape[axis:])}
@@ -51,6 +68,9 @@ def layer_norm_reusing_statistics(id, shape, axis, opset=18):
 
 
 CASES = [
+    batch_norm_training("4d", (3, 2, 2, 3), momentum=0.8),
+    batch_norm_training("2d-y-only-opset14", (4, 3), opset=14, y_only=True),
+    batch_norm_training("3d-opset15", (2, 3, 4), opset=15, epsilon=1e-3),
     batch_norm("2d-opset14", (2, 3, 2, 2), opset=14),
     batch_norm("matrix-epsilon", (4, 3), epsilon=0.1, opset=15),
     batch_norm("1d-training-mode-0", (2, 2, 3), training_mode=0),

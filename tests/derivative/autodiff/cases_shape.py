@@ -60,6 +60,10 @@ RESHAPE = [
     OpCase("Reshape", {"x": r(2, 3, 2), "shape": i64(0, 6)}, opset=14, id="Reshape-copy-dim"),
     OpCase("Reshape", {"x": r(2, 6), "shape": i64(4, 3)}, {"allowzero": 1}, opset=21,
            id="Reshape-allowzero"),
+    OpCase("Reshape", {"x": r(0, 3), "shape": i64(3, 0)}, {"allowzero": 1}, opset=14,
+           id="Reshape-allowzero-empty"),
+    OpCase("Reshape", {"x": r(2, 0, 3), "shape": i64(0, 2, 3)}, {"allowzero": 1}, opset=21,
+           id="Reshape-allowzero-zero-dim"),
     OpCase("Flatten", {"x": r(2, 3, 2)}, {"axis": 2}, opset=13, id="Flatten-axis2"),
     OpCase("Flatten", {"x": r(2, 3, 2)}, {"axis": 0}, opset=21, id="Flatten-axis0"),
     OpCase("Flatten", {"x": r(2, 3, 2)}, {"axis": -1}, opset=13, id="Flatten-axis-neg"),
@@ -129,6 +133,11 @@ DEPTH_SPACE = [
     OpCase("DepthToSpace", {"x": r(1, 9, 2, 1)}, {"blocksize": 3, "mode": "CRD"}, opset=21,
            id="DepthToSpace-CRD-block3"),
     OpCase("SpaceToDepth", {"x": r(1, 2, 4, 6)}, {"blocksize": 2}, opset=13, id="SpaceToDepth"),
+    # SpaceToDepth has a mode from opset 28, which onnxruntime does not run yet
+    OpCase("SpaceToDepth", {"x": r(1, 2, 4, 6)}, {"blocksize": 2, "mode": "CRD"}, opset=28,
+           check_ort=False, id="SpaceToDepth-CRD"),
+    OpCase("SpaceToDepth", {"x": r(2, 3, 6, 3)}, {"blocksize": 3, "mode": "DCR"}, opset=28,
+           check_ort=False, id="SpaceToDepth-DCR-opset28"),
 ]
 
 PAD = [

@@ -4,7 +4,8 @@
   symbolic and unknown dims, run by the inference-only onnxruntime;
 * the tie rule of Max/Min for more than two tied inputs (finite differences see a one-sided
   average there, not a subgradient);
-* Dropout in training mode under onnxruntime, against the mask it drew;
+* Dropout in training mode under onnxruntime, against the mask it drew (its own mask output
+  or the one the gradient adds);
 * the errors of the rules: they name the node, the equation or the attribute.
 """
 
@@ -213,14 +214,28 @@ def test_dropout_training_mode_in_onnxruntime(ratio):
     np.testing.assert_allclose(got["x_grad"], seed * mask * scale, rtol=1e-6)
 
 
-def test_dropout_training_mode_without_mask_names_the_node():
+def test_dropout_training_mode_without_mask_output():
+    """The forward Dropout returns its mask for the gradient: dropped elements (``y == 0``
+    for a normal ``x``) get 0, kept ones ``g / (1 - ratio)``."""
     model = single_node_model(
         "Dropout",
-        {"x": [3, 4], "": "init", "mode": "init"},
-        initializers=[helper.make_tensor("mode", TensorProto.BOOL, [], [True])],
+        {"x": [3, 40], "ratio": "init", "mode": "init"},
+        opset=13,
+        initializers=[
+            helper.make_tensor("ratio", FLOAT, [], [0.25]),
+            helper.make_tensor("mode", TensorProto.BOOL, [], [True]),
+        ],
     )
-    with pytest.raises(NotImplementedError, match=r"the_Dropout.*mask"):
-        onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
+    grad_model = onnx_derivative(
+        model, weights=[], inputs=["x"], options=DerivativeOptions.KeepOutputs, backend="onnx"
+    )
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    seed = rng.standard_normal((3, 40)).astype(np.float32)
+    got = run_ort(grad_model, {"x": x, "y_grad": seed})
+    kept = got["y"] != 0
+    assert 0 < kept.sum() < kept.size
+    np.testing.assert_allclose(got["x_grad"], seed * kept / 0.75, rtol=1e-6)
 
 
 def test_matmul_of_unknown_rank_names_the_node():

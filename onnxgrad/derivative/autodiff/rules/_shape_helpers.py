@@ -158,8 +158,10 @@ def reshape(b, t: str, parts: Sequence[Part]) -> str:
 
 def reshape_like(b, t: str, x: str) -> str:
     """``t`` reshaped to the shape of ``x`` (``allowzero`` keeps zero-sized dims of a
-    computed shape as they are)."""
+    computed shape as they are; an empty ``x`` of known shape gets an empty tensor)."""
     static = b.static_shape(x)
+    if static is not None and 0 in static:
+        return b.op("ConstantOfShape", b.ints(list(static)), value=scalar_tensor(0, b.dtype(t)))
     if static is not None:
         return b.op("Reshape", t, b.ints(list(static)))
     allowzero = 1 if b.opset >= 14 else None

@@ -1,4 +1,4 @@
-r"""BatchNormalization (inference mode), InstanceNormalization and LayerNormalization.
+r"""BatchNormalization (inference and training mode), InstanceNormalization and LayerNormalization.
 
 All three compute :math:`y = s \hat x + b` with :math:`\hat x = (x - \mu) r` and
 :math:`r = 1 / \sqrt{v + \epsilon}`.
@@ -51,9 +51,13 @@ def _moments(b: GradBuilder, x: str, axes: list[int], epsilon: float) -> tuple[s
 # -- BatchNormalization -----------------------------------------------------------------------
 @register("BatchNormalization", since=11)
 def batch_normalization_grad(b, node, grads, needs):
-    if node.attr("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
-        raise unsupported(node, "training_mode=1 (batch statistics, running-mean outputs)")
+    if node.opset >= 14 and node.attr("training_mode", 0):
+        return _batch_normalization_training_grad(b, node, grads, needs)
+    if len([o for o in node.outputs if o]) > 1:
+        raise unsupported(node, "training outputs before opset 14 (saved mean and variance)")
     g = grads[0]
+    if g is None:
+        return [None] * 5
     x, scale, bias, mean, var = node.inputs
     rank = tensor_rank(b, node, x)
     axes = all_but_channel(rank)
@@ -78,6 +82,57 @@ def batch_normalization_grad(b, node, grads, needs):
             half_cube = b.mul(b.mul(inv, inv), b.const(-0.5, like=x))
             results[4] = cast_like(b, b.mul(b.mul(moment, gain), half_cube), var, v_like=x)
     return results
+
+
+def _batch_normalization_training_grad(b, node, grads, needs):
+    r"""``training_mode=1``: :math:`\mu, v` are the batch mean and (biased) variance, the
+    running statistics :math:`m' = \alpha m + (1 - \alpha) \mu`,
+    :math:`v' = \alpha v_{in} + (1 - \alpha) v`. With :math:`D` elements per channel:
+    :math:`\bar x = r (h - \langle h \rangle - \hat x \langle h \hat x \rangle)
+    + (1 - \alpha) (g_{m'} + 2 g_{v'} (x - \mu)) / D`, :math:`\bar m = \alpha g_{m'}`,
+    :math:`\bar v_{in} = \alpha g_{v'}`."""
+    g, g_mean, g_var = [*grads, None, None][:3]
+    x, scale = node.inputs[0], node.inputs[1]
+    rank = tensor_rank(b, node, x)
+    axes = all_but_channel(rank)
+    momentum = node.attr("momentum", 0.9)
+    results = [None] * 5
+    mean, inv = _moments(b, x, axes, node.attr("epsilon", 1e-5))
+    centered = b.op("Sub", x, mean)
+    parts = []
+    if g is not None:
+        xhat = b.mul(centered, inv)
+        if needs[0]:
+            h = b.mul(g, per_channel(b, cast_like(b, scale, x), rank))
+            parts.append(_normalized_input_grad(b, h, xhat, inv, axes))
+        if needs[1]:
+            total = b.reduce_sum(b.mul(g, xhat), axes, keepdims=False)
+            results[1] = cast_like(b, total, scale, v_like=x)
+        if needs[2]:
+            results[2] = cast_like(b, b.reduce_sum(g, axes, False), node.inputs[2], v_like=x)
+    for k, g_running in ((3, g_mean), (4, g_var)):
+        if g_running is None:
+            continue
+        running = node.inputs[k]
+        if needs[k]:
+            results[k] = b.mul(g_running, b.const(momentum, like=running))
+        if needs[0]:
+            share = per_channel(b, cast_like(b, g_running, x, v_like=running), rank)
+            if k == 4:
+                share = b.mul(b.mul(share, centered), b.const(2.0, like=x))
+            parts.append(b.op("Div", b.mul(share, b.const(1 - momentum, like=x)), _count(b, x, g)))
+    if parts:
+        results[0] = parts[0] if len(parts) == 1 else b.op("Sum", *parts)
+    return results
+
+
+def _count(b: GradBuilder, x: str, like: str | None) -> str:
+    """The number of elements per channel, as a scalar of ``x``'s type."""
+    shape = b.static_shape(x)
+    if shape is not None:
+        return b.const(float(np.prod(shape) // shape[1]), like=x)
+    per_channel_count = b.op("Div", b.op("Size", x), b.op("Gather", b.shape_of(x), b.ints(1)))
+    return b.op("Cast", per_channel_count, to=b.dtype(x))
 
 
 # -- InstanceNormalization --------------------------------------------------------------------

@@ -7,7 +7,7 @@
   outputs without a gradient)
 * Expand: ``x_bar = unbroadcast(y_bar)`` (done by the engine); Tile with repeats ``r``:
   ``y_bar`` viewed as ``[r0, d0, r1, d1, ...]`` summed over the ``r`` axes
-* DepthToSpace / SpaceToDepth: the inverse rearrangement
+* DepthToSpace / SpaceToDepth: the inverse rearrangement (same ``mode``)
 * Pad (constant): the slice of ``y_bar`` where ``x`` was copied, ``c_bar = sum(y_bar) -
   sum(x_bar)`` for the padding value; negative pads (cropping) are not supported (the
   ONNX reference evaluator rejects them as well; a crop visible in static shapes raises).
@@ -158,7 +158,8 @@ def tile_grad(b, node, grads, needs):
 
 @register("SpaceToDepth")
 def space_to_depth_grad(b, node, grads, needs):
-    return [b.op("DepthToSpace", grads[0], blocksize=node.attr("blocksize"), mode="DCR")]
+    mode = node.attr("mode", "DCR")
+    return [b.op("DepthToSpace", grads[0], blocksize=node.attr("blocksize"), mode=mode)]
 
 
 @register("DepthToSpace")

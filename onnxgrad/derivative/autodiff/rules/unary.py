@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import math
 
+from onnx import NodeProto
+
+from onnxgrad._onnx_utils import NameScope
 from onnxgrad.derivative.autodiff.registry import register
 
 
@@ -143,11 +146,21 @@ def cast_like_grad(b, node, grads, needs):
     return [b.op("Cast", grads[0], to=b.dtype(x)), None]
 
 
-@register("Dropout", since=11)
+def _expose_mask(node: NodeProto, scope: NameScope) -> None:
+    """A forward Dropout that may train also returns its ``mask``: the gradient must use the
+    elements this very run kept."""
+    has_mode = len(node.input) > 2 and node.input[2]
+    if has_mode and (len(node.output) < 2 or not node.output[1]):
+        del node.output[1:]
+        node.output.append(scope.unique(f"{node.output[0]}_mask"))
+
+
+@register("Dropout", since=11, forward=_expose_mask)
 def dropout_grad(b, node, grads, needs):
     """Identity without a ``training_mode`` input or with a constant false one. Otherwise:
     ``x_bar = y_bar * mask * s`` with ``s = 1 / (1 - ratio)`` in training mode and ``1``
-    otherwise (the mask is all true then); this needs the ``mask`` output."""
+    otherwise (the mask is all true then); the forward node returns its ``mask`` if it did
+    not already."""
     g = grads[0]
     training_mode = node.input(2)
     if training_mode is None:
@@ -155,11 +168,6 @@ def dropout_grad(b, node, grads, needs):
     constant_mode = b.constant_value(training_mode)
     if constant_mode is not None and not bool(constant_mode):
         return [g]
-    if len(node.outputs) < 2 or not node.outputs[1]:
-        raise NotImplementedError(
-            f"Dropout node {node.name or node.outputs[0]!r} has a 'training_mode' input but no "
-            "'mask' output: the gradient in training mode needs the mask of kept elements"
-        )
     x = node.inputs[0]
     one = b.const(1, like=x)
     ratio = node.input(1)
