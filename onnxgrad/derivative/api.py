@@ -24,6 +24,10 @@ from onnxgrad._onnx_utils import (
     supported_ir_version,
 )
 from onnxgrad.derivative.options import DerivativeOptions, check_options
+from onnxgrad.graph.ml_lowering import lowered_if_needed
+
+#: below this default-domain opset a model is converted first (most native rules start at 11)
+NATIVE_MIN_OPSET = 11
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
 BACKENDS = {
@@ -59,7 +63,10 @@ def onnx_derivative(
     ones with ``FillGrad``, 1 for the loss with ``Loss``), the graph returns the
     vector-Jacobian products ``x_grad = sum_k g_k . dy_k/dx`` and ``w_grad = sum_k g_k . dy_k/dw``.
 
-    :param model: ModelProto or path; never modified.
+    :param model: ModelProto or path; never modified. Its ``ai.onnx.ml`` operators are first
+        lowered into standard ONNX (:func:`onnxgrad.lower_ml_operators`, ZipMap dropped, its
+        probability tensor exposed as the output ``probabilities``); a model below opset 11
+        is converted to opset 13.
     :param weights: initializers to differentiate; ``None`` means every weight returned by
         :func:`onnxgrad.get_train_initializer`, ``[]`` none. They become graph inputs.
     :param inputs: graph inputs to differentiate; ``None`` means every float input (the
@@ -74,7 +81,7 @@ def onnx_derivative(
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}, expected one of {sorted(BACKENDS)}")
     options = check_options(options, backend)
-    model = load_model(model)
+    model = lowered_if_needed(load_model(model), min_opset=NATIVE_MIN_OPSET)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label)
     module_name, function_name = BACKENDS[backend].split(":")

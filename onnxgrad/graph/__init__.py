@@ -13,6 +13,7 @@ from onnxgrad.graph.initializers import (
 )
 from onnxgrad.graph.lora import add_lora, merge_lora
 from onnxgrad.graph.loss import add_loss_output
+from onnxgrad.graph.ml_lowering import lower_ml_operators
 from onnxgrad.graph.names import onnx_rename_weights
 from onnxgrad.graph.select import remove_unused_nodes, select_model_inputs_outputs
 from onnxgrad.graph.text import onnx_simple_text_plot
@@ -22,6 +23,7 @@ __all__ = [
     "add_lora",
     "add_loss_output",
     "get_train_initializer",
+    "lower_ml_operators",
     "merge_lora",
     "onnx_rename_weights",
     "onnx_simple_text_plot",

@@ -49,6 +49,13 @@ class GraphBuilder:
         )
         return name
 
+    def initializer(self, value: np.ndarray, base: str) -> str:
+        """Append an initializer holding ``value`` (a weight when it holds floats) and return
+        its name, ``<prefix>_<base>`` made unique."""
+        name = self._values.unique(f"{self.prefix}_{base}")
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name=name))
+        return name
+
     def reduce(
         self,
         op_type: str,

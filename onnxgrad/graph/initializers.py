@@ -17,6 +17,7 @@ from onnxgrad._onnx_utils import (
     np_dtype,
 )
 from onnxgrad.graph._differentiable import differentiable_values, model_opsets, value_elem_types
+from onnxgrad.graph.ml_lowering import lowered_if_needed
 
 
 def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, TensorProto]]:
@@ -30,8 +31,10 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     shape, Clip bounds, Resize scales or Dropout ratio is not a weight. Uses inside
     subgraphs count, and so do initializers an old exporter also listed in ``graph.input``.
     The arrays are writable copies; the TensorProtos belong to a private copy of the model.
+    A model with ``ai.onnx.ml`` operators (a converted scikit-learn model) is seen through
+    :func:`onnxgrad.lower_ml_operators`: its weights are the lowered model's initializers.
     """
-    model = load_model(model)
+    model = lowered_if_needed(load_model(model), min_opset=0)
     live = differentiable_values(model.graph, model_opsets(model), value_elem_types(model))
     return {
         init.name: (numpy_helper.to_array(init).copy(), init)

@@ -26,6 +26,7 @@ from onnxgrad.graph._scores import (
     is_number,
     penalty_term,
 )
+from onnxgrad.graph.ml_lowering import lowered_if_needed
 from onnxgrad.graph.select import prune_graph
 
 #: The lowest default-domain opset the loss nodes are written for.
@@ -79,13 +80,12 @@ def add_loss_output(
     The other outputs, and the nodes only they needed, are dropped; the loss, label and
     weight names must be new to what remains (a classifier's ``label`` output does not
     collide with the default label name when the loss is put on its probabilities).
-    Needs a default-domain opset >= 13; the nodes are standard ONNX ops in the form that
-    opset defines.
+    A model below default-domain opset 13, or with ``ai.onnx.ml`` operators, goes through
+    :func:`onnxgrad.lower_ml_operators` first (a ZipMap's probability tensor becomes the
+    output ``probabilities``); the nodes are standard ONNX ops in the form the opset defines.
     """
-    model = load_model(model)
+    model = lowered_if_needed(load_model(model), min_opset=MIN_LOSS_OPSET)
     opset = default_opset(model)
-    if opset < MIN_LOSS_OPSET:
-        raise ValueError(f"add_loss_output needs opset >= {MIN_LOSS_OPSET}, the model has {opset}")
     score = _score(score_name, kwargs)
     graph = model.graph
     prediction = _chosen_output(graph, output_index)

@@ -25,6 +25,7 @@ from onnxgrad._onnx_utils import (
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.derivative.api import graph_inputs
 from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
+from onnxgrad.graph.ml_lowering import lowered_if_needed
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
@@ -67,13 +68,11 @@ def make_loss_model(
         in a loss output ``loss_output_name`` with label input ``label_name`` (default
         ``'label'``) and sample-weight input ``weight_name`` (optional).
     :param weights: the trained initializers (default: :func:`onnxgrad.get_train_initializer`).
+
+    A model with ``ai.onnx.ml`` operators or below opset 13 goes through
+    :func:`onnxgrad.lower_ml_operators` first.
     """
-    model = load_model(model)
-    opset = default_opset(model)
-    if opset < MIN_OPSET:
-        raise ValueError(
-            f"training needs a default-domain opset >= {MIN_OPSET}, the model has {opset}"
-        )
+    model = lowered_if_needed(load_model(model), min_opset=MIN_OPSET)
     weights = resolve_weights(model, weights)
     features = tuple(graph_inputs(model))
     if loss is None:

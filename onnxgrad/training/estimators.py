@@ -23,7 +23,8 @@ from onnx import ModelProto
 
 from onnxgrad._onnx_utils import load_model
 from onnxgrad.exceptions import ConvergenceError
-from onnxgrad.graph import replace_initializers_into_onnx, select_model_inputs_outputs
+from onnxgrad.graph import select_model_inputs_outputs
+from onnxgrad.graph.ml_lowering import lowered_if_needed, with_trained_weights
 from onnxgrad.training._inputs import (
     check_batch_axis,
     check_features,
@@ -121,7 +122,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         last epoch that ended finite.
         """
         self._check_params()
-        model = load_model(self.model_onnx)
+        model = lowered_if_needed(load_model(self.model_onnx))
         device = check_device(self.device)
         graphs = self._graphs_for(model, sample_weight is not None)
         data = self._training_data(graphs.evaluation, X, y, sample_weight)
@@ -404,10 +405,12 @@ class BaseOrtOptimizer(EstimatorMixin):
         return self
 
     def get_trained_onnx(self, model=None) -> ModelProto:
-        """``model`` (default: ``model_onnx``) with the trained weights as initializers."""
+        """``model`` (default: ``model_onnx``) with the trained weights as initializers, in
+        its own output format (a converted model keeps its ai.onnx.ml outputs, ZipMap
+        included; see :func:`onnxgrad.lower_ml_operators`)."""
         self._check_fitted()
         base = self.model_onnx if model is None else model
-        return replace_initializers_into_onnx(base, self.runner_.get_weights())
+        return with_trained_weights(base, self.runner_.get_weights())
 
     def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
         """Save every graph the estimator runs into ``folder``; returns their paths by role."""

@@ -17,7 +17,7 @@ from tests.graph.sklearn_models import (
     mlp_regressor,
     run,
 )
-from tests.models import seed004_function, seed004_model
+from tests.models import linear_regression_model, seed004_function, seed004_model
 
 OPSETS = [13, 17, 18, 21]
 REGRESSION_SCORES = ["squared_error", "l2", "absolute_error", "l1", "elastic"]
@@ -353,9 +353,16 @@ def test_classification_errors():
         add_loss_output(logistic_regression().onnx, "log", output_index="label")
 
 
-def test_old_opsets_are_refused():
-    with pytest.raises(ValueError, match="opset >= 13, the model has 12"):
-        add_loss_output(seed004_model(12))
+def test_old_opsets_are_converted_to_13(rng):
+    fresh = linear_regression_model(np.array([[1.0, -1.0]]), np.array([0.5]))
+    model = helper.make_model(fresh.graph, opset_imports=[helper.make_opsetid("", 12)])
+    result = add_loss_output(model)
+    assert {o.domain: o.version for o in result.opset_import}[""] == 13
+    x = rng.standard_normal((5, 2)).astype(np.float32)
+    label = rng.standard_normal((5, 1)).astype(np.float32)
+    got = run(result, {"X": x, "label": label})
+    expected = ((x @ np.array([[1.0], [-1.0]]) + 0.5 - label) ** 2).sum()
+    np.testing.assert_allclose(got["loss"], expected, rtol=1e-5)
 
 
 def test_penalty_on_a_weight_the_prediction_does_not_use():

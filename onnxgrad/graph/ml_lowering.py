@@ -1,0 +1,489 @@
+"""Lowering the ``ai.onnx.ml`` operators of converted models into standard ONNX.
+
+scikit-learn converters keep a linear model's coefficients in the attributes of
+``ai.onnx.ml`` operators, which nothing can train or differentiate. Each operator below is
+replaced by default-domain nodes computing exactly what onnxruntime computes, with the
+parameters as float initializers (weights):
+
+* ``LinearRegressor``: ``y = x W^T + b`` (``targets`` columns), then the post transform
+  (``LOGISTIC``, ``SOFTMAX``, ``SOFTMAX_ZERO``; onnxruntime applies none to one target);
+* ``LinearClassifier``: scores ``s = x W^T + b``; the label is ``classes[argmax s]`` (one
+  score: ``classes[s > 0]``) through ``Gather`` on an int64 or string initializer; the
+  scores output is the post transform of ``s``, and for one score and two classes
+  ``[1 - t, t]`` with ``t = sigmoid(s)`` (``LOGISTIC``, as onnxruntime >= 1.20 computes it;
+  1.19 leaves ``s``) or ``t = s`` (the other transforms);
+* ``SVMRegressor`` with a linear kernel: ``y = x (alpha^T SV) + rho`` (``one_class``:
+  ``sign(y)``, as ``1`` or ``-1``);
+* ``Scaler``: ``(x - offset) * scale``; ``Normalizer``: ``x / max x``, ``x / sum |x|`` or
+  ``x / ||x||_2`` per row (rows whose norm is 0 unchanged); ``Binarizer``:
+  ``x > threshold``; ``Imputer``: replaced values (or NaN) swapped for imputed ones;
+* ``ArrayFeatureExtractor``: ``Gather`` along the last axis (``[1, k]`` for a 1-D input);
+* ``FeatureVectorizer``: every input cast to float, cut or zero-padded to its declared
+  width and concatenated.
+
+``ZipMap`` (probabilities as a list of dictionaries) stays, or goes with
+``keep_zipmap=False``; either way its probability tensor becomes a graph output named
+``probabilities`` (or its own name when that one is taken), after the original outputs.
+``CastMap`` and the ops without a float derivative (tree ensembles, label encoders,
+nearest neighbours...) stay as they are. Models below default-domain opset 13 are first
+converted to 13 with :func:`onnx.version_converter.convert_version` (left at their opset,
+which the lowering also supports, when the converter cannot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import ModelProto, NodeProto, TensorProto, helper
+
+from onnxgrad._onnx_utils import (
+    ModelLike,
+    default_opset,
+    finalize_model,
+    load_model,
+    normalize_domain,
+)
+from onnxgrad.graph._builder import GraphBuilder
+from onnxgrad.graph.select import prune_graph
+
+ML_DOMAIN = "ai.onnx.ml"
+#: the default-domain opset a model is converted to before it is lowered
+MIN_LOWERED_OPSET = 13
+#: the name the probability tensor behind a ZipMap is exposed under, when it is free
+PROBABILITIES = "probabilities"
+
+
+class _Context:
+    """What a lowering needs besides the node: a builder and the inferred value types."""
+
+    def __init__(self, builder: GraphBuilder, types: dict[str, tuple[int, int | None]]):
+        self.b = builder
+        self.types = types
+
+    def elem_type(self, name: str) -> int:
+        return self.types.get(name, (TensorProto.FLOAT, None))[0]
+
+    def rank(self, name: str) -> int | None:
+        return self.types.get(name, (0, None))[1]
+
+    def to_float(self, name: str) -> str:
+        if self.elem_type(name) == TensorProto.FLOAT:
+            return name
+        return self.b.op("Cast", name, hint="as_float", to=TensorProto.FLOAT)
+
+    def as_rows(self, name: str) -> str:
+        """A 1-D input is one observation (onnxruntime's convention): ``[C] -> [1, C]``."""
+        if self.rank(name) != 1:
+            return name
+        return self.b.op("Reshape", name, self.b.const(np.array([1, -1], np.int64), "rows"))
+
+
+Lowering = Callable[[_Context, NodeProto], bool]
+_LOWERINGS: dict[str, Lowering] = {}
+
+
+def _lowers(op_type: str) -> Callable[[Lowering], Lowering]:
+    def register(function: Lowering) -> Lowering:
+        _LOWERINGS[op_type] = function
+        return function
+
+    return register
+
+
+def lowerable_nodes(model: ModelProto) -> list[NodeProto]:
+    """The main-graph ``ai.onnx.ml`` nodes :func:`lower_ml_operators` replaces (or tries to)."""
+    return [
+        n
+        for n in model.graph.node
+        if n.domain == ML_DOMAIN and (n.op_type in _LOWERINGS or n.op_type == "ZipMap")
+    ]
+
+
+def needs_lowering(model: ModelProto, min_opset: int = MIN_LOWERED_OPSET) -> bool:
+    """Whether ``model`` holds a lowerable ``ai.onnx.ml`` node or imports a default-domain
+    opset below ``min_opset``."""
+    return bool(lowerable_nodes(model)) or default_opset(model) < min_opset
+
+
+def lowered_if_needed(
+    model: ModelProto, keep_zipmap: bool = False, min_opset: int = MIN_LOWERED_OPSET
+) -> ModelProto:
+    """:func:`lower_ml_operators` of ``model`` when :func:`needs_lowering`, else ``model``."""
+    if needs_lowering(model, min_opset):
+        return lower_ml_operators(model, keep_zipmap=keep_zipmap)
+    return model
+
+
+def with_trained_weights(original: ModelLike, weights: dict) -> ModelProto:
+    """``original`` in its converter's format (the same outputs, ZipMap included) with the
+    trained ``weights`` (named as in its lowered form, when it needed one) as initializers."""
+    from onnxgrad.graph.initializers import replace_initializers_into_onnx
+    from onnxgrad.graph.select import select_model_inputs_outputs
+
+    original = load_model(original)
+    if not needs_lowering(original):
+        return replace_initializers_into_onnx(original, weights)
+    lowered = lower_ml_operators(original, keep_zipmap=True)
+    trained = replace_initializers_into_onnx(lowered, weights)
+    return select_model_inputs_outputs(trained, outputs=[o.name for o in original.graph.output])
+
+
+def lower_ml_operators(model: ModelLike, keep_zipmap: bool = True) -> ModelProto:
+    """A copy of ``model`` whose ``ai.onnx.ml`` operators are standard ONNX nodes with their
+    parameters as initializers (see the module docstring for each operator's formula).
+
+    The original outputs keep their names, types and values; a ``ZipMap``'s probability
+    tensor is added as an output (``probabilities``), and with ``keep_zipmap=False`` the
+    ZipMap output itself is dropped. An operator the lowering does not support as
+    configured (a non-linear SVM kernel, the ``PROBIT`` transform, an input of unknown
+    rank) is left as it is.
+    """
+    model = _upgraded(_deduplicated_opsets(load_model(model)))
+    graph = model.graph
+    types = _inferred_types(model)
+    original = list(graph.node)
+    builder = GraphBuilder(graph, default_opset(model), prefix="ml")
+    del graph.node[:]
+    context = _Context(builder, types)
+    zipmaps = []
+    for node in original:
+        lower = _LOWERINGS.get(node.op_type) if node.domain == ML_DOMAIN else None
+        if node.domain == ML_DOMAIN and node.op_type == "ZipMap":
+            zipmaps.append(node)
+        builder.prefix = node.name or node.op_type
+        if lower is None or not lower(context, node):
+            graph.node.append(node)
+    _expose_probabilities(graph, builder, zipmaps, types, keep_zipmap)
+    if not keep_zipmap:
+        prune_graph(graph, keep_inputs=True)
+    return finalize_model(model)
+
+
+def _deduplicated_opsets(model: ModelProto) -> ModelProto:
+    """One import per domain (skl2onnx may list the default domain twice)."""
+    versions: dict[str, int] = {}
+    for op in model.opset_import:
+        domain = normalize_domain(op.domain)
+        versions[domain] = max(versions.get(domain, 0), op.version)
+    del model.opset_import[:]
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in versions.items())
+    return model
+
+
+def _upgraded(model: ModelProto) -> ModelProto:
+    if default_opset(model) >= MIN_LOWERED_OPSET:
+        return model
+    try:
+        converted = onnx.version_converter.convert_version(model, MIN_LOWERED_OPSET)
+        onnx.checker.check_model(converted)
+    except Exception:  # the converter lacks an adapter: the lowering works at any opset
+        return model
+    return converted
+
+
+def _inferred_types(model: ModelProto) -> dict[str, tuple[int, int | None]]:
+    """``{value: (element type, rank or None)}`` from shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # a hint only: unknown values are taken for float of unknown rank
+        inferred = model
+    types = {}
+    graph = inferred.graph
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        tensor = info.type.tensor_type
+        if info.type.HasField("tensor_type") and tensor.elem_type:
+            rank = len(tensor.shape.dim) if tensor.HasField("shape") else None
+            types[info.name] = (tensor.elem_type, rank)
+    for init in graph.initializer:
+        types[init.name] = (init.data_type, len(init.dims))
+    return types
+
+
+def _expose_probabilities(graph, builder, zipmaps, types, keep_zipmap: bool) -> None:
+    outputs = {o.name for o in graph.output}
+    for node in zipmaps:
+        tensor = node.input[0]
+        if tensor not in outputs:
+            name = tensor
+            if PROBABILITIES not in builder._values:
+                name = builder.op("Identity", tensor, out=PROBABILITIES)
+            elem, _ = types.get(tensor, (TensorProto.FLOAT, 2))
+            classes = _attr(node, "classlabels_int64s") or _attr(node, "classlabels_strings")
+            shape = [None, len(classes) if classes else None]
+            graph.output.append(helper.make_tensor_value_info(name, elem, shape))
+            outputs.add(name)
+        if not keep_zipmap:
+            kept = [o for o in graph.output if o.name not in node.output]
+            del graph.output[:]
+            graph.output.extend(kept)
+
+
+# -- shared pieces --------------------------------------------------------------------------
+def _attr(node: NodeProto, name: str, default=None):
+    for attribute in node.attribute:
+        if attribute.name == name:
+            value = helper.get_attribute_value(attribute)
+            if isinstance(value, bytes):
+                return value.decode()
+            if isinstance(value, list) and value and isinstance(value[0], bytes):
+                return [v.decode() for v in value]
+            return value
+    return default
+
+
+def _linear(c: _Context, node: NodeProto, coefficients, intercepts, n_out: int) -> str | None:
+    """``x W^T + b`` with ``W`` of ``n_out`` rows as initializers, or ``None`` (unknown
+    shape)."""
+    x = c.as_rows(c.to_float(node.input[0]))
+    weights = np.asarray(coefficients, dtype=np.float32)
+    if n_out < 1 or weights.size % n_out:
+        return None
+    w = c.b.initializer(weights.reshape(n_out, -1).T.copy(), "coefficients")
+    scores = c.b.op("MatMul", x, w, hint="scores")
+    if intercepts:
+        b = c.b.initializer(np.asarray(intercepts, dtype=np.float32), "intercepts")
+        scores = c.b.op("Add", scores, b, hint="scores")
+    return scores
+
+
+def _post_transform(c: _Context, scores: str, transform: str, out: str) -> str:
+    """The post transform of several scores per row, written to ``out``."""
+    if transform == "LOGISTIC":
+        return c.b.op("Sigmoid", scores, out=out)
+    if transform == "SOFTMAX":
+        return c.b.op("Softmax", scores, out=out, axis=1 if c.b.opset < 13 else -1)
+    if transform == "SOFTMAX_ZERO":
+        return _softmax_zero(c, scores, out)
+    return c.b.op("Identity", scores, out=out)
+
+
+def _softmax_zero(c: _Context, s: str, out: str) -> str:
+    """onnxruntime's softmax that leaves (near) zero scores near zero:
+    ``e_j = exp(s_j - m)`` where ``|s_j| > 1e-7``, ``s_j exp(-m)`` elsewhere, over
+    ``sum_{|s_j| > 1e-7} e_j``."""
+    b = c.b
+    m = b.reduce("ReduceMax", s, [1], keepdims=1)
+    nonzero = b.op("Greater", b.op("Abs", s), b.const(np.array(1e-7, np.float32), "tiny"))
+    exp = b.op("Exp", b.op("Sub", s, m))
+    small = b.op("Mul", s, b.op("Exp", b.op("Neg", m)))
+    zero = b.const(np.array(0.0, np.float32), "zero")
+    total = b.reduce("ReduceSum", b.op("Where", nonzero, exp, zero), [1], keepdims=1)
+    return b.op("Div", b.op("Where", nonzero, exp, small), total, out=out)
+
+
+def _refuses_probit(node: NodeProto) -> bool:
+    return _attr(node, "post_transform", "NONE") == "PROBIT"
+
+
+# -- linear models --------------------------------------------------------------------------
+@_lowers("LinearRegressor")
+def _linear_regressor(c: _Context, node: NodeProto) -> bool:
+    targets = _attr(node, "targets", 1)
+    if _refuses_probit(node):
+        return False
+    scores = _linear(
+        c, node, _attr(node, "coefficients", []), _attr(node, "intercepts", []), targets
+    )
+    if scores is None:
+        return False
+    transform = _attr(node, "post_transform", "NONE") if targets > 1 else "NONE"
+    _post_transform(c, scores, transform, node.output[0])
+    return True
+
+
+@_lowers("LinearClassifier")
+def _linear_classifier(c: _Context, node: NodeProto) -> bool:
+    if _refuses_probit(node):
+        return False
+    intercepts = _attr(node, "intercepts", [])
+    strings = _attr(node, "classlabels_strings")
+    labels = strings if strings else _attr(node, "classlabels_ints", [])
+    n_scores = len(intercepts)
+    scores = _linear(c, node, _attr(node, "coefficients", []), intercepts, n_scores)
+    if scores is None:
+        return False
+    b = c.b
+    if n_scores == 1:
+        two = len(labels) == 2
+        default = ["0", "1"] if strings else [0, 1]
+        _class_lookup(c, node, strings, labels if two else default, _positive(c, scores))
+        if len(node.output) > 1 and node.output[1]:
+            if two:
+                if _attr(node, "post_transform", "NONE") == "LOGISTIC":
+                    scores = b.op("Sigmoid", scores)
+                one = b.const(np.array(1.0, np.float32), "one")
+                b.op("Concat", b.op("Sub", one, scores), scores, out=node.output[1], axis=1)
+            else:
+                b.op("Identity", scores, out=node.output[1])
+        return True
+    index = b.op("ArgMax", scores, hint="class_index", axis=1, keepdims=0)
+    _class_lookup(c, node, strings, labels, index)
+    if len(node.output) > 1 and node.output[1]:
+        _post_transform(c, scores, _attr(node, "post_transform", "NONE"), node.output[1])
+    return True
+
+
+def _positive(c: _Context, scores: str) -> str:
+    """``[N]`` int64: 1 where the single score is > 0."""
+    b = c.b
+    zero = b.const(np.array(0.0, np.float32), "zero")
+    positive = b.op("Cast", b.op("Greater", scores, zero), to=TensorProto.INT64)
+    return b.op("Reshape", positive, b.const(np.array([-1], np.int64), "flat"))
+
+
+def _class_lookup(c: _Context, node: NodeProto, strings, labels, index: str) -> None:
+    if not node.output[0]:
+        return
+    dtype = object if strings else np.int64
+    classes = c.b.initializer(np.array(labels, dtype=dtype), "classes")
+    c.b.op("Gather", classes, index, out=node.output[0], axis=0)
+
+
+@_lowers("SVMRegressor")
+def _svm_regressor(c: _Context, node: NodeProto) -> bool:
+    coefficients = np.asarray(_attr(node, "coefficients", []), dtype=np.float64)
+    n_supports = _attr(node, "n_supports", 0)
+    if n_supports > 0:
+        if _attr(node, "kernel_type", "LINEAR") != "LINEAR":
+            return False
+        vectors = np.asarray(_attr(node, "support_vectors", []), dtype=np.float64)
+        weights = coefficients @ vectors.reshape(n_supports, -1)
+    else:
+        weights = coefficients
+    rho = _attr(node, "rho", [0.0])[:1]
+    one_class = _attr(node, "one_class", 0)
+    scores = _linear(c, node, weights.astype(np.float32), rho, 1)
+    if scores is None:
+        return False
+    if one_class:
+        b = c.b
+        positive = b.op("Greater", scores, b.const(np.array(0.0, np.float32), "zero"))
+        one, minus = (b.const(np.array(v, np.float32), n) for v, n in ((1.0, "one"), (-1.0, "m1")))
+        b.op("Where", positive, one, minus, out=node.output[0])
+    else:
+        c.b.op("Identity", scores, out=node.output[0])
+    return True
+
+
+# -- preprocessing --------------------------------------------------------------------------
+@_lowers("Scaler")
+def _scaler(c: _Context, node: NodeProto) -> bool:
+    x = c.to_float(node.input[0])
+    offset = np.asarray(_attr(node, "offset", [0.0]), dtype=np.float32)
+    scale = np.asarray(_attr(node, "scale", [1.0]), dtype=np.float32)
+    centred = c.b.op("Sub", x, c.b.initializer(offset, "offset"))
+    c.b.op("Mul", centred, c.b.initializer(scale, "scale"), out=node.output[0])
+    return True
+
+
+@_lowers("Normalizer")
+def _normalizer(c: _Context, node: NodeProto) -> bool:
+    b = c.b
+    x = c.to_float(node.input[0])
+    norm = _attr(node, "norm", "MAX")
+    if norm == "MAX":
+        total = b.reduce("ReduceMax", x, [-1], keepdims=1)
+    elif norm == "L1":
+        total = b.reduce("ReduceSum", b.op("Abs", x), [-1], keepdims=1)
+    elif norm == "L2":
+        total = b.reduce("ReduceSum", b.op("Mul", x, x), [-1], keepdims=1)
+    else:
+        return False
+    zero, one = (
+        b.const(np.array(0.0, np.float32), "zero"),
+        b.const(np.array(1.0, np.float32), "one"),
+    )
+    safe = b.op("Where", b.op("Equal", total, zero), one, total, hint="norm")
+    if norm == "L2":
+        safe = b.op("Sqrt", safe)
+    b.op("Div", x, safe, out=node.output[0])
+    return True
+
+
+@_lowers("Binarizer")
+def _binarizer(c: _Context, node: NodeProto) -> bool:
+    elem = c.elem_type(node.input[0])
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    threshold = c.b.const(np.array(_attr(node, "threshold", 0.0), dtype=dtype), "threshold")
+    above = c.b.op("Greater", node.input[0], threshold)
+    c.b.op("Cast", above, out=node.output[0], to=elem)
+    return True
+
+
+@_lowers("Imputer")
+def _imputer(c: _Context, node: NodeProto) -> bool:
+    b = c.b
+    x = node.input[0]
+    floats = _attr(node, "imputed_value_floats")
+    if floats:
+        imputed = np.asarray(floats, dtype=np.float32)
+        replaced = np.float32(_attr(node, "replaced_value_float", 0.0))
+    else:
+        imputed = np.asarray(_attr(node, "imputed_value_int64s", []), dtype=np.int64)
+        replaced = np.int64(_attr(node, "replaced_value_int64", 0))
+    if imputed.size == 0 or c.rank(x) is None:
+        return False
+    if imputed.size > 1 and c.rank(x) == 1:
+        imputed = imputed[:1]
+    if np.issubdtype(imputed.dtype, np.floating) and np.isnan(replaced):
+        mask = b.op("IsNaN", x)
+    else:
+        mask = b.op("Equal", x, b.const(np.array(replaced), "replaced"))
+    values = b.const(imputed if imputed.size > 1 else imputed.reshape(()), "imputed")
+    b.op("Where", mask, values, x, out=node.output[0])
+    return True
+
+
+@_lowers("ArrayFeatureExtractor")
+def _array_feature_extractor(c: _Context, node: NodeProto) -> bool:
+    x, indices = node.input[0], node.input[1]
+    rank = c.rank(x)
+    if rank is None:
+        return False
+    b = c.b
+    flat = b.op("Reshape", indices, b.const(np.array([-1], np.int64), "flat"))
+    if rank == 1:
+        picked = b.op("Gather", x, flat, axis=0)
+        b.op("Reshape", picked, b.const(np.array([1, -1], np.int64), "rows"), out=node.output[0])
+    else:
+        b.op("Gather", x, flat, out=node.output[0], axis=rank - 1)
+    return True
+
+
+@_lowers("FeatureVectorizer")
+def _feature_vectorizer(c: _Context, node: NodeProto) -> bool:
+    widths = _attr(node, "inputdimensions", [])
+    if len(widths) != len(node.input) or any(c.rank(x) is None for x in node.input):
+        return False
+    b = c.b
+    rows = b.const(np.array([0, -1], np.int64), "rows_by_batch")
+    one_row = b.const(np.array([1, -1], np.int64), "one_row")
+    parts = []
+    for x, width in zip(node.input, widths):
+        flat = b.op("Reshape", c.to_float(x), one_row if c.rank(x) == 1 else rows)
+        parts.append(_fit_width(c, flat, int(width)))
+    b.op("Concat", *parts, out=node.output[0], axis=1)
+    return True
+
+
+def _fit_width(c: _Context, x: str, width: int) -> str:
+    """Columns ``[0, width)`` of ``x``, zero-padded on the right when it has fewer."""
+    b = c.b
+    cut = b.op(
+        "Slice",
+        x,
+        b.const(np.array([0], np.int64), "start"),
+        b.const(np.array([width], np.int64), "end"),
+        b.const(np.array([1], np.int64), "axis"),
+    )
+    have = b.op(
+        "Slice", b.op("Shape", cut), *(b.const(np.array([v], np.int64), "i") for v in (1, 2))
+    )
+    missing = b.op("Sub", b.const(np.array([width], np.int64), "width"), have)
+    pads = b.op("Concat", b.const(np.array([0, 0, 0], np.int64), "pads"), missing, axis=0)
+    return b.op("Pad", cut, pads)
+
+
+__all__ = ["lower_ml_operators", "needs_lowering"]
