@@ -28,6 +28,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "add_loss_output",
         "add_lora",
         "get_train_initializer",
+        "lower_ml_operators",
         "merge_lora",
         "onnx_rename_weights",
         "onnx_simple_text_plot",
