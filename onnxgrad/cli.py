@@ -70,7 +70,7 @@ def _import_libraries() -> None:
     global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
     global add_loss_output, get_train_initializer, onnx_simple_text_plot
     global plot_onnxs, tensor_text, to_dot, type_text
-    global OrtGradientForwardBackwardOptimizer, learning_rate_from_name
+    global OrtGradientForwardBackwardOptimizer, learning_rate_from_name, select_learning_loss
     import numpy as np
     from google.protobuf.message import Error as ProtobufError
     from onnx import ModelProto
@@ -94,6 +94,7 @@ def _import_libraries() -> None:
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
     from onnxgrad.training import OrtGradientForwardBackwardOptimizer, learning_rate_from_name
+    from onnxgrad.training.losses import select_learning_loss
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -350,6 +351,7 @@ def cmd_add_loss(args: argparse.Namespace) -> None:
         weight_name=args.weight,
         penalty=parse_penalties(args.penalty) or None,
         output_index=args.prediction,
+        **_reduction(args),
     )
     save_model(result, destination)
     print(f"wrote {destination}: outputs {[o.name for o in result.graph.output]}")
@@ -416,8 +418,6 @@ def cmd_derivative(args: argparse.Namespace) -> None:
 
 # ----------------------------------------------------------------------------- train
 
-LOSSES = ("square_error", "absolute_error", "elastic", "log", "cross_entropy")
-
 
 def cmd_train(args: argparse.Namespace) -> None:
     model = read_model(args.model)
@@ -429,7 +429,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         max_iter=args.epochs,
         batch_size=args.batch_size,
         learning_rate=optimizer,
-        learning_loss=args.loss,
+        learning_loss=select_learning_loss(args.loss, args.reduction),
         device=args.device,
         random_state=args.seed,
         validation_every=0,
@@ -615,12 +615,7 @@ def _add_add_loss(commands) -> None:
     )
     sub.add_argument("model", help="ONNX file")
     sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
-    sub.add_argument(
-        "--score",
-        default="squared_error",
-        help="squared_error (l2), absolute_error (l1), elastic, log or cross_entropy "
-        "(default: %(default)s)",
-    )
+    _add_loss_options(sub, "--score")
     sub.add_argument("--label", default="label", help="name of the new label input")
     sub.add_argument("--weight", help="name of a new per-sample weight input")
     sub.add_argument("--loss-name", default="loss", help="name of the loss output")
@@ -705,11 +700,32 @@ def _add_train(commands) -> None:
         type=_positive_float,
         help="constant learning rate (default: 0.01, 0.001 for adam)",
     )
-    sub.add_argument(
-        "--loss", choices=LOSSES, default="square_error", help="mean loss (default: %(default)s)"
-    )
+    _add_loss_options(sub, "--loss")
     sub.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     sub.add_argument("--seed", type=int, default=0, help="seed of the batch shuffling")
+
+
+def _add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
+    """The loss name and its reduction, both read from the one loss table."""
+    sub.add_argument(
+        flag,
+        choices=LazyChoices("onnxgrad.graph.loss_table", "LOSS_NAMES"),
+        default="squared_error",
+        metavar="NAME",
+        help="a loss of docs/losses.md: squared_error, absolute_error, elastic, log, "
+        "log_logits, cross_entropy, cross_entropy_logits or an alias (l2, l1, square_error...; "
+        "default: %(default)s)",
+    )
+    sub.add_argument(
+        "--reduction",
+        choices=LazyChoices("onnxgrad.graph.loss_table", "REDUCTIONS"),
+        metavar="{mean,sum}",
+        help="the loss over a batch: mean (default) or sum",
+    )
+
+
+def _reduction(args: argparse.Namespace) -> dict[str, str]:
+    return {} if args.reduction is None else {"reduction": args.reduction}
 
 
 def _positive_int(text: str) -> int:

@@ -182,7 +182,7 @@ def run_demo(
     _say(out, f"model: MLP {layers} (ReLU), {len(mlp.graph.node)} ONNX nodes")
 
     weights = [init.name for init in mlp.graph.initializer]
-    loss_model = add_loss_output(mlp, score_name="squared_error")
+    loss_model = add_loss_output(mlp, score_name="squared_error", reduction="sum")
     gradient = onnx_derivative(
         loss_model,
         weights=weights,

@@ -1,19 +1,20 @@
 """The nodes of each loss and penalty, appended with a :class:`GraphBuilder`.
 
-Every function returns the name of a rank-0 tensor of the prediction's dtype. Labels are
-``y``, per-sample weights ``w`` (shape ``[N]``) or ``None`` for ``w_i = 1``.
+Each loss function returns its pointwise loss ``e`` (one value per element of a regression
+prediction, per sample of a classification), :func:`reduce_loss` its rank-0 reduction.
+Labels are ``y``, per-sample weights ``w`` (shape ``[N]``) or ``None`` for ``w_i = 1``.
+The table naming them is :mod:`onnxgrad.graph.loss_table`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 from onnx import ValueInfoProto
 
-from onnxgrad._onnx_utils import np_dtype
+from onnxgrad._onnx_utils import elem_type, np_dtype
 from onnxgrad.graph._builder import GraphBuilder
 
 
@@ -48,41 +49,51 @@ def penalty_term(
     return b.op("Mul", total, coef_name, hint=f"penalty_{kind}_{weight}")
 
 
-def _sum_per_sample(b: GraphBuilder, elementwise: str, weight: str | None) -> str:
-    """``sum_i w_i sum_j e_ij`` over the samples ``i`` (first axis) of ``e``; Flatten makes
-    the per-sample sum independent of the rank."""
+def reduce_loss(
+    b: GraphBuilder, elementwise: str, weight: str | None, reduction: str, np_type: np.dtype
+) -> str:
+    """The reduction of the pointwise loss ``e`` (``[N, ...]``) with per-sample weights ``w``.
+
+    * ``'sum'``: ``sum_i w_i sum_j e_ij``;
+    * ``'mean'``: ``sum_i w_i mean_j e_ij / max(sum_i w_i, tiny)``, the mean over every
+      element without weights (scikit-learn's ``mean_squared_error``, torch's ``'mean'``).
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
+    op_type = "ReduceSum" if reduction == "sum" else "ReduceMean"
     if weight is None:
-        return b.reduce("ReduceSum", elementwise)
+        return b.reduce(op_type, elementwise, hint=f"{reduction}_loss")
     rows = b.op("Flatten", elementwise, axis=1, hint="rows")
-    per_sample = b.reduce("ReduceSum", rows, axes=[1], hint="per_sample")
-    return b.reduce("ReduceSum", b.op("Mul", per_sample, weight, hint="weighted"))
+    per_sample = b.reduce(op_type, rows, axes=[1], hint="per_sample")
+    weighted = b.reduce("ReduceSum", b.op("Mul", per_sample, weight, hint="weighted"))
+    if reduction == "sum":
+        return weighted
+    total_weight = b.reduce("ReduceSum", weight, hint="total_weight")
+    tiny = b.const(np.array(ml_dtypes.finfo(np_type).tiny, dtype=np_type), "tiny")
+    positive = b.op("Max", total_weight, tiny, hint="positive_total_weight")
+    return b.op("Div", weighted, positive, hint="weighted_mean")
 
 
-def squared_error(
-    b: GraphBuilder, prediction: ValueInfoProto, label: str, weight: str | None
-) -> str:
-    """``sum_i w_i sum_j (f_ij - y_ij)^2``."""
+def squared_error(b: GraphBuilder, prediction: ValueInfoProto, label: str) -> str:
+    """``e_ij = (f_ij - y_ij)^2``."""
     diff = b.op("Sub", prediction.name, label, hint="diff")
-    return _sum_per_sample(b, b.op("Mul", diff, diff, hint="diff_2"), weight)
+    return b.op("Mul", diff, diff, hint="diff_2")
 
 
-def absolute_error(
-    b: GraphBuilder, prediction: ValueInfoProto, label: str, weight: str | None
-) -> str:
-    """``sum_i w_i sum_j |f_ij - y_ij|``."""
+def absolute_error(b: GraphBuilder, prediction: ValueInfoProto, label: str) -> str:
+    """``e_ij = |f_ij - y_ij|``."""
     diff = b.op("Sub", prediction.name, label, hint="diff")
-    return _sum_per_sample(b, b.op("Abs", diff, hint="abs_diff"), weight)
+    return b.op("Abs", diff, hint="abs_diff")
 
 
 def elastic(
     b: GraphBuilder,
     prediction: ValueInfoProto,
     label: str,
-    weight: str | None,
     l1_weight: float,
     l2_weight: float,
 ) -> str:
-    """``sum_i w_i sum_j (l1_weight |d_ij| + l2_weight d_ij^2)`` with ``d = f - y``."""
+    """``e_ij = l1_weight |d_ij| + l2_weight d_ij^2`` with ``d = f - y``."""
     for arg, value in (("l1_weight", l1_weight), ("l2_weight", l2_weight)):
         if not is_number(value) or not np.isfinite(value):
             raise ValueError(f"{arg} must be a finite number, got {value!r}")
@@ -92,69 +103,93 @@ def elastic(
     l2_coef = b.const(np.array(l2_weight, dtype=np_type), "l2_weight")
     l1 = b.op("Mul", b.op("Abs", diff, hint="abs_diff"), l1_coef, hint="l1")
     l2 = b.op("Mul", b.op("Mul", diff, diff, hint="diff_2"), l2_coef, hint="l2")
-    return _sum_per_sample(b, b.op("Add", l1, l2, hint="elastic"), weight)
+    return b.op("Add", l1, l2, hint="elastic")
 
 
-def binary_log(
-    b: GraphBuilder, prediction: ValueInfoProto, label: str, weight: str | None, eps: float | None
-) -> str:
-    """``-sum_i w_i (y_i log p_i1 + (1 - y_i) log p_i0) / sum_i w_i`` on 2 columns."""
-    n_classes = n_classes_of(prediction)
-    if n_classes != 2:
-        raise ValueError(
-            f"score 'log' needs a 2-column probability output, {prediction.name!r} has "
-            f"{n_classes} columns: use 'cross_entropy'"
-        )
-    return cross_entropy(b, prediction, label, weight, eps, probabilities=True)
+def binary_log(b: GraphBuilder, prediction: ValueInfoProto, label: str, eps: float | None) -> str:
+    """``e_i = -(y_i log p_i + (1 - y_i) log(1 - p_i))``, ``p`` the probability of class 1:
+    one column (``[N]`` or ``[N, 1]``) or the two columns ``[1 - p, p]`` of a classifier."""
+    columns = _binary_columns(prediction, "log", "cross_entropy")
+    np_type = np_dtype(elem_type_of(prediction))
+    probabilities = prediction.name
+    if columns == 1:
+        p = _column(b, prediction.name)
+        one = b.const(np.array(1, dtype=np_type), "one")
+        probabilities = b.op("Concat", b.op("Sub", one, p, hint="p0"), p, axis=1, hint="p01")
+    log_p = _clipped_log(b, probabilities, np_type, eps)
+    return _negative_log_likelihood(b, log_p, label, 2, np_type)
+
+
+def binary_log_logits(b: GraphBuilder, prediction: ValueInfoProto, label: str) -> str:
+    """``e_i = -(y_i log sigmoid(s_i) + (1 - y_i) log sigmoid(-s_i))`` on one column of raw
+    scores ``s``, computed as ``LogSoftmax([0, s])`` (stable for large ``|s|``)."""
+    _binary_columns(prediction, "log_logits", "cross_entropy_logits")
+    s = _column(b, prediction.name)
+    zero = b.op("Sub", s, s, hint="zero")
+    log_p = b.op("LogSoftmax", b.op("Concat", zero, s, axis=1, hint="logits01"), axis=1)
+    np_type = np_dtype(elem_type_of(prediction))
+    return _negative_log_likelihood(b, log_p, label, 2, np_type)
 
 
 def cross_entropy(
-    b: GraphBuilder,
-    prediction: ValueInfoProto,
-    label: str,
-    weight: str | None,
-    eps: float | None,
-    probabilities: bool,
+    b: GraphBuilder, prediction: ValueInfoProto, label: str, eps: float | None
 ) -> str:
-    """``-sum_i w_i log p_{i,y_i} / max(sum_i w_i, tiny)`` (0, not NaN, when every weight
-    is 0), ``p`` clipped to ``[eps, 1 - eps]`` or
-    ``log p = LogSoftmax(logits)``; the class is picked by a one-hot mask (Equal, Cast, Mul)."""
-    dtype = elem_type_of(prediction)
-    np_type = np_dtype(dtype)
-    log_p = _log_probabilities(b, prediction.name, np_type, eps, probabilities)
+    """``e_i = -log p_{i, y_i}`` on probabilities ``p`` clipped to ``[eps, 1 - eps]``."""
+    np_type = np_dtype(elem_type_of(prediction))
+    log_p = _clipped_log(b, prediction.name, np_type, eps)
+    return _negative_log_likelihood(b, log_p, label, n_classes_of(prediction), np_type)
+
+
+def cross_entropy_logits(b: GraphBuilder, prediction: ValueInfoProto, label: str) -> str:
+    """``e_i = -log softmax(z_i)_{y_i} = -LogSoftmax(z)_{i, y_i}`` on logits ``z``."""
+    np_type = np_dtype(elem_type_of(prediction))
+    log_p = b.op("LogSoftmax", prediction.name, axis=1, hint="log_p")
+    return _negative_log_likelihood(b, log_p, label, n_classes_of(prediction), np_type)
+
+
+def _negative_log_likelihood(
+    b: GraphBuilder, log_p: str, label: str, n_classes: int, np_type: np.dtype
+) -> str:
+    """``-log p_{i, y_i}`` picked by a one-hot mask (Equal, Cast, Mul).
+
+    A label outside ``0..n_classes-1`` matches no column: its row is divided by the number
+    of matches, ``0 / 0``, so the loss is NaN (never a silent 0, a perfect fit)."""
     column_shape = b.const(np.array([-1, 1], dtype=np.int64), "column_shape")
     column = b.op("Reshape", label, column_shape, hint="label_column")
-    n_classes = n_classes_of(prediction)
     classes = b.const(np.arange(n_classes, dtype=np.int64).reshape((1, -1)), "classes")
-    is_class = b.op("Equal", column, classes, hint="is_class")
-    one_hot = b.op("Cast", is_class, to=dtype, hint="one_hot")
+    dtype = elem_type(np_type)
+    one_hot = b.op("Cast", b.op("Equal", column, classes, hint="is_class"), to=dtype)
     picked = b.op("Mul", one_hot, log_p, hint="picked_log_p")
     log_likelihood = b.reduce("ReduceSum", picked, axes=[1], hint="log_likelihood")
-    if weight is None:
-        mean = b.reduce("ReduceMean", log_likelihood, hint="mean_log_likelihood")
-    else:
-        weighted = b.op("Mul", log_likelihood, weight, hint="weighted")
-        weighted_sum = b.reduce("ReduceSum", weighted, hint="weighted_sum")
-        total_weight = b.reduce("ReduceSum", weight, hint="total_weight")
-        tiny = b.const(np.array(ml_dtypes.finfo(np_type).tiny, dtype=np_type), "tiny")
-        positive = b.op("Max", total_weight, tiny, hint="positive_total_weight")
-        mean = b.op("Div", weighted_sum, positive, hint="mean_log_likelihood")
-    return b.op("Neg", mean)
+    matches = b.reduce("ReduceSum", one_hot, axes=[1], hint="label_matches")
+    checked = b.op("Div", log_likelihood, matches, hint="nan_if_out_of_range")
+    return b.op("Neg", checked, hint="neg_log_likelihood")
 
 
-def _log_probabilities(
-    b: GraphBuilder, prediction: str, np_type: np.dtype, eps: float | None, probabilities: bool
-) -> str:
-    if probabilities is False:
-        return b.op("LogSoftmax", prediction, axis=1, hint="log_p")
-    if probabilities is not True:
-        raise TypeError(f"probabilities must be True or False, got {probabilities!r}")
+def _clipped_log(b: GraphBuilder, probabilities: str, np_type: np.dtype, eps) -> str:
     eps = float(ml_dtypes.finfo(np_type).eps) if eps is None else eps
     if not is_number(eps) or not 0 < eps < 0.5:
         raise ValueError(f"eps must be a number in (0, 0.5), got {eps!r}")
     low = b.const(np.array(eps, dtype=np_type), "eps")
     high = b.const(np.array(1 - eps, dtype=np_type), "one_minus_eps")
-    return b.op("Log", b.op("Clip", prediction, low, high, hint="clipped"), hint="log_p")
+    return b.op("Log", b.op("Clip", probabilities, low, high, hint="clipped"), hint="log_p")
+
+
+def _column(b: GraphBuilder, prediction: str) -> str:
+    shape = b.const(np.array([-1, 1], dtype=np.int64), "column_shape")
+    return b.op("Reshape", prediction, shape, hint="column")
+
+
+def _binary_columns(prediction: ValueInfoProto, name: str, multi: str) -> int:
+    dims = dims_of(prediction)
+    columns = 1 if len(dims) == 1 else (dims[1] if len(dims) == 2 else None)
+    allowed = (1, 2) if name == "log" else (1,)
+    if columns not in allowed:
+        raise ValueError(
+            f"loss {name!r} needs {' or '.join(map(str, allowed))} column(s) for the positive "
+            f"class, {prediction.name!r} has shape {dims}: use {multi!r}"
+        )
+    return columns
 
 
 def n_classes_of(prediction: ValueInfoProto) -> int:
@@ -167,14 +202,5 @@ def n_classes_of(prediction: ValueInfoProto) -> int:
     return dims[1]
 
 
-#: score -> (builder, keyword arguments with their defaults, whether labels are classes)
-SCORES: dict[str, tuple[Callable[..., str], dict[str, Any], bool]] = {
-    "squared_error": (squared_error, {}, False),
-    "absolute_error": (absolute_error, {}, False),
-    "elastic": (elastic, {"l1_weight": 0.5, "l2_weight": 0.5}, False),
-    "log": (binary_log, {"eps": None}, True),
-    "cross_entropy": (cross_entropy, {"eps": None, "probabilities": True}, True),
-}
-
-#: other names of the scores
-ALIASES = {"l2": "squared_error", "l1": "absolute_error"}
+#: the reductions of every loss, the default first
+REDUCTIONS = ("mean", "sum")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,28 +15,28 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     load_model,
+    np_dtype,
 )
 from onnxgrad.graph._builder import GraphBuilder
 from onnxgrad.graph._scores import (
-    ALIASES,
-    SCORES,
     dims_of,
     elem_type_of,
     is_number,
     penalty_term,
+    reduce_loss,
+)
+from onnxgrad.graph.loss_table import (
+    DEFAULT_REDUCTION,
+    LOGITS,
+    LossSpec,
+    check_reduction,
+    resolve_loss,
 )
 from onnxgrad.graph.ml_lowering import lowered_if_needed
 from onnxgrad.graph.select import prune_graph
 
 #: The lowest default-domain opset the loss nodes are written for.
 MIN_LOSS_OPSET = 13
-
-
-@dataclass(frozen=True)
-class _Score:
-    build: Callable[..., str]
-    options: Mapping[str, Any]
-    classification: bool
 
 
 def add_loss_output(
@@ -48,30 +47,37 @@ def add_loss_output(
     weight_name: str | None = None,
     penalty: Mapping[str, float | Mapping[str, float]] | None = None,
     output_index: int | str | None = None,
+    reduction: str = DEFAULT_REDUCTION,
     **kwargs: Any,
 ) -> ModelProto:
     """A copy of ``model`` whose outputs are ``[loss, prediction]``.
 
     The prediction ``f(x)`` is the output picked by ``output_index`` (an index or a name;
     default: the first float output). ``label_name`` (and ``weight_name``, per-sample weights
-    ``w`` of shape ``[N]``) become new inputs. With ``d = f(x) - y`` summed over every element
-    of a sample, the loss, a rank-0 tensor of the prediction's dtype, is
+    ``w`` of shape ``[N]``) become new inputs. ``score_name`` is a name of the loss table
+    (:mod:`onnxgrad.graph.loss_table`, ``docs/losses.md``), aliases included:
 
-    * ``'squared_error'`` or ``'l2'``: ``sum_i w_i d_i^2``;
-    * ``'absolute_error'`` or ``'l1'``: ``sum_i w_i |d_i|``;
-    * ``'elastic'``: ``sum_i w_i (l1_weight |d_i| + l2_weight d_i^2)``, keyword arguments
+    * ``'squared_error'`` (``'l2'``, ``'square_error'``): ``e = (f - y)^2``;
+    * ``'absolute_error'`` (``'l1'``): ``e = |f - y|``;
+    * ``'elastic'``: ``e = l1_weight |f - y| + l2_weight (f - y)^2``, keyword arguments
       ``l1_weight=0.5, l2_weight=0.5``;
-    * ``'log'``: binary log loss on a 2-column probability output ``p``,
-      ``-sum_i w_i (y_i log p_i1 + (1 - y_i) log p_i0) / sum_i w_i``;
-    * ``'cross_entropy'``: multi-class log loss ``-sum_i w_i log p_{i,y_i} / sum_i w_i`` on
-      probabilities (``probabilities=True``, the default) or on logits
-      (``probabilities=False``: ``log p = LogSoftmax(f(x))``).
+    * ``'log'``: binary log loss on the probability of class 1 (one column, or the two
+      columns ``[1 - p, p]`` of a converted classifier), ``e = -log p_y``;
+      ``'log_logits'``: the same on one column of raw scores, ``p = sigmoid(s)``;
+    * ``'cross_entropy'``: ``e = -log p_y`` on probabilities;
+      ``'cross_entropy_logits'``: on logits, ``log p = LogSoftmax(f(x))``.
 
-    Without ``weight_name``, ``w_i = 1`` (so the classification losses are means, as
-    scikit-learn's ``log_loss``). The regression labels have the prediction's type and
-    shape; classification labels are int64 class indices of shape ``[N]``.
-    Probabilities are clipped to ``[eps, 1 - eps]`` before the log (keyword ``eps``,
-    default: the machine epsilon of the dtype, as scikit-learn's ``log_loss``).
+    ``reduction='mean'`` (the default everywhere) returns ``sum_i w_i mean_j e_ij /
+    sum_i w_i`` (without weights: the mean over every element, scikit-learn's
+    ``mean_squared_error``/``log_loss``, torch's ``'mean'``); ``'sum'`` returns
+    ``sum_i w_i sum_j e_ij``, the seeds' sum over the batch.
+
+    Regression labels have the prediction's type and shape; class labels are int64 indices
+    of shape ``[N]`` or ``[N, 1]``. A class label outside ``0..C-1`` makes the loss NaN
+    (never a silent 0). Probabilities are clipped to ``[eps, 1 - eps]`` before the log
+    (keyword ``eps``, default: the machine epsilon of the dtype, as scikit-learn's
+    ``log_loss``). A logits loss on an output computed by Softmax or Sigmoid is refused
+    (the softmax would apply twice): use the probabilities loss.
 
     ``penalty={'coef': {'l1': a, 'l2': b}, 'intercept': c}`` adds ``a sum|W| + b sum W^2`` for
     the initializer ``W`` named ``coef`` and ``c sum V^2`` for ``intercept`` (a bare number is
@@ -86,19 +92,23 @@ def add_loss_output(
     """
     model = lowered_if_needed(load_model(model), min_opset=MIN_LOSS_OPSET)
     opset = default_opset(model)
-    score = _score(score_name, kwargs)
+    spec = resolve_loss(score_name)
+    options = spec.checked_options(kwargs)
+    check_reduction(reduction)
     graph = model.graph
     prediction = _chosen_output(graph, output_index)
+    check_prediction_kind(graph, prediction.name, spec)
     penalties = _penalties(graph, penalty)
     _keep_only(graph, prediction)
     _check_new_names(graph, loss_name=loss_name, label_name=label_name, weight_name=weight_name)
     _check_penalised_weights_remain(graph, penalties, prediction.name)
-    _add_inputs(graph, prediction, label_name, weight_name, score.classification)
+    _add_inputs(graph, prediction, label_name, weight_name, spec.classification)
 
     dtype = elem_type_of(prediction)
     weight_types = {init.name: init.data_type for init in graph.initializer}
     builder = GraphBuilder(graph, opset, prefix=loss_name)
-    loss = score.build(builder, prediction, label_name, weight_name, **score.options)
+    pointwise = spec.build(builder, prediction, label_name, **options)
+    loss = reduce_loss(builder, pointwise, weight_name, reduction, np_dtype(dtype))
     for name, kind, coef in penalties:
         term = penalty_term(builder, name, weight_types[name], kind, coef, dtype)
         loss = builder.op("Add", loss, term, hint="with_penalty")
@@ -107,21 +117,18 @@ def add_loss_output(
     return finalize_model(model)
 
 
-def _score(score_name: str, kwargs: Mapping[str, Any]) -> _Score:
-    if not isinstance(score_name, str):
-        raise TypeError(f"score_name must be a string, got {type(score_name).__name__}")
-    name = ALIASES.get(score_name, score_name)
-    if name not in SCORES:
-        known = sorted([*SCORES, *ALIASES])
-        raise ValueError(f"unknown score {score_name!r}, expected one of {known}")
-    build, defaults, classification = SCORES[name]
-    unexpected = sorted(set(kwargs) - set(defaults))
-    if unexpected:
-        raise TypeError(
-            f"score {score_name!r} takes no keyword arguments {unexpected}; "
-            f"it accepts {sorted(defaults)}"
+def check_prediction_kind(graph: GraphProto, output: str, spec: LossSpec) -> None:
+    """A logits loss on an output that a Softmax or Sigmoid computes is refused."""
+    if spec.prediction != LOGITS:
+        return
+    producer = next((n for n in graph.node if output in n.output), None)
+    if producer is not None and producer.op_type in ("Softmax", "Sigmoid"):
+        fix = "cross_entropy" if spec.name == "cross_entropy_logits" else "log"
+        raise ValueError(
+            f"loss {spec.name!r} applies a softmax to logits, but output {output!r} is "
+            f"computed by {producer.op_type} (node {producer.name!r}): it already holds "
+            f"probabilities; use {fix!r}"
         )
-    return _Score(build, {**defaults, **kwargs}, classification)
 
 
 def _check_new_names(graph: GraphProto, **names: str | None) -> None:

@@ -93,10 +93,13 @@ def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarr
     return np.ascontiguousarray(array)
 
 
-def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") -> np.ndarray:
+def check_labels(
+    model: ModelProto, name: str, y, n_rows: int, what: str = "y", n_classes: int | None = None
+) -> np.ndarray:
     """``y`` reshaped and typed for the label input ``name``.
 
-    Integer labels are cast to an integer label's dtype; float labels must already have
+    Integer labels (and floats holding integers) are cast to an integer label's dtype and,
+    given ``n_classes``, must lie in ``0..n_classes-1``; float labels must already have
     the label's dtype and be finite. A vector feeds a one-column label and the reverse.
     """
     info = input_info(model, name)
@@ -107,8 +110,8 @@ def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") 
             f"{array.shape[0] if array.ndim else 'a scalar'}"
         )
     expected = np_dtype(info.type.tensor_type.elem_type)
-    if expected.kind in "iu" and array.dtype.kind in "iub":
-        array = array.astype(expected)
+    if expected.kind in "iu" and array.dtype.kind in "iubf":
+        array = _class_indices(array, expected, what, n_classes)
     elif array.dtype != expected:
         raise TypeError(
             f"{what} has dtype {array.dtype}, the label input {name!r} expects {expected}"
@@ -118,6 +121,31 @@ def check_labels(model: ModelProto, name: str, y, n_rows: int, what: str = "y") 
     if dims:
         array = _reshape_labels(array, dims, name, what)
     return np.ascontiguousarray(array)
+
+
+def _class_indices(array: np.ndarray, dtype: np.dtype, what: str, n_classes: int | None):
+    valid = f"0..{n_classes - 1}" if n_classes else "integers >= 0"
+    if array.dtype.kind == "f":
+        check_finite(array, what)
+        fractional = np.flatnonzero(array.ravel() != np.round(array.ravel()))
+        if fractional.size:
+            i = fractional[0]
+            raise ValueError(
+                f"{what} holds the non-integer class label {array.ravel()[i]} (flat index {i}): "
+                f"class labels are integers in {valid}"
+            )
+    flat = array.ravel()
+    bad = flat < 0 if n_classes is None else (flat < 0) | (flat >= n_classes)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"{what} holds the class label {flat[i]} (flat index {i}), outside the valid range "
+            f"{valid}"
+            + (f" of a {n_classes}-class output" if n_classes else "")
+            + ": encode the classes as 0..C-1 (sklearn.preprocessing.LabelEncoder) or use "
+            "OrtGradientClassifier, which does"
+        )
+    return array.astype(dtype)
 
 
 def _reshape_labels(array: np.ndarray, dims: list, name: str, what: str) -> np.ndarray:

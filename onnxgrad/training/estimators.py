@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import load_model
+from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype
 from onnxgrad.exceptions import ConvergenceError
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph.ml_lowering import lowered_if_needed, with_trained_weights
@@ -30,6 +30,8 @@ from onnxgrad.training._inputs import (
     check_features,
     check_labels,
     check_sample_weight,
+    input_info,
+    tensor_dims,
 )
 from onnxgrad.training._params import EstimatorMixin
 from onnxgrad.training.composition import (
@@ -87,6 +89,8 @@ class _Graphs:
     #: the mean loss plus the penalty, the objective the train steps minimise and report:
     #: validation losses (:attr:`evaluation` itself without penalty)
     objective: LossModel | None = None
+    #: the number of classes of a classification loss (labels in ``0..n_classes-1``)
+    n_classes: int | None = None
 
 
 class BaseOrtOptimizer(EstimatorMixin):
@@ -125,8 +129,8 @@ class BaseOrtOptimizer(EstimatorMixin):
         model = lowered_if_needed(load_model(self.model_onnx))
         device = check_device(self.device)
         graphs = self._graphs_for(model, sample_weight is not None)
-        data = self._training_data(graphs.evaluation, X, y, sample_weight)
-        validation = self._validation_data(graphs.evaluation, X_val, y_val)
+        data = self._training_data(graphs, X, y, sample_weight)
+        validation = self._validation_data(graphs, X_val, y_val)
         step = self._train_step(model, graphs, device)
         if not (self.warm_start and hasattr(self, "runner_")):
             self._start(model, graphs, step, device)
@@ -195,21 +199,22 @@ class BaseOrtOptimizer(EstimatorMixin):
             )
         return graphs.steps[layout]
 
-    def _training_data(self, evaluation: LossModel, X, y, sample_weight) -> list[np.ndarray]:
+    def _training_data(self, graphs: _Graphs, X, y, sample_weight) -> list[np.ndarray]:
+        evaluation = graphs.evaluation
         if len(evaluation.features) != 1:
             raise ValueError(
                 f"the model has several inputs {list(evaluation.features)}, fit feeds only one "
                 "feature matrix X"
             )
         check_batch_axis(evaluation.model, evaluation.data_inputs)
-        return self._checked_data(evaluation, X, y, sample_weight)
+        return self._checked_data(graphs, X, y, sample_weight)
 
-    def _validation_data(self, evaluation: LossModel, X_val, y_val):
+    def _validation_data(self, graphs: _Graphs, X_val, y_val):
         if X_val is None and y_val is None:
             return None
         if X_val is None or y_val is None:
             raise ValueError("give both X_val and y_val, or neither")
-        return self._checked_data(evaluation, X_val, y_val, None, "_val")
+        return self._checked_data(graphs, X_val, y_val, None, "_val")
 
     def _start(self, model: ModelProto, graphs: _Graphs, step: TrainStep, device) -> None:
         weights = _initializers(model, step.weights)
@@ -331,14 +336,17 @@ class BaseOrtOptimizer(EstimatorMixin):
             raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit first")
 
     @staticmethod
-    def _checked_data(
-        evaluation: LossModel, X, y, sample_weight, suffix: str = ""
-    ) -> list[np.ndarray]:
+    def _checked_data(graphs: _Graphs, X, y, sample_weight, suffix: str = "") -> list[np.ndarray]:
         """``[X, y]`` (and the sample weights when the graph takes some: ones by default)
-        checked against the data inputs of ``evaluation``."""
+        checked against the data inputs of the evaluation graph; class labels must lie in
+        ``0..n_classes-1``."""
+        evaluation = graphs.evaluation
         model = evaluation.model
         X = check_features(model, evaluation.features[0], X, f"X{suffix}")
-        arrays = [X, check_labels(model, evaluation.label, y, X.shape[0], f"y{suffix}")]
+        y = check_labels(
+            model, evaluation.label, y, X.shape[0], f"y{suffix}", n_classes=graphs.n_classes
+        )
+        arrays = [X, y]
         if evaluation.sample_weight is not None:
             weight = np.ones(X.shape[0]) if sample_weight is None else sample_weight
             arrays.append(check_sample_weight(model, evaluation.sample_weight, weight, len(X)))
@@ -352,7 +360,7 @@ class BaseOrtOptimizer(EstimatorMixin):
 
     def _checked(self, X, y, sample_weight):
         self._check_fitted()
-        return self._checked_data(self.graphs_.evaluation, X, y, sample_weight)
+        return self._checked_data(self.graphs_, X, y, sample_weight)
 
     def losses(self, X, y, sample_weight=None) -> np.ndarray:
         """The loss of each observation (the mean loss of a batch of that one row, penalty
@@ -514,6 +522,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
             evaluation=evaluation,
             prediction=make_predict_model(model, evaluation.weights),
             step_options={**options, "label_name": evaluation.label},
+            n_classes=_n_classes(model, self.output) if loss.classification else None,
         )
 
 
@@ -586,6 +595,8 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         if predictions:
             without_loss = select_model_inputs_outputs(model, outputs=predictions)
             prediction = make_predict_model(without_loss, evaluation.weights)
+        label = input_info(evaluation.model, evaluation.label)
+        classification = np_dtype(label.type.tensor_type.elem_type).kind in "iu"
         return _Graphs(
             learning_rate=select_learning_rate(self.learning_rate).init_learning_rate(),
             penalty=select_learning_penalty(self.learning_penalty),
@@ -593,6 +604,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
             evaluation=evaluation,
             prediction=prediction,
             step_options=options,
+            n_classes=_n_classes(prediction, None) if classification and prediction else None,
         )
 
 
@@ -603,6 +615,20 @@ def _initializers(model: ModelProto, names) -> dict[str, np.ndarray]:
         for init in model.graph.initializer
         if init.name in wanted
     }
+
+
+def _n_classes(model: ModelProto, output: str | None) -> int | None:
+    """The columns of the classification output ``output`` (default: the first float one),
+    2 for a single column (binary); ``None`` when unknown."""
+    floats = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
+    chosen = next((o for o in floats if o.name == output), None) if output else None
+    chosen = chosen or (floats[0] if floats else None)
+    if chosen is None:
+        return None
+    dims = tensor_dims(chosen)
+    if len(dims) == 1 or (len(dims) == 2 and dims[1] == 1):
+        return 2
+    return dims[1] if len(dims) == 2 else None
 
 
 def _batch_sizes(n: int, batch_size: int) -> np.ndarray:

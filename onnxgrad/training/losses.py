@@ -1,44 +1,50 @@
-"""Training losses: which loss :func:`onnxgrad.add_loss_output` appends, made a mean.
+"""Training losses: objects naming a row of the loss table for the estimators.
 
-Every loss here is the (weighted) **mean** over the batch of a per-observation loss
-``l_i``, ``L = sum_i w_i l_i / sum_i w_i`` (``w_i = 1`` without sample weights), so that a
-learning rate does not depend on the batch size. The formulas of ``l_i`` live in
-:func:`onnxgrad.add_loss_output`; the regression scores it writes as sums are divided by
-``sum_i w_i`` here.
+Each object resolves to one name of :mod:`onnxgrad.graph.loss_table` and appends it with
+:func:`onnxgrad.add_loss_output`: same formula, same prediction kind, same reduction
+(``'mean'`` by default, ``sum_i w_i mean_j e_ij / sum_i w_i``, so that a learning rate does
+not depend on the batch size; ``'sum'`` as the seeds).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
-import numpy as np
-from onnx import ModelProto, TensorProto, ValueInfoProto, helper
+from onnx import ModelProto
 
-from onnxgrad._onnx_utils import default_opset, finalize_model, np_dtype
+from onnxgrad._onnx_utils import finalize_model
 from onnxgrad.graph import add_loss_output, select_model_inputs_outputs
-from onnxgrad.training._builder import StepBuilder, rename_values
-from onnxgrad.training._inputs import tensor_dims
+from onnxgrad.graph.loss_table import (
+    DEFAULT_REDUCTION,
+    LossSpec,
+    check_reduction,
+    resolve_loss,
+)
 from onnxgrad.training._params import ParamsMixin
 
 
 class BaseLearningLoss(ParamsMixin):
-    """A loss put on one float output of a model (see the module docstring)."""
+    """A loss of the table put on one float output of a model."""
 
-    #: the ``score_name`` of :func:`onnxgrad.add_loss_output`
-    score_name: str = ""
-    #: whether :func:`onnxgrad.add_loss_output` sums that score over the batch
-    summed: bool = True
-    #: whether labels are int64 class indices (else floats shaped like the prediction)
-    classification: bool = False
+    reduction: str = DEFAULT_REDUCTION
+
+    @property
+    def loss_name(self) -> str:
+        """The canonical name in :mod:`onnxgrad.graph.loss_table`."""
+        raise NotImplementedError
+
+    @property
+    def spec(self) -> LossSpec:
+        return resolve_loss(self.loss_name)
+
+    @property
+    def classification(self) -> bool:
+        """Whether labels are int64 class indices (else floats shaped like the prediction)."""
+        return self.spec.classification
 
     def score_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`onnxgrad.add_loss_output` for this loss."""
         return {}
-
-    def prepare_output(self, model: ModelProto, output: str) -> tuple[ModelProto, str]:
-        """Nodes turning ``output`` into what the score expects (e.g. probabilities)."""
-        return model, output
 
     def build(
         self,
@@ -48,207 +54,154 @@ class BaseLearningLoss(ParamsMixin):
         label_name: str,
         weight_name: str | None,
     ) -> ModelProto:
-        """``model`` reduced to one scalar output ``loss_name``, the mean loss of ``output``.
+        """``model`` reduced to one scalar output ``loss_name``, the loss of ``output``.
 
         ``label_name`` (and ``weight_name``) become inputs; the model's other outputs go.
         """
-        model, output = self.prepare_output(model, output)
         model = add_loss_output(
             model,
-            score_name=self.score_name,
+            score_name=self.loss_name,
             loss_name=loss_name,
             label_name=label_name,
             weight_name=weight_name,
             output_index=output,
+            reduction=check_reduction(self.reduction),
             **self.score_options(),
         )
         model = select_model_inputs_outputs(model, outputs=[loss_name])
-        if self.summed:
-            _divide_by_total_weight(model, loss_name, label_name, weight_name)
         return finalize_model(model)
 
 
-class SquareLearningLoss(BaseLearningLoss):
-    """``l_i = sum_k (f(x_i)_k - y_ik)^2`` (the sum runs over the outputs of a sample)."""
+class _NamedLoss(BaseLearningLoss):
+    _name = ""
 
-    score_name = "squared_error"
+    def __init__(self, reduction: str = DEFAULT_REDUCTION):
+        self.reduction = reduction
+
+    @property
+    def loss_name(self) -> str:
+        return self._name
 
 
-class AbsoluteLearningLoss(BaseLearningLoss):
-    """``l_i = sum_k |f(x_i)_k - y_ik|``."""
+class SquareLearningLoss(_NamedLoss):
+    """``squared_error``: ``e_ik = (f(x_i)_k - y_ik)^2``."""
 
-    score_name = "absolute_error"
+    _name = "squared_error"
+
+
+class AbsoluteLearningLoss(_NamedLoss):
+    """``absolute_error``: ``e_ik = |f(x_i)_k - y_ik|``."""
+
+    _name = "absolute_error"
 
 
 class ElasticLearningLoss(BaseLearningLoss):
-    """``l_i = sum_k l1_weight |d_ik| + l2_weight d_ik^2`` with ``d = f(x) - y``."""
+    """``elastic``: ``e_ik = l1_weight |d_ik| + l2_weight d_ik^2`` with ``d = f(x) - y``."""
 
-    score_name = "elastic"
+    loss_name = "elastic"
 
-    def __init__(self, l1_weight: float = 0.5, l2_weight: float = 0.5):
+    def __init__(
+        self, l1_weight: float = 0.5, l2_weight: float = 0.5, reduction: str = DEFAULT_REDUCTION
+    ):
         self.l1_weight = l1_weight
         self.l2_weight = l2_weight
+        self.reduction = reduction
 
     def score_options(self) -> dict[str, Any]:
         return {"l1_weight": self.l1_weight, "l2_weight": self.l2_weight}
 
 
 class NegLogLearningLoss(BaseLearningLoss):
-    """Binary log loss ``l_i = -(y_i log p_i + (1 - y_i) log(1 - p_i))``, ``y_i`` in {0, 1}.
+    """Binary log loss ``e_i = -(y_i log p_i + (1 - y_i) log(1 - p_i))``, ``y_i`` in {0, 1}.
 
-    ``p = sigmoid(f(x))`` with ``probability_function='sigmoid'`` (the output holds raw
-    scores, one column), ``p = f(x)`` with ``None`` (a probability column, or the two
-    columns ``[1 - p, p]`` of a converted classifier). ``p`` is clipped to
-    ``[eps, 1 - eps]`` before the log.
+    ``probability_function='sigmoid'`` (the seeds' default): the output holds raw scores,
+    one column, ``p = sigmoid(f(x))``: the table's ``log_logits``. ``None``: the output
+    holds the probability of class 1, or the two columns ``[1 - p, p]`` of a converted
+    classifier, clipped to ``[eps, 1 - eps]`` (``eps=None``: the dtype's machine epsilon):
+    the table's ``log``.
     """
 
-    score_name = "log"
-    summed = False
-    classification = True
-
-    def __init__(self, eps: float = 1e-5, probability_function: str | None = "sigmoid"):
+    def __init__(
+        self,
+        eps: float | None = None,
+        probability_function: str | None = "sigmoid",
+        reduction: str = DEFAULT_REDUCTION,
+    ):
         self.eps = eps
         self.probability_function = probability_function
+        self.reduction = reduction
+
+    @property
+    def loss_name(self) -> str:
+        return _kind_name(self.probability_function, "sigmoid", "log_logits", "log")
 
     def score_options(self) -> dict[str, Any]:
-        return {"eps": self.eps}
-
-    def prepare_output(self, model: ModelProto, output: str) -> tuple[ModelProto, str]:
-        if self.probability_function not in ("sigmoid", None):
-            raise ValueError(
-                f"unknown probability_function {self.probability_function!r}, "
-                "expected 'sigmoid' or None"
-            )
-        info = _output_info(model, output)
-        columns = _columns(info)
-        if self.probability_function is None and columns == 2:
-            return model, output
-        if columns != 1:
-            raise ValueError(
-                f"NegLogLearningLoss needs one column of scores or probabilities, output "
-                f"{output!r} has shape {tensor_dims(info)}"
-            )
-        return _two_column_probabilities(model, info, self.probability_function == "sigmoid")
+        return {"eps": self.eps} if self.loss_name == "log" else {}
 
 
 class CrossEntropyLearningLoss(BaseLearningLoss):
-    """Multi-class log loss ``l_i = -log p_{i, y_i}``, ``y_i`` an int64 class index.
+    """Multi-class log loss ``e_i = -log p_{i, y_i}``, ``y_i`` an int64 class index.
 
-    ``p = softmax(f(x))`` over the last axis with ``probability_function='softmax'`` (the
-    output holds logits), ``p = f(x)`` with ``None`` (probabilities, clipped to
-    ``[eps, 1 - eps]``).
+    ``probability_function=None`` (default): the output holds probabilities, clipped to
+    ``[eps, 1 - eps]``: the table's ``cross_entropy``. ``'softmax'``: the output holds
+    logits, ``log p = LogSoftmax(f(x))``: the table's ``cross_entropy_logits``.
     """
 
-    score_name = "cross_entropy"
-    summed = False
-    classification = True
-
-    def __init__(self, eps: float = 1e-7, probability_function: str | None = "softmax"):
+    def __init__(
+        self,
+        eps: float | None = None,
+        probability_function: str | None = None,
+        reduction: str = DEFAULT_REDUCTION,
+    ):
         self.eps = eps
         self.probability_function = probability_function
+        self.reduction = reduction
+
+    @property
+    def loss_name(self) -> str:
+        return _kind_name(
+            self.probability_function, "softmax", "cross_entropy_logits", "cross_entropy"
+        )
 
     def score_options(self) -> dict[str, Any]:
-        if self.probability_function not in ("softmax", None):
-            raise ValueError(
-                f"unknown probability_function {self.probability_function!r}, "
-                "expected 'softmax' or None"
-            )
-        return {"eps": self.eps, "probabilities": self.probability_function is None}
+        return {"eps": self.eps} if self.loss_name == "cross_entropy" else {}
 
 
-_BY_NAME = {
-    "square_error": SquareLearningLoss,
-    "squared_error": SquareLearningLoss,
-    "absolute_error": AbsoluteLearningLoss,
-    "elastic": ElasticLearningLoss,
-    "log": NegLogLearningLoss,
-    "neg_log": NegLogLearningLoss,
-    "cross_entropy": CrossEntropyLearningLoss,
+def _kind_name(function: str | None, logits_function: str, logits: str, probabilities: str):
+    if function not in (logits_function, None):
+        raise ValueError(
+            f"unknown probability_function {function!r}, expected {logits_function!r} or None"
+        )
+    return logits if function == logits_function else probabilities
+
+
+#: canonical table name -> (class, constructor arguments)
+_BY_NAME: dict[str, tuple[type[BaseLearningLoss], dict[str, Any]]] = {
+    "squared_error": (SquareLearningLoss, {}),
+    "absolute_error": (AbsoluteLearningLoss, {}),
+    "elastic": (ElasticLearningLoss, {}),
+    "log": (NegLogLearningLoss, {"probability_function": None}),
+    "log_logits": (NegLogLearningLoss, {"probability_function": "sigmoid"}),
+    "cross_entropy": (CrossEntropyLearningLoss, {"probability_function": None}),
+    "cross_entropy_logits": (CrossEntropyLearningLoss, {"probability_function": "softmax"}),
 }
 
 
-def select_learning_loss(loss) -> BaseLearningLoss:
-    """A fresh loss object from a name (see ``_BY_NAME``) or a copy of a loss object."""
+def select_learning_loss(loss, reduction: str | None = None) -> BaseLearningLoss:
+    """A fresh loss object from a name of the loss table (aliases included) or a copy of a
+    loss object; ``reduction`` overrides the object's (default: ``'mean'``)."""
     if isinstance(loss, BaseLearningLoss):
-        return type(loss)(**loss.get_params(deep=False))
-    if isinstance(loss, str):
-        if loss not in _BY_NAME:
-            raise ValueError(f"unknown learning_loss {loss!r}, expected one of {sorted(_BY_NAME)}")
-        return _BY_NAME[loss]()
-    raise TypeError(f"learning_loss must be a name or a loss object, got {loss!r}")
-
-
-def _divide_by_total_weight(
-    model: ModelProto, loss_name: str, label_name: str, weight_name: str | None
-) -> None:
-    """Rename the producer of ``loss_name`` and append ``loss = sum / sum_i w_i``.
-
-    With sample weights the divisor is ``max(sum_i w_i, tiny)`` (``tiny`` the smallest
-    normal number of the dtype): a batch whose weights are all zero has the loss 0 and a
-    zero gradient instead of ``0 / 0``.
-    """
-    graph = model.graph
-    b = StepBuilder(graph, default_opset(model))
-    total = b.names.unique(f"{loss_name}_sum")
-    rename_values(graph, {loss_name: total})
-    elem_type = graph.output[0].type.tensor_type.elem_type
-    if weight_name is not None:
-        tiny = b.const(ml_dtypes.finfo(np_dtype(elem_type)).tiny, elem_type, "tiny")
-        b.op("Div", total, b.op("Max", b.reduce_sum(weight_name), tiny), out=loss_name)
-        return
-    label = next(i for i in graph.input if i.name == label_name)
-    per_sample = _static_size(tensor_dims(label)[1:])
-    if per_sample is None:
-        zero = b.const(np.array([0], dtype=np.int64), TensorProto.INT64, "first_axis")
-        count = b.op("Gather", b.op("Shape", label_name), zero, axis=0)
-        b.op("Div", total, b.op("Cast", b.op("Squeeze", count, zero), to=elem_type), out=loss_name)
-        return
-    # N = size(label) / per_sample, so loss = per_sample * sum / size(label)
-    size = b.op("Cast", b.op("Size", label_name), to=elem_type)
-    if per_sample != 1:
-        total = b.op("Mul", total, b.const(per_sample, elem_type, "per_sample"))
-    b.op("Div", total, size, out=loss_name)
-
-
-def _static_size(dims: list) -> int | None:
-    if not all(isinstance(d, int) and d > 0 for d in dims):
-        return None
-    return int(np.prod(dims, dtype=np.int64))
-
-
-def _output_info(model: ModelProto, output: str) -> ValueInfoProto:
-    for info in model.graph.output:
-        if info.name == output:
-            return info
-    raise ValueError(
-        f"unknown output {output!r}, the outputs are {[o.name for o in model.graph.output]}"
-    )
-
-
-def _columns(info: ValueInfoProto) -> int | None:
-    dims = tensor_dims(info)
-    if len(dims) == 1:
-        return 1
-    return dims[1] if len(dims) == 2 else None
-
-
-def _two_column_probabilities(
-    model: ModelProto, info: ValueInfoProto, sigmoid: bool
-) -> tuple[ModelProto, str]:
-    """Append ``[1 - p, p]`` (``p = sigmoid(output)`` or the output) as a new output."""
-    graph = model.graph
-    b = StepBuilder(graph, default_opset(model))
-    elem_type = info.type.tensor_type.elem_type
-    column = b.op(
-        "Reshape",
-        info.name,
-        b.const(np.array([-1, 1], dtype=np.int64), TensorProto.INT64, "column_shape"),
-    )
-    p = b.op("Sigmoid", column) if sigmoid else column
-    complement = b.op("Sub", b.const(1, elem_type, "one"), p)
-    probabilities = b.op("Concat", complement, p, axis=1, out=b.names.unique("probabilities"))
-    graph.output.append(helper.make_tensor_value_info(probabilities, elem_type, [None, 2]))
-    return model, probabilities
+        params = loss.get_params(deep=False)
+    elif isinstance(loss, str):
+        cls, params = _BY_NAME[resolve_loss(loss, "learning_loss").name]
+        loss = cls
+    else:
+        raise TypeError(f"learning_loss must be a name or a loss object, got {loss!r}")
+    if reduction is not None:
+        params = {**params, "reduction": check_reduction(reduction)}
+    result = (loss if isinstance(loss, type) else type(loss))(**params)
+    check_reduction(result.reduction)
+    return result
 
 
 __all__ = [

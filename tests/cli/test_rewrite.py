@@ -34,7 +34,7 @@ def test_add_loss_with_penalties(workdir, data):
     before = (workdir / "seed004.onnx").read_bytes()
     result = run_onnxgrad(
         "add-loss", "seed004.onnx", "-o", "loss.onnx",
-        "--penalty", "init=l1:0.1,l2:0.2", "--penalty", "init_b10=0.3",
+        "--penalty", "init=l1:0.1,l2:0.2", "--penalty", "init_b10=0.3", "--reduction", "sum",
         cwd=workdir,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -54,7 +54,7 @@ def test_add_loss_absolute_error_with_sample_weight(workdir, data):
     X, y = data
     result = run_in_process(
         "add-loss", "lr.onnx", "-o", "l1.onnx", "--score", "l1", "--weight", "w",
-        "--label", "target", "--loss-name", "error",
+        "--label", "target", "--loss-name", "error", "--reduction", "sum",
         cwd=workdir,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -90,7 +90,8 @@ def test_derivative_fill_grad_matches_closed_form(workdir, data, backend):
 
 def test_derivative_of_a_loss_with_respect_to_chosen_weights(workdir, data):
     X, y = data
-    assert run_in_process("add-loss", "lr.onnx", "-o", "loss.onnx", cwd=workdir).returncode == 0
+    added = run_in_process("add-loss", "lr.onnx", "-o", "loss.onnx", "--score", "mse", cwd=workdir)
+    assert added.returncode == 0, added.stderr
     result = run_in_process(
         "derivative", "loss.onnx", "-o", "grad.onnx", "--loss", "loss", "--label", "label",
         "--weights", "coefs", "--inputs",
@@ -101,8 +102,9 @@ def test_derivative_of_a_loss_with_respect_to_chosen_weights(workdir, data):
     outputs = run_model(gradient, {"X": X, "label": y, "coefs": COEF[:, None]})
     assert set(outputs) == {"coefs_grad", "loss"}
     residual = X.astype(np.float64) @ COEF[:, None] + BIAS - y
-    np.testing.assert_allclose(outputs["coefs_grad"], 2 * X.T @ residual, rtol=1e-4)
-    np.testing.assert_allclose(outputs["loss"], np.sum(residual**2), rtol=1e-5)
+    # the default reduction is the mean over the batch
+    np.testing.assert_allclose(outputs["coefs_grad"], 2 * X.T @ residual / len(X), rtol=1e-4)
+    np.testing.assert_allclose(outputs["loss"], np.mean(residual**2), rtol=1e-5)
 
 
 def test_derivative_with_output_gradient_inputs(workdir, data):

@@ -54,7 +54,9 @@ def _io(model: onnx.ModelProto) -> tuple[list, list]:
 
 @pytest.fixture(scope="module")
 def loss_only() -> onnx.ModelProto:
-    return select_model_inputs_outputs(add_loss_output(seed004_model()), outputs=["loss"])
+    return select_model_inputs_outputs(
+        add_loss_output(seed004_model(), reduction="sum"), outputs=["loss"]
+    )
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,9 @@ OPSETS = [13, 17, 18, 21]
 REGRESSION_SCORES = ["squared_error", "l2", "absolute_error", "l1", "elastic"]
 
 
-def regression_reference(score, prediction, label, weight=None, l1_weight=0.5, l2_weight=0.5):
+def regression_reference(
+    score, prediction, label, weight=None, l1_weight=0.5, l2_weight=0.5, reduction="mean"
+):
     d = (prediction - label).reshape((prediction.shape[0], -1)).astype(np.float64)
     per_element = {
         "squared_error": d**2,
@@ -32,8 +34,10 @@ def regression_reference(score, prediction, label, weight=None, l1_weight=0.5, l
         "l1": np.abs(d),
         "elastic": l1_weight * np.abs(d) + l2_weight * d**2,
     }[score]
-    per_sample = per_element.sum(axis=1)
-    return per_sample.sum() if weight is None else (weight * per_sample).sum()
+    if reduction == "sum":
+        per_sample = per_element.sum(axis=1)
+        return per_sample.sum() if weight is None else (weight * per_sample).sum()
+    return np.average(per_element.mean(axis=1), weights=weight)
 
 
 def softmax_model(opset: int, n_classes: int = 3, dtype=np.float32) -> onnx.ModelProto:
@@ -78,14 +82,17 @@ def check_pure_and_valid(before: bytes, original: onnx.ModelProto, result: onnx.
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("score", REGRESSION_SCORES)
 @pytest.mark.parametrize("weighted", [False, True])
-def test_regression_losses_on_seed004(rng, opset, score, weighted):
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_regression_losses_on_seed004(rng, opset, score, weighted, reduction):
     model = seed004_model(opset)
     before = model.SerializeToString()
     x = rng.standard_normal((7, 2)).astype(np.float32)
     label = rng.standard_normal((7, 1)).astype(np.float32)
     weight = rng.uniform(0.1, 2.0, 7).astype(np.float32) if weighted else None
 
-    result = add_loss_output(model, score_name=score, weight_name="w" if weighted else None)
+    result = add_loss_output(
+        model, score_name=score, weight_name="w" if weighted else None, reduction=reduction
+    )
 
     check_pure_and_valid(before, model, result)
     assert [o.name for o in result.graph.output] == ["loss", "y"]
@@ -93,7 +100,7 @@ def test_regression_losses_on_seed004(rng, opset, score, weighted):
     feeds = {"x": x, "label": label, **({"w": weight} if weighted else {})}
     got = run(result, feeds)
     assert got["loss"].shape == ()
-    expected = regression_reference(score, seed004_function(x), label, weight)
+    expected = regression_reference(score, seed004_function(x), label, weight, reduction=reduction)
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-4)
     np.testing.assert_allclose(got["y"], seed004_function(x), rtol=1e-4, atol=1e-5)
 
@@ -125,7 +132,7 @@ def test_squared_error_on_mlp_regressor_with_penalties():
     conv = mlp_regressor()
     est = conv.estimator
     penalty = {"coefficient": {"l1": 0.01, "l2": 0.02}, "intercepts1": 0.5}
-    result = add_loss_output(conv.onnx, penalty=penalty)
+    result = add_loss_output(conv.onnx, penalty=penalty, reduction="sum")
     got = run(result, {"X": conv.X, "label": conv.y.reshape((-1, 1))})
     prediction = est.predict(conv.X).reshape((-1, 1))
     W, b1 = est.coefs_[0], est.intercepts_[1]
@@ -153,7 +160,7 @@ def test_penalty_on_a_double_weight_of_a_float_loss_is_cast(rng):
         [numpy_helper.from_array(W, "W"), numpy_helper.from_array(b, "b")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    result = add_loss_output(model, penalty={"b": {"l1": 2.0}})
+    result = add_loss_output(model, penalty={"b": {"l1": 2.0}}, reduction="sum")
     x = rng.standard_normal((3, 2)).astype(np.float32)
     label = np.zeros((3, 2), dtype=np.float32)
     got = run(result, {"x": x, "label": label})
@@ -221,9 +228,7 @@ def test_cross_entropy_on_logits_matches_torch(rng, opset):
     x = rng.standard_normal((6, 4)).astype(np.float32)
     y = rng.integers(0, 4, 6)
     w = rng.uniform(0.1, 2.0, 6).astype(np.float32)
-    result = add_loss_output(
-        model, "cross_entropy", weight_name="w", output_index=1, probabilities=False
-    )
+    result = add_loss_output(model, "cross_entropy_logits", weight_name="w", output_index=1)
     assert [o.name for o in result.graph.output] == ["loss", "z"]
     got = run(result, {"x": x, "label": y.astype(np.int64), "w": w})
     _, z = softmax_reference(model, x)
@@ -252,10 +257,11 @@ def test_loss_graph_is_differentiable_by_onnxruntime_training(rng, tmp_path, sco
     w = rng.uniform(0.5, 1.5, 5).astype(np.float32)
     classification = score in ("cross_entropy", "logits")
     label = rng.integers(0, 3, 5) if classification else rng.random((5, 3)).astype(np.float32)
-    kwargs = {"probabilities": False, "output_index": "z"} if score == "logits" else {}
+    kwargs = {"output_index": "z"} if score == "logits" else {}
+    names = {"cross_entropy": "cross_entropy", "logits": "cross_entropy_logits"}
     result = add_loss_output(
         model,
-        "cross_entropy" if classification else score,
+        names.get(score, score),
         weight_name="w",
         penalty={"W": {"l1": 0.1, "l2": 0.2}},
         **kwargs,
@@ -282,7 +288,7 @@ def test_loss_graph_is_differentiable_by_onnxruntime_training(rng, tmp_path, sco
             "absolute_error": d.abs(),
             "elastic": 0.5 * d.abs() + 0.5 * d**2,
         }
-        data = (tw * e[score].sum(dim=1)).sum()
+        data = (tw * e[score].mean(dim=1)).sum() / tw.sum()
     loss = data + 0.1 * W.abs().sum() + 0.2 * (W**2).sum()
     loss.backward()
     np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-5)
@@ -304,7 +310,7 @@ def test_other_outputs_and_their_nodes_are_dropped():
 def test_accepts_a_path(tmp_path, rng):
     path = tmp_path / "seed.onnx"
     onnx.save(seed004_model(), path)
-    result = add_loss_output(str(path), "l1")
+    result = add_loss_output(str(path), "l1", reduction="sum")
     x = rng.standard_normal((4, 2)).astype(np.float32)
     label = rng.standard_normal((4, 1)).astype(np.float32)
     got = run(result, {"x": x, "label": label})
@@ -314,8 +320,9 @@ def test_accepts_a_path(tmp_path, rng):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"score_name": "hinge"}, ValueError, "unknown score 'hinge'"),
-        ({"score_name": 3}, TypeError, "score_name"),
+        ({"score_name": "hinge"}, ValueError, "unknown loss 'hinge'"),
+        ({"score_name": 3}, TypeError, "loss name must be a string"),
+        ({"reduction": "avg"}, ValueError, r"reduction must be one of \['mean', 'sum'\]"),
         ({"output_index": "nope"}, ValueError, "unknown output 'nope'"),
         ({"output_index": 5}, ValueError, "out of range"),
         ({"output_index": 1.5}, TypeError, "output_index"),
@@ -329,9 +336,9 @@ def test_accepts_a_path(tmp_path, rng):
         ({"penalty": {"init": -1.0}}, ValueError, "must be a number >= 0"),
         ({"penalty": [0.1]}, TypeError, "penalty must be a dict"),
         ({"output_index": "out_add_0"}, ValueError, "unknown output 'out_add_0'"),
-        ({"l1_weight": 0.1}, TypeError, r"no keyword arguments \['l1_weight'\]"),
+        ({"l1_weight": 0.1}, TypeError, r"no options \['l1_weight'\]"),
         ({"score_name": "elastic", "l1_weight": "a"}, ValueError, "l1_weight"),
-        ({"score_name": "log"}, ValueError, "2-column probability output"),
+        ({"score_name": "log", "eps": 0.7}, ValueError, "eps must be"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -343,12 +350,18 @@ def test_bad_arguments(kwargs, error, match):
 
 
 def test_classification_errors():
-    with pytest.raises(ValueError, match=r"2-column.*'p' has 3 columns"):
+    with pytest.raises(
+        ValueError, match=r"'log' needs 1 or 2 column.*'p' has shape.*cross_entropy"
+    ):
         add_loss_output(softmax_model(15), "log")
     with pytest.raises(ValueError, match="eps must be"):
         add_loss_output(softmax_model(15), "cross_entropy", eps=0.7)
-    with pytest.raises(TypeError, match="probabilities must be True or False"):
-        add_loss_output(softmax_model(15), "cross_entropy", probabilities="yes")
+    with pytest.raises(TypeError, match=r"no options \['probabilities'\]"):
+        add_loss_output(softmax_model(15), "cross_entropy", probabilities=False)
+    with pytest.raises(ValueError, match=r"computed by Softmax.*use 'cross_entropy'"):
+        add_loss_output(softmax_model(15), "cross_entropy_logits", output_index="p")
+    with pytest.raises(ValueError, match=r"'log_logits' needs 1 column.*cross_entropy_logits"):
+        add_loss_output(softmax_model(15), "log_logits", output_index="z")
     with pytest.raises(ValueError, match="output 'label' is not a float tensor"):
         add_loss_output(logistic_regression().onnx, "log", output_index="label")
 
@@ -361,7 +374,7 @@ def test_old_opsets_are_converted_to_13(rng):
     x = rng.standard_normal((5, 2)).astype(np.float32)
     label = rng.standard_normal((5, 1)).astype(np.float32)
     got = run(result, {"X": x, "label": label})
-    expected = ((x @ np.array([[1.0], [-1.0]]) + 0.5 - label) ** 2).sum()
+    expected = ((x @ np.array([[1.0], [-1.0]]) + 0.5 - label) ** 2).mean()
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-5)
 
 
@@ -402,3 +415,31 @@ def test_weighted_class_losses_are_zero_not_nan_when_every_weight_is_zero(score)
         with_loss.SerializeToString(), providers=["CPUExecutionProvider"]
     ).run(["loss"], feeds)[0]
     assert loss == 0
+
+
+@pytest.mark.parametrize("bad", [3, -1, 7])
+@pytest.mark.parametrize("score", ["cross_entropy", "cross_entropy_logits"])
+def test_an_out_of_range_class_label_makes_the_loss_nan_not_zero(rng, score, bad):
+    model = softmax_model(17)
+    result = add_loss_output(model, score, output_index="p" if score == "cross_entropy" else "z")
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    y = np.array([0, 1, bad, 2], np.int64)
+    assert np.isnan(run(result, {"x": x, "label": y})["loss"])
+
+
+@pytest.mark.parametrize("bad", [2, -1])
+@pytest.mark.parametrize("score", ["log", "log_logits"])
+def test_an_out_of_range_binary_label_makes_the_loss_nan(score, bad):
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["P"])],
+        "column",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor_value_info("P", TensorProto.FLOAT, ["N", 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    result = add_loss_output(model, score)
+    feeds = {"X": np.array([[0.3], [0.6]], np.float32), "label": np.array([1, bad], np.int64)}
+    assert np.isnan(run(result, feeds)["loss"])
+    feeds["label"] = np.array([1, 0], np.int64)
+    p = np.array([0.3, 0.6]) if score == "log" else 1 / (1 + np.exp(-np.array([0.3, 0.6])))
+    np.testing.assert_allclose(run(result, feeds)["loss"], log_loss([1, 0], p), rtol=1e-6)

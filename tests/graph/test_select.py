@@ -54,7 +54,7 @@ def test_several_outputs_and_explicit_inputs(rng):
 
 
 def test_loss_only_drops_the_prediction_as_in_seed_004(rng):
-    with_loss = add_loss_output(seed004_model())
+    with_loss = add_loss_output(seed004_model(), reduction="sum")
     result = checked(with_loss, outputs=["loss"])
     assert [o.name for o in result.graph.output] == ["loss"]
     assert [i.name for i in result.graph.input] == ["x", "label"]

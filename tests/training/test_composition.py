@@ -134,9 +134,9 @@ def test_existing_loss_model_with_sample_weight():
     feeds = {"X": X, "label": y, "weight": sw, "coefs": np.array([[2.0], [1.0]], np.float32)}
     out = run(step.model, {**feeds, step.learning_rate: np.array(0.01, np.float32)})
     residual = X @ feeds["coefs"] + 0.5 - y
-    # add_loss_output's squared_error is the weighted sum
-    assert out["loss"] == pytest.approx(float((sw[:, None] * residual**2).sum()))
-    grad = 2 * X.T @ (sw[:, None] * residual)
+    # add_loss_output's squared_error is the weighted mean by default
+    assert out["loss"] == pytest.approx(float((sw[:, None] * residual**2).sum() / sw.sum()))
+    grad = 2 * X.T @ (sw[:, None] * residual) / sw.sum()
     np.testing.assert_allclose(out[step.new_weights[0]], feeds["coefs"] - 0.01 * grad, rtol=1e-5)
 
 

@@ -271,7 +271,7 @@ def test_ort_gradient_optimizer_solves_least_squares():
         ["coefs", "intercept"],
         max_iter=60,
         batch_size=10,
-        learning_rate=LearningRateSGD(eta0=0.002, learning_rate="constant"),
+        learning_rate=LearningRateSGD(eta0=0.02, learning_rate="constant"),
         random_state=0,
     )
     est.fit(X, y)
@@ -607,3 +607,24 @@ def test_cuda_without_the_provider_fails_before_training():
     with pytest.raises(ValueError, match="CUDAExecutionProvider"):
         est.fit(X, y)
     assert not hasattr(est, "runner_")
+
+
+@pytest.mark.parametrize(
+    ("y", "match"),
+    [
+        (np.array([0, 1, 3, 2] * 10), r"y holds the class label 3 .*valid range 0..2"),
+        (np.array([0, 1, -1, 2] * 10), r"class label -1 .*valid range 0..2"),
+        (np.array([0.0, 1.5, 1.0, 2.0] * 10), r"non-integer class label 1.5.*0..2"),
+    ],
+)
+def test_class_labels_out_of_range_or_not_integers_are_refused(y, match):
+    from onnxgrad.training import CrossEntropyLearningLoss
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((len(y), 3)).astype(np.float32)
+    model = linear_regression_model(np.zeros((3, 3)), np.zeros(3))
+    est = OrtGradientForwardBackwardOptimizer(
+        model, learning_loss=CrossEntropyLearningLoss(probability_function="softmax"), max_iter=1
+    )
+    with pytest.raises(ValueError, match=match):
+        est.fit(X, y)

@@ -44,25 +44,27 @@ def softmax(z):
 
 
 def per_sample_square(p, y):
-    return ((p - y) ** 2).sum(axis=1)
+    """The mean over the columns of a sample: ``'mean'`` averages every element."""
+    return ((p - y) ** 2).mean(axis=1)
 
 
 def per_sample_absolute(p, y):
-    return np.abs(p - y).sum(axis=1)
+    return np.abs(p - y).mean(axis=1)
 
 
 def per_sample_elastic(p, y):
     d = p - y
-    return (0.3 * np.abs(d) + 0.7 * d * d).sum(axis=1)
+    return (0.3 * np.abs(d) + 0.7 * d * d).mean(axis=1)
 
 
 def per_sample_logistic(z, y):
-    p = np.clip(sigmoid(z[:, 0]), 1e-5, 1 - 1e-5)
+    p = sigmoid(z[:, 0])
     return -(y * np.log(p) + (1 - y) * np.log(1 - p))
 
 
 def per_sample_two_columns(p, y):
-    return -np.log(np.clip(p[np.arange(len(y)), y], 1e-5, 1 - 1e-5))
+    eps = np.finfo(np.float32).eps
+    return -np.log(np.clip(p[np.arange(len(y)), y], eps, 1 - eps))
 
 
 def per_sample_cross_entropy(z, y):
@@ -75,7 +77,13 @@ CASES = [
     (ElasticLearningLoss(l1_weight=0.3, l2_weight=0.7), 2, "float", per_sample_elastic),
     (NegLogLearningLoss(), 1, "binary", per_sample_logistic),
     (NegLogLearningLoss(probability_function=None), 2, "probabilities", per_sample_two_columns),
-    (CrossEntropyLearningLoss(), 4, "classes", per_sample_cross_entropy),
+    (
+        CrossEntropyLearningLoss(probability_function="softmax"),
+        4,
+        "classes",
+        per_sample_cross_entropy,
+    ),
+    (CrossEntropyLearningLoss(), 3, "probabilities", per_sample_two_columns),
 ]
 
 
@@ -136,7 +144,9 @@ def test_logistic_and_cross_entropy_equal_sklearn_log_loss():
     assert got == pytest.approx(log_loss(y, sigmoid(z[:, 0].astype(np.float64))), rel=1e-5)
 
     z, y = batch("classes", 4, n=20)
-    evaluation = make_eval_step(shift_model(4), ["b"], loss=CrossEntropyLearningLoss())
+    evaluation = make_eval_step(
+        shift_model(4), ["b"], loss=select_learning_loss("cross_entropy_logits")
+    )
     got = run(evaluation.model, {"X": z, evaluation.label: y, "b": np.zeros(4, np.float32)})[0]
     expected = log_loss(y, softmax(z.astype(np.float64)), labels=[0, 1, 2, 3])
     assert got == pytest.approx(expected, rel=1e-5)
@@ -150,24 +160,31 @@ def test_elastic_penalty_value_and_gradient():
     feeds = {"X": X, step.label: y, "b": b, step.learning_rate: np.array(1.0, np.float32)}
     loss, new_b = run(step.model, feeds)
     residual = X.astype(np.float64) + b - y
-    expected_loss = (residual**2).sum(axis=1).mean() + 0.2 * np.abs(b).sum() + 0.3 * (b**2).sum()
+    expected_loss = (residual**2).mean() + 0.2 * np.abs(b).sum() + 0.3 * (b**2).sum()
     assert loss == pytest.approx(expected_loss, rel=1e-5)
-    gradient = 2 * residual.mean(axis=0) + 0.2 * np.sign(b) + 0.6 * b
+    gradient = residual.mean(axis=0) + 0.2 * np.sign(b) + 0.6 * b
     np.testing.assert_allclose(b - new_b, gradient, rtol=1e-5)
 
 
 def test_select_learning_loss():
-    assert isinstance(select_learning_loss("square_error"), SquareLearningLoss)
-    assert isinstance(select_learning_loss("cross_entropy"), CrossEntropyLearningLoss)
+    for alias in ("square_error", "squared_error", "l2", "mse"):
+        assert select_learning_loss(alias).loss_name == "squared_error"
+    assert select_learning_loss("cross_entropy").loss_name == "cross_entropy"
+    assert select_learning_loss("softmax_cross_entropy").loss_name == "cross_entropy_logits"
+    assert select_learning_loss("log").loss_name == "log"
+    assert NegLogLearningLoss().loss_name == "log_logits"
     original = ElasticLearningLoss(0.1, 0.9)
-    copy = select_learning_loss(original)
-    assert copy is not original and copy.get_params() == {"l1_weight": 0.1, "l2_weight": 0.9}
+    copy = select_learning_loss(original, reduction="sum")
+    assert copy is not original
+    assert copy.get_params() == {"l1_weight": 0.1, "l2_weight": 0.9, "reduction": "sum"}
     with pytest.raises(ValueError, match="unknown learning_loss 'hinge'"):
         select_learning_loss("hinge")
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        select_learning_loss("l1", reduction="average")
 
 
 def test_bad_loss_configurations():
-    with pytest.raises(ValueError, match="one column of scores"):
+    with pytest.raises(ValueError, match="'log_logits' needs 1 column"):
         make_eval_step(shift_model(3), ["b"], loss=NegLogLearningLoss())
     with pytest.raises(ValueError, match="unknown probability_function 'tanh'"):
         make_eval_step(shift_model(1), ["b"], loss=NegLogLearningLoss(probability_function="tanh"))
