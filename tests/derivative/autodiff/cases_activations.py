@@ -63,6 +63,10 @@ CASES = [
     ),
     OpCase("Shrink", {"x": away_from([-0.5, 0.5], 3, 4)}, opset=13, id="Shrink-default"),
     OpCase(
+        "Shrink", {"x": away_from([-0.5, 0.5], 3, 4)}, {"bias": 0.2}, opset=9,
+        id="Shrink-opset9",
+    ),
+    OpCase(
         "Shrink", {"x": away_from([-1.0, 1.0], 3, 4)}, {"lambd": 1.0, "bias": 0.3}, opset=18,
         id="Shrink-lambd-bias",
     ),

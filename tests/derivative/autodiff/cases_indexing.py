@@ -1,5 +1,6 @@
-"""Rule table entries: Slice, Gather, GatherElements, GatherND, ScatterElements, ScatterND,
-Trilu. Indices repeat on purpose where the op allows it (their gradients must add up)."""
+"""Rule table entries: Slice, Gather, GatherElements, GatherND, ScatterElements, ScatterND
+(every reduction), Trilu, TopK, Compress, ReverseSequence, TensorScatter. Indices repeat on
+purpose where the op allows it (their gradients must add up)."""
 
 import numpy as np
 from onnx import helper
@@ -114,7 +115,65 @@ TRILU = [
 ]
 # fmt: on
 
-CASES = SLICE + GATHER + SCATTER + TRILU
+
+def top_k(id, x, k, opset=18, check_ort=True, **attrs):
+    """Only ``Values`` leaves the graph (``Indices`` is an integer output)."""
+
+    def graph(inputs, outputs):
+        return [helper.make_node("TopK", inputs, [outputs[0], "indices"], **attrs)]
+
+    return OpCase(
+        "TopK",
+        {"x": x, "k": i64(k)},
+        opset=opset,
+        graph=graph,
+        check_ort=check_ort,
+        id=f"TopK-{id}",
+    )
+
+
+def reps(*shape):
+    """Values with a repeat: ``max``/``min`` reductions must share among ties."""
+    values = r(*shape)
+    values.flat[1] = values.flat[0]
+    return values
+
+
+# fmt: off
+SELECTIONS = [
+    top_k("largest-axis1", r(3, 5), 2, axis=1),
+    top_k("smallest-axis0-opset11", r(4, 3), 3, axis=0, largest=0, opset=11),
+    # unsorted: the order of the values is the runtime's, so is the meaning of each seed
+    top_k("unsorted-negative-axis", r(2, 3, 4), 2, axis=-1, sorted=0, opset=21,
+          check_ort=False),
+    OpCase("Compress", {"x": r(3, 4), "c": np.array([True, False, True])}, {"axis": 0},
+           opset=11, id="Compress-axis0"),
+    OpCase("Compress", {"x": r(2, 5, 2), "c": np.array([False, True, True])}, {"axis": -2},
+           opset=18, id="Compress-short-condition"),
+    OpCase("Compress", {"x": r(2, 3), "c": np.array([1, 0, 0, 1, 1], bool)}, opset=21,
+           id="Compress-flat"),
+    OpCase("ReverseSequence", {"x": r(4, 3, 2), "lens": i64(4, 1, 3)},
+           {"batch_axis": 1, "time_axis": 0}, opset=11, id="ReverseSequence-time-major"),
+    OpCase("ReverseSequence", {"x": r(3, 4), "lens": i64(2, 4, 0)},
+           {"batch_axis": 0, "time_axis": 1}, opset=18, id="ReverseSequence-batch-major"),
+    OpCase("TensorScatter", {"cache": r(2, 5, 3), "update": r(2, 2, 3),
+                             "write": idx([1, 3])}, {"axis": 1}, opset=24,
+           id="TensorScatter-linear"),
+    OpCase("TensorScatter", {"cache": r(2, 2, 4, 2), "update": r(2, 2, 3, 2),
+                             "write": idx([3, 0])}, {"mode": "circular"}, opset=24,
+           id="TensorScatter-circular"),
+    OpCase("TensorScatter", {"cache": r(1, 4, 3), "update": r(1, 2, 3), "write": None},
+           {"axis": -2}, opset=24, id="TensorScatter-no-write-indices"),
+    OpCase("ScatterElements", {"data": reps(3, 4), "indices": idx([[1, 1], [0, 1]]),
+                               "updates": reps(2, 2)}, {"axis": 1, "reduction": "max"},
+           opset=18, id="ScatterElements-max"),
+    OpCase("ScatterND", {"data": reps(4, 3), "indices": idx([[1], [1], [3]]),
+                         "updates": r(3, 3)}, {"reduction": "min"}, opset=18,
+           id="ScatterND-min"),
+]
+# fmt: on
+
+CASES = SLICE + GATHER + SCATTER + TRILU + SELECTIONS
 
 SECOND_ORDER_IDS = {
     "Slice-unit-steps-clamped", "Slice-unit-steps-axes", "Slice-negative-steps",

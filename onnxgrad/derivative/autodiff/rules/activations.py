@@ -65,7 +65,7 @@ def thresholded_relu_grad(b, node, grads, needs):
     return [_pass_where(b, above, grads[0])]
 
 
-@register("Shrink", since=11)
+@register("Shrink", since=9)
 def shrink_grad(b, node, grads, needs):
     x = node.inputs[0]
     outside = b.op("Greater", b.op("Abs", x), b.const(node.attr("lambd", 0.5), like=x))

@@ -13,7 +13,9 @@
   ``data_bar = y_bar``; ``'mul'``: ``data_bar = scatter_mul(y_bar, idx, u)``,
   ``u_bar = gather(y_bar y, idx) / u`` (undefined where ``u = 0``). Repeated indices with
   ``reduction='none'`` are undefined in ONNX and so are their gradients.
+  ``'max'``/``'min'``: ``y_bar`` shared among the candidates equal to ``y``.
 * Trilu: the same triangle of ``y_bar``.
+* TopK, Compress, ReverseSequence, TensorScatter: see their rules.
 """
 
 from __future__ import annotations
@@ -300,6 +302,8 @@ def _scatter_grad(b, node, grads, needs, scatter, gather):
         return [data_grad, None, gather(g) if needs[2] else None]
     if reduction == "add":
         return [g, None, gather(g) if needs[2] else None]
+    if reduction in ("max", "min"):
+        return _scatter_extremum_grad(b, node, g, needs, scatter, gather)
     if reduction == "mul":
         data_grad = scatter(g, updates, reduction="mul") if needs[0] else None
         updates_grad = None
@@ -310,9 +314,100 @@ def _scatter_grad(b, node, grads, needs, scatter, gather):
     raise unsupported(node, f"reduction={reduction!r}")
 
 
+def _scatter_extremum_grad(b, node, g, needs, scatter, gather):
+    """``reduction='max'``/``'min'``: ``y_bar`` goes to the candidates equal to ``y`` (the
+    element of ``data`` and the updates written there), shared equally among ties."""
+    data, updates = node.inputs[0], node.inputs[2]
+    y = node.outputs[0]
+    from_data = cast_like(b, b.op("Equal", data, y), y)
+    from_updates = cast_like(b, b.op("Equal", updates, gather(y)), y)
+    ties = b.add(from_data, scatter(zeros_like(b, y), from_updates, reduction="add"))
+    share = b.op("Div", g, ties)
+    data_grad = b.mul(share, from_data) if needs[0] else None
+    updates_grad = b.mul(gather(share), from_updates) if needs[2] else None
+    return [data_grad, None, updates_grad]
+
+
 # -- masks ----------------------------------------------------------------------------------
 
 
 @register("Trilu", since=14)
 def trilu_grad(b, node, grads, needs):
     return [b.op("Trilu", grads[0], node.input(1), upper=node.attr("upper", 1))]
+
+
+# -- selections -----------------------------------------------------------------------------
+
+
+@register("TopK", since=11)
+def top_k_grad(b, node, grads, needs):
+    """``x_bar``: ``Values_bar`` scattered at ``Indices`` (distinct within a slice)."""
+    g = grads[0]
+    if g is None:
+        return [None, None]
+    x = node.inputs[0]
+    return [
+        b.op("ScatterElements", zeros_like(b, x), node.outputs[1], g, axis=node.attr("axis", -1))
+    ]
+
+
+@register("Compress", since=11)
+def compress_grad(b, node, grads, needs):
+    """Slice ``p`` of ``x`` along ``axis`` (of the flattened ``x`` without one) is output
+    slice ``k_p = sum_{q < p} c_q`` when ``c_p`` holds (``c`` the condition, padded with
+    false to the length of the axis): ``x_bar = gather(y_bar, k c) * c``."""
+    (g,) = grads
+    x, condition = node.inputs
+    axis = node.attr("axis")
+    if axis is None:
+        flat = b.op("Reshape", x, b.ints([-1]))
+        return [reshape_like(b, _ungather_selected(b, g, condition, flat, 0, 1), x)]
+    rank = require_rank(b, x, node)
+    return [_ungather_selected(b, g, condition, x, normalize_axis(axis, rank), rank)]
+
+
+def _ungather_selected(b, g: str, condition: str, x: str, axis: int, rank: int) -> str:
+    length = b.op("Gather", b.shape_of(x), b.ints([axis]), axis=0)
+    missing = b.op("Sub", length, b.op("Shape", condition))
+    kept = b.op("Pad", b.op("Cast", condition, to=7), b.op("Concat", b.ints([0]), missing, axis=0))
+    rows = b.mul(b.op("CumSum", kept, b.ints(0), exclusive=1), kept)
+    spread = b.op("Gather", g, rows, axis=axis)
+    mask = b.op("Reshape", cast_like(b, kept, g), b.ints([-1] + [1] * (rank - axis - 1)))
+    return b.mul(spread, mask)
+
+
+@register("ReverseSequence", since=11)
+def reverse_sequence_grad(b, node, grads, needs):
+    """A permutation that is its own inverse: ``x_bar = ReverseSequence(y_bar)``."""
+    attrs = {name: node.attr(name) for name in ("batch_axis", "time_axis")}
+    return [b.op("ReverseSequence", grads[0], node.inputs[1], **attrs), None]
+
+
+@register("TensorScatter", since=24)
+def tensor_scatter_grad(b, node, grads, needs):
+    """``y`` is ``past_cache`` with ``update`` written at positions ``w_b + s`` (mod the
+    cache length in circular mode) along ``axis``: ``past_cache_bar`` is ``y_bar`` with those
+    positions zeroed (the same op writing zeros), ``update_bar`` is ``y_bar`` read there."""
+    (g,) = grads
+    cache, update = node.inputs[0], node.inputs[1]
+    write = node.input(2)
+    attrs = {name: node.attr(name) for name in ("axis", "mode")}
+    results = [None, None, None]
+    if needs[0]:
+        results[0] = b.op("TensorScatter", g, zeros_like(b, update), write, **attrs)
+    if needs[1]:
+        rank = require_rank(b, update, node)
+        axis = normalize_axis(node.attr("axis", -2), rank)
+        steps = b.op(
+            "Range", scalar(b, 0), b.op("Gather", b.shape_of(update), b.ints(axis)), scalar(b, 1)
+        )
+        positions = b.op("Reshape", steps, b.ints([-1] + [1] * (rank - axis - 1)))
+        if write is not None:
+            starts = b.op("Reshape", to_int64(b, write), b.ints([-1] + [1] * (rank - 1)))
+            positions = b.add(positions, starts)
+        if node.attr("mode", "linear") == "circular":
+            length = b.op("Gather", b.shape_of(cache), b.ints(axis))
+            positions = b.op("Mod", positions, length)
+        positions = b.op("Expand", positions, b.shape_of(update))
+        results[1] = b.op("GatherElements", g, positions, axis=axis)
+    return results
