@@ -113,3 +113,12 @@ SECOND_ORDER_IDS = {
 SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
 assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
 CASES += SECOND_ORDER
+
+SINGULAR = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.5, -1.0, 2.0]])
+# Det's rule needs the static matrix size: static shapes only
+CASES += [
+    OpCase("Det", {"x": r(3, 3)}, opset=13, dynamic_shapes=False, id="Det-3x3"),
+    OpCase("Det", {"x": r(2, 3, 2, 2)}, opset=22, dynamic_shapes=False, id="Det-batched"),
+    OpCase("Det", {"x": r(4, 1, 1)}, opset=18, dynamic_shapes=False, id="Det-1x1"),
+    OpCase("Det", {"x": SINGULAR}, opset=18, dynamic_shapes=False, id="Det-singular"),
+]

@@ -31,7 +31,8 @@ def _at_low_opset(case: OpCase) -> OpCase | None:
             case,
             opset=opset,
             id=re.sub(r"-opset\d+$", "", case.id) + f"-opset{opset}",
-            dynamic_shapes=not (rule.broadcast or case.op_type in _UNDO_BROADCAST),
+            dynamic_shapes=case.dynamic_shapes
+            and not (rule.broadcast or case.op_type in _UNDO_BROADCAST),
         )
         try:
             case_model(low)

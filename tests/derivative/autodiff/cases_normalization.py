@@ -1,5 +1,6 @@
 """Rule table entries: BatchNormalization (inference mode, all five inputs), InstanceNormalization,
-LayerNormalization (axes, epsilon, with and without bias, the Mean and InvStdDev outputs).
+LayerNormalization (axes, epsilon, with and without bias, the Mean and InvStdDev outputs),
+LpNormalization, LRN.
 
 The onnx reference evaluator runs BatchNormalization-9 (opsets 9-13) in training mode even with
 one output, so the low-end BatchNormalization case is at opset 14.
@@ -87,4 +88,17 @@ CASES = [
            {"axis": -1}, opset=21, id="LayerNormalization-broadcast-scale-bias"),
     layer_norm_with_statistics("statistics-outputs", (2, 3, 2), axis=1),
     layer_norm_reusing_statistics("reused-statistics", (3, 2, 3), axis=-2),
+    OpCase("LpNormalization", {"x": r(3, 4)}, opset=11, id="LpNormalization-default"),
+    # the reference evaluator sums x, not |x|, for p=1
+    OpCase("LpNormalization", {"x": r(2, 3, 2)}, {"axis": 1, "p": 1}, opset=11,
+           evaluator="onnxruntime", id="LpNormalization-p1-axis1"),
+    OpCase("LpNormalization", {"x": r(2, 3, 2)}, {"axis": 0}, opset=22,
+           id="LpNormalization-axis0-opset22"),
+    # the reference evaluator's LRN loops over range(batch) for the channels (right when the
+    # batch is as large as the channels; onnxruntime has no float64 LRN)
+    OpCase("LRN", {"x": r(3, 3, 3, 2)}, {"size": 3}, opset=13, id="LRN-size3"),
+    OpCase("LRN", {"x": r(4, 4, 3, 1)}, {"size": 2, "alpha": 0.3, "beta": 0.6, "bias": 2.0},
+           opset=11, check_ort=False, id="LRN-even-size"),  # onnxruntime: odd sizes only
+    OpCase("LRN", {"x": r(6, 6, 1, 2)}, {"size": 5, "alpha": 0.5, "beta": 1.2}, opset=21,
+           id="LRN-size5"),
 ]  # fmt: skip

@@ -1,5 +1,5 @@
 """Rule table entries: ReduceSum, ReduceMean, ReduceSumSquare, ReduceL1, ReduceL2,
-ReduceLogSumExp, ReduceLogSum, ReduceMax, ReduceMin, ReduceProd, CumSum.
+ReduceLogSumExp, ReduceLogSum, ReduceMax, ReduceMin, ReduceProd, CumSum, CumProd.
 
 Axes as attributes (ReduceSum before opset 13, the others before 18) and as inputs,
 negative, omitted, empty with ``noop_with_empty_axes``, and computed at run time the way
@@ -131,7 +131,29 @@ CUMSUM = [
 ]
 # fmt: on
 
-CASES = SUM_MEAN + NORMS + EXTREMA_PROD + CUMSUM
+
+def with_zeros(*shape):
+    values = r(*shape)
+    values.flat[1] = 0.0
+    return values
+
+
+# CumProd's rule needs static shapes
+# fmt: off
+CUMPROD = [
+    OpCase("CumProd", {"x": with_zeros(2, 4), "axis": np.array(1)}, opset=26,
+           dynamic_shapes=False, id="CumProd-inclusive-zero"),
+    OpCase("CumProd", {"x": r(3, 2), "axis": np.array(0)}, {"exclusive": 1}, opset=26,
+           dynamic_shapes=False, id="CumProd-exclusive"),
+    OpCase("CumProd", {"x": with_zeros(2, 3, 2), "axis": np.array(-2)}, {"reverse": 1},
+           opset=26, dynamic_shapes=False, id="CumProd-reverse"),
+    OpCase("CumProd", {"x": r(4), "axis": np.array(0, dtype=np.int32)},
+           {"exclusive": 1, "reverse": 1}, opset=26, dynamic_shapes=False,
+           id="CumProd-exclusive-reverse"),
+]
+# fmt: on
+
+CASES = SUM_MEAN + NORMS + EXTREMA_PROD + CUMSUM + CUMPROD
 
 #: Not ReduceL2-zero-norm, ReduceMax-ties, ReduceProd-zeros: their gradients jump there.
 SECOND_ORDER_IDS = {

@@ -1,4 +1,4 @@
-"""Linear algebra: MatMul, Gemm, Einsum.
+"""Linear algebra: MatMul, Gemm, Einsum, Det (see :func:`det_grad`).
 
 * ``C = A B`` (MatMul, numpy semantics): ``A_bar = C_bar B^T``, ``B_bar = A^T C_bar``, summed
   over the batch dimensions an operand was broadcast along; a 1-D operand is a row
@@ -367,3 +367,30 @@ def _broadcast_dim(dims: list):
     if None in large or len(set(large)) > 1:
         return None
     return large[0]
+
+
+# -- Det ----------------------------------------------------------------------------------
+@register("Det", since=11)
+def det_grad(b, node, grads, needs):
+    """``X_bar = g C`` with ``C`` the cofactor matrix, ``C_ij = (-1)^(i+j) det(X without row
+    i and column j)``: ``M^2`` determinants of size ``M - 1`` (one batched Det), exact for
+    singular matrices too, where ``det(X) X^-T`` is undefined (and ONNX has no inverse)."""
+    (g,) = grads
+    x = node.inputs[0]
+    shape = b.shape(x)
+    if shape is None or not isinstance(shape[-1], int):
+        raise NotImplementedError(
+            f"the gradient of Det node {node.name or '<unnamed>'!r} needs the static matrix "
+            f"size of {x!r}"
+        )
+    rank, m = len(shape), shape[-1]
+    seed = b.unsqueeze(g, [rank - 2, rank - 1])
+    if m == 1:
+        return [b.op("Expand", seed, b.shape_of(x))]
+    others = np.array([[k for k in range(m) if k != i] for i in range(m)], dtype=np.int64)
+    rows = b.op("Gather", x, b.const(others), axis=rank - 2)  # [..., i, m-1, m]
+    minors = b.op("Gather", rows, b.const(others), axis=rank)  # [..., i, m-1, j, m-1]
+    perm = [*range(rank - 2), rank - 2, rank, rank - 1, rank + 1]
+    cofactors = b.op("Det", b.op("Transpose", minors, perm=perm))
+    signs = (-1.0) ** np.add.outer(np.arange(m), np.arange(m))
+    return [b.mul(b.mul(cofactors, b.const(signs, like=x)), seed)]

@@ -208,3 +208,56 @@ def _inverse_count(b: GradBuilder, x: str, mean: str, axes: list[int]) -> str:
         return b.const(1.0 / max(int(np.prod([shape[a] for a in axes])), 1), like=x)
     count = b.op("Div", b.op("Size", x), b.op("Size", mean))
     return b.op("Reciprocal", b.op("Cast", count, to=b.dtype(x)))
+
+
+# -- LpNormalization, LRN ---------------------------------------------------------------------
+@register("LpNormalization", since=11)
+def lp_normalization_grad(b, node, grads, needs):
+    r"""``y = x / n`` with ``n = ||x||_p`` along ``axis`` (``p`` 1 or 2):
+    :math:`\bar x = (g - d \sum g y) / n` with :math:`d = y` for ``p = 2``,
+    :math:`\operatorname{sign}(x)` for ``p = 1``."""
+    (g,) = grads
+    x, y = node.inputs[0], node.outputs[0]
+    axes = [node.attr("axis", -1)]
+    p = node.attr("p", 2)
+    if p not in (1, 2):
+        raise unsupported(node, f"p={p}")
+    if p == 2:
+        norm = b.reduce("ReduceL2", x, axes, keepdims=True)
+    else:
+        norm = b.reduce_sum(b.op("Abs", x), axes, keepdims=True)
+    direction = y if p == 2 else b.op("Sign", x)
+    total = b.reduce_sum(b.mul(g, y), axes, keepdims=True)
+    return [b.op("Div", b.op("Sub", g, b.mul(direction, total)), norm)]
+
+
+@register("LRN", since=11)
+def lrn_grad(b, node, grads, needs):
+    r"""``y = x s^{-\beta}`` with ``s = k + \alpha / n \cdot W(x^2)``, ``W`` the sum over
+    the channel window ``[c - \lfloor (n-1)/2 \rfloor, c + \lceil (n-1)/2 \rceil]``:
+    :math:`\bar x = g s^{-\beta} - 2 \alpha \beta / n \cdot x\, W^T(g y / s)`, ``W^T`` the
+    window sum with its two sides swapped."""
+    (g,) = grads
+    x, y = node.inputs[0], node.outputs[0]
+    size = node.attr("size")
+    alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
+    rank = tensor_rank(b, node, x)
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    window = _channel_window_sum(b, b.mul(x, x), before, after, rank)
+    s = b.add(b.mul(window, b.const(alpha / size, like=x)), b.const(bias, like=x))
+    direct = b.mul(g, b.op("Pow", s, b.const(-beta, like=x)))
+    spread = _channel_window_sum(b, b.op("Div", b.mul(g, y), s), after, before, rank)
+    scale = b.const(-2.0 * alpha * beta / size, like=x)
+    return [b.add(direct, b.mul(b.mul(spread, x), scale))]
+
+
+def _channel_window_sum(b: GradBuilder, t: str, before: int, after: int, rank: int) -> str:
+    """``sum_{d = -before}^{after} t[:, c + d]`` (zero outside the channels)."""
+    padded = b.op("Pad", t, b.ints([0, before] + [0] * (rank - 2) + [0, after] + [0] * (rank - 2)))
+    width = before + after
+    total = None
+    for k in range(width + 1):
+        end = k - width if k < width else np.iinfo(np.int64).max
+        piece = b.op("Slice", padded, b.ints([k]), b.ints([end]), b.ints([1]))
+        total = piece if total is None else b.add(total, piece)
+    return total

@@ -11,7 +11,8 @@ likewise; both broadcast against ``x``:
   gradient equally
 * ReduceProd: ``g prod_{j != i} x_j``, from the product of the non-zero elements, so zeros
   are exact: with one zero only that element gets a gradient, with two or more none does
-* CumSum: the cumulative sum of ``y_bar`` in the other direction, ``exclusive`` unchanged
+* CumSum: the cumulative sum of ``y_bar`` in the other direction, ``exclusive`` unchanged;
+  CumProd: see :func:`cumprod_grad`
 
 Axes come from the ``axes`` attribute (ReduceSum before opset 13, the others before 18) or
 the ``axes`` input, possibly computed at run time: the restoring Unsqueeze and the helper
@@ -24,9 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from onnxgrad._onnx_utils import reduce_axes_are_input
+import numpy as np
+
+from onnxgrad._onnx_utils import np_dtype, reduce_axes_are_input
 from onnxgrad.derivative.autodiff.registry import register
-from onnxgrad.derivative.autodiff.rules._shape_helpers import cast_like, expand_like
+from onnxgrad.derivative.autodiff.rules._shape_helpers import (
+    cast_like,
+    constant_ints,
+    expand_like,
+    normalize_axis,
+    unsupported,
+)
 
 
 @dataclass(frozen=True)
@@ -164,3 +173,36 @@ def cumsum_grad(b, node, grads, needs):
     reverse = 1 - node.attr("reverse", 0)
     exclusive = node.attr("exclusive", 0)
     return [b.op("CumSum", grads[0], node.inputs[1], exclusive=exclusive, reverse=reverse)]
+
+
+@register("CumProd", since=26)
+def cumprod_grad(b, node, grads, needs):
+    """``x_bar_j = sum_i g_i dy_i/dx_j`` with ``dy_i/dx_j`` the cumulative product with
+    ``x_j`` replaced by 1 where ``y_i``'s product holds ``x_j``, 0 elsewhere. The ``n``
+    products (``n`` the length of the axis) are one CumProd over a stacked copy of ``x``:
+    exact where ``x`` has zeros (``y / x`` would not be), at ``n`` times the memory."""
+    (g,) = grads
+    x = node.inputs[0]
+    axis_values = constant_ints(b, node.input(1))
+    shape = b.static_shape(x)
+    if axis_values is None or shape is None:
+        raise unsupported(node, "an axis known while building and a static input shape")
+    rank = len(shape)
+    axis = normalize_axis(axis_values[0], rank)
+    n = shape[axis]
+    along = [1] * rank
+    along[axis] = n
+    eye = np.eye(n, dtype=bool).reshape(n, *along)
+    stacked = b.op("Where", b.const(eye), b.const(1, like=x), b.unsqueeze(x, [0]))
+    attrs = {name: node.attr(name, 0) for name in ("exclusive", "reverse")}
+    partial = b.op("CumProd", stacked, b.ints(axis + 1), **attrs)
+    j, i = np.arange(n)[:, None], np.arange(n)[None, :]
+    holds = {(0, 0): i >= j, (1, 0): i > j, (0, 1): i <= j, (1, 1): i < j}[
+        (attrs["exclusive"], attrs["reverse"])
+    ]
+    holds = holds.reshape(n, *along).astype(np_dtype(b.dtype(x)))
+    weighted = b.mul(b.mul(partial, b.const(holds)), b.unsqueeze(g, [0]))
+    summed = b.reduce_sum(weighted, [axis + 1], keepdims=True)
+    perm = list(range(rank + 1))
+    perm[0], perm[axis + 1] = axis + 1, 0
+    return [b.squeeze(b.op("Transpose", summed, perm=perm), [0]), None]
