@@ -491,6 +491,8 @@ def build_parser() -> OneLineParser:
     commands = parser.add_subparsers(
         title="commands", dest="command", metavar="COMMAND", required=True
     )
+    from onnxgrad.cli_artifacts import add_artifacts  # its own module, needs this one
+
     for add in (
         _add_demo,
         _add_info,
@@ -499,6 +501,7 @@ def build_parser() -> OneLineParser:
         _add_add_loss,
         _add_derivative,
         _add_train,
+        add_artifacts,
     ):
         add(commands)
     return parser

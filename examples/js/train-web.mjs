@@ -47,10 +47,10 @@ async function main() {
     onStep: (step, loss) => { log.textContent += `step ${step}  loss ${loss.toPrecision(6)}\n`; },
   });
   const { manifest, bytes } = writeTensors(result.checkpoint, 'checkpoint.bin');
-  const download = document.getElementById('download');
-  download.href = URL.createObjectURL(new Blob([bytes]));
-  download.download = 'checkpoint.bin';
-  download.hidden = false;
+  document.getElementById('manifest').href = URL.createObjectURL(
+    new Blob([JSON.stringify(manifest, null, 1)], { type: 'application/json' }));
+  document.getElementById('data').href = URL.createObjectURL(new Blob([bytes]));
+  document.getElementById('download').hidden = false;
   const report = {
     runtime: `onnxruntime-web ${ort.env.versions.web} (wasm)`,
     losses: result.losses,

@@ -136,7 +136,16 @@ def test_help_of_every_command_has_examples(workdir):
 
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert set(commands) == {"demo", "info", "text", "plot", "add-loss", "derivative", "train"}
+    assert set(commands) == {
+        "demo",
+        "info",
+        "text",
+        "plot",
+        "add-loss",
+        "derivative",
+        "train",
+        "artifacts",
+    }
     for name, sub in commands.items():
         text = sub.format_help()
         assert "examples:" in text and f"onnxgrad {name}" in text, name

@@ -1,0 +1,120 @@
+"""``onnxgrad artifacts``: the on-device training artifacts of a model (registered by
+:mod:`onnxgrad.cli`; see :func:`onnxgrad.training.generate_artifacts`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from onnxgrad.cli import (
+    CommandError,
+    _command,
+    _positive_float,
+    _positive_int,
+    read_model,
+    read_training_data,
+)
+from onnxgrad.graph.lora import add_lora
+from onnxgrad.training.artifacts import generate_artifacts
+from onnxgrad.training.checkpoint import save_tensors
+from onnxgrad.training.learning_rate import LEARNING_RATE_NAMES
+
+DATA_FILE = "data.json"
+
+
+def cmd_artifacts(args: argparse.Namespace) -> None:
+    model = read_model(args.model)
+    folder = Path(args.output)
+    if folder.exists() and not folder.is_dir():
+        raise CommandError(f"the output {args.output!r} exists and is not a folder")
+    if not folder.parent.is_dir():
+        raise CommandError(f"the folder of the output {args.output!r} does not exist")
+    data = read_training_data(args.data, model) if args.data else None
+    if args.lora is not None:
+        model = add_lora(model, args.lora or None, rank=args.lora_rank)
+    artifacts = generate_artifacts(
+        model,
+        requires_grad=args.train,
+        frozen_params=args.freeze,
+        loss=args.loss,
+        optimizer=args.optimizer,
+        learning_rate=args.lr,
+        artifact_directory=folder,
+    )
+    if data is not None:
+        _save_data(artifacts, *data)
+    step = artifacts.train_step
+    print(
+        f"train step inputs: {', '.join(step.data_inputs)}, {len(step.weights)} weights, "
+        f"{len(step.state)} optimizer state tensors, {step.learning_rate}"
+    )
+    print(f"trained: {', '.join(step.weights)}")
+    for path in sorted(folder.iterdir()):
+        if not path.name.startswith("."):
+            print(f"  {path.name:24s} {path.stat().st_size:>10,d} bytes")
+    print(f"wrote {folder}")
+
+
+def _save_data(artifacts, X: np.ndarray, y: np.ndarray) -> None:
+    """The training data beside the artifacts, one tensor per data input of the step."""
+    step = artifacts.train_step
+    if len(step.features) != 1:
+        raise CommandError(f"--data feeds one input, the model has {list(step.features)}")
+    label = next(i for i in step.model.graph.input if i.name == step.label)
+    rank = len(label.type.tensor_type.shape.dim)
+    if y.ndim == 1 and rank == 2:
+        y = y.reshape(-1, 1)
+    save_tensors({step.features[0]: X, step.label: y}, artifacts.directory / DATA_FILE)
+
+
+def add_artifacts(commands) -> None:
+    sub = _command(
+        commands,
+        "artifacts",
+        cmd_artifacts,
+        "Write on-device training artifacts: train step, eval and inference models, checkpoint.",
+        """
+        onnxgrad artifacts model.onnx -o artifacts/
+        onnxgrad artifacts model.onnx -o artifacts/ --optimizer sgd --lr 0.05 --data data.npz
+        onnxgrad artifacts model.onnx -o artifacts/ --freeze W1 b1
+        onnxgrad artifacts model.onnx -o artifacts/ --lora W1 W2 --lora-rank 4
+        """,
+    )
+    sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
+    sub.add_argument("-o", "--output", required=True, help="folder to write (created)")
+    sub.add_argument(
+        "--loss",
+        default="square_error",
+        help="mean loss on the first float output (default: "
+        "%(default)s; also absolute_error, elastic, log, cross_entropy)",
+    )
+    sub.add_argument(
+        "--optimizer",
+        choices=LEARNING_RATE_NAMES,
+        default="adam",
+        help="update fused into the train step (default: %(default)s)",
+    )
+    sub.add_argument(
+        "--lr", type=_positive_float, help="learning rate (default: 0.01, 0.001 for adam)"
+    )
+    sub.add_argument("--train", nargs="+", metavar="NAME", help="initializers to train only")
+    sub.add_argument(
+        "--freeze", nargs="+", metavar="NAME", help="initializers kept constant (folded)"
+    )
+    sub.add_argument(
+        "--lora",
+        nargs="*",
+        metavar="NAME",
+        help="add low-rank adapters to these MatMul/Gemm/Conv weights (none named: all of "
+        "them) and train the adapters only",
+    )
+    sub.add_argument(
+        "--lora-rank", type=_positive_int, default=4, help="adapter rank (default: %(default)s)"
+    )
+    sub.add_argument(
+        "--data",
+        help=f".npz file with arrays X and y, written beside the artifacts as {DATA_FILE} "
+        "for the JavaScript example",
+    )

@@ -1,0 +1,69 @@
+"""``onnxgrad artifacts``: the folder it writes, the options, its one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxgrad.training.checkpoint import load_tensors
+from tests.cli.helpers import assert_failed, run_in_process, run_onnxgrad, save
+from tests.models import linear_regression_model
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    save(linear_regression_model(np.array([1.0, 2.0]), np.array([0.5])), tmp_path / "lr.onnx")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((64, 2))
+    np.savez(tmp_path / "data.npz", X=X, y=X @ np.array([1.0, 2.0]))
+    return tmp_path
+
+
+def _inputs(path) -> set[str]:
+    return {i.name for i in onnx.load(path).graph.input}
+
+
+def test_artifacts_with_frozen_weight_and_data(workdir):
+    result = run_onnxgrad(
+        "artifacts", "lr.onnx", "-o", "art", "--freeze", "coefs", "--optimizer", "sgd",
+        "--lr", "0.05", "--data", "data.npz", cwd=workdir,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "wrote art" in result.stdout and "trained: intercept" in result.stdout
+    art = workdir / "art"
+    assert _inputs(art / "training_model.onnx") == {"X", "label", "intercept", "learning_rate"}
+    manifest = json.loads((art / "artifacts.json").read_text())
+    assert manifest["learning_rate"]["value"] == 0.05
+    data, _ = load_tensors(art / "data.json")
+    with np.load(workdir / "data.npz") as npz:
+        np.testing.assert_array_equal(data["X"], npz["X"].astype(np.float32))
+        np.testing.assert_array_equal(data["label"], npz["y"].astype(np.float32).reshape(-1, 1))
+
+
+def test_artifacts_lora_trains_the_adapters(workdir):
+    result = run_in_process(
+        "artifacts", "lr.onnx", "-o", "art", "--lora", "coefs", "--lora-rank", "1",
+        cwd=workdir,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    inputs = _inputs(workdir / "art" / "training_model.onnx")
+    assert {"coefs_lora_A", "coefs_lora_B"} <= inputs and "coefs" not in inputs
+    assert "intercept" not in inputs
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--loss", "hinge"], "unknown learning_loss 'hinge'"),
+        (["--freeze", "nope"], "frozen_params ['nope']"),
+        (["--train", "coefs", "--freeze", "coefs"], "both requires_grad and frozen_params"),
+        (["--lora", "intercept"], "'intercept' is no float weight"),
+    ],
+)
+def test_artifacts_errors(workdir, options, fragment):
+    result = run_in_process("artifacts", "lr.onnx", "-o", "art", *options, cwd=workdir)
+    assert_failed(result, 2, fragment)
+    assert not (workdir / "art").exists()
