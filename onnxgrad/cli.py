@@ -26,7 +26,7 @@ JOB_FAILED = 1
 #: onnxruntime's own log (fatal only): its failures reach the user as one-line errors.
 ORT_LOG_SEVERITY = 4
 #: Subcommands that run models, so need an onnxruntime.
-RUNTIME_COMMANDS = ("onnxgrad train", "onnxgrad demo")
+RUNTIME_COMMANDS = ("onnxgrad train", "onnxgrad demo", "onnxgrad artifacts")
 
 
 class LazyChoices(Sequence):

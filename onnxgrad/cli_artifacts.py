@@ -5,26 +5,28 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from onnxgrad.cli import (
     CommandError,
+    LazyChoices,
     _command,
     _positive_float,
     _positive_int,
     read_model,
     read_training_data,
 )
-from onnxgrad.graph.lora import add_lora
-from onnxgrad.training.artifacts import generate_artifacts
-from onnxgrad.training.checkpoint import save_tensors
-from onnxgrad.training.learning_rate import LEARNING_RATE_NAMES
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DATA_FILE = "data.json"
 
 
 def cmd_artifacts(args: argparse.Namespace) -> None:
+    from onnxgrad.graph.lora import add_lora
+    from onnxgrad.training.artifacts import generate_artifacts
+
     model = read_model(args.model)
     folder = Path(args.output)
     if folder.exists() and not folder.is_dir():
@@ -59,6 +61,8 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
 
 def _save_data(artifacts, X: np.ndarray, y: np.ndarray) -> None:
     """The training data beside the artifacts, one tensor per data input of the step."""
+    from onnxgrad.training.checkpoint import save_tensors
+
     step = artifacts.train_step
     if len(step.features) != 1:
         raise CommandError(f"--data feeds one input, the model has {list(step.features)}")
@@ -92,9 +96,10 @@ def add_artifacts(commands) -> None:
     )
     sub.add_argument(
         "--optimizer",
-        choices=LEARNING_RATE_NAMES,
+        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
+        metavar="NAME",
         default="adam",
-        help="update fused into the train step (default: %(default)s)",
+        help="one of %(choices)s, the update fused into the train step (default: %(default)s)",
     )
     sub.add_argument(
         "--lr", type=_positive_float, help="learning rate (default: 0.01, 0.001 for adam)"
