@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from onnxgrad.cli import (
     CommandError,
     LazyChoices,
+    _add_loss_options,
     _command,
     _positive_float,
     _positive_int,
@@ -26,6 +27,7 @@ DATA_FILE = "data.json"
 def cmd_artifacts(args: argparse.Namespace) -> None:
     from onnxgrad.graph.lora import add_lora
     from onnxgrad.training.artifacts import generate_artifacts
+    from onnxgrad.training.losses import select_learning_loss
 
     model = read_model(args.model)
     folder = Path(args.output)
@@ -40,7 +42,7 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
         model,
         requires_grad=args.train,
         frozen_params=args.freeze,
-        loss=args.loss,
+        loss=select_learning_loss(args.loss, args.reduction),
         optimizer=args.optimizer,
         learning_rate=args.lr,
         artifact_directory=folder,
@@ -88,12 +90,7 @@ def add_artifacts(commands) -> None:
     )
     sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
     sub.add_argument("-o", "--output", required=True, help="folder to write (created)")
-    sub.add_argument(
-        "--loss",
-        default="square_error",
-        help="mean loss on the first float output (default: "
-        "%(default)s; also absolute_error, elastic, log, cross_entropy)",
-    )
+    _add_loss_options(sub, "--loss")
     sub.add_argument(
         "--optimizer",
         choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),

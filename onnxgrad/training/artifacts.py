@@ -81,9 +81,9 @@ def generate_artifacts(
         :func:`onnxgrad.get_train_initializer`, but ``frozen_params``; only the low-rank
         adapters of a model rewritten by :func:`onnxgrad.graph.lora.add_lora`)
     :param frozen_params: weights kept constant, folded into the graphs as initializers
-    :param loss: a loss name (``'squared_error'``, ``'absolute_error'``, ``'elastic'``,
-        ``'log'``, ``'cross_entropy'``...) or a loss object, put on ``output`` (default: the
-        first float output)
+    :param loss: a name of the loss table (``'squared_error'``, ``'absolute_error'``,
+        ``'log_logits'``, ``'cross_entropy_logits'``..., :mod:`onnxgrad.graph.loss_table`)
+        or a loss object, put on ``output`` (default: the first float output)
     :param optimizer: ``'sgd'``, ``'momentum'``, ``'nesterov'``, ``'adam'`` or an optimizer
         object; its update (and state) is part of the train step
     :param learning_rate: the constant rate written in ``artifacts.json`` (default: the
