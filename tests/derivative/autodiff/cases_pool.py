@@ -1,6 +1,7 @@
 """Rule table entries: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (1-D to 3-D,
 strides 1 and 2, pads, dilations, ceil_mode, count_include_pad, auto_pad, storage_order, the
-Indices output) and the 1-D pooling PyTorch exports as Unsqueeze + 2-D pool + Squeeze.
+Indices output), LpPool and the 1-D pooling PyTorch exports as
+Unsqueeze + 2-D pool + Squeeze.
 
 Inputs are distinct random values, so every window has a single maximum. The onnx reference
 evaluator fails on ceil_mode with asymmetric pads or strides above 2, and computes
@@ -102,4 +103,11 @@ CASES = [
     torch_1d("AveragePool", "torch-1d-export", (2, 3, 8), 3, 2),
     torch_1d("MaxPool", "torch-1d-export", (2, 3, 8), 3, 1, opset=13),
     torch_1d("AveragePool", "torch-1d-export-opset11", (1, 2, 7), 2, 1, opset=11),
+    pool("LpPool", "2d-default-p", (1, 2, 5, 4), kernel_shape=[2, 2], opset=11),
+    pool("LpPool", "2d-p3-strides-pads", (1, 2, 6, 5), kernel_shape=[3, 2], strides=[2, 1],
+         pads=[1, 0, 1, 1], p=3),
+    pool("LpPool", "1d-p1-dilation", (2, 1, 7), kernel_shape=[2], dilations=[2], p=1,
+         opset=22),
+    pool("LpPool", "2d-same-upper-ceil", (1, 1, 5, 6), kernel_shape=[3, 3], strides=[2, 2],
+         auto_pad="SAME_UPPER", opset=18),
 ]  # fmt: skip

@@ -138,18 +138,28 @@ def with_zeros(*shape):
     return values
 
 
-# CumProd's rule needs static shapes
+def _cumprod_runtime_axis(inputs, outputs):
+    """CumProd whose axis (-1) is computed in the graph, unknown while building."""
+    return [
+        helper.make_node("Constant", [], ["one"], value_int=1),
+        helper.make_node("Neg", ["one"], ["axis"]),
+        helper.make_node("CumProd", [inputs[0], "axis"], outputs, reverse=1),
+    ]
+
+
 # fmt: off
 CUMPROD = [
     OpCase("CumProd", {"x": with_zeros(2, 4), "axis": np.array(1)}, opset=26,
-           dynamic_shapes=False, id="CumProd-inclusive-zero"),
+           id="CumProd-inclusive-zero"),
     OpCase("CumProd", {"x": r(3, 2), "axis": np.array(0)}, {"exclusive": 1}, opset=26,
-           dynamic_shapes=False, id="CumProd-exclusive"),
+           id="CumProd-exclusive"),
     OpCase("CumProd", {"x": with_zeros(2, 3, 2), "axis": np.array(-2)}, {"reverse": 1},
-           opset=26, dynamic_shapes=False, id="CumProd-reverse"),
+           opset=26, id="CumProd-reverse"),
     OpCase("CumProd", {"x": r(4), "axis": np.array(0, dtype=np.int32)},
-           {"exclusive": 1, "reverse": 1}, opset=26, dynamic_shapes=False,
+           {"exclusive": 1, "reverse": 1}, opset=26,
            id="CumProd-exclusive-reverse"),
+    OpCase("CumProd", {"x": with_zeros(3, 2, 3)}, opset=26, graph=_cumprod_runtime_axis,
+           id="CumProd-runtime-axis"),
 ]
 # fmt: on
 

@@ -1,5 +1,7 @@
-r"""Pooling: MaxPool, AveragePool (pads, strides, dilations, ceil_mode, count_include_pad,
-auto_pad), GlobalAveragePool and GlobalMaxPool.
+r"""Pooling: MaxPool, AveragePool, LpPool (pads, strides, dilations, ceil_mode,
+count_include_pad, auto_pad), GlobalAveragePool and GlobalMaxPool. GlobalLpPool has no
+rule: neither the onnx reference evaluator nor onnxruntime computes it in float64, so no
+finite-difference check could hold one to account.
 
 * MaxPool routes each output gradient to the input element its window selected: the flat
   ``Indices`` of a MaxPool (the node's own when it has them) address a zero tensor with
@@ -175,6 +177,12 @@ def _scalar(b: GradBuilder, value: float, like: str) -> TensorProto:
 @register("AveragePool", since=11)
 def average_pool_grad(b, node, grads, needs):
     (g,) = grads
+    return [_spread_over_windows(b, node, g, divide_by_counts=True)]
+
+
+def _spread_over_windows(b: GradBuilder, node: NodeView, g: str, divide_by_counts: bool) -> str:
+    """The adjoint of the window sums of a pool: each output gradient added to every input
+    position of its window (divided by the window's count for AveragePool)."""
     x, y = node.inputs[0], node.outputs[0]
     kernel = tuple(node.attr("kernel_shape"))
     k = len(kernel)
@@ -183,11 +191,41 @@ def average_pool_grad(b, node, grads, needs):
     x_sizes, y_sizes = dims(b, x), dims(b, y)
     begin, end = window_pads(b, node, k, x_sizes, extents(b, kernel, dilations), strides)
     win = Window(k, strides, dilations, 1, kernel, begin, end)
-    scaled = _divide_by_counts(b, node, g, win, x_sizes, y_sizes)
-    planes = b.op("Reshape", scaled, _plane_shape(b, y_sizes))
+    if divide_by_counts:
+        g = _divide_by_counts(b, node, g, win, x_sizes, y_sizes)
+    planes = b.op("Reshape", g, _plane_shape(b, y_sizes))
     ones = b.const(np.ones((1, 1, *kernel)), like=x)
     spread = conv_input_grad(b, planes, ones, win, x_sizes, y_sizes)
-    return [b.op("Reshape", spread, _shape(b, x))]
+    return b.op("Reshape", spread, _shape(b, x))
+
+
+# -- LpPool ---------------------------------------------------------------------------
+@register("LpPool", since=11)
+def lp_pool_grad(b, node, grads, needs):
+    """``y = (sum_window |x|^p)^(1/p)``: ``x_bar = W^T(g y^(1-p)) |x|^(p-1) sign(x)``, ``W^T``
+    the adjoint of the window sums."""
+    (g,) = grads
+    x, y = node.inputs[0], node.outputs[0]
+    p = float(node.attr("p", 2))
+    spread = _spread_over_windows(b, node, b.mul(g, _power(b, y, 1 - p)), False)
+    return [b.mul(spread, _signed_power(b, x, p - 1))]
+
+
+def _power(b: GradBuilder, t: str, exponent: float) -> str:
+    if exponent == 0:
+        return b.const(1, like=t)
+    if exponent == -1:
+        return b.op("Reciprocal", t)
+    return b.op("Pow", t, b.const(exponent, like=t))
+
+
+def _signed_power(b: GradBuilder, x: str, exponent: float) -> str:
+    """``|x|^e sign(x)``: ``x`` itself for ``e = 1``."""
+    if exponent == 1:
+        return x
+    if exponent == 0:
+        return b.op("Sign", x)
+    return b.mul(b.op("Pow", b.op("Abs", x), b.const(exponent, like=x)), b.op("Sign", x))
 
 
 def _plane_shape(b: GradBuilder, sizes: Vec) -> str:

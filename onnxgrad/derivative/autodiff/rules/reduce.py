@@ -25,16 +25,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-import numpy as np
-
-from onnxgrad._onnx_utils import np_dtype, reduce_axes_are_input
+from onnxgrad._onnx_utils import reduce_axes_are_input
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     cast_like,
-    constant_ints,
     expand_like,
-    normalize_axis,
-    unsupported,
+    index_grid,
+    require_rank,
+    to_int64,
 )
 
 
@@ -177,32 +175,30 @@ def cumsum_grad(b, node, grads, needs):
 
 @register("CumProd", since=26)
 def cumprod_grad(b, node, grads, needs):
-    """``x_bar_j = sum_i g_i dy_i/dx_j`` with ``dy_i/dx_j`` the cumulative product with
-    ``x_j`` replaced by 1 where ``y_i``'s product holds ``x_j``, 0 elsewhere. The ``n``
-    products (``n`` the length of the axis) are one CumProd over a stacked copy of ``x``:
-    exact where ``x`` has zeros (``y / x`` would not be), at ``n`` times the memory."""
+    """``x_bar_e = sum_i g_i dy_i/dx_e`` over the line of ``e`` along the axis, with
+    ``dy_i/dx_e`` the cumulative product with ``x_e`` replaced by 1 where ``y_i``'s product
+    holds ``x_e``, 0 elsewhere. For every position ``t`` along the axis (``n`` of them) one
+    stacked copy of ``x`` has its elements at position ``t`` set to 1, and one CumProd runs
+    over the stack: exact where ``x`` has zeros (``y / x`` would not be), at ``n`` times the
+    memory. The axis may be computed at run time."""
     (g,) = grads
-    x = node.inputs[0]
-    axis_values = constant_ints(b, node.input(1))
-    shape = b.static_shape(x)
-    if axis_values is None or shape is None:
-        raise unsupported(node, "an axis known while building and a static input shape")
-    rank = len(shape)
-    axis = normalize_axis(axis_values[0], rank)
-    n = shape[axis]
-    along = [1] * rank
-    along[axis] = n
-    eye = np.eye(n, dtype=bool).reshape(n, *along)
-    stacked = b.op("Where", b.const(eye), b.const(1, like=x), b.unsqueeze(x, [0]))
-    attrs = {name: node.attr(name, 0) for name in ("exclusive", "reverse")}
-    partial = b.op("CumProd", stacked, b.ints(axis + 1), **attrs)
-    j, i = np.arange(n)[:, None], np.arange(n)[None, :]
-    holds = {(0, 0): i >= j, (1, 0): i > j, (0, 1): i <= j, (1, 1): i < j}[
-        (attrs["exclusive"], attrs["reverse"])
-    ]
-    holds = holds.reshape(n, *along).astype(np_dtype(b.dtype(x)))
-    weighted = b.mul(b.mul(partial, b.const(holds)), b.unsqueeze(g, [0]))
-    summed = b.reduce_sum(weighted, [axis + 1], keepdims=True)
-    perm = list(range(rank + 1))
-    perm[0], perm[axis + 1] = axis + 1, 0
-    return [b.squeeze(b.op("Transpose", summed, perm=perm), [0]), None]
+    x, axis = node.inputs
+    rank = require_rank(b, x, node)
+    axis = b.op("Mod", b.op("Reshape", to_int64(b, axis), b.ints([])), b.ints(rank))
+    shape = b.shape_of(x)
+    length = b.op("Gather", shape, axis, axis=0)
+    after = b.op("Slice", shape, b.unsqueeze(b.add(axis, b.ints(1)), [0]), b.ints([rank]))
+    stride = b.op("ReduceProd", after, keepdims=0)
+    coords = b.op("Mod", b.op("Div", index_grid(b, x), stride), length)
+    steps = b.op("Reshape", b.op("Range", b.ints(0), length, b.ints(1)), b.ints([-1] + [1] * rank))
+    coords = b.unsqueeze(coords, [0])
+    stacked = b.op("Where", b.op("Equal", coords, steps), b.const(1, like=x), b.unsqueeze(x, [0]))
+    exclusive, reverse = node.attr("exclusive", 0), node.attr("reverse", 0)
+    stack_axis = b.add(axis, b.ints(1))
+    partial = b.op("CumProd", stacked, stack_axis, exclusive=exclusive, reverse=reverse)
+    compare = {(0, 0): "GreaterOrEqual", (1, 0): "Greater", (0, 1): "LessOrEqual"}
+    holds = b.op(compare.get((exclusive, reverse), "Less"), coords, steps)
+    weighted = b.mul(b.mul(partial, cast_like(b, holds, x)), b.unsqueeze(g, [0]))
+    summed = b.op("ReduceSum", weighted, b.unsqueeze(stack_axis, [0]), keepdims=1)
+    spread = b.op("Expand", summed, b.op("Concat", b.unsqueeze(length, [0]), shape, axis=0))
+    return [b.squeeze(b.op("GatherElements", spread, coords, axis=0), [0]), None]
