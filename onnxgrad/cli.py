@@ -183,8 +183,14 @@ def _fail(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
 
 
+#: Python spellings in library messages -> the command line's
+_CLI_SPELLINGS = {"backend='ort'": "--backend ort", "backend='onnx'": "--backend onnx"}
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
+    for python, cli in _CLI_SPELLINGS.items():
+        text = text.replace(python, cli)
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         text = f"{exc.filename}: {exc.strerror}"
     return text or type(exc).__name__
@@ -225,7 +231,10 @@ def check_destination(path: str) -> Path:
 
 def cmd_info(args: argparse.Namespace) -> None:
     model = read_model(args.model)
+    from onnxgrad.graph.ml_lowering import lowerable_nodes, lowered_if_needed
+
     weights = get_train_initializer(model)
+    lowered = lowerable_nodes(model)
     graph = model.graph
     inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]
@@ -239,16 +248,29 @@ def cmd_info(args: argparse.Namespace) -> None:
         *_table((i.name, type_text(i.type)) for i in inputs),
         f"outputs ({len(graph.output)}):",
         *_table((o.name, type_text(o.type)) for o in graph.output),
+        *_lowering_lines(lowered),
         f"trainable initializers ({len(weights)}, {size} values):",
         *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
         f"other initializers ({len(constants)}):",
         *_table((init.name, tensor_text(init)) for init in constants),
         f"ops ({len(graph.node)} nodes):",
         *_wrapped(_op_counts(model)),
-        "ops without a native gradient rule:",
-        *_wrapped(", ".join(_ops_without_rule(model)) or "none"),
+        "ops without a native gradient rule" + (" (once lowered):" if lowered else ":"),
+        *_wrapped(", ".join(_ops_without_rule(lowered_if_needed(model, min_opset=0))) or "none"),
     ]
     print("\n".join(lines))
+
+
+def _lowering_lines(lowered) -> list[str]:
+    if not lowered:
+        return []
+    counts = Counter(node.op_type for node in lowered)
+    ops = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
+    return [
+        "lowered for training (onnxgrad.lower_ml_operators): ai.onnx.ml operators become "
+        "standard ONNX, their parameters the weights below:",
+        *_wrapped(ops),
+    ]
 
 
 def _table(rows) -> list[str]:

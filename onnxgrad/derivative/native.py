@@ -57,6 +57,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     )
     seed_inputs, seeds = _seed_output_gradients(engine, request, types, original_names)
     gradients = engine.gradients(sources, seeds)
+    _check_some_gradient_flows(gradients)
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     kept = kept_outputs(graph.output, request)
@@ -73,6 +74,18 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     result = make_model_like(new_graph, model)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
     return finalize_model(result)
+
+
+def _check_some_gradient_flows(gradients: dict[str, str | None]) -> None:
+    """A gradient graph of zeros only is refused: no output depends differentiably on
+    any source (a nearest-neighbour model reaches its outputs through TopK's indices)."""
+    if gradients and all(g is None for g in gradients.values()):
+        raise NotImplementedError(
+            f"the model is not differentiable with respect to {sorted(gradients)}: no output "
+            "depends on them through a float path (only through indices, comparisons or "
+            "piecewise-constant ops such as TopK indices, ArgMax, Floor), every gradient "
+            "would be 0"
+        )
 
 
 def _seed_output_gradients(

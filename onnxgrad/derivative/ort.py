@@ -127,11 +127,23 @@ def builder_error(message: str, model: ModelProto) -> Exception:
         op_type, name = match.group(1), match.group(2).strip()
         return NotImplementedError(
             f"backend='ort': onnxruntime-training has no gradient for op {op_type!r} "
-            f"({_describe_node(model, op_type, name)}); try backend='onnx'"
+            f"({_describe_node(model, op_type, name)}){_native_hint(model, op_type)}"
         )
     return RuntimeError(
         f"onnxruntime-training's gradient builder (backend='ort') failed: {short_message(message)}"
     )
+
+
+def _native_hint(model: ModelProto, op_type: str) -> str:
+    """``; try backend='onnx'`` when the native engine can differentiate ``op_type``."""
+    from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
+
+    node = next((n for n in model.graph.node if n.op_type == op_type), None)
+    domain = node.domain if node is not None else ""
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    if find_rule(domain, op_type, opsets.get(domain, 0)) or has_zero_gradient(domain, op_type):
+        return "; try backend='onnx'"
+    return "; the native backend (backend='onnx') has no rule for it either"
 
 
 def _describe_node(model: ModelProto, op_type: str, name: str) -> str:

@@ -348,3 +348,20 @@ def test_training_from_a_perturbed_start_matches_sklearn(name, target_opset):
     outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"X": X_test})))
     reference = model.estimator.score(X_test, y_test)
     assert _score(case, outputs, y_test) >= reference - 0.02
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: __import__("sklearn.ensemble", fromlist=["x"]).RandomForestRegressor(
+            n_estimators=3, max_depth=3, random_state=0
+        ),
+        lambda: __import__("sklearn.neighbors", fromlist=["x"]).KNeighborsRegressor(3),
+    ],
+    ids=["RandomForestRegressor", "KNeighborsRegressor"],
+)
+def test_models_without_a_derivative_say_so(make):
+    X, y, _, _ = _data("regression")
+    converted = to_onnx(make().fit(X, y), X[:1], target_opset=15)
+    with pytest.raises(NotImplementedError, match="not differentiable"):
+        onnx_derivative(converted, weights=[])

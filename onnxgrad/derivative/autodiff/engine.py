@@ -18,7 +18,12 @@ from onnx import FunctionProto, GraphProto, NodeProto, TensorProto
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView
 from onnxgrad.derivative.autodiff.functions import function_rule
-from onnxgrad.derivative.autodiff.registry import Rule, find_rule, has_zero_gradient
+from onnxgrad.derivative.autodiff.registry import (
+    Rule,
+    find_rule,
+    has_zero_gradient,
+    not_differentiable_reason,
+)
 from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import iter_graphs, node_inputs
 
@@ -88,40 +93,56 @@ class Engine:
         return active
 
     def _nodes_on_path(self, active: set[str], seeds: dict[str, str]) -> list[NodeProto]:
-        """Nodes with an active input and an output from which a seed is reachable."""
+        """Nodes with an active output from which a seed is reachable (a node whose needed
+        outputs are all inactive, as TopK's indices, passes no gradient and needs no rule)."""
         needed = set(seeds)
         path = []
         for node in reversed(self.nodes):
-            if not any(o in needed for o in node.output):
+            if not any(o in needed and o in active for o in node.output):
                 continue
             needed.update(node_inputs(node))
-            if any(o in active for o in node.output) and not has_zero_gradient(
-                node.domain, node.op_type
-            ):
+            if not has_zero_gradient(node.domain, node.op_type):
                 path.append(node)
         return path[::-1]
 
     def _rules_for(self, path: list[NodeProto]) -> list[Rule]:
         """The rule of every node, raising one error listing all the missing ones first."""
+        blocked = [
+            f"{node.op_type!r} (domain {node.domain or 'ai.onnx'!r}) at node "
+            f"{node.name or '<unnamed>'!r} {reason}"
+            for node in path
+            if (reason := not_differentiable_reason(node.domain, node.op_type))
+        ]
+        if blocked:
+            raise NotImplementedError("the model is not differentiable: " + "; ".join(blocked))
         rules, missing = [], []
         for node in path:
             rule = find_rule(node.domain, node.op_type, self._domain_opset(node.domain))
             if rule is None:
                 rule = function_rule(node, self.types, self.emitter.opsets, self.emitter.functions)
             if rule is None:
-                missing.append(
-                    f"{node.op_type!r} (domain {node.domain or 'ai.onnx'!r}, opset {self.opset}) "
-                    f"at node {node.name or '<unnamed>'!r}"
-                )
+                missing.append(node)
             rules.append(rule)
         if missing:
-            hint = (
-                "; most native rules start at opset 11 or 13, try backend='ort'"
-                if self.opset < 13
-                else ""
-            )
-            raise NotImplementedError("no gradient rule for " + "; ".join(missing) + hint)
+            raise NotImplementedError(self._missing_rules_message(missing))
         return rules
+
+    def _missing_rules_message(self, missing: list[NodeProto]) -> str:
+        """Each op with its own domain's opset; ``backend='ort'`` suggested only for
+        default-domain ops (onnxruntime-training has no gradient for ``ai.onnx.ml``)."""
+        described = [
+            f"{node.op_type!r} (domain {node.domain or 'ai.onnx'!r}, opset "
+            f"{self._domain_opset(node.domain)}) at node {node.name or '<unnamed>'!r}"
+            for node in missing
+        ]
+        default_domain = all(not normalize_domain(node.domain) for node in missing)
+        hint = ""
+        if default_domain and self.opset < 13:
+            hint = (
+                "; most native rules start at opset 11 or 13: convert the model with "
+                "onnx.version_converter.convert_version(model, 13), or try backend='ort'"
+            )
+        return "no gradient rule for " + "; ".join(described) + hint
 
     def _domain_opset(self, domain: str) -> int:
         return self.emitter.opsets.get(normalize_domain(domain), self.opset)

@@ -90,6 +90,21 @@ def register_zero_gradient(*op_types: str, domain: str = "") -> None:
     _ZERO_GRADIENT.update((domain, op) for op in op_types)
 
 
+_NOT_DIFFERENTIABLE: dict[tuple[str, str], str] = {}
+
+
+def register_not_differentiable(*op_types: str, domain: str = "", reason: str) -> None:
+    """Ops with float inputs and outputs but no usable derivative (tree ensembles, lookup
+    tables): a path through one makes the engine refuse the model, saying ``reason``."""
+    _NOT_DIFFERENTIABLE.update(((domain, op), reason) for op in op_types)
+
+
+def not_differentiable_reason(domain: str, op_type: str) -> str | None:
+    """Why ``op_type`` has no derivative, or ``None`` when it may have one."""
+    load_rules()
+    return _NOT_DIFFERENTIABLE.get((normalize_domain(domain), op_type))
+
+
 def find_rule(domain: str, op_type: str, opset: int) -> Rule | None:
     """The rule covering ``opset``, or ``None``."""
     load_rules()
