@@ -57,6 +57,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NegLogLearningLoss",
         "NoLearningPenalty",
         "OrtDataLoader",
+        "OrtGradientClassifier",
         "OrtGradientForwardBackwardOptimizer",
         "OrtGradientOptimizer",
         "SquareLearningLoss",

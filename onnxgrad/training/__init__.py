@@ -22,6 +22,7 @@ from onnxgrad.training.artifacts import (
     merge_checkpoint,
 )
 from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from onnxgrad.training.classifier import OrtGradientClassifier
 from onnxgrad.training.composition import (
     LossModel,
     make_eval_step,
@@ -80,6 +81,7 @@ __all__ = [
     "NegLogLearningLoss",
     "NoLearningPenalty",
     "OrtDataLoader",
+    "OrtGradientClassifier",
     "OrtGradientForwardBackwardOptimizer",
     "OrtGradientOptimizer",
     "SquareLearningLoss",

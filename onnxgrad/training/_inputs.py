@@ -86,9 +86,17 @@ def check_batch_axis(model: ModelProto, names: Sequence[str]) -> None:
 
 
 def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarray:
-    """``X`` as a finite array of the dtype and shape input ``name`` declares, or an error."""
+    """``X`` as a finite array of the dtype and shape input ``name`` declares, or an error.
+
+    Real numbers (floats, integers, booleans) are cast to the input's float type: float64
+    data for a float32 model is rounded to the nearest float32 (``numpy.astype``).
+    """
     array = host_array(X)
-    check_tensor(input_info(model, name), array, what)
+    info = input_info(model, name)
+    expected = np_dtype(info.type.tensor_type.elem_type)
+    if expected.kind == "f" and array.dtype.kind in "fiub" and array.dtype != expected:
+        array = array.astype(expected)
+    check_tensor(info, array, what)
     check_finite(array, what)
     return np.ascontiguousarray(array)
 
@@ -99,8 +107,9 @@ def check_labels(
     """``y`` reshaped and typed for the label input ``name``.
 
     Integer labels (and floats holding integers) are cast to an integer label's dtype and,
-    given ``n_classes``, must lie in ``0..n_classes-1``; float labels must already have
-    the label's dtype and be finite. A vector feeds a one-column label and the reverse.
+    given ``n_classes``, must lie in ``0..n_classes-1``; real labels are cast to a float
+    label's dtype (as ``X``, see :func:`check_features`) and must be finite. A vector
+    feeds a one-column label and the reverse.
     """
     info = input_info(model, name)
     array = host_array(y)
@@ -112,6 +121,8 @@ def check_labels(
     expected = np_dtype(info.type.tensor_type.elem_type)
     if expected.kind in "iu" and array.dtype.kind in "iubf":
         array = _class_indices(array, expected, what, n_classes)
+    elif expected.kind == "f" and array.dtype.kind in "fiub":
+        array = array.astype(expected)
     elif array.dtype != expected:
         raise TypeError(
             f"{what} has dtype {array.dtype}, the label input {name!r} expects {expected}"

@@ -22,8 +22,9 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype
-from onnxgrad.exceptions import ConvergenceError
+from onnxgrad.exceptions import ConvergenceError, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
+from onnxgrad.graph.loss_table import PROBABILITIES
 from onnxgrad.graph.ml_lowering import lowered_if_needed, with_trained_weights
 from onnxgrad.training._inputs import (
     check_batch_axis,
@@ -34,6 +35,7 @@ from onnxgrad.training._inputs import (
     tensor_dims,
 )
 from onnxgrad.training._params import EstimatorMixin
+from onnxgrad.training._stopping import NoImprovement, validation_rows
 from onnxgrad.training.composition import (
     LossModel,
     TrainStep,
@@ -63,8 +65,15 @@ _RUN_PARAMS = frozenset(
         "validation_every",
         "exc",
         "random_state",
+        "early_stopping",
+        "validation_fraction",
+        "n_iter_no_change",
+        "tol",
     ]
 )
+
+#: fitted attributes holding onnxruntime sessions: dropped by pickling, rebuilt on first use
+_SESSIONS = ("runner_", "evaluator_", "validator_", "predictor_", "graphs_")
 
 
 @dataclass
@@ -91,6 +100,8 @@ class _Graphs:
     objective: LossModel | None = None
     #: the number of classes of a classification loss (labels in ``0..n_classes-1``)
     n_classes: int | None = None
+    #: the model output the loss compares with the labels (None: unknown)
+    output: str | None = None
 
 
 class BaseOrtOptimizer(EstimatorMixin):
@@ -110,6 +121,16 @@ class BaseOrtOptimizer(EstimatorMixin):
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
         """Train for ``max_iter`` epochs of shuffled batches of ``batch_size`` observations.
 
+        ``X`` of any real dtype is cast to the float type the model input declares (float64
+        to float32 rounds to the nearest float32, as ``numpy.astype``).
+
+        ``early_stopping=True`` holds out ``validation_fraction`` of the data (stratified
+        for a classifier) unless ``X_val, y_val`` are given, scores it after every epoch
+        (:meth:`score`) into :attr:`validation_scores_`, and stops as scikit-learn's MLP
+        does: once the score has not exceeded the best one by ``tol`` for more than
+        ``n_iter_no_change`` epochs in a row; the weights of the best epoch are kept
+        (:attr:`best_validation_score_`). Without it, every epoch runs (the seeds' loop).
+
         Both loss curves are the training objective, the mean loss plus the penalty:
 
         * :attr:`train_losses_`: per epoch, the average over its batches of their objective
@@ -125,14 +146,25 @@ class BaseOrtOptimizer(EstimatorMixin):
         loss or a weight stops being finite; the estimator then keeps the weights of the
         last epoch that ended finite.
         """
+        return self._fit(X, y, sample_weight, X_val, y_val, self.max_iter, self.warm_start)
+
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over ``(X, y)`` from the current weights, optimizer state and schedule
+        (the first call starts from the model); no early stopping, as scikit-learn."""
+        return self._fit(X, y, sample_weight, None, None, 1, True, stopping=False)
+
+    def _fit(self, X, y, sample_weight, X_val, y_val, epochs, warm, stopping=None):
         self._check_params()
+        stopping = self.early_stopping if stopping is None else stopping
         model = lowered_if_needed(load_model(self.model_onnx))
         device = check_device(self.device)
         graphs = self._graphs_for(model, sample_weight is not None)
         data = self._training_data(graphs, X, y, sample_weight)
         validation = self._validation_data(graphs, X_val, y_val)
+        if stopping and validation is None:
+            data, validation = self._held_out(data)
         step = self._train_step(model, graphs, device)
-        if not (self.warm_start and hasattr(self, "runner_")):
+        if not (warm and self.__sklearn_is_fitted__()):
             self._start(model, graphs, step, device)
         elif self.runner_.step is not step or self.device_ != device:
             self._switch_graphs(model, graphs, step, device)
@@ -140,11 +172,54 @@ class BaseOrtOptimizer(EstimatorMixin):
         loader = OrtDataLoader(
             X, y, *weight, batch_size=self.batch_size, device=device, random_state=self._shuffling
         )
-        self._train(loader, validation)
+        if self.n_iter_ == 0:
+            self._check_probabilities(X)
+        self._train(loader, validation, epochs, stopping)
         return self
 
+    def _output_values(self, X) -> np.ndarray:
+        """The output the loss is put on, for the features ``X``, as float64 ``[N, -1]``."""
+        predictor = self.predictor_
+        X = check_features(predictor.model, predictor.data_inputs[0], X)
+        names = [o.name for o in predictor.model.graph.output]
+        values = predictor.run([X], self.runner_.current.values)[names.index(self.graphs_.output)]
+        return np.asarray(values, dtype=np.float64).reshape(len(X), -1)
+
+    def _check_probabilities(self, X) -> None:
+        """Warn when a probabilities loss meets an output whose first rows are not
+        probabilities (outside [0, 1], or several columns not summing to 1)."""
+        loss = self.graphs_.loss
+        if loss is None or loss.spec.prediction != PROBABILITIES or self.graphs_.output is None:
+            return
+        values = self._output_values(X[:256])
+        in_range = ((values >= 0) & (values <= 1)).all()
+        sums_to_one = values.shape[1] == 1 or np.allclose(values.sum(axis=1), 1, atol=1e-3)
+        if not (in_range and sums_to_one):
+            logits = "log_logits" if values.shape[1] == 1 else "cross_entropy_logits"
+            warnings.warn(
+                f"loss {loss.loss_name!r} expects probabilities but output "
+                f"{self.graphs_.output!r} holds values outside [0, 1] or rows that do not sum "
+                f"to 1 (first row: {np.round(values[0], 4).tolist()}): if it holds logits, "
+                f"use learning_loss={logits!r}",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def _held_out(self, data: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """``(training, validation)``: ``validation_fraction`` of the rows drawn with
+        ``random_state`` (per class for a classifier); the validation rows lose their
+        sample weights, as in scikit-learn."""
+        X, y = data[0], data[1]
+        rng = np.random.default_rng(self.random_state)
+        held = validation_rows(y if self._stratify else None, len(X), self.validation_fraction, rng)
+        kept = np.setdiff1d(np.arange(len(X)), held)
+        return [a[kept] for a in data], [X[held], y[held]]
+
+    #: whether the held-out validation rows are drawn per class
+    _stratify = False
+
     def _check_params(self) -> None:
-        for name in ("max_iter", "batch_size"):
+        for name in ("max_iter", "batch_size", "n_iter_no_change"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -155,6 +230,12 @@ class BaseOrtOptimizer(EstimatorMixin):
             or not 0 <= every < np.inf
         ):
             raise ValueError(f"validation_every must be a finite number >= 0, got {every!r}")
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction must be in (0, 1), got {self.validation_fraction!r}"
+            )
+        if not (isinstance(self.tol, (int, float, np.number)) and self.tol >= 0):
+            raise ValueError(f"tol must be a number >= 0, got {self.tol!r}")
         threads = self.intra_op_num_threads
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
@@ -222,6 +303,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         self._shuffling = np.random.default_rng(self.random_state)
         self.train_losses_: list[float] = []
         self.validation_losses_: list[float] = []
+        self.validation_scores_: list[float] = []
         self.n_iter_ = 0
         self.t_ = 0
 
@@ -276,11 +358,13 @@ class BaseOrtOptimizer(EstimatorMixin):
         if graphs.loss is not None:
             self.learning_loss_ = graphs.loss
 
-    def _train(self, loader: OrtDataLoader, validation) -> None:
+    def _train(self, loader: OrtDataLoader, validation, n_epochs: int, stopping: bool) -> None:
         every = self._validation_period()
         lr = self.learning_rate_
         good = self._snapshot()
-        epochs = range(self.max_iter)
+        stopper = NoImprovement(self.tol, self.n_iter_no_change) if stopping else None
+        best = None
+        epochs = range(n_epochs)
         bar = _progress_bar(epochs) if self.verbose else None
         sizes = _batch_sizes(len(loader), loader.batch_size)
         for _ in bar if bar is not None else epochs:
@@ -299,7 +383,21 @@ class BaseOrtOptimizer(EstimatorMixin):
                 self.validation_losses_.append(self._evaluate(validation, self.validator_))
             if bar is not None:
                 bar.set_postfix(loss=f"{self.train_losses_[-1]:.4g}", lr=f"{lr.value:.3g}")
+            if stopper is not None:
+                self.validation_scores_.append(self._validation_score(validation))
+                if stopper.update(self.validation_scores_[-1]):
+                    best = snapshot
+                if stopper.should_stop:
+                    break
+        if stopper is not None:
+            self.best_validation_score_ = stopper.best
+            if best is not None:
+                self.runner_.set_values(best)
         self.trained_coef_ = self.runner_.get_weights()
+
+    def _validation_score(self, arrays: list[np.ndarray]) -> float:
+        """The score early stopping watches: minus the loss (penalty excepted)."""
+        return -self._evaluate(arrays)
 
     def _validation_period(self) -> int:
         every = self.validation_every
@@ -324,16 +422,52 @@ class BaseOrtOptimizer(EstimatorMixin):
         )
         if self.exc:
             raise ConvergenceError(message)
-        # the caller of fit: fit -> _train -> _diverged -> warn
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        # the caller of fit or partial_fit: (partial_)fit -> _fit -> _train -> _diverged
+        warnings.warn(message, RuntimeWarning, stacklevel=5)
 
     # -- evaluation -------------------------------------------------------------------------
     def __sklearn_is_fitted__(self) -> bool:
-        return hasattr(self, "runner_")
+        return "runner_" in self.__dict__ or "_restore" in self.__dict__
 
     def _check_fitted(self) -> None:
         if not self.__sklearn_is_fitted__():
-            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit first")
+            raise not_fitted_error()(
+                f"this {type(self).__name__} is not fitted yet: call fit first"
+            )
+
+    # -- pickling ---------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the onnxruntime sessions; a fitted estimator keeps its weights,
+        optimizer state and schedule, and rebuilds its graphs and sessions on first use."""
+        state = self.__dict__.copy()
+        if "runner_" in state:
+            runner = self.runner_
+            state["_restore"] = {
+                "weights": runner.get_weights(),
+                "state": runner.get_state(),
+                "with_weight": self._graphs_cache[0][0],
+                "learning_rate": self.learning_rate_,
+            }
+        for name in (*_SESSIONS, "_graphs_cache"):
+            state.pop(name, None)
+        return state
+
+    def __getattr__(self, name: str):
+        if name in _SESSIONS and "_restore" in self.__dict__:
+            self._rebuild()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _rebuild(self) -> None:
+        restore = self.__dict__.pop("_restore")
+        model = lowered_if_needed(load_model(self.model_onnx))
+        graphs = self._graphs_for(model, restore["with_weight"])
+        graphs.learning_rate = restore["learning_rate"]
+        step = self._train_step(model, graphs, self.device_)
+        runners = self._make_runners(
+            graphs, step, self.device_, restore["weights"], restore["state"]
+        )
+        self._install(graphs, self.device_, runners)
 
     @staticmethod
     def _checked_data(graphs: _Graphs, X, y, sample_weight, suffix: str = "") -> list[np.ndarray]:
@@ -454,8 +588,10 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
     :param warm_start: continue from the current weights, optimizer state and schedule
     :param verbose: show a tqdm progress bar with the loss and the learning rate
     :param validation_every: see :meth:`fit`
-    :param learning_loss: a name (``'square_error'``, ``'absolute_error'``, ``'elastic'``,
-        ``'log'``, ``'cross_entropy'``) or a loss object
+    :param learning_loss: a name of the loss table (``'squared_error'``, ``'absolute_error'``,
+        ``'elastic'``, ``'log'``, ``'log_logits'``, ``'cross_entropy'``,
+        ``'cross_entropy_logits'`` or an alias, see :mod:`onnxgrad.graph.loss_table`) or a
+        loss object
     :param weight_name: name of the sample-weight input added when ``fit`` gets weights
     :param learning_penalty: ``None`` or a penalty object
     :param exc: raise :class:`~onnxgrad.ConvergenceError` on divergence (else warn and stop)
@@ -464,6 +600,8 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
     :param backend: :func:`onnxgrad.onnx_derivative` backend
     :param intra_op_num_threads: threads of each onnxruntime session (default: onnxruntime's
         choice, one per core; small batches often run fastest on one)
+    :param early_stopping, validation_fraction, n_iter_no_change, tol: scikit-learn's MLP
+        early stopping (see :meth:`fit`); off by default
     """
 
     def __init__(
@@ -486,6 +624,10 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         random_state=None,
         backend="onnx",
         intra_op_num_threads=None,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=10,
+        tol=1e-4,
     ):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -505,6 +647,10 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         self.random_state = random_state
         self.backend = backend
         self.intra_op_num_threads = intra_op_num_threads
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
 
     def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
         loss = select_learning_loss(self.learning_loss)
@@ -523,6 +669,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
             prediction=make_predict_model(model, evaluation.weights),
             step_options={**options, "label_name": evaluation.label},
             n_classes=_n_classes(model, self.output) if loss.classification else None,
+            output=self.output or _first_float_output(model),
         )
 
 
@@ -556,6 +703,10 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         random_state=None,
         backend="onnx",
         intra_op_num_threads=None,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=10,
+        tol=1e-4,
     ):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -574,6 +725,10 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         self.random_state = random_state
         self.backend = backend
         self.intra_op_num_threads = intra_op_num_threads
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
 
     def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
         inputs = {i.name for i in model.graph.input}
@@ -615,6 +770,11 @@ def _initializers(model: ModelProto, names) -> dict[str, np.ndarray]:
         for init in model.graph.initializer
         if init.name in wanted
     }
+
+
+def _first_float_output(model: ModelProto) -> str | None:
+    floats = [o.name for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
+    return floats[0] if floats else None
 
 
 def _n_classes(model: ModelProto, output: str | None) -> int | None:

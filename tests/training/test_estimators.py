@@ -483,10 +483,15 @@ def with_value(shape, index, value) -> np.ndarray:
     ("X", "y", "error", "message"),
     [
         (np.zeros((5, 3), np.float32), np.zeros(4, np.float32), ValueError, "different numbers"),
-        (np.zeros((5, 3)), np.zeros(5, np.float32), TypeError, "X has dtype float64"),
+        (
+            np.zeros((5, 3), np.complex64),
+            np.zeros(5, np.float32),
+            TypeError,
+            "X has dtype complex64",
+        ),
         (np.zeros((5, 4), np.float32), np.zeros(5, np.float32), ValueError, "expects 3 values"),
         (np.zeros(5, np.float32), np.zeros(5, np.float32), ValueError, "expects 2 dimensions"),
-        (np.zeros((5, 3), np.float32), np.zeros(5), TypeError, "y has dtype float64"),
+        (np.zeros((5, 3), np.float32), np.zeros(5, complex), TypeError, "y has dtype complex128"),
         (with_value((5, 3), (3, 1), np.nan), np.zeros(5, np.float32), ValueError, "X holds nan"),
         (np.zeros((5, 3), np.float32), with_value(5, 2, -np.inf), ValueError, "y holds -inf"),
     ],
@@ -562,8 +567,8 @@ def test_the_data_is_checked_before_the_derivative_is_built(monkeypatch):
 
     monkeypatch.setattr(estimators, "make_train_step", no_derivative)
     X, y = linear_data()
-    with pytest.raises(TypeError, match="y has dtype float64"):
-        linear_estimator().fit(X, y.astype(np.float64))
+    with pytest.raises(TypeError, match="y has dtype complex128"):
+        linear_estimator().fit(X, y.astype(np.complex128))
     with pytest.raises(ValueError, match="y_val has shape"):
         linear_estimator().fit(X, y, X_val=X, y_val=np.c_[y, y])
     with pytest.raises(TypeError, match="intra_op_num_threads must be an integer"):
