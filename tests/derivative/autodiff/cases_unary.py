@@ -103,6 +103,15 @@ CASES = [
         constants=("ratio",), graph=dropout_with_mask(seed=5), opset=21, check_ort=False,
         id="Dropout-training-opset21",
     ),
+    OpCase(
+        "Dropout", {"x": r(3, 4), "ratio": np.array(0.3), "mode": np.array(True)},
+        graph=dropout_with_mask(seed=2), opset=18, check_ort=False,
+        id="Dropout-training-ratio-differentiated",
+    ),
+    OpCase(
+        "Dropout", {"x": r(3, 4), "ratio": np.array(0.3), "mode": np.array(False)},
+        graph=dropout_with_mask(), opset=18, id="Dropout-inference-ratio-differentiated",
+    ),
 ]  # fmt: skip
 
 

@@ -160,7 +160,8 @@ def dropout_grad(b, node, grads, needs):
     """Identity without a ``training_mode`` input or with a constant false one. Otherwise:
     ``x_bar = y_bar * mask * s`` with ``s = 1 / (1 - ratio)`` in training mode and ``1``
     otherwise (the mask is all true then); the forward node returns its ``mask`` if it did
-    not already."""
+    not already. For a given mask (piecewise constant in the ratio ``r``),
+    ``r_bar = sum(y_bar y) / (1 - r)`` in training mode, 0 otherwise."""
     g = grads[0]
     training_mode = node.input(2)
     if training_mode is None:
@@ -174,4 +175,10 @@ def dropout_grad(b, node, grads, needs):
     ratio = b.const(0.5, like=x) if ratio is None else b.op("Cast", ratio, to=b.dtype(x))
     scale = b.op("Where", training_mode, b.op("Div", one, b.op("Sub", one, ratio)), one)
     mask = b.op("Cast", node.outputs[1], to=b.dtype(x))
-    return [b.mul(g, b.mul(mask, scale))]
+    ratio_grad = None
+    if len(needs) > 1 and needs[1]:
+        per_unit = b.op("Div", b.mul(g, node.outputs[0]), b.op("Sub", one, ratio))
+        training = b.op("Cast", training_mode, to=b.dtype(x))
+        total = b.mul(b.reduce_sum(per_unit, None, keepdims=False), training)
+        ratio_grad = b.op("Cast", total, to=b.dtype(node.inputs[1]))
+    return [b.mul(g, b.mul(mask, scale)), ratio_grad]
