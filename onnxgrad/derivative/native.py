@@ -22,6 +22,7 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative._naming import free_gradient_names, kept_outputs
 from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
+from onnxgrad.derivative.autodiff.cleanup import clean_graph
 from onnxgrad.derivative.autodiff.engine import Engine
 from onnxgrad.derivative.autodiff.value_types import (
     ValueType,
@@ -71,6 +72,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     )
     new_graph.node.extend(list(graph.node) + engine.emitted_nodes + tail_nodes)
     prune_graph(new_graph, keep_inputs=True)
+    clean_graph(new_graph)
     result = make_model_like(new_graph, model)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
     return finalize_model(result)

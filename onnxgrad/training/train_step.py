@@ -24,6 +24,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from onnxgrad._onnx_utils import default_opset, finalize_model, np_dtype
+from onnxgrad.derivative.autodiff.cleanup import clean_graph
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import tensor_dims
 from onnxgrad.training.learning_rate import BaseLearningRate
@@ -195,6 +196,7 @@ def append_update(
             _move_input_to_end(graph, name)
     new_names = [renames[v] for v in results.values()]
     n_weights = len(new_names) - len(slots)
+    clean_graph(graph)
     return TrainStep(
         model=finalize_model(gradient),
         features=tuple(roles["features"]),

@@ -1,0 +1,219 @@
+"""Clean-up of emitted graphs: fewer nodes, the same values.
+
+One pass in topological order, then the removal of dead nodes:
+
+* ``Identity(x)`` is replaced by ``x``; an ``Identity`` that only renames a value to a
+  graph output disappears too, its producer writing the output directly;
+* ``Transpose(Transpose(x, p), q)`` becomes ``Transpose(x, p o q)`` (nothing when the
+  composition is the identity), ``Reshape(Reshape(x, s), t)`` becomes ``Reshape(x, t)``
+  when ``t`` is a constant without zeros (a 0 would copy a dimension of the inner result);
+* common subexpressions: a deterministic node with the same type, inputs and attributes as
+  an earlier one (``Constant`` nodes compared by value) reuses that node's outputs.
+
+Graph inputs and outputs keep their names; nodes holding subgraphs, and the values their
+subgraphs read, are left alone (the rewrites never look inside a subgraph).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import AttributeProto, GraphProto, NodeProto, numpy_helper
+
+from onnxgrad._onnx_utils import normalize_domain, replace_repeated, subgraphs
+from onnxgrad.graph._scopes import free_names
+
+#: ops whose outputs may differ between two calls with the same inputs
+NONDETERMINISTIC = frozenset(
+    [
+        "Bernoulli",
+        "Dropout",
+        "Multinomial",
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+    ]
+)
+
+
+def clean_graph(graph: GraphProto) -> GraphProto:
+    """Simplify ``graph`` in place (see the module's docstring) and return it."""
+    from onnxgrad.graph.select import prune_graph
+
+    pinned = _pinned_names(graph)
+    _Simplifier(graph, pinned).run()
+    _write_outputs_directly(graph, pinned)
+    prune_graph(graph, keep_inputs=True)
+    return graph
+
+
+def _pinned_names(graph: GraphProto) -> set[str]:
+    """Values that keep their name and producer: interface and subgraph reads."""
+    names = {i.name for i in graph.input} | {o.name for o in graph.output}
+    for node in graph.node:
+        for sub in subgraphs(node):
+            names |= free_names(sub)
+    return names
+
+
+class _Simplifier:
+    def __init__(self, graph: GraphProto, pinned: set[str]):
+        self.graph = graph
+        self.pinned = pinned
+        self.alias: dict[str, str] = {}
+        self.producer: dict[str, NodeProto] = {}
+        self.constants = {i.name: i for i in graph.initializer}
+        self.seen: dict[tuple, NodeProto] = {}
+
+    def resolve(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def run(self) -> None:
+        kept = []
+        for node in self.graph.node:
+            for i, name in enumerate(node.input):
+                if name:
+                    node.input[i] = self.resolve(name)
+            if self._simplify(node):
+                continue
+            kept.append(node)
+            for output in node.output:
+                self.producer[output] = node
+        replace_repeated(self.graph.node, kept)
+
+    def _free(self, node: NodeProto) -> bool:
+        """Whether every output of ``node`` may be replaced by another value."""
+        return not self.pinned.intersection(node.output)
+
+    def _simplify(self, node: NodeProto) -> bool:
+        """Rewrite ``node`` in place; ``True`` when it is no longer needed."""
+        domain = normalize_domain(node.domain)
+        if domain == "" and node.op_type == "Identity" and self._free(node):
+            self.alias[node.output[0]] = node.input[0]
+            return True
+        if domain == "" and node.op_type == "Transpose":
+            return self._transpose(node)
+        if domain == "" and node.op_type == "Reshape":
+            self._reshape(node)
+        return self._common(node)
+
+    def _transpose(self, node: NodeProto) -> bool:
+        inner = self.producer.get(node.input[0])
+        if inner is None or inner.op_type != "Transpose" or normalize_domain(inner.domain):
+            return self._common(node)
+        first, second = _perm(inner), _perm(node)
+        if first is None or second is None or len(first) != len(second):
+            return self._common(node)
+        composed = [first[p] for p in second]
+        node.input[0] = inner.input[0]
+        _set_ints(node, "perm", composed)
+        if composed == sorted(composed) and self._free(node):
+            self.alias[node.output[0]] = node.input[0]
+            return True
+        return self._common(node)
+
+    def _reshape(self, node: NodeProto) -> None:
+        inner = self.producer.get(node.input[0])
+        if inner is None or inner.op_type != "Reshape" or normalize_domain(inner.domain):
+            return
+        shape = self._constant(node.input[1]) if len(node.input) > 1 else None
+        if shape is not None and shape.size and (shape != 0).all():
+            node.input[0] = inner.input[0]
+
+    def _constant(self, name: str) -> np.ndarray | None:
+        if name in self.constants:
+            return numpy_helper.to_array(self.constants[name])
+        node = self.producer.get(name)
+        if node is None or node.op_type != "Constant" or normalize_domain(node.domain):
+            return None
+        for attr in node.attribute:
+            if attr.name == "value":
+                return numpy_helper.to_array(attr.t)
+            if attr.name == "value_ints":
+                return np.array(attr.ints, dtype=np.int64)
+        return None
+
+    def _common(self, node: NodeProto) -> bool:
+        """Reuse the outputs of an identical earlier node."""
+        if node.op_type in NONDETERMINISTIC or any(True for _ in subgraphs(node)):
+            return False
+        key = _node_key(node)
+        earlier = self.seen.get(key)
+        if earlier is None:
+            self.seen[key] = node
+            return False
+        if not self._free(node) or len(earlier.output) != len(node.output):
+            return False
+        for mine, theirs in zip(node.output, earlier.output):
+            if mine:
+                if not theirs:
+                    return False
+                self.alias[mine] = theirs
+        return True
+
+
+def _node_key(node: NodeProto) -> tuple:
+    attributes = []
+    for attr in sorted(node.attribute, key=lambda a: a.name):
+        copy = AttributeProto()
+        copy.CopyFrom(attr)
+        if copy.type == AttributeProto.TENSOR:
+            copy.t.name = ""
+        attributes.append(copy.SerializeToString(deterministic=True))
+    return (
+        normalize_domain(node.domain),
+        node.op_type,
+        tuple(node.input),
+        len(node.output),
+        tuple(attributes),
+    )
+
+
+def _perm(node: NodeProto) -> list[int] | None:
+    for attr in node.attribute:
+        if attr.name == "perm":
+            return list(attr.ints)
+    return None
+
+
+def _set_ints(node: NodeProto, name: str, values: list[int]) -> None:
+    for attr in node.attribute:
+        if attr.name == name:
+            del attr.ints[:]
+            attr.ints.extend(values)
+            return
+
+
+def _write_outputs_directly(graph: GraphProto, pinned: set[str]) -> None:
+    """``y = Identity(x)`` with ``y`` a graph output: the producer of ``x`` writes ``y``
+    (when ``x`` is an intermediate value of this graph only, renamed everywhere)."""
+    producers = {o: node for node in graph.node for o in node.output if o}
+    renamed: dict[str, str] = {}
+    dropped = set()
+    for node in graph.node:
+        if node.op_type != "Identity" or normalize_domain(node.domain):
+            continue
+        source, target = node.input[0], node.output[0]
+        if source in pinned or source in renamed or source not in producers:
+            continue
+        renamed[source] = target
+        dropped.add(id(node))
+    if not renamed:
+        return
+    kept = [n for n in graph.node if id(n) not in dropped]
+    for node in kept:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
+        for i, name in enumerate(node.output):
+            if name in renamed:
+                node.output[i] = renamed[name]
+    outputs = {o.name for o in graph.output}
+    infos = [v for v in graph.value_info if v.name not in outputs]
+    for info in infos:
+        if info.name in renamed:
+            info.name = renamed[info.name]
+    replace_repeated(graph.value_info, infos)
+    replace_repeated(graph.node, kept)
