@@ -5,7 +5,8 @@ the TorchScript and the dynamo exporters, and the MLP 784-512-512-10: node count
 native gradient, ORT gradient), time to build each gradient graph, to create its onnxruntime
 session, and the median time of one evaluation (one thread, both sessions side by side, the
 calls alternated), native / ORT run time, and whether both gradients agree.
-Then the 5,000-node chain: node count and session-creation time of its native gradient.
+Then the 5,000-node chain: node count and session-creation time of its native gradient (with
+and without onnxruntime's memory-reuse planner, whose cost grows faster than the node count).
 
     python benchmarks/bench_models.py [--repeat 20] [--only resnet18] [--json out.json]
 """
@@ -32,11 +33,14 @@ from onnxgrad import DerivativeOptions, onnx_derivative
 from onnxgrad._runtime import has_training_builder
 
 
-def session(model: ModelProto) -> tuple[onnxruntime.InferenceSession, float]:
+def session(
+    model: ModelProto, mem_reuse: bool = True
+) -> tuple[onnxruntime.InferenceSession, float]:
     """A one-thread CPU session and the seconds it took to create."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
+    options.enable_mem_reuse = mem_reuse
     start = time.perf_counter()
     sess = onnxruntime.InferenceSession(
         model.SerializeToString(), options, providers=["CPUExecutionProvider"]
@@ -112,30 +116,39 @@ def compare(name: str, forward: ModelProto, feeds: dict, repeat: int, ort_ok: bo
         row[f"{b}_run_spread"] = (max(ts) - min(ts)) / statistics.median(ts) if ts else 0
     if len(outputs) == 2:
         row["ratio"] = row["onnx_run_ms"] / row["ort_run_ms"]
-        row["max_rel_diff"] = _max_rel_diff(outputs["onnx"], outputs["ort"])
+        row["max_rel_diff"], row["worst_output"] = _max_rel_diff(outputs["onnx"], outputs["ort"])
     return row
 
 
-def _max_rel_diff(a: dict, b: dict) -> float:
-    worst = 0.0
+def _max_rel_diff(a: dict, b: dict) -> tuple[float, str]:
+    """The largest ``max |a - b| / max |b|`` over the outputs both have, and its output."""
+    worst, where = 0.0, ""
     for name, value in a.items():
         if name not in b:
             continue
         scale = max(float(np.abs(b[name]).max()), 1e-6)
-        worst = max(worst, float(np.abs(value - b[name]).max()) / scale)
-    return worst
+        diff = float(np.abs(value - b[name]).max()) / scale
+        if diff > worst:
+            worst, where = diff, name
+    return worst, where
 
 
 def chain_row() -> dict:
     chain = chain_model()
     grad, build_s = build(chain, "onnx")
     _, create_s = session(grad)
+    _, no_reuse_s = session(grad, mem_reuse=False)
+    print(
+        f"chain-5000: session creation {create_s:.1f} s, {no_reuse_s:.1f} s without "
+        "onnxruntime's memory-reuse planner (enable_mem_reuse=False)"
+    )
     return {
         "model": "chain-5000",
         "forward_nodes": len(chain.graph.node),
         "onnx_nodes": len(grad.graph.node),
         "onnx_build_s": build_s,
         "onnx_session_s": create_s,
+        "onnx_session_no_mem_reuse_s": no_reuse_s,
     }
 
 
@@ -161,6 +174,8 @@ def print_table(rows: list[dict]) -> None:
             f"{_fmt(r.get('ort_run_ms'), '8.2f')} {_fmt(r.get('ratio'), '5.2f')} "
             f"{_fmt(r.get('max_rel_diff'), '8.1e')}"
         )
+        if r.get("max_rel_diff", 0) > 1e-3:
+            print(f"    the gradients differ most on {r['worst_output']}")
         for key in ("onnx_error", "ort_error"):
             if key in r:
                 print(f"    {key}: {r[key]}")

@@ -124,7 +124,12 @@ def _ones_like(engine: Engine, name: str, types: dict[str, ValueType]) -> str:
     value = types.get(name)
     if value is None:
         raise ValueError(f"the element type of output {name!r} is unknown: cannot seed ones")
-    one = numpy_helper.from_array(np.array([1], dtype=np_dtype(value.elem_type)))
+    dtype = np_dtype(value.elem_type)
+    if value.shape is not None and all(isinstance(d, int) for d in value.shape):
+        seed = engine.emitter.constant(np.ones(value.shape, dtype=dtype), f"{name}_seed/")
+        types[seed] = value
+        return seed
+    one = numpy_helper.from_array(np.array([1], dtype=dtype))
     seed = engine.emitter.emit(
         "ConstantOfShape",
         engine.emitter.emit("Shape", [name], 1, f"{name}_seed/", {}),

@@ -2,8 +2,9 @@
 
 One pass in topological order, then the removal of dead nodes:
 
-* ``Identity(x)`` is replaced by ``x``; an ``Identity`` that only renames a value to a
-  graph output disappears too, its producer writing the output directly;
+* ``Identity(x)`` is replaced by ``x``, and so is ``Cast(x, to=T)`` when ``x`` is known to
+  be of type ``T`` already; an ``Identity`` that only renames a value to a graph output
+  disappears too, its producer writing the output directly;
 * ``Transpose(Transpose(x, p), q)`` becomes ``Transpose(x, p o q)`` (nothing when the
   composition is the identity), ``Reshape(Reshape(x, s), t)`` becomes ``Reshape(x, t)``
   when ``t`` is a constant without zeros (a 0 would copy a dimension of the inner result);
@@ -20,7 +21,7 @@ import numpy as np
 from onnx import AttributeProto, GraphProto, NodeProto, numpy_helper
 
 from onnxgrad._onnx_utils import normalize_domain, replace_repeated, subgraphs
-from onnxgrad.graph._scopes import free_names
+from onnxgrad.graph._scopes import free_names, node_inputs
 
 #: ops whose outputs may differ between two calls with the same inputs
 NONDETERMINISTIC = frozenset(
@@ -41,10 +42,23 @@ def clean_graph(graph: GraphProto) -> GraphProto:
     from onnxgrad.graph.select import prune_graph
 
     pinned = _pinned_names(graph)
-    _Simplifier(graph, pinned).run()
-    _write_outputs_directly(graph, pinned)
+    nodes = _Simplifier(graph, pinned).run()
+    nodes = _write_outputs_directly(graph, nodes, pinned)
+    replace_repeated(graph.node, _live(graph, nodes))
     prune_graph(graph, keep_inputs=True)
     return graph
+
+
+def _live(graph: GraphProto, nodes: list[NodeProto]) -> list[NodeProto]:
+    """The nodes some graph output depends on (the graph's own ``prune_graph`` then finds
+    nothing to drop, and copies the nodes once)."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(nodes):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed |= node_inputs(node)
+    return kept[::-1]
 
 
 def _pinned_names(graph: GraphProto) -> set[str]:
@@ -64,13 +78,18 @@ class _Simplifier:
         self.producer: dict[str, NodeProto] = {}
         self.constants = {i.name: i for i in graph.initializer}
         self.seen: dict[tuple, NodeProto] = {}
+        self.elem_types = {i.name: i.data_type for i in graph.initializer}
+        for info in [*graph.input, *graph.value_info]:
+            if info.type.tensor_type.elem_type:
+                self.elem_types[info.name] = info.type.tensor_type.elem_type
 
     def resolve(self, name: str) -> str:
         while name in self.alias:
             name = self.alias[name]
         return name
 
-    def run(self) -> None:
+    def run(self) -> list[NodeProto]:
+        """The simplified nodes (the graph's own, modified in place, not copied)."""
         kept = []
         for node in self.graph.node:
             for i, name in enumerate(node.input):
@@ -81,7 +100,7 @@ class _Simplifier:
             kept.append(node)
             for output in node.output:
                 self.producer[output] = node
-        replace_repeated(self.graph.node, kept)
+        return kept
 
     def _free(self, node: NodeProto) -> bool:
         """Whether every output of ``node`` may be replaced by another value."""
@@ -93,6 +112,12 @@ class _Simplifier:
         if domain == "" and node.op_type == "Identity" and self._free(node):
             self.alias[node.output[0]] = node.input[0]
             return True
+        if domain == "" and node.op_type == "Cast":
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if to is not None and self.elem_types.get(node.input[0]) == to and self._free(node):
+                self.alias[node.output[0]] = node.input[0]
+                return True
+            self.elem_types[node.output[0]] = to
         if domain == "" and node.op_type == "Transpose":
             return self._transpose(node)
         if domain == "" and node.op_type == "Reshape":
@@ -186,13 +211,15 @@ def _set_ints(node: NodeProto, name: str, values: list[int]) -> None:
             return
 
 
-def _write_outputs_directly(graph: GraphProto, pinned: set[str]) -> None:
+def _write_outputs_directly(
+    graph: GraphProto, nodes: list[NodeProto], pinned: set[str]
+) -> list[NodeProto]:
     """``y = Identity(x)`` with ``y`` a graph output: the producer of ``x`` writes ``y``
     (when ``x`` is an intermediate value of this graph only, renamed everywhere)."""
-    producers = {o: node for node in graph.node for o in node.output if o}
+    producers = {o: node for node in nodes for o in node.output if o}
     renamed: dict[str, str] = {}
     dropped = set()
-    for node in graph.node:
+    for node in nodes:
         if node.op_type != "Identity" or normalize_domain(node.domain):
             continue
         source, target = node.input[0], node.output[0]
@@ -201,8 +228,8 @@ def _write_outputs_directly(graph: GraphProto, pinned: set[str]) -> None:
         renamed[source] = target
         dropped.add(id(node))
     if not renamed:
-        return
-    kept = [n for n in graph.node if id(n) not in dropped]
+        return nodes
+    kept = [n for n in nodes if id(n) not in dropped]
     for node in kept:
         for i, name in enumerate(node.input):
             if name in renamed:
@@ -216,4 +243,4 @@ def _write_outputs_directly(graph: GraphProto, pinned: set[str]) -> None:
         if info.name in renamed:
             info.name = renamed[info.name]
     replace_repeated(graph.value_info, infos)
-    replace_repeated(graph.node, kept)
+    return kept

@@ -57,6 +57,23 @@ def test_identity_chain_disappears():
     np.testing.assert_allclose(run(result, {"x": x})[0], np.tanh(x))
 
 
+def test_cast_to_the_type_a_value_has_disappears():
+    m = model(
+        [
+            helper.make_node("Cast", ["x"], ["a"], to=D),
+            helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["b"], ["c"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["c"], ["y"], to=D),
+        ],
+        [tensor("x", [3])],
+        [tensor("y", [3])],
+    )
+    x = rng.standard_normal(3)
+    result = cleaned(m)
+    assert ops(result) == ["Cast", "Cast"]
+    np.testing.assert_allclose(run(result, {"x": x})[0], x.astype(np.float32))
+
+
 def test_identity_between_input_and_output_stays():
     m = model([helper.make_node("Identity", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", [2])])
     assert ops(cleaned(m)) == ["Identity"]
