@@ -1,5 +1,5 @@
 """Rule table entries: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Expand,
-Tile, DepthToSpace, SpaceToDepth, Pad, Resize."""
+Tile, DepthToSpace, SpaceToDepth, Pad, Resize, Col2Im."""
 
 import numpy as np
 from onnx import helper
@@ -194,3 +194,28 @@ SECOND_ORDER_IDS = {
 SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
 assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
 CASES += SECOND_ORDER
+
+
+def _col2im_runtime_shapes(inputs, outputs):
+    """Col2Im whose image and block shapes are computed in the graph."""
+    x, image, block = inputs
+    return [
+        helper.make_node("Identity", [image], ["image_shape"]),
+        helper.make_node("Abs", [block], ["block_shape"]),
+        helper.make_node("Col2Im", [x, "image_shape", "block_shape"], outputs, strides=[2, 1]),
+    ]
+
+
+# fmt: off
+CASES += [
+    OpCase("Col2Im", {"x": r(1, 4, 16), "image": i64(5, 5), "block": i64(2, 2)}, opset=18,
+           id="Col2Im-2d"),
+    OpCase("Col2Im", {"x": r(2, 6, 6), "image": i64(5, 6), "block": i64(1, 3)},
+           {"strides": [2, 2], "dilations": [1, 2], "pads": [1, 0, 0, 1]}, opset=21,
+           id="Col2Im-strides-dilations-pads"),
+    OpCase("Col2Im", {"x": r(1, 8, 12), "image": i64(3, 3, 2), "block": i64(2, 2, 2)},
+           {"pads": [0, 1, 0, 0, 0, 1]}, opset=18, id="Col2Im-3d"),
+    OpCase("Col2Im", {"x": r(1, 4, 6), "image": i64(4, 4), "block": i64(2, -2)}, opset=18,
+           graph=_col2im_runtime_shapes, id="Col2Im-runtime-shapes"),
+]
+# fmt: on

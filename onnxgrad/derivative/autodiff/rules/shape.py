@@ -16,6 +16,7 @@
   at those indices (opset >= 16)
 * Resize: through per-axis interpolation matrices, or for nearest by the same index-grid
   scatter-add (see :func:`resize_grad`)
+* Col2Im: each column element read back from the image position it was added to
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     reshape_like,
     scatter_flat,
     shape_parts,
+    shape_slice,
     shape_tensor,
     sum_parts,
+    to_int64,
     unsupported,
     zeros_like,
 )
@@ -333,3 +336,65 @@ def _interpolation_matrix(b, node, axis: int, position: int) -> str:
     unit = b.const([1.0], dtype=np.float32)
     target = b.op("Concat", unit, b.op("Gather", scales, index), axis=0)
     return b.op("Resize", identity, None, target, **attrs)
+
+
+@register("Col2Im", since=18)
+def col2im_grad(b, node, grads, needs):
+    """Col2Im adds column ``l`` of channel ``c B + k`` (``B`` elements per block) at image
+    position ``p = o(l) s + u(k) d - pad_begin`` (``o``, ``u`` the multi-indices of ``l``
+    among the blocks and of ``k`` within a block): ``x_bar[n, c B + k, l] = g[n, c, p]``,
+    0 where ``p`` falls in the padding. Image and block shapes may be known at run time
+    only."""
+    (g,) = grads
+    x, image_shape, block_shape = node.inputs
+    d = b.shape(image_shape)[0] if b.shape(image_shape) else None
+    if not isinstance(d, int):
+        raise unsupported(node, "an image_shape of unknown length")
+    strides = node.attr("strides") or [1] * d
+    dilations = node.attr("dilations") or [1] * d
+    pads = node.attr("pads") or [0] * (2 * d)
+    image = to_int64(b, image_shape)
+    block = to_int64(b, block_shape)
+    span = b.op("Mul", b.op("Sub", block, b.ints([1] * d)), b.ints(dilations))
+    room = b.op(
+        "Sub", b.op("Add", image, b.ints([p + q for p, q in zip(pads[:d], pads[d:])])), span
+    )
+    blocks = b.op(
+        "Add", b.op("Div", b.op("Sub", room, b.ints([1] * d)), b.ints(strides)), b.ints([1] * d)
+    )
+    where = _digits(b, blocks, d)  # [L, d]
+    within = _digits(b, block, d)  # [B, d]
+    positions = b.op(
+        "Sub",
+        b.add(
+            b.unsqueeze(b.mul(where, b.ints(strides)), [0]),
+            b.unsqueeze(b.mul(within, b.ints(dilations)), [1]),
+        ),
+        b.ints(pads[:d]),
+    )  # [B, L, d]
+    inside = b.op(
+        "And", b.op("Not", b.op("Less", positions, b.ints([0] * d))), b.op("Less", positions, image)
+    )
+    valid = b.op("ReduceMin", b.op("Cast", inside, to=TensorProto.INT64), b.ints([-1]), keepdims=0)
+    flat = b.reduce_sum(b.mul(positions, _suffix_products(b, image, d)), [-1], keepdims=False)
+    flat = b.mul(flat, valid)
+    planes = b.op("Reshape", g, b.op("Concat", shape_slice(b, g, 0, 2), b.ints([-1]), axis=0))
+    picked = b.op("Gather", planes, flat, axis=2)  # [N, C, B, L]
+    picked = b.mul(picked, b.op("Cast", valid, to=b.dtype(x)))
+    return [reshape_like(b, picked, x), None, None]
+
+
+def _suffix_products(b, v: str, d: int) -> str:
+    """``[prod(v[i + 1:]) for i < d]`` for a 1-D int64 tensor of length ``d``."""
+    parts = [
+        b.op("ReduceProd", b.op("Slice", v, b.ints([i + 1]), b.ints([d])), keepdims=1)
+        for i in range(d - 1)
+    ]
+    return b.op("Concat", *parts, b.ints([1]), axis=0) if parts else b.ints([1])
+
+
+def _digits(b, radices: str, d: int) -> str:
+    """Every multi-index below ``radices`` in row-major order: ``[prod(radices), d]``."""
+    count = b.op("ReduceProd", radices, keepdims=0)
+    flat = b.unsqueeze(b.op("Range", b.ints(0), count, b.ints(1)), [1])
+    return b.op("Mod", b.op("Div", flat, _suffix_products(b, radices, d)), radices)
