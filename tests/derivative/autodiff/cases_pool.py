@@ -111,3 +111,29 @@ CASES = [
     pool("LpPool", "2d-same-upper-ceil", (1, 1, 5, 6), kernel_shape=[3, 3], strides=[2, 2],
          auto_pad="SAME_UPPER", opset=18),
 ]  # fmt: skip
+
+
+def max_unpool(id, x_shape, pooled_shape, opset=18):
+    """MaxUnpool of ``X`` at the Indices of a MaxPool (2x2, stride 2) of a constant ``P``."""
+
+    def graph(inputs, outputs):
+        x, p = inputs[:2]
+        return [
+            helper.make_node("MaxPool", [p], ["pooled", "indices"], kernel_shape=[2, 2],
+                             strides=[2, 2]),
+            helper.make_node("MaxUnpool", [x, "indices"], outputs, kernel_shape=[2, 2],
+                             strides=[2, 2]),
+        ]  # fmt: skip
+
+    return OpCase(
+        "MaxUnpool", {"X": r(*x_shape), "P": r(*pooled_shape)}, opset=opset, graph=graph,
+        constants=("P",), id=f"MaxUnpool-{id}",
+    )  # fmt: skip
+
+
+# with output_shape, the reference evaluator reads the indices in the inferred shape and pads
+# after, onnxruntime in output_shape (where MaxPool computed them): no common oracle
+CASES += [
+    max_unpool("2d", (1, 2, 2, 3), (1, 2, 4, 6), opset=13),
+    max_unpool("2d-batch", (2, 3, 1, 2), (2, 3, 2, 4), opset=22),
+]

@@ -318,3 +318,15 @@ def global_max_pool_grad(b, node, grads, needs):
     mask = b.op("Cast", b.op("Equal", x, node.outputs[0]), to=b.dtype(x))
     ties = b.reduce_sum(mask, spatial_axes(rank - 2), keepdims=True)
     return [b.mul(mask, b.op("Div", g, ties))]
+
+
+# -- MaxUnpool --------------------------------------------------------------------------------
+@register("MaxUnpool", since=11)
+def max_unpool_grad(b, node, grads, needs):
+    """``y.flat[I] = X`` into zeros: ``X_bar = y_bar.flat[I]`` (indices from MaxPool are
+    distinct; were one repeated, every copy would read the gradient of the value kept)."""
+    (g,) = grads
+    x, indices = node.inputs[0], node.inputs[1]
+    flat = b.op("Reshape", g, b.ints([-1]))
+    picked = b.op("Gather", flat, b.op("Reshape", indices, b.ints([-1])), axis=0)
+    return [b.op("Reshape", picked, _shape(b, x)), None, None]
