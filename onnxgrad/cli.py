@@ -441,29 +441,6 @@ def cmd_derivative(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- train
 
 
-def cmd_train(args: argparse.Namespace) -> None:
-    model = read_model(args.model)
-    destination = check_destination(args.output)
-    X, y = read_training_data(args.data, model)
-    optimizer = learning_rate_from_name(args.optimizer, eta0=args.lr, schedule="constant")
-    estimator = OrtGradientForwardBackwardOptimizer(
-        model,
-        max_iter=args.epochs,
-        batch_size=args.batch_size,
-        learning_rate=optimizer,
-        learning_loss=select_learning_loss(args.loss, args.reduction),
-        device=args.device,
-        random_state=args.seed,
-        validation_every=0,
-        verbose=1,
-    )
-    estimator.fit(X, y)
-    save_model(estimator.get_trained_onnx(), destination)
-    for epoch, loss in enumerate(estimator.train_losses_, start=1):
-        print(f"epoch {epoch:3d}/{args.epochs}  loss {loss:.6g}")
-    print(f"wrote {destination}")
-
-
 def read_training_data(path: str, model: ModelProto):
     """Arrays ``X`` and ``y`` of the ``.npz`` file ``path``; float arrays are cast to the
     element type of the model's first input and first float output."""
@@ -514,6 +491,7 @@ def build_parser() -> OneLineParser:
         title="commands", dest="command", metavar="COMMAND", required=True
     )
     from onnxgrad.cli_artifacts import add_artifacts  # its own module, needs this one
+    from onnxgrad.cli_train import add_train
 
     for add in (
         _add_demo,
@@ -522,7 +500,7 @@ def build_parser() -> OneLineParser:
         _add_plot,
         _add_add_loss,
         _add_derivative,
-        _add_train,
+        add_train,
         add_artifacts,
     ):
         add(commands)
@@ -693,41 +671,6 @@ def _add_derivative(commands) -> None:
         default="onnx",
         help="onnx: native engine, standard ops only (default); ort: onnxruntime-training",
     )
-
-
-def _add_train(commands) -> None:
-    sub = _command(
-        commands,
-        "train",
-        cmd_train,
-        "Train a model on the arrays X and y of an .npz file and write the trained model.",
-        """
-        python -c "import numpy as np; np.savez('data.npz', X=X, y=y)"
-        onnxgrad train model.onnx --data data.npz -o trained.onnx
-        onnxgrad train model.onnx --data data.npz -o trained.onnx --optimizer adam --lr 1e-3
-        """,
-    )
-    sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
-    sub.add_argument("--data", required=True, help=".npz file holding the arrays X and y")
-    sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
-    sub.add_argument("--epochs", type=_positive_int, default=10, help="default: %(default)s")
-    sub.add_argument("--batch-size", type=_positive_int, default=32, help="default: %(default)s")
-    sub.add_argument(
-        "--optimizer",
-        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
-        metavar="NAME",
-        default="nesterov",
-        help="one of %(choices)s; momentum is classical momentum, nesterov Nesterov's "
-        "(default: %(default)s)",
-    )
-    sub.add_argument(
-        "--lr",
-        type=_positive_float,
-        help="constant learning rate (default: 0.01, 0.001 for adam)",
-    )
-    _add_loss_options(sub, "--loss")
-    sub.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
-    sub.add_argument("--seed", type=int, default=0, help="seed of the batch shuffling")
 
 
 def _add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:

@@ -148,6 +148,12 @@ class BaseOrtOptimizer(EstimatorMixin):
         """
         return self._fit(X, y, sample_weight, X_val, y_val, self.max_iter, self.warm_start)
 
+    def initialize(self, X, y, sample_weight=None):
+        """Build the graphs and sessions for ``(X, y)`` and start from the model's weights
+        without training: :meth:`score` is then the starting loss, and :meth:`partial_fit`
+        (or :meth:`fit` with ``warm_start=True``) trains from there."""
+        return self._fit(X, y, sample_weight, None, None, 0, False, stopping=False)
+
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over ``(X, y)`` from the current weights, optimizer state and schedule
         (the first call starts from the model); no early stopping, as scikit-learn."""

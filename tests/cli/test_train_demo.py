@@ -55,7 +55,7 @@ def test_train_reaches_least_squares(workdir, optimizer, lr, epochs, in_process)
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (workdir / "lr.onnx").read_bytes() == before
-    losses = [float(v) for v in re.findall(r"loss (\S+)", result.stdout)]
+    losses = [float(v) for v in re.findall(r"^epoch .* loss (\S+)", result.stdout, re.M)]
     assert len(losses) == int(epochs) and losses[-1] < losses[0]
     trained = onnx.load(workdir / "trained.onnx")
     onnx.checker.check_model(trained, full_check=True)

@@ -1,0 +1,206 @@
+"""``onnxgrad train``: train a model on the arrays of an ``.npz`` file (registered by
+:mod:`onnxgrad.cli`; the estimator is
+:class:`~onnxgrad.training.OrtGradientForwardBackwardOptimizer`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from onnxgrad.cli import (
+    CommandError,
+    LazyChoices,
+    _add_loss_options,
+    _command,
+    _number,
+    _positive_float,
+    _positive_int,
+    check_destination,
+    read_model,
+    read_training_data,
+)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from onnxgrad._files import save_model
+    from onnxgrad.training import (
+        ElasticLearningPenalty,
+        OrtGradientForwardBackwardOptimizer,
+        learning_rate_from_name,
+    )
+    from onnxgrad.training.losses import select_learning_loss
+
+    model = read_model(args.model)
+    destination = check_destination(args.output)
+    curve = check_destination(args.curve) if args.curve else None
+    X, y = read_training_data(args.data, model)
+    l1, l2 = parse_penalty(args.penalty)
+    estimator = OrtGradientForwardBackwardOptimizer(
+        model,
+        weights_to_train=args.weights,
+        max_iter=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=learning_rate_from_name(args.optimizer, eta0=args.lr, schedule="constant"),
+        learning_loss=select_learning_loss(args.loss, args.reduction),
+        learning_penalty=ElasticLearningPenalty(l1=l1, l2=l2) if l1 or l2 else None,
+        device=args.device,
+        random_state=args.seed,
+        validation_every=1,
+        warm_start=True,
+        verbose=1,
+    )
+    (X, y), validation = _split(X, y, args.val_fraction, np.random.default_rng(args.seed))
+    estimator.initialize(X, y)
+    weights = ", ".join(estimator.runner_.step.weights)
+    print(f"training {weights} on {len(X)} rows" + _val_rows(validation))
+    start = -estimator.score(X, y)
+    print(f"starting loss {start:.6g}" + _val_loss(estimator, validation))
+    estimator.fit(X, y, **({} if validation is None else dict(zip(("X_val", "y_val"), validation))))
+    save_model(estimator.get_trained_onnx(), destination)
+    val = estimator.validation_losses_ if validation is not None else []
+    for epoch, loss in enumerate(estimator.train_losses_, start=1):
+        shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
+        print(f"epoch {epoch:3d}/{args.epochs}  loss {loss:.6g}{shown}")
+    if curve is not None:
+        written = write_curve(curve, start, estimator.train_losses_, val)
+        print(f"wrote {written}")
+    print(f"wrote {destination}")
+
+
+def parse_penalty(spec: str | None) -> tuple[float, float]:
+    """``'l1:0.1,l2:0.01'`` -> ``(0.1, 0.01)``; a bare number is an L2 coefficient."""
+    if spec is None:
+        return 0.0, 0.0
+    coefs = {"l1": 0.0, "l2": 0.0}
+    for term in spec.split(","):
+        kind, sep, value = term.rpartition(":")
+        kind = kind if sep else "l2"
+        if kind not in coefs:
+            raise CommandError(f"--penalty {spec!r}: unknown penalty kind {kind!r}, use l1 or l2")
+        coefs[kind] = _number(value, f"--penalty {spec!r}")
+        if not coefs[kind] >= 0:
+            raise CommandError(f"--penalty {spec!r}: coefficients must be >= 0")
+    return coefs["l1"], coefs["l2"]
+
+
+def _split(X, y, fraction: float | None, rng):
+    if not fraction:
+        return (X, y), None
+    if not 0 < fraction < 1:
+        raise CommandError(f"--val-fraction must be in (0, 1), got {fraction}")
+    n_val = round(fraction * len(X))
+    if not 0 < n_val < len(X):
+        raise CommandError(f"--val-fraction {fraction} of {len(X)} rows leaves an empty part")
+    order = rng.permutation(len(X))
+    held, kept = sorted(order[:n_val]), sorted(order[n_val:])
+    return (X[kept], y[kept]), (X[held], y[held])
+
+
+def _val_rows(validation) -> str:
+    return "" if validation is None else f", validating on {len(validation[0])}"
+
+
+def _val_loss(estimator, validation) -> str:
+    return "" if validation is None else f"  validation {-estimator.score(*validation):.6g}"
+
+
+def write_curve(path: Path, start: float, train: list[float], validation: list[float]) -> Path:
+    """The loss per epoch (epoch 0: the starting loss) as a PNG picture when matplotlib is
+    installed and ``path`` does not end in ``.csv``, else as CSV (``epoch,train[,validation]``,
+    written next to ``path`` with the suffix ``.csv``). Returns the path written."""
+    from onnxgrad._files import write_atomically
+
+    losses = [start, *train]
+    if path.suffix.lower() != ".csv":
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            path = path.with_suffix(".csv")
+        else:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            try:
+                ax.plot(range(len(losses)), losses, marker="o", markersize=3, label="training")
+                if validation:
+                    ax.plot(range(1, len(validation) + 1), validation, label="validation")
+                ax.set_xlabel("epoch")
+                ax.set_ylabel("loss")
+                ax.grid(True, alpha=0.3)
+                ax.legend()
+                write_atomically(path, lambda tmp: fig.savefig(tmp, format="png"))
+            finally:
+                plt.close(fig)
+            return path
+    header = "epoch,train" + (",validation" if validation else "")
+    rows = []
+    for epoch, loss in enumerate(losses):
+        row = f"{epoch},{loss!r}"
+        if validation:
+            row += f",{validation[epoch - 1]!r}" if 0 < epoch <= len(validation) else ","
+        rows.append(row)
+    write_atomically(path, lambda tmp: Path(tmp).write_text("\n".join([header, *rows]) + "\n"))
+    return path
+
+
+def add_train(commands) -> None:
+    sub = _command(
+        commands,
+        "train",
+        cmd_train,
+        "Train a model on the arrays X and y of an .npz file and write the trained model.",
+        """
+        python -c "import numpy as np; np.savez('data.npz', X=X, y=y)"
+        onnxgrad train model.onnx --data data.npz -o trained.onnx
+        onnxgrad train model.onnx --data data.npz -o trained.onnx --optimizer adam --lr 1e-3
+        onnxgrad train clf.onnx --data data.npz -o trained.onnx --loss cross_entropy_logits \\
+            --penalty l2:1e-4 --val-fraction 0.2 --curve loss.png
+        """,
+    )
+    sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
+    sub.add_argument("--data", required=True, help=".npz file holding the arrays X and y")
+    sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
+    sub.add_argument("--epochs", type=_positive_int, default=10, help="default: %(default)s")
+    sub.add_argument("--batch-size", type=_positive_int, default=32, help="default: %(default)s")
+    sub.add_argument(
+        "--optimizer",
+        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
+        metavar="NAME",
+        default="nesterov",
+        help="one of %(choices)s; momentum is classical momentum, nesterov Nesterov's "
+        "(default: %(default)s)",
+    )
+    sub.add_argument(
+        "--lr",
+        type=_positive_float,
+        help="constant learning rate (default: 0.01, 0.001 for adam)",
+    )
+    _add_loss_options(sub, "--loss")
+    sub.add_argument(
+        "--penalty",
+        metavar="l1:A,l2:B",
+        help="add A*sum|W| + B*sum W^2 over every trained weight W (a bare B means l2:B)",
+    )
+    sub.add_argument(
+        "--weights",
+        nargs="+",
+        metavar="NAME",
+        help="the initializers to train (default: every float initializer a weight can be)",
+    )
+    sub.add_argument(
+        "--val-fraction",
+        type=float,
+        metavar="F",
+        help="hold out this fraction of the rows (drawn with --seed) and report its loss",
+    )
+    sub.add_argument(
+        "--curve",
+        metavar="FILE",
+        help="write the loss per epoch: a PNG picture (matplotlib), or CSV (FILE.csv, or "
+        "without matplotlib)",
+    )
+    sub.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    sub.add_argument("--seed", type=int, default=0, help="seed of the batch shuffling")
