@@ -8,6 +8,8 @@ evaluator fails on ceil_mode with asymmetric pads or strides above 2, and comput
 GlobalMaxPool of 2-D inputs only: cases avoid those.
 """
 
+from dataclasses import replace
+
 import numpy as np
 from onnx import helper
 
@@ -78,6 +80,12 @@ CASES = [
     pool("MaxPool", "3d", (1, 2, 4, 4, 3), kernel_shape=[2, 2, 2], strides=[2, 1, 2],
          pads=[1, 0, 0, 0, 1, 1]),
     pool("MaxPool", "3d-stride1-opset13", (1, 1, 4, 3, 4), kernel_shape=[2, 1, 2], opset=13),
+    pool("MaxPool", "3d-unit-steps", (1, 2, 4, 3, 4), kernel_shape=[2, 2, 2], opset=16),
+    # the reference evaluator fails on 3-D max pools with pads: onnxruntime is the oracle
+    replace(pool("MaxPool", "3d-unit-steps-pads", (2, 1, 3, 4, 3), kernel_shape=[2, 3, 2],
+                 pads=[1, 1, 0, 0, 1, 1]), evaluator="onnxruntime"),
+    replace(pool("MaxPool", "3d-unit-steps-same-lower", (1, 1, 3, 4, 4), kernel_shape=[3, 2, 2],
+                 auto_pad="SAME_LOWER", opset=21), evaluator="onnxruntime"),
     pool("AveragePool", "1d-stride1-opset13", (2, 2, 7), kernel_shape=[3], opset=13),
     pool("AveragePool", "1d-stride2-pads-include-opset11", (2, 2, 8), kernel_shape=[3],
          strides=[2], pads=[1, 1], count_include_pad=1, opset=11),

@@ -68,8 +68,46 @@ def max_pool_grad(b, node, grads, needs):
     if g is None:
         return [None]
     x = node.inputs[0]
+    kernel = list(node.attr("kernel_shape"))
+    if len(kernel) >= 3 and 1 not in kernel and _unit_steps(node) and b.opset >= 16:
+        return [_separable_grad(b, node, g, x)]
     flat = _route_to_maxima(b, node, g, _argmax_indices(b, node, x), x)
     return [b.op("Reshape", flat, _shape(b, x))]
+
+
+def _separable_grad(b: GradBuilder, node: NodeView, g: str, x: str) -> str:
+    """3-D and more with unit strides and dilations, where the onnx reference evaluator's
+    ``Indices`` are wrong and no axis has a kernel of 1 to carry a harmless dilation: the max
+    over a box is the max along each axis in turn, so the pool runs again as one 1-axis pool
+    per axis (each with a unit-kernel axis dilated, see :func:`_with_a_step`) and ``g``
+    goes back through their Indices. Ties may be routed to another maximum than the
+    single pool's, an equally valid subgradient."""
+    kernel = list(node.attr("kernel_shape"))
+    k = len(kernel)
+    pads = ints_attr(node, "pads", 0, 2 * k)
+    shared = {name: node.attr(name) for name in ("auto_pad", "ceil_mode") if node.has_attr(name)}
+    stages, t = [], x
+    for axis in range(k):
+        axis_kernel = [1] * k
+        axis_kernel[axis] = kernel[axis]
+        axis_pads = [0] * (2 * k)
+        axis_pads[axis], axis_pads[k + axis] = pads[axis], pads[k + axis]
+        dilations = [1] * k
+        dilations[(axis + 1) % k] = 2
+        attrs = {**shared, "kernel_shape": axis_kernel, "dilations": dilations}
+        if "auto_pad" not in shared or shared["auto_pad"] in ("NOTSET", ""):
+            attrs["pads"] = axis_pads
+        pooled, indices = b.op("MaxPool", t, outputs=2, **attrs)
+        stages.append((t, indices))
+        t = pooled
+    for source, indices in reversed(stages):
+        zeros = b.op("ConstantOfShape", _size(b, source), value=_scalar(b, 0, x))
+        flat = b.op(
+            "ScatterElements", zeros, b.op("Reshape", indices, b.ints([-1])),
+            b.op("Reshape", g, b.ints([-1])), axis=0, reduction="add",
+        )  # fmt: skip
+        g = b.op("Reshape", flat, b.shape_of(source) if source != x else _shape(b, x))
+    return g
 
 
 def _argmax_indices(b: GradBuilder, node: NodeView, x: str) -> str:
