@@ -8,7 +8,12 @@ finite-difference check could hold one to account.
   ``x``'s size, filled by ``ScatterElements`` with ``reduction="add"`` (windows may share
   their maximum). Before opset 16, where ScatterElements cannot add, overlapping windows
   are split into classes of output positions (``o mod ceil(k d / s)`` along each axis) whose
-  windows are disjoint, and the classes are accumulated one after the other.
+  windows are disjoint, and the classes are accumulated one after the other. The onnx
+  reference evaluator returns wrong ``Indices`` when every stride and dilation is 1: there
+  the indices come from a pool whose windows are described with a harmless dilation, or,
+  in 3-D and more without a unit-kernel axis, from one pool per axis
+  (:func:`_separable_grad`), so the gradient is right on every runtime.
+* MaxUnpool: ``X_bar = y_bar.flat[I]``.
 * AveragePool is linear: ``y[o] = sum_{p in window(o)} x~[p] / count(o)``, so ``x_bar`` is
   the transposed convolution of ``g / count`` by a kernel of ones, applied to every
   ``(n, c)`` plane, cropped to ``x``. ``count(o)`` counts the window positions inside the
