@@ -1,0 +1,174 @@
+"""Every loss name through every entry point: the first-batch loss equals an independent
+reference (scikit-learn's metrics, torch's losses where torch is installed, numpy).
+
+Entry points: :func:`onnxgrad.add_loss_output`, :class:`OrtGradientOptimizer` on that
+model, :class:`OrtGradientForwardBackwardOptimizer` with ``learning_loss=name``, and the
+commands ``onnxgrad add-loss --score name`` and ``onnxgrad train --loss name``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.metrics import log_loss, mean_absolute_error, mean_squared_error
+
+from onnxgrad import add_loss_output
+from onnxgrad.graph.loss_table import ALIASES, LOSSES
+from onnxgrad.training import (
+    LearningRateSGD,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+)
+from tests.cli.helpers import run_in_process, run_model
+
+N, FEATURES, CLASSES = 12, 4, 3
+#: the output each loss is put on: regression values, probabilities or logits
+OUTPUT = {
+    "squared_error": "values",
+    "absolute_error": "values",
+    "elastic": "values",
+    "log": "p1",
+    "log_logits": "s",
+    "cross_entropy": "p",
+    "cross_entropy_logits": "z",
+}
+
+
+def model() -> onnx.ModelProto:
+    """``z = x W + b`` (3 columns), ``p = softmax(z)``, ``s = z[:, :1]``, ``p1 = sigmoid(s)``,
+    ``values = z[:, :2]``."""
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((FEATURES, CLASSES)).astype(np.float32)
+    b = rng.standard_normal(CLASSES).astype(np.float32)
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["z"]),
+        helper.make_node("Softmax", ["z"], ["p"], axis=1),
+        helper.make_node("Slice", ["z", "zero", "one", "one"], ["s"]),
+        helper.make_node("Sigmoid", ["s"], ["p1"]),
+        helper.make_node("Slice", ["z", "zero", "two", "one"], ["values"]),
+    ]
+    constants = [
+        numpy_helper.from_array(np.array([v], np.int64), name)
+        for name, v in (("zero", 0), ("one", 1), ("two", 2))
+    ]
+    outputs = [("z", CLASSES), ("p", CLASSES), ("s", 1), ("p1", 1), ("values", 2)]
+    graph = helper.make_graph(
+        nodes,
+        "table",
+        [helper.make_tensor_value_info("x", f, [None, FEATURES])],
+        [helper.make_tensor_value_info(name, f, [None, k]) for name, k in outputs],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(b, "b"), *constants],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def data(name: str):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((N, FEATURES)).astype(np.float32)
+    kind = OUTPUT[name]
+    if kind == "values":
+        return x, rng.standard_normal((N, 2)).astype(np.float32)
+    return x, rng.integers(0, 2 if kind in ("p1", "s") else CLASSES, N).astype(np.int64)
+
+
+def reference(name: str, x, y) -> float:
+    out = {k: v.astype(np.float64) for k, v in run_model(model(), {"x": x}).items()}
+    if name == "squared_error":
+        return mean_squared_error(y, out["values"])
+    if name == "absolute_error":
+        return mean_absolute_error(y, out["values"])
+    if name == "elastic":
+        d = out["values"] - y
+        return float(np.mean(0.5 * np.abs(d) + 0.5 * d**2))
+    if name in ("log", "log_logits"):
+        probability = 1 / (1 + np.exp(-out["s"][:, 0]))  # from the logits, not from p1
+        return log_loss(y, probability)
+    if name == "cross_entropy":
+        p = out["p"] / out["p"].sum(axis=1, keepdims=True)  # float32 rows, summed in float64
+        return log_loss(y, p, labels=list(range(CLASSES)))
+    torch = pytest.importorskip("torch", reason="cross_entropy_logits is checked against torch")
+    return torch.nn.functional.cross_entropy(torch.tensor(out["z"]), torch.tensor(y)).item()
+
+
+CANONICAL = list(LOSSES)
+EVERY_NAME = [*LOSSES, *ALIASES]
+
+
+def canonical(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
+def estimator_options():
+    """One batch of N rows, one epoch, a learning rate too small to matter."""
+    return {
+        "batch_size": N,
+        "max_iter": 1,
+        "learning_rate": LearningRateSGD(eta0=1e-12, learning_rate="constant"),
+    }
+
+
+@pytest.mark.parametrize("name", EVERY_NAME)
+def test_add_loss_output(name):
+    x, y = data(canonical(name))
+    with_loss = add_loss_output(model(), name, output_index=OUTPUT[canonical(name)])
+    got = run_model(with_loss, {"x": x, "label": y})["loss"]
+    assert got == pytest.approx(reference(canonical(name), x, y), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", CANONICAL)
+def test_ort_gradient_optimizer(name):
+    x, y = data(name)
+    with_loss = add_loss_output(model(), name, output_index=OUTPUT[name])
+    est = OrtGradientOptimizer(with_loss, ["W", "b"], **estimator_options()).fit(x, y)
+    assert est.train_losses_[0] == pytest.approx(reference(name, x, y), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", EVERY_NAME)
+def test_forward_backward_optimizer(name):
+    x, y = data(canonical(name))
+    est = OrtGradientForwardBackwardOptimizer(
+        model(),
+        ["W", "b"],
+        learning_loss=name,
+        output=OUTPUT[canonical(name)],
+        **estimator_options(),
+    ).fit(x, y)
+    assert est.train_losses_[0] == pytest.approx(reference(canonical(name), x, y), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", CANONICAL)
+def test_command_add_loss(tmp_path, name):
+    x, y = data(name)
+    onnx.save(model(), tmp_path / "m.onnx")
+    result = run_in_process(
+        "add-loss", "m.onnx", "-o", "l.onnx", "--score", name, "--prediction", OUTPUT[name],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    got = run_model(tmp_path / "l.onnx", {"x": x, "label": y})["loss"]
+    assert got == pytest.approx(reference(name, x, y), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", CANONICAL)
+def test_command_train(tmp_path, name):
+    x, y = data(name)
+    only = onnx.utils.Extractor(model()).extract_model(["x"], [OUTPUT[name]])
+    onnx.save(only, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    result = run_in_process(
+        "train", "m.onnx", "--data", "d.npz", "-o", "t.onnx", "--loss", name,
+        "--epochs", "1", "--batch-size", str(N), "--optimizer", "sgd", "--lr", "1e-12",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    start = float(re.search(r"starting loss (\S+)", result.stdout).group(1))
+    first = float(re.search(r"epoch +1/1 +loss (\S+)", result.stdout).group(1))
+    expected = reference(name, x, y)
+    assert start == pytest.approx(expected, rel=1e-5)
+    assert first == pytest.approx(expected, rel=1e-5)
