@@ -53,9 +53,10 @@ class OpCase:
     #: also run with unknown input shapes (not below opset 13 for broadcasting ops: undoing
     #: an unknown broadcast needs ReduceSum's axes input)
     dynamic_shapes: bool = True
-    #: the float64 oracle: ``"reference"`` (onnx's ReferenceEvaluator) or ``"onnxruntime"``
-    #: where the reference evaluator departs from the spec (Softmax before opset 13)
-    evaluator: str = "reference"
+    #: the float64 oracle: ``"reference"`` (onnx's ReferenceEvaluator), ``"onnxruntime"``
+    #: where the reference evaluator departs from the spec (Softmax before opset 13), or a
+    #: callable ``model -> session``
+    evaluator: str | Callable = "reference"
     ort_rtol: float = 2e-3
     ort_atol: float = 2e-3
 
@@ -122,7 +123,10 @@ def _weighted_sum(outputs: list[np.ndarray], weights: list[np.ndarray]) -> float
 
 
 def evaluator(model: ModelProto, kind: str = "reference"):
-    """A session with ``run(None, feeds)``: onnx's reference evaluator or onnxruntime."""
+    """A session with ``run(None, feeds)``: onnx's reference evaluator, onnxruntime, or
+    ``kind(model)`` for a callable."""
+    if callable(kind):
+        return kind(model)
     if kind == "reference":
         return ReferenceEvaluator(model)
     return onnxruntime.InferenceSession(

@@ -170,7 +170,15 @@ def _typed_like(b: GradBuilder, info: ValueInfoProto, outer: str) -> ValueInfoPr
     value = b.shape(outer)
     if value is None or info.type.tensor_type.HasField("shape"):
         return info
-    return value_info(info.name, b.value_type(outer))
+    return value_info(info.name, _anonymous(b.value_type(outer)))
+
+
+def _anonymous(value: ValueType) -> ValueType:
+    """``value`` without symbolic dims: symbols from separate shape inferences may share a
+    name for different sizes, which onnxruntime rejects in a subgraph's declared types."""
+    if value.shape is None:
+        return value
+    return ValueType(value.elem_type, tuple(d if isinstance(d, int) else None for d in value.shape))
 
 
 def _is_float(info: ValueInfoProto) -> bool:
@@ -180,7 +188,7 @@ def _is_float(info: ValueInfoProto) -> bool:
 def _fresh_info(b: GradBuilder, base: str, value: ValueType) -> ValueInfoProto:
     name = b.unique_name(base)
     b.declare(name, value)
-    return value_info(name, value)
+    return value_info(name, _anonymous(value))
 
 
 def _reverse_scan(
@@ -329,7 +337,7 @@ def _result(
         nodes.append(
             helper.make_node("Identity", [grad], [name], name=b.unique_node_name("Identity"))
         )
-    return value_info(name, value)
+    return value_info(name, _anonymous(value))
 
 
 def _captured_sources(node: NodeView, needs: list[bool]) -> list[str]:
