@@ -35,7 +35,7 @@ def _squeeze_all_then_flatten(inputs, outputs):
     ]
 
 
-def _resize(x_shape, opset=13, scales=None, sizes=None, id="", **attrs):
+def _resize(x_shape, opset=13, scales=None, sizes=None, id="", roi=None, **attrs):
     """A Resize case; float32 ``scales`` come from a Constant node (the harness casts float
     inputs to the case's dtype, and Resize wants float scales)."""
     inputs = {"x": r(*x_shape)}
@@ -43,12 +43,16 @@ def _resize(x_shape, opset=13, scales=None, sizes=None, id="", **attrs):
         inputs["sizes"] = np.array(sizes, dtype=np.int64)
 
     def graph(names, outputs):
-        nodes, scale_name = [], ""
+        nodes, scale_name, roi_name = [], "", ""
+        if roi is not None:
+            value = helper.make_tensor("roi", 1, [len(roi)], roi)
+            nodes.append(helper.make_node("Constant", [], ["roi"], value=value))
+            roi_name = "roi"
         if scales is not None:
             value = helper.make_tensor("scales", 1, [len(scales)], scales)
             nodes.append(helper.make_node("Constant", [], ["scales"], value=value))
             scale_name = "scales"
-        resize_inputs = [names[0], "", scale_name, *names[1:]]
+        resize_inputs = [names[0], roi_name, scale_name, *names[1:]]
         return [*nodes, helper.make_node("Resize", resize_inputs, outputs, **attrs)]
 
     return OpCase("Resize", inputs, attrs, opset=opset, graph=graph, id=f"Resize-{id}")
@@ -158,6 +162,15 @@ PAD = [
 
 RESIZE = [
     _resize((1, 2, 2, 3), scales=[1, 1, 2, 2], mode="nearest", id="nearest-up2"),
+    _resize((1, 1, 4, 4), sizes=[1, 1, 3, 3], roi=[0, 0, 0.2, 0.3, 1, 1, 1.2, 0.8],
+            mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+            extrapolation_value=2.5, id="linear-tf-crop-and-resize"),
+    _resize((1, 2, 3, 4), scales=[2.0, 1.5], roi=[-0.2, 0.1, 0.9, 1.3], axes=[2, 3],
+            mode="cubic", coordinate_transformation_mode="tf_crop_and_resize", opset=18,
+            id="cubic-tf-crop-and-resize-axes"),
+    _resize((2, 3, 4), scales=[1, 1, 1.5], roi=[0, 0, -0.1, 1, 1, 1.2], mode="nearest",
+            coordinate_transformation_mode="tf_crop_and_resize", opset=16,
+            id="nearest-tf-crop-and-resize-grid"),
     _resize((1, 1, 3, 4), scales=[1, 1, 1.5, 0.75], mode="nearest", nearest_mode="floor",
             coordinate_transformation_mode="asymmetric", id="nearest-fractional"),
     _resize((2, 1, 3, 2), scales=[1, 1, 2, 1.5], mode="linear",

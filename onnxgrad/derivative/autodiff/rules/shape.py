@@ -14,7 +14,8 @@
   Reflect, edge and wrap modes: each output copies one input element, whose flat index is
   found by padding an index grid the same way; ``x_bar`` is the scatter-add of ``y_bar``
   at those indices (opset >= 16)
-* Resize: through per-axis interpolation matrices, or for nearest by the same index-grid
+* Resize (every coordinate transformation, tf_crop_and_resize included): through per-axis
+  interpolation matrices, or for nearest by the same index-grid
   scatter-add (see :func:`resize_grad`)
 * Col2Im: each column element read back from the image position it was added to
 """
@@ -240,8 +241,6 @@ def resize_grad(b, node, grads, needs):
     * otherwise, for nearest (opset >= 16), the index-grid scatter-add
       (:func:`_nearest_resize_grad`), exact on every axis but slower.
     """
-    if node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
-        raise unsupported(node, "coordinate_transformation_mode='tf_crop_and_resize'")
     mode = node.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
         raise unsupported(node, f"mode={mode!r}")
@@ -266,8 +265,20 @@ def _nearest_resize_grad(b, node, g: str) -> str:
     x = node.inputs[0]
     grid = b.op("Cast", index_grid(b, x), to=TensorProto.INT32)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.proto.attribute}
+    if _crops(node):
+        attrs["extrapolation_value"] = -1.0
     sources = b.op("Resize", grid, *node.inputs[1:], **attrs)
+    if _crops(node):
+        inside = b.op("Not", b.op("Less", sources, b.const(0, dtype=np.int32)))
+        g = b.mask(inside, g)
+        sources = b.op("Max", sources, b.const(0, dtype=np.int32))
     return scatter_flat(b, x, sources, g, reduction="add")
+
+
+def _crops(node) -> bool:
+    """``tf_crop_and_resize``: positions outside the ``roi`` read ``extrapolation_value``,
+    not ``x``."""
+    return node.attr("coordinate_transformation_mode") == "tf_crop_and_resize"
 
 
 def _separable_resize_grad(b, node, g: str, positions: dict[int, int]) -> str:
@@ -324,18 +335,33 @@ def _interpolation_matrix(b, node, axis: int, position: int) -> str:
     sizes, scales = node.input(3), node.input(2)
     index = b.ints([position])
     attrs = {name: node.attr(name) for name in _RESIZE_ATTRIBUTES}
+    roi = _axis_roi(b, node, position) if _crops(node) else None
     if node.opset >= 18:
         if sizes is not None:
             return b.op(
-                "Resize", identity, None, None, b.op("Gather", sizes, index), axes=[1], **attrs
+                "Resize", identity, roi, None, b.op("Gather", sizes, index), axes=[1], **attrs
             )
-        return b.op("Resize", identity, None, b.op("Gather", scales, index), axes=[1], **attrs)
+        return b.op("Resize", identity, roi, b.op("Gather", scales, index), axes=[1], **attrs)
+    if roi is not None:
+        whole = b.op("Cast", b.const([0.0, 1.0], dtype=np.float32), to=b.dtype(node.input(1)))
+        roi = b.op("Gather", b.op("Concat", whole, roi, axis=0), b.ints([0, 2, 1, 3]), axis=0)
     if sizes is not None:
         target = b.op("Concat", as_tensor(b, [size]), b.op("Gather", sizes, index), axis=0)
-        return b.op("Resize", identity, None, None, target, **attrs)
+        return b.op("Resize", identity, roi, None, target, **attrs)
     unit = b.const([1.0], dtype=np.float32)
     target = b.op("Concat", unit, b.op("Gather", scales, index), axis=0)
-    return b.op("Resize", identity, None, target, **attrs)
+    return b.op("Resize", identity, roi, target, **attrs)
+
+
+def _axis_roi(b, node, position: int) -> str:
+    """``[start, end]`` of the ``roi`` for entry ``position`` of scales/sizes (the identity
+    matrix resized with it reads 0 outside: ``extrapolation_value`` does not depend on x)."""
+    roi = node.input(1)
+    shape = b.static_shape(roi)
+    if roi is None or shape is None:
+        raise unsupported(node, "tf_crop_and_resize with a roi of unknown length")
+    half = shape[0] // 2
+    return b.op("Gather", roi, b.ints([position, half + position]), axis=0)
 
 
 @register("Col2Im", since=18)
