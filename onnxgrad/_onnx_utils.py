@@ -72,13 +72,11 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
 
 
 def supported_ir_version(model: ModelProto) -> int:
-    """The model's IR version clamped to ``[4 or its opsets' minimum, MAX_IR_VERSION]``."""
-    if model.ir_version == 0 or model.ir_version > MAX_IR_VERSION:
-        return MAX_IR_VERSION
-    if model.ir_version < 4:
-        lowest = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-        return min(max(4, lowest), MAX_IR_VERSION)
-    return model.ir_version
+    """The model's IR version clamped to ``[lowest, MAX_IR_VERSION]``, where ``lowest`` (at
+    least 4) is the first IR version that allows the opsets the model imports: opsets beyond
+    what onnxruntime-training loads (23 and later need IR 11) raise the IR above the clamp."""
+    lowest = max(4, helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True))
+    return max(min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION), lowest)
 
 
 def make_model_like(graph: onnx.GraphProto, template: ModelProto, **kwargs) -> ModelProto:
@@ -86,7 +84,7 @@ def make_model_like(graph: onnx.GraphProto, template: ModelProto, **kwargs) -> M
     model = helper.make_model(
         graph,
         opset_imports=list(template.opset_import),
-        ir_version=min(template.ir_version or MAX_IR_VERSION, MAX_IR_VERSION),
+        ir_version=supported_ir_version(template),
         producer_name=kwargs.pop("producer_name", template.producer_name or "onnxgrad"),
         **kwargs,
     )

@@ -17,7 +17,7 @@ from onnx import FunctionProto, GraphProto, NodeProto, TensorProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView
-from onnxgrad.derivative.autodiff.functions import function_rule
+from onnxgrad.derivative.autodiff.functions import FunctionExpansionError, function_rule
 from onnxgrad.derivative.autodiff.registry import (
     Rule,
     find_rule,
@@ -117,25 +117,30 @@ class Engine:
             raise NotImplementedError("the model is not differentiable: " + "; ".join(blocked))
         rules, missing = [], []
         for node in path:
-            rule = find_rule(node.domain, node.op_type, self._domain_opset(node.domain))
+            rule, reason = find_rule(node.domain, node.op_type, self._domain_opset(node.domain)), ""
             if rule is None:
-                rule = function_rule(node, self.types, self.emitter.opsets, self.emitter.functions)
+                try:
+                    rule = function_rule(
+                        node, self.types, self.emitter.opsets, self.emitter.functions
+                    )
+                except FunctionExpansionError as exc:
+                    reason = f" ({exc})"
             if rule is None:
-                missing.append(node)
+                missing.append((node, reason))
             rules.append(rule)
         if missing:
             raise NotImplementedError(self._missing_rules_message(missing))
         return rules
 
-    def _missing_rules_message(self, missing: list[NodeProto]) -> str:
+    def _missing_rules_message(self, missing: list[tuple[NodeProto, str]]) -> str:
         """Each op with its own domain's opset; ``backend='ort'`` suggested only for
         default-domain ops (onnxruntime-training has no gradient for ``ai.onnx.ml``)."""
         described = [
             f"{node.op_type!r} (domain {node.domain or 'ai.onnx'!r}, opset "
-            f"{self._domain_opset(node.domain)}) at node {node.name or '<unnamed>'!r}"
-            for node in missing
+            f"{self._domain_opset(node.domain)}) at node {node.name or '<unnamed>'!r}{reason}"
+            for node, reason in missing
         ]
-        default_domain = all(not normalize_domain(node.domain) for node in missing)
+        default_domain = all(not normalize_domain(node.domain) for node, _ in missing)
         hint = ""
         if default_domain and self.opset < 13:
             hint = (

@@ -31,6 +31,10 @@ from onnxgrad.derivative.autodiff.registry import Rule
 from onnxgrad.derivative.autodiff.value_types import ValueType, value_info
 
 
+class FunctionExpansionError(NotImplementedError):
+    """The operator has a function, but onnx cannot build its body for this node."""
+
+
 def function_rule(
     node: NodeProto,
     types: Mapping[str, ValueType],
@@ -53,7 +57,8 @@ def expand_node(
     functions: Sequence[FunctionProto] = (),
 ) -> list[NodeProto] | None:
     """The nodes of ``node``'s function body, bound to its inputs, outputs and attributes
-    (``None`` when the operator has no function at the model's opsets)."""
+    (``None`` when the operator has no function at the model's opsets; a
+    :class:`FunctionExpansionError` when onnx cannot build it)."""
     domain = normalize_domain(node.domain)
     local = {(normalize_domain(f.domain), f.name) for f in functions}
     if (domain, node.op_type) not in local and not _schema_has_function(node, opsets):
@@ -63,8 +68,9 @@ def expand_node(
         inlined = onnx.inliner.inline_selected_functions(
             model, [(node.domain, node.op_type), *local], inline_schema_functions=True
         )
-    except Exception:  # a body the inliner cannot build (unknown input types...)
-        return None
+    except Exception as exc:  # the inliner raises bare RuntimeErrors and C++ assertions
+        message = " ".join(str(exc).split())[:300]
+        raise FunctionExpansionError(f"its function body cannot be built: {message}") from exc
     nodes = list(inlined.graph.node)
     if len(nodes) == 1 and nodes[0].op_type == node.op_type and nodes[0].domain == node.domain:
         return None
@@ -116,6 +122,8 @@ def _single_node_model(
             inputs.append(value_info(name, value))
     outputs = [onnx.ValueInfoProto(name=o) for o in node.output if o]
     graph = helper.make_graph([node], "expand", inputs, outputs)
+    if "" in node.input:  # the inliner asks for the type of omitted optional inputs too
+        graph.value_info.append(helper.make_tensor_value_info("", onnx.TensorProto.FLOAT, None))
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],

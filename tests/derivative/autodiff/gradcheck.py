@@ -129,8 +129,11 @@ def evaluator(model: ModelProto, kind: str = "reference"):
         return kind(model)
     if kind == "reference":
         return ReferenceEvaluator(model)
+    options = onnxruntime.SessionOptions()
+    # the extended fusions (FusedMatMul...) have float32 kernels only
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     return onnxruntime.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
 
 
@@ -234,17 +237,27 @@ def _check_ort(case: OpCase, dynamic: bool, reference: dict) -> None:
 def second_order(case: OpCase, **changes) -> OpCase:
     """The case whose graph is the native gradient graph of ``case``.
 
-    Its inputs are those of ``case`` plus the output gradient ``z_grad``, its outputs the
+    Its inputs are those of ``case`` plus the output gradients (``z_grad``, or ``z<k>_grad``
+    for several outputs; integer outputs get zero gradients, as constants), its outputs the
     gradients; checking it against finite differences checks the second derivatives
     (Hessian-vector products), and that every op the rule emits has a rule itself. The
     gradient graph is built once in float64, so onnxruntime's float32 run is skipped.
     """
     model, feeds = case_model(case, np.float64)
-    _rename_value(model, "y0", "z")
+    names = ["z"] if case.n_outputs == 1 else [f"z{k}" for k in range(case.n_outputs)]
+    for k, name in enumerate(names):
+        _rename_value(model, f"y{k}", name)
     wrt = case.differentiated
     gradient = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
-    (output,) = ReferenceEvaluator(model).run(None, feeds)
-    seed = np.random.default_rng(7).standard_normal(np.shape(output))
+    outputs = evaluator(model, case.evaluator).run(None, feeds)
+    rng = np.random.default_rng(7)
+    seeds = {
+        f"{name}_grad": rng.standard_normal(np.shape(value))
+        if np.asarray(value).dtype.type in FLOATS
+        else np.zeros(np.shape(value), np.asarray(value).dtype)
+        for name, value in zip(names, outputs)
+    }
+    float_seeds = tuple(n for n, v in seeds.items() if v.dtype.type in FLOATS)
 
     def graph(inputs, outputs):
         ends = [helper.make_node("Identity", [f"{x}_grad"], [y]) for x, y in zip(wrt, outputs)]
@@ -252,8 +265,8 @@ def second_order(case: OpCase, **changes) -> OpCase:
 
     return replace(
         case,
-        inputs={**case.inputs, "z_grad": seed},
-        wrt=None if case.wrt is None else (*case.wrt, "z_grad"),
+        inputs={**case.inputs, **seeds},
+        wrt=None if case.wrt is None else (*case.wrt, *float_seeds),
         n_outputs=len(wrt),
         graph=graph,
         check_ort=False,

@@ -1,0 +1,582 @@
+"""Operator coverage of the native gradients, measured on onnx's own operator test cases.
+
+Every single-operator model of ``onnx.backend.test.case.node.collect_testcases()`` (the code
+behind onnx's backend test data; the ``*_expanded`` variants left out) is differentiated by
+``onnx_derivative(backend="onnx")`` with respect to each float input that the operator's
+schema does not mark non-differentiable, when the operator has a float output. The model is
+converted to float64 and the gradient checked along random directions ``v``:
+
+    <x_grad, v>  ==  (f(x + eps v) - f(x - eps v)) / (2 eps),   f = sum_k <y_k, g_k>
+
+with random output gradients ``g_k``. Where the one-sided differences disagree (a kink or a
+tie in the test data) the point is jittered once. Outcomes per case: ``ok``, ``wrong``
+(a value or a shape differs, or NaN), ``missing`` (``NotImplementedError``: no rule),
+``failed`` (the gradient graph raised another error or did not run) and ``skipped`` (the
+oracle cannot judge: random operators, models the evaluator cannot run in float64).
+
+The oracle is onnx's reference evaluator, except where it departs from the spec: ``Erf``
+rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``MaxPool``'s Indices are
+wrong when strides and dilations are 1, and Softmax/LogSoftmax/Hardmax before opset 13 and
+BatchNormalization before opset 14 (onnxruntime evaluates those, where it loads them).
+
+    python benchmarks/coverage_ops.py [--ops Relu,Swish] [--markdown docs/coverage.md]
+        [--baseline an-earlier-page.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from onnxgrad import onnx_derivative
+
+FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+#: element types numpy computes with (float8, float4, int4, int2... are left out)
+PLAIN = FLOATS | {
+    TensorProto.BOOL,
+    TensorProto.INT8,
+    TensorProto.INT16,
+    TensorProto.INT32,
+    TensorProto.INT64,
+    TensorProto.UINT8,
+    TensorProto.UINT16,
+    TensorProto.UINT32,
+    TensorProto.UINT64,
+    TensorProto.STRING,
+}
+NON_DIFFERENTIABLE = onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
+STATUSES = ("ok", "wrong", "missing", "failed", "skipped")
+EPS = 1e-6
+RTOL = 1e-4
+
+#: Families for the summary: the rule module of each operator, or this table for the ones
+#: the rule modules do not name (a family is a reading aid, not a measure).
+FAMILY_OF = {
+    **dict.fromkeys(["LSTM", "GRU", "RNN"], "recurrent"),
+    **dict.fromkeys(["If", "Loop", "Scan", "SequenceMap"], "control_flow"),
+    **dict.fromkeys(
+        ["Attention", "RotaryEmbedding", "LinearAttention", "CausalConvWithState"], "attention"
+    ),
+    **dict.fromkeys(
+        [
+            "RMSNormalization",
+            "GroupNormalization",
+            "LRN",
+            "LpNormalization",
+            "MeanVarianceNormalization",
+        ],
+        "normalization",
+    ),
+    **dict.fromkeys(
+        ["LpPool", "MaxUnpool", "RoiAlign", "MaxRoiPool", "GlobalLpPool", "Col2Im"], "pool"
+    ),
+    **dict.fromkeys(["DeformConv", "ConvInteger", "QLinearConv"], "conv"),
+    **dict.fromkeys(["Swish", "SwiGLU", "Shrink"], "activations"),
+    **dict.fromkeys(["Det", "CumProd", "TopK"], "linalg"),
+    **dict.fromkeys(
+        [
+            "Compress",
+            "ReverseSequence",
+            "TensorScatter",
+            "GridSample",
+            "AffineGrid",
+            "CenterCropPad",
+            "Upsample",
+            "Scatter",
+        ],
+        "indexing",
+    ),
+    **dict.fromkeys(["DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear"], "quantize"),
+}
+
+
+@dataclass
+class Outcome:
+    case: str
+    op_type: str
+    opset: int
+    status: str
+    detail: str = ""
+    inputs: list[str] = field(default_factory=list)
+
+
+# -- the oracle --------------------------------------------------------------------------------
+class Erf(OpRun):
+    """``Erf`` in the input's precision (the reference one rounds to float32)."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (np.vectorize(math.erf, otypes=[x.dtype])(x),)
+
+
+class Gelu(OpRun):
+    """``Gelu`` in the input's precision (the reference one rounds erf to float32)."""
+
+    op_domain = ""
+
+    def _run(self, x, approximate="none"):
+        if approximate == "tanh":
+            inner = np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)
+            return ((0.5 * x * (1 + np.tanh(inner))).astype(x.dtype),)
+        erf = np.vectorize(math.erf, otypes=[x.dtype])(x / np.sqrt(2))
+        return ((0.5 * x * (1 + erf)).astype(x.dtype),)
+
+
+def _ort_oracle(op_type: str, opset: int) -> bool:
+    """Cases the reference evaluator gets wrong and onnxruntime evaluates instead."""
+    return (
+        op_type == "MaxPool"
+        or (op_type in ("Softmax", "LogSoftmax", "Hardmax") and opset < 13)
+        or (op_type == "BatchNormalization" and opset < 14)
+    )
+
+
+class Oracle:
+    """Runs a model in float64 on the chosen evaluator: ``run(feeds) -> list of arrays``."""
+
+    def __init__(self, model: ModelProto, use_ort: bool):
+        self.session = None
+        if use_ort:
+            with contextlib.suppress(Exception):
+                import onnxruntime
+
+                options = onnxruntime.SessionOptions()
+                options.intra_op_num_threads = 1
+                options.log_severity_level = 4
+                self.session = onnxruntime.InferenceSession(
+                    model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                )
+        if self.session is None:
+            self.session = ReferenceEvaluator(model, new_ops=[Erf, Gelu])
+
+    def run(self, feeds: dict) -> list[np.ndarray]:
+        return [np.asarray(v) for v in self.session.run(None, feeds)]
+
+
+# -- models in float64 -------------------------------------------------------------------------
+def to_double(model: ModelProto) -> ModelProto:
+    """The model with every float element type (inputs, outputs, initializers, constants,
+    ``to``/``dtype`` attributes) turned into float64."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        tensor = info.type.tensor_type
+        if tensor.elem_type in FLOATS:
+            tensor.elem_type = TensorProto.DOUBLE
+    for i, init in enumerate(graph.initializer):
+        if init.data_type in FLOATS:
+            array = numpy_helper.to_array(init).astype(np.float64)
+            graph.initializer[i].CopyFrom(numpy_helper.from_array(array, init.name))
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name in ("to", "dtype") and attr.i in FLOATS:
+                attr.i = TensorProto.DOUBLE
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in FLOATS:
+                array = numpy_helper.to_array(attr.t).astype(np.float64)
+                attr.t.CopyFrom(numpy_helper.from_array(array, attr.t.name))
+    return model
+
+
+def as_array(value) -> np.ndarray:
+    if isinstance(value, TensorProto):
+        return numpy_helper.to_array(value)
+    return np.asarray(value)
+
+
+def _as_double(value: np.ndarray) -> np.ndarray:
+    if value.dtype.kind == "f" or value.dtype.name == "bfloat16":
+        return value.astype(np.float64)
+    return value
+
+
+# -- one case ----------------------------------------------------------------------------------
+def differentiable_inputs(model: ModelProto) -> list[str]:
+    """Float graph inputs read by a node input that the schema does not mark
+    non-differentiable, in a model with a float output."""
+    graph = model.graph
+    if not any(o.type.tensor_type.elem_type in FLOATS for o in graph.output):
+        return []
+    float_inputs = {i.name for i in graph.input if i.type.tensor_type.elem_type in FLOATS}
+    chosen = set()
+    for node in graph.node:
+        try:
+            schema = onnx.defs.get_schema(node.op_type, _opset(model, node.domain), node.domain)
+        except onnx.defs.SchemaError:
+            continue
+        formal = list(schema.inputs)
+        for position, name in enumerate(node.input):
+            if name not in float_inputs or not formal:
+                continue
+            parameter = formal[min(position, len(formal) - 1)]
+            if parameter.differentiation_category != NON_DIFFERENTIABLE:
+                chosen.add(name)
+    return [i.name for i in graph.input if i.name in chosen]
+
+
+def _opset(model: ModelProto, domain: str = "") -> int:
+    domain = "" if domain == "ai.onnx" else domain
+    for entry in model.opset_import:
+        if ("" if entry.domain == "ai.onnx" else entry.domain) == domain:
+            return entry.version
+    return 1
+
+
+def _main_op(model: ModelProto) -> str:
+    ops = [n.op_type for n in model.graph.node if n.op_type != "Constant"]
+    return ops[0] if ops else "Constant"
+
+
+def check_case(name: str, model: ModelProto, inputs: list, seed: int = 0) -> Outcome:
+    """The outcome of one test case (see the module docstring).
+
+    The model runs in float64 where it can; where the float64 conversion does not build or
+    run (float constants inside, type constraints), the test case's own precision is used
+    with a looser tolerance.
+    """
+    op_type, opset = _main_op(model), _opset(model)
+    outcome = Outcome(name, op_type, opset, "skipped")
+    graph = model.graph
+    if any(not i.type.HasField("tensor_type") for i in [*graph.input, *graph.output]):
+        outcome.detail = "non-tensor inputs or outputs"
+        return outcome
+    if any(i.type.tensor_type.elem_type not in PLAIN for i in [*graph.input, *graph.output]):
+        outcome.detail = "element types numpy does not compute with (float8, int4...)"
+        return outcome
+    wrt = differentiable_inputs(model)
+    outcome.inputs = wrt
+    if not wrt:
+        outcome.status = "no float derivative"
+        return outcome
+    arrays = [as_array(v) for v in inputs]
+    outcome.status, outcome.detail = _judge(model, arrays, wrt, op_type, opset, seed, True)
+    if outcome.status in ("failed", "skipped") and not outcome.detail.startswith("random"):
+        status, detail = _judge(model, arrays, wrt, op_type, opset, seed, False)
+        if status in ("ok", "wrong", "missing"):
+            outcome.status, outcome.detail = status, f"in the case's precision: {detail}"
+    return outcome
+
+
+def _judge(model, arrays, wrt, op_type, opset, seed, double: bool) -> tuple[str, str]:
+    rng = np.random.default_rng(seed)
+    if double:
+        model = to_double(model)
+        arrays = [_as_double(v) for v in arrays]
+    feeds = {i.name: v for i, v in zip(model.graph.input, arrays)}
+    try:
+        oracle = Oracle(model, _ort_oracle(op_type, opset))
+        outputs = oracle.run(feeds)
+        again = oracle.run(feeds)
+    except Exception as exc:
+        return "skipped", f"the oracle cannot run the model: {_short(exc)}"
+    if any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(outputs, again)):
+        return "skipped", "random outputs"
+    seeds = [_seed(rng, out, info) for out, info in zip(outputs, model.graph.output)]
+    try:
+        gradient = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
+    except NotImplementedError as exc:
+        return "missing", _short(exc)
+    except Exception as exc:
+        return "failed", f"build: {_short(exc)}"
+    precision = Precision.of(model, wrt)
+    return _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Finite-difference step and tolerance for the element type of the inputs."""
+
+    eps: float
+    rtol: float
+
+    @staticmethod
+    def of(model: ModelProto, wrt: list[str]) -> Precision:
+        types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+        if all(types[n] == TensorProto.DOUBLE for n in wrt):
+            return Precision(EPS, RTOL)
+        if all(types[n] in (TensorProto.DOUBLE, TensorProto.FLOAT) for n in wrt):
+            return Precision(1e-3, 2e-2)
+        return Precision(3e-2, 1e-1)
+
+
+def _seed(rng, output: np.ndarray, info) -> np.ndarray:
+    if info.type.tensor_type.elem_type in FLOATS:
+        return rng.standard_normal(output.shape).astype(output.dtype)
+    return np.zeros(output.shape, dtype=output.dtype)
+
+
+class Kink(Exception):
+    """The objective is not differentiable at the point (one-sided differences disagree,
+    the output shape or finiteness changes)."""
+
+
+def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tuple[str, str]:
+    use_ort = not isinstance(oracle.session, ReferenceEvaluator)
+    names = [o.name for o in model.graph.output]
+    try:
+        grad_oracle = Oracle(gradient, use_ort)
+    except Exception as exc:
+        return "failed", f"load: {_short(exc)}"
+    shapes = None
+
+    def objective(values) -> float:
+        outputs = oracle.run(values)
+        if [o.shape for o in outputs] != shapes:
+            raise Kink("the output shape changes")
+        total = sum(
+            float(np.sum(o.astype(np.float64) * s)) for o, s in zip(outputs, seeds) if s.any()
+        )
+        if not math.isfinite(total):
+            raise Kink("the outputs are not finite")
+        return total
+
+    def gradients(values):
+        grad_feeds = {
+            **values,
+            **{f"{n}_grad": s.astype(_dtype_of(model, n)) for n, s in zip(names, seeds)},
+        }
+        results = grad_oracle.run(grad_feeds)
+        return dict(zip([o.name for o in gradient.graph.output], results))
+
+    for _ in range(3):
+        shapes = [o.shape for o in oracle.run(feeds)]
+        try:
+            got = gradients(feeds)
+        except Exception as exc:
+            return "failed", f"run: {_short(exc)}"
+        try:
+            return _directional_check(objective, got, feeds, wrt, rng, precision)
+        except Kink:
+            feeds = _jitter(feeds, wrt, rng)
+    return "skipped", "not differentiable at the test point (kink or tie), even jittered"
+
+
+def _dtype_of(model: ModelProto, output: str):
+    info = next(o for o in model.graph.output if o.name == output)
+    return helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
+
+
+def _directional_check(objective, got, feeds, wrt, rng, precision):
+    eps, rtol = precision.eps, precision.rtol
+    for name in wrt:
+        grad = np.asarray(got[f"{name}_grad"]).astype(np.float64)
+        base = feeds[name]
+        if grad.shape != base.shape:
+            return "wrong", f"gradient of {name!r} has shape {grad.shape}, not {base.shape}"
+        if np.any(np.isnan(grad)):
+            return "wrong", f"gradient of {name!r} has NaN values"
+        if not np.all(np.isfinite(grad)):
+            raise Kink("infinite derivative")
+        for _ in range(2):
+            direction = rng.standard_normal(base.shape)
+            f0 = objective(feeds)
+            plus = objective({**feeds, name: (base + eps * direction).astype(base.dtype)})
+            minus = objective({**feeds, name: (base - eps * direction).astype(base.dtype)})
+            forward, backward = (plus - f0) / eps, (f0 - minus) / eps
+            expected = (plus - minus) / (2 * eps)
+            actual = float(np.sum(grad * direction))
+            scale = abs(expected) + abs(actual) + float(np.sum(np.abs(grad * direction)))
+            if abs(forward - backward) > 10 * rtol * (abs(forward) + abs(backward)) + 1e-5:
+                raise Kink("one-sided differences disagree")
+            if abs(actual - expected) > rtol * scale + 1e-6:
+                return "wrong", (
+                    f"d/d{name} along a random direction: {actual:.6g}, finite differences "
+                    f"{expected:.6g}"
+                )
+    return "ok", ""
+
+
+def _jitter(feeds, wrt, rng):
+    jittered = dict(feeds)
+    for name in wrt:
+        value = feeds[name]
+        noise = 1e-3 * (1 + np.abs(value)) * rng.standard_normal(value.shape)
+        jittered[name] = (value + noise).astype(value.dtype)
+    return jittered
+
+
+def _short(exc: Exception, limit: int = 160) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}"
+
+
+# -- the whole suite ---------------------------------------------------------------------------
+def collect_cases(ops: set[str] | None = None):
+    """``(name, model, inputs)`` of onnx's non-expanded node test cases."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    for case in cases:
+        if case.kind != "node" or "_expanded" in case.name or not case.data_sets:
+            continue
+        if ops is not None and _main_op(case.model) not in ops:
+            continue
+        if not any(o.domain in ("", "ai.onnx") for o in case.model.opset_import):
+            continue
+        yield case.name, case.model, list(case.data_sets[0][0])
+
+
+def run(ops: set[str] | None = None, progress=None) -> list[Outcome]:
+    outcomes = []
+    for name, model, inputs in collect_cases(ops):
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            try:
+                outcome = check_case(name, model, inputs)
+            except Exception as exc:  # a harness error must not hide the other cases
+                outcome = Outcome(name, _main_op(model), _opset(model), "failed", _short(exc))
+        outcomes.append(outcome)
+        if progress is not None:
+            progress(outcome)
+    return outcomes
+
+
+def family(op_type: str) -> str:
+    from onnxgrad.derivative.autodiff.registry import registered_rules
+
+    modules = {r.op_type: r.function.__module__.rsplit(".", 1)[-1] for r in registered_rules()}
+    return modules.get(op_type) or FAMILY_OF.get(op_type, "other")
+
+
+def summarize(outcomes: list[Outcome]) -> dict:
+    """Counts per operator type, family and opset, and the totals (cases with a float
+    derivative only)."""
+    counted = [o for o in outcomes if o.status in STATUSES]
+    by_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    by_family: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    by_opset: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for o in counted:
+        by_op[o.op_type][o.status] += 1
+        by_family[family(o.op_type)][o.status] += 1
+        by_opset[o.opset][o.status] += 1
+    total = collections.Counter(o.status for o in counted)
+    return {"op": by_op, "family": by_family, "opset": by_opset, "total": total}
+
+
+def _row(label: str, counts: collections.Counter) -> str:
+    judged = sum(counts[s] for s in STATUSES if s != "skipped")
+    share = f"{100 * counts['ok'] / judged:.0f}%" if judged else "-"
+    cells = " | ".join(str(counts[s]) for s in STATUSES)
+    return f"| {label} | {cells} | {share} |"
+
+
+def _table(title: str, groups: dict) -> list[str]:
+    lines = [f"| {title} | " + " | ".join(STATUSES) + " | ok share |"]
+    lines.append("|" + "---|" * (len(STATUSES) + 2))
+    lines += [_row(str(key), groups[key]) for key in sorted(groups)]
+    return lines
+
+
+def page(outcomes: list[Outcome], baseline: str | None = None) -> str:
+    """``docs/coverage.md``: how it was measured, the tables, and the totals and families of
+    an earlier run (``baseline``, a page this function wrote) for comparison."""
+    import onnx as onnx_module
+
+    from onnxgrad._runtime import import_onnxruntime
+
+    versions = f"onnx {onnx_module.__version__}"
+    with contextlib.suppress(Exception):
+        versions += f", onnxruntime {import_onnxruntime().__version__}"
+    lines = [
+        "# Gradient coverage of the ONNX operators",
+        "",
+        "The native backend's gradients on onnx's own operator test cases, checked against "
+        "float64 finite differences along random directions (" + versions + "). Regenerate "
+        "with `python benchmarks/coverage_ops.py --markdown docs/coverage.md` (about four "
+        "minutes); the method and the oracle are described in that script's docstring. "
+        "`skipped` cases are not judged (random operators, element types numpy lacks, "
+        "sequences and optionals, points where the function is not differentiable).",
+        "",
+    ]
+    if baseline:
+        lines += ["## Before", "", *_baseline_summary(baseline), "", "## Now", "", ""]
+    return "\n".join(lines) + markdown(outcomes)
+
+
+def _baseline_summary(path: str) -> list[str]:
+    text = Path(path).read_text().splitlines()
+    if "## Now" in text:
+        text = text[text.index("## Now") :]
+    start = next(i for i, line in enumerate(text) if line.startswith("**Total**"))
+    end = next(i for i, line in enumerate(text) if line.startswith("### Per opset"))
+    return [line.replace("### ", "#### ") for line in text[start:end]]
+
+
+def markdown(outcomes: list[Outcome], header: str = "") -> str:
+    summary = summarize(outcomes)
+    total = summary["total"]
+    judged = sum(total[s] for s in STATUSES if s != "skipped")
+    ops = summary["op"]
+    full = sum(1 for c in ops.values() if c["ok"] and c["ok"] == sum(c.values()) - c["skipped"])
+    lines = [header] if header else []
+    lines += [
+        f"**Total**: {total['ok']} of {judged} judged cases agree with float64 finite differences "
+        f"({100 * total['ok'] / max(judged, 1):.1f}%); {total['wrong']} wrong, "
+        f"{total['missing']} missing, {total['failed']} failed, {total['skipped']} skipped. "
+        f"Operator types fully covered: {full} of {len(ops)}.",
+        "",
+        "### Per family",
+        "",
+        *_table("family", summary["family"]),
+        "",
+        "### Per opset of the test model",
+        "",
+        *_table("opset", summary["opset"]),
+        "",
+        "### Per operator type",
+        "",
+        *_table("operator", ops),
+        "",
+        "### Cases not ok",
+        "",
+        "| case | status | detail |",
+        "|---|---|---|",
+    ]
+    for o in sorted(outcomes, key=lambda o: (o.status, o.case)):
+        if o.status in STATUSES and o.status != "ok":
+            detail = o.detail.replace("|", "\\|")
+            lines.append(f"| {o.case} | {o.status} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", help="comma-separated operator types (default: all)")
+    parser.add_argument("--markdown", help="write the tables to this Markdown file")
+    parser.add_argument("--baseline", help="an earlier page, whose totals are shown first")
+    parser.add_argument("--verbose", action="store_true", help="print every case")
+    args = parser.parse_args(argv)
+    ops = set(args.ops.split(",")) if args.ops else None
+    start = time.perf_counter()
+
+    def progress(o: Outcome) -> None:
+        if args.verbose or o.status not in ("ok", "no float derivative", "skipped"):
+            print(f"{o.status:8} {o.case} {o.detail}", flush=True)
+
+    outcomes = run(ops, progress)
+    text = markdown(outcomes)
+    print(text)
+    print(f"{len(outcomes)} cases in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if args.markdown:
+        Path(args.markdown).write_text(page(outcomes, args.baseline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
