@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "select_model_inputs_outputs",
     ),
     "onnxgrad.functions": ("function_onnx_graph", "get_supported_functions"),
-    "onnxgrad.derivative": ("DerivativeOptions", "onnx_derivative"),
+    "onnxgrad.derivative": ("DerivativeOptions", "onnx_derivative", "onnx_hvp", "onnx_jvp"),
     "onnxgrad.training": (
         "AbsoluteLearningLoss",
         "BaseLearningLoss",
