@@ -1,11 +1,18 @@
-"""Early stopping and partial_fit against scikit-learn's MLP rule and a full fit."""
+"""Early stopping against scikit-learn's MLP rule; partial_fit against a full fit; pickling,
+float64 features and reproducibility of the regressors."""
 
 from __future__ import annotations
+
+import copy
+import pickle
 
 import numpy as np
 import pytest
 from sklearn.neural_network import MLPRegressor
 
+from onnxgrad import OrtGradientOptimizer, add_loss_output
+from onnxgrad.training import LearningRateSGDNesterov
+from tests.models import linear_regression_model
 from tests.training.test_estimators import linear_data, linear_estimator
 
 
@@ -63,3 +70,37 @@ def test_float64_features_are_cast_to_the_model_float32():
     est64 = linear_estimator(max_iter=2).fit(X.astype(np.float64), y.astype(np.float64))
     np.testing.assert_array_equal(est64.get_state()["coefs"], est32.get_state()["coefs"])
     np.testing.assert_array_equal(est64.predict(X.astype(np.float64)), est32.predict(X))
+
+
+def with_loss_estimator(**params):
+    model = add_loss_output(linear_regression_model(np.zeros((1, 3)), np.zeros(1)))
+    lr = LearningRateSGDNesterov(eta0=0.02)
+    return OrtGradientOptimizer(
+        model, ["coefs", "intercept"], max_iter=4, batch_size=8, learning_rate=lr, **params
+    )
+
+
+@pytest.mark.parametrize("make", [linear_estimator, with_loss_estimator])
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_fitted_regressors_round_trip_bit_for_bit(make, how):
+    X, y = linear_data()
+    est = make(random_state=4).fit(X, y)
+    clone = pickle.loads(pickle.dumps(est)) if how == "pickle" else copy.deepcopy(est)
+    assert "runner_" not in clone.__dict__  # sessions are rebuilt on first use
+    if est.predictor_ is not None:
+        np.testing.assert_array_equal(clone.predict(X), est.predict(X))
+    assert clone.score(X, y) == est.score(X, y)
+    np.testing.assert_array_equal(clone.get_full_state()["coefs"], est.get_full_state()["coefs"])
+    for fitted in (est, clone):
+        fitted.partial_fit(X, y)
+    np.testing.assert_array_equal(clone.get_state()["coefs"], est.get_state()["coefs"])
+    unfitted = pickle.loads(pickle.dumps(make()))
+    assert not unfitted.__sklearn_is_fitted__()
+
+
+def test_random_state_reproduces_the_fit():
+    X, y = linear_data()
+    first = linear_estimator(random_state=11, early_stopping=True, n_iter_no_change=2).fit(X, y)
+    again = linear_estimator(random_state=11, early_stopping=True, n_iter_no_change=2).fit(X, y)
+    assert first.validation_scores_ == again.validation_scores_
+    np.testing.assert_array_equal(first.get_state()["coefs"], again.get_state()["coefs"])
