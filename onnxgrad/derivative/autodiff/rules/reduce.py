@@ -32,6 +32,7 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     expand_like,
     index_grid,
     require_rank,
+    reshape_like,
     to_int64,
 )
 
@@ -200,5 +201,5 @@ def cumprod_grad(b, node, grads, needs):
     holds = b.op(compare.get((exclusive, reverse), "Less"), coords, steps)
     weighted = b.mul(b.mul(partial, cast_like(b, holds, x)), b.unsqueeze(g, [0]))
     summed = b.op("ReduceSum", weighted, b.unsqueeze(stack_axis, [0]), keepdims=1)
-    spread = b.op("Expand", summed, b.op("Concat", b.unsqueeze(length, [0]), shape, axis=0))
-    return [b.squeeze(b.op("GatherElements", spread, coords, axis=0), [0]), None]
+    own = cast_like(b, b.op("Equal", coords, steps), x)
+    return [reshape_like(b, b.reduce_sum(b.mul(summed, own), [0], keepdims=False), x), None]
