@@ -35,12 +35,6 @@ NOT_CHECKED = {
         "again, two nodes share that name and onnxruntime refuses the graph (rules/"
         "control_flow.py to fix)"
     )),
-    **dict.fromkeys(
-        ["CumProd-inclusive-zero", "CumProd-exclusive", "CumProd-reverse",
-         "CumProd-exclusive-reverse", "CumProd-runtime-axis"], (
-        "the GatherElements rule needs the static rank of the Expand the CumProd rule emits, "
-        "which shape inference cannot give: a rank-generic GatherElements rule is needed"
-    )),
     "Compress-axis0": (
         "opset 11: undoing a broadcast of unknown shape needs ReduceSum's axes input (13)"
     ),
@@ -58,7 +52,7 @@ NOT_CHECKED = {
 #: at most 64 choices in its GatherElements): onnxruntime evaluates them
 ON_ONNXRUNTIME = {
     "MaxPool-2d-stride2-pads-ceil-opset13", "MaxPool-2d-dilation2-opset15",
-    "MaxPool-2d-same-upper", "MaxPool-3d",
+    "MaxPool-2d-same-upper", "MaxPool-3d", "MaxPool-3d-unit-steps",
 }  # fmt: skip
 
 FIRST_ORDER = [c for c in CASES if not c.id.endswith("-second-order")]
