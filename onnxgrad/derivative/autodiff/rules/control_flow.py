@@ -112,8 +112,10 @@ def _save_body_inputs(
         saved = ValueInfoProto()
         saved.CopyFrom(info)
         saved.name = inner
-        if rows:
+        if rows and info.type.tensor_type.elem_type:
             saved.CopyFrom(value_info(inner, ValueType(info.type.tensor_type.elem_type, (1, None))))
+        elif rows:
+            saved.ClearField("type")  # an untyped input (function bodies): inferred
         body.output.append(saved)
         node.output.append(scope.unique(f"{info.name}_stacked"))
 
@@ -164,13 +166,22 @@ def _info_type(info: ValueInfoProto) -> ValueType:
     return ValueType(tensor.elem_type, dims)
 
 
-def _typed_like(b: GradBuilder, info: ValueInfoProto, outer: str) -> ValueInfoProto:
-    """A Loop state's body input typed like its initial value (inference leaves its shape
-    unknown since it could change; the saved stack requires it does not)."""
-    value = b.shape(outer)
-    if value is None or info.type.tensor_type.HasField("shape"):
+def _typed_like(b: GradBuilder, info: ValueInfoProto, outer: str | None, elem_type=None):
+    """A Loop body input typed like its initial value ``outer`` (or ``elem_type``) where
+    its declaration lacks the element type or shape (inference leaves a carried value's
+    shape unknown since it could change; the saved stack requires it does not)."""
+    tensor = info.type.tensor_type
+    if tensor.elem_type and tensor.HasField("shape"):
         return info
-    return value_info(info.name, _anonymous(b.value_type(outer)))
+    if outer is not None and b.shape(outer) is not None:
+        return value_info(info.name, _anonymous(b.value_type(outer)))
+    if tensor.elem_type:
+        return info
+    if outer is not None and outer in b._emitter.types:
+        elem_type = b.dtype(outer)
+    if not elem_type:
+        raise NotImplementedError(f"the type of Loop body input {info.name!r} is unknown")
+    return value_info(info.name, ValueType(elem_type, None))
 
 
 def _anonymous(value: ValueType) -> ValueType:
@@ -350,7 +361,10 @@ def _output_gradient_streams(b, body_outputs, grads, axes, directions):
     for info, g, axis, direction in zip(body_outputs, grads, axes, directions):
         if g is None:
             continue
-        inner = _fresh_info(b, f"{info.name}_bar", _info_type(info))
+        value = _info_type(info)
+        if not value.elem_type:
+            value = ValueType(b.dtype(g), None)
+        inner = _fresh_info(b, f"{info.name}_bar", value)
         streams.append(_Stream(g, inner, axis, 1 - direction))
         seeds.append((info.name, inner.name))
     return streams, seeds
@@ -404,11 +418,25 @@ def scan_grad(b, node, grads, needs):
 
 
 # -- Loop ---------------------------------------------------------------------------------------
+def _check_tensor_states(node: NodeView, body: GraphProto) -> None:
+    for info in body.input:
+        if info.type.HasField("sequence_type") or info.type.HasField("optional_type"):
+            raise NotImplementedError(
+                f"Loop node {node.name!r}: no gradient through the non-tensor loop-carried "
+                f"value {info.name!r} (sequences and optionals cannot be stacked per iteration)"
+            )
+
+
 @register("Loop", since=11, forward=_save_loop_states)
 def loop_grad(b, node, grads, needs):
     body = node.attr("body")
     n = len(node.inputs) - 2
     k = len(body.output) - 1 - n - (2 + n)
+    _check_tensor_states(node, body)
+    counters = [
+        _typed_like(b, info, None, elem)
+        for info, elem in zip(body.input[:2], (TensorProto.INT64, TensorProto.BOOL))
+    ]
     states = [_typed_like(b, info, outer) for info, outer in zip(body.input[2:], node.inputs[2:])]
     saved = node.outputs[n + k :]
 
@@ -419,7 +447,7 @@ def loop_grad(b, node, grads, needs):
     ]
     shapes = [b.ints([]), b.ints([]), *(b.shape_of(v) for v in node.inputs[2:])]
     streams, prologue = [], []
-    for stacked, info, shape in zip(saved, [*body.input[:2], *states], shapes):
+    for stacked, info, shape in zip(saved, [*counters, *states], shapes):
         row = _fresh_info(b, f"{info.name}_row", ValueType(info.type.tensor_type.elem_type, None))
         prologue.append(
             helper.make_node(
