@@ -121,27 +121,40 @@ CASES = [
 ]  # fmt: skip
 
 
-def max_unpool(id, x_shape, pooled_shape, opset=18):
-    """MaxUnpool of ``X`` at the Indices of a MaxPool (2x2, stride 2) of a constant ``P``."""
+def max_unpool(id, x_shape, pooled_shape, opset=18, output_shape=None, check_ort=True):
+    """MaxUnpool of ``X`` at the Indices of a MaxPool (2x2, stride 2) of a constant ``P``,
+    flattened (shape inference does not read ``output_shape``)."""
 
     def graph(inputs, outputs):
         x, p = inputs[:2]
+        extra = (
+            []
+            if output_shape is None
+            else [helper.make_node("Constant", [], ["out_shape"], value_ints=output_shape)]
+        )
+        unpool_inputs = [x, "indices", *([] if output_shape is None else ["out_shape"])]
         return [
             helper.make_node("MaxPool", [p], ["pooled", "indices"], kernel_shape=[2, 2],
                              strides=[2, 2]),
-            helper.make_node("MaxUnpool", [x, "indices"], outputs, kernel_shape=[2, 2],
+            *extra,
+            helper.make_node("MaxUnpool", unpool_inputs, ["unpooled"], kernel_shape=[2, 2],
                              strides=[2, 2]),
+            helper.make_node("Constant", [], ["flat"], value_ints=[-1]),
+            helper.make_node("Reshape", ["unpooled", "flat"], outputs),
         ]  # fmt: skip
 
     return OpCase(
         "MaxUnpool", {"X": r(*x_shape), "P": r(*pooled_shape)}, opset=opset, graph=graph,
-        constants=("P",), id=f"MaxUnpool-{id}",
+        constants=("P",), check_ort=check_ort, id=f"MaxUnpool-{id}",
     )  # fmt: skip
 
 
-# with output_shape, the reference evaluator reads the indices in the inferred shape and pads
-# after, onnxruntime in output_shape (where MaxPool computed them): no common oracle
+# with output_shape, onnx's test data and reference evaluator read the indices in the
+# inferred shape and pad at the end; onnxruntime reads them in output_shape
 CASES += [
     max_unpool("2d", (1, 2, 2, 3), (1, 2, 4, 6), opset=13),
+    max_unpool(
+        "2d-output-shape", (2, 1, 2, 2), (2, 1, 4, 4), output_shape=[2, 1, 5, 5], check_ort=False
+    ),
     max_unpool("2d-batch", (2, 3, 1, 2), (2, 3, 2, 4), opset=22),
 ]

@@ -38,6 +38,7 @@ from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     INT64_MAX,
     Vec,
+    as_tensor,
     dims,
     extents,
     ints_attr,
@@ -45,6 +46,9 @@ from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     spatial_axes,
     static_dims,
     tensor_rank,
+    vadd,
+    vmul,
+    vsub,
     window_pads,
 )
 from onnxgrad.derivative.autodiff.rules.conv import Window, conv_input_grad
@@ -367,9 +371,20 @@ def global_max_pool_grad(b, node, grads, needs):
 @register("MaxUnpool", since=11)
 def max_unpool_grad(b, node, grads, needs):
     """``y.flat[I] = X`` into zeros: ``X_bar = y_bar.flat[I]`` (indices from MaxPool are
-    distinct; were one repeated, every copy would read the gradient of the value kept)."""
+    distinct; were one repeated, every copy would read the gradient of the value kept).
+    With ``output_shape``, ``I`` addresses the inferred shape, ``(in - 1) s - pads + k``,
+    padded at the end to ``output_shape`` (as onnx's test data and reference evaluator
+    read it): ``y_bar`` is cropped to the inferred shape first."""
     (g,) = grads
     x, indices = node.inputs[0], node.inputs[1]
+    if node.input(2) is not None:
+        kernel = tuple(node.attr("kernel_shape"))
+        k = len(kernel)
+        strides = ints_attr(node, "strides", 1, k)
+        pads = ints_attr(node, "pads", 0, 2 * k)
+        total_pads = tuple(p + q for p, q in zip(pads[:k], pads[k:]))
+        inferred = vadd(b, vsub(b, vmul(b, vsub(b, dims(b, x), 1), strides), total_pads), kernel)
+        g = b.op("Slice", g, b.ints([0] * k), as_tensor(b, inferred), b.ints(spatial_axes(k)))
     flat = b.op("Reshape", g, b.ints([-1]))
     picked = b.op("Gather", flat, b.op("Reshape", indices, b.ints([-1])), axis=0)
     return [b.op("Reshape", picked, _shape(b, x)), None, None]
