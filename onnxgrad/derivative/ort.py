@@ -26,6 +26,11 @@ import onnx
 from onnx import ModelProto
 
 from onnxgrad._runtime import require_training_builder
+from onnxgrad.derivative._ort_checks import (
+    check_built_gradients,
+    check_gradient_shapes,
+    refuse_known_wrong_cases,
+)
 from onnxgrad.derivative._ort_graph import (
     MS_DOMAIN,
     BuiltGraph,
@@ -56,18 +61,24 @@ def ort_derivative(request: DerivativeRequest) -> ModelProto:
     """The gradient model of ``request`` built by onnxruntime-training (see the module doc).
 
     Sources (inputs, weights) no output depends on through differentiable ops get a zero
-    gradient. Raises ``NotImplementedError`` naming the op and node onnxruntime-training
+    gradient; zeros for any other source, a gradient shaped unlike its source and the
+    builder cases known to be wrong (:mod:`._ort_checks`) are refused. Raises
+    ``NotImplementedError`` naming the op and node onnxruntime-training
     cannot differentiate, ``RuntimeError`` when its builder fails or crashes, ``ImportError``
     naming the wheel to install when the active onnxruntime has no training builder.
     """
     require_training_builder()
     forward = prepare_forward(request)
+    sources = [*request.inputs, *request.weights]
+    refuse_known_wrong_cases(forward.model, sources)
     with (
         tempfile.TemporaryDirectory(prefix="onnxgrad-ort-") as tmp,
         OrtChild(tmp) as child,
     ):
         built = _build(child, forward, request, Path(tmp))
+        check_built_gradients(forward.model, built.gradients, sources)
         result = assemble(built, forward, request)
+        check_gradient_shapes(result, forward.model, sources)
         check_static_pooling_shapes(forward.model, result)
         check_gradient_model(result)
         if DerivativeOptions.KeepYieldOp not in request.options:
