@@ -49,6 +49,10 @@ class GraphBuilder:
         )
         return name
 
+    def is_used(self, name: str) -> bool:
+        """Whether ``name`` already names a value of the graph (or one this builder made)."""
+        return name in self._values
+
     def initializer(self, value: np.ndarray, base: str) -> str:
         """Append an initializer holding ``value`` (a weight when it holds floats) and return
         its name, ``<prefix>_<base>`` made unique."""

@@ -207,7 +207,7 @@ def _expose_probabilities(graph, builder, zipmaps, types, keep_zipmap: bool) -> 
         tensor = node.input[0]
         if tensor not in outputs:
             name = tensor
-            if PROBABILITIES not in builder._values:
+            if not builder.is_used(PROBABILITIES):
                 name = builder.op("Identity", tensor, out=PROBABILITIES)
             elem, _ = types.get(tensor, (TensorProto.FLOAT, 2))
             classes = _attr(node, "classlabels_int64s") or _attr(node, "classlabels_strings")
