@@ -290,7 +290,8 @@ def _gemm_layout(b: GradBuilder, image, grad, win: Window, image_sizes, grad_siz
     deep layers of a CNN), ``'patches'``, an im2col by one Conv and one GEMM (resnet18's
     shapes, batch 4: 512 channels on 2x2 1.9 ms against 8.4 ms per offset, 256 on 4x4 1.2
     against 1.8, 3x3 stride 2 to 8x8 0.6 against 1.0, 1x1 stride 2 0.12 against 0.34; on
-    16x16 the GEMMs per offset stay faster, 1.3 against 1.7 ms); else one GEMM per kernel
+    16x16 the GEMMs per offset stay faster, 1.3 against 1.7 ms; a pointwise kernel without
+    stride or pad needs no im2col); else one GEMM per kernel
     offset when the offsets are one or the channels per group many, one GEMM over the
     stacked columns for few channels and small kernels, else (or with sizes known only at
     run time) ``None``: a Conv, which suits few channels with large kernels."""
@@ -300,7 +301,9 @@ def _gemm_layout(b: GradBuilder, image, grad, win: Window, image_sizes, grad_siz
         return None
     offsets = int(np.prod(win.kernel))
     many = _channels(b, image) // win.group >= 16
-    if win.group == 1 and many and int(np.prod(grad_sizes)) <= PATCHES_MAX_AREA:
+    pointwise = offsets == 1 and all(s == 1 for s in win.strides) and not any(win.begin + win.end)
+    small = int(np.prod(grad_sizes)) <= PATCHES_MAX_AREA
+    if win.group == 1 and many and small and not pointwise:
         return "patches"
     if offsets == 1 or _channels(b, image) // win.group >= 16:
         return "per_offset"
