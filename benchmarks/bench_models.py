@@ -3,8 +3,8 @@
 For resnet18, squeezenet1_1, a tiny BERT and a tiny Llama (see ``_zoo.py``), each exported by
 the TorchScript and the dynamo exporters, and the MLP 784-512-512-10: node counts (forward,
 native gradient, ORT gradient), time to build each gradient graph, to create its onnxruntime
-session, and the median time of one evaluation (one thread, both sessions side by side, the
-calls alternated), native / ORT run time, and whether both gradients agree.
+session, and the median CPU time of one evaluation (one thread, both sessions side by side,
+the calls alternated), native / ORT run time, and whether both gradients agree.
 Then the 5,000-node chain: node count and session-creation time of its native gradient (with
 and without onnxruntime's memory-reuse planner, whose cost grows faster than the node count).
 
@@ -75,9 +75,11 @@ def build(model: ModelProto, backend: str) -> tuple[ModelProto | Exception, floa
 
 
 def _timed(sess, feeds) -> float:
-    start = time.perf_counter()
+    """CPU seconds of one run: with one thread, what the run costs whatever else the
+    machine does (wall-clock times on a shared machine wander several-fold)."""
+    start = time.process_time()
     sess.run(None, feeds)
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def compare(name: str, forward: ModelProto, feeds: dict, repeat: int, ort_ok: bool) -> dict:
@@ -113,7 +115,8 @@ def compare(name: str, forward: ModelProto, feeds: dict, repeat: int, ort_ok: bo
             times[b].append(_timed(sess, grads[b]))
     for b, ts in times.items():
         row[f"{b}_run_ms"] = 1000 * statistics.median(ts)
-        row[f"{b}_run_spread"] = (max(ts) - min(ts)) / statistics.median(ts) if ts else 0
+        q1, q3 = np.percentile(ts, [25, 75])
+        row[f"{b}_run_iqr"] = (q3 - q1) / statistics.median(ts)
     if len(outputs) == 2:
         row["ratio"] = row["onnx_run_ms"] / row["ort_run_ms"]
         row["max_rel_diff"], row["worst_output"] = _max_rel_diff(outputs["onnx"], outputs["ort"])
@@ -160,7 +163,7 @@ def print_table(rows: list[dict]) -> None:
     head = (
         f"{'model':28s} {'fwd':>5s} {'native':>6s} {'ort':>5s} {'x fwd':>5s} {'build s':>7s} "
         f"{'sess s':>6s} {'ort sess':>8s} {'native ms':>9s} {'ort ms':>8s} {'ratio':>5s} "
-        f"{'rel diff':>8s}"
+        f"{'rel diff':>8s} {'iqr n/o':>9s}"
     )
     print(head)
     for r in rows:
@@ -172,7 +175,8 @@ def print_table(rows: list[dict]) -> None:
             f"{_fmt(r.get('onnx_build_s'), '7.2f')} {_fmt(r.get('onnx_session_s'), '6.2f')} "
             f"{_fmt(r.get('ort_session_s'), '8.2f')} {_fmt(r.get('onnx_run_ms'), '9.2f')} "
             f"{_fmt(r.get('ort_run_ms'), '8.2f')} {_fmt(r.get('ratio'), '5.2f')} "
-            f"{_fmt(r.get('max_rel_diff'), '8.1e')}"
+            f"{_fmt(r.get('max_rel_diff'), '8.1e')} "
+            f"{_fmt(r.get('onnx_run_iqr'), '4.0%')}/{_fmt(r.get('ort_run_iqr'), '<4.0%')}"
         )
         if r.get("max_rel_diff", 0) > 1e-3:
             print(f"    the gradients differ most on {r['worst_output']}")
