@@ -128,7 +128,11 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # checking an option's choices (--optimizer) may import the library
+        args = parser.parse_args(argv)
+    except ImportError as exc:
+        _fail(parser.prog, _one_line(exc))
+        return USAGE_ERROR
     try:
         _import_libraries()
         if ort_state is None and args.prog in RUNTIME_COMMANDS:

@@ -297,3 +297,22 @@ def test_parse_penalties(specs, expected):
 def test_parse_penalties_rejects(spec):
     with pytest.raises(CommandError, match="--penalty"):
         parse_penalties([spec])
+
+
+def test_a_missing_onnxruntime_is_one_line_even_while_checking_options(tmp_path):
+    """`train --optimizer` checks its choices against the library, which needs onnxruntime."""
+    result = run_onnxgrad(
+        "train",
+        "m.onnx",
+        "--data",
+        "d.npz",
+        "-o",
+        "t.onnx",
+        "--optimizer",
+        "sgd",
+        cwd=tmp_path,
+        blocked=("onnxruntime",),
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "onnxruntime" in lines[0], result.stderr
