@@ -29,9 +29,11 @@ def load_model(model: ModelLike) -> ModelProto:
     """Return a private copy of ``model`` (a ModelProto or the path of an .onnx file).
 
     Raises ``TypeError`` for anything else and ``ValueError`` naming the file when it is
-    missing or not a valid ONNX model.
+    missing or not a valid ONNX model. A file's external data is read from its own folder;
+    a ModelProto whose external data was not loaded is a ``ValueError`` naming the tensor.
     """
     if isinstance(model, ModelProto):
+        _check_external_data_loaded(model)
         copy = ModelProto()
         copy.CopyFrom(model)
         return copy
@@ -49,6 +51,21 @@ def load_model(model: ModelLike) -> ModelProto:
     raise TypeError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
 
 
+def _check_external_data_loaded(model: ModelProto) -> None:
+    """Refuse tensors whose data is still in an external file: resolving it against the
+    current folder could silently read an unrelated file of the same name."""
+    for init in model.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            location = next((e.value for e in init.external_data if e.key == "location"), "?")
+            raise ValueError(
+                f"initializer {init.name!r} keeps its data in the external file {location!r}, "
+                "which this ModelProto does not hold (loaded with load_external_data=False?): "
+                "pass the model's path instead, or call "
+                "onnx.external_data_helper.load_external_data_for_model(model, folder) with "
+                "the model's folder first"
+            )
+
+
 def default_opset(model: ModelProto) -> int:
     """The version of the default ONNX domain the model imports."""
     for op in model.opset_import:
@@ -63,11 +80,14 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     Below IR 4 every initializer must also be a graph input, which rewrites do not keep:
     such models are raised to the lowest IR version their opsets allow (at least 4).
     ``check_model(full_check=True)`` also runs strict shape inference, so a result that
-    passes here loads in onnxruntime.
+    passes here loads in onnxruntime. The check runs on a weightless view: no weight is
+    copied, and models past protobuf's 2 GiB limit are checked too.
     """
     model.ir_version = supported_ir_version(model)
     if check:
-        onnx.checker.check_model(model, full_check=True)
+        from onnxgrad._model_checks import weightless_view
+
+        onnx.checker.check_model(weightless_view(model), full_check=True)
     return model
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from onnx import ModelProto
 
+from onnxgrad._model_checks import checked_model
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
-    load_model,
     real_inputs,
     supported_ir_version,
 )
@@ -66,7 +66,8 @@ def onnx_derivative(
     :param model: ModelProto or path; never modified. Its ``ai.onnx.ml`` operators are first
         lowered into standard ONNX (:func:`onnxgrad.lower_ml_operators`, ZipMap dropped, its
         probability tensor exposed as the output ``probabilities``); a model below opset 11
-        is converted to opset 13.
+        is converted to opset 13. It is checked first (``ValueError`` naming the node or
+        value at fault) and its nodes are put in topological order.
     :param weights: initializers to differentiate; ``None`` means every weight returned by
         :func:`onnxgrad.get_train_initializer`, ``[]`` none. They become graph inputs.
     :param inputs: graph inputs to differentiate; ``None`` means every float input (the
@@ -81,7 +82,7 @@ def onnx_derivative(
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}, expected one of {sorted(BACKENDS)}")
     options = check_options(options, backend)
-    model = lowered_if_needed(load_model(model), min_opset=NATIVE_MIN_OPSET)
+    model = lowered_if_needed(checked_model(model), min_opset=NATIVE_MIN_OPSET)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label)
     module_name, function_name = BACKENDS[backend].split(":")
@@ -119,10 +120,10 @@ def _string_list(names: Sequence[str], what: str) -> list[str]:
 
 
 def _resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[str, ...]:
-    from onnxgrad.graph import get_train_initializer
+    from onnxgrad.graph.initializers import train_initializer_names
 
     if weights is None:
-        return tuple(get_train_initializer(model))
+        return tuple(train_initializer_names(model))
     names = _string_list(weights, "weights")
     initializers = {init.name: init for init in model.graph.initializer}
     unknown = [n for n in names if n not in initializers]

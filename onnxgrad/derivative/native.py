@@ -11,13 +11,14 @@ import numpy as np
 from onnx import GraphProto, ModelProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
+    MAX_IR_VERSION,
     NameScope,
     all_names,
     default_opset,
     finalize_model,
-    make_model_like,
     normalize_domain,
     np_dtype,
+    replace_repeated,
     zeros_like_nodes,
 )
 from onnxgrad.derivative._naming import free_gradient_names, kept_outputs
@@ -61,21 +62,34 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     _check_some_gradient_flows(gradients)
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
-    kept = kept_outputs(graph.output, request)
-    weights = set(request.weights)
-    new_graph = helper.make_graph(
-        [],
-        f"{graph.name}_grad" if graph.name else "gradient",
-        _new_inputs(graph, request) + seed_inputs,
-        grad_outputs + kept,
-        [i for i in graph.initializer if i.name not in weights],
-    )
-    new_graph.node.extend(list(graph.node) + engine.emitted_nodes + tail_nodes)
-    prune_graph(new_graph, keep_inputs=True)
-    clean_graph(new_graph)
-    result = make_model_like(new_graph, model)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
-    return finalize_model(result)
+    _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
+    return finalize_model(model)
+
+
+def _rewrite_in_place(
+    model: ModelProto,
+    request: DerivativeRequest,
+    seed_inputs: list[ValueInfoProto],
+    grad_outputs: list[ValueInfoProto],
+    new_nodes: list,
+) -> None:
+    """Turn the request's private copy into the gradient model, so that no initializer is
+    ever copied: the differentiated ones become inputs, the others stay where they are."""
+    graph = model.graph
+    replace_repeated(graph.input, _new_inputs(graph, request) + seed_inputs)
+    replace_repeated(graph.output, grad_outputs + kept_outputs(graph.output, request))
+    weights = set(request.weights)
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name in weights:
+            del graph.initializer[index]
+    graph.ClearField("value_info")
+    graph.name = f"{graph.name}_grad" if graph.name else "gradient"
+    graph.node.extend(new_nodes)
+    prune_graph(graph, keep_inputs=True)
+    clean_graph(graph)
+    model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
+    model.producer_name = model.producer_name or "onnxgrad"
 
 
 def _check_some_gradient_flows(gradients: dict[str, str | None]) -> None:

@@ -41,6 +41,11 @@ _NOT_TRAINABLE: dict[tuple[str, str], frozenset[str]] = {
     ("", "QuantizeLinear"): frozenset({"y_scale", "y_zero_point"}),
     ("", "NonMaxSuppression"): frozenset({"iou_threshold", "score_threshold"}),
     ("", "RotaryEmbedding"): frozenset({"cos_cache", "sin_cache"}),
+    # Unknown before opset 13:
+    ("", "Clip"): frozenset({"min", "max"}),
+    ("", "Resize"): frozenset({"roi", "scales"}),
+    ("", "Dropout"): frozenset({"ratio"}),
+    ("", "Pad"): frozenset({"constant_value"}),
 }
 
 
@@ -51,8 +56,10 @@ def model_opsets(model: ModelProto) -> dict[str, int]:
 
 def value_elem_types(model: ModelProto) -> dict[str, int]:
     """Element type of every value shape inference can type, subgraphs included."""
+    from onnxgrad._model_checks import weightless_view
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(model))
     except Exception:  # inference is a hint here; an untyped value counts as float
         inferred = model
     types: dict[str, int] = {}

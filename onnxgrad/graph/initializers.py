@@ -34,13 +34,26 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     A model with ``ai.onnx.ml`` operators (a converted scikit-learn model) is seen through
     :func:`onnxgrad.lower_ml_operators`: its weights are the lowered model's initializers.
     """
-    model = lowered_if_needed(load_model(model), min_opset=0)
-    live = differentiable_values(model.graph, model_opsets(model), value_elem_types(model))
+    from onnxgrad._model_checks import checked_model
+
+    model = lowered_if_needed(checked_model(model), min_opset=0)
+    names = set(train_initializer_names(model))
     return {
         init.name: (numpy_helper.to_array(init).copy(), init)
         for init in model.graph.initializer
-        if init.data_type in FLOAT_TYPES and init.name in live
+        if init.name in names
     }
+
+
+def train_initializer_names(model: ModelProto) -> list[str]:
+    """The names :func:`get_train_initializer` returns, for a checked model (its nodes in
+    topological order), without copying any data."""
+    live = differentiable_values(model.graph, model_opsets(model), value_elem_types(model))
+    return [
+        init.name
+        for init in model.graph.initializer
+        if init.data_type in FLOAT_TYPES and init.name in live
+    ]
 
 
 def to_numpy(value: Any, name: str) -> np.ndarray:

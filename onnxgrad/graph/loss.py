@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper
 
+from onnxgrad._model_checks import checked_model
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
     all_names,
     default_opset,
     finalize_model,
-    load_model,
     np_dtype,
 )
 from onnxgrad.graph._builder import GraphBuilder
@@ -90,7 +90,7 @@ def add_loss_output(
     :func:`onnxgrad.lower_ml_operators` first (a ZipMap's probability tensor becomes the
     output ``probabilities``); the nodes are standard ONNX ops in the form the opset defines.
     """
-    model = lowered_if_needed(load_model(model), min_opset=MIN_LOSS_OPSET)
+    model = lowered_if_needed(checked_model(model), min_opset=MIN_LOSS_OPSET)
     opset = default_opset(model)
     spec = resolve_loss(score_name)
     options = spec.checked_options(kwargs)

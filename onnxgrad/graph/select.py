@@ -133,15 +133,22 @@ def prune_graph(graph: GraphProto, keep_inputs: bool) -> None:
         if needed.intersection(node.output):
             kept.append(node)
             needed |= node_inputs(node)
-    replace_repeated(graph.node, kept[::-1])
-    replace_repeated(graph.initializer, [i for i in graph.initializer if i.name in needed])
-    replace_repeated(
-        graph.sparse_initializer, [i for i in graph.sparse_initializer if i.values.name in needed]
-    )
+    if len(kept) < len(graph.node):
+        replace_repeated(graph.node, kept[::-1])
+    _delete_unneeded(graph.initializer, lambda i: i.name in needed)
+    _delete_unneeded(graph.sparse_initializer, lambda i: i.values.name in needed)
     if not keep_inputs:
         replace_repeated(graph.input, [i for i in graph.input if i.name in needed])
     available = needed | {o for node in graph.node for o in node.output}
     replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in available])
+
+
+def _delete_unneeded(field, needed) -> None:
+    """Delete in place the items of a repeated field that ``needed`` rejects: the others
+    (weights, possibly big) are never copied."""
+    for index in reversed(range(len(field))):
+        if not needed(field[index]):
+            del field[index]
 
 
 def _check_computable(graph: GraphProto) -> None:

@@ -184,7 +184,35 @@ def test_unused_and_integer_initializers_are_not_weights():
     assert weights(model) == ["w"]
 
 
-def test_initializers_used_in_subgraphs_count_unless_shadowed():
+def test_initializers_used_in_subgraphs_count():
+    then_graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "outer"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", F, None)],
+    )
+    else_graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["two"], value_float=2.0),
+            helper.make_node("Mul", ["x", "two"], ["e"]),
+        ],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", F, None)],
+    )
+    model = make(
+        [
+            helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+            helper.make_node("Greater", ["total", "zero"], ["cond"]),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph),
+        ],
+        {"outer": f32(3), "unused": f32(4), "zero": f32(0)},
+    )
+    assert weights(model) == ["outer"]
+
+
+def test_a_subgraph_shadowing_an_initializer_is_refused_naming_it():
+    """onnx's checker and onnxruntime refuse it (names are single assignment across scopes)."""
     then_graph = helper.make_graph(
         [helper.make_node("Mul", ["x", "outer"], ["t"])],
         "then",
@@ -208,7 +236,8 @@ def test_initializers_used_in_subgraphs_count_unless_shadowed():
         ],
         {"outer": f32(3), "shadow": f32(4), "zero": f32(0)},
     )
-    assert weights(model) == ["outer"]
+    with pytest.raises(ValueError, match="'shadow'"):
+        weights(model)
 
 
 def test_initializers_listed_as_inputs_count():

@@ -1,8 +1,9 @@
 """Element types and shapes of the values of a graph, for the gradient rules.
 
-ONNX shape inference gives most of them; two refinements help the rules build static
-graphs: the batch symbol is kept through ``Reshape(x, [-1, ...])``, and subgraphs (If
-branches) are typed as standalone graphs whose inputs are the outer values they read.
+ONNX shape inference (on a weightless view of the model) gives most of them; two
+refinements help the rules build static graphs: the batch symbol is kept through
+``Reshape(x, [-1, ...])``, and subgraphs (If branches) are typed as standalone graphs
+whose inputs are the outer values they read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
+from onnxgrad._model_checks import weightless_view
 from onnxgrad._onnx_utils import MAX_IR_VERSION, normalize_domain
 from onnxgrad.graph._scopes import free_names
 
@@ -37,8 +39,7 @@ def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
     refined = _refine_reshapes(model.graph, types, constant_tensors(model.graph, ()))
     if not refined:
         return types
-    hinted = ModelProto()
-    hinted.CopyFrom(model)
+    hinted = weightless_view(model)
     known = {info.name: info for info in hinted.graph.value_info}
     for name, value in refined.items():
         info = known.get(name) or hinted.graph.value_info.add()
@@ -50,7 +51,7 @@ def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
 
 def _inferred_types(model: ModelProto) -> dict[str, ValueType]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(model), data_prop=True)
     except Exception:  # inference is best effort: rules fall back to dynamic shapes
         inferred = model
     graph = inferred.graph

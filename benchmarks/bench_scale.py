@@ -1,0 +1,290 @@
+"""Scale: derivatives of models with 1 GiB and 2.25 GiB of weights, and of a 5,000-node graph.
+
+For each big model (a chain of 4096x4096 float32 MatMuls: 16 of them weigh 1 GiB, 36 weigh
+2.25 GiB, past protobuf's 2 GiB limit, so stored with external data), two measures, each in
+a child process whose peak resident memory the parent reads from ``wait4``'s rusage:
+
+* ``api``: ``onnx.load`` then ``onnx_derivative(model)``; the time is the derivative's, the
+  peak includes the loaded model;
+* ``cli``: ``onnxgrad derivative model.onnx -o grad.onnx`` end to end (read, check, derive,
+  write).
+
+For the 5,000-node chain (Add, Mul, Tanh): the native gradient graph's node count against
+the forward graph's, onnxruntime's session-creation time and the median run time.
+
+    python benchmarks/bench_scale.py [--only 1gib,2gib,chain] [--workdir DIR] [--json FILE]
+
+Children that pass ``--max-rss-gib`` (default 16) are stopped and reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDE = 4096
+GIB = 1 << 30
+BIG_MODELS = {"1gib": 16, "2gib": 36}
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def write_matmul_chain(path: Path, count: int, external: bool) -> None:
+    """``Y = X @ W0 @ ... @ W{count-1}``, ``X: [N, 4096]``; weights inline or in
+    ``<path>.data`` (written straight from numpy, never held all at once)."""
+    from onnx import TensorProto, helper, save_model
+
+    rng = np.random.default_rng(0)
+    data_path = path.with_name(path.name + ".data")
+    nodes, inits, prev = [], [], "X"
+    with open(data_path, "wb") if external else open(os.devnull, "wb") as data:
+        for i in range(count):
+            w = (rng.standard_normal((SIDE, SIDE), dtype=np.float32) / SIDE**0.5).tobytes()
+            tensor = TensorProto(name=f"W{i}", data_type=TensorProto.FLOAT, dims=[SIDE, SIDE])
+            if external:
+                offset = data.tell()
+                data.write(w)
+                tensor.data_location = TensorProto.EXTERNAL
+                for key, value in (("location", data_path.name), ("offset", offset)):
+                    tensor.external_data.add(key=key, value=str(value))
+                tensor.external_data.add(key="length", value=str(len(w)))
+            else:
+                tensor.raw_data = w
+            inits.append(tensor)
+            nodes.append(helper.make_node("MatMul", [prev, f"W{i}"], [f"Y{i}"], name=f"mm{i}"))
+            prev = f"Y{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["Y"], name="out"))
+    graph = helper.make_graph(
+        nodes,
+        "matmul_chain",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", SIDE])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", SIDE])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    save_model(model, path)
+
+
+def chain_model(n_nodes: int = 5000):
+    """The 5,000-node chain of ``bench_gradient.py``: Add, Mul, Tanh with per-node weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, prev = [], [], "X"
+    ops = ["Add", "Mul", "Tanh"]
+    for i in range(n_nodes):
+        op = ops[i % 3]
+        inputs = [prev] if op == "Tanh" else [prev, f"w{i}"]
+        if op != "Tanh":
+            inits.append(numpy_helper.from_array(np.full(8, 0.5, np.float32), f"w{i}"))
+        nodes.append(helper.make_node(op, inputs, [f"v{i}"], name=f"n{i}"))
+        prev = f"v{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+# ----------------------------------------------------------------------------- children
+
+
+def child_api(model_path: str) -> dict:
+    import onnx
+
+    from onnxgrad import onnx_derivative
+
+    model = onnx.load(model_path)
+    start = time.perf_counter()
+    grad = onnx_derivative(model)
+    seconds = time.perf_counter() - start
+    return {"derivative_s": seconds, "gradient_nodes": len(grad.graph.node)}
+
+
+def child_chain(repeat: int) -> dict:
+    import onnxruntime
+
+    from onnxgrad import DerivativeOptions, onnx_derivative
+
+    forward = chain_model()
+    start = time.perf_counter()
+    grad = onnx_derivative(forward, options=DerivativeOptions.FillGrad)
+    derivative_s = time.perf_counter() - start
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    start = time.perf_counter()
+    session = onnxruntime.InferenceSession(
+        grad.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    session_s = time.perf_counter() - start
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for info in session.get_inputs():
+        shape = [d if isinstance(d, int) else 16 for d in info.shape]
+        feeds[info.name] = rng.standard_normal(shape).astype(np.float32)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return {
+        "forward_nodes": len(forward.graph.node),
+        "gradient_nodes": len(grad.graph.node),
+        "derivative_s": derivative_s,
+        "session_s": session_s,
+        "run_ms": 1000 * statistics.median(times),
+    }
+
+
+def run_child(command: list[str], max_rss_gib: float) -> dict:
+    """Run ``command``; its wall time, peak RSS (GiB), exit status, last stdout line and
+    stderr tail. A child whose RSS passes ``max_rss_gib`` is killed."""
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env(), text=True
+    )
+    killed = threading.Event()
+    threading.Thread(
+        target=_watch_rss, args=(process.pid, max_rss_gib, killed), daemon=True
+    ).start()
+    outputs = {}
+    readers = [
+        threading.Thread(target=lambda s=s: outputs.__setitem__(s, getattr(process, s).read()))
+        for s in ("stdout", "stderr")
+    ]
+    for reader in readers:
+        reader.start()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    for reader in readers:
+        reader.join()
+    result = {
+        "wall_s": time.perf_counter() - start,
+        "peak_rss_gib": usage.ru_maxrss * 1024 / GIB,
+        "status": process.returncode,
+    }
+    if killed.is_set():
+        result["error"] = f"stopped: resident memory passed {max_rss_gib:g} GiB"
+    elif process.returncode != 0:
+        tail = [line for line in outputs["stderr"].splitlines() if line.strip()]
+        result["error"] = " | ".join(tail[-2:])[:300]
+    lines = outputs["stdout"].strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        result.update(json.loads(lines[-1]))
+    return result
+
+
+def _watch_rss(pid: int, limit_gib: float, killed: threading.Event) -> None:
+    status = Path(f"/proc/{pid}/status")
+    while True:
+        try:
+            text = status.read_text()
+        except OSError:
+            return
+        rss = next((ln for ln in text.splitlines() if ln.startswith("VmRSS:")), None)
+        if rss and int(rss.split()[1]) * 1024 > limit_gib * GIB:
+            killed.set()
+            os.kill(pid, 9)
+            return
+        time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def measure_big(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
+    count = BIG_MODELS[name]
+    external = count * SIDE * SIDE * 4 >= 2 * GIB
+    model_path = workdir / f"matmul_{count}.onnx"
+    if not model_path.exists():
+        write_matmul_chain(model_path, count, external)
+    size_gib = count * SIDE * SIDE * 4 / GIB
+    rows = []
+    for mode in ("api", "cli"):
+        if mode == "api":
+            command = [sys.executable, __file__, "--child-api", str(model_path)]
+        else:
+            output = workdir / f"grad_{count}.onnx"
+            command = [sys.executable, "-m", "onnxgrad", "derivative", str(model_path)]
+            command += ["-o", str(output)]
+        result = run_child(command, max_rss_gib)
+        if mode == "cli" or "derivative_s" not in result:
+            result["derivative_s"] = result["wall_s"]
+        rows.append({"model": f"{count} MatMuls ({size_gib:g} GiB)", "mode": mode, **result})
+        rows[-1]["peak_over_model"] = result["peak_rss_gib"] / size_gib
+    for stale in workdir.glob("grad_*"):
+        stale.unlink()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="1gib,2gib,chain")
+    parser.add_argument("--workdir", help="where the big models are written (kept)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of the chain's gradient")
+    parser.add_argument("--max-rss-gib", type=float, default=16.0)
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--child-api", help=argparse.SUPPRESS)
+    parser.add_argument("--child-chain", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_api:
+        print(json.dumps(child_api(args.child_api)))
+        return
+    if args.child_chain:
+        print(json.dumps(child_chain(args.repeat)))
+        return
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="onnxgrad-bench-scale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    wanted = args.only.split(",")
+    rows = []
+    for name in BIG_MODELS:
+        if name in wanted:
+            for row in measure_big(name, workdir, args.max_rss_gib):
+                rows.append(row)
+                print(
+                    f"{row['model']:24s} {row['mode']:4s} derivative {row['derivative_s']:7.2f} s"
+                    f"  peak RSS {row['peak_rss_gib']:6.2f} GiB"
+                    f" ({row['peak_over_model']:.2f}x the model)"
+                    + (f"  FAILED: {row['error']}" if "error" in row else ""),
+                    flush=True,
+                )
+    if "chain" in wanted:
+        command = [sys.executable, __file__, "--child-chain", "--repeat", str(args.repeat)]
+        row = {"model": "chain-5000", **run_child(command, args.max_rss_gib)}
+        rows.append(row)
+        if "error" in row:
+            print(f"chain-5000 FAILED: {row['error']}")
+        else:
+            print(
+                f"chain-5000: forward {row['forward_nodes']} nodes, gradient "
+                f"{row['gradient_nodes']} nodes ({row['gradient_nodes'] / row['forward_nodes']:.2f}"
+                f"x), derivative {row['derivative_s']:.2f} s, session creation "
+                f"{row['session_s']:.2f} s, run {row['run_ms']:.2f} ms (median of {args.repeat})"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
