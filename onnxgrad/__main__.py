@@ -2,6 +2,10 @@
 
 import sys
 
-from onnxgrad.cli import main
+try:
+    from onnxgrad.cli import main
+except KeyboardInterrupt:
+    print("onnxgrad: error: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

@@ -1,18 +1,34 @@
-"""Writing the command line's and the demo's output files whole or not at all."""
+"""Writing the command line's and the demo's output files whole or not at all.
+
+A symbolic link is written through (its target is replaced, the link stays); a special
+file that exists (a FIFO, a device such as ``/dev/null``) is written into, never renamed
+over. Models too big for one protobuf message (2 GiB) keep their weights as external data
+in ``<name>.data`` beside them.
+"""
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto
+from onnx.numpy_helper import to_array
+
+from onnxgrad._model_checks import tensor_nbytes
 
 #: Permissions of a new file before the umask, as ``open`` gives them.
 NEW_FILE_MODE = 0o666
 _NAME_ATTEMPTS = 100
+#: Models whose serialisation reaches this size (protobuf's limit) get external data.
+PROTOBUF_LIMIT = 2**31 - 1
+#: Initializers at least this big go to the external data file.
+EXTERNAL_THRESHOLD = 1024
+_ALIGNMENT = 4096
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -21,9 +37,12 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
     The temporary file lives in the destination folder (so the rename is atomic) and is
     removed when ``write`` fails: no partial file is ever left at ``path``. The result has
     the permissions of the file it replaces, or those of any new file (``0o666`` less the
-    umask).
+    umask). A link is followed; a special file is written into (see the module docstring).
     """
-    destination = Path(path)
+    destination = resolved(path)
+    if _is_special(destination):
+        _write_into_special(destination, write)
+        return
     temporary = _create_temporary(destination)
     try:
         write(str(temporary))
@@ -32,6 +51,29 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def resolved(path: str | os.PathLike) -> Path:
+    """``path`` with its symbolic links followed (a dangling link gives its target)."""
+    return Path(os.path.realpath(path))
+
+
+def _is_special(path: Path) -> bool:
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return False
+    return not stat.S_ISREG(mode)
+
+
+def _write_into_special(destination: Path, write: Callable[[str], None]) -> None:
+    """Write to a private temporary file, then copy it into the special file: a failed
+    ``write`` sends nothing."""
+    with tempfile.TemporaryDirectory(prefix="onnxgrad-") as folder:
+        temporary = Path(folder) / destination.name
+        write(str(temporary))
+        with open(temporary, "rb") as source, open(destination, "wb") as target:
+            shutil.copyfileobj(source, target)
 
 
 def _create_temporary(destination: Path) -> Path:
@@ -60,5 +102,67 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 def save_model(model: ModelProto, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` atomically."""
-    write_bytes(path, model.SerializeToString())
+    """Write ``model`` to ``path`` atomically; past protobuf's 2 GiB limit, its big
+    initializers go to ``<name>.data`` beside ``path`` (beside the link when ``path`` is
+    one: runtimes look for it there) as external data, written first, so the model never
+    points at a missing file."""
+    if model.ByteSize() < PROTOBUF_LIMIT:
+        write_bytes(path, model.SerializeToString())
+        return
+    if _is_special(resolved(path)):
+        raise ValueError(
+            f"the model is over 2 GiB and needs an external data file beside it: "
+            f"{str(path)!r} is not a regular file"
+        )
+    given = Path(path)  # runtimes resolve the data beside the path they open, link or not
+    location = f"{given.name}.data"
+    header = _without_big_weights(model, location)
+    write_atomically(given.with_name(location), lambda tmp: _write_weights(model, tmp))
+    write_bytes(given, header.SerializeToString())
+
+
+def _is_big(init: TensorProto) -> bool:
+    return init.data_location != TensorProto.EXTERNAL and tensor_nbytes(init) >= EXTERNAL_THRESHOLD
+
+
+def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
+    """A copy of ``model`` whose big initializers point into ``location`` (no data copied):
+    at offsets aligned to 4 KiB, in graph order, as :func:`_write_weights` writes them."""
+    header = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _set(header, field.name, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _set(header.graph, field.name, value)
+    offset = 0
+    for init in model.graph.initializer:
+        copy = header.graph.initializer.add()
+        if not _is_big(init):
+            copy.CopyFrom(init)
+            continue
+        size = tensor_nbytes(init)
+        copy.name, copy.data_type = init.name, init.data_type
+        copy.dims.extend(init.dims)
+        copy.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", offset), ("length", size)):
+            copy.external_data.add(key=key, value=str(value))
+        offset += -(-size // _ALIGNMENT) * _ALIGNMENT
+    return header
+
+
+def _set(target, name: str, value) -> None:
+    if hasattr(value, "extend"):
+        getattr(target, name).extend(value)
+    elif hasattr(value, "CopyFrom"):
+        getattr(target, name).CopyFrom(value)
+    else:
+        setattr(target, name, value)
+
+
+def _write_weights(model: ModelProto, path: str) -> None:
+    with open(path, "wb") as data:
+        for init in filter(_is_big, model.graph.initializer):
+            raw = init.raw_data if init.HasField("raw_data") else to_array(init).tobytes()
+            data.write(raw)
+            data.write(b"\0" * (-len(raw) % _ALIGNMENT))

@@ -64,7 +64,7 @@ def _import_libraries() -> None:
     """Import what the subcommands use, once the arguments are parsed: ``onnxgrad --help``
     and usage errors answer without loading numpy, onnx or onnxruntime."""
     global np, ProtobufError, ModelProto, ValidationError, check_model, InferenceError, ort_state
-    global save_model, write_atomically, write_bytes
+    global save_model, write_atomically, write_bytes, check_structure, weightless_view
     global FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
     global import_onnxruntime, set_logger_severity
     global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
@@ -78,6 +78,7 @@ def _import_libraries() -> None:
     from onnx.shape_inference import InferenceError
 
     from onnxgrad._files import save_model, write_atomically, write_bytes
+    from onnxgrad._model_checks import check_structure, weightless_view
     from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
     from onnxgrad._runtime import import_onnxruntime, set_logger_severity
     from onnxgrad.derivative import DerivativeOptions, onnx_derivative
@@ -126,7 +127,17 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status."""
+    """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status.
+
+    Ctrl-C at any moment prints ``interrupted`` and gives status 130."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        _fail("onnxgrad", "interrupted")
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:  # checking an option's choices (--optimizer) may import the library
         args = parser.parse_args(argv)
@@ -141,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(args.prog, "interrupted")
         return 130
     except ImportError as exc:
+        if _caused_by_interrupt(exc):  # a library's import swallowed the KeyboardInterrupt
+            raise KeyboardInterrupt from None
         _fail(args.prog, _one_line(exc))
         return USAGE_ERROR
     if ort_state is None:
@@ -157,8 +170,11 @@ def _run(args: argparse.Namespace) -> int:
         status = args.run(args) or 0
         sys.stdout.flush()
         return status
-    except BrokenPipeError:  # the reader stopped reading (`onnxgrad text m.onnx | head`)
-        _discard_stdout()
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # another pipe broke (a child process died): a failure
+            _fail(args.prog, f"a pipe closed unexpectedly: {_one_line(exc)}")
+            return USAGE_ERROR
+        _discard_stdout()  # the reader stopped reading (`onnxgrad text m.onnx | head`)
         return 0
     except KeyboardInterrupt:
         _fail(args.prog, "interrupted")
@@ -169,6 +185,26 @@ def _run(args: argparse.Namespace) -> int:
     except _expected_errors() as exc:
         _fail(args.prog, _one_line(exc))
         return USAGE_ERROR
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or not a real file
+        return True
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def _discard_stdout() -> None:
@@ -213,8 +249,9 @@ def read_model(path: str) -> ModelProto:
         raise CommandError(f"{path!r} cannot be read (permission denied)")
     model = load_model(path)
     try:
-        check_model(path, full_check=True)  # by path: external data and models over 2 GiB
-    except (ValidationError, InferenceError) as exc:
+        check_structure(model)  # names the node or value at fault; sorts the nodes
+        check_model(weightless_view(model), full_check=True)  # past 2 GiB too, no copy
+    except (ValueError, ValidationError, InferenceError) as exc:
         raise CommandError(f"{path!r} is not a valid ONNX model: {_one_line(exc)}") from None
     return model
 
@@ -353,6 +390,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
         )
     ax = plot_onnxs(model, title=args.title or Path(args.model).stem)
     try:
+        _check_picture_size(ax.figure, args.dpi)
         write_atomically(
             destination,
             lambda temporary: ax.figure.savefig(
@@ -361,6 +399,21 @@ def cmd_plot(args: argparse.Namespace) -> None:
         )
     finally:
         plt.close(ax.figure)
+
+
+#: The largest picture side, in pixels, the command draws (matplotlib's limit is 2**16).
+MAX_PICTURE_SIDE = 2**15
+
+
+def _check_picture_size(figure, dpi: int) -> None:
+    width, height = (int(inches * dpi) for inches in figure.get_size_inches())
+    if max(width, height) > MAX_PICTURE_SIDE:
+        largest = int(MAX_PICTURE_SIDE / max(figure.get_size_inches()))
+        raise CommandError(
+            f"--dpi {dpi} would draw a {width}x{height}-pixel picture of this graph, over "
+            f"{MAX_PICTURE_SIDE} pixels a side: use --dpi {largest} or less, or a .svg or "
+            ".dot file"
+        )
 
 
 # ----------------------------------------------------------------------------- add-loss

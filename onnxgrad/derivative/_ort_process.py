@@ -8,6 +8,7 @@ the final loading check).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -96,7 +97,9 @@ class OrtChild:
             self._process.kill()
         self._process.wait()
         for stream in (self._process.stdin, self._process.stdout, self._stderr):
-            stream.close()
+            # closing flushes a request a dead child never read: BrokenPipeError
+            with contextlib.suppress(OSError):
+                stream.close()
 
     def _call(self, request: dict, activity: str) -> dict:
         try:

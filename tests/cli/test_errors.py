@@ -99,7 +99,7 @@ def cyclic_model() -> ModelProto:
     ("model", "reason"),
     [
         (inconsistent_matmul_model, "Incompatible dimensions for matrix multiplication"),
-        (cyclic_model, "topologically sorted"),
+        (cyclic_model, "the graph has a cycle"),
     ],
 )
 def test_invalid_model_is_named_in_one_line(workdir, command, model, reason):

@@ -1,0 +1,157 @@
+"""The command at the edges: links and special files as outputs, Ctrl-C at any moment,
+absurd picture sizes, broken pipes that are not standard output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.cli.helpers import (
+    assert_failed,
+    command_environment,
+    run_in_process,
+    run_model,
+    run_onnxgrad,
+    save,
+)
+from tests.models import linear_regression_model
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX files and signals")
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    save(linear_regression_model(np.array([1.0, 2.0]), np.array([0.5])), tmp_path / "lr.onnx")
+    return tmp_path
+
+
+def _gradient_is_right(model: onnx.ModelProto) -> None:
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
+    weights = {
+        "coefs": np.array([[1.0], [2.0]], np.float32),
+        "intercept": np.array([0.5], np.float32),
+    }
+    feeds = {"X": x, "Y_grad": np.ones((2, 1), np.float32), **weights}
+    got = run_model(model, feeds)
+    np.testing.assert_allclose(got["X_grad"], np.tile([1.0, 2.0], (2, 1)))
+    np.testing.assert_allclose(got["coefs_grad"], x.sum(axis=0).reshape(2, 1))
+
+
+def test_output_onto_a_link_writes_its_target(workdir):
+    target = workdir / "real" / "grad.onnx"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    (workdir / "link.onnx").symlink_to(target)
+    result = run_onnxgrad("derivative", "lr.onnx", "-o", "link.onnx", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "link.onnx").is_symlink()
+    _gradient_is_right(onnx.load(target))
+    assert sorted(p.name for p in target.parent.iterdir()) == ["grad.onnx"]
+
+
+def test_output_onto_a_dangling_link_creates_its_target(workdir):
+    (workdir / "link.onnx").symlink_to(workdir / "new.onnx")
+    result = run_onnxgrad("derivative", "lr.onnx", "-o", "link.onnx", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "link.onnx").is_symlink()
+    _gradient_is_right(onnx.load(workdir / "new.onnx"))
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_output_onto_a_fifo_writes_into_it(workdir, through_link):
+    fifo = workdir / "pipe"
+    os.mkfifo(fifo)
+    output = fifo
+    if through_link:
+        output = workdir / "link.onnx"
+        output.symlink_to(fifo)
+    received = {}
+    reader = threading.Thread(target=lambda: received.setdefault("data", fifo.read_bytes()))
+    reader.start()
+    result = run_onnxgrad("derivative", "lr.onnx", "-o", output.name, cwd=workdir)
+    reader.join(timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert fifo.is_fifo()
+    _gradient_is_right(onnx.load_from_string(received["data"]))
+
+
+def test_a_failed_write_into_a_fifo_sends_nothing(workdir):
+    fifo = workdir / "pipe"
+    os.mkfifo(fifo)
+    result = run_onnxgrad("plot", "lr.onnx", "-o", "pipe.png", "--dpi", "100000", cwd=workdir)
+    assert result.returncode == 2
+    assert fifo.is_fifo()
+
+
+def test_plot_with_a_huge_dpi_is_one_line(workdir):
+    result = run_onnxgrad("plot", "lr.onnx", "-o", "g.png", "--dpi", "100000", cwd=workdir)
+    assert_failed(result, 2, "--dpi 100000", "pixels")
+    assert sorted(p.name for p in workdir.iterdir()) == ["lr.onnx"]
+
+
+def _interrupted_run(workdir: Path, delay: float) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as blocked:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "onnxgrad", "derivative", "lr.onnx", "-o", "out.onnx"],
+            cwd=workdir,
+            env=command_environment(Path(blocked)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def test_ctrl_c_at_any_moment_is_interrupted_130_and_no_file(workdir):
+    """SIGINT at several moments of start-up (imports), work and writing. Only the
+    interpreter's own bootstrap, before any line of onnxgrad runs, is out of reach."""
+    handled = 0
+    for delay in (0.05, 0.15, 0.3, 0.5, 0.8, 1.2, 1.8, 2.5, 3.5):
+        result = _interrupted_run(workdir, delay)
+        output = workdir / "out.onnx"
+        if result.returncode == 0:  # finished before the signal came
+            _gradient_is_right(onnx.load(output))
+            output.unlink()
+            continue
+        if result.returncode == 130:
+            assert_failed(result, 130, "interrupted")
+            handled += 1
+        else:  # the interpreter's bootstrap (runpy, site) was interrupted
+            assert "onnxgrad" not in result.stderr, (delay, result.stderr)
+        assert sorted(p.name for p in workdir.iterdir()) == ["lr.onnx"], delay
+    assert handled >= 3
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_a_failure(workdir, monkeypatch, capfd):
+    import onnxgrad.cli as cli
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_info", broken)
+    assert cli.main(["info", str(workdir / "lr.onnx")]) == 2
+    assert "pipe closed unexpectedly" in capfd.readouterr().err
+
+
+def test_an_unsorted_model_is_sorted_by_the_command(workdir):
+    model = onnx.load(workdir / "lr.onnx")
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    save(model, workdir / "shuffled.onnx")
+    result = run_in_process("derivative", "shuffled.onnx", "-o", "g.onnx", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    _gradient_is_right(onnx.load(workdir / "g.onnx"))
