@@ -240,7 +240,9 @@ def test_train_initializer_at_opsets_11_12_leaves_out_op_parameters(op, opset, i
 
 def test_a_valid_model_still_runs_the_same(mlp):
     model, x = mlp
-    grad = onnx_derivative(model, options=DerivativeOptions.KeepOutputs | DerivativeOptions.FillGrad)
+    grad = onnx_derivative(
+        model, options=DerivativeOptions.KeepOutputs | DerivativeOptions.FillGrad
+    )
     got = run_onnxruntime(grad, {"X": x, **initializer_values(model, get_train_initializer(model))})
     expected = run_onnxruntime(model, {"X": x})
     np.testing.assert_allclose(got["variable"], expected["variable"], rtol=1e-6)
