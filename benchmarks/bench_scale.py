@@ -14,6 +14,8 @@ the forward graph's, onnxruntime's session-creation time and the median run time
 
     python benchmarks/bench_scale.py [--only 1gib,2gib,chain] [--workdir DIR] [--json FILE]
 
+The models (3.3 GB) are written into ``--workdir`` and kept there, or into a temporary
+folder removed at the end.
 Children that pass ``--max-rss-gib`` (default 16) are stopped and reported as such.
 """
 
@@ -254,8 +256,18 @@ def main() -> None:
     if args.child_chain:
         print(json.dumps(child_chain(args.repeat)))
         return
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="onnxgrad-bench-scale-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        rows = run(args, Path(args.workdir))
+    else:
+        with tempfile.TemporaryDirectory(prefix="onnxgrad-bench-scale-") as workdir:
+            rows = run(args, Path(workdir))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+def run(args: argparse.Namespace, workdir: Path) -> list[dict]:
+    """Measure what ``--only`` names, printing one line per measure."""
     wanted = args.only.split(",")
     rows = []
     for name in BIG_MODELS:
@@ -282,8 +294,7 @@ def main() -> None:
                 f"x), derivative {row['derivative_s']:.2f} s, session creation "
                 f"{row['session_s']:.2f} s, run {row['run_ms']:.2f} ms (median of {args.repeat})"
             )
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return rows
 
 
 if __name__ == "__main__":

@@ -39,9 +39,14 @@ PROTOBUF_LIMIT = 2**31
 def checked_model(model: ModelLike) -> ModelProto:
     """A private copy of ``model``, checked and with its nodes in topological order."""
     model = load_model(model)
+    check_in_place(model)
+    return model
+
+
+def check_in_place(model: ModelProto) -> None:
+    """:func:`checked_model` on a model already private: sorted in place."""
     check_structure(model)
     check_with_onnx(model)
-    return model
 
 
 def check_structure(model: ModelProto) -> None:
@@ -132,8 +137,9 @@ def _check_graph(graph: GraphProto, imported: set[str], outer: set[str]) -> None
         domain = normalize_domain(node.domain)
         if domain not in imported:
             raise ValueError(
-                f"{describe_node(node, index)} is in domain {node.domain!r}, which the model "
-                "does not import (add it to opset_import)"
+                f"{describe_node(node, index)} is in domain "
+                f"{node.domain or 'ai.onnx (the default)'!r}, which the model does not "
+                "import (add it to opset_import)"
             )
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     defined |= {i.values.name for i in graph.sparse_initializer}

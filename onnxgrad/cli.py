@@ -65,6 +65,7 @@ def _import_libraries() -> None:
     and usage errors answer without loading numpy, onnx or onnxruntime."""
     global np, ProtobufError, ModelProto, ValidationError, check_model, InferenceError, ort_state
     global save_model, write_atomically, write_bytes, check_structure, weightless_view
+    global derive_in_place
     global FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
     global import_onnxruntime, set_logger_severity
     global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
@@ -82,6 +83,7 @@ def _import_libraries() -> None:
     from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
     from onnxgrad._runtime import import_onnxruntime, set_logger_severity
     from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+    from onnxgrad.derivative.api import derive_in_place
     from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
     from onnxgrad.exceptions import ConvergenceError
     from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
@@ -480,7 +482,7 @@ def cmd_derivative(args: argparse.Namespace) -> None:
         options |= DerivativeOptions.Loss
     elif args.label is not None:
         raise CommandError("--label needs --loss")
-    gradient = onnx_derivative(
+    gradient = derive_in_place(  # onnx_derivative without a copy of the weights
         model,
         weights=args.weights,
         inputs=args.inputs,

@@ -111,3 +111,12 @@ def test_a_child_dying_before_it_reads_its_request_is_a_runtime_error(tmp_path, 
     ):
         child._process.wait()
         child.load(tmp_path / "m.onnx")
+
+
+def test_a_session_of_a_model_past_the_limit_goes_through_external_data(lowered_limit):
+    from onnxgrad.training.devices import Device
+    from onnxgrad.training.runner import make_session
+
+    session = make_session(_model(), Device("cpu"))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], x @ W, rtol=1e-6)

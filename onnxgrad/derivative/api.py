@@ -79,14 +79,34 @@ def onnx_derivative(
     :param backend: ``"onnx"`` (native engine, standard ONNX ops only) or ``"ort"``
         (onnxruntime-training's gradient builder).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}, expected one of {sorted(BACKENDS)}")
-    options = check_options(options, backend)
-    model = lowered_if_needed(checked_model(model), min_opset=NATIVE_MIN_OPSET)
+    _check_arguments(options, backend)
+    return derive_in_place(checked_model(model), weights, inputs, options, loss, label, backend)
+
+
+def derive_in_place(
+    model: ModelProto,
+    weights: Sequence[str] | None = None,
+    inputs: Sequence[str] | None = None,
+    options: DerivativeOptions | int = DerivativeOptions.Zero,
+    loss: str | None = None,
+    label: str | None = None,
+    backend: str = "onnx",
+) -> ModelProto:
+    """:func:`onnx_derivative` of a private model already checked (see
+    :func:`onnxgrad._model_checks.checked_model`), which it may rewrite into the result:
+    the command uses it so that no weight is copied."""
+    options = _check_arguments(options, backend)
+    model = lowered_if_needed(model, min_opset=NATIVE_MIN_OPSET)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label)
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
+
+
+def _check_arguments(options: DerivativeOptions | int, backend: str) -> DerivativeOptions:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}, expected one of {sorted(BACKENDS)}")
+    return check_options(options, backend)
 
 
 def resolve_request(

@@ -30,7 +30,9 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     Range bounds, quantisation scales...). So a float initializer only feeding a Reshape
     shape, Clip bounds, Resize scales or Dropout ratio is not a weight. Uses inside
     subgraphs count, and so do initializers an old exporter also listed in ``graph.input``.
-    The arrays are writable copies; the TensorProtos belong to a private copy of the model.
+    The arrays are writable copies; the TensorProtos belong to a private copy of the model,
+    which is checked first (``ValueError`` naming the node or value at fault) and whose
+    nodes are put in topological order.
     A model with ``ai.onnx.ml`` operators (a converted scikit-learn model) is seen through
     :func:`onnxgrad.lower_ml_operators`: its weights are the lowered model's initializers.
     """

@@ -9,12 +9,15 @@ prepared once, so the hot loop is one ``run_with_iobinding`` call per batch.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto
 
+from onnxgrad import _files
 from onnxgrad._onnx_utils import np_dtype
 from onnxgrad.training._inputs import check_tensor, host_array
 from onnxgrad.training.composition import with_batch_indices
@@ -26,10 +29,15 @@ from onnxgrad.training.train_step import TrainStep
 def make_session(
     model: ModelProto, device: Device, options: ort.SessionOptions | None = None
 ) -> ort.InferenceSession:
-    """An ``InferenceSession`` of ``model`` on ``device``."""
-    return ort.InferenceSession(
-        model.SerializeToString(), options or ort.SessionOptions(), providers=device.providers
-    )
+    """An ``InferenceSession`` of ``model`` on ``device``; a model past protobuf's 2 GiB
+    limit goes through a temporary file with external data."""
+    options = options or ort.SessionOptions()
+    if model.ByteSize() < _files.PROTOBUF_LIMIT:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=device.providers)
+    with tempfile.TemporaryDirectory(prefix="onnxgrad-", ignore_cleanup_errors=True) as folder:
+        path = Path(folder) / "model.onnx"
+        _files.save_model(model, path)
+        return ort.InferenceSession(str(path), options, providers=device.providers)
 
 
 class StepBuffers:
