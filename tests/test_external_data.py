@@ -120,3 +120,27 @@ def test_a_session_of_a_model_past_the_limit_goes_through_external_data(lowered_
     session = make_session(_model(), Device("cpu"))
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_allclose(session.run(None, {"X": x})[0], x @ W, rtol=1e-6)
+
+
+def test_the_command_trains_a_model_past_the_limit_end_to_end(tmp_path, lowered_limit):
+    """Read with external data, train (sessions through external data), write the trained
+    model with its weights beside it."""
+    pytest.importorskip("onnxruntime")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = _model()
+    del model.graph.initializer[1:]  # W only: the unused weights would not train
+    convert_model_to_external_data(model, location="weights.bin", size_threshold=0)
+    onnx.save_model(model, folder / "m.onnx")
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((64, 3)).astype(np.float32)
+    target = rng.standard_normal((3, 4)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", X=X, y=X @ target)
+    result = run_in_process(
+        "train", folder / "m.onnx", "--data", "data.npz", "-o", "trained.onnx",
+        "--epochs", "30", "--lr", "0.05", "--optimizer", "sgd", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "trained.onnx.data").is_file()
+    trained = numpy_helper.to_array(_named(onnx.load(tmp_path / "trained.onnx"), "W"))
+    assert np.abs(trained - target).max() < 0.5 * np.abs(W - target).max()

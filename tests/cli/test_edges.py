@@ -112,6 +112,7 @@ def _interrupted_run(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_default_sigint,  # a test runner's worker may ignore SIGINT
         )
         if after_imports:
             _wait_for_numpy(process.pid)
@@ -119,6 +120,10 @@ def _interrupted_run(
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_numpy(pid: int, timeout: float = 120) -> None:
