@@ -25,6 +25,7 @@ DATA_FILE = "data.json"
 
 
 def cmd_artifacts(args: argparse.Namespace) -> None:
+    from onnxgrad._onnx_utils import real_inputs
     from onnxgrad.graph.lora import add_lora
     from onnxgrad.training.artifacts import generate_artifacts
     from onnxgrad.training.losses import select_learning_loss
@@ -36,6 +37,9 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
     if not folder.parent.is_dir():
         raise CommandError(f"the folder of the output {args.output!r} does not exist")
     data = read_training_data(args.data, model) if args.data else None
+    if data is not None and len(real_inputs(model)) != 1:
+        names = [i.name for i in real_inputs(model)]
+        raise CommandError(f"--data feeds one input, the model has {names}")
     if args.lora is not None:
         model = add_lora(model, args.lora or None, rank=args.lora_rank)
     artifacts = generate_artifacts(
@@ -66,8 +70,6 @@ def _save_data(artifacts, X: np.ndarray, y: np.ndarray) -> None:
     from onnxgrad.training.checkpoint import save_tensors
 
     step = artifacts.train_step
-    if len(step.features) != 1:
-        raise CommandError(f"--data feeds one input, the model has {list(step.features)}")
     label = next(i for i in step.model.graph.input if i.name == step.label)
     rank = len(label.type.tensor_type.shape.dim)
     if y.ndim == 1 and rank == 2:

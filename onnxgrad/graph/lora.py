@@ -58,15 +58,21 @@ def add_lora(
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     targets = _adaptable_weights(model, initializers)
+    existing = lora_adapters(model)
+    adapter_parts = {adapter[key] for adapter in existing for key in ("a", "b")}
     if weights is None:
-        chosen = sorted(targets)
+        adapted = adapter_parts | {adapter["weight"] for adapter in existing}
+        chosen = sorted(set(targets) - adapted)
         if not chosen:
             raise ValueError("the model has no MatMul, Gemm or Conv weight to adapt")
     else:
         if isinstance(weights, str):
             raise TypeError(f"weights must be a list of names, not the string {weights!r}")
         chosen = list(weights)
-        again = sorted(set(chosen) & {a["weight"] for a in lora_adapters(model)})
+        parts = sorted(set(chosen) & adapter_parts)
+        if parts:
+            raise ValueError(f"{parts} are adapters of an earlier add_lora, not weights to adapt")
+        again = sorted(set(chosen) & {a["weight"] for a in existing})
         if again:
             raise ValueError(f"weights {again} already have an adapter")
         for name in chosen:
@@ -74,7 +80,7 @@ def add_lora(
     rng = np.random.default_rng(seed)
     names = NameScope(all_names(graph))
     node_names = NameScope(n.name for n in graph.node if n.name)
-    new_nodes, adapters = [], lora_adapters(model)
+    new_nodes, adapters = [], list(existing)
     for weight in chosen:
         nodes, adapter = _adapter(
             initializers[weight], int(rank), scale, rng, names, node_names, graph

@@ -67,3 +67,23 @@ def test_artifacts_errors(workdir, options, fragment):
     result = run_in_process("artifacts", "lr.onnx", "-o", "art", *options, cwd=workdir)
     assert_failed(result, 2, fragment)
     assert not (workdir / "art").exists()
+
+
+def test_data_for_a_model_with_two_inputs_is_refused_before_writing(workdir):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("MatMul", ["s", "W"], ["y"])],
+        "two_inputs",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        [onnx.numpy_helper.from_array(np.ones((2, 1), np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    save(model, workdir / "two.onnx")
+    result = run_onnxgrad("artifacts", "two.onnx", "-o", "art", "--data", "data.npz", cwd=workdir)
+    assert_failed(result, 2, "--data feeds one input, the model has ['a', 'b']")
+    assert not (workdir / "art").exists()

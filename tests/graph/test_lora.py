@@ -100,6 +100,17 @@ def test_lora_errors(rng):
         add_lora(model, "K")
     with pytest.raises(ValueError, match=r"\['K'\] already have an adapter"):
         add_lora(add_lora(model, ["K"]), ["K"])
+    with pytest.raises(ValueError, match=r"\['K_lora_B'\] are adapters of an earlier add_lora"):
+        add_lora(add_lora(model, ["K"]), ["K_lora_B"])
+
+
+def test_adapting_again_adapts_only_the_weights_left(rng):
+    model = _conv_gemm_model(rng)
+    once = add_lora(model, ["K"])
+    twice = add_lora(once)
+    assert sorted(a["weight"] for a in lora_adapters(twice)) == ["G", "K"]
+    with pytest.raises(ValueError, match="no MatMul, Gemm or Conv weight to adapt"):
+        add_lora(twice)
 
 
 def test_lora_artifacts_train_only_the_adapters(tmp_path):
