@@ -152,12 +152,19 @@ def ensure_dev_env(with_torch: bool = False) -> Path:
 
 
 def ensure_torch(python: Path) -> None:
-    """PyTorch is a test extra: tests that need it skip, with the reason, when it is missing."""
+    """PyTorch is a test extra: tests that need it skip, with the reason, when it is missing
+    (transformers comes with it, for the benchmarks)."""
     has_torch = subprocess.call(
-        [str(python), "-c", "import torch"], stderr=subprocess.DEVNULL, cwd=ROOT
+        [str(python), "-c", "import torch, transformers"], stderr=subprocess.DEVNULL, cwd=ROOT
     )
     if has_torch != 0:
-        rc = _pip(python, "-e", ".[torch]", what="PyTorch (tests only)", check=False)
+        rc = _pip(
+            python,
+            "-e",
+            ".[torch]",
+            what="PyTorch and transformers (tests and benchmarks only)",
+            check=False,
+        )
         if rc != 0:
             _say("warning: PyTorch could not be installed; the torch tests will skip.")
 
