@@ -61,6 +61,11 @@ class LossSpec:
 
     def checked_options(self, given: Mapping[str, Any]) -> dict[str, Any]:
         unexpected = sorted(set(given) - set(self.options))
+        if "probabilities" in unexpected:
+            raise TypeError(
+                f"loss {self.name!r} takes no option 'probabilities': the prediction kind is in "
+                "the name, 'cross_entropy' on probabilities, 'cross_entropy_logits' on logits"
+            )
         if unexpected:
             raise TypeError(
                 f"loss {self.name!r} takes no options {unexpected}; it accepts "

@@ -356,7 +356,7 @@ def test_classification_errors():
         add_loss_output(softmax_model(15), "log")
     with pytest.raises(ValueError, match="eps must be"):
         add_loss_output(softmax_model(15), "cross_entropy", eps=0.7)
-    with pytest.raises(TypeError, match=r"no options \['probabilities'\]"):
+    with pytest.raises(TypeError, match="'cross_entropy_logits' on logits"):
         add_loss_output(softmax_model(15), "cross_entropy", probabilities=False)
     with pytest.raises(ValueError, match=r"computed by Softmax.*use 'cross_entropy'"):
         add_loss_output(softmax_model(15), "cross_entropy_logits", output_index="p")
