@@ -384,6 +384,7 @@ def max_unpool_grad(b, node, grads, needs):
         pads = ints_attr(node, "pads", 0, 2 * k)
         total_pads = tuple(p + q for p, q in zip(pads[:k], pads[k:]))
         inferred = vadd(b, vsub(b, vmul(b, vsub(b, dims(b, x), 1), strides), total_pads), kernel)
+        g = b.op("Reshape", g, b.op("Cast", node.input(2), to=TensorProto.INT64))
         g = b.op("Slice", g, b.ints([0] * k), as_tensor(b, inferred), b.ints(spatial_axes(k)))
     flat = b.op("Reshape", g, b.ints([-1]))
     picked = b.op("Gather", flat, b.op("Reshape", indices, b.ints([-1])), axis=0)
