@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
 from onnxgrad._model_checks import checked_model
 from onnxgrad._onnx_utils import (
@@ -28,6 +29,7 @@ from onnxgrad.graph._scores import (
 from onnxgrad.graph.loss_table import (
     DEFAULT_REDUCTION,
     LOGITS,
+    PROBABILITIES,
     LossSpec,
     check_reduction,
     resolve_loss,
@@ -117,18 +119,46 @@ def add_loss_output(
     return finalize_model(model)
 
 
+#: ops whose output is a raw score, never a probability (also an Add of their output and a bias)
+RAW_SCORE_OPS = frozenset({"MatMul", "Gemm", "Conv", "Einsum", "MatMulInteger"})
+
+
 def check_prediction_kind(graph: GraphProto, output: str, spec: LossSpec) -> None:
-    """A logits loss on an output that a Softmax or Sigmoid computes is refused."""
-    if spec.prediction != LOGITS:
-        return
+    """A logits loss on an output that a Softmax or Sigmoid computes is refused; a
+    probabilities loss on an output of a raw-score op (:data:`RAW_SCORE_OPS`, or one of
+    them plus a bias) warns."""
     producer = next((n for n in graph.node if output in n.output), None)
-    if producer is not None and producer.op_type in ("Softmax", "Sigmoid"):
+    if producer is None:
+        return
+    if spec.prediction == LOGITS and producer.op_type in ("Softmax", "Sigmoid"):
         fix = "cross_entropy" if spec.name == "cross_entropy_logits" else "log"
         raise ValueError(
-            f"loss {spec.name!r} applies a softmax to logits, but output {output!r} is "
-            f"computed by {producer.op_type} (node {producer.name!r}): it already holds "
-            f"probabilities; use {fix!r}"
+            f"loss {spec.name!r} applies a {'softmax' if fix == 'cross_entropy' else 'sigmoid'} "
+            f"to logits, but output {output!r} is computed by {node_label(producer)}: it "
+            f"already holds probabilities; use {fix!r}"
         )
+    if spec.prediction == PROBABILITIES and _raw_scores(graph, producer):
+        fix = "cross_entropy_logits" if spec.name == "cross_entropy" else "log_logits"
+        warnings.warn(
+            f"loss {spec.name!r} expects probabilities, but output {output!r} is computed by "
+            f"{node_label(producer)}, raw scores: if it holds logits, use {fix!r}",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _raw_scores(graph: GraphProto, node: NodeProto) -> bool:
+    if node.op_type in RAW_SCORE_OPS:
+        return True
+    producers = {out: n.op_type for n in graph.node for out in n.output}
+    return node.op_type == "Add" and any(producers.get(i) in RAW_SCORE_OPS for i in node.input)
+
+
+def node_label(node: NodeProto) -> str:
+    """``"Softmax node 'name'"``, or ``"the Softmax node computing 'out'"`` when unnamed."""
+    if node.name:
+        return f"{node.op_type} node {node.name!r}"
+    return f"the {node.op_type} node computing {node.output[0]!r}"
 
 
 def _check_new_names(graph: GraphProto, **names: str | None) -> None:

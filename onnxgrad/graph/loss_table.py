@@ -115,7 +115,7 @@ ALIASES: dict[str, str] = {
     "absolute": "absolute_error",
     "l1": "absolute_error",
     "mae": "absolute_error",
-    "neg_log": "log",
+    "neg_log": "log_logits",
     "log_loss": "log",
     "binary_cross_entropy": "log",
     "sigmoid_log": "log_logits",

@@ -142,15 +142,16 @@ class NegLogLearningLoss(BaseLearningLoss):
 class CrossEntropyLearningLoss(BaseLearningLoss):
     """Multi-class log loss ``e_i = -log p_{i, y_i}``, ``y_i`` an int64 class index.
 
-    ``probability_function=None`` (default): the output holds probabilities, clipped to
-    ``[eps, 1 - eps]``: the table's ``cross_entropy``. ``'softmax'``: the output holds
-    logits, ``log p = LogSoftmax(f(x))``: the table's ``cross_entropy_logits``.
+    ``probability_function='softmax'`` (default, as :class:`NegLogLearningLoss`'s
+    ``'sigmoid'``): the output holds logits, ``log p = LogSoftmax(f(x))``: the table's
+    ``cross_entropy_logits``. ``None``: the output holds probabilities, clipped to
+    ``[eps, 1 - eps]``: the table's ``cross_entropy``.
     """
 
     def __init__(
         self,
         eps: float | None = None,
-        probability_function: str | None = None,
+        probability_function: str | None = "softmax",
         reduction: str = DEFAULT_REDUCTION,
     ):
         self.eps = eps

@@ -358,7 +358,7 @@ def test_classification_errors():
         add_loss_output(softmax_model(15), "cross_entropy", eps=0.7)
     with pytest.raises(TypeError, match="'cross_entropy_logits' on logits"):
         add_loss_output(softmax_model(15), "cross_entropy", probabilities=False)
-    with pytest.raises(ValueError, match=r"computed by Softmax.*use 'cross_entropy'"):
+    with pytest.raises(ValueError, match=r"computed by (the )?Softmax node.*use 'cross_entropy'"):
         add_loss_output(softmax_model(15), "cross_entropy_logits", output_index="p")
     with pytest.raises(ValueError, match=r"'log_logits' needs 1 column.*cross_entropy_logits"):
         add_loss_output(softmax_model(15), "log_logits", output_index="z")

@@ -9,6 +9,7 @@ commands ``onnxgrad add-loss --score name`` and ``onnxgrad train --loss name``.
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import onnx
@@ -178,3 +179,51 @@ def test_command_train(tmp_path, name):
     expected = reference(name, x, y)
     assert start == pytest.approx(expected, rel=1e-5)
     assert first == pytest.approx(expected, rel=1e-5)
+
+
+def logits_only() -> onnx.ModelProto:
+    """The table model reduced to its logits ``z = x W + b``."""
+    return onnx.utils.Extractor(model()).extract_model(["x"], ["z"])
+
+
+def eval_loss(artifacts, x, y) -> float:
+    feeds = {"x": x, "label": y, **artifacts.checkpoint.weights}
+    return float(run_model(artifacts.path("eval_model.onnx"), feeds)["loss"])
+
+
+def test_loss_objects_default_to_logits_as_their_aliases():
+    from onnxgrad.training import CrossEntropyLearningLoss, NegLogLearningLoss
+    from onnxgrad.training.losses import select_learning_loss
+
+    assert CrossEntropyLearningLoss().loss_name == "cross_entropy_logits"
+    assert NegLogLearningLoss().loss_name == "log_logits"
+    assert select_learning_loss("neg_log").get_params() == NegLogLearningLoss().get_params()
+    for alias, name in ALIASES.items():
+        assert select_learning_loss(alias).loss_name == name, alias
+
+
+def test_generate_artifacts_default_cross_entropy_object_is_on_logits(tmp_path):
+    from onnxgrad.training import CrossEntropyLearningLoss, generate_artifacts
+
+    x, y = data("cross_entropy_logits")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        art = generate_artifacts(logits_only(), loss=CrossEntropyLearningLoss(), folder=tmp_path)
+    assert eval_loss(art, x, y) == pytest.approx(reference("cross_entropy_logits", x, y), rel=1e-5)
+
+
+@pytest.mark.parametrize(("name", "fix"), [("cross_entropy", "cross_entropy_logits")])
+def test_generate_artifacts_warns_for_a_probabilities_loss_on_logits(tmp_path, name, fix):
+    from onnxgrad.training import generate_artifacts
+
+    with pytest.warns(UserWarning, match=rf"'{name}' expects probabilities.*'z'.*use '{fix}'"):
+        generate_artifacts(logits_only(), loss=name, folder=tmp_path)
+
+
+def test_generate_artifacts_refuses_a_logits_loss_on_a_softmax(tmp_path):
+    from onnxgrad.training import CrossEntropyLearningLoss, generate_artifacts
+
+    probabilities = onnx.utils.Extractor(model()).extract_model(["x"], ["p"])
+    with pytest.raises(ValueError, match=r"Softmax node computing 'p'.*use 'cross_entropy'"):
+        generate_artifacts(probabilities, loss=CrossEntropyLearningLoss(), folder=tmp_path)
+    assert not (tmp_path / "training_model.onnx").exists()

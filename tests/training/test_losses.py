@@ -83,7 +83,12 @@ CASES = [
         "classes",
         per_sample_cross_entropy,
     ),
-    (CrossEntropyLearningLoss(), 3, "probabilities", per_sample_two_columns),
+    (
+        CrossEntropyLearningLoss(probability_function=None),
+        3,
+        "probabilities",
+        per_sample_two_columns,
+    ),
 ]
 
 
