@@ -107,7 +107,7 @@ def _save_body_inputs(
             saving = helper.make_node("Reshape", [info.name, row_shape], [inner])
         else:
             saving = helper.make_node("Identity", [info.name], [inner])
-        saving.name = scope.unique("save")
+        saving.name = inner  # a fresh value name: no node of any graph has it
         body.node.append(saving)
         saved = ValueInfoProto()
         saved.CopyFrom(info)
@@ -448,7 +448,9 @@ def loop_grad(b, node, grads, needs):
     shapes = [b.ints([]), b.ints([]), *(b.shape_of(v) for v in node.inputs[2:])]
     streams, prologue = [], []
     for stacked, info, shape in zip(saved, [*counters, *states], shapes):
-        row = _fresh_info(b, f"{info.name}_row", ValueType(info.type.tensor_type.elem_type, None))
+        row = _fresh_info(
+            b, f"{info.name}_row", ValueType(info.type.tensor_type.elem_type, (1, None))
+        )
         prologue.append(
             helper.make_node(
                 "Reshape", [row.name, shape], [info.name], name=b.unique_node_name("Reshape")
