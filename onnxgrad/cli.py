@@ -747,7 +747,8 @@ def _add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
         "--reduction",
         choices=LazyChoices("onnxgrad.graph.loss_table", "REDUCTIONS"),
         metavar="{mean,sum}",
-        help="the loss over a batch: mean (default) or sum",
+        help="the loss over a batch: mean (default) or sum; train reports either averaged "
+        "over its batches (docs/losses.md)",
     )
 
 

@@ -55,7 +55,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     estimator.initialize(X, y)
     weights = ", ".join(estimator.runner_.step.weights)
     print(f"training {weights} on {len(X)} rows" + _val_rows(validation))
-    start = -estimator.score(X, y)
+    start = estimator.objective(X, y)
     print(f"starting loss {start:.6g}" + _val_loss(estimator, validation))
     estimator.fit(X, y, **({} if validation is None else dict(zip(("X_val", "y_val"), validation))))
     save_model(estimator.get_trained_onnx(), destination)
@@ -103,7 +103,7 @@ def _val_rows(validation) -> str:
 
 
 def _val_loss(estimator, validation) -> str:
-    return "" if validation is None else f"  validation {-estimator.score(*validation):.6g}"
+    return "" if validation is None else f"  validation {estimator.objective(*validation):.6g}"
 
 
 def write_curve(path: Path, start: float, train: list[float], validation: list[float]) -> Path:

@@ -131,12 +131,15 @@ class BaseOrtOptimizer(EstimatorMixin):
         ``n_iter_no_change`` epochs in a row; the weights of the best epoch are kept
         (:attr:`best_validation_score_`). Without it, every epoch runs (the seeds' loop).
 
-        Both loss curves are the training objective, the mean loss plus the penalty:
+        Both loss curves are the training objective, the loss of a batch plus the penalty,
+        averaged over batches of ``batch_size`` rows (weighted by their rows for the
+        reduction ``'mean'``, so the mean over every row; each batch once for ``'sum'``, so
+        the sum over a batch), as :meth:`objective`:
 
         * :attr:`train_losses_`: per epoch, the average over its batches of their objective
           with the weights before their update;
         * :attr:`validation_losses_` (given ``X_val, y_val``): the objective on the
-          validation data with the weights at the end of an epoch, every
+          validation data (its consecutive batches) with the weights at the end of an epoch, every
           ``validation_every`` epochs (a fraction of ``max_iter`` below 1, a number of
           epochs otherwise, ``0`` never), counted since the last cold start so that short
           warm starts validate too.
@@ -384,9 +387,9 @@ class BaseOrtOptimizer(EstimatorMixin):
             good = snapshot
             self.t_ += len(loader)
             self.n_iter_ += 1
-            self.train_losses_.append(float(np.average(losses, weights=sizes)))
+            self.train_losses_.append(self._epoch_loss(losses, sizes))
             if validation is not None and every and self.n_iter_ % every == 0:
-                self.validation_losses_.append(self._evaluate(validation, self.validator_))
+                self.validation_losses_.append(self._batched_objective(validation))
             if bar is not None:
                 bar.set_postfix(loss=f"{self.train_losses_[-1]:.4g}", lr=f"{lr.value:.3g}")
             if stopper is not None:
@@ -400,6 +403,30 @@ class BaseOrtOptimizer(EstimatorMixin):
             if best is not None:
                 self.runner_.set_values(best)
         self.trained_coef_ = self.runner_.get_weights()
+
+    def _epoch_loss(self, batch_losses: np.ndarray, sizes: np.ndarray) -> float:
+        """The batches' objectives averaged: weighted by their rows for ``'mean'``, each
+        batch once for ``'sum'`` (a batch's sum: a smaller last batch weighs as much)."""
+        loss = self.graphs_.loss
+        summed = loss is not None and loss.reduction == "sum"
+        return float(np.average(batch_losses, weights=None if summed else sizes))
+
+    def _batched_objective(self, arrays: list[np.ndarray]) -> float:
+        """The objective of ``arrays`` on the scale of :attr:`train_losses_`: consecutive
+        batches of ``batch_size`` rows, averaged by :meth:`_epoch_loss`."""
+        n = len(arrays[0])
+        sizes = _batch_sizes(n, self.batch_size)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        losses = [
+            self._evaluate([a[i : i + k] for a in arrays], self.validator_)
+            for i, k in zip(starts, sizes)
+        ]
+        return self._epoch_loss(np.array(losses), sizes)
+
+    def objective(self, X, y, sample_weight=None) -> float:
+        """The training objective (loss plus penalty) on ``(X, y)`` with the current weights,
+        on the scale of :attr:`train_losses_` and :attr:`validation_losses_`."""
+        return self._batched_objective(self._checked(X, y, sample_weight))
 
     def _validation_score(self, arrays: list[np.ndarray]) -> float:
         """The score early stopping watches: minus the loss (penalty excepted)."""

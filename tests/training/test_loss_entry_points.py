@@ -24,6 +24,7 @@ from onnxgrad.training import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
 )
+from onnxgrad.training.losses import select_learning_loss
 from tests.cli.helpers import run_in_process, run_model
 
 N, FEATURES, CLASSES = 12, 4, 3
@@ -193,7 +194,6 @@ def eval_loss(artifacts, x, y) -> float:
 
 def test_loss_objects_default_to_logits_as_their_aliases():
     from onnxgrad.training import CrossEntropyLearningLoss, NegLogLearningLoss
-    from onnxgrad.training.losses import select_learning_loss
 
     assert CrossEntropyLearningLoss().loss_name == "cross_entropy_logits"
     assert NegLogLearningLoss().loss_name == "log_logits"
@@ -227,3 +227,104 @@ def test_generate_artifacts_refuses_a_logits_loss_on_a_softmax(tmp_path):
     with pytest.raises(ValueError, match=r"Softmax node computing 'p'.*use 'cross_entropy'"):
         generate_artifacts(probabilities, loss=CrossEntropyLearningLoss(), folder=tmp_path)
     assert not (tmp_path / "training_model.onnx").exists()
+
+
+def per_row(name: str, x, y) -> np.ndarray:
+    """The pointwise loss summed over a row's elements (numpy)."""
+    out = {k: v.astype(np.float64) for k, v in run_model(model(), {"x": x}).items()}
+    if name == "squared_error":
+        return ((out["values"] - y) ** 2).sum(axis=1)
+    z = out["z"]
+    top = z.max(axis=1)
+    return top + np.log(np.exp(z - top[:, None]).sum(axis=1)) - z[np.arange(len(y)), y]
+
+
+def elastic_penalty(l1: float, l2: float) -> float:
+    weights = [numpy_helper.to_array(i).astype(np.float64) for i in model().graph.initializer]
+    return sum(l1 * np.abs(w).sum() + l2 * (w**2).sum() for w in weights[:2])
+
+
+BATCH = 5  # N = 12 rows: batches of 5, 5 and 2
+
+
+def expected_objective(name: str, reduction: str, x, y, penalty: float) -> float:
+    """The scale every reported loss uses: batches of BATCH rows, 'mean' weighted by rows
+    (the mean over every element), 'sum' each batch's sum once, the penalty added once."""
+    rows = per_row(name, x, y)
+    if reduction == "mean":
+        columns = 2 if name == "squared_error" else 1
+        return rows.sum() / (len(rows) * columns) + penalty
+    return rows.sum() / -(-len(rows) // BATCH) + penalty
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("name", ["squared_error", "cross_entropy_logits"])
+def test_command_train_reports_one_scale(tmp_path, name, reduction):
+    """Starting, epoch and validation losses of `onnxgrad train` with batches smaller than
+    the data, a penalty and both reductions (the learning rate too small to move)."""
+    x, y = (np.repeat(a[:1], N, axis=0) for a in data(name))  # any split: the same rows
+    only = onnx.utils.Extractor(model()).extract_model(["x"], [OUTPUT[name]])
+    onnx.save(only, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", X=np.concatenate([x, x]), y=np.concatenate([y, y]))
+    result = run_in_process(
+        "train", "m.onnx", "--data", "d.npz", "-o", "t.onnx", "--loss", name,
+        "--reduction", reduction, "--penalty", "l1:0.01,l2:0.02", "--val-fraction", "0.5",
+        "--epochs", "1", "--batch-size", str(BATCH), "--optimizer", "sgd", "--lr", "1e-12",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    start = re.search(r"starting loss (\S+)  validation (\S+)", result.stdout)
+    first = re.search(r"epoch +1/1 +loss (\S+)  validation (\S+)", result.stdout)
+    penalty = elastic_penalty(0.01, 0.02)
+    expected = expected_objective(name, reduction, x, y, penalty)
+    for value in (*start.groups(), *first.groups()):
+        assert float(value) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_generate_artifacts_eval_model_reduction(tmp_path, reduction):
+    from onnxgrad.training import generate_artifacts
+
+    x, y = data("cross_entropy_logits")
+    loss = select_learning_loss("cross_entropy_logits", reduction)
+    art = generate_artifacts(logits_only(), loss=loss, folder=tmp_path)
+    rows = per_row("cross_entropy_logits", x, y)
+    expected = rows.mean() if reduction == "mean" else rows.sum()
+    assert eval_loss(art, x, y) == pytest.approx(expected, rel=1e-5)
+    result = run_in_process(
+        "artifacts", "m.onnx", "-o", "art", "--loss", "cross_entropy_logits",
+        "--reduction", reduction, cwd=_saved(tmp_path, logits_only()),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    feeds = {"x": x, "label": y, **art.checkpoint.weights}
+    got = run_model(tmp_path / "art" / "eval_model.onnx", feeds)["loss"]
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+
+
+def _saved(folder, onnx_model):
+    onnx.save(onnx_model, folder / "m.onnx")
+    return folder
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_estimator_losses_share_one_scale(reduction):
+    """train_losses_, validation_losses_ and objective() with batches of 5, 5 and 2 rows and a
+    penalty: one scale, whatever rows the shuffled batches hold."""
+    from onnxgrad.training import ElasticLearningPenalty
+
+    name = "cross_entropy_logits"
+    x, y = data(name)
+    est = OrtGradientForwardBackwardOptimizer(
+        model(),
+        ["W", "b"],
+        learning_loss=name,
+        output="z",
+        learning_penalty=ElasticLearningPenalty(l1=0.01, l2=0.02),
+        **{**estimator_options(), "batch_size": BATCH},
+    )
+    est.learning_loss = select_learning_loss(name, reduction)
+    expected = expected_objective(name, reduction, x, y, elastic_penalty(0.01, 0.02))
+    est.fit(x, y, X_val=x, y_val=y)
+    assert est.train_losses_[0] == pytest.approx(expected, rel=1e-5)
+    assert est.validation_losses_[0] == pytest.approx(expected, rel=1e-5)
+    assert est.objective(x, y) == pytest.approx(expected, rel=1e-5)
