@@ -184,6 +184,20 @@ def _typed_like(b: GradBuilder, info: ValueInfoProto, outer: str | None, elem_ty
     return value_info(info.name, ValueType(elem_type, None))
 
 
+def _typed_slice(b: GradBuilder, info: ValueInfoProto, outer: str, axis: int):
+    """A Scan body's scan input typed like a slice of ``outer`` where its declaration lacks
+    the element type or shape (function bodies leave them to inference)."""
+    tensor = info.type.tensor_type
+    if (tensor.elem_type and tensor.HasField("shape")) or outer not in b._emitter.types:
+        return info
+    value = b.value_type(outer)
+    shape = None
+    if value.shape is not None:
+        shape = list(value.shape)
+        del shape[axis % len(shape)]
+    return value_info(info.name, _anonymous(ValueType(value.elem_type, shape and tuple(shape))))
+
+
 def _anonymous(value: ValueType) -> ValueType:
     """``value`` without symbolic dims: symbols from separate shape inferences may share a
     name for different sizes, which onnxruntime rejects in a subgraph's declared types."""
@@ -381,7 +395,11 @@ def scan_grad(b, node, grads, needs):
     in_dirs = node.attr("scan_input_directions", [0] * m)
     out_axes = node.attr("scan_output_axes", [0] * (k + n))[:k]
     out_dirs = node.attr("scan_output_directions", [0] * (k + n))[:k]
-    states, slices = list(body.input[:n]), list(body.input[n:])
+    states = [_typed_like(b, info, outer) for info, outer in zip(body.input[:n], node.inputs)]
+    slices = [
+        _typed_slice(b, info, node.inputs[n + i], in_axes[i])
+        for i, info in enumerate(body.input[n:])
+    ]
     saved = node.outputs[n + k :]
 
     floats = [j for j in range(n) if _is_float(states[j])]
