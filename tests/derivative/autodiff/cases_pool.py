@@ -22,6 +22,12 @@ def r(*shape):
     return rng.standard_normal(shape)
 
 
+# the top-left 3x3 block is zero: the 2x2 windows inside it give y = 0 (gradient 0 there),
+# those that overlap it reach zeros through |x|^(p-1) = 0
+ZERO_WINDOWS = r(1, 2, 4, 5)
+ZERO_WINDOWS[:, :, :3, :3] = 0.0
+
+
 def pool(op_type, id, shape, opset=18, **attrs):
     return OpCase(op_type, {"X": r(*shape)}, attrs, opset=opset, id=f"{op_type}-{id}")
 
@@ -118,6 +124,11 @@ CASES = [
          opset=22),
     pool("LpPool", "2d-same-upper-ceil", (1, 1, 5, 6), kernel_shape=[3, 3], strides=[2, 2],
          auto_pad="SAME_UPPER", opset=18),
+    *[
+        OpCase("LpPool", {"X": ZERO_WINDOWS}, {"kernel_shape": [2, 2], "p": p}, opset=18,
+               id=f"LpPool-zero-windows-p{p}")
+        for p in (1, 2, 3)
+    ],
 ]  # fmt: skip
 
 

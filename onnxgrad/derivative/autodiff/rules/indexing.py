@@ -355,7 +355,8 @@ def top_k_grad(b, node, grads, needs):
 def compress_grad(b, node, grads, needs):
     """Slice ``p`` of ``x`` along ``axis`` (of the flattened ``x`` without one) is output
     slice ``k_p = sum_{q < p} c_q`` when ``c_p`` holds (``c`` the condition, padded with
-    false to the length of the axis): ``x_bar = gather(y_bar, k c) * c``."""
+    false to the length of the axis): ``x_bar = gather([0, y_bar], (k + 1) c)``, a zero slice
+    put before ``y_bar`` so that an empty selection gathers zeros."""
     (g,) = grads
     x, condition = node.inputs
     axis = node.attr("axis")
@@ -370,10 +371,10 @@ def _ungather_selected(b, g: str, condition: str, x: str, axis: int, rank: int) 
     length = b.op("Gather", b.shape_of(x), b.ints([axis]), axis=0)
     missing = b.op("Sub", length, b.op("Shape", condition))
     kept = b.op("Pad", b.op("Cast", condition, to=7), b.op("Concat", b.ints([0]), missing, axis=0))
-    rows = b.mul(b.op("CumSum", kept, b.ints(0), exclusive=1), kept)
-    spread = b.op("Gather", g, rows, axis=axis)
-    mask = b.op("Reshape", cast_like(b, kept, g), b.ints([-1] + [1] * (rank - axis - 1)))
-    return b.mul(spread, mask)
+    rows = b.mul(b.op("CumSum", kept, b.ints(0)), kept)
+    pads = [0] * (2 * rank)
+    pads[axis] = 1
+    return b.op("Gather", b.op("Pad", g, b.ints(pads)), rows, axis=axis)
 
 
 @register("ReverseSequence", since=11)

@@ -215,7 +215,8 @@ def _inverse_count(b: GradBuilder, x: str, mean: str, axes: list[int]) -> str:
 def lp_normalization_grad(b, node, grads, needs):
     r"""``y = x / n`` with ``n = ||x||_p`` along ``axis`` (``p`` 1 or 2):
     :math:`\bar x = (g - d \sum g y) / n` with :math:`d = y` for ``p = 2``,
-    :math:`\operatorname{sign}(x)` for ``p = 1``."""
+    :math:`\operatorname{sign}(x)` for ``p = 1``; 0 where ``n = 0`` (the forward gives
+    ``y = 0`` there)."""
     (g,) = grads
     x, y = node.inputs[0], node.outputs[0]
     axes = [node.attr("axis", -1)]
@@ -228,7 +229,9 @@ def lp_normalization_grad(b, node, grads, needs):
         norm = b.reduce_sum(b.op("Abs", x), axes, keepdims=True)
     direction = y if p == 2 else b.op("Sign", x)
     total = b.reduce_sum(b.mul(g, y), axes, keepdims=True)
-    return [b.op("Div", b.op("Sub", g, b.mul(direction, total)), norm)]
+    zero = b.const(0, like=x)
+    grad = b.op("Div", b.op("Sub", g, b.mul(direction, total)), norm)
+    return [b.op("Where", b.op("Equal", norm, zero), zero, grad)]
 
 
 @register("LRN", since=11)

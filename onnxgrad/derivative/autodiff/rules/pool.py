@@ -250,11 +250,15 @@ def _spread_over_windows(b: GradBuilder, node: NodeView, g: str, divide_by_count
 @register("LpPool", since=11)
 def lp_pool_grad(b, node, grads, needs):
     """``y = (sum_window |x|^p)^(1/p)``: ``x_bar = W^T(g y^(1-p)) |x|^(p-1) sign(x)``, ``W^T``
-    the adjoint of the window sums."""
+    the adjoint of the window sums; an all-zero window (``y = 0``) takes the subgradient 0."""
     (g,) = grads
     x, y = node.inputs[0], node.outputs[0]
     p = float(node.attr("p", 2))
-    spread = _spread_over_windows(b, node, b.mul(g, _power(b, y, 1 - p)), False)
+    scale = _power(b, y, 1 - p)
+    if p > 1:
+        zero = b.const(0, like=y)
+        scale = b.op("Where", b.op("Equal", y, zero), zero, scale)
+    spread = _spread_over_windows(b, node, b.mul(g, scale), False)
     return [b.mul(spread, _signed_power(b, x, p - 1))]
 
 

@@ -9,9 +9,10 @@ every axis from ``axis`` to the last is normalised together.
 
 A row of ``x`` that is all ``-inf`` (a fully masked attention row) gives a NaN row of ``y``,
 which graphs such as Attention's function body replace by zeros with a ``Where``; the
-Softmax gradient reads ``y`` with its NaNs set to 0, so such a row gets the gradient 0 (the
-gradient of the zeros that replace it) instead of NaN. It costs an ``IsNaN`` and a
-``Where`` over ``y``.
+Softmax gradient reads ``y`` as 0 on the rows where ``max(x) = -inf``, so such a row gets the
+gradient 0 (the gradient of the zeros that replace it) instead of NaN. Any other NaN of ``y``
+(a NaN or ``+inf`` in ``x``) propagates to the gradient. It costs a ``ReduceMax`` of ``x``
+and a ``Where`` over ``y``.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ def _normalised_axes(b, node) -> list[int]:
 @register("Softmax", since=11)
 def softmax_grad(b, node, grads, needs):
     (g,) = grads
-    y = node.outputs[0]
-    y = b.op("Where", b.op("IsNaN", y), b.const(0, like=y), y)
+    x, y = node.inputs[0], node.outputs[0]
+    axes = _normalised_axes(b, node)
+    masked = b.op("IsInf", b.reduce("ReduceMax", x, axes, keepdims=True), detect_positive=0)
+    y = b.op("Where", masked, b.const(0, like=y), y)
     gy = b.mul(g, y)
-    total = b.reduce_sum(gy, _normalised_axes(b, node), keepdims=True)
+    total = b.reduce_sum(gy, axes, keepdims=True)
     return [b.op("Sub", gy, b.mul(y, total))]
 
 

@@ -1,0 +1,80 @@
+"""Gradients at points where finite differences over the whole input cannot be the oracle.
+
+* a NaN in a Softmax input: the NaN reaches every output (and so every finite difference), but
+  only its own row of the gradient may be NaN; the other rows are checked against finite
+  differences of the model without that row;
+* a zero row of LpNormalization: ``y = 0`` there (both runtimes), the gradient is defined as 0
+  (finite differences see ``g / eps``, the jump of ``x / ||x||``); the other rows are checked
+  against finite differences.
+
+Each gradient runs in float64 on the case's oracle (onnx's ReferenceEvaluator, onnxruntime for
+LpNormalization with ``p = 1``, which the reference evaluator computes as ``p = 2``) and in
+float32 on onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxgrad import onnx_derivative
+from tests.derivative.autodiff.gradcheck import OpCase, case_model, evaluator, finite_differences
+
+rng = np.random.default_rng(11)
+
+
+def native_gradient(case: OpCase, g: np.ndarray) -> dict[str, np.ndarray]:
+    """``x_grad`` of ``case`` for the output gradient ``g``, by runtime."""
+    grads = {}
+    for dtype, runtime in ((np.float64, case.evaluator), (np.float32, "onnxruntime")):
+        model, feeds = case_model(case, dtype)
+        grad_model = onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
+        feeds = {**feeds, "y0_grad": g.astype(dtype)}
+        (grads[f"{runtime} {dtype.__name__}"],) = evaluator(grad_model, runtime).run(
+            ["x_grad"], feeds
+        )
+    return grads
+
+
+def expected_rows(case: OpCase, rows: list[int], g: np.ndarray) -> np.ndarray:
+    """Finite differences of the model restricted to ``rows`` (rows are independent)."""
+    restricted = OpCase(case.op_type, {"x": case.inputs["x"][rows]}, case.attrs, case.opset)
+    model, feeds = case_model(restricted)
+    return finite_differences(model, feeds, "x", [g[rows]], 1e-6, case.evaluator)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_softmax_nan_input_propagates(opset):
+    x = rng.standard_normal((3, 4))
+    x[1, 2] = np.nan
+    x[2, :2] = -np.inf  # partly masked: finite
+    case = OpCase("Softmax", {"x": x}, {"axis": 1}, opset=opset)
+    g = rng.standard_normal(x.shape)
+    expected = expected_rows(case, [0, 2], g)
+    for runtime, got in native_gradient(case, g).items():
+        assert np.isnan(got[1]).all(), runtime
+        np.testing.assert_allclose(got[[0, 2]], expected, rtol=1e-4, atol=1e-5, err_msg=runtime)
+
+
+def test_softmax_fully_masked_row_still_zero():
+    x = rng.standard_normal((2, 3))
+    x[0] = -np.inf
+    case = OpCase("Softmax", {"x": x}, {"axis": -1}, opset=13)
+    g = rng.standard_normal(x.shape)
+    expected = expected_rows(case, [1], g)
+    for runtime, got in native_gradient(case, g).items():
+        np.testing.assert_array_equal(got[0], 0.0, err_msg=runtime)
+        np.testing.assert_allclose(got[[1]], expected, rtol=1e-4, atol=1e-5, err_msg=runtime)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_zero_row(p):
+    x = rng.standard_normal((3, 4))
+    x[1] = 0.0
+    oracle = "onnxruntime" if p == 1 else "reference"
+    case = OpCase("LpNormalization", {"x": x}, {"axis": -1, "p": p}, opset=11, evaluator=oracle)
+    g = rng.standard_normal(x.shape)
+    expected = expected_rows(case, [0, 2], g)
+    for runtime, got in native_gradient(case, g).items():
+        np.testing.assert_array_equal(got[1], 0.0, err_msg=runtime)
+        np.testing.assert_allclose(got[[0, 2]], expected, rtol=1e-4, atol=1e-5, err_msg=runtime)
