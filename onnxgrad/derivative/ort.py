@@ -25,6 +25,7 @@ from pathlib import Path
 import onnx
 from onnx import ModelProto
 
+from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad._runtime import require_training_builder
 from onnxgrad.derivative._ort_checks import (
     check_built_gradients,
@@ -150,8 +151,8 @@ def _native_hint(model: ModelProto, op_type: str) -> str:
     from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
 
     node = next((n for n in model.graph.node if n.op_type == op_type), None)
-    domain = node.domain if node is not None else ""
-    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    domain = normalize_domain(node.domain) if node is not None else ""
+    opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
     if find_rule(domain, op_type, opsets.get(domain, 0)) or has_zero_gradient(domain, op_type):
         return "; try backend='onnx'"
     return "; the native backend (backend='onnx') has no rule for it either"

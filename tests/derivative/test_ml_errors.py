@@ -68,3 +68,20 @@ def test_the_ort_backend_sends_nobody_to_a_native_backend_that_fails_too():
     )
     hint = str(builder_error("gradient builder has not been registered: Relu for node r", relu))
     assert hint.endswith("try backend='onnx'")
+
+
+@pytest.mark.parametrize(
+    ("node_domain", "opset_domain"), [("ai.onnx", ""), ("", "ai.onnx"), ("ai.onnx", "ai.onnx")]
+)
+def test_the_hint_reads_the_default_domain_however_it_is_spelled(node_domain, opset_domain):
+    relu = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="r", domain=node_domain)],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        ),
+        opset_imports=[helper.make_opsetid(opset_domain, 15)],
+    )
+    hint = str(builder_error("gradient builder has not been registered: Relu for node r", relu))
+    assert hint.endswith("try backend='onnx'")
