@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common as passes
 
-from onnxgrad._onnx_utils import MAX_IR_VERSION, finalize_model
+from onnxgrad._onnx_utils import finalize_model
 from onnxgrad.functions._registry import WEIGHT, BuildContext, Dim, GraphSpec, Port
 
 
@@ -52,7 +52,7 @@ def concretize(
     model.graph.doc_string = inspect.cleandoc(spec.build.__doc__ or "")
     model.producer_name = "onnxgrad"
     proto = ir.serde.serialize_model(model)
-    proto.ir_version = min(_min_ir_version(ctx.opset), MAX_IR_VERSION)
+    proto.ir_version = _min_ir_version(ctx.opset)
     try:
         _declare_inferred_outputs(proto, outputs)
         return finalize_model(proto)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 
-from onnxgrad._onnx_utils import MAX_OPSET
 from onnxgrad.functions import losses, penalties, regression, updates  # noqa: F401 (registers)
 from onnxgrad.functions._concretize import concretize
 from onnxgrad.functions._registry import CATALOGUE, BuildContext, Dim, GraphSpec, check_shape
@@ -37,7 +37,8 @@ def function_onnx_graph(
     """The ONNX graph ``name`` of the catalogue (see :func:`get_supported_functions`).
 
     :param name: graph name, e.g. ``"axpy"`` or ``"grad_loss_square_error"``
-    :param target_opset: default-domain opset, 13 to 21 (default 18)
+    :param target_opset: default-domain opset, from 13 to the newest one onnxscript knows
+        (23 with onnxscript 0.7; default 18)
     :param dtype: float element type, ``numpy.float32`` or ``numpy.float64``
     :param weight_name: name of an extra per-sample weight input of shape ``[N]``, for the
         graphs computing a loss; ``None`` means every sample weighs 1
@@ -83,12 +84,21 @@ def _opset(target_opset: Any, spec: GraphSpec) -> int:
         return max(DEFAULT_OPSET, spec.min_opset)
     if isinstance(target_opset, bool) or not isinstance(target_opset, numbers.Integral):
         raise TypeError(f"target_opset must be an int, got {type(target_opset).__name__}")
-    if not spec.min_opset <= target_opset <= MAX_OPSET:
+    newest = max_function_opset()
+    if not spec.min_opset <= target_opset <= newest:
         raise ValueError(
-            f"graph {spec.name!r} supports opsets {spec.min_opset} to {MAX_OPSET} "
-            f"(onnxruntime-training 1.19.2 stops at {MAX_OPSET}), got target_opset={target_opset}"
+            f"graph {spec.name!r} supports opsets {spec.min_opset} to {newest} (the newest "
+            f"opset of the installed onnxscript), got target_opset={target_opset}"
         )
     return int(target_opset)
+
+
+@functools.cache
+def max_function_opset() -> int:
+    """The newest default-domain opset the installed onnxscript can author graphs for."""
+    import onnxscript
+
+    return max(int(name[5:]) for name in dir(onnxscript) if re.fullmatch(r"opset\d+", name))
 
 
 def _dtype(dtype: Any) -> np.dtype:

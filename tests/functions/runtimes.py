@@ -20,6 +20,13 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Feeds) -> dict[str, np.ndarra
     return dict(zip(names, session.run(None, dict(feeds))))
 
 
+def onnxruntime_max_opset() -> int:
+    """The newest default-domain opset the installed onnxruntime loads (21 for the training
+    build 1.19.2; the current wheels follow onnx)."""
+    version = tuple(int(part) for part in onnxruntime.__version__.split(".")[:2])
+    return 21 if version < (1, 20) else onnx.defs.onnx_opset_version()
+
+
 def run_reference(model: onnx.ModelProto, feeds: Feeds) -> dict[str, np.ndarray]:
     names = [o.name for o in model.graph.output]
     return dict(zip(names, ReferenceEvaluator(model).run(None, dict(feeds))))
