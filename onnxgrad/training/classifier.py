@@ -127,11 +127,8 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
         return index.astype(np.int64)
 
     def _checked_data(self, graphs, X, y, sample_weight, suffix=""):
-        if graphs.n_classes is not None and self.n_classes_ > graphs.n_classes:
-            raise ValueError(
-                f"y{suffix} has {self.n_classes_} classes {list(self.classes_)}, the model "
-                f"output has {graphs.n_classes} columns"
-            )
+        if graphs.n_classes is not None and self.n_classes_ != graphs.n_classes:
+            _column_mismatch(self.classes_, graphs.output, graphs.n_classes)
         return super()._checked_data(graphs, X, y, sample_weight, suffix)
 
     def _validation_score(self, arrays) -> float:
@@ -166,6 +163,8 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
 
     def _probabilities(self, X) -> np.ndarray:
         values = self._output_values(X)
+        if values.shape[1] not in (1, self.n_classes_):
+            _column_mismatch(self.classes_, self.graphs_.output, values.shape[1])
         logits = self.learning_loss_.spec.prediction == LOGITS
         if values.shape[1] == 1:
             p = 1 / (1 + np.exp(-values)) if logits else values
@@ -174,6 +173,15 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
             return values
         shifted = np.exp(values - values.max(axis=1, keepdims=True))
         return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def _column_mismatch(classes: np.ndarray, output: str | None, columns: int) -> None:
+    """One column per class (or a single one for two classes), else a ``ValueError``."""
+    raise ValueError(
+        f"y has {len(classes)} classes {classes.tolist()}, the model output "
+        f"{output or '(the first float output)'!r} has {columns} columns: it needs one per "
+        "class (or one column for two classes)"
+    )
 
 
 def _labels(y) -> np.ndarray:

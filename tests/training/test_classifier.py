@@ -138,3 +138,16 @@ def test_more_classes_than_columns_are_refused(data):
     est = OrtGradientClassifier(logits_model(n_classes=2), learning_loss="cross_entropy_logits")
     with pytest.raises(ValueError, match=r"y has 3 classes .* 2 columns"):
         est.fit(X, y)
+
+
+def test_more_columns_than_classes_are_refused(data):
+    """predict_proba would have 4 columns for 3 classes_: fit refuses, naming both."""
+    X, y = data
+    output = logits_model(n_classes=4).graph.output[0].name
+    est = OrtGradientClassifier(logits_model(n_classes=4), learning_loss="cross_entropy_logits")
+    classes = r"\['setosa', 'versicolor', 'virginica'\]"
+    match = rf"y has 3 classes {classes}, the model output '{output}' has 4 columns"
+    with pytest.raises(ValueError, match=match):
+        est.fit(X, y)
+    with pytest.raises(ValueError, match=match):
+        est.partial_fit(X, y, classes=NAMES)
