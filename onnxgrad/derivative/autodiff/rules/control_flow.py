@@ -230,6 +230,10 @@ def _reverse_scan(
     scan inputs (``wanted[i].axis/direction`` place them) and of the ``captured`` values."""
     forward = GraphProto()
     forward.CopyFrom(body)
+    typed = {i.name: i for i in [*(c.inner for c in carried), *(s.inner for s in streams)]}
+    for info in forward.input:
+        if info.name in typed and typed[info.name] is not info:
+            info.CopyFrom(typed[info.name])  # inputs typed by the rule: inference needs them
     state_bars = [_fresh_info(b, f"{c.inner.name}_bar", _info_type(c.inner)) for c in carried]
     sums = [_fresh_info(b, f"{c}_bar_sum", b.value_type(c)) for c in captured]
     seeds: dict[str, list[str]] = {}
