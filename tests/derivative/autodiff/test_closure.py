@@ -38,6 +38,10 @@ NOT_CHECKED = {
         "opset 11: undoing a broadcast of unknown shape needs ReduceSum's axes input (13)"
     )),
     "ScatterElements-max": _TIE,
+    "MaxUnpool-2d-output-shape": (
+        "the Slice rule needs the static rank of the Reshape the MaxUnpool rule emits, which "
+        "shape inference cannot give: a rank-generic Slice rule is needed"
+    ),
     "DequantizeLinear-per-tensor-zero-point": (
         "the scale is float32: the first derivative is computed in float32, too coarse for "
         "float64 finite differences of it"
