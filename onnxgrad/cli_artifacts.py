@@ -98,7 +98,8 @@ def add_artifacts(commands) -> None:
         choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
         metavar="NAME",
         default="adam",
-        help="one of %(choices)s, the update fused into the train step (default: %(default)s)",
+        help="one of %(choices)s, the update fused into the train step (default: %(default)s; "
+        "onnxgrad train's is nesterov)",
     )
     sub.add_argument(
         "--lr", type=_positive_float, help="learning rate (default: 0.01, 0.001 for adam)"

@@ -171,7 +171,7 @@ def add_train(commands) -> None:
         metavar="NAME",
         default="nesterov",
         help="one of %(choices)s; momentum is classical momentum, nesterov Nesterov's "
-        "(default: %(default)s)",
+        "(default: %(default)s; onnxgrad artifacts' is adam)",
     )
     sub.add_argument(
         "--lr",

@@ -649,7 +649,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         warm_start=False,
         verbose=0,
         validation_every=0.1,
-        learning_loss="square_error",
+        learning_loss="squared_error",
         weight_name=None,
         learning_penalty=None,
         exc=True,

@@ -328,3 +328,22 @@ def test_estimator_losses_share_one_scale(reduction):
     assert est.train_losses_[0] == pytest.approx(expected, rel=1e-5)
     assert est.validation_losses_[0] == pytest.approx(expected, rel=1e-5)
     assert est.objective(x, y) == pytest.approx(expected, rel=1e-5)
+
+
+def test_every_entry_point_defaults_to_the_canonical_squared_error():
+    import inspect
+
+    from onnxgrad.cli import build_parser
+    from onnxgrad.training import OrtGradientClassifier, generate_artifacts
+
+    defaults = {
+        "add_loss_output": inspect.signature(add_loss_output).parameters["score_name"].default,
+        "generate_artifacts": inspect.signature(generate_artifacts).parameters["loss"].default,
+        "estimator": OrtGradientForwardBackwardOptimizer(model()).get_params()["learning_loss"],
+    }
+    parser = build_parser()
+    for command, flag in (("add-loss", "score"), ("train", "loss"), ("artifacts", "loss")):
+        args = ["m.onnx", "-o", "o"] + (["--data", "d.npz"] if command == "train" else [])
+        defaults[command] = getattr(parser.parse_args([command, *args]), flag)
+    assert set(defaults.values()) == {"squared_error"} <= set(LOSSES), defaults
+    assert OrtGradientClassifier(model()).get_params()["learning_loss"] in LOSSES
