@@ -110,10 +110,31 @@ def needs_lowering(model: ModelProto, min_opset: int = MIN_LOWERED_OPSET) -> boo
 def lowered_if_needed(
     model: ModelProto, keep_zipmap: bool = False, min_opset: int = MIN_LOWERED_OPSET
 ) -> ModelProto:
-    """:func:`lower_ml_operators` of ``model`` when :func:`needs_lowering`, else ``model``."""
-    if needs_lowering(model, min_opset):
-        return lower_ml_operators(model, keep_zipmap=keep_zipmap)
-    return model
+    """:func:`lower_ml_operators` of ``model`` when :func:`needs_lowering`, else ``model``;
+    a model below ``min_opset`` is raised to it first (:func:`raised_opset`)."""
+    if not needs_lowering(model, min_opset):
+        return model
+    if default_opset(model) < min_opset:
+        model = raised_opset(model, min_opset)
+    return lower_ml_operators(model, keep_zipmap=keep_zipmap)
+
+
+def raised_opset(model: ModelProto, opset: int) -> ModelProto:
+    """A copy of ``model`` converted to default-domain ``opset`` by onnx's version converter,
+    or a ``ValueError`` naming both opsets and the converter's reason."""
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    try:
+        converted = onnx.version_converter.convert_version(_deduplicated_opsets(copy), opset)
+        onnx.checker.check_model(converted)
+    except Exception as exc:  # the converter raises RuntimeError, the checker ValidationError
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"the model imports default-domain opset {default_opset(model)}, this needs opset "
+            f">= {opset}, and onnx's version converter could not raise it ({reason}); "
+            f"convert the model to opset {opset} or later"
+        ) from exc
+    return converted
 
 
 def with_trained_weights(original: ModelLike, weights: dict) -> ModelProto:
@@ -178,7 +199,7 @@ def _upgraded(model: ModelProto) -> ModelProto:
     try:
         converted = onnx.version_converter.convert_version(model, MIN_LOWERED_OPSET)
         onnx.checker.check_model(converted)
-    except Exception:  # the converter lacks an adapter: the lowering works at any opset
+    except Exception:  # no adapter: the lowering works at any opset, lowered_if_needed checks
         return model
     return converted
 
