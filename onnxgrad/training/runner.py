@@ -18,7 +18,7 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad import _files
-from onnxgrad._onnx_utils import np_dtype
+from onnxgrad._onnx_utils import default_opset, np_dtype
 from onnxgrad.training._inputs import check_tensor, host_array
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
@@ -32,12 +32,24 @@ def make_session(
     """An ``InferenceSession`` of ``model`` on ``device``; a model past protobuf's 2 GiB
     limit goes through a temporary file with external data."""
     options = options or ort.SessionOptions()
-    if model.ByteSize() < _files.PROTOBUF_LIMIT:
-        return ort.InferenceSession(model.SerializeToString(), options, providers=device.providers)
-    with tempfile.TemporaryDirectory(prefix="onnxgrad-", ignore_cleanup_errors=True) as folder:
-        path = Path(folder) / "model.onnx"
-        _files.save_model(model, path)
-        return ort.InferenceSession(str(path), options, providers=device.providers)
+    try:
+        if model.ByteSize() < _files.PROTOBUF_LIMIT:
+            return ort.InferenceSession(
+                model.SerializeToString(), options, providers=device.providers
+            )
+        with tempfile.TemporaryDirectory(prefix="onnxgrad-", ignore_cleanup_errors=True) as folder:
+            path = Path(folder) / "model.onnx"
+            _files.save_model(model, path)
+            return ort.InferenceSession(str(path), options, providers=device.providers)
+    except Exception as exc:
+        if "ValidateOpsetForDomain" not in str(exc):
+            raise
+        opset = default_opset(model)
+        raise ValueError(
+            f"onnxruntime {ort.__version__} does not load default-domain opset {opset}, the "
+            f"model's: convert the model to an older opset (onnx.version_converter."
+            f"convert_version(model, {opset - 1})) or install a newer onnxruntime"
+        ) from exc
 
 
 class StepBuffers:
