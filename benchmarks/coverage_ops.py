@@ -11,6 +11,8 @@ converted to float64 and the gradient checked along random directions ``v``:
 with random output gradients ``g_k``. Where the one-sided differences disagree (a kink or a
 tie in the test data) the point is jittered once. Outcomes per case: ``ok``, ``wrong``
 (a value or a shape differs, or NaN), ``missing`` (``NotImplementedError``: no rule),
+``zero gradient`` (not counted: the engine refuses a gradient that is zero everywhere, as
+for the piecewise-constant Hardmax or the integer-valued Range),
 ``failed`` (the gradient graph raised another error or did not run) and ``skipped`` (the
 oracle cannot judge: random operators, models the evaluator cannot run in float64).
 
@@ -100,7 +102,9 @@ FAMILY_OF = {
         ],
         "indexing",
     ),
-    **dict.fromkeys(["DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear"], "quantize"),
+    **dict.fromkeys(
+        ["DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear"], "quantization"
+    ),
 }
 
 
@@ -289,6 +293,8 @@ def _judge(model, arrays, wrt, op_type, opset, seed, double: bool) -> tuple[str,
     try:
         gradient = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
     except NotImplementedError as exc:
+        if "is not differentiable with respect to" in str(exc):
+            return "zero gradient", _short(exc)
         return "missing", _short(exc)
     except Exception as exc:
         return "failed", f"build: {_short(exc)}"
