@@ -56,8 +56,10 @@ def check_tensor(info: ValueInfoProto, array: np.ndarray, what: str) -> None:
             )
 
 
-def check_finite(array: np.ndarray, what: str) -> None:
-    """A ``ValueError`` naming the first row of ``array`` holding a NaN or an infinity."""
+def check_finite(array: np.ndarray, what: str, given: np.ndarray | None = None) -> None:
+    """A ``ValueError`` naming the first row of ``array`` holding a NaN or an infinity;
+    ``given``: the data before its cast to ``array``'s dtype (a finite value it made
+    infinite overflowed)."""
     if array.dtype.kind not in "fc":
         return
     finite = np.isfinite(array)
@@ -65,6 +67,11 @@ def check_finite(array: np.ndarray, what: str) -> None:
         return
     index = tuple(int(i) for i in np.argwhere(~finite)[0])
     position = ", ".join(map(str, index))
+    if given is not None and given.shape == array.shape and np.isfinite(given[index]):
+        raise ValueError(
+            f"{what}[{position}] = {given[index]} overflows {array.dtype} (the model's type, "
+            f"largest {np.finfo(array.dtype).max:.4g}): rescale the data"
+        )
     raise ValueError(
         f"{what} holds {array[index]} at row {index[0]} ({what}[{position}]): only finite "
         "values are accepted, remove or impute that row"
@@ -91,13 +98,13 @@ def check_features(model: ModelProto, name: str, X, what: str = "X") -> np.ndarr
     Real numbers (floats, integers, booleans) are cast to the input's float type: float64
     data for a float32 model is rounded to the nearest float32 (``numpy.astype``).
     """
-    array = host_array(X)
+    given = array = host_array(X)
     info = input_info(model, name)
     expected = np_dtype(info.type.tensor_type.elem_type)
     if expected.kind == "f" and array.dtype.kind in "fiub" and array.dtype != expected:
         array = array.astype(expected)
     check_tensor(info, array, what)
-    check_finite(array, what)
+    check_finite(array, what, given)
     return np.ascontiguousarray(array)
 
 
@@ -112,7 +119,7 @@ def check_labels(
     feeds a one-column label and the reverse.
     """
     info = input_info(model, name)
-    array = host_array(y)
+    given = array = host_array(y)
     if array.ndim == 0 or array.shape[0] != n_rows:
         raise ValueError(
             f"X and {what} have different numbers of observations: {n_rows} and "
@@ -127,7 +134,7 @@ def check_labels(
         raise TypeError(
             f"{what} has dtype {array.dtype}, the label input {name!r} expects {expected}"
         )
-    check_finite(array, what)
+    check_finite(array, what, given)
     dims = tensor_dims(info)
     if dims:
         array = _reshape_labels(array, dims, name, what)

@@ -166,7 +166,9 @@ def _info_type(info: ValueInfoProto) -> ValueType:
     return ValueType(tensor.elem_type, dims)
 
 
-def _typed_like(b: GradBuilder, info: ValueInfoProto, outer: str | None, elem_type=None):
+def _typed_like(
+    b: GradBuilder, node: NodeView, info: ValueInfoProto, outer: str | None, elem_type=None
+):
     """A Loop body input typed like its initial value ``outer`` (or ``elem_type``) where
     its declaration lacks the element type or shape (inference leaves a carried value's
     shape unknown since it could change; the saved stack requires it does not)."""
@@ -180,7 +182,10 @@ def _typed_like(b: GradBuilder, info: ValueInfoProto, outer: str | None, elem_ty
     if outer is not None and outer in b._emitter.types:
         elem_type = b.dtype(outer)
     if not elem_type:
-        raise NotImplementedError(f"the type of Loop body input {info.name!r} is unknown")
+        raise NotImplementedError(
+            f"{node.op_type} node {node.name or node.outputs[0]!r}: the type of its body input "
+            f"{info.name!r} is unknown"
+        )
     return value_info(info.name, ValueType(elem_type, None))
 
 
@@ -399,7 +404,7 @@ def scan_grad(b, node, grads, needs):
     in_dirs = node.attr("scan_input_directions", [0] * m)
     out_axes = node.attr("scan_output_axes", [0] * (k + n))[:k]
     out_dirs = node.attr("scan_output_directions", [0] * (k + n))[:k]
-    states = [_typed_like(b, info, outer) for info, outer in zip(body.input[:n], node.inputs)]
+    states = [_typed_like(b, node, info, outer) for info, outer in zip(body.input[:n], node.inputs)]
     slices = [
         _typed_slice(b, info, node.inputs[n + i], in_axes[i])
         for i, info in enumerate(body.input[n:])
@@ -456,10 +461,12 @@ def loop_grad(b, node, grads, needs):
     k = len(body.output) - 1 - n - (2 + n)
     _check_tensor_states(node, body)
     counters = [
-        _typed_like(b, info, None, elem)
+        _typed_like(b, node, info, None, elem)
         for info, elem in zip(body.input[:2], (TensorProto.INT64, TensorProto.BOOL))
     ]
-    states = [_typed_like(b, info, outer) for info, outer in zip(body.input[2:], node.inputs[2:])]
+    states = [
+        _typed_like(b, node, info, outer) for info, outer in zip(body.input[2:], node.inputs[2:])
+    ]
     saved = node.outputs[n + k :]
 
     floats = [j for j in range(n) if _is_float(states[j])]
