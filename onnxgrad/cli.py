@@ -574,7 +574,8 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(message=f"{parser.prog} {_version()}\n")
+        print(f"{parser.prog} {_version()}")  # on standard output, as argparse's own action
+        parser.exit()
 
 
 def _version() -> str:
