@@ -17,6 +17,8 @@ from onnx import ModelProto, TensorProto, helper
 MAX_IR_VERSION = 10
 #: The highest default-domain opset onnxruntime-training 1.19.2 loads.
 MAX_OPSET = 21
+#: The lowest default-domain opset the loss, lowering and training graphs are written for.
+MIN_OPSET = 13
 
 ModelLike = ModelProto | str | os.PathLike
 
@@ -64,6 +66,11 @@ def _check_external_data_loaded(model: ModelProto) -> None:
                 "onnx.external_data_helper.load_external_data_for_model(model, folder) with "
                 "the model's folder first"
             )
+
+
+def first_float_output(graph: onnx.GraphProto) -> onnx.ValueInfoProto | None:
+    """The first output of ``graph`` with a float element type, ``None`` when none has."""
+    return next((o for o in graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES), None)
 
 
 def default_opset(model: ModelProto) -> int:

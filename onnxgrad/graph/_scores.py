@@ -58,9 +58,7 @@ def reduce_loss(
     * ``'mean'``: ``sum_i w_i mean_j e_ij / max(sum_i w_i, tiny)``, the mean over every
       element without weights (scikit-learn's ``mean_squared_error``, torch's ``'mean'``).
     """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
-    op_type = "ReduceSum" if reduction == "sum" else "ReduceMean"
+    op_type = "ReduceSum" if check_reduction(reduction) == "sum" else "ReduceMean"
     if weight is None:
         return b.reduce(op_type, elementwise, hint=f"{reduction}_loss")
     rows = b.op("Flatten", elementwise, axis=1, hint="rows")
@@ -204,3 +202,10 @@ def n_classes_of(prediction: ValueInfoProto) -> int:
 
 #: the reductions of every loss, the default first
 REDUCTIONS = ("mean", "sum")
+
+
+def check_reduction(reduction: str) -> str:
+    """``reduction`` if it is one of :data:`REDUCTIONS`, else a ``ValueError``."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
+    return reduction

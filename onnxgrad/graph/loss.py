@@ -12,10 +12,12 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto,
 from onnxgrad._model_checks import checked_model
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
+    MIN_OPSET,
     ModelLike,
     all_names,
     default_opset,
     finalize_model,
+    first_float_output,
     np_dtype,
 )
 from onnxgrad.graph._builder import GraphBuilder
@@ -36,9 +38,6 @@ from onnxgrad.graph.loss_table import (
 )
 from onnxgrad.graph.ml_lowering import lowered_if_needed
 from onnxgrad.graph.select import prune_graph
-
-#: The lowest default-domain opset the loss nodes are written for.
-MIN_LOSS_OPSET = 13
 
 
 def add_loss_output(
@@ -92,7 +91,7 @@ def add_loss_output(
     :func:`onnxgrad.lower_ml_operators` first (a ZipMap's probability tensor becomes the
     output ``probabilities``); the nodes are standard ONNX ops in the form the opset defines.
     """
-    model = lowered_if_needed(checked_model(model), min_opset=MIN_LOSS_OPSET)
+    model = lowered_if_needed(checked_model(model), min_opset=MIN_OPSET)
     opset = default_opset(model)
     spec = resolve_loss(score_name)
     options = spec.checked_options(kwargs)
@@ -185,10 +184,9 @@ def _chosen_output(graph: GraphProto, output_index: int | str | None) -> ValueIn
     outputs = list(graph.output)
     names = [o.name for o in outputs]
     if output_index is None:
-        floats = [o for o in outputs if elem_type_of(o) in FLOAT_TYPES]
-        if not floats:
+        chosen = first_float_output(graph)
+        if chosen is None:
             raise ValueError(f"the model has no float output to put a loss on: {names}")
-        chosen = floats[0]
     elif isinstance(output_index, str):
         if output_index not in names:
             raise ValueError(f"unknown output {output_index!r}, the outputs are {names}")

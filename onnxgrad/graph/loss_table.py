@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onnxgrad.graph import _scores
-from onnxgrad.graph._scores import REDUCTIONS
+from onnxgrad.graph._scores import REDUCTIONS, check_reduction
 
 #: the reduction every entry point uses unless told otherwise
 DEFAULT_REDUCTION = "mean"
@@ -139,12 +139,6 @@ def resolve_loss(name: str, what: str = "loss") -> LossSpec:
             f"(aliases: {', '.join(f'{a}={c}' for a, c in ALIASES.items())})"
         )
     return LOSSES[canonical]
-
-
-def check_reduction(reduction: str) -> str:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {list(REDUCTIONS)}, got {reduction!r}")
-    return reduction
 
 
 __all__ = [

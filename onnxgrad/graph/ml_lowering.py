@@ -39,6 +39,7 @@ import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import (
+    MIN_OPSET,
     ModelLike,
     default_opset,
     finalize_model,
@@ -49,8 +50,6 @@ from onnxgrad.graph._builder import GraphBuilder
 from onnxgrad.graph.select import prune_graph
 
 ML_DOMAIN = "ai.onnx.ml"
-#: the default-domain opset a model is converted to before it is lowered
-MIN_LOWERED_OPSET = 13
 #: the name the probability tensor behind a ZipMap is exposed under, when it is free
 PROBABILITIES = "probabilities"
 
@@ -101,14 +100,14 @@ def lowerable_nodes(model: ModelProto) -> list[NodeProto]:
     ]
 
 
-def needs_lowering(model: ModelProto, min_opset: int = MIN_LOWERED_OPSET) -> bool:
+def needs_lowering(model: ModelProto, min_opset: int = MIN_OPSET) -> bool:
     """Whether ``model`` holds a lowerable ``ai.onnx.ml`` node or imports a default-domain
     opset below ``min_opset``."""
     return bool(lowerable_nodes(model)) or default_opset(model) < min_opset
 
 
 def lowered_if_needed(
-    model: ModelProto, keep_zipmap: bool = False, min_opset: int = MIN_LOWERED_OPSET
+    model: ModelProto, keep_zipmap: bool = False, min_opset: int = MIN_OPSET
 ) -> ModelProto:
     """:func:`lower_ml_operators` of ``model`` when :func:`needs_lowering`, else ``model``;
     a model below ``min_opset`` is raised to it first (:func:`raised_opset`)."""
@@ -194,10 +193,10 @@ def _deduplicated_opsets(model: ModelProto) -> ModelProto:
 
 
 def _upgraded(model: ModelProto) -> ModelProto:
-    if default_opset(model) >= MIN_LOWERED_OPSET:
+    if default_opset(model) >= MIN_OPSET:
         return model
     try:
-        converted = onnx.version_converter.convert_version(model, MIN_LOWERED_OPSET)
+        converted = onnx.version_converter.convert_version(model, MIN_OPSET)
         onnx.checker.check_model(converted)
     except Exception:  # no adapter: the lowering works at any opset, lowered_if_needed checks
         return model

@@ -14,11 +14,13 @@ from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
+    MIN_OPSET,
     ModelLike,
     NameScope,
     all_names,
     default_opset,
     finalize_model,
+    first_float_output,
     load_model,
     np_dtype,
 )
@@ -32,9 +34,6 @@ from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
 from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
-
-#: The lowest default-domain opset the composed graphs are written for.
-MIN_OPSET = 13
 
 
 @dataclass(frozen=True)
@@ -278,9 +277,9 @@ def _share_batch_dim(model: ModelProto, names: Sequence[str | None]) -> None:
 
 
 def _first_float_output(model: ModelProto) -> str:
-    for info in model.graph.output:
-        if info.type.tensor_type.elem_type in FLOAT_TYPES:
-            return info.name
+    info = first_float_output(model.graph)
+    if info is not None:
+        return info.name
     raise ValueError(
         f"the model has no float output to put a loss on: {[o.name for o in model.graph.output]}"
     )

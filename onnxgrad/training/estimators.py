@@ -21,9 +21,10 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype
+from onnxgrad._onnx_utils import first_float_output, load_model, np_dtype
 from onnxgrad.exceptions import ConvergenceError, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
+from onnxgrad.graph._scores import n_classes_of
 from onnxgrad.graph.loss_table import PROBABILITIES
 from onnxgrad.graph.ml_lowering import lowered_if_needed, with_trained_weights
 from onnxgrad.training._inputs import (
@@ -806,22 +807,24 @@ def _initializers(model: ModelProto, names) -> dict[str, np.ndarray]:
 
 
 def _first_float_output(model: ModelProto) -> str | None:
-    floats = [o.name for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
-    return floats[0] if floats else None
+    info = first_float_output(model.graph)
+    return None if info is None else info.name
 
 
 def _n_classes(model: ModelProto, output: str | None) -> int | None:
     """The columns of the classification output ``output`` (default: the first float one),
     2 for a single column (binary); ``None`` when unknown."""
-    floats = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
-    chosen = next((o for o in floats if o.name == output), None) if output else None
-    chosen = chosen or (floats[0] if floats else None)
+    chosen = next((o for o in model.graph.output if o.name == output), None) if output else None
+    chosen = chosen or first_float_output(model.graph)
     if chosen is None:
         return None
-    dims = tensor_dims(chosen)
-    if len(dims) == 1 or (len(dims) == 2 and dims[1] == 1):
+    if len(tensor_dims(chosen)) == 1:
         return 2
-    return dims[1] if len(dims) == 2 else None
+    try:
+        columns = n_classes_of(chosen)
+    except ValueError:  # not [N, C] with a known C
+        return None
+    return 2 if columns == 1 else columns
 
 
 def _batch_sizes(n: int, batch_size: int) -> np.ndarray:

@@ -347,3 +347,38 @@ def test_every_entry_point_defaults_to_the_canonical_squared_error():
         defaults[command] = getattr(parser.parse_args([command, *args]), flag)
     assert set(defaults.values()) == {"squared_error"} <= set(LOSSES), defaults
     assert OrtGradientClassifier(model()).get_params()["learning_loss"] in LOSSES
+
+
+def test_entry_points_put_the_loss_on_the_same_first_float_output(tmp_path):
+    """A model whose first output is an int64 class: every entry point picks `z`."""
+    from onnxgrad.training import generate_artifacts
+
+    labelled = model()
+    labelled.graph.node.append(helper.make_node("ArgMax", ["z"], ["label_out"], axis=1))
+    outputs = list(labelled.graph.output)
+    del labelled.graph.output[:]
+    labelled.graph.output.extend(
+        [helper.make_tensor_value_info("label_out", TensorProto.INT64, [None, 1]), *outputs]
+    )
+    name = "cross_entropy_logits"
+    x, y = data(name)
+    expected = reference(name, x, y)
+    with_loss = add_loss_output(labelled, name)
+    assert run_model(with_loss, {"x": x, "label": y})["loss"] == pytest.approx(expected, rel=1e-5)
+    art = generate_artifacts(labelled, loss=name, folder=tmp_path)
+    assert eval_loss(art, x, y) == pytest.approx(expected, rel=1e-5)
+    est = OrtGradientForwardBackwardOptimizer(labelled, learning_loss=name, **estimator_options())
+    assert est.fit(x, y).train_losses_[0] == pytest.approx(expected, rel=1e-5)
+    assert est.graphs_.output == "z" and est.graphs_.n_classes == CLASSES
+
+
+def test_one_reduction_check_for_every_entry_point():
+    from onnxgrad.training import SquareLearningLoss
+
+    message = r"reduction must be one of \['mean', 'sum'\], got 'total'"
+    with pytest.raises(ValueError, match=message):
+        add_loss_output(model(), "squared_error", output_index="values", reduction="total")
+    with pytest.raises(ValueError, match=message):
+        select_learning_loss("squared_error", "total")
+    with pytest.raises(ValueError, match=message):
+        select_learning_loss(SquareLearningLoss(reduction="total"))
