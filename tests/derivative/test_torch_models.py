@@ -166,3 +166,68 @@ def test_native_gradient_equals_torch_autograd(name, dynamo, opset):
         np.testing.assert_allclose(
             got[f"{key}_grad"], expected[key], rtol=2e-4, atol=2e-5, err_msg=f"{name}: {key}"
         )
+
+
+class TinyTransformer(nn.Module):
+    """RMSNorm, causal scaled-dot-product attention (2 heads), SiLU feed-forward: exported at
+    opset 23, torch emits the Attention and RMSNormalization operators."""
+
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.ff = nn.Sequential(nn.Linear(d, 16), nn.SiLU(), nn.Linear(16, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.ff(self.norm2(x))
+
+
+def test_tiny_transformer_at_the_newest_opset_equals_torch_autograd():
+    """The gradient goes through the function bodies of Attention and RMSNormalization; it
+    runs on onnx's reference evaluator (onnxruntime-training 1.19 stops at opset 21)."""
+    from onnx.reference import ReferenceEvaluator
+
+    torch.manual_seed(0)
+    module = TinyTransformer().eval()
+    with torch.no_grad():  # distinct scales, so the exporter cannot merge the two into one
+        module.norm1.weight.uniform_(0.5, 1.5)
+        module.norm2.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.onnx.export(
+            module, (x,), input_names=["x0"], dynamo=True, opset_version=23
+        ).model_proto
+    assert {"Attention", "RMSNormalization"} <= {n.op_type for n in model.graph.node}
+    with torch.no_grad():
+        g = torch.randn_like(module(x))
+    _, expected = torch_gradients(module, [x], [g])
+    parameters = dict(module.named_parameters())
+    weights = [
+        i.name
+        for i in model.graph.initializer
+        if i.name in parameters
+        and np.array_equal(onnx.numpy_helper.to_array(i), parameters[i.name].detach().numpy())
+    ]
+    assert {"norm1.weight", "norm2.weight", "qkv.bias"} <= set(weights)
+    grad_model = onnx_derivative(model, weights=weights)
+    assert {n.domain for n in grad_model.graph.node} <= {""}
+    feeds = {"x0": x.numpy(), f"{model.graph.output[0].name}_grad": g.numpy()}
+    feeds.update(
+        {
+            i.name: onnx.numpy_helper.to_array(i)
+            for i in model.graph.initializer
+            if i.name in weights
+        }
+    )
+    outputs = ReferenceEvaluator(grad_model).run(None, feeds)
+    got = dict(zip([o.name for o in grad_model.graph.output], outputs))
+    for key in ["x0", *weights]:
+        np.testing.assert_allclose(got[f"{key}_grad"], expected[key], rtol=2e-4, atol=2e-5)
