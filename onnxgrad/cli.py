@@ -14,6 +14,7 @@ import argparse
 import functools
 import importlib
 import os
+import signal
 import sys
 import textwrap
 from collections import Counter
@@ -132,11 +133,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status.
 
     Ctrl-C at any moment prints ``interrupted`` and gives status 130."""
+    previous = _record_sigint()
     try:
         return _main(argv)
     except KeyboardInterrupt:
         _fail("onnxgrad", "interrupted")
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+_sigint_received = False
+
+
+def _record_sigint():
+    """Make Ctrl-C raise KeyboardInterrupt as usual, and remember it came: a library whose
+    import it interrupts may turn it into another error (numpy's ImportError does). Returns
+    the handler it replaces (None off the main thread, where no handler can be set)."""
+
+    global _sigint_received
+    _sigint_received = False
+
+    def on_sigint(signum, frame):
+        global _sigint_received
+        _sigint_received = True
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:
+        return None
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -185,11 +212,16 @@ def _run(args: argparse.Namespace) -> int:
         _fail(args.prog, f"training diverged: {exc}")
         return JOB_FAILED
     except _expected_errors() as exc:
+        if _caused_by_interrupt(exc):
+            _fail(args.prog, "interrupted")
+            return 130
         _fail(args.prog, _one_line(exc))
         return USAGE_ERROR
 
 
 def _caused_by_interrupt(exc: BaseException) -> bool:
+    if _sigint_received:
+        return True
     while exc is not None:
         if isinstance(exc, KeyboardInterrupt):
             return True

@@ -119,7 +119,11 @@ def _interrupted_run(
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=120)
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    # once it has said so, a command may also end by SIGINT, which a shell shows as status
+    # 128 + 2 = 130 too (the interpreter re-raises an interrupt it ends on)
+    said = err.strip().endswith("interrupted")
+    status = 130 if process.returncode == -signal.SIGINT and said else process.returncode
+    return subprocess.CompletedProcess(process.args, status, out, err)
 
 
 def _default_sigint() -> None:
