@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_gradient import chain_model  # the same 5,000-node chain
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDE = 4096
@@ -84,32 +85,6 @@ def write_matmul_chain(path: Path, count: int, external: bool) -> None:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     save_model(model, path)
-
-
-def chain_model(n_nodes: int = 5000):
-    """The 5,000-node chain of ``bench_gradient.py``: Add, Mul, Tanh with per-node weights."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, inits, prev = [], [], "X"
-    ops = ["Add", "Mul", "Tanh"]
-    for i in range(n_nodes):
-        op = ops[i % 3]
-        inputs = [prev] if op == "Tanh" else [prev, f"w{i}"]
-        if op != "Tanh":
-            inits.append(numpy_helper.from_array(np.full(8, 0.5, np.float32), f"w{i}"))
-        nodes.append(helper.make_node(op, inputs, [f"v{i}"], name=f"n{i}"))
-        prev = f"v{i}"
-    graph = helper.make_graph(
-        nodes,
-        "chain",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 8])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-# ----------------------------------------------------------------------------- children
 
 
 def child_api(model_path: str) -> dict:

@@ -765,6 +765,17 @@ def _add_derivative(commands) -> None:
     )
 
 
+def _add_optimizer_option(sub: argparse.ArgumentParser, default: str, note: str) -> None:
+    """``--optimizer NAME`` of the learning-rate table (read when the choices are checked)."""
+    sub.add_argument(
+        "--optimizer",
+        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
+        metavar="NAME",
+        default=default,
+        help=f"one of %(choices)s; {note} (default: %(default)s)",
+    )
+
+
 def _add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
     """The loss name and its reduction, both read from the one loss table."""
     sub.add_argument(

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from onnxgrad.cli import (
     CommandError,
-    LazyChoices,
     _add_loss_options,
+    _add_optimizer_option,
     _command,
     _positive_float,
     _positive_int,
@@ -93,13 +93,8 @@ def add_artifacts(commands) -> None:
     sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
     sub.add_argument("-o", "--output", required=True, help="folder to write (created)")
     _add_loss_options(sub, "--loss")
-    sub.add_argument(
-        "--optimizer",
-        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
-        metavar="NAME",
-        default="adam",
-        help="one of %(choices)s, the update fused into the train step (default: %(default)s; "
-        "onnxgrad train's is nesterov)",
+    _add_optimizer_option(
+        sub, "adam", "the update fused into the train step; onnxgrad train's default is nesterov"
     )
     sub.add_argument(
         "--lr", type=_positive_float, help="learning rate (default: 0.01, 0.001 for adam)"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from onnxgrad.cli import (
     CommandError,
-    LazyChoices,
     _add_loss_options,
+    _add_optimizer_option,
     _command,
     _number,
     _positive_float,
@@ -165,13 +165,10 @@ def add_train(commands) -> None:
     sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
     sub.add_argument("--epochs", type=_positive_int, default=10, help="default: %(default)s")
     sub.add_argument("--batch-size", type=_positive_int, default=32, help="default: %(default)s")
-    sub.add_argument(
-        "--optimizer",
-        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
-        metavar="NAME",
-        default="nesterov",
-        help="one of %(choices)s; momentum is classical momentum, nesterov Nesterov's "
-        "(default: %(default)s; onnxgrad artifacts' is adam)",
+    _add_optimizer_option(
+        sub,
+        "nesterov",
+        "momentum is classical momentum, nesterov Nesterov's; onnxgrad artifacts' default is adam",
     )
     sub.add_argument(
         "--lr",
