@@ -3,9 +3,9 @@
 import sys
 
 try:
-    from onnxgrad.cli import main
+    from onnxgrad.cli import command
 except KeyboardInterrupt:
     print("onnxgrad: error: interrupted", file=sys.stderr)
     sys.exit(130)
 
-sys.exit(main())
+command()

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from onnxgrad._interrupt import finishing, record_sigint, restore_sigint, sigint_received
+
 USAGE_ERROR = 2
 JOB_FAILED = 1
 #: onnxruntime's own log (fatal only): its failures reach the user as one-line errors.
@@ -132,38 +134,26 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``onnxgrad`` command with ``argv`` (default: ``sys.argv[1:]``); return its status.
 
-    Ctrl-C at any moment prints ``interrupted`` and gives status 130."""
-    previous = _record_sigint()
+    Ctrl-C at any moment before the result is written prints ``interrupted`` and gives status
+    130 (see :mod:`onnxgrad._interrupt`)."""
+    previous = record_sigint()
     try:
         return _main(argv)
     except KeyboardInterrupt:
         _fail("onnxgrad", "interrupted")
         return 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        restore_sigint(previous)
 
 
-_sigint_received = False
+def command() -> NoReturn:
+    """The ``onnxgrad`` console script and ``python -m onnxgrad``: :func:`main`, then exit.
 
-
-def _record_sigint():
-    """Make Ctrl-C raise KeyboardInterrupt as usual, and remember it came: a library whose
-    import it interrupts may turn it into another error (numpy's ImportError does). Returns
-    the handler it replaces (None off the main thread, where no handler can be set)."""
-
-    global _sigint_received
-    _sigint_received = False
-
-    def on_sigint(signum, frame):
-        global _sigint_received
-        _sigint_received = True
-        raise KeyboardInterrupt
-
-    try:
-        return signal.signal(signal.SIGINT, on_sigint)
-    except ValueError:
-        return None
+    :func:`main` puts back the Ctrl-C handler it found; ignoring Ctrl-C here first means a
+    Ctrl-C that comes after the command has ended (its result written and announced) cannot
+    turn the interpreter's exit into a death by SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(main())
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -220,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _caused_by_interrupt(exc: BaseException) -> bool:
-    if _sigint_received:
+    if sigint_received():
         return True
     while exc is not None:
         if isinstance(exc, KeyboardInterrupt):
@@ -404,7 +394,8 @@ def cmd_plot(args: argparse.Namespace) -> None:
     model = read_model(args.model)
     destination = check_destination(args.output)
     if destination.suffix.lower() in (".dot", ".gv"):
-        write_bytes(destination, to_dot(model).encode())
+        with finishing():
+            write_bytes(destination, to_dot(model).encode())
         return
     try:
         import matplotlib
@@ -425,12 +416,13 @@ def cmd_plot(args: argparse.Namespace) -> None:
     ax = plot_onnxs(model, title=args.title or Path(args.model).stem)
     try:
         _check_picture_size(ax.figure, args.dpi)
-        write_atomically(
-            destination,
-            lambda temporary: ax.figure.savefig(
-                temporary, format=image_format, bbox_inches="tight", dpi=args.dpi
-            ),
-        )
+        with finishing():
+            write_atomically(
+                destination,
+                lambda temporary: ax.figure.savefig(
+                    temporary, format=image_format, bbox_inches="tight", dpi=args.dpi
+                ),
+            )
     finally:
         plt.close(ax.figure)
 
@@ -466,8 +458,9 @@ def cmd_add_loss(args: argparse.Namespace) -> None:
         output_index=args.prediction,
         **_reduction(args),
     )
-    save_model(result, destination)
-    print(f"wrote {destination}: outputs {[o.name for o in result.graph.output]}")
+    with finishing():
+        save_model(result, destination)
+        print(f"wrote {destination}: outputs {[o.name for o in result.graph.output]}")
 
 
 def parse_penalties(specs: Sequence[str] | None) -> dict[str, dict[str, float]]:
@@ -523,10 +516,11 @@ def cmd_derivative(args: argparse.Namespace) -> None:
         label=args.label,
         backend=args.backend,
     )
-    save_model(gradient, destination)
     inputs = [i.name for i in gradient.graph.input]
     outputs = [o.name for o in gradient.graph.output]
-    print(f"wrote {destination}: inputs {inputs}, outputs {outputs}")
+    with finishing():
+        save_model(gradient, destination)
+        print(f"wrote {destination}: inputs {inputs}, outputs {outputs}")
 
 
 # ----------------------------------------------------------------------------- train

@@ -16,6 +16,7 @@ from onnxgrad.cli import (
     _positive_float,
     _positive_int,
     check_destination,
+    finishing,
     read_model,
     read_training_data,
 )
@@ -58,7 +59,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     start = estimator.objective(X, y)
     print(f"starting loss {start:.6g}" + _val_loss(estimator, validation))
     estimator.fit(X, y, **({} if validation is None else dict(zip(("X_val", "y_val"), validation))))
-    save_model(estimator.get_trained_onnx(), destination)
     val = estimator.validation_losses_ if validation is not None else []
     for epoch, loss in enumerate(estimator.train_losses_, start=1):
         shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
@@ -66,7 +66,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     if curve is not None:
         written = write_curve(curve, start, estimator.train_losses_, val)
         print(f"wrote {written}")
-    print(f"wrote {destination}")
+    with finishing():
+        save_model(estimator.get_trained_onnx(), destination)
+        print(f"wrote {destination}")
 
 
 def parse_penalty(spec: str | None) -> tuple[float, float]:

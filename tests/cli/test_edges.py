@@ -166,6 +166,40 @@ def test_ctrl_c_at_any_moment_is_interrupted_130_and_no_file(workdir):
     assert handled >= 3
 
 
+def _interrupt_while_saving(monkeypatch, fail: bool) -> None:
+    """Make the command's save_model receive a Ctrl-C, then write the file (or fail)."""
+    import onnxgrad._files as files  # the command imports save_model from it as it runs
+
+    real_save = files.save_model
+
+    def save_with_ctrl_c(model, path):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs at the next bytecode boundary
+        if fail:
+            raise OSError(28, "No space left on device")
+        real_save(model, path)
+
+    monkeypatch.setattr(files, "save_model", save_with_ctrl_c)
+
+
+def test_ctrl_c_while_the_result_is_written_leaves_a_success(workdir, monkeypatch):
+    """A Ctrl-C during the last step (write the file, say so) does not make a written,
+    announced file a failure: status 0, the file whole."""
+    _interrupt_while_saving(monkeypatch, fail=False)
+    result = run_in_process("derivative", "lr.onnx", "-o", "out.onnx", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("wrote ")
+    _gradient_is_right(onnx.load(workdir / "out.onnx"))
+
+
+def test_ctrl_c_while_a_failing_write_is_interrupted(workdir, monkeypatch):
+    """A Ctrl-C held back during the last step is the outcome when the step fails: 130."""
+    _interrupt_while_saving(monkeypatch, fail=True)
+    result = run_in_process("derivative", "lr.onnx", "-o", "out.onnx", cwd=workdir)
+    assert_failed(result, 130, "interrupted")
+    assert sorted(p.name for p in workdir.iterdir()) == ["lr.onnx"]
+
+
 def test_a_broken_pipe_that_is_not_stdout_is_a_failure(workdir, monkeypatch, capfd):
     import onnxgrad.cli as cli
 
