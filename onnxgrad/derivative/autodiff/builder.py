@@ -9,7 +9,11 @@ import numpy as np
 from onnx import FunctionProto, GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import NameScope, np_dtype, reduce_axes_are_input
-from onnxgrad.derivative.autodiff.value_types import ValueType, infer_subgraph_types
+from onnxgrad.derivative.autodiff.value_types import (
+    ValueType,
+    constant_tensors,
+    infer_subgraph_types,
+)
 from onnxgrad.graph._scopes import node_inputs
 
 
@@ -91,6 +95,16 @@ class GraphEmitter:
         child._constant_tensors = self._constant_tensors
         child._constant_values = self._constant_values
         return child
+
+    @property
+    def constants(self) -> Mapping[str, TensorProto]:
+        """The tensors of the values known to be constant (initializers, Constant outputs)."""
+        return self._constant_tensors
+
+    def add_constants(self, tensors: Mapping[str, TensorProto]) -> None:
+        """Record the constants of a subgraph (its Constant outputs and initializers)."""
+        for name, tensor in tensors.items():
+            self._constant_tensors.setdefault(name, tensor)
 
     def constant_value(self, name: str) -> np.ndarray | None:
         """The value of a constant (a non-differentiated initializer or a Constant output)."""
@@ -182,7 +196,8 @@ class GradBuilder:
         given gradients ``seeds`` of its outputs (outer-scope names too)."""
         from onnxgrad.derivative.autodiff.engine import Engine
 
-        infer_subgraph_types(graph, self._emitter.types, self.opset)
+        self._emitter.add_constants(constant_tensors(graph, ()))
+        infer_subgraph_types(graph, self._emitter.types, self.opset, self._emitter.constants)
         engine = Engine.nested(graph, self._emitter)
         gradients = engine.gradients(sources, seeds)
         return engine.emitted_nodes, gradients

@@ -146,7 +146,7 @@ def _through_body(body: list[NodeProto], b: GradBuilder, node: NodeView, grads, 
     seeds = {renames[o]: g for o, g in zip(node.outputs, grads) if g is not None and o in renames}
     sources = [name for name, need in zip(node.inputs, needs) if need and name]
     backward, gradients = b.differentiate_subgraph(graph, sources, seeds)
-    b.emit_nodes([*nodes, *backward])
+    b.emit_nodes([*graph.node, *backward])  # forward hooks may have added outputs
     results, seen = [], set()
     for name, need in zip(node.inputs, needs):
         results.append(gradients.get(name) if need and name not in seen else None)

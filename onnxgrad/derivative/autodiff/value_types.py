@@ -8,7 +8,7 @@ whose inputs are the outer values they read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,14 +132,30 @@ def _dim(dim) -> int | str | None:
     return dim.dim_param or None
 
 
-def infer_subgraph_types(graph: GraphProto, types: dict[str, ValueType], opset: int) -> None:
-    """Add to ``types`` the values of ``graph``, a subgraph reading outer values."""
-    outer = [n for n in sorted(free_names(graph)) if n in types]
+def infer_subgraph_types(
+    graph: GraphProto,
+    types: dict[str, ValueType],
+    opset: int,
+    constants: Mapping[str, TensorProto] | None = None,
+) -> None:
+    """Add to ``types`` the values of ``graph``, a subgraph reading outer values.
+
+    Outer values with a known value (``constants``: Constant outputs, initializers) are
+    given to the inference as initializers, so that axes, shapes and pads read from the
+    outer scope (as function bodies do) still give static ranks and shapes inside.
+    """
+    constants = constants or {}
+    outer = [n for n in sorted(free_names(graph)) if n in types or n in constants]
     standalone = GraphProto()
     standalone.CopyFrom(graph)
     del standalone.input[:]
-    standalone.input.extend([value_info(n, types[n]) for n in outer])
+    standalone.input.extend([value_info(n, types[n]) for n in outer if n not in constants])
     standalone.input.extend(graph.input)
+    for name in outer:
+        if name in constants:
+            tensor = standalone.initializer.add()
+            tensor.CopyFrom(constants[name])
+            tensor.name = name
     model = helper.make_model(
         standalone,
         opset_imports=[helper.make_opsetid("", opset)],

@@ -1,7 +1,9 @@
-"""Rule table entries: MatMul (1-D, batched, broadcast), Gemm (transposes, alpha, beta, C),
-Einsum (contractions, implicit output, diagonals, summed letters, ellipsis broadcasting)."""
+"""Rule table entries: MatMul (1-D, batched, broadcast; operands of unknown rank too), Gemm
+(transposes, alpha, beta, C), Einsum (contractions, implicit output, diagonals, summed
+letters, ellipsis broadcasting)."""
 
 import numpy as np
+from onnx import helper, numpy_helper
 
 from tests.derivative.autodiff.gradcheck import OpCase, second_order
 
@@ -60,6 +62,36 @@ EINSUM_SETTINGS = [
 ]
 
 
+def hidden_rank_matmul(out_shape):
+    """``MatMul(a, b)`` on operands whose rank shape inference cannot find (reshaped to
+    their own shape, read through a Compress), as values inside function bodies can be;
+    the product is reshaped to its known shape for the graph output."""
+
+    def graph(inputs, outputs):
+        nodes, hidden = [], []
+        for name in inputs:
+            nodes += [
+                helper.make_node("Shape", [name], [f"{name}_dims"]),
+                helper.make_node("Greater", [f"{name}_dims", "minus_one"], [f"{name}_keep"]),
+                helper.make_node("Compress", [f"{name}_dims", f"{name}_keep"], [f"{name}_s"]),
+                helper.make_node("Reshape", [name, f"{name}_s"], [f"{name}_h"]),
+            ]
+            hidden.append(f"{name}_h")
+        constants = [
+            helper.make_node("Constant", [], ["minus_one"], value_int=-1),
+            helper.make_node(
+                "Constant", [], ["out_shape"], value=numpy_helper.from_array(np.int64(out_shape))
+            ),
+        ]
+        product = [
+            helper.make_node("MatMul", hidden, ["product"]),
+            helper.make_node("Reshape", ["product", "out_shape"], outputs),
+        ]
+        return [*constants, *nodes, *product]
+
+    return graph
+
+
 def _shape_id(shape):
     return "x".join(map(str, shape)) or "scalar"
 
@@ -81,6 +113,13 @@ CASES = [
     OpCase(
         "MatMul", {"a": r(2, 2, 3), "b": r(2, 3, 2)}, wrt=("a",), opset=13, id="MatMul-left-only",
     ),
+] + [
+    OpCase(
+        "MatMul", {"a": r(*sa), "b": r(*sb)}, opset=opset,
+        graph=hidden_rank_matmul(np.matmul(np.ones(sa), np.ones(sb)).shape),
+        id=f"MatMul-{_shape_id(sa)}-{_shape_id(sb)}-unknown-rank",
+    )
+    for sa, sb, opset in MATMUL_SHAPES if opset >= 13
 ] + [
     OpCase(
         "Gemm",
@@ -106,6 +145,7 @@ SECOND_ORDER_IDS = {
     "MatMul-2x3-3x4-opset13", "MatMul-3-3x4-opset13", "MatMul-2x3-3-opset18",
     "MatMul-3-3-opset13", "MatMul-3-2x3x2-opset18", "MatMul-2x2x3-3-opset13",
     "MatMul-2x2x3-3x2-opset13", "MatMul-2x3-2x3x2-opset18", "MatMul-2x1x2x3-3x3x2-opset13",
+    "MatMul-3-2x3x2-unknown-rank", "MatMul-2x1x2x3-3x3x2-unknown-rank",
     "Gemm-transA1-C2x1", "Gemm-transA1-transB1-beta2.0-C2x4", "Gemm-transB1-alpha0.5-Cscalar",
     "Einsum-ij,jk_to_ik", "Einsum-ii_to_i", "Einsum-ij_to_", "Einsum-iij,jk_to_ik",
     "Einsum-Ei,Ei_to_E", "Einsum-ba",

@@ -5,6 +5,7 @@ finite differences on onnx's reference evaluator."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
@@ -121,3 +122,45 @@ def test_an_operator_without_rule_or_body_is_reported():
     model = helper.make_model(graph, opset_imports=opsets, ir_version=9)
     with pytest.raises(NotImplementedError, match=r"'Scaled' .*unknown\.domain"):
         onnx_derivative(model, weights=[])
+
+
+LINEAR_ATTENTION = {
+    "linear": {"query": (2, 3, 8), "key": (2, 3, 8), "value": (2, 3, 4)},
+    "gated_delta": {
+        "query": (1, 3, 8), "key": (1, 3, 8), "value": (1, 3, 8), "past_state": (1, 2, 4, 4),
+        "decay": (1, 3, 2), "beta": (1, 3, 2),
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", sorted(LINEAR_ATTENTION))
+def test_scan_in_a_function_body_reading_outer_constants(rule):
+    """LinearAttention's body is a Scan whose steps Unsqueeze by the body's Constant axes
+    and MatMul: the step's ranks come from typing those outer constants as initializers.
+    The operator is float32-only: float32 finite differences with a larger step."""
+    shapes = LINEAR_ATTENTION[rule]
+    feeds = {n: r(*s).astype(np.float32) for n, s in shapes.items()}
+    if "decay" in feeds:
+        feeds["decay"] = -np.abs(feeds["decay"])
+        feeds["beta"] = 1 / (1 + np.exp(-feeds["beta"]))
+    node = helper.make_node(
+        "LinearAttention", list(feeds), ["out", "state"], q_num_heads=2, kv_num_heads=2,
+        update_rule=rule,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, v.shape) for n, v in feeds.items()],
+        [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in ("out", "state")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)], ir_version=11)
+    model = onnx.shape_inference.infer_shapes(model)
+    gradient = onnx_derivative(model, weights=[], inputs=list(feeds))
+    assert not any(n.op_type == "LinearAttention" for n in gradient.graph.node[1:])
+    outputs = ReferenceEvaluator(model).run(None, feeds)
+    seeds = [r(*o.shape).astype(np.float32) for o in outputs]
+    grad_feeds = {**feeds, "out_grad": seeds[0], "state_grad": seeds[1]}
+    got = ReferenceEvaluator(gradient).run(None, grad_feeds)
+    for name, value in zip(feeds, got):
+        expected = finite_differences(model, feeds, name, seeds, 1e-2)
+        np.testing.assert_allclose(value, expected, rtol=2e-3, atol=2e-3, err_msg=name)

@@ -2,7 +2,9 @@
 
 * ``C = A B`` (MatMul, numpy semantics): ``A_bar = C_bar B^T``, ``B_bar = A^T C_bar``, summed
   over the batch dimensions an operand was broadcast along; a 1-D operand is a row
-  (left) or a column (right) vector whose added dimension is dropped again.
+  (left) or a column (right) vector whose added dimension is dropped again. Operands of
+  unknown rank get the same formulas built on run-time shapes
+  (:func:`_matmul_any_rank_grads`).
 * ``Y = alpha A' B' + beta C`` (Gemm, ``A' = A^T`` if ``transA``, ``B' = B^T`` if ``transB``):
   ``A'_bar = alpha Y_bar B'^T``, ``B'_bar = alpha A'^T Y_bar``, ``C_bar = beta Y_bar`` summed
   back to ``C``'s shape. Each gradient is a single Gemm.
@@ -51,10 +53,7 @@ def matmul_grad(b, node, grads, needs):
     a, w = node.inputs
     rank_a, rank_w = b.rank(a), b.rank(w)
     if rank_a is None or rank_w is None:
-        raise NotImplementedError(
-            f"MatMul node {node.name or node.outputs[0]!r}: the gradient needs the ranks of "
-            f"{a!r} and {w!r}, which shape inference could not find"
-        )
+        return _matmul_any_rank_grads(b, g, a, w, needs)
     out_shape = b.shape(node.outputs[0])
     ga = _matmul_left_grad(b, g, a, w, rank_a, rank_w, out_shape) if needs[0] else None
     gw = _matmul_right_grad(b, g, a, w, rank_a, rank_w, out_shape) if needs[1] else None
@@ -108,6 +107,74 @@ def _matmul_right_grad(b, g, a, w, rank_a, rank_w, out_shape):
     rows = None if not w_shape else w_shape[-2]
     last = None if not out_shape else out_shape[-1]
     return b.unbroadcast(product, w, _with_last_two(out_shape, rank, rows, last))
+
+
+def _matmul_any_rank_grads(b, g, a, w, needs):
+    """Both gradients when shape inference cannot give an operand's rank (a value inside a
+    function body or a loop body): built with run-time shapes, for every rank.
+
+    A 1-D ``A`` becomes a row ``(1, N)`` and a 1-D ``B`` a column ``(N, 1)``; the output
+    gradient gets the dims these add (:func:`_promoted_output_grad`). Then, with
+    ``swap`` exchanging the last two axes (:func:`_swap_last_any_rank`),
+    ``A_bar = unbroadcast(G B^T)`` and ``B_bar = unbroadcast(A^T G)``, the batch axes an
+    operand was broadcast along summed by the engine's dynamic unbroadcast, and each result
+    reshaped to its operand's shape. Slower than the static-rank path (Shape arithmetic,
+    two extra Reshapes per operand), which is used whenever the ranks are known.
+    """
+    one = b.ints([1])
+    rank_a = b.op("Size", b.shape_of(a))
+    rank_w = b.op("Size", b.shape_of(w))
+    pad_a = b.op("Max", b.op("Sub", b.ints(2), rank_a), b.ints(0))
+    pad_w = b.op("Max", b.op("Sub", b.ints(2), rank_w), b.ints(0))
+    ones_a = b.op("ConstantOfShape", b.op("Reshape", pad_a, one), value=_int64_tensor(1))
+    ones_w = b.op("ConstantOfShape", b.op("Reshape", pad_w, one), value=_int64_tensor(1))
+    a2 = b.op("Reshape", a, b.op("Concat", ones_a, b.shape_of(a), axis=0))
+    w2 = b.op("Reshape", w, b.op("Concat", b.shape_of(w), ones_w, axis=0))
+    g2 = _promoted_output_grad(b, g, rank_a, rank_w)
+    ga = gw = None
+    if needs[0]:
+        full = b.op("MatMul", g2, _swap_last_any_rank(b, w2))
+        ga = b.op("Reshape", b.unbroadcast(full, a2, None), b.shape_of(a))
+    if needs[1]:
+        full = b.op("MatMul", _swap_last_any_rank(b, a2), g2)
+        gw = b.op("Reshape", b.unbroadcast(full, w2, None), b.shape_of(w))
+    return [ga, gw]
+
+
+def _int64_tensor(value: int):
+    return numpy_helper.from_array(np.array([value], dtype=np.int64))
+
+
+def _promoted_output_grad(b, g, rank_a: str, rank_w: str) -> str:
+    """``G`` reshaped to ``batch + (M or 1, K or 1)``: the output of the product of the
+    promoted operands. ``G`` has shape ``batch + [M if rank(A) > 1] + [K if rank(B) > 1]``."""
+    dims = b.shape_of(g)
+    rank_g = b.op("Size", dims)
+    has_m = b.op("Min", b.op("Sub", rank_a, b.ints(1)), b.ints(1))
+    has_k = b.op("Min", b.op("Sub", rank_w, b.ints(1)), b.ints(1))
+    end_m = b.op("Sub", rank_g, has_k)
+    start_m = b.op("Sub", end_m, has_m)
+    one = b.ints([1])
+
+    def dim_or_one(start, end):
+        piece = b.op("Slice", dims, b.unsqueeze(start, [0]), b.unsqueeze(end, [0]))
+        return b.op("Slice", b.op("Concat", piece, one, axis=0), b.ints([0]), one)
+
+    batch = b.op("Slice", dims, b.ints([0]), b.unsqueeze(start_m, [0]))
+    shape = b.op("Concat", batch, dim_or_one(start_m, end_m), dim_or_one(end_m, rank_g), axis=0)
+    return b.op("Reshape", g, shape)
+
+
+def _swap_last_any_rank(b, x: str) -> str:
+    """``x`` (rank >= 2, unknown) with its last two axes exchanged: viewed as
+    ``(batch, R, C)``, transposed, and reshaped to ``batch dims + (C, R)``."""
+    dims = b.shape_of(x)
+    rows = b.op("Slice", dims, b.ints([-2]), b.ints([-1]))
+    cols = b.op("Slice", dims, b.ints([-1]), b.ints([np.iinfo(np.int64).max]))
+    batch = b.op("Slice", dims, b.ints([0]), b.ints([-2]))
+    cube = b.op("Reshape", x, b.op("Concat", b.ints([-1]), rows, cols, axis=0))
+    swapped = b.op("Transpose", cube, perm=[0, 2, 1])
+    return b.op("Reshape", swapped, b.op("Concat", batch, cols, rows, axis=0))
 
 
 # -- Gemm ---------------------------------------------------------------------------------
