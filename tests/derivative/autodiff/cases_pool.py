@@ -79,6 +79,8 @@ CASES = [
     pool("MaxPool", "2d-unit-kernel-axis", (1, 2, 6, 4), kernel_shape=[3, 1]),
     pool("MaxPool", "2d-same-upper", (1, 2, 7, 6), kernel_shape=[3, 3], strides=[2, 2],
          auto_pad="SAME_UPPER"),
+    pool("MaxPool", "2d-unit-steps-same-lower", (1, 2, 5, 6), kernel_shape=[2, 3],
+         auto_pad="SAME_LOWER", opset=18),
     max_pool_with_indices("2d-indices-output", (1, 2, 6, 5), kernel_shape=[3, 2],
                           strides=[2, 2]),
     max_pool_with_indices("2d-storage-order-column", (1, 2, 5, 6), kernel_shape=[2, 3],

@@ -26,6 +26,7 @@ finite-difference check could hold one to account.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 
@@ -78,13 +79,35 @@ def max_pool_grad(b, node, grads, needs):
         return [None]
     x = node.inputs[0]
     kernel = list(node.attr("kernel_shape"))
+    window = _window_attrs(b, node, x)
+    flipped = window.get("auto_pad") == "SAME_LOWER" and _unit_steps(node)
+    source = x
+    if flipped:
+        window["auto_pad"] = "SAME_UPPER"
+        source, g = _flip(b, x, len(kernel)), _flip(b, g, len(kernel))
     if len(kernel) >= 3 and 1 not in kernel and _unit_steps(node) and b.opset >= 16:
-        return [_separable_grad(b, node, g, x)]
-    flat = _route_to_maxima(b, node, g, _argmax_indices(b, node, x), x)
-    return [b.op("Reshape", flat, _shape(b, x))]
+        grad = _separable_grad(b, node, g, source, window)
+    else:
+        indices = _argmax_indices(b, node, source, window)
+        grad = b.op("Reshape", _route_to_maxima(b, node, g, indices, source), _shape(b, x))
+    return [_flip(b, grad, len(kernel)) if flipped else grad]
 
 
-def _separable_grad(b: GradBuilder, node: NodeView, g: str, x: str) -> str:
+def _flip(b: GradBuilder, t: str, k: int) -> str:
+    """``t`` with its ``k`` spatial axes reversed. With unit strides a SAME_LOWER pool of
+    ``x`` is the reversed SAME_UPPER pool of reversed ``x`` (the pad that SAME_LOWER puts
+    first comes last): the rule uses this where the sizes are dynamic, since the onnx
+    reference evaluator pads SAME_LOWER as SAME_UPPER once a dilation is set."""
+    flipped = b.op(
+        "Slice", t, b.ints([-1] * k), b.ints([np.iinfo(np.int64).min] * k),
+        b.ints(list(range(2, 2 + k))), b.ints([-1] * k),
+    )  # fmt: skip
+    with contextlib.suppress(KeyError):
+        b.declare(flipped, b.value_type(t))
+    return flipped
+
+
+def _separable_grad(b: GradBuilder, node: NodeView, g: str, x: str, window: dict) -> str:
     """3-D and more with unit strides and dilations, where the onnx reference evaluator's
     ``Indices`` are wrong and no axis has a kernel of 1 to carry a harmless dilation: the max
     over a box is the max along each axis in turn, so the pool runs again as one 1-axis pool
@@ -93,8 +116,8 @@ def _separable_grad(b: GradBuilder, node: NodeView, g: str, x: str) -> str:
     single pool's, an equally valid subgradient."""
     kernel = list(node.attr("kernel_shape"))
     k = len(kernel)
-    pads = ints_attr(node, "pads", 0, 2 * k)
-    shared = {name: node.attr(name) for name in ("auto_pad", "ceil_mode") if node.has_attr(name)}
+    pads = window.get("pads", [0] * (2 * k))
+    shared = {name: window[name] for name in ("auto_pad", "ceil_mode") if name in window}
     stages, t = [], x
     for axis in range(k):
         axis_kernel = [1] * k
@@ -119,17 +142,37 @@ def _separable_grad(b: GradBuilder, node: NodeView, g: str, x: str) -> str:
     return g
 
 
-def _argmax_indices(b: GradBuilder, node: NodeView, x: str) -> str:
-    """Flat row-major indices in ``x`` of each window's maximum."""
+def _argmax_indices(b: GradBuilder, node: NodeView, x: str, attrs: dict) -> str:
+    """Flat row-major indices in ``x`` of each window's maximum (windows: ``attrs``)."""
     kernel = list(node.attr("kernel_shape"))
     unit_steps = _unit_steps(node)
     own = len(node.outputs) > 1 and node.outputs[1] and node.attr("storage_order", 0) == 0
     if own and not unit_steps:
         return node.outputs[1]
-    attrs = {name: node.attr(name) for name in _WINDOW_ATTRS if node.has_attr(name)}
     if unit_steps:
         x, attrs = _with_a_step(b, x, attrs, kernel)
     return b.op("MaxPool", x, outputs=2, **attrs)[1]
+
+
+def _window_attrs(b: GradBuilder, node: NodeView, x: str) -> dict:
+    """The node's window attributes, ``auto_pad`` replaced by the explicit ``pads`` it
+    stands for where the spatial sizes of ``x`` are static: the pools the rule adds change
+    the kernel (a unit axis, per-axis stages), and the onnx reference evaluator pads
+    SAME_LOWER wrongly once a dilation is set."""
+    attrs = {name: node.attr(name) for name in _WINDOW_ATTRS if node.has_attr(name)}
+    if attrs.get("auto_pad", "NOTSET") in ("NOTSET", ""):
+        return attrs
+    sizes = static_dims(b, x)
+    if sizes is None:
+        return attrs
+    kernel = tuple(node.attr("kernel_shape"))
+    k = len(kernel)
+    strides = ints_attr(node, "strides", 1, k)
+    ext = extents(b, kernel, ints_attr(node, "dilations", 1, k))
+    begin, end = window_pads(b, node, k, sizes, ext, strides)
+    attrs.pop("auto_pad")
+    attrs["pads"] = [*begin, *end]
+    return attrs
 
 
 def _with_a_step(b: GradBuilder, x: str, attrs: dict, kernel: list[int]) -> tuple[str, dict]:
@@ -143,14 +186,15 @@ def _with_a_step(b: GradBuilder, x: str, attrs: dict, kernel: list[int]) -> tupl
         return x, {**attrs, "dilations": dilations}
     if k >= 3:
         return x, attrs
-    pads = list(attrs.get("pads", [0] * 2 * k))
     widened = {
         **attrs,
         "kernel_shape": [*kernel, 1],
         "strides": [1] * (k + 1),
         "dilations": [*dilations, 2],
-        "pads": [*pads[:k], 0, *pads[k:], 0],
     }
+    if attrs.get("auto_pad", "NOTSET") in ("NOTSET", ""):  # pads and auto_pad exclude each other
+        pads = list(attrs.get("pads", [0] * 2 * k))
+        widened["pads"] = [*pads[:k], 0, *pads[k:], 0]
     return b.unsqueeze(x, [k + 2]), widened
 
 
