@@ -8,18 +8,34 @@ converted to float64 and the gradient checked along random directions ``v``:
 
     <x_grad, v>  ==  (f(x + eps v) - f(x - eps v)) / (2 eps),   f = sum_k <y_k, g_k>
 
-with random output gradients ``g_k``. Where the one-sided differences disagree (a kink or a
-tie in the test data) the point is jittered once. Outcomes per case: ``ok``, ``wrong``
-(a value or a shape differs, or NaN), ``missing`` (``NotImplementedError``: no rule),
-``zero gradient`` (not counted: the engine refuses a gradient that is zero everywhere, as
-for the piecewise-constant Hardmax or the integer-valued Range),
-``failed`` (the gradient graph raised another error or did not run) and ``skipped`` (the
-oracle cannot judge: random operators, models the evaluator cannot run in float64).
+with random output gradients ``g_k``.
+
+Points without a derivative. Some test data sit where the function has none (a zero inside
+an L1 norm, tied maxima of a pool, an all-zero row of x / ||x||). The harness detects it
+from the objective alone: along a direction, the one-sided quotients ``(f(x + eps v) - f(x))
+/ eps`` and ``(f(x) - f(x - eps v)) / eps`` disagree (a kink), or the central quotients at
+steps ``eps`` and ``4 eps`` disagree (a jump or an infinite slope). It looks along the
+random directions, and, before any "wrong" verdict, along the failing direction at two steps
+and along every coordinate (64 at most): a case is "wrong" only where no such evidence
+exists. At such a point the gradient is checked coordinate by coordinate: equal to the
+partial derivative where one exists, equal to a one-sided partial derivative or between the
+two at a kink (a subgradient along that axis, as ReLU'(0) = 0), anything at a jump (a
+convention, no value is right). If that fails the case is "wrong"; otherwise it is judged
+again at a jittered point nearby (twice more at most, the second time farther) and gets that
+verdict. These cases are listed apart in the page with their evidence. Outcomes per case:
+``ok``, ``wrong`` (a value or a shape differs, or NaN), ``missing``
+(``NotImplementedError``: no rule), ``zero gradient`` (not counted: the engine refuses a
+gradient that is zero everywhere, as for the piecewise-constant Hardmax or the
+integer-valued Range), ``failed`` (the gradient graph raised another error or did not run)
+and ``skipped`` (the oracle cannot judge: random operators, models the evaluator cannot run
+in float64).
 
 The oracle is onnx's reference evaluator, except where it departs from the spec: ``Erf``
-rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``MaxPool``'s Indices are
-wrong when strides and dilations are 1, and Softmax/LogSoftmax/Hardmax before opset 13 and
-BatchNormalization before opset 14 (onnxruntime evaluates those, where it loads them).
+rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``LpNormalization``
+drops the absolute value in the norm (replaced by the spec's ``(sum |x|^p)^(1/p)``),
+``MaxPool``'s Indices are wrong when strides and dilations are 1, and
+Softmax/LogSoftmax/Hardmax before opset 13 and BatchNormalization before opset 14
+(onnxruntime evaluates those, where it loads them).
 
     python benchmarks/coverage_ops.py [--ops Relu,Swish] [--markdown docs/coverage.md]
         [--baseline an-earlier-page.md]
@@ -116,6 +132,9 @@ class Outcome:
     status: str
     detail: str = ""
     inputs: list[str] = field(default_factory=list)
+    #: why the function has no derivative at the test point, and what the gradient there
+    #: was checked against ("" at a differentiable point)
+    point: str = ""
 
 
 # -- the oracle --------------------------------------------------------------------------------
@@ -139,6 +158,18 @@ class Gelu(OpRun):
             return ((0.5 * x * (1 + np.tanh(inner))).astype(x.dtype),)
         erf = np.vectorize(math.erf, otypes=[x.dtype])(x / np.sqrt(2))
         return ((0.5 * x * (1 + erf)).astype(x.dtype),)
+
+
+class LpNormalization(OpRun):
+    """``x / ||x||_p`` with the spec's norm ``(sum |x|^p)^(1/p)`` (the reference one drops the
+    absolute value: for ``p = 1`` it divides by the signed sum), 0 where the norm is 0."""
+
+    op_domain = ""
+
+    def _run(self, x, axis=-1, p=2):
+        norm = np.sum(np.abs(x) ** p, axis=axis, keepdims=True) ** (1.0 / p)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (np.where(norm == 0, 0, x / norm).astype(x.dtype),)
 
 
 def _ort_oracle(op_type: str, opset: int) -> bool:
@@ -166,7 +197,7 @@ class Oracle:
                     model.SerializeToString(), options, providers=["CPUExecutionProvider"]
                 )
         if self.session is None:
-            self.session = ReferenceEvaluator(model, new_ops=[Erf, Gelu])
+            self.session = ReferenceEvaluator(model, new_ops=[Erf, Gelu, LpNormalization])
 
     def run(self, feeds: dict) -> list[np.ndarray]:
         return [np.asarray(v) for v in self.session.run(None, feeds)]
@@ -267,15 +298,22 @@ def check_case(name: str, model: ModelProto, inputs: list, seed: int = 0) -> Out
         outcome.status = "no float derivative"
         return outcome
     arrays = [as_array(v) for v in inputs]
-    outcome.status, outcome.detail = _judge(model, arrays, wrt, op_type, opset, seed, True)
+    verdict = _judge(model, arrays, wrt, op_type, opset, seed, True)
+    outcome.status, outcome.detail, outcome.point = verdict
     if outcome.status in ("failed", "skipped") and not outcome.detail.startswith("random"):
-        status, detail = _judge(model, arrays, wrt, op_type, opset, seed, False)
+        status, detail, point = _judge(model, arrays, wrt, op_type, opset, seed, False)
         if status in ("ok", "wrong", "missing"):
             outcome.status, outcome.detail = status, f"in the case's precision: {detail}"
+            outcome.point = point
     return outcome
 
 
-def _judge(model, arrays, wrt, op_type, opset, seed, double: bool) -> tuple[str, str]:
+def _judge(model, arrays, wrt, op_type, opset, seed, double: bool) -> tuple[str, str, str]:
+    status, detail, *point = _judge_at_point(model, arrays, wrt, op_type, opset, seed, double)
+    return status, detail, point[0] if point else ""
+
+
+def _judge_at_point(model, arrays, wrt, op_type, opset, seed, double: bool) -> tuple:
     rng = np.random.default_rng(seed)
     if double:
         model = to_double(model)
@@ -330,7 +368,10 @@ class Kink(Exception):
     the output shape or finiteness changes)."""
 
 
-def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tuple[str, str]:
+def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tuple:
+    """``(status, detail, point)``: the verdict at the test point, or, where the function has
+    no derivative there, at a jittered point nearby, with ``point`` saying why and whether
+    the gradient at the test point is a valid one-sided derivative (:func:`_at_the_kink`)."""
     use_ort = not isinstance(oracle.session, ReferenceEvaluator)
     names = [o.name for o in model.graph.output]
     try:
@@ -358,16 +399,28 @@ def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tupl
         results = grad_oracle.run(grad_feeds)
         return dict(zip([o.name for o in gradient.graph.output], results))
 
-    for _ in range(3):
+    point = ""
+    for attempt in range(3):
         shapes = [o.shape for o in oracle.run(feeds)]
         try:
             got = gradients(feeds)
         except Exception as exc:
             return "failed", f"run: {_short(exc)}"
         try:
-            return _directional_check(objective, got, feeds, wrt, rng, precision)
-        except Kink:
-            feeds = _jitter(feeds, wrt, rng)
+            status, detail = _directional_check(objective, got, feeds, wrt, rng, precision)
+        except Kink as kink:
+            if attempt == 0:
+                try:
+                    point, valid = _at_the_kink(objective, got, feeds, wrt, rng, precision, kink)
+                except Kink as again:
+                    point, valid = f"{kink}; {again}", True
+                if not valid:
+                    return "wrong", point, point
+            feeds = _jitter(feeds, wrt, rng, 1e-3 * 10**attempt)
+            continue
+        if point:
+            point += f"; judged at a jittered point nearby: {status}"
+        return status, detail, point
     return "skipped", "not differentiable at the test point (kink or tie), even jittered"
 
 
@@ -376,7 +429,37 @@ def _dtype_of(model: ModelProto, output: str):
     return helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
 
 
+def _differences(objective, feeds, name, direction, eps) -> tuple[float, float, float]:
+    """Forward, backward and central difference quotients of the objective at ``feeds``
+    along ``direction`` of input ``name``."""
+    base = feeds[name]
+    f0 = objective(feeds)
+    plus = objective({**feeds, name: (base + eps * direction).astype(base.dtype)})
+    minus = objective({**feeds, name: (base - eps * direction).astype(base.dtype)})
+    return (plus - f0) / eps, (f0 - minus) / eps, (plus - minus) / (2 * eps)
+
+
+def _kink_in(objective, feeds, name, direction, precision, quotients=None) -> str:
+    """Why the objective has no derivative along ``direction`` ("" if the quotients say it
+    has one): the one-sided derivatives differ (a kink), or the central quotients do not
+    converge as the step shrinks (a jump or an infinite slope)."""
+    eps, rtol = precision.eps, precision.rtol
+    forward, backward, central = quotients or _differences(objective, feeds, name, direction, eps)
+    if abs(forward - backward) > 10 * rtol * (abs(forward) + abs(backward)) + 1e-5:
+        return f"one-sided derivatives {backward:.6g} (left) and {forward:.6g} (right)"
+    coarse = _differences(objective, feeds, name, direction, 4 * eps)[2]
+    if abs(central - coarse) > 10 * rtol * (abs(central) + abs(coarse)) + 1e-5:
+        return (
+            f"the difference quotients do not converge ({central:.6g} at step {eps:g}, "
+            f"{coarse:.6g} at step {4 * eps:g}): a jump or an infinite slope"
+        )
+    return ""
+
+
 def _directional_check(objective, got, feeds, wrt, rng, precision):
+    """``("ok" | "wrong", detail)`` along two random directions per input; raises
+    :class:`Kink` where the objective shows it has no derivative at the point: before a
+    "wrong" verdict, along the failing direction (two step sizes) and every coordinate."""
     eps, rtol = precision.eps, precision.rtol
     for name in wrt:
         grad = np.asarray(got[f"{name}_grad"]).astype(np.float64)
@@ -389,16 +472,23 @@ def _directional_check(objective, got, feeds, wrt, rng, precision):
             raise Kink("infinite derivative")
         for _ in range(2):
             direction = rng.standard_normal(base.shape)
-            f0 = objective(feeds)
-            plus = objective({**feeds, name: (base + eps * direction).astype(base.dtype)})
-            minus = objective({**feeds, name: (base - eps * direction).astype(base.dtype)})
-            forward, backward = (plus - f0) / eps, (f0 - minus) / eps
-            expected = (plus - minus) / (2 * eps)
+            quotients = _differences(objective, feeds, name, direction, eps)
+            forward, backward, expected = quotients
             actual = float(np.sum(grad * direction))
             scale = abs(expected) + abs(actual) + float(np.sum(np.abs(grad * direction)))
             if abs(forward - backward) > 10 * rtol * (abs(forward) + abs(backward)) + 1e-5:
-                raise Kink("one-sided differences disagree")
+                raise Kink(
+                    f"along a random direction of {name!r}: one-sided derivatives "
+                    f"{backward:.6g} (left) and {forward:.6g} (right)"
+                )
             if abs(actual - expected) > rtol * scale + 1e-6:
+                reason = _kink_in(objective, feeds, name, direction, precision, quotients)
+                if reason:
+                    raise Kink(f"along a random direction of {name!r}: {reason}")
+                for j in _coordinates(base.shape, rng):
+                    reason = _kink_in(objective, feeds, name, _unit(base.shape, j), precision)
+                    if reason:
+                        raise Kink(f"along {name}[{', '.join(map(str, j))}]: {reason}")
                 return "wrong", (
                     f"d/d{name} along a random direction: {actual:.6g}, finite differences "
                     f"{expected:.6g}"
@@ -406,11 +496,79 @@ def _directional_check(objective, got, feeds, wrt, rng, precision):
     return "ok", ""
 
 
-def _jitter(feeds, wrt, rng):
+MAX_COORDINATES = 64
+
+
+def _coordinates(shape, rng) -> list[tuple[int, ...]]:
+    """Every index of ``shape``, or a random sample of :data:`MAX_COORDINATES` of them."""
+    indices = list(np.ndindex(shape))
+    if len(indices) > MAX_COORDINATES:
+        chosen = rng.choice(len(indices), MAX_COORDINATES, replace=False)
+        indices = [indices[k] for k in sorted(chosen)]
+    return indices
+
+
+def _unit(shape, index) -> np.ndarray:
+    e = np.zeros(shape)
+    e[index] = 1.0
+    return e
+
+
+def _at_the_kink(objective, got, feeds, wrt, rng, precision, kink) -> tuple[str, bool]:
+    """The evidence that the objective has no derivative at the test point, and whether the
+    gradient there is still a valid generalized derivative, coordinate by coordinate: where
+    the partial derivative exists the gradient must equal it; at a kink it must equal one
+    of the one-sided partial derivatives or lie between them (a subgradient along that
+    axis: ReLU'(0) = 0, the tie rule of Max); at a jump or an infinite slope no value is
+    right or wrong (the rule's value is a convention, as for x / ||x|| at x = 0)."""
+    eps, rtol = precision.eps, precision.rtol
+    counts = collections.Counter()
+    for name in wrt:
+        grad = np.asarray(got[f"{name}_grad"]).astype(np.float64)
+        for j in _coordinates(feeds[name].shape, rng):
+            e = _unit(feeds[name].shape, j)
+            forward, backward, central = _differences(objective, feeds, name, e, eps)
+            value = float(grad[j])
+            where = f"{name}[{', '.join(map(str, j))}]"
+            tol = rtol * (abs(forward) + abs(backward) + abs(value)) + 1e-5
+            if abs(forward - backward) > 10 * rtol * (abs(forward) + abs(backward)) + 1e-5:
+                counts["kink"] += 1
+                if not min(forward, backward) - tol <= value <= max(forward, backward) + tol:
+                    return (
+                        f"no derivative at the test point ({kink}); at {where}, a kink, the "
+                        f"gradient {value:.6g} is outside the one-sided partial derivatives "
+                        f"[{backward:.6g}, {forward:.6g}]",
+                        False,
+                    )
+            elif _kink_in(objective, feeds, name, e, precision, (forward, backward, central)):
+                counts["jump"] += 1
+            else:
+                counts["smooth"] += 1
+                if abs(value - central) > tol:
+                    return (
+                        f"no derivative at the test point ({kink}); at {where}, where the "
+                        f"partial derivative exists, the gradient {value:.6g} differs from "
+                        f"it ({central:.6g})",
+                        False,
+                    )
+    checked = sum(counts.values())
+    summary = (
+        f"no derivative at the test point ({kink}); of {checked} coordinates, "
+        f"{counts['kink']} at a kink where the gradient is a one-sided partial derivative or "
+        f"between the two, {counts['jump']} at a jump or infinite slope (any value is a "
+        f"convention), {counts['smooth']} where it equals the partial derivative"
+    )
+    return summary, True
+
+
+def _jitter(feeds, wrt, rng, scale: float):
+    """The point moved by ``scale (1 + |x|)`` times Gaussian noise (the harness tries 1e-3,
+    then 1e-2: near a singularity, as a zero row of x / ||x||, a small move leaves the
+    difference quotients too curved to judge)."""
     jittered = dict(feeds)
     for name in wrt:
         value = feeds[name]
-        noise = 1e-3 * (1 + np.abs(value)) * rng.standard_normal(value.shape)
+        noise = scale * (1 + np.abs(value)) * rng.standard_normal(value.shape)
         jittered[name] = (value + noise).astype(value.dtype)
     return jittered
 
@@ -530,12 +688,16 @@ def markdown(outcomes: list[Outcome], header: str = "") -> str:
     judged = sum(total[s] for s in STATUSES if s != "skipped")
     ops = summary["op"]
     full = sum(1 for c in ops.values() if c["ok"] and c["ok"] == sum(c.values()) - c["skipped"])
+    partly = sum(1 for c in ops.values() if c["ok"])
+    kinks = sorted((o for o in outcomes if o.point), key=lambda o: o.case)
     lines = [header] if header else []
     lines += [
         f"**Total**: {total['ok']} of {judged} judged cases agree with float64 finite differences "
         f"({100 * total['ok'] / max(judged, 1):.1f}%); {total['wrong']} wrong, "
         f"{total['missing']} missing, {total['failed']} failed, {total['skipped']} skipped. "
-        f"Operator types fully covered: {full} of {len(ops)}.",
+        f"Operator types fully covered: {full} of {len(ops)}; at least partly: {partly}. "
+        f"{len(kinks)} judged cases have test data where the function has no derivative "
+        f"(listed below with the evidence; judged at a jittered point nearby).",
         "",
         "### Per family",
         "",
@@ -558,6 +720,18 @@ def markdown(outcomes: list[Outcome], header: str = "") -> str:
         if o.status in STATUSES and o.status != "ok":
             detail = o.detail.replace("|", "\\|")
             lines.append(f"| {o.case} | {o.status} | {detail} |")
+    lines += [
+        "",
+        "### Test points without a derivative",
+        "",
+        "The function has no derivative at the case's own data (evidence from finite "
+        "differences; see the method in `benchmarks/coverage_ops.py`). The gradient there "
+        "is checked coordinate by coordinate, then the case is judged at a jittered point.",
+        "",
+        "| case | status | evidence and checks |",
+        "|---|---|---|",
+        *(f"| {o.case} | {o.status} | {o.point.replace('|', chr(92) + '|')} |" for o in kinks),
+    ]
     return "\n".join(lines) + "\n"
 
 

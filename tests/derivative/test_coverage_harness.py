@@ -54,3 +54,50 @@ def test_verdicts(coverage):
     assert coverage.check_case("tanh", _single("Tanh"), [x]).status == "ok"
     ties = coverage.check_case("relu", _single("Relu"), [np.zeros((3, 4), np.float32)])
     assert ties.status == "ok", "a kink at the test point is jittered away"
+    assert "no derivative at the test point" in ties.point
+    assert "12 at a kink" in ties.point, "every coordinate of Relu(0) is a kink"
+
+
+def _lp_normalization(p, axis):
+    graph = helper.make_graph(
+        [helper.make_node("LpNormalization", ["x"], ["y"], p=p, axis=axis)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_points_without_a_derivative_are_told_apart(coverage):
+    """A zero inside an L1 norm is a kink, an all-zero row of x / ||x||_2 a jump: both are
+    reported with their evidence and judged at a jittered point."""
+    x = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
+    kink = coverage.check_case("l1", _lp_normalization(1, 1), [x + np.array([[0.0], [1.0]])])
+    jump = coverage.check_case("l2", _lp_normalization(2, 1), [x])
+    assert kink.status == "ok" and "one-sided derivatives" in kink.point
+    assert "1 at a kink" in kink.point, kink.point
+    assert jump.status == "ok" and "do not converge" in jump.point
+    assert "3 at a jump" in jump.point, jump.point
+    smooth = coverage.check_case("l2", _lp_normalization(2, 1), [x + 1.0])
+    assert smooth.status == "ok" and smooth.point == ""
+
+
+def test_a_gradient_outside_the_one_sided_derivatives_is_wrong(coverage):
+    """At a kink of f(x) = |x0| + x1^2 the gradient's first entry must lie in [-1, 1]."""
+    feeds = {"x": np.array([0.0, 0.5])}
+
+    def objective(values):
+        x = values["x"]
+        return float(abs(x[0]) + x[1] ** 2)
+
+    precision = coverage.Precision(1e-6, 1e-4)
+    rng = np.random.default_rng(0)
+    for first, valid in [(0.0, True), (1.0, True), (-0.3, True), (2.0, False)]:
+        got = {"x_grad": np.array([first, 1.0])}
+        point, ok = coverage._at_the_kink(objective, got, feeds, ["x"], rng, precision, "kink")
+        assert ok is valid, point
+    wrong_elsewhere = {"x_grad": np.array([0.0, 3.0])}
+    point, ok = coverage._at_the_kink(
+        objective, wrong_elsewhere, feeds, ["x"], rng, precision, "kink"
+    )
+    assert not ok and "where the partial derivative exists" in point
