@@ -1,4 +1,4 @@
-"""Rule table entries: Add, Sub, Mul, Div, Neg, Identity."""
+"""Rule table entries: Add, Sub, Mul, Div, Neg, Identity, OptionalGetElement of a tensor."""
 
 import numpy as np
 from onnx import helper
@@ -34,5 +34,6 @@ CASES = [
     OpCase("Div", {"a": r(1), "b": positive(2, 2)}, id="Div-scalar-numerator"),
     OpCase("Neg", {"a": r(2, 3)}),
     OpCase("Identity", {"a": r(2, 3)}),
+    OpCase("OptionalGetElement", {"a": r(2, 3)}, opset=18),
     OpCase("Mul", {"a": r(2, 3), "b": r(3)}, opset=13, id="Mul-opset13"),
 ]

@@ -1,6 +1,7 @@
 """Rule table entries: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (1-D to 3-D,
 strides 1 and 2, pads, dilations, ceil_mode, count_include_pad, auto_pad, storage_order, the
-Indices output), LpPool and the 1-D pooling PyTorch exports as
+Indices output), LpPool, GlobalLpPool (against a numpy oracle: no runtime computes it in
+float64) and the 1-D pooling PyTorch exports as
 Unsqueeze + 2-D pool + Squeeze.
 
 Inputs are distinct random values, so every window has a single maximum. The onnx reference
@@ -12,6 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
 from tests.derivative.autodiff.gradcheck import OpCase
 
@@ -26,6 +29,31 @@ def r(*shape):
 # those that overlap it reach zeros through |x|^(p-1) = 0
 ZERO_WINDOWS = r(1, 2, 4, 5)
 ZERO_WINDOWS[:, :, :3, :3] = 0.0
+
+
+class GlobalLpPool(OpRun):
+    """``(sum over the spatial axes of |x|^p)^(1/p)``, keeping them as size 1."""
+
+    op_domain = ""
+
+    def _run(self, x, p=2):
+        axes = tuple(range(2, x.ndim))
+        return ((np.sum(np.abs(x) ** p, axis=axes, keepdims=True) ** (1.0 / p)).astype(x.dtype),)
+
+
+def with_global_lp_pool(model):
+    return ReferenceEvaluator(model, new_ops=[GlobalLpPool])
+
+
+def global_lp_pool(id, x, opset=18, **attrs):
+    return OpCase(
+        "GlobalLpPool",
+        {"X": x},
+        attrs,
+        opset=opset,
+        evaluator=with_global_lp_pool,
+        id=f"GlobalLpPool-{id}",
+    )
 
 
 def pool(op_type, id, shape, opset=18, **attrs):
@@ -120,6 +148,10 @@ CASES = [
     torch_1d("MaxPool", "torch-1d-export", (2, 3, 8), 3, 1, opset=13),
     torch_1d("AveragePool", "torch-1d-export-opset11", (1, 2, 7), 2, 1, opset=11),
     pool("LpPool", "2d-default-p", (1, 2, 5, 4), kernel_shape=[2, 2], opset=11),
+    global_lp_pool("2d-default-p", r(2, 3, 3, 4)),
+    global_lp_pool("1d-p1-opset11", r(1, 2, 5), opset=11, p=1),
+    global_lp_pool("3d-p3", r(1, 2, 2, 3, 2), opset=22, p=3),
+    global_lp_pool("zero-plane", ZERO_WINDOWS[:, :, :3, :3] + [[[[0.0]]], [[[1.0]]]]),
     pool("LpPool", "2d-p3-strides-pads", (1, 2, 6, 5), kernel_shape=[3, 2], strides=[2, 1],
          pads=[1, 0, 1, 1], p=3),
     pool("LpPool", "1d-p1-dilation", (2, 1, 7), kernel_shape=[2], dilations=[2], p=1,

@@ -4,7 +4,8 @@
 * ``z = a - b``: ``a_bar = z_bar``, ``b_bar = -z_bar``
 * ``z = a * b``: ``a_bar = z_bar b``, ``b_bar = z_bar a`` (``z = a * a``: ``a_bar = z_bar 2a``)
 * ``z = a / b``: ``a_bar = z_bar / b``, ``b_bar = -z_bar a / b^2 = -a_bar z``
-* ``z = -a``: ``a_bar = -z_bar``; ``z = a`` (Identity): ``a_bar = z_bar``
+* ``z = -a``: ``a_bar = -z_bar``; ``z = a`` (Identity, OptionalGetElement of a tensor):
+  ``a_bar = z_bar``
 """
 
 from __future__ import annotations
@@ -48,4 +49,17 @@ def neg_grad(b, node, grads, needs):
 
 @register("Identity")
 def identity_grad(b, node, grads, needs):
+    return [grads[0]]
+
+
+@register("OptionalGetElement", since=18)
+def optional_get_element_grad(b, node, grads, needs):
+    """A tensor input is returned as is (opset 18 accepts one): ``x_bar = y_bar``. An
+    optional input would need an optional gradient, which no rule builds."""
+    x = node.inputs[0]
+    if x not in b._emitter.types:
+        raise NotImplementedError(
+            f"OptionalGetElement node {node.name or node.outputs[0]!r}: no gradient for the "
+            f"non-tensor input {x!r} (optionals and sequences carry no gradient)"
+        )
     return [grads[0]]

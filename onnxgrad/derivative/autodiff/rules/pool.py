@@ -1,7 +1,5 @@
 r"""Pooling: MaxPool, AveragePool, LpPool (pads, strides, dilations, ceil_mode,
-count_include_pad, auto_pad), GlobalAveragePool and GlobalMaxPool. GlobalLpPool has no
-rule: neither the onnx reference evaluator nor onnxruntime computes it in float64, so no
-finite-difference check could hold one to account.
+count_include_pad, auto_pad), GlobalAveragePool, GlobalMaxPool and GlobalLpPool.
 
 * MaxPool routes each output gradient to the input element its window selected: the flat
   ``Indices`` of a MaxPool (the node's own when it has them) address a zero tensor with
@@ -21,7 +19,8 @@ finite-difference check could hold one to account.
   ``ceil_mode`` adds beyond the padded input are never counted (as in the ONNX reference
   implementation and PyTorch; onnxruntime 1.19 counts them with ``count_include_pad=1``).
 * GlobalAveragePool: ``x_bar = g / (H W ...)`` broadcast; GlobalMaxPool: ``g`` shared
-  equally among the elements equal to the maximum.
+  equally among the elements equal to the maximum; GlobalLpPool as LpPool over one window
+  (no runtime computes it in float64: its table case checks it against a numpy oracle).
 """
 
 from __future__ import annotations
@@ -413,6 +412,21 @@ def global_max_pool_grad(b, node, grads, needs):
     mask = b.op("Cast", b.op("Equal", x, node.outputs[0]), to=b.dtype(x))
     ties = b.reduce_sum(mask, spatial_axes(rank - 2), keepdims=True)
     return [b.mul(mask, b.op("Div", g, ties))]
+
+
+@register("GlobalLpPool", since=11)
+def global_lp_pool_grad(b, node, grads, needs):
+    """``y = (sum_spatial |x|^p)^(1/p)``: ``x_bar = g y^(1-p) |x|^(p-1) sign(x)``, ``g`` and
+    ``y`` broadcast over the spatial axes; an all-zero plane (``y = 0``) takes the
+    subgradient 0 (``p > 1``)."""
+    (g,) = grads
+    x, y = node.inputs[0], node.outputs[0]
+    p = float(node.attr("p", 2))
+    scale = _power(b, y, 1 - p)
+    if p > 1:
+        zero = b.const(0, like=y)
+        scale = b.op("Where", b.op("Equal", y, zero), zero, scale)
+    return [b.mul(b.mul(g, scale), _signed_power(b, x, p - 1))]
 
 
 # -- MaxUnpool --------------------------------------------------------------------------------
