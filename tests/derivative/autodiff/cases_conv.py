@@ -98,6 +98,11 @@ CASES = [
                    strides=[2, 2], pads=[1, 0, 0, 1], bias=False),
     conv_transpose("2d-output-shape", (1, 2, 3, 3), (2, 2, 3, 3), strides=[2, 2],
                    output_shape=[7, 7], opset=21),
+    # one beyond the full 7 x 7 output along each axis: the appended row and column hold B
+    conv_transpose("2d-output-shape-beyond-full", (1, 2, 3, 3), (2, 2, 3, 3), strides=[2, 3],
+                   output_shape=[8, 10], opset=21),
+    conv_transpose("2d-output-shape-beyond-full-same-lower", (1, 1, 3, 2), (1, 2, 2, 3),
+                   strides=[3, 2], output_shape=[9, 6], auto_pad="SAME_LOWER"),
     conv_transpose("2d-same-upper", (1, 2, 3, 3), (2, 1, 3, 3), strides=[2, 2],
                    auto_pad="SAME_UPPER"),
     flat("ConvTranspose", "2d-flat", (1, 2, 3, 2), (2, 2, 3, 2), strides=[2, 2],

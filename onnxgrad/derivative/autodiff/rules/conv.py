@@ -55,6 +55,7 @@ from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     unsupported,
     vadd,
     vdiv,
+    vmax,
     vmul,
     vsub,
     window_pads,
@@ -127,10 +128,23 @@ def conv_transpose_grad(b, node, grads, needs):
     output_padding = ints_attr(node, "output_padding", 0, k)
     begin, end = _transpose_pads(b, node, k, x_sizes, ext, strides, output_padding)
     win = Window(k, strides, dilations, group, kernel, begin, end)
+    gb = _bias_grad(b, g, win) if len(needs) > 2 and needs[2] else None
+    if node.attr("output_shape") and not (isinstance(end, tuple) and min(end) >= 0):
+        g, y_sizes = _drop_appended(b, g, x_sizes, strides, vadd(b, output_padding, ext), k)
+        # a dynamic split divides by truncation: total = -1 gives begin -1, not 0
+        win = Window(k, strides, dilations, group, kernel, vmax(b, begin, 0), vmax(b, end, 0))
     gx = _conv_transpose_input_grad(b, g, w, win, x_sizes, output_padding) if needs[0] else None
     gw = _conv_weight_grad(b, g, x, win, y_sizes, x_sizes) if needs[1] else None
-    gb = _bias_grad(b, g, win) if len(needs) > 2 and needs[2] else None
     return [gx, gw, gb]
+
+
+def _drop_appended(b: GradBuilder, g: str, x_sizes: Vec, strides, tail: Vec, k: int):
+    """An ``output_shape`` one beyond the full output ``s (in - 1) + op + ext`` appends
+    outputs (the bias only) that depend on no input or weight: the gradient is cropped to
+    the full output first (a no-op Slice where the sizes are dynamic and it does not)."""
+    full = vadd(b, vmul(b, vsub(b, x_sizes, 1), tuple(strides)), tail)
+    cropped = b.op("Slice", g, b.ints([0] * k), as_tensor(b, full), b.ints(spatial_axes(k)))
+    return cropped, full if is_static(full) else dims(b, cropped)
 
 
 def _bias_grad(b: GradBuilder, g: str, win: Window) -> str:
@@ -147,9 +161,16 @@ def _transpose_pads(b, node, k, x_sizes, ext, strides, output_padding) -> tuple[
         target = tuple(output_shape[-k:]) if output_shape else vmul(b, x_sizes, s)
         natural = vadd(b, vmul(b, vsub(b, x_sizes, 1), s), vadd(b, output_padding, ext))
         total = vsub(b, natural, target)
-        if isinstance(total, tuple) and min(total) < 0:
+        # one more than the full output, a zero appended at the end (the spec's split with
+        # floor division), is what onnxruntime and the onnx reference evaluator compute;
+        # beyond that or with SAME_UPPER they disagree or refuse
+        beyond = isinstance(total, tuple) and min(total) < 0
+        unit = beyond and any(t < 0 and st < 2 for t, st in zip(total, s))
+        if beyond and (auto_pad == "SAME_UPPER" or min(total) < -1 or unit):
             raise unsupported(
-                node, f"output_shape {list(target)} exceeds the full output (runtimes disagree)"
+                node,
+                f"output_shape {list(target)} exceeds the full output by more than one, or "
+                f"with SAME_UPPER or a unit stride (runtimes disagree)",
             )
         return same_pads(b, "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER", total)
     if auto_pad == "VALID":
