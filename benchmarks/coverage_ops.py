@@ -33,6 +33,8 @@ in float64).
 The oracle is onnx's reference evaluator, except where it departs from the spec: ``Erf``
 rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``LpNormalization``
 drops the absolute value in the norm (replaced by the spec's ``(sum |x|^p)^(1/p)``),
+``GridSample`` (and ``DeformConv``, which samples with it) rounds pixel coordinates to float32
+(replaced by float64),
 ``MaxPool``'s Indices are wrong when strides and dilations are 1, and
 Softmax/LogSoftmax/Hardmax before opset 13 and BatchNormalization before opset 14
 (onnxruntime evaluates those, where it loads them).
@@ -59,6 +61,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops import op_deform_conv, op_grid_sample
 
 from onnxgrad import onnx_derivative
 
@@ -172,6 +175,36 @@ class LpNormalization(OpRun):
             return (np.where(norm == 0, 0, x / norm).astype(x.dtype),)
 
 
+class GridSample(op_grid_sample.GridSample):
+    """``GridSample`` with the grid denormalized in float64 (the reference rounds the pixel
+    coordinates to float32: sampling positions off by ~1e-7, too coarse for differences)."""
+
+    op_domain = ""
+
+    def _gs_denormalize_coordinates(self, n, dims, align_corners: bool):
+        return np.array(
+            [
+                self._gs_denormalize(n=v, length=d, align_corners=align_corners)
+                for v, d in zip(n, dims)
+            ],
+            dtype=np.float64,
+        )
+
+
+class DeformConv(op_deform_conv.DeformConv):
+    """``DeformConv`` sampling with the float64 :class:`GridSample`."""
+
+    op_domain = ""
+
+    def _run(self, *args, **kwargs):
+        original = op_deform_conv.op_grid_sample.GridSample
+        op_deform_conv.op_grid_sample.GridSample = GridSample
+        try:
+            return super()._run(*args, **kwargs)
+        finally:
+            op_deform_conv.op_grid_sample.GridSample = original
+
+
 def _ort_oracle(op_type: str, opset: int) -> bool:
     """Cases the reference evaluator gets wrong and onnxruntime evaluates instead."""
     return (
@@ -197,7 +230,9 @@ class Oracle:
                     model.SerializeToString(), options, providers=["CPUExecutionProvider"]
                 )
         if self.session is None:
-            self.session = ReferenceEvaluator(model, new_ops=[Erf, Gelu, LpNormalization])
+            self.session = ReferenceEvaluator(
+                model, new_ops=[Erf, Gelu, LpNormalization, GridSample, DeformConv]
+            )
 
     def run(self, feeds: dict) -> list[np.ndarray]:
         return [np.asarray(v) for v in self.session.run(None, feeds)]

@@ -1,5 +1,7 @@
 """Rule table entries: Conv and ConvTranspose (1-D to 3-D, strides, pads, auto_pad, dilations,
-groups 1 / 2 / depthwise, output_padding, output_shape, with and without bias).
+groups 1 / 2 / depthwise, output_padding, output_shape, with and without bias), DeformConv
+(2-D, pads, strides, dilations, groups, offset groups, mask, bias; checked against the
+reference DeformConv with its sampling coordinates in float64).
 
 The onnx reference evaluator computes grouped ConvTranspose only with one input and one
 output channel per group and without bias, so grouped ConvTranspose cases are depthwise without
@@ -10,6 +12,8 @@ when the kernel's shape is unknown (the dynamic runs), and the harness needs tha
 
 import numpy as np
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops import op_deform_conv, op_grid_sample
 
 from tests.derivative.autodiff.gradcheck import OpCase
 
@@ -34,6 +38,60 @@ def conv_transpose(id, x, w, bias=True, opset=18, **attrs):
         inputs["B"] = r(w[1] * attrs.get("group", 1))
     attrs.setdefault("kernel_shape", list(w[2:]))
     return OpCase("ConvTranspose", inputs, attrs, opset=opset, id=f"ConvTranspose-{id}")
+
+
+class GridSample(op_grid_sample.GridSample):
+    """The reference GridSample, its pixel coordinates kept in float64 (not float32)."""
+
+    op_domain = ""
+
+    def _gs_denormalize_coordinates(self, n, dims, align_corners: bool):
+        values = [self._gs_denormalize(n=v, length=d, align_corners=align_corners)
+                  for v, d in zip(n, dims)]  # fmt: skip
+        return np.array(values, dtype=np.float64)
+
+
+class DeformConv(op_deform_conv.DeformConv):
+    """The reference DeformConv, sampling with the float64 GridSample."""
+
+    op_domain = ""
+
+    def _run(self, *args, **kwargs):
+        original = op_deform_conv.op_grid_sample.GridSample
+        op_deform_conv.op_grid_sample.GridSample = GridSample
+        try:
+            return super()._run(*args, **kwargs)
+        finally:
+            op_deform_conv.op_grid_sample.GridSample = original
+
+
+def float64_deform_conv(model):
+    return ReferenceEvaluator(model, new_ops=[GridSample, DeformConv])
+
+
+def deform_conv(id, x, w, out, mask=False, bias=False, opset=19, **attrs):
+    """Random offsets (sampling points almost surely off the pixel grid, where the bilinear
+    weights have kinks); some points fall outside the image."""
+    n = x[0]
+    groups = attrs.get("offset_group", 1)
+    taps = w[2] * w[3]
+    inputs = {"X": r(*x), "W": r(*w), "offset": 0.8 * r(n, 2 * groups * taps, *out)}
+    if bias:
+        inputs["B"] = r(w[0])
+    if mask:
+        inputs.setdefault("B", None)
+        inputs["mask"] = rng.uniform(0.2, 1.0, (n, groups * taps, *out))
+    attrs.setdefault("kernel_shape", list(w[2:]))
+    return OpCase(
+        "DeformConv",
+        inputs,
+        attrs,
+        opset=opset,
+        evaluator=float64_deform_conv,
+        dynamic_shapes=False,
+        rtol=1e-5,
+        id=f"DeformConv-{id}",
+    )
 
 
 def flat(op_type, id, x, w, opset=18, **attrs):
@@ -111,4 +169,15 @@ CASES = [
                    pads=[1, 0, 0, 1]),
     conv_transpose("3d", (1, 2, 2, 2, 2), (2, 1, 2, 2, 2), strides=[2, 1, 2],
                    pads=[0, 1, 0, 0, 0, 1]),
+]  # fmt: skip
+
+# DeformConv: the engine differentiates its lowering (gradients of X, W, offsets, B, mask)
+CASES += [
+    deform_conv("basic", (1, 1, 4, 4), (1, 1, 2, 2), (3, 3)),
+    deform_conv("pads-strides-dilations-bias", (1, 2, 5, 4), (2, 2, 2, 2), (3, 4),
+                pads=[1, 1, 1, 1], strides=[2, 1], dilations=[1, 2], bias=True),
+    deform_conv("groups-offset-groups-mask", (2, 4, 4, 3), (2, 2, 2, 1), (3, 3),
+                group=2, offset_group=2, mask=True),
+    deform_conv("mask-bias-opset22", (1, 2, 3, 3), (3, 2, 2, 2), (2, 2), mask=True,
+                bias=True, opset=22),
 ]  # fmt: skip

@@ -36,6 +36,7 @@ import numpy as np
 
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._lowering import Lowering
 from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     INT64_MAX,
     Vec,
@@ -487,3 +488,96 @@ def _weight_grad_by_patches(
 def _channels_major(b: GradBuilder, x: str, rows: int) -> str:
     """``(N, R, O)`` -> ``(R, N O)``."""
     return b.op("Reshape", b.op("Transpose", x, perm=[1, 0, 2]), b.ints([rows, -1]))
+
+
+# -- DeformConv -------------------------------------------------------------------------------
+@register("DeformConv", since=19)
+def deform_conv_grad(b, node, grads, needs):
+    r"""2-D DeformConv lowered to standard operators (:mod:`._lowering`): kernel tap ``k`` of
+    output ``o`` reads ``x`` at ``q = o s - p + k d + \delta_{k,o}`` (``\delta`` the offsets
+    of its offset group) by bilinear interpolation, each of the four corners outside the
+    image counting 0, times ``mask[k, o]``; then a grouped GEMM with ``w`` plus ``B``:
+
+    .. math:: y[m, o] = \sum_{c,k} w[m,c,k]\, \mathrm{mask}[k,o]
+              \sum_{corners\ r} \omega_r(q)\, x[c, r] + B[m]
+
+    with ``\omega`` the products of ``1 - |q - r|`` per axis. Its derivative (``x``, ``w``,
+    ``B``, ``mask``, and the offsets through the weights ``\omega``, which are piecewise
+    linear in ``q``) is the engine's, through Gather, Mul and MatMul. Static shapes only."""
+    x, w, offset = node.inputs[:3]
+    bias, mask = node.input(3), node.input(4)
+    shapes = [b.static_shape(v) for v in (x, w, offset)]
+    if any(s is None for s in shapes) or len(shapes[0]) != 4:
+        raise unsupported(node, "a DeformConv other than 2-D with static shapes")
+    (n, c, height, width), (m, c_per_group, kh, kw), (_, _, oh, ow) = shapes
+    group, groups = node.attr("group", 1), node.attr("offset_group", 1)
+    pads, strides = ints_attr(node, "pads", 0, 4), ints_attr(node, "strides", 1, 2)
+    dilations = ints_attr(node, "dilations", 1, 2)
+    taps, area, channels = kh * kw, oh * ow, c // groups
+    grid = np.indices((kh, kw, oh, ow)).reshape(4, taps, area)
+    base_y = grid[2] * strides[0] - pads[0] + grid[0] * dilations[0]
+    base_x = grid[3] * strides[1] - pads[1] + grid[1] * dilations[1]
+
+    low = Lowering(b, node)
+    deltas = low.op("Reshape", offset, low.ints([n, groups, taps, 2, area]))
+    ys = low.op("Add", low.op("Gather", deltas, low.ints(0), axis=3), low.const(base_y))
+    xs = low.op("Add", low.op("Gather", deltas, low.ints(1), axis=3), low.const(base_x))
+    pixels = low.op("Reshape", x, low.ints([n, groups, channels, height * width]))
+    columns = _bilinear_zero_outside(
+        low, pixels, ys, xs, (height, width), [n, groups, 1, -1], [1, 1, channels, 1]
+    )
+    if mask is not None:
+        columns = low.op("Mul", columns, low.op("Reshape", mask, low.ints([n, groups, 1, -1])))
+    columns = low.op("Reshape", columns, low.ints([n, group, c_per_group * taps, area]))
+    kernel = low.op("Reshape", w, low.ints([group, m // group, c_per_group * taps]))
+    product = low.op("MatMul", kernel, columns)
+    if bias is None:
+        low.op("Reshape", product, low.ints([n, m, oh, ow]), output=node.outputs[0])
+    else:
+        shaped = low.op("Reshape", product, low.ints([n, m, oh, ow]))
+        low.op("Add", shaped, low.op("Reshape", bias, low.ints([1, m, 1, 1])),
+               output=node.outputs[0])  # fmt: skip
+    return low.gradients(grads, needs)
+
+
+def _bilinear_zero_outside(low: Lowering, pixels, ys, xs, size, weight_shape, spread) -> str:
+    """``sum_r omega_r(y, x) pixels[..., r]`` over the four corners ``r`` around each
+    ``(y, x)``, a corner outside the ``size`` image counting 0 (GridSample with zero padding
+    and aligned corners). ``pixels`` is ``(..., C, H W)``; the weights are reshaped to
+    ``weight_shape`` (a size 1 for the channels), the corner indices too, then expanded by
+    ``spread`` along the channels."""
+    height, width = size
+    y0, x0 = low.op("Floor", ys), low.op("Floor", xs)
+    ly, lx = low.op("Sub", ys, y0), low.op("Sub", xs, x0)
+    one = low.const(1.0)
+    hy, hx = low.op("Sub", one, ly), low.op("Sub", one, lx)
+    target = low.ints(spread)
+    total = None
+    for dy, dx, wy, wx in [(0, 0, hy, hx), (0, 1, hy, lx), (1, 0, ly, hx), (1, 1, ly, lx)]:
+        yc = y0 if dy == 0 else low.op("Add", y0, one)
+        xc = x0 if dx == 0 else low.op("Add", x0, one)
+        inside = low.op(
+            "And",
+            _within(low, yc, height - 1),
+            _within(low, xc, width - 1),
+        )
+        flat = low.op(
+            "Add",
+            low.op("Mul", low.clamp(yc, 0, height - 1), low.const(float(width))),
+            low.clamp(xc, 0, width - 1),
+        )
+        index = low.to_index(low.op("Reshape", flat, low.ints(weight_shape)))
+        values = low.op(
+            "GatherElements", pixels, low.op("Expand", index, target), axis=len(spread) - 1
+        )
+        weight = low.op("Mul", low.op("Mul", wy, wx), low.to_float(inside))
+        term = low.op("Mul", values, low.op("Reshape", weight, low.ints(weight_shape)))
+        total = term if total is None else low.op("Add", total, term)
+    return total
+
+
+def _within(low: Lowering, t: str, high: int) -> str:
+    """``0 <= t <= high``."""
+    below = low.op("Less", t, low.const(0.0))
+    above = low.op("Greater", t, low.const(float(high)))
+    return low.op("Not", low.op("Or", below, above))
