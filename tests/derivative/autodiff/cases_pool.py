@@ -1,6 +1,7 @@
 """Rule table entries: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool (1-D to 3-D,
 strides 1 and 2, pads, dilations, ceil_mode, count_include_pad, auto_pad, storage_order, the
-Indices output), LpPool, GlobalLpPool (against a numpy oracle: no runtime computes it in
+Indices output), RoiAlign (avg and max, both coordinate modes, rois partly outside),
+LpPool, GlobalLpPool (against a numpy oracle: no runtime computes it in
 float64) and the 1-D pooling PyTorch exports as
 Unsqueeze + 2-D pool + Squeeze.
 
@@ -203,3 +204,28 @@ CASES += [
     ),
     max_unpool("2d-batch", (2, 3, 1, 2), (2, 3, 2, 4), opset=22),
 ]
+
+
+def roi_align(id, x, rois, batch, opset=22, **attrs):
+    """Random rois (sampling points off the pixel grid); some reach outside the image."""
+    inputs = {"X": r(*x), "rois": np.asarray(rois, dtype=float),
+              "batch_indices": np.asarray(batch, dtype=np.int64)}  # fmt: skip
+    return OpCase("RoiAlign", inputs, attrs, opset=opset, dynamic_shapes=False,
+                  id=f"RoiAlign-{id}")  # fmt: skip
+
+
+ROIS = [[0.31, 0.63, 4.17, 3.74], [-1.61, 2.23, 2.93, 6.37], [3.13, -0.43, 6.87, 2.47]]
+# RoiAlign: the engine differentiates its lowering (gradients of X and the rois)
+CASES += [
+    roi_align("avg-half-pixel", (2, 2, 5, 6), ROIS, [0, 1, 1], output_height=2,
+              output_width=3, sampling_ratio=2),
+    roi_align("max-output-half-pixel-scale", (1, 3, 6, 5), ROIS[:2], [0, 0], mode="max",
+              coordinate_transformation_mode="output_half_pixel", spatial_scale=0.8,
+              output_height=3, output_width=2, sampling_ratio=1),
+    # RoiAlign-10 samples as output_half_pixel (onnxruntime; the reference uses half_pixel)
+    replace(roi_align("avg-opset11", (2, 1, 4, 5), ROIS, [1, 0, 1], opset=11, output_height=2,
+                      output_width=2, sampling_ratio=3), evaluator="onnxruntime"),
+    roi_align("degenerate-roi-output-half-pixel", (1, 1, 5, 5), [[2.2, 1.3, 2.6, 1.1]], [0],
+              coordinate_transformation_mode="output_half_pixel", output_height=2,
+              output_width=2, sampling_ratio=2),
+]  # fmt: skip

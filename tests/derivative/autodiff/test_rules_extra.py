@@ -238,12 +238,6 @@ def test_dropout_training_mode_without_mask_output():
     np.testing.assert_allclose(got["x_grad"], seed * kept / 0.75, rtol=1e-6)
 
 
-def test_matmul_of_unknown_rank_names_the_node():
-    model = single_node_model("MatMul", {"a": None, "b": None})
-    with pytest.raises(NotImplementedError, match=r"the_MatMul.*rank"):
-        onnx_derivative(model, weights=[], backend="onnx")
-
-
 def test_einsum_ellipsis_of_unknown_rank_names_the_equation():
     model = single_node_model("Einsum", {"a": None, "b": [3, 2]}, equation="...ij,jk->...ik")
     with pytest.raises(NotImplementedError, match=r"the_Einsum.*\.\.\.ij,jk->\.\.\.ik"):
@@ -279,3 +273,21 @@ def test_dropout_with_constant_false_training_mode_is_identity_without_mask():
     g = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
     (x_grad,) = ReferenceEvaluator(grad).run(None, {"x": x, "y_grad": g})
     np.testing.assert_array_equal(x_grad, g)
+
+
+def test_roi_align_with_adaptive_sampling_names_the_node():
+    model = single_node_model(
+        "RoiAlign", {"x": [1, 1, 4, 4], "rois": [2, 4], "batch": "init"}, opset=22,
+        initializers=[numpy_helper.from_array(np.zeros(2, np.int64), "batch")],
+    )  # fmt: skip
+    with pytest.raises(NotImplementedError, match=r"the_RoiAlign.*sampling_ratio=0"):
+        onnx_derivative(model, weights=[], backend="onnx")
+
+
+def test_conv_transpose_output_shape_far_beyond_the_full_output_names_the_node():
+    model = single_node_model(
+        "ConvTranspose", {"x": [1, 1, 3, 3], "w": [1, 1, 3, 3]}, strides=[2, 2],
+        output_shape=[9, 9],
+    )  # fmt: skip
+    with pytest.raises(NotImplementedError, match=r"the_ConvTranspose.*output_shape \[9, 9\]"):
+        onnx_derivative(model, weights=[], backend="onnx")

@@ -522,9 +522,10 @@ def deform_conv_grad(b, node, grads, needs):
     deltas = low.op("Reshape", offset, low.ints([n, groups, taps, 2, area]))
     ys = low.op("Add", low.op("Gather", deltas, low.ints(0), axis=3), low.const(base_y))
     xs = low.op("Add", low.op("Gather", deltas, low.ints(1), axis=3), low.const(base_x))
-    pixels = low.op("Reshape", x, low.ints([n, groups, channels, height * width]))
+    pixels = low.op("Reshape", x, low.ints([-1]))
+    planes = np.arange(n * groups * channels).reshape(n, groups, channels, 1) * height * width
     columns = _bilinear_zero_outside(
-        low, pixels, ys, xs, (height, width), [n, groups, 1, -1], [1, 1, channels, 1]
+        low, pixels, ys, xs, (height, width), [n, groups, 1, -1], low.ints(planes)
     )
     if mask is not None:
         columns = low.op("Mul", columns, low.op("Reshape", mask, low.ints([n, groups, 1, -1])))
@@ -540,36 +541,30 @@ def deform_conv_grad(b, node, grads, needs):
     return low.gradients(grads, needs)
 
 
-def _bilinear_zero_outside(low: Lowering, pixels, ys, xs, size, weight_shape, spread) -> str:
-    """``sum_r omega_r(y, x) pixels[..., r]`` over the four corners ``r`` around each
-    ``(y, x)``, a corner outside the ``size`` image counting 0 (GridSample with zero padding
-    and aligned corners). ``pixels`` is ``(..., C, H W)``; the weights are reshaped to
-    ``weight_shape`` (a size 1 for the channels), the corner indices too, then expanded by
-    ``spread`` along the channels."""
+def _bilinear_zero_outside(low: Lowering, pixels, ys, xs, size, weight_shape, planes) -> str:
+    """``sum_r omega_r(y, x) image[r]`` over the four corners ``r`` around each ``(y, x)``,
+    a corner outside the ``size`` image counting 0 (GridSample with zero padding and aligned
+    corners). ``pixels`` is the input flattened, ``planes`` the flat offsets of the images
+    (one per channel) each point reads; the weights and the corner offsets within an image
+    are reshaped to ``weight_shape`` to broadcast against ``planes``. One flat Gather per
+    corner (the reference GatherElements handles at most 64 positions per axis)."""
     height, width = size
     y0, x0 = low.op("Floor", ys), low.op("Floor", xs)
     ly, lx = low.op("Sub", ys, y0), low.op("Sub", xs, x0)
     one = low.const(1.0)
     hy, hx = low.op("Sub", one, ly), low.op("Sub", one, lx)
-    target = low.ints(spread)
     total = None
     for dy, dx, wy, wx in [(0, 0, hy, hx), (0, 1, hy, lx), (1, 0, ly, hx), (1, 1, ly, lx)]:
         yc = y0 if dy == 0 else low.op("Add", y0, one)
         xc = x0 if dx == 0 else low.op("Add", x0, one)
-        inside = low.op(
-            "And",
-            _within(low, yc, height - 1),
-            _within(low, xc, width - 1),
-        )
+        inside = low.op("And", _within(low, yc, height - 1), _within(low, xc, width - 1))
         flat = low.op(
             "Add",
             low.op("Mul", low.clamp(yc, 0, height - 1), low.const(float(width))),
             low.clamp(xc, 0, width - 1),
         )
-        index = low.to_index(low.op("Reshape", flat, low.ints(weight_shape)))
-        values = low.op(
-            "GatherElements", pixels, low.op("Expand", index, target), axis=len(spread) - 1
-        )
+        index = low.op("Add", low.to_index(low.op("Reshape", flat, low.ints(weight_shape))), planes)
+        values = low.op("Gather", pixels, index, axis=0)
         weight = low.op("Mul", low.op("Mul", wy, wx), low.to_float(inside))
         term = low.op("Mul", values, low.op("Reshape", weight, low.ints(weight_shape)))
         total = term if total is None else low.op("Add", total, term)

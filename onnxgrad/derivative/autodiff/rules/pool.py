@@ -35,6 +35,7 @@ from onnx import NodeProto, TensorProto, numpy_helper
 from onnxgrad._onnx_utils import NameScope, np_dtype
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._lowering import Lowering
 from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     INT64_MAX,
     Vec,
@@ -451,3 +452,120 @@ def max_unpool_grad(b, node, grads, needs):
     flat = b.op("Reshape", g, b.ints([-1]))
     picked = b.op("Gather", flat, b.op("Reshape", indices, b.ints([-1])), axis=0)
     return [b.op("Reshape", picked, _shape(b, x)), None, None]
+
+
+# -- RoiAlign ---------------------------------------------------------------------------------
+@register("RoiAlign", since=11)
+def roi_align_grad(b, node, grads, needs):
+    r"""RoiAlign lowered to standard operators (:mod:`._lowering`), following the onnx
+    reference (and onnxruntime) exactly: bin ``(i, j)`` of roi ``r`` averages (``mode=avg``)
+    or maxes (``max``: the largest weighted corner ``w_c x_c`` of each point) the bilinear
+    samples of ``x[batch_indices[r]]`` at the ``s x s`` points (``s = sampling_ratio``)
+
+    .. math:: y_q = a_r + b_r\,(i + (q + 1/2) / s),\qquad
+              a_r = \mathrm{roi}_{r,1}\,\mathrm{scale} - o,\;
+              b_r = (\mathrm{roi}_{r,3} - \mathrm{roi}_{r,1})\,\mathrm{scale} / H_{out}
+
+    (``o = 1/2`` for half_pixel, 0 for output_half_pixel, where ``b_r`` is at least
+    ``1 / H_out``), likewise along the width; a point beyond ``[-1, H]`` samples 0, one in
+    ``[-1, 0]`` samples row 0, one past ``H - 1`` row ``H - 1``. The derivative (``x``, and
+    the rois through the sampling positions) is the engine's. ``sampling_ratio = 0`` (as many
+    points as the roi is large, a number known at run time only) is refused."""
+    x, rois, batch_indices = node.inputs
+    where = f"RoiAlign node {node.name or node.outputs[0]!r}"
+    ratio = node.attr("sampling_ratio", 0)
+    if ratio <= 0:
+        raise NotImplementedError(
+            f"{where}: no gradient with sampling_ratio={ratio} (the number of sampling points "
+            f"depends on the roi sizes at run time)"
+        )
+    shape = b.static_shape(x)
+    if shape is None or len(shape) != 4:
+        raise NotImplementedError(f"{where}: the gradient needs the static 4-D shape of {x!r}")
+    _, c, height, width = shape
+    out_h, out_w = node.attr("output_height", 1), node.attr("output_width", 1)
+    default_mode = "half_pixel" if node.opset >= 16 else "output_half_pixel"
+    half_pixel = node.attr("coordinate_transformation_mode", default_mode) == "half_pixel"
+    mode = node.attr("mode", "avg")
+
+    low = Lowering(b, node)
+    corners = low.op(
+        "Sub",
+        low.op("Mul", rois, low.const(float(node.attr("spatial_scale", 1.0)))),
+        low.const(0.5 if half_pixel else 0.0),
+    )
+    start_x, start_y, end_x, end_y = (
+        low.op("Gather", corners, low.ints([k]), axis=1) for k in range(4)
+    )  # each (R, 1)
+    axes = []
+    for start, end, size, bins in ((start_y, end_y, height, out_h), (start_x, end_x, width, out_w)):
+        extent = low.op("Sub", end, start)
+        if not half_pixel:
+            extent = low.op("Max", extent, low.const(1.0))
+        fractions = [i + (q + 0.5) / ratio for i in range(bins) for q in range(ratio)]
+        step = low.op("Div", extent, low.const(float(bins)))
+        points = low.op("Add", start, low.op("Mul", step, low.const(fractions)))  # (R, S)
+        axes.append(_roi_axis(low, points, size))
+    (low_y, high_y, ly, hy, in_y), (low_x, high_x, lx, hx, in_x) = axes
+    samples = ratio * ratio * out_h * out_w
+    pixels = low.op("Reshape", x, low.ints([-1]))
+    area = height * width
+    planes = low.op(
+        "Add",
+        low.op("Mul", low.op("Reshape", batch_indices, low.ints([-1, 1, 1])), low.ints(c * area)),
+        low.ints(np.arange(c).reshape(1, c, 1) * area),
+    )  # (R, C, 1): where the image of each roi and channel starts in the flat input
+    inside = low.to_float(low.op("And", _column(low, in_y), _row(low, in_x)))
+    terms = []
+    for rows, cols, wy, wx in ((low_y, low_x, hy, hx), (low_y, high_x, hy, lx),
+                               (high_y, low_x, ly, hx), (high_y, high_x, ly, lx)):  # fmt: skip
+        flat = low.op(
+            "Add", _column(low, low.op("Mul", rows, low.const(float(width)))), _row(low, cols)
+        )
+        index = low.to_index(low.op("Reshape", flat, low.ints([-1, 1, samples])))
+        values = low.op("Gather", pixels, low.op("Add", planes, index), axis=0)
+        weight = low.op("Mul", low.op("Mul", _column(low, wy), _row(low, wx)), inside)
+        terms.append(low.op("Mul", values, low.op("Reshape", weight, low.ints([-1, 1, samples]))))
+    combine = "Sum" if mode == "avg" else "Max"
+    pooled = low.op(
+        "Reshape", low.op(combine, *terms), low.ints([-1, c, out_h, ratio, out_w, ratio])
+    )
+    reduce = "ReduceMean" if mode == "avg" else "ReduceMax"
+    low.reduce(reduce, pooled, [3, 5], output=node.outputs[0])
+    return low.gradients(grads, needs)
+
+
+def _roi_axis(low: Lowering, points: str, size: int):
+    """Per sampling coordinate along one axis: the lower and upper pixel rows, the weights
+    ``l = t - floor(t)`` and ``1 - l`` of the clamped coordinate ``t``, and whether the
+    point samples anything (``-1 <= t <= size``)."""
+    outside = low.op(
+        "Or",
+        low.op("Less", points, low.const(-1.0)),
+        low.op("Greater", points, low.const(float(size))),
+    )
+    clamped = low.op("Max", points, low.const(0.0))
+    floor = low.op("Floor", clamped)
+    last = low.const(float(size - 1))
+    edge = low.op("Not", low.op("Less", floor, last))
+    lower = low.op("Where", edge, last, floor)
+    upper = low.op("Where", edge, last, low.op("Add", floor, low.const(1.0)))
+    used = low.op("Where", edge, last, clamped)
+    fraction = low.op("Sub", used, lower)
+    return lower, upper, fraction, low.op("Sub", low.const(1.0), fraction), low.op("Not", outside)
+
+
+def _column(low: Lowering, t: str) -> str:
+    return (
+        low.op("Unsqueeze", t, low.ints([2]))
+        if low.opset >= 13
+        else low.op("Unsqueeze", t, axes=[2])
+    )
+
+
+def _row(low: Lowering, t: str) -> str:
+    return (
+        low.op("Unsqueeze", t, low.ints([1]))
+        if low.opset >= 13
+        else low.op("Unsqueeze", t, axes=[1])
+    )
