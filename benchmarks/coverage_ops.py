@@ -40,8 +40,9 @@ The oracle is onnx's reference evaluator, except where it departs from the spec:
 rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``LpNormalization``
 drops the absolute value in the norm (replaced by the spec's ``(sum |x|^p)^(1/p)``),
 ``GridSample`` (and ``DeformConv``, which samples with it) rounds pixel coordinates to
-float32 (replaced by float64), ``MaxPool``'s Indices are wrong when strides and dilations
-are 1, and Softmax/LogSoftmax/Hardmax before opset 13 and BatchNormalization before opset 14
+float32 (replaced by float64), ``Upsample`` takes integer nearest scales only (replaced by
+the spec's for any scales), ``MaxPool``'s Indices are wrong when strides and dilations are 1,
+and Softmax/LogSoftmax/Hardmax before opset 13 and BatchNormalization before opset 14
 (onnxruntime evaluates those, where it loads them).
 
     python benchmarks/coverage_ops.py [--ops Relu,Swish] [--markdown docs/coverage.md]
@@ -210,6 +211,29 @@ class DeformConv(op_deform_conv.DeformConv):
             op_deform_conv.op_grid_sample.GridSample = original
 
 
+class Upsample(OpRun):
+    """``Upsample`` (opsets 7 and 9) for any scales (the reference takes integer nearest
+    scales only): output size ``floor(n s)``; output ``i`` reads ``i / s``, the nearest
+    input below it (nearest) or interpolated between its two neighbours (linear), clamped
+    to the last input."""
+
+    op_domain = ""
+
+    def _run(self, x, scales=None, mode="nearest"):
+        y = x
+        for axis, scale in enumerate(np.asarray(scales, dtype=np.float64)):
+            n = x.shape[axis]
+            position = np.minimum(np.arange(int(np.floor(n * scale))) / scale, n - 1)
+            low = np.floor(position).astype(np.int64)
+            if mode == "nearest":
+                y = np.take(y, low, axis=axis)
+                continue
+            high = np.minimum(low + 1, n - 1)
+            weight = (position - low).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+            y = np.take(y, low, axis=axis) * (1 - weight) + np.take(y, high, axis=axis) * weight
+        return (y.astype(x.dtype),)
+
+
 def _ort_oracle(op_type: str, opset: int) -> bool:
     """Cases the reference evaluator gets wrong and onnxruntime evaluates instead."""
     return (
@@ -236,7 +260,7 @@ class Oracle:
                 )
         if self.session is None:
             self.session = ReferenceEvaluator(
-                model, new_ops=[Erf, Gelu, LpNormalization, GridSample, DeformConv]
+                model, new_ops=[Erf, Gelu, LpNormalization, GridSample, DeformConv, Upsample]
             )
 
     def run(self, feeds: dict) -> list[np.ndarray]:
@@ -246,9 +270,11 @@ class Oracle:
 # -- models in float64 -------------------------------------------------------------------------
 def to_double(model: ModelProto) -> ModelProto:
     """The model with every float element type (inputs, outputs, initializers, constants,
-    ``to``/``dtype`` attributes) turned into float64."""
+    ``to``/``dtype`` attributes) turned into float64 (see :func:`_cast_where_double_is_refused`
+    for the inputs that must stay float32)."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
+    types = {i.name: i.type.tensor_type.elem_type for i in graph.input}
     for info in [*graph.input, *graph.output, *graph.value_info]:
         tensor = info.type.tensor_type
         if tensor.elem_type in FLOATS:
@@ -264,7 +290,36 @@ def to_double(model: ModelProto) -> ModelProto:
             if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in FLOATS:
                 array = numpy_helper.to_array(attr.t).astype(np.float64)
                 attr.t.CopyFrom(numpy_helper.from_array(array, attr.t.name))
+    _cast_where_double_is_refused(model, types)
     return model
+
+
+def _cast_where_double_is_refused(model: ModelProto, types: dict) -> None:
+    """Graph inputs that a node's schema restricts to float32 (as Upsample's scales) stay
+    float64 graph inputs but reach that node through a Cast to their original type."""
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    casts = {}
+    for node in graph.node:
+        try:
+            schema = onnx.defs.get_schema(node.op_type, _opset(model, node.domain), node.domain)
+        except onnx.defs.SchemaError:
+            continue
+        formal = list(schema.inputs)
+        constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+        for position, name in enumerate(node.input):
+            if name not in inputs or types.get(name) not in FLOATS or not formal:
+                continue
+            parameter = formal[min(position, len(formal) - 1)]
+            allowed = constraints.get(parameter.type_str, [parameter.type_str])
+            if "tensor(double)" in allowed:
+                continue
+            if name not in casts:
+                casts[name] = f"{name}__as_declared"
+                graph.node.insert(
+                    0, helper.make_node("Cast", [name], [casts[name]], to=types[name])
+                )
+            node.input[position] = casts[name]
 
 
 def as_array(value) -> np.ndarray:
@@ -440,8 +495,11 @@ def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tupl
         return dict(zip([o.name for o in gradient.graph.output], results))
 
     point = ""
+    original = [o.shape for o in oracle.run(feeds)]
     for attempt in range(3):
         shapes = [o.shape for o in oracle.run(feeds)]
+        if shapes != original:  # the seeds were drawn for the original shapes
+            return "skipped", "no jittered point nearby keeps the output shapes"
         try:
             got = gradients(feeds)
         except Exception as exc:
@@ -453,8 +511,8 @@ def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tupl
                 try:
                     point, _ = _at_the_kink(objective, got, feeds, wrt, rng, precision, kink)
                 except Kink as again:
-                    point = f"no derivative at the test point ({kink}; {again})"
-            feeds = _jitter(feeds, wrt, rng, 1e-3 * 10**attempt)
+                    point = f"no derivative at the test point ({kink}; coordinatewise: {again})"
+            feeds = _jitter_keeping_shapes(oracle, feeds, wrt, rng, 1e-3 * 10**attempt, original)
             continue
         if point:
             point += f"; judged at a jittered point nearby: {status}"
@@ -624,6 +682,18 @@ def _nearby_partials(objective, feeds, wrt, name, e, rng, eps, count=8, scale=1e
         except Kink:
             continue
     return partials
+
+
+def _jitter_keeping_shapes(oracle, feeds, wrt, rng, scale: float, shapes, tries: int = 20):
+    """A jittered point (:func:`_jitter`) where the outputs keep ``shapes`` (sizes that
+    depend on an input, as Upsample's on its scales), or ``feeds`` itself if 20 draws
+    change them."""
+    for _ in range(tries):
+        jittered = _jitter(feeds, wrt, rng, scale)
+        with contextlib.suppress(Exception):
+            if [o.shape for o in oracle.run(jittered)] == shapes:
+                return jittered
+    return feeds
 
 
 def _jitter(feeds, wrt, rng, scale: float):

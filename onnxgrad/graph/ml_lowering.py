@@ -133,7 +133,29 @@ def raised_opset(model: ModelProto, opset: int) -> ModelProto:
             f">= {opset}, and onnx's version converter could not raise it ({reason}); "
             f"convert the model to opset {opset} or later"
         ) from exc
+    if default_opset(model) < 11 <= opset:
+        _keep_upsample_coordinates(converted.graph)
     return converted
+
+
+def _keep_upsample_coordinates(graph) -> None:
+    """Upsample and Resize before opset 11 sample at ``i / scale`` (asymmetric; nearest takes
+    the floor); onnx's converter turns them into Resize-11 nodes without those attributes,
+    whose defaults (half_pixel, round_prefer_floor) compute another function (for any
+    linear resize and non-integer nearest scales): the attributes are set back."""
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _keep_upsample_coordinates(attribute.g)
+        if node.op_type != "Resize" or normalize_domain(node.domain):
+            continue
+        present = {a.name for a in node.attribute}
+        if "coordinate_transformation_mode" not in present:
+            node.attribute.append(
+                helper.make_attribute("coordinate_transformation_mode", "asymmetric")
+            )
+        if "nearest_mode" not in present:
+            node.attribute.append(helper.make_attribute("nearest_mode", "floor"))
 
 
 def with_trained_weights(original: ModelLike, weights: dict) -> ModelProto:
@@ -200,6 +222,8 @@ def _upgraded(model: ModelProto) -> ModelProto:
         onnx.checker.check_model(converted)
     except Exception:  # no adapter: the lowering works at any opset, lowered_if_needed checks
         return model
+    if default_opset(model) < 11 <= MIN_OPSET:
+        _keep_upsample_coordinates(converted.graph)
     return converted
 
 

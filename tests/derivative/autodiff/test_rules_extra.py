@@ -291,3 +291,28 @@ def test_conv_transpose_output_shape_far_beyond_the_full_output_names_the_node()
     )  # fmt: skip
     with pytest.raises(NotImplementedError, match=r"the_ConvTranspose.*output_shape \[9, 9\]"):
         onnx_derivative(model, weights=[], backend="onnx")
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample_below_opset_11_keeps_its_sampling(mode):
+    """An opset-9 Upsample is raised to a Resize-11 by onnx's converter, which drops its
+    asymmetric sampling (and floor for nearest): the gradient on onnxruntime is checked
+    against differences of the original model (linear in X: a unit step is exact)."""
+    graph = helper.make_graph(
+        [helper.make_node("Upsample", ["x", "scales"], ["y"], mode=mode, name="the_Upsample")],
+        "upsample",
+        [helper.make_tensor_value_info("x", FLOAT, [1, 1, 3, 4])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+        [numpy_helper.from_array(np.array([1, 1, 2.3, 1.7], np.float32), "scales")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=8)
+    x = np.random.default_rng(0).standard_normal((1, 1, 3, 4)).astype(np.float32)
+    y = run_ort(model, {"x": x})["y"]
+    seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+    got = native_gradients(model, {"x": x}, seed)["x_grad"]
+    expected = np.zeros(x.shape)
+    for j in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[j] = 1.0
+        expected[j] = np.sum((run_ort(model, {"x": x + step})["y"] - y) * seed)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
