@@ -47,6 +47,7 @@ from onnxgrad._onnx_utils import (
     normalize_domain,
 )
 from onnxgrad.graph._builder import GraphBuilder
+from onnxgrad.graph._scopes import iter_graphs
 from onnxgrad.graph.select import prune_graph
 
 ML_DOMAIN = "ai.onnx.ml"
@@ -121,6 +122,7 @@ def lowered_if_needed(
 def raised_opset(model: ModelProto, opset: int) -> ModelProto:
     """A copy of ``model`` converted to default-domain ``opset`` by onnx's version converter,
     or a ``ValueError`` naming both opsets and the converter's reason."""
+    _refuse_batched_scan(model)
     copy = ModelProto()
     copy.CopyFrom(model)
     try:
@@ -136,6 +138,23 @@ def raised_opset(model: ModelProto, opset: int) -> ModelProto:
     if default_opset(model) < 11 <= opset:
         _keep_upsample_coordinates(converted.graph)
     return converted
+
+
+def _refuse_batched_scan(model: ModelProto) -> None:
+    """Scan before opset 9 has a batch axis; onnx's converter drops it from the model's
+    inputs and outputs (a (1, T, ...) input becomes (T, ...)), so the raised model would
+    not take the original's feeds: refused by name."""
+    if default_opset(model) >= 9:
+        return
+    for graph in iter_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type == "Scan" and not normalize_domain(node.domain):
+                raise NotImplementedError(
+                    f"Scan node {node.name or node.output[0]!r} at opset "
+                    f"{default_opset(model)}: the batched Scan of opset 8 has no gradient "
+                    f"(onnx's version converter drops its batch axis, changing the model's "
+                    f"inputs); rewrite it as an opset-9 Scan"
+                )
 
 
 def _keep_upsample_coordinates(graph) -> None:
