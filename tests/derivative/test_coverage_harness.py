@@ -101,3 +101,12 @@ def test_the_gradient_at_a_kink_is_compared_with_the_one_sided_derivatives(cover
         point, ok = coverage._at_the_kink(objective, got, feeds, ["x"], rng, precision, "kink")
         assert ok is confirmed, point
         assert ("not confirmed" in point) is not confirmed
+
+
+def test_ok_gradients_are_run_on_onnxruntime(coverage):
+    """Cases at opsets the installed onnxruntime does not load are told apart."""
+    outcomes = coverage.run({"Relu", "Softsign"}, onnxruntime=True)
+    verdicts = [o.runtime.split(":")[0] for o in outcomes if o.status == "ok"]
+    assert "agrees" in verdicts
+    assert set(verdicts) <= {"agrees", "model not run"}, verdicts
+    assert "### On onnxruntime" in coverage.markdown(outcomes)
