@@ -122,7 +122,7 @@ def lowered_if_needed(
 def raised_opset(model: ModelProto, opset: int) -> ModelProto:
     """A copy of ``model`` converted to default-domain ``opset`` by onnx's version converter,
     or a ``ValueError`` naming both opsets and the converter's reason."""
-    _refuse_batched_scan(model)
+    batched = _batched_scans(model)
     copy = ModelProto()
     copy.CopyFrom(model)
     try:
@@ -137,24 +137,90 @@ def raised_opset(model: ModelProto, opset: int) -> ModelProto:
         ) from exc
     if default_opset(model) < 11 <= opset:
         _keep_upsample_coordinates(converted.graph)
+    if batched:
+        _unbatch_scans(converted, model, batched, opset)
+        onnx.checker.check_model(converted)
     return converted
 
 
-def _refuse_batched_scan(model: ModelProto) -> None:
-    """Scan before opset 9 has a batch axis; onnx's converter drops it from the model's
-    inputs and outputs (a (1, T, ...) input becomes (T, ...)), so the raised model would
-    not take the original's feeds: refused by name."""
+def _batched_scans(model: ModelProto) -> list[NodeProto]:
+    """The Scan nodes of an opset-8 model (they have a batch axis), which the conversion
+    must unbatch: only in the main graph, without ``sequence_lens``, with a batch of 1
+    (refused by name otherwise)."""
     if default_opset(model) >= 9:
-        return
+        return []
+    scans = []
+    sizes = _batch_sizes(model)
     for graph in iter_graphs(model.graph):
         for node in graph.node:
-            if node.op_type == "Scan" and not normalize_domain(node.domain):
+            if node.op_type != "Scan" or normalize_domain(node.domain):
+                continue
+            where = f"Scan node {node.name or node.output[0]!r} at opset {default_opset(model)}"
+            if graph is not model.graph or (node.input and node.input[0]):
                 raise NotImplementedError(
-                    f"Scan node {node.name or node.output[0]!r} at opset "
-                    f"{default_opset(model)}: the batched Scan of opset 8 has no gradient "
-                    f"(onnx's version converter drops its batch axis, changing the model's "
-                    f"inputs); rewrite it as an opset-9 Scan"
+                    f"{where}: no gradient for a batched Scan inside a subgraph or with "
+                    f"sequence_lens (only batches of 1 are rewritten as an opset-9 Scan)"
                 )
+            if any(sizes.get(name) != 1 for name in node.input[1:]):
+                raise NotImplementedError(
+                    f"{where}: no gradient for a batched Scan whose batch is not a static 1 "
+                    f"(only batches of 1 are rewritten as an opset-9 Scan)"
+                )
+            scans.append(node)
+    return scans
+
+
+def _batch_sizes(model: ModelProto) -> dict[str, int | None]:
+    """The static size of axis 0 of every value shape inference types."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # unknown sizes: the batched Scans are refused
+        inferred = model
+    sizes = {}
+    for info in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        dims = info.type.tensor_type.shape.dim
+        sizes[info.name] = dims[0].dim_value if dims and dims[0].HasField("dim_value") else None
+    return sizes
+
+
+def _unbatch_scans(
+    converted: ModelProto, original: ModelProto, scans: list[NodeProto], opset: int
+) -> None:
+    """onnx's converter keeps an opset-8 Scan node as is and drops the batch axis from the
+    graph's declared inputs and outputs; the batch of 1 is squeezed off the Scan's inputs
+    and put back on its outputs instead, and the original declarations restored."""
+    batched_outputs = {o for node in scans for o in node.output if o}
+    graph = converted.graph
+    nodes = []
+    for node in graph.node:
+        if node.op_type != "Scan" or not set(node.output) & batched_outputs:
+            nodes.append(node)
+            continue
+        squeezed = [f"{name}__unbatched" for name in node.input]
+        for source, target in zip(node.input, squeezed):
+            nodes += _axis_op("Squeeze", source, target, opset)
+        batched = list(node.output)
+        node.input[:] = squeezed
+        node.output[:] = [f"{name}__unbatched" for name in batched]
+        nodes.append(node)
+        for source, target in zip(node.output, batched):
+            nodes += _axis_op("Unsqueeze", source, target, opset)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for field in ("input", "output"):
+        del getattr(graph, field)[:]
+        getattr(graph, field).extend(getattr(original.graph, field))
+    del graph.value_info[:]
+
+
+def _axis_op(op_type: str, source: str, target: str, opset: int) -> list[NodeProto]:
+    """``op_type`` (Squeeze or Unsqueeze) of axis 0, as the opset takes its axes."""
+    if opset >= 13:
+        axes = helper.make_node(
+            "Constant", [], [f"{target}__axes"], value=onnx.numpy_helper.from_array(np.array([0]))
+        )
+        return [axes, helper.make_node(op_type, [source, f"{target}__axes"], [target])]
+    return [helper.make_node(op_type, [source], [target], axes=[0])]
 
 
 def _keep_upsample_coordinates(graph) -> None:
