@@ -23,7 +23,7 @@ NOT_CHECKED = {
     **dict.fromkeys(
         ["Max-tie-split", "Min-two-way-ties", "ReduceMax-ties", "ReduceL2-zero-norm",
          "ReduceProd-zeros", "LpPool-zero-windows-p1", "LpPool-zero-windows-p2",
-         "LpPool-zero-windows-p3"], _TIE,
+         "LpPool-zero-windows-p3", "GlobalLpPool-zero-plane"], _TIE,
     ),
     **dict.fromkeys(["ReduceSum-runtime-axes", "ReduceSum-runtime-empty-axes"], (
         "with axes computed at run time, shape inference cannot give the rank of the first "
