@@ -151,7 +151,7 @@ CASES = [
     pool("LpPool", "2d-default-p", (1, 2, 5, 4), kernel_shape=[2, 2], opset=11),
     global_lp_pool("2d-default-p", r(2, 3, 3, 4)),
     global_lp_pool("1d-p1-opset11", r(1, 2, 5), opset=11, p=1),
-    global_lp_pool("3d-p3", r(1, 2, 2, 3, 2), opset=22, p=3),
+    global_lp_pool("3d-p3", r(1, 2, 2, 3, 2), opset=21, p=3),  # onnxruntime 1.32 lacks v22
     global_lp_pool("zero-plane", ZERO_WINDOWS[:, :, :3, :3] + [[[[0.0]]], [[[1.0]]]]),
     pool("LpPool", "2d-p3-strides-pads", (1, 2, 6, 5), kernel_shape=[3, 2], strides=[2, 1],
          pads=[1, 0, 1, 1], p=3),
