@@ -322,8 +322,16 @@ def _softmax_zero(c: _Context, s: str, out: str) -> str:
     return b.op("Div", b.op("Where", nonzero, exp, small), total, out=out)
 
 
+_PROBIT = "post_transform 'PROBIT' has no lowering"
+
+
 def _refuses_probit(node: NodeProto) -> bool:
     return _attr(node, "post_transform", "NONE") == "PROBIT"
+
+
+@_refusals("LinearRegressor", "LinearClassifier")
+def _linear_refusal(node: NodeProto) -> str | None:
+    return _PROBIT if _refuses_probit(node) else None
 
 
 # -- linear models --------------------------------------------------------------------------

@@ -23,7 +23,8 @@ Pair ``(i, j)`` votes for ``i`` when ``s_ij > 0``, else for ``j``; the label is
 second output is:
 
 * without ``prob_a``: the post transform of the ``P`` scores; with two classes
-  ``[-s, s]`` (``NONE``) or ``[1 - s, s]`` (any other transform, applied to nothing);
+  ``[-s, s]`` (``NONE``), ``[logistic(-s), logistic(s)]`` (``LOGISTIC``, as onnxruntime
+  1.32 computes it; 1.19 writes ``[1 - s, s]``) or ``[1 - s, s]`` (the softmaxes);
 * with ``prob_a``, ``prob_b``: Platt's pairwise probabilities
   ``r_ij = clip(1 - logistic(A_ij s_ij + B_ij), 1e-7, 1 - 1e-7)``, ``r_ji = 1 - r_ij``,
   coupled into class probabilities ``p`` (Wu, Lin & Weng 2004, method 2) by onnxruntime's
@@ -46,6 +47,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad.graph.ml_lowering import (
+    _PROBIT,
     _attr,
     _class_lookup,
     _Context,
@@ -150,7 +152,7 @@ def svm_refusal(node: NodeProto) -> str | None:
     ``SVMClassifier`` as it is (the attribute and its value), or ``None``."""
     transform = _attr(node, "post_transform", "NONE")
     if node.op_type == "SVMClassifier" and transform == "PROBIT":
-        return "post_transform 'PROBIT' is not lowered"
+        return _PROBIT
     coefficients = len(_attr(node, "coefficients", []))
     vectors = len(_attr(node, "support_vectors", []))
     if node.op_type == "SVMRegressor":
@@ -205,11 +207,22 @@ def _svm_classifier(c: _Context, node: NodeProto) -> bool:
         probabilities = _coupled(c, _pair_probabilities(c, node, scores), len(labels))
         _post_transform(c, probabilities, transform, node.output[1])
     elif len(labels) == 2:
-        first = b.op("Neg", scores) if transform == "NONE" else b.op("Sub", _one(c), scores)
-        b.op("Concat", first, scores, out=node.output[1], axis=1)
+        b.op("Concat", *_two_columns(c, scores, transform), out=node.output[1], axis=1)
     else:
         _post_transform(c, scores, transform, node.output[1])
     return True
+
+
+def _two_columns(c: _Context, s: str, transform: str) -> tuple[str, str]:
+    """The two columns onnxruntime writes for one pair score ``s``: ``[-s, s]`` (``NONE``),
+    ``[logistic(-s), logistic(s)]`` (``LOGISTIC``, as onnxruntime 1.32 computes it; 1.19
+    writes ``[1 - s, s]``), ``[1 - s, s]`` (``SOFTMAX``, ``SOFTMAX_ZERO``)."""
+    b = c.b
+    if transform == "NONE":
+        return b.op("Neg", s), s
+    if transform == "LOGISTIC":
+        return b.op("Sigmoid", b.op("Neg", s)), b.op("Sigmoid", s)
+    return b.op("Sub", _one(c), s), s
 
 
 def _one(c: _Context) -> str:

@@ -26,6 +26,7 @@ from onnxgrad.derivative.autodiff.registry import (
 )
 from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import iter_graphs, node_inputs
+from onnxgrad.graph.ml_lowering import why_not_lowered
 
 
 class Engine:
@@ -125,6 +126,8 @@ class Engine:
                     )
                 except FunctionExpansionError as exc:
                     reason = f" ({exc})"
+            if rule is None and (refusal := why_not_lowered(node)):
+                reason = f" (lower_ml_operators left it: {refusal})"
             if rule is None:
                 missing.append((node, reason))
             rules.append(rule)
