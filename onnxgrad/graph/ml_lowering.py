@@ -12,8 +12,8 @@ parameters as float initializers (weights):
   scores output is the post transform of ``s``, and for one score and two classes
   ``[1 - t, t]`` with ``t = sigmoid(s)`` (``LOGISTIC``, as onnxruntime >= 1.20 computes it;
   1.19 leaves ``s``) or ``t = s`` (the other transforms);
-* ``SVMRegressor`` with a linear kernel: ``y = x (alpha^T SV) + rho`` (``one_class``:
-  ``sign(y)``, as ``1`` or ``-1``);
+* ``SVMRegressor`` and ``SVMClassifier``, every kernel, probabilities included: see
+  :mod:`onnxgrad.graph.ml_svm`;
 * ``Scaler``: ``(x - offset) * scale``; ``Normalizer``: ``x / max x``, ``x / sum |x|`` or
   ``x / ||x||_2`` per row (rows whose norm is 0 unchanged); ``Binarizer``:
   ``x > threshold``; ``Imputer``: replaced values (or NaN) swapped for imputed ones;
@@ -25,7 +25,9 @@ parameters as float initializers (weights):
 ``keep_zipmap=False``; either way its probability tensor becomes a graph output named
 ``probabilities`` (or its own name when that one is taken), after the original outputs.
 ``CastMap`` and the ops without a float derivative (tree ensembles, label encoders,
-nearest neighbours...) stay as they are. Models below default-domain opset 13 are first
+nearest neighbours...) stay as they are, and so does an operator configured in a way the
+lowering does not reproduce (:func:`why_not_lowered` says why; the gradient engine's error
+repeats it). Models below default-domain opset 13 are first
 converted to 13 with :func:`onnx.version_converter.convert_version` (left at their opset,
 which the lowering also supports, when the converter cannot).
 """

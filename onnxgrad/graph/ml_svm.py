@@ -35,6 +35,10 @@ Without support vectors (liblinear's layout) the scores are ``s = x a^T + rho_0`
 ``classes[1]`` when ``max s > 0`` (``max s >= 0.5`` when every coefficient is ``>= 0``, a
 rule fixed at lowering time from the coefficients), as onnxruntime decides.
 
+The pair scores are accumulated in float64 (onnxruntime sums them in double) and the RBF
+distances as ``sum_f (x_f - v_f)^2`` (not ``|x|^2 - 2 <x, v> + |v|^2``, which loses digits
+on features far from 0), at the price of an ``[N, V, F]`` intermediate.
+
 Support vectors, coefficients, ``rho`` and Platt's ``A``, ``B`` become float initializers
 (weights): the scores and probabilities are differentiable in them and in ``x``; the label
 is not. A ``post_transform`` of ``PROBIT`` and attributes of inconsistent sizes are not
@@ -104,13 +108,14 @@ def _kernel(c: _Context, node: NodeProto, x: str, vectors: str) -> str:
 # -- SVMRegressor -----------------------------------------------------------------------------
 @_lowers("SVMRegressor")
 def _svm_regressor(c: _Context, node: NodeProto) -> bool:
-    if svm_refusal(node) or c.rank(node.input[0]) is None:
-        return False
     b = c.b
     coefficients = np.asarray(_attr(node, "coefficients", []), dtype=np.float64)
     n_supports = _attr(node, "n_supports", 0)
     rho = _attr(node, "rho", [0.0])[:1]
-    if n_supports > 0 and _attr(node, "kernel_type", "LINEAR") != "LINEAR":
+    kernel = n_supports > 0 and _attr(node, "kernel_type", "LINEAR") != "LINEAR"
+    if svm_refusal(node) or (kernel and c.rank(node.input[0]) is None):
+        return False
+    if kernel:
         x = c.as_rows(c.to_float(node.input[0]))
         vectors = _attr(node, "support_vectors", [])
         sv = b.initializer(_f32(vectors).reshape(n_supports, -1), "support_vectors")
