@@ -49,7 +49,7 @@ from sklearn.preprocessing import (
     PolynomialFeatures,
     StandardScaler,
 )
-from sklearn.svm import SVC, LinearSVC, LinearSVR
+from sklearn.svm import SVC, SVR, LinearSVC, LinearSVR
 
 from onnxgrad import OrtGradientForwardBackwardOptimizer, onnx_derivative
 from onnxgrad.derivative import DerivativeOptions
@@ -223,6 +223,7 @@ CASES = [
     ),
 ]
 CASES += [
+    Case("SVR-rbf", lambda: SVR(kernel="rbf"), "regression", "squared_error", "squared_error"),
     Case(
         "SVC-linear",
         _svc("linear"),
