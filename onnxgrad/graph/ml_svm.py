@@ -340,12 +340,7 @@ def _coupled(c: _Context, r: str, n_classes: int) -> str:
     renormalising ``p``, ``Qp`` and ``p^T Q p`` after each; at most 100 sweeps (``Loop``)."""
     b = c.b
     q, diagonal = _coupling_matrix(c, r, n_classes)
-    rows = b.op(
-        "Slice",
-        b.op("Shape", q),
-        b.const(np.array([0], np.int64), "start"),
-        b.const(np.array([2], np.int64), "end"),
-    )
+    rows = b.op("Gather", b.op("Shape", q), b.const(np.array([0, 1], np.int64), "n_c"), axis=0)
     start = b.op(
         "Expand",
         b.const(np.full((1, n_classes), 1 / np.float32(n_classes), np.float32), "uniform"),

@@ -247,3 +247,17 @@ def test_svm_regressor_kernels(rng, kernel, one_class):
     lowered = _assert_same(model, {"X": _x(rng, 12, 4)})
     shapes = {w.shape for w, _ in get_train_initializer(lowered).values()}
     assert shapes == (set() if one_class else {(5, 4), (5, 1), (1,)})
+
+
+@pytest.mark.parametrize("opset", [9, 10, 12])
+@pytest.mark.parametrize("kernel", ["LINEAR", "RBF"])
+def test_svm_classifier_at_its_own_old_opset(rng, monkeypatch, kernel, opset):
+    """When onnx's version converter cannot raise a model to 13, the lowering works at the
+    model's opset (Gemm with its then required C, Slice-free shapes, attribute axes)."""
+    from onnxgrad.graph import ml_lowering
+
+    monkeypatch.setattr(ml_lowering, "_upgraded", lambda model: model)
+    model = _classifier(rng, 3, kernel, proba=True)
+    model.opset_import[0].version = opset
+    lowered = _assert_same(model, {"X": _x(rng, 10, 4)})
+    assert {op.version for op in lowered.opset_import if op.domain == ""} == {opset}
