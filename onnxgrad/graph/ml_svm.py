@@ -108,36 +108,30 @@ def _kernel(c: _Context, node: NodeProto, x: str, vectors: str) -> str:
 # -- SVMRegressor -----------------------------------------------------------------------------
 @_lowers("SVMRegressor")
 def _svm_regressor(c: _Context, node: NodeProto) -> bool:
+    n_supports = _attr(node, "n_supports", 0)
+    with_kernel = n_supports > 0 and _attr(node, "kernel_type", "LINEAR") != "LINEAR"
+    if svm_refusal(node) or (with_kernel and c.rank(node.input[0]) is None):
+        return False
     b = c.b
     coefficients = np.asarray(_attr(node, "coefficients", []), dtype=np.float64)
-    n_supports = _attr(node, "n_supports", 0)
     rho = _attr(node, "rho", [0.0])[:1]
-    kernel = n_supports > 0 and _attr(node, "kernel_type", "LINEAR") != "LINEAR"
-    if svm_refusal(node) or (kernel and c.rank(node.input[0]) is None):
-        return False
-    if kernel:
+    vectors = np.asarray(_attr(node, "support_vectors", []), dtype=np.float64)
+    if with_kernel:
         x = c.as_rows(c.to_float(node.input[0]))
-        vectors = _attr(node, "support_vectors", [])
         sv = b.initializer(_f32(vectors).reshape(n_supports, -1), "support_vectors")
         alpha = b.initializer(_f32(coefficients[:n_supports]).reshape(-1, 1), "coefficients")
-        kernel = _kernel(c, node, x, sv)
-        scores = b.op("Add", b.op("MatMul", kernel, alpha), b.initializer(_f32(rho), "rho"))
+        scores = b.op("MatMul", _kernel(c, node, x, sv), alpha)
+        scores = b.op("Add", scores, b.initializer(_f32(rho), "rho"))
     else:
         if n_supports > 0:
-            vectors = np.asarray(_attr(node, "support_vectors", []), dtype=np.float64)
             coefficients = coefficients[:n_supports] @ vectors.reshape(n_supports, -1)
         scores = _linear(c, node, coefficients.astype(np.float32), rho, 1)
-    if _attr(node, "one_class", 0):
-        positive = b.op("Greater", scores, b.const(_f32(0.0), "zero"))
-        b.op(
-            "Where",
-            positive,
-            b.const(_f32(1.0), "one"),
-            b.const(_f32(-1.0), "m1"),
-            out=node.output[0],
-        )
-    else:
+    if not _attr(node, "one_class", 0):
         b.op("Identity", scores, out=node.output[0])
+        return True
+    positive = b.op("Greater", scores, b.const(_f32(0.0), "zero"))
+    one, minus_one = b.const(_f32(1.0), "one"), b.const(_f32(-1.0), "minus_one")
+    b.op("Where", positive, one, minus_one, out=node.output[0])
     return True
 
 
