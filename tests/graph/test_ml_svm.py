@@ -11,8 +11,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad import onnx_derivative
-from onnxgrad.graph import get_train_initializer, lower_ml_operators
+from onnxgrad.derivative import DerivativeOptions
+from onnxgrad.graph import add_loss_output, get_train_initializer, lower_ml_operators, ml_lowering
 from onnxgrad.graph.ml_lowering import why_not_lowered
+from tests.derivative.fd import onnx_numerical_vjp
 from tests.graph.test_ml_lowering import _assert_same, _model, _run, _x
 
 F, D, I64, S = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.STRING
@@ -254,10 +256,33 @@ def test_svm_regressor_kernels(rng, kernel, one_class):
 def test_svm_classifier_at_its_own_old_opset(rng, monkeypatch, kernel, opset):
     """When onnx's version converter cannot raise a model to 13, the lowering works at the
     model's opset (Gemm with its then required C, Slice-free shapes, attribute axes)."""
-    from onnxgrad.graph import ml_lowering
-
     monkeypatch.setattr(ml_lowering, "_upgraded", lambda model: model)
     model = _classifier(rng, 3, kernel, proba=True)
     model.opset_import[0].version = opset
     lowered = _assert_same(model, {"X": _x(rng, 10, 4)})
     assert {op.version for op in lowered.opset_import if op.domain == ""} == {opset}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "n_classes", "proba"),
+    [("SIGMOID", 3, True), ("POLY", 4, True), ("RBF", 2, False), ("LINEAR", 4, False)],
+)
+def test_svm_classifier_gradients_match_finite_differences(rng, kernel, n_classes, proba):
+    """Gradients of a loss on the scores with respect to ``x`` and every weight (support
+    vectors, dual coefficients, rho, Platt's A and B; through the coupling ``Loop``)."""
+    model = lower_ml_operators(_classifier(rng, n_classes, kernel, proba=proba))
+    with_loss = add_loss_output(model, "squared_error")
+    weights = list(get_train_initializer(with_loss))
+    assert len(weights) == (5 if proba else 3)
+    grad = onnx_derivative(with_loss, options=DerivativeOptions.Loss, label="label")
+    values = {i.name: numpy_helper.to_array(i) for i in with_loss.graph.initializer}
+    n_scores = n_classes if proba or n_classes == 2 else n_classes * (n_classes - 1) // 2
+    label = rng.uniform(0, 1, (5, n_scores)).astype(np.float32)
+    feeds = {"X": _x(rng, 5, 4), "label": label, **{w: values[w] for w in weights}}
+    got = dict(zip([o.name for o in grad.graph.output], _run(grad, feeds)))
+    expected = onnx_numerical_vjp(with_loss, feeds, ["X", *weights], outputs=["loss"], eps=1e-6)
+    for name in ["X", *weights]:
+        scale = max(1.0, float(np.abs(expected[name]).max()))
+        np.testing.assert_allclose(
+            got[f"{name}_grad"], expected[name], rtol=2e-3, atol=2e-3 * scale, err_msg=name
+        )
