@@ -266,9 +266,7 @@ def test_expand_stays_when_the_other_operand_may_have_another_shape():
     m = _expand_then("Mul", other)
     assert "Expand" in ops(cleaned(m))
     x, s = rng.standard_normal((4, 3)), rng.standard_normal((1, 3))
-    np.testing.assert_array_equal(
-        run(cleaned(m), {"x": x, "s": s})[0], run(m, {"x": x, "s": s})[0]
-    )
+    np.testing.assert_array_equal(run(cleaned(m), {"x": x, "s": s})[0], run(m, {"x": x, "s": s})[0])
 
 
 def test_mean_squared_error_and_rms_norm_gradients_match_finite_differences():
@@ -291,9 +289,7 @@ def test_mean_squared_error_and_rms_norm_gradients_match_finite_differences():
         numpy_helper.from_array(np.array(2.0), "two"),
         numpy_helper.from_array(np.array([-1], np.int64), "last"),
     ]
-    net = model(
-        nodes, [tensor("X", ["N", 5]), tensor("y", ["N", 2])], [tensor("loss", [])], inits
-    )
+    net = model(nodes, [tensor("X", ["N", 5]), tensor("y", ["N", 2])], [tensor("loss", [])], inits)
     grad = onnx_derivative(net, weights=["W"], inputs=["X"], options=DerivativeOptions.Zero)
     assert "Expand" not in ops(grad)
     assert ops(grad).count("Reshape") == 1
