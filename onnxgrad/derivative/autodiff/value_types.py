@@ -8,7 +8,7 @@ whose inputs are the outer values they read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +27,10 @@ class ValueType:
 
     elem_type: int
     shape: tuple[int | str | None, ...] | None
+
+
+#: value name -> its type, as the engine knows them
+ValueTypes = Mapping[str, ValueType]
 
 
 def infer_value_types(model: ModelProto) -> dict[str, ValueType]:

@@ -279,3 +279,34 @@ def test_dropout_with_constant_false_training_mode_is_identity_without_mask():
     g = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
     (x_grad,) = ReferenceEvaluator(grad).run(None, {"x": x, "y_grad": g})
     np.testing.assert_array_equal(x_grad, g)
+
+
+@pytest.mark.parametrize(("bias_shape", "exposed"), [([6], True), ([1], False)])
+def test_layer_normalization_reuses_its_own_moments(bias_shape, exposed):
+    """The forward LayerNormalization returns its Mean and InvStdDev for the gradient (no
+    ReduceMean recomputing them) unless its bias broadcasts, which onnxruntime refuses then;
+    either way the gradient matches its formula computed by numpy in float64."""
+    rng = np.random.default_rng(7)
+    inputs = {"x": [3, 6], "scale": [6], "b": bias_shape}
+    model = single_node_model("LayerNormalization", inputs, opset=17, epsilon=0.1)
+    grad = onnx_derivative(model, weights=[], inputs=list(inputs), options=DerivativeOptions.Zero)
+    forwards = [n for n in grad.graph.node if n.op_type == "LayerNormalization"]
+    assert [len(n.output) for n in forwards] == ([3] if exposed else [])
+    assert [n.op_type for n in grad.graph.node].count("ReduceMean") == (2 if exposed else 4)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs.items()}
+    feeds["y_grad"] = rng.standard_normal((3, 6)).astype(np.float32)
+    session = onnxruntime.InferenceSession(
+        grad.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    x, scale, g = (feeds[n].astype(np.float64) for n in ("x", "scale", "y_grad"))
+    xhat = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 0.1)
+    h = g * scale
+    expected_x = (h - h.mean(1, keepdims=True) - xhat * (h * xhat).mean(1, keepdims=True)) / (
+        np.sqrt(x.var(1, keepdims=True) + 0.1)
+    )
+    np.testing.assert_allclose(got["x_grad"], expected_x, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["scale_grad"], (g * xhat).sum(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        got["b_grad"], g.sum(0) if exposed else g.sum(keepdims=True).ravel(), rtol=1e-4, atol=1e-5
+    )
