@@ -63,7 +63,7 @@ from onnxgrad.graph.ml_lowering import (
 
 #: onnxruntime's bounds on Platt's pairwise probabilities
 _PROBABILITY_FLOOR = np.float32(1e-7)
-#: onnxruntime's pairwise coupling: at most this many sweeps per row
+#: onnxruntime's (and libsvm's) pairwise coupling: at most max(this, C) sweeps per row
 _COUPLING_SWEEPS = 100
 
 
@@ -77,13 +77,16 @@ def _kernel_params(node: NodeProto) -> tuple[float, float, float]:
     return gamma, coef0, degree
 
 
-def _kernel(c: _Context, node: NodeProto, x: str, vectors: str) -> str:
-    """``K[n, v] = k(x_n, V_v)``, ``[N, V]``, for the node's ``kernel_type``."""
+def _kernel(c: _Context, node: NodeProto, x: str, support_vectors: np.ndarray) -> str:
+    """``K[n, v] = k(x_n, V_v)``, ``[N, V]``, for the node's ``kernel_type``; the support
+    vectors ``V`` (``[V, F]``) become a weight."""
     b = c.b
     kernel = _attr(node, "kernel_type", "LINEAR")
     gamma, coef0, degree = _kernel_params(node)
-    if kernel == "RBF":
-        rows = b.op("Reshape", x, b.const(np.array([0, 1, -1], np.int64), "rows3d"))
+    vectors = b.initializer(support_vectors, "support_vectors")
+    if kernel == "RBF":  # [N, 1, F]: F written out, so an empty batch reshapes too
+        features = support_vectors.shape[1]
+        rows = b.op("Reshape", x, b.const(np.array([0, 1, features], np.int64), "rows3d"))
         diff = b.op("Sub", rows, vectors)
         distance = b.reduce("ReduceSum", b.op("Mul", diff, diff), [2], keepdims=0)
         return b.op("Exp", b.op("Mul", b.const(_f32(-gamma), "minus_gamma"), distance))
@@ -118,7 +121,7 @@ def _svm_regressor(c: _Context, node: NodeProto) -> bool:
     vectors = np.asarray(_attr(node, "support_vectors", []), dtype=np.float64)
     if with_kernel:
         x = c.as_rows(c.to_float(node.input[0]))
-        sv = b.initializer(_f32(vectors).reshape(n_supports, -1), "support_vectors")
+        sv = _f32(vectors).reshape(n_supports, -1)
         alpha = b.initializer(_f32(coefficients[:n_supports]).reshape(-1, 1), "coefficients")
         scores = b.op("MatMul", _kernel(c, node, x, sv), alpha)
         scores = b.op("Add", scores, b.initializer(_f32(rho), "rho"))
@@ -236,7 +239,7 @@ def _pair_scores(c: _Context, node: NodeProto, x: str, n_classes: int) -> str:
     n_vectors, pairs = sum(per_class), _pairs(n_classes)
     vectors = _f32(_attr(node, "support_vectors")).reshape(n_vectors, -1)
     coefficients = _f32(_attr(node, "coefficients"))[: (n_classes - 1) * n_vectors]
-    kernel = _kernel(c, node, x, b.initializer(vectors, "support_vectors"))
+    kernel = _kernel(c, node, x, vectors)
     starts = np.cumsum([0, *per_class])
     index = np.zeros((n_vectors, len(pairs)), np.int64)
     mask = np.zeros((n_vectors, len(pairs)), np.float32)
@@ -331,7 +334,7 @@ def _coupled(c: _Context, r: str, n_classes: int) -> str:
     """Class probabilities ``p`` from the pairwise ``r`` by onnxruntime's iteration: from
     ``p = 1 / C``, each sweep stops a row when ``max_i |(Qp)_i - p^T Q p| < 0.005 / C``,
     else updates ``p_i += ((p^T Q p) - (Qp)_i) / Q_ii`` for ``i = 0..C-1`` in turn,
-    renormalising ``p``, ``Qp`` and ``p^T Q p`` after each; at most 100 sweeps (``Loop``)."""
+    renormalising ``p``, ``Qp`` and ``p^T Q p`` after each; at most ``max(100, C)`` sweeps (``Loop``)."""
     b = c.b
     q, diagonal = _coupling_matrix(c, r, n_classes)
     rows = b.op("Gather", b.op("Shape", q), b.const(np.array([0, 1], np.int64), "n_c"), axis=0)
@@ -364,7 +367,7 @@ def _coupled(c: _Context, r: str, n_classes: int) -> str:
             helper.make_tensor_value_info(p, TensorProto.FLOAT, shape),
         ]
     )
-    sweeps = b.const(np.array(_COUPLING_SWEEPS, np.int64), "max_sweeps")
+    sweeps = b.const(np.array(max(_COUPLING_SWEEPS, n_classes), np.int64), "max_sweeps")
     return b.op("Loop", sweeps, b.const(np.array(True), "true"), start, hint="coupled", body=body)
 
 

@@ -286,3 +286,14 @@ def test_svm_classifier_gradients_match_finite_differences(rng, kernel, n_classe
         np.testing.assert_allclose(
             got[f"{name}_grad"], expected[name], rtol=2e-3, atol=2e-3 * scale, err_msg=name
         )
+
+
+@pytest.mark.parametrize("proba", [False, True])
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_svm_classifier_on_an_empty_batch(rng, kernel, proba):
+    """No row in, no row out, as onnxruntime answers (the RBF rows are reshaped to
+    ``[N, 1, F]`` with ``F`` written out: ``-1`` cannot be inferred from 0 elements)."""
+    model = _classifier(rng, 3, kernel, proba=proba)
+    label, scores = _run(lower_ml_operators(model), {"X": np.zeros((0, 4), np.float32)})
+    assert label.shape == (0,) and scores.shape[0] == 0
+    _assert_same(model, {"X": np.zeros((0, 4), np.float32)})

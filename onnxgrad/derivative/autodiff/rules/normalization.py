@@ -17,10 +17,8 @@ All three compute :math:`y = s \hat x + b` with :math:`\hat x = (x - \mu) r` and
 from __future__ import annotations
 
 import numpy as np
-from onnx import NodeProto
 
-from onnxgrad._onnx_utils import NameScope
-from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
+from onnxgrad.derivative.autodiff.builder import GradBuilder
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     all_but_channel,
@@ -29,7 +27,6 @@ from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     tensor_rank,
     unsupported,
 )
-from onnxgrad.derivative.autodiff.value_types import ValueTypes
 
 
 def _inverse_std(b: GradBuilder, variance: str, epsilon: float, like: str) -> str:
@@ -158,38 +155,13 @@ def instance_normalization_grad(b, node, grads, needs):
 
 
 # -- LayerNormalization -----------------------------------------------------------------------
-def _expose_moments(node: NodeProto, scope: NameScope, types: ValueTypes) -> None:
-    """The forward LayerNormalization also returns its ``Mean`` and ``InvStdDev`` (its
-    kernel computes them anyway), so the gradient does not compute them again; only where
-    the scale and bias have exactly the normalized shape (onnxruntime 1.19 refuses a
-    broadcast scale or bias when these outputs are asked for)."""
-    if not _unbroadcast_parameters(node, types):
-        return
-    outputs = [*node.output, "", ""][:3]
-    for index, suffix in ((1, "mean"), (2, "inv_std_dev")):
-        if not outputs[index]:
-            outputs[index] = scope.unique(f"{outputs[0]}_{suffix}")
-    del node.output[:]
-    node.output.extend(outputs)
-
-
-def _unbroadcast_parameters(node: NodeProto, types: ValueTypes) -> bool:
-    shapes = [types[n].shape if n in types else None for n in node.input[:3] if n]
-    if any(shape is None for shape in shapes):
-        return False
-    x_shape, parameters = shapes[0], shapes[1:]
-    axis = NodeView(node, opset=0).attr("axis", -1) % len(x_shape)
-    normalized = tuple(x_shape[axis:])
-    return all(tuple(p) == normalized and all(isinstance(d, int) for d in p) for p in parameters)
-
-
-@register("LayerNormalization", since=17, forward=_expose_moments)
+@register("LayerNormalization", since=17)
 def layer_normalization_grad(b, node, grads, needs):
     x, scale, bias = node.inputs[0], node.inputs[1], node.input(2)
     rank = tensor_rank(b, node, x)
     first = node.attr("axis", -1) % rank
     axes = list(range(first, rank))
-    mean, inv = _layer_moments(b, node, x, axes)
+    mean, inv = _moments(b, x, axes, node.attr("epsilon", 1e-5))
     xhat = b.mul(b.op("Sub", x, mean), inv)
     g, g_mean, g_inv = [*grads, None, None][:3]
     y_shape = b.shape(node.outputs[0])
@@ -201,21 +173,6 @@ def layer_normalization_grad(b, node, grads, needs):
     if g is not None and bias is not None and needs[2]:
         results[2] = b.unbroadcast(g, bias, y_shape)
     return results
-
-
-def _layer_moments(b: GradBuilder, node, x: str, axes: list[int]) -> tuple[str, str]:
-    """The node's own Mean and InvStdDev outputs when it has them, else recomputed."""
-    outputs = node.outputs
-    if len(outputs) == 3 and outputs[1] and outputs[2]:
-        return _from_stash(b, node, outputs[1], x), _from_stash(b, node, outputs[2], x)
-    return _moments(b, x, axes, node.attr("epsilon", 1e-5))
-
-
-def _from_stash(b: GradBuilder, node, value: str, x: str) -> str:
-    """A Mean or InvStdDev output (of type ``stash_type``) in the element type of ``x``."""
-    if node.attr("stash_type", 1) == b.dtype(x):
-        return value
-    return b.op("Cast", value, to=b.dtype(x))
 
 
 def _layer_input_grad(b, x, scale, g, g_mean, g_inv, mean, inv, xhat, axes) -> str | None:
