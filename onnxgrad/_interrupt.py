@@ -38,9 +38,9 @@ def record_sigint():
 def restore_sigint(previous) -> None:
     """Put back the handler :func:`record_sigint` replaced."""
     global _finishing
-    _finishing = False
     if previous is not None:
         signal.signal(signal.SIGINT, previous)
+    _finishing = False  # after: a Ctrl-C in between finds the command still finishing
 
 
 def sigint_received() -> bool:

@@ -58,7 +58,9 @@ def mlp():
     y = X @ np.array([1.0, -2.0, 0.5])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        estimator = MLPRegressor(hidden_layer_sizes=(5,), activation="tanh", max_iter=50)
+        estimator = MLPRegressor(
+            hidden_layer_sizes=(5,), activation="tanh", max_iter=50, random_state=0
+        )
         estimator.fit(X, y)
     return skl2onnx.to_onnx(estimator, X[:1], target_opset=15), X[:4]
 
@@ -245,4 +247,6 @@ def test_a_valid_model_still_runs_the_same(mlp):
     )
     got = run_onnxruntime(grad, {"X": x, **initializer_values(model, get_train_initializer(model))})
     expected = run_onnxruntime(model, {"X": x})
-    np.testing.assert_allclose(got["variable"], expected["variable"], rtol=1e-6)
+    # the same float32 values up to the order of the sums: onnxruntime may fuse the forward
+    # nodes of the larger graph differently (outputs ~0.2, from products of weights ~1)
+    np.testing.assert_allclose(got["variable"], expected["variable"], rtol=1e-6, atol=1e-6)

@@ -49,6 +49,17 @@ class GraphBuilder:
         )
         return name
 
+    def nested(self, graph: GraphProto) -> GraphBuilder:
+        """A builder appending to ``graph`` (a Loop/Scan/If body) with this builder's opset and
+        prefix, whose new names stay unique across both graphs."""
+        sub = GraphBuilder(graph, self.opset, self.prefix)
+        sub._values, sub._nodes = self._values, self._nodes
+        return sub
+
+    def fresh(self, hint: str) -> str:
+        """A new value name ``<prefix>_<hint>`` (made unique), for a subgraph's inputs."""
+        return self._values.unique(f"{self.prefix}_{hint}")
+
     def is_used(self, name: str) -> bool:
         """Whether ``name`` already names a value of the graph (or one this builder made)."""
         return name in self._values

@@ -12,8 +12,8 @@ parameters as float initializers (weights):
   scores output is the post transform of ``s``, and for one score and two classes
   ``[1 - t, t]`` with ``t = sigmoid(s)`` (``LOGISTIC``, as onnxruntime >= 1.20 computes it;
   1.19 leaves ``s``) or ``t = s`` (the other transforms);
-* ``SVMRegressor`` with a linear kernel: ``y = x (alpha^T SV) + rho`` (``one_class``:
-  ``sign(y)``, as ``1`` or ``-1``);
+* ``SVMRegressor`` and ``SVMClassifier``, every kernel, probabilities included: see
+  :mod:`onnxgrad.graph.ml_svm`;
 * ``Scaler``: ``(x - offset) * scale``; ``Normalizer``: ``x / max x``, ``x / sum |x|`` or
   ``x / ||x||_2`` per row (rows whose norm is 0 unchanged); ``Binarizer``:
   ``x > threshold``; ``Imputer``: replaced values (or NaN) swapped for imputed ones;
@@ -25,7 +25,9 @@ parameters as float initializers (weights):
 ``keep_zipmap=False``; either way its probability tensor becomes a graph output named
 ``probabilities`` (or its own name when that one is taken), after the original outputs.
 ``CastMap`` and the ops without a float derivative (tree ensembles, label encoders,
-nearest neighbours...) stay as they are. Models below default-domain opset 13 are first
+nearest neighbours...) stay as they are, and so does an operator configured in a way the
+lowering does not reproduce (:func:`why_not_lowered` says why; the gradient engine's error
+repeats it). Models below default-domain opset 13 are first
 converted to 13 with :func:`onnx.version_converter.convert_version` (left at their opset,
 which the lowering also supports, when the converter cannot).
 """
@@ -82,6 +84,8 @@ class _Context:
 
 Lowering = Callable[[_Context, NodeProto], bool]
 _LOWERINGS: dict[str, Lowering] = {}
+#: ``op_type -> node -> reason or None``: why a lowering leaves a node as it is
+_REFUSALS: dict[str, Callable[[NodeProto], str | None]] = {}
 
 
 def _lowers(op_type: str) -> Callable[[Lowering], Lowering]:
@@ -90,6 +94,22 @@ def _lowers(op_type: str) -> Callable[[Lowering], Lowering]:
         return function
 
     return register
+
+
+def _refusals(*op_types: str) -> Callable:
+    def register(function: Callable[[NodeProto], str | None]) -> Callable:
+        for op_type in op_types:
+            _REFUSALS[op_type] = function
+        return function
+
+    return register
+
+
+def why_not_lowered(node: NodeProto) -> str | None:
+    """Why :func:`lower_ml_operators` leaves this ``ai.onnx.ml`` node as it is (the attribute
+    and its value), or ``None`` when it lowers it or knows no reason."""
+    refusal = _REFUSALS.get(node.op_type) if node.domain == ML_DOMAIN else None
+    return refusal(node) if refusal else None
 
 
 def lowerable_nodes(model: ModelProto) -> list[NodeProto]:
@@ -264,28 +284,39 @@ def lower_ml_operators(model: ModelLike, keep_zipmap: bool = True) -> ModelProto
     The original outputs keep their names, types and values; a ``ZipMap``'s probability
     tensor is added as an output (``probabilities``), and with ``keep_zipmap=False`` the
     ZipMap output itself is dropped. An operator the lowering does not support as
-    configured (a non-linear SVM kernel, the ``PROBIT`` transform, an input of unknown
-    rank) is left as it is.
+    configured (the ``PROBIT`` transform, an input of unknown rank...: see
+    :func:`why_not_lowered`) is left as it is.
     """
     model = _upgraded(_deduplicated_opsets(load_model(model)))
     graph = model.graph
+    zipmaps = [n for n in graph.node if n.domain == ML_DOMAIN and n.op_type == "ZipMap"]
     types = _inferred_types(model)
-    original = list(graph.node)
+    while _lowering_pass(model, types):
+        types = _inferred_types(model)
     builder = GraphBuilder(graph, default_opset(model), prefix="ml")
-    del graph.node[:]
-    context = _Context(builder, types)
-    zipmaps = []
-    for node in original:
-        lower = _LOWERINGS.get(node.op_type) if node.domain == ML_DOMAIN else None
-        if node.domain == ML_DOMAIN and node.op_type == "ZipMap":
-            zipmaps.append(node)
-        builder.prefix = node.name or node.op_type
-        if lower is None or not lower(context, node):
-            graph.node.append(node)
     _expose_probabilities(graph, builder, zipmaps, types, keep_zipmap)
     if not keep_zipmap:
         prune_graph(graph, keep_inputs=True)
     return finalize_model(model)
+
+
+def _lowering_pass(model: ModelProto, types: dict) -> bool:
+    """Lower every node it can (in place); whether it lowered any. A node whose input rank
+    only shape inference of the lowered graph knows waits for the next pass."""
+    graph = model.graph
+    original = list(graph.node)
+    builder = GraphBuilder(graph, default_opset(model), prefix="ml")
+    del graph.node[:]
+    context = _Context(builder, types)
+    lowered = False
+    for node in original:
+        lower = _LOWERINGS.get(node.op_type) if node.domain == ML_DOMAIN else None
+        builder.prefix = node.name or node.op_type
+        if lower is not None and lower(context, node):
+            lowered = True
+        else:
+            graph.node.append(node)
+    return lowered
 
 
 def _deduplicated_opsets(model: ModelProto) -> ModelProto:
@@ -402,8 +433,16 @@ def _softmax_zero(c: _Context, s: str, out: str) -> str:
     return b.op("Div", b.op("Where", nonzero, exp, small), total, out=out)
 
 
+_PROBIT = "post_transform 'PROBIT' has no lowering"
+
+
 def _refuses_probit(node: NodeProto) -> bool:
     return _attr(node, "post_transform", "NONE") == "PROBIT"
+
+
+@_refusals("LinearRegressor", "LinearClassifier")
+def _linear_refusal(node: NodeProto) -> str | None:
+    return _PROBIT if _refuses_probit(node) else None
 
 
 # -- linear models --------------------------------------------------------------------------
@@ -468,32 +507,6 @@ def _class_lookup(c: _Context, node: NodeProto, strings, labels, index: str) -> 
     dtype = object if strings else np.int64
     classes = c.b.initializer(np.array(labels, dtype=dtype), "classes")
     c.b.op("Gather", classes, index, out=node.output[0], axis=0)
-
-
-@_lowers("SVMRegressor")
-def _svm_regressor(c: _Context, node: NodeProto) -> bool:
-    coefficients = np.asarray(_attr(node, "coefficients", []), dtype=np.float64)
-    n_supports = _attr(node, "n_supports", 0)
-    if n_supports > 0:
-        if _attr(node, "kernel_type", "LINEAR") != "LINEAR":
-            return False
-        vectors = np.asarray(_attr(node, "support_vectors", []), dtype=np.float64)
-        weights = coefficients @ vectors.reshape(n_supports, -1)
-    else:
-        weights = coefficients
-    rho = _attr(node, "rho", [0.0])[:1]
-    one_class = _attr(node, "one_class", 0)
-    scores = _linear(c, node, weights.astype(np.float32), rho, 1)
-    if scores is None:
-        return False
-    if one_class:
-        b = c.b
-        positive = b.op("Greater", scores, b.const(np.array(0.0, np.float32), "zero"))
-        one, minus = (b.const(np.array(v, np.float32), n) for v, n in ((1.0, "one"), (-1.0, "m1")))
-        b.op("Where", positive, one, minus, out=node.output[0])
-    else:
-        c.b.op("Identity", scores, out=node.output[0])
-    return True
 
 
 # -- preprocessing --------------------------------------------------------------------------
@@ -616,3 +629,6 @@ def _fit_width(c: _Context, x: str, width: int) -> str:
 
 
 __all__ = ["lower_ml_operators", "needs_lowering"]
+
+
+from onnxgrad.graph import ml_svm  # noqa: E402, F401  (registers the SVM lowerings)

@@ -309,13 +309,30 @@ class BaseOrtOptimizer(EstimatorMixin):
 
     def _start(self, model: ModelProto, graphs: _Graphs, step: TrainStep, device) -> None:
         weights = _initializers(model, step.weights)
-        self._install(graphs, device, self._make_runners(graphs, step, device, weights, None))
+        if self._runners_reusable(graphs, step, device):
+            self.runner_.set_values({**weights, **step.initial_state()})
+        else:
+            self._install(graphs, device, self._make_runners(graphs, step, device, weights, None))
+            self._runners_key = self._runners_key_for(device)
         self._shuffling = np.random.default_rng(self.random_state)
         self.train_losses_: list[float] = []
         self.validation_losses_: list[float] = []
         self.validation_scores_: list[float] = []
         self.n_iter_ = 0
         self.t_ = 0
+
+    def _runners_key_for(self, device) -> tuple:
+        return (str(device), self.intra_op_num_threads)
+
+    def _runners_reusable(self, graphs: _Graphs, step: TrainStep, device) -> bool:
+        """Whether a cold start may keep the sessions of the last one (same train step,
+        device and threads): only the weights and optimizer state start again."""
+        return (
+            getattr(self, "runner_", None) is not None
+            and self.graphs_ is graphs
+            and self.runner_.step is step
+            and getattr(self, "_runners_key", None) == self._runners_key_for(device)
+        )
 
     def _switch_graphs(self, model: ModelProto, graphs: _Graphs, step: TrainStep, device) -> None:
         """Continue with new graphs from the current weights and optimizer state.
@@ -334,6 +351,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         weights = {w: weights[w] for w in step.weights}
         state = step.state_inputs(named)
         self._install(graphs, device, self._make_runners(graphs, step, device, weights, state))
+        self._runners_key = self._runners_key_for(device)
 
     def _session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()

@@ -13,25 +13,31 @@ from onnxgrad.derivative.ort import builder_error
 ML = "ai.onnx.ml"
 
 
-def _svm_rbf(opset: int):
+def _svm_probit(opset: int):
+    """An ``ai.onnx.ml`` operator that stays as it is: the lowering has no ``PROBIT``."""
     node = helper.make_node(
-        "SVMRegressor",
+        "SVMClassifier",
         ["X"],
-        ["Y"],
+        ["label", "scores"],
         domain=ML,
         name="svm",
         coefficients=[1.0, -1.0],
         support_vectors=[0.0, 1.0, 1.0, 0.0],
-        n_supports=2,
+        vectors_per_class=[1, 1],
         rho=[0.0],
+        classlabels_ints=[0, 1],
         kernel_type="RBF",
         kernel_params=[0.5, 0.0, 3.0],
+        post_transform="PROBIT",
     )
     graph = helper.make_graph(
         [node],
         "g",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 1])],
+        [
+            helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, 2]),
+        ],
     )
     opsets = [helper.make_opsetid("", opset), helper.make_opsetid(ML, 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
@@ -40,9 +46,10 @@ def _svm_rbf(opset: int):
 @pytest.mark.parametrize("opset", [12, 15])
 def test_a_missing_ml_rule_names_the_ml_opset_and_no_other_backend(opset):
     with pytest.raises(NotImplementedError) as info:
-        onnx_derivative(_svm_rbf(opset))
+        onnx_derivative(_svm_probit(opset))
     message = str(info.value)
-    assert "'SVMRegressor' (domain 'ai.onnx.ml', opset 1) at node 'svm'" in message
+    assert "'SVMClassifier' (domain 'ai.onnx.ml', opset 1) at node 'svm'" in message
+    assert "post_transform 'PROBIT' has no lowering" in message
     assert "backend='ort'" not in message  # onnxruntime-training has no ml gradients
 
 
@@ -52,8 +59,8 @@ def test_the_command_line_speaks_its_own_spelling():
 
 
 def test_the_ort_backend_sends_nobody_to_a_native_backend_that_fails_too():
-    model = _svm_rbf(15)
-    message = "gradient builder has not been registered: SVMRegressor for node svm"
+    model = _svm_probit(15)
+    message = "gradient builder has not been registered: SVMClassifier for node svm"
     error = str(builder_error(message, model))
     assert "backend='onnx'" not in error.replace("(backend='onnx') has no rule", "")
     assert "has no rule for it either" in error

@@ -141,42 +141,6 @@ def test_linear_classifier_int_input_and_multi_class_flag(rng):
     _assert_same(model, {"X": rng.integers(-3, 3, (6, 3))})
 
 
-@pytest.mark.parametrize("one_class", [0, 1])
-@pytest.mark.parametrize("supports", [0, 3])
-def test_svm_regressor_linear(rng, one_class, supports):
-    vectors = {}
-    if supports:
-        vectors = {"support_vectors": rng.standard_normal(3 * 4).tolist(), "n_supports": 3}
-    model = _model(
-        "SVMRegressor",
-        [("X", F, [None, 4])],
-        [("Y", F, [None, 1])],
-        coefficients=rng.standard_normal(supports or 4).tolist(),
-        rho=[0.25],
-        kernel_type="LINEAR",
-        kernel_params=[0.3, 0.5, 3.0],
-        one_class=one_class,
-        **vectors,
-    )
-    _assert_same(model, {"X": _x(rng, 8, 4)})
-
-
-def test_svm_regressor_rbf_kernel_is_left_unchanged(rng):
-    model = _model(
-        "SVMRegressor",
-        [("X", F, [None, 2])],
-        [("Y", F, [None, 1])],
-        coefficients=[1.0, -1.0],
-        support_vectors=[0.0, 1.0, 1.0, 0.0],
-        n_supports=2,
-        rho=[0.0],
-        kernel_type="RBF",
-        kernel_params=[0.5, 0.0, 3.0],
-    )
-    lowered = lower_ml_operators(model)
-    assert [n.op_type for n in lowered.graph.node] == ["SVMRegressor"]
-
-
 @pytest.mark.parametrize("sizes", [(1, 1), (4, 4)])
 @pytest.mark.parametrize("dtype", [F, D, I64])
 def test_scaler(rng, sizes, dtype):

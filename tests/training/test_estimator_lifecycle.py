@@ -104,3 +104,16 @@ def test_random_state_reproduces_the_fit():
     again = linear_estimator(random_state=11, early_stopping=True, n_iter_no_change=2).fit(X, y)
     assert first.validation_scores_ == again.validation_scores_
     np.testing.assert_array_equal(first.get_state()["coefs"], again.get_state()["coefs"])
+
+
+def test_a_second_fit_keeps_the_sessions_and_starts_again_from_the_model():
+    X, y = linear_data()
+    est = linear_estimator(max_iter=4, random_state=3).fit(X, y)
+    session = est.runner_.session
+    est.fit(X, y)
+    fresh = linear_estimator(max_iter=4, random_state=3).fit(X, y)
+    assert est.runner_.session is session
+    assert est.train_losses_ == fresh.train_losses_
+    np.testing.assert_array_equal(est.get_state()["coefs"], fresh.get_state()["coefs"])
+    est.set_params(learning_rate=LearningRateSGDNesterov(eta0=1e-3)).fit(X, y)
+    assert est.runner_.session is not session

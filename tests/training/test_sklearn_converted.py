@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 import pytest
+import sklearn
 
 pytest.importorskip("skl2onnx")
 
@@ -48,7 +49,7 @@ from sklearn.preprocessing import (
     PolynomialFeatures,
     StandardScaler,
 )
-from sklearn.svm import LinearSVC, LinearSVR
+from sklearn.svm import SVC, SVR, LinearSVC, LinearSVR
 
 from onnxgrad import OrtGradientForwardBackwardOptimizer, onnx_derivative
 from onnxgrad.derivative import DerivativeOptions
@@ -74,10 +75,41 @@ class Case:
     loss: str
     #: the add_loss_output score of the gradient check
     score: str
+    #: the labels ``learning_loss`` trains on, from the class indices ``y`` (``None``: ``y``)
+    target: Callable[[np.ndarray], np.ndarray] | None = None
+    #: why training reaches no accuracy near scikit-learn's on this output: check (3) then
+    #: asserts that training lowered the loss on the training set instead
+    not_sklearn_objective: str = ""
 
 
 def _mlp(cls, **kwargs):
     return cls(hidden_layer_sizes=(6,), max_iter=2000, random_state=0, **kwargs)
+
+
+def _svc(kernel: str, probability: bool = False) -> Callable[[], SVC]:
+    def make() -> SVC:
+        if not probability:
+            return SVC(kernel=kernel, random_state=0)
+        if "probability" not in SVC().get_params():  # deprecated in 1.9, gone in 1.11
+            pytest.skip(f"scikit-learn {sklearn.__version__} has no SVC(probability=True)")
+        return SVC(kernel=kernel, probability=True, random_state=0)
+
+    return make
+
+
+def _swapped(y: np.ndarray) -> np.ndarray:
+    """skl2onnx writes a binary SVC's scores as ``[d, -d]``, ``d`` scikit-learn's decision
+    function (positive for class 1): column 0 is the logit of class 1."""
+    return 1 - y
+
+
+#: skl2onnx's output of a multi-class SVC without probabilities
+_SVC_VOTES = (
+    "the output is votes + confidences/3 (one-vs-rest shape computed from the one-vs-one "
+    "scores): the votes are piecewise constant, so cross-entropy on it moves only the "
+    "bounded confidences; measured, it lowers the accuracy of scikit-learn's own solution "
+    "(0.75 to 0.66 on this test set after 150 epochs)"
+)
 
 
 CASES = [
@@ -190,6 +222,41 @@ CASES = [
         "cross_entropy",
     ),
 ]
+CASES += [
+    Case("SVR-rbf", lambda: SVR(kernel="rbf"), "regression", "squared_error", "squared_error"),
+    Case(
+        "SVC-linear",
+        _svc("linear"),
+        "binary",
+        "cross_entropy_logits",
+        "cross_entropy_logits",
+        target=_swapped,
+    ),
+    Case(
+        "SVC-rbf",
+        _svc("rbf"),
+        "binary",
+        "cross_entropy_logits",
+        "cross_entropy_logits",
+        target=_swapped,
+    ),
+    Case(
+        "SVC-rbf-3",
+        _svc("rbf"),
+        "multiclass",
+        "cross_entropy_logits",
+        "cross_entropy_logits",
+        not_sklearn_objective=_SVC_VOTES,
+    ),
+    Case("SVC-poly-probability", _svc("poly", True), "binary", "log", "log"),
+    Case(
+        "SVC-rbf-probability-3",
+        _svc("rbf", True),
+        "multiclass",
+        "cross_entropy",
+        "cross_entropy",
+    ),
+]
 BY_NAME = {case.name: case for case in CASES}
 
 
@@ -225,8 +292,11 @@ def fitted(name: str, target_opset: int | None) -> Fitted:
     estimator = case.make()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", FutureWarning)  # SVC(probability=True), scikit-learn 1.9
         estimator.fit(data[0], data[1])
-    converted = to_onnx(estimator, data[0][:1], target_opset=target_opset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # SVC.probA_, scikit-learn 1.9
+        converted = to_onnx(estimator, data[0][:1], target_opset=target_opset)
     return Fitted(case, estimator, converted, data)
 
 
@@ -327,8 +397,9 @@ def test_training_from_a_perturbed_start_matches_sklearn(name, target_opset):
         w: (v + 0.1 * (np.abs(v).mean() + 0.1) * rng.standard_normal(v.shape)).astype(v.dtype)
         for w, (v, _) in weights.items()
     }
+    start = replace_initializers_into_onnx(lowered, perturbed)
     estimator = OrtGradientForwardBackwardOptimizer(
-        replace_initializers_into_onnx(lowered, perturbed),
+        start,
         learning_loss=case.loss,
         learning_rate="Adam",
         max_iter=150,
@@ -336,8 +407,11 @@ def test_training_from_a_perturbed_start_matches_sklearn(name, target_opset):
         random_state=0,
         validation_every=0,
     )
-    labels = y.reshape(-1, 1).astype(np.float32) if case.task == "regression" else y
-    estimator.fit(X, labels.astype(np.int64) if case.task != "regression" else labels)
+    if case.task == "regression":
+        labels = y.reshape(-1, 1).astype(np.float32)
+    else:
+        labels = (case.target(y) if case.target else y).astype(np.int64)
+    estimator.fit(X, labels)
 
     trained = estimator.get_trained_onnx(model.onnx)
     original = _session(model.onnx)
@@ -346,8 +420,18 @@ def test_training_from_a_perturbed_start_matches_sklearn(name, target_opset):
         (o.name, o.type) for o in original.get_outputs()
     ]
     outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"X": X_test})))
+    if case.not_sklearn_objective:
+        before, after = (_training_loss(m, case.loss, X, labels) for m in (start, trained))
+        assert after < 0.9 * before, case.not_sklearn_objective
+        return
     reference = model.estimator.score(X_test, y_test)
     assert _score(case, outputs, y_test) >= reference - 0.02
+
+
+def _training_loss(model, loss: str, X, labels) -> float:
+    session = _session(add_loss_output(model, loss))
+    names = [o.name for o in session.get_outputs()]
+    return float(dict(zip(names, session.run(None, {"X": X, "label": labels})))["loss"])
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,10 @@ One pass in topological order, then the removal of dead nodes:
 * ``Transpose(Transpose(x, p), q)`` becomes ``Transpose(x, p o q)`` (nothing when the
   composition is the identity), ``Reshape(Reshape(x, s), t)`` becomes ``Reshape(x, t)``
   when ``t`` is a constant without zeros (a 0 would copy a dimension of the inner result);
+* ``op(Expand(s, Shape(x)), t)``, ``op`` an elementwise Add, Sub, Mul or Div and ``t`` of
+  the shape of ``x`` (``x`` itself, or computed from it by elementwise ops and scalar
+  constants), becomes ``op(s, t)``: broadcasting against ``t`` gives the same shape and
+  values (the mean's gradient meeting the square's);
 * common subexpressions: a deterministic node with the same type, inputs and attributes as
   an earlier one (``Constant`` nodes compared by value) reuses that node's outputs.
 
@@ -22,6 +26,16 @@ from onnx import AttributeProto, GraphProto, NodeProto, numpy_helper
 
 from onnxgrad._onnx_utils import normalize_domain, replace_repeated, subgraphs
 from onnxgrad.graph._scopes import free_names, node_inputs
+
+#: elementwise ops whose output has the shape of their (only) input
+UNARY_ELEMENTWISE = frozenset(
+    [
+        "Abs", "Cast", "Ceil", "Cos", "Erf", "Exp", "Floor", "Identity", "Log", "Neg",
+        "Reciprocal", "Relu", "Round", "Sigmoid", "Sign", "Sin", "Sqrt", "Tanh",
+    ]
+)  # fmt: skip
+#: broadcasting elementwise ops of two inputs
+BINARY_ELEMENTWISE = frozenset(["Add", "Sub", "Mul", "Div", "Pow"])
 
 #: ops whose outputs may differ between two calls with the same inputs
 NONDETERMINISTIC = frozenset(
@@ -78,6 +92,8 @@ class _Simplifier:
         self.producer: dict[str, NodeProto] = {}
         self.constants = {i.name: i for i in graph.initializer}
         self.seen: dict[tuple, NodeProto] = {}
+        #: value -> a value known to have the same shape (elementwise chains)
+        self.shape_roots: dict[str, str] = {}
         self.elem_types = {i.name: i.data_type for i in graph.initializer}
         for info in [*graph.input, *graph.value_info]:
             if info.type.tensor_type.elem_type:
@@ -122,7 +138,51 @@ class _Simplifier:
             return self._transpose(node)
         if domain == "" and node.op_type == "Reshape":
             self._reshape(node)
+        if domain == "":
+            self._skip_expand(node)
+            self._track_shape(node)
         return self._common(node)
+
+    def _shape_root(self, name: str) -> str:
+        return self.shape_roots.get(name, name)
+
+    def _is_scalar_constant(self, name: str) -> bool:
+        value = self._constant(name)
+        return value is not None and value.ndim == 0
+
+    def _track_shape(self, node: NodeProto) -> None:
+        """Record the outputs of elementwise nodes that keep the shape of an input."""
+        if node.op_type in UNARY_ELEMENTWISE and len(node.input) == 1:
+            self.shape_roots[node.output[0]] = self._shape_root(node.input[0])
+        elif node.op_type in BINARY_ELEMENTWISE and len(node.input) == 2:
+            a, b = node.input
+            if self._shape_root(a) == self._shape_root(b) or self._is_scalar_constant(b):
+                self.shape_roots[node.output[0]] = self._shape_root(a)
+            elif self._is_scalar_constant(a):
+                self.shape_roots[node.output[0]] = self._shape_root(b)
+
+    def _skip_expand(self, node: NodeProto) -> None:
+        """``op(Expand(s, Shape(x)), t)`` -> ``op(s, t)`` when ``t`` has the shape of ``x``."""
+        if node.op_type not in BINARY_ELEMENTWISE or node.op_type == "Pow":
+            return
+        if len(node.input) != 2:
+            return
+        for i, name in enumerate(node.input):
+            source = self._expanded_like(name)
+            if source is not None and self._shape_root(node.input[1 - i]) == source[1]:
+                node.input[i] = source[0]
+
+    def _expanded_like(self, name: str) -> tuple[str, str] | None:
+        """``(s, root of x)`` when ``name = Expand(s, Shape(x))``."""
+        expand = self.producer.get(name)
+        if expand is None or expand.op_type != "Expand" or normalize_domain(expand.domain):
+            return None
+        shape = self.producer.get(expand.input[1])
+        if shape is None or shape.op_type != "Shape" or normalize_domain(shape.domain):
+            return None
+        if shape.attribute:
+            return None
+        return expand.input[0], self._shape_root(shape.input[0])
 
     def _transpose(self, node: NodeProto) -> bool:
         inner = self.producer.get(node.input[0])

@@ -26,6 +26,7 @@ from onnxgrad.derivative.autodiff.registry import (
 )
 from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import iter_graphs, node_inputs
+from onnxgrad.graph.ml_lowering import why_not_lowered
 
 
 class Engine:
@@ -71,7 +72,7 @@ class Engine:
         rules = self._rules_for(path)
         for node, rule in zip(path, rules):
             if rule.forward is not None:
-                rule.forward(node, self.emitter.scope)
+                rule.forward(node, self.emitter.scope, self.types)
         contributions: dict[str, list[str]] = {y: [g] for y, g in seeds.items()}
         for node, rule in zip(reversed(path), reversed(rules)):
             self._backward(node, rule, active, contributions)
@@ -125,6 +126,8 @@ class Engine:
                     )
                 except FunctionExpansionError as exc:
                     reason = f" ({exc})"
+            if rule is None and (refusal := why_not_lowered(node)):
+                reason = f" (lower_ml_operators left it: {refusal})"
             if rule is None:
                 missing.append((node, reason))
             rules.append(rule)

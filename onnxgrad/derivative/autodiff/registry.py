@@ -26,10 +26,12 @@ from onnxgrad._onnx_utils import normalize_domain
 if TYPE_CHECKING:
     from onnxgrad._onnx_utils import NameScope
     from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
+    from onnxgrad.derivative.autodiff.value_types import ValueTypes
 
-#: ``hook(node, scope)`` may append outputs to a forward node on the path (e.g. MaxPool's
-#: Indices) so that its rule reuses them instead of computing them again.
-ForwardHook = Callable[[NodeProto, "NameScope"], None]
+#: ``hook(node, scope, types)`` may append outputs to a forward node on the path (e.g.
+#: MaxPool's Indices) so that its rule reuses them instead of computing them again; ``types``
+#: holds the known value types.
+ForwardHook = Callable[[NodeProto, "NameScope", "ValueTypes"], None]
 
 RuleFunction = Callable[
     ["GradBuilder", "NodeView", list["str | None"], list[bool]], Sequence["str | None"]

@@ -34,6 +34,10 @@ CASES = [
     OpCase("Pow", {"x": positive(3), "p": r(2, 1)}, opset=18, id="Pow-broadcast-both"),
     OpCase("Pow", {"x": r(2, 3), "p": np.array(3.0)}, constants=("p",), opset=18, id="Pow-cube"),
     OpCase("Pow", {"x": r(2, 3), "p": np.array(2, np.int64)}, opset=21, id="Pow-int-exponent"),
+    OpCase("Pow", {"x": r(2, 3), "p": np.array(2.0)}, constants=("p",), opset=18, id="Pow-square"),
+    OpCase("Pow", {"x": r(2, 3), "p": np.array([1.0])}, constants=("p",), opset=18, id="Pow-one"),
+    OpCase("Pow", {"x": positive(3), "p": np.array([[-1.5]])}, constants=("p",), opset=18,
+           id="Pow-constant-broadcast"),
     OpCase(
         "Pow", {"x": positive(2, 3), "p": np.array(0.5)}, wrt=("p",), opset=21,
         id="Pow-exponent-only",
@@ -113,7 +117,8 @@ CASES = [
 ]  # fmt: skip
 
 SECOND_ORDER_IDS = {
-    "Pow-broadcast-both", "Pow-int-exponent", "Clip-bounds-differentiated", "Clip-min-above-max",
+    "Pow-broadcast-both", "Pow-int-exponent", "Pow-square", "Pow-constant-broadcast",
+    "Clip-bounds-differentiated", "Clip-min-above-max",
     "Max-three-broadcast", "Min-two", "Sum-three-broadcast", "Mean-three-broadcast",
     "Where-broadcast", "Mod-fmod",
 }  # fmt: skip

@@ -32,6 +32,17 @@ def _slice_with_runtime_steps(inputs, outputs):
     ]
 
 
+def _slice_of_reshaped(inputs, outputs):
+    """Slice of ``Reshape(x, [-1, 6])``: with unknown input dims the sliced axis alone is
+    known (the gradient pads it by constants, the dynamic axis untouched)."""
+    shape = helper.make_tensor("six_columns", 7, [2], [-1, 6])
+    return [
+        helper.make_node("Constant", [], ["six_columns"], value=shape),
+        helper.make_node("Reshape", [inputs[0], "six_columns"], ["reshaped"]),
+        helper.make_node("Slice", ["reshaped", *inputs[1:]], outputs),
+    ]
+
+
 # fmt: off
 SLICE = [
     OpCase("Slice", {"x": r(4, 5), "starts": i64(1, -4), "ends": i64(3, 100)}, opset=13,
@@ -50,6 +61,8 @@ SLICE = [
                      "steps": i64(1, 1)}, opset=13, id="Slice-unit-steps-given"),
     OpCase("Slice", {"x": r(2, 7), "starts": i64(1), "ends": i64(7), "axes": i64(1)}, opset=18,
            graph=_slice_with_runtime_steps, id="Slice-runtime-steps"),
+    OpCase("Slice", {"x": r(4, 3), "starts": i64(4), "ends": i64(2**63 - 1), "axes": i64(-1)},
+           opset=18, graph=_slice_of_reshaped, id="Slice-known-axis-dynamic-batch"),
 ]
 
 GATHER = [
@@ -184,7 +197,7 @@ CASES = SLICE + GATHER + SCATTER + TRILU + SELECTIONS
 
 SECOND_ORDER_IDS = {
     "Slice-unit-steps-clamped", "Slice-unit-steps-axes", "Slice-negative-steps",
-    "Slice-unit-steps-given",
+    "Slice-unit-steps-given", "Slice-known-axis-dynamic-batch",
     "Gather-axis0-scatternd", "Gather-axis1", "Gather-scalar-index", "GatherElements-axis1",
     "GatherND-elements", "GatherND-batch1", "ScatterElements-none", "ScatterElements-add",
     "ScatterElements-mul", "ScatterND-none", "ScatterND-add", "ScatterND-mul", "Trilu-lower",

@@ -31,6 +31,17 @@ def distinct(*shape):
     return rng.permutation(np.arange(np.prod(shape), dtype=np.float64)).reshape(shape) * 0.3
 
 
+def _mean_of_reshaped(inputs, outputs):
+    """ReduceMean of ``Reshape(x, [-1, 4])`` over its last axis: with unknown input dims
+    only the reduced axis is known (the mean divides by a constant)."""
+    shape = helper.make_tensor("four_columns", 7, [2], [-1, 4])
+    return [
+        helper.make_node("Constant", [], ["four_columns"], value=shape),
+        helper.make_node("Reshape", [inputs[0], "four_columns"], ["reshaped"]),
+        helper.make_node("ReduceMean", ["reshaped", *inputs[1:]], outputs),
+    ]
+
+
 def i64(*values):
     return np.array(values, dtype=np.int64)
 
@@ -79,6 +90,9 @@ SUM_MEAN = [
     OpCase("ReduceMean", {"x": r(2, 3, 2), "axes": i64(0, 2)}, {"keepdims": 0}, opset=18,
            id="ReduceMean-input-axes"),
     OpCase("ReduceMean", {"x": r(4, 3)}, {"keepdims": 0}, opset=18, id="ReduceMean-all"),
+    OpCase("ReduceMean", {"x": r(2, 3, 4), "axes": i64(-1)}, opset=18, id="ReduceMean-last-axis"),
+    OpCase("ReduceMean", {"x": r(6, 4), "axes": i64(-1)}, opset=18, graph=_mean_of_reshaped,
+           id="ReduceMean-known-axis-dynamic-batch"),
 ]
 
 NORMS = [

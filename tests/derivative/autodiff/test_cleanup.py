@@ -233,3 +233,71 @@ def test_cleaned_gradient_matches_finite_differences():
     expected = onnx_numerical_vjp(net, feeds, ["X", *weights], seeds=[seed])
     for name, value in expected.items():
         np.testing.assert_allclose(got[f"{name}_grad"], value, rtol=1e-5, atol=1e-6)
+
+
+def _expand_then(op_type: str, other: list) -> onnx.ModelProto:
+    """``op(Expand(s, Shape(x)), t)`` with ``t`` computed by ``other`` (nodes giving ``t``)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Expand", ["s", "shape"], ["e"]),
+        *other,
+        helper.make_node(op_type, ["t", "e"], ["y"]),
+    ]
+    return model(nodes, [tensor("x", ["N", 3]), tensor("s", [1, 3])], [tensor("y", ["N", 3])])
+
+
+def test_expand_to_the_shape_of_the_other_operand_is_skipped():
+    x, s = rng.standard_normal((4, 3)), rng.standard_normal((1, 3))
+    for op_type in ("Add", "Sub", "Mul", "Div"):
+        m = _expand_then(
+            op_type,
+            [helper.make_node("Exp", ["x"], ["ex"]), helper.make_node("Add", ["ex", "x"], ["t"])],
+        )
+        result = cleaned(m)
+        assert "Expand" not in ops(result) and "Shape" not in ops(result), op_type
+        expected = run(m, {"x": x, "s": s})[0]
+        got = run(result, {"x": x, "s": s})[0]
+        assert got.shape == expected.shape == (4, 3)
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_expand_stays_when_the_other_operand_may_have_another_shape():
+    other = [helper.make_node("ReduceSum", ["x"], ["t"], keepdims=1)]
+    m = _expand_then("Mul", other)
+    assert "Expand" in ops(cleaned(m))
+    x, s = rng.standard_normal((4, 3)), rng.standard_normal((1, 3))
+    np.testing.assert_array_equal(run(cleaned(m), {"x": x, "s": s})[0], run(m, {"x": x, "s": s})[0])
+
+
+def test_mean_squared_error_and_rms_norm_gradients_match_finite_differences():
+    """The mean's broadcast gradient meets the square's (no Expand left), a Reshape that
+    keeps its input's shape passes its gradient through (no Reshape left)."""
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["p"]),
+        helper.make_node("Reshape", ["p", "minus_one_one"], ["q"]),
+        helper.make_node("Pow", ["q", "two"], ["q2"]),
+        helper.make_node("ReduceMean", ["q2", "last"], ["ms"], keepdims=1),
+        helper.make_node("Sqrt", ["ms"], ["rms"]),
+        helper.make_node("Div", ["q", "rms"], ["n"]),
+        helper.make_node("Sub", ["n", "y"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["d2"]),
+        helper.make_node("ReduceMean", ["d2"], ["loss"], keepdims=0),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((5, 2)), "W"),
+        numpy_helper.from_array(np.array([-1, 2], np.int64), "minus_one_one"),
+        numpy_helper.from_array(np.array(2.0), "two"),
+        numpy_helper.from_array(np.array([-1], np.int64), "last"),
+    ]
+    net = model(nodes, [tensor("X", ["N", 5]), tensor("y", ["N", 2])], [tensor("loss", [])], inits)
+    grad = onnx_derivative(net, weights=["W"], inputs=["X"], options=DerivativeOptions.Zero)
+    assert "Expand" not in ops(grad)
+    assert ops(grad).count("Reshape") == 1
+    feeds = {"X": rng.standard_normal((3, 5)), "y": rng.standard_normal((3, 2))}
+    seed = np.array(1.3)
+    weight = numpy_helper.to_array(inits[0])
+    names = [o.name for o in grad.graph.output]
+    got = dict(zip(names, run(grad, {**feeds, "W": weight, "loss_grad": seed})))
+    expected = onnx_numerical_vjp(net, {**feeds, "W": weight}, ["X", "W"], seeds=[seed])
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[f"{name}_grad"], value, rtol=1e-5, atol=1e-7)

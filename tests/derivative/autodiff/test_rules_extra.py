@@ -23,13 +23,16 @@ from onnxgrad import DerivativeOptions, onnx_derivative
 FLOAT = TensorProto.FLOAT
 
 
-def single_node_model(op_type, inputs, outputs=("y",), opset=18, initializers=(), **attrs):
-    """A model of one node; ``inputs`` maps names to shapes (``None``: unknown rank)."""
+def single_node_model(
+    op_type, inputs, outputs=("y",), opset=18, initializers=(), elem_type=FLOAT, **attrs
+):
+    """A model of one node; ``inputs`` maps names to shapes (``None``: unknown rank), each of
+    ``elem_type``."""
     node = helper.make_node(op_type, list(inputs), list(outputs), name=f"the_{op_type}", **attrs)
     graph = helper.make_graph(
         [node],
         "single",
-        [helper.make_tensor_value_info(n, FLOAT, s) for n, s in inputs.items() if s != "init"],
+        [helper.make_tensor_value_info(n, elem_type, s) for n, s in inputs.items() if s != "init"],
         [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs],
         list(initializers),
     )
@@ -316,3 +319,48 @@ def test_upsample_below_opset_11_keeps_its_sampling(mode):
         step[j] = 1.0
         expected[j] = np.sum((run_ort(model, {"x": x + step})["y"] - y) * seed)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _layer_norm_grad_exact(x, scale, g, epsilon):
+    """The LayerNormalization input gradient over the last axis, in float64."""
+    sd = np.sqrt(x.var(1, keepdims=True) + epsilon)
+    xhat = (x - x.mean(1, keepdims=True)) / sd
+    h = g * scale
+    return (h - h.mean(1, keepdims=True) - xhat * (h * xhat).mean(1, keepdims=True)) / sd
+
+
+@pytest.mark.parametrize(
+    ("dtype", "attrs", "offset", "rtol"),
+    [
+        (np.float64, {}, 0.0, 1e-12),  # a float32 stash must not enter a double gradient
+        (np.float64, {"stash_type": TensorProto.DOUBLE}, 0.0, 1e-12),
+        (np.float32, {}, 100.0, 1e-4),  # a mean far from 0: two-pass moments stay exact
+        (np.float32, {}, 1000.0, 1e-3),
+    ],
+)
+def test_layer_normalization_gradient_keeps_the_input_precision(dtype, attrs, offset, rtol):
+    """The gradient computes its own two-pass moments in x's type: not the forward node's
+    Mean/InvStdDev, which come in ``stash_type`` (float32 by default) and, in onnxruntime's
+    kernel, lose digits when the mean is large next to the spread (review finding)."""
+    rng = np.random.default_rng(7)
+    elem = TensorProto.DOUBLE if dtype == np.float64 else TensorProto.FLOAT
+    model = single_node_model(
+        "LayerNormalization",
+        {"x": [4, 64], "scale": [64], "b": [64]},
+        opset=17,
+        elem_type=elem,
+        epsilon=0.5,
+        **attrs,
+    )
+    grad = onnx_derivative(model, weights=[], inputs=["x"], options=DerivativeOptions.Zero)
+    feeds = {"x": (offset + rng.standard_normal((4, 64))).astype(dtype)}
+    feeds["scale"] = rng.standard_normal(64).astype(dtype)
+    feeds["b"] = rng.standard_normal(64).astype(dtype)
+    feeds["y_grad"] = rng.standard_normal((4, 64)).astype(dtype)
+    session = onnxruntime.InferenceSession(
+        grad.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (x_grad,) = session.run(["x_grad"], feeds)
+    x, scale, g = (feeds[n].astype(np.float64) for n in ("x", "scale", "y_grad"))
+    expected = _layer_norm_grad_exact(x, scale, g, 0.5)
+    np.testing.assert_allclose(x_grad, expected, rtol=rtol, atol=rtol * np.abs(expected).max())

@@ -31,9 +31,7 @@ def pow_grad(b, node, grads, needs):
     x, p = node.inputs
     gx = gp = None
     if needs[0]:
-        exponent = _cast_to(b, p, x)
-        power = b.op("Pow", x, b.op("Sub", exponent, b.const(1, like=x)))
-        gx = b.mul(g, b.mul(exponent, power))
+        gx = _pow_base_grad(b, g, x, p)
     if needs[1]:
         zero = b.const(0, like=x)
         safe_x = b.op("Where", b.op("Equal", x, zero), b.const(1, like=x), x)
@@ -41,6 +39,23 @@ def pow_grad(b, node, grads, needs):
         if b.dtype(p) != b.dtype(x):
             gp = b.op("Cast", gp, to=b.dtype(p))
     return [gx, gp]
+
+
+def _pow_base_grad(b, g: str, x: str, p: str) -> str:
+    """``g p x^(p-1)``; a constant scalar ``p`` is folded: ``g`` for 1, ``g (x + x)`` for 2
+    (onnxruntime's Pow is slow for exponents other than 2 and 3), ``p - 1`` computed once."""
+    value = b.constant_value(p)
+    if value is not None and value.size == 1:
+        c = float(value.ravel()[0])
+        if c == 1:
+            return g
+        if c == 2:
+            return b.mul(g, b.add(x, x))
+        power = b.op("Pow", x, b.const(c - 1, like=x))
+        return b.mul(g, b.mul(b.const(c, like=x), power))
+    exponent = _cast_to(b, p, x)
+    power = b.op("Pow", x, b.op("Sub", exponent, b.const(1, like=x)))
+    return b.mul(g, b.mul(exponent, power))
 
 
 def _at_least(b, x: str, bound: str) -> str:

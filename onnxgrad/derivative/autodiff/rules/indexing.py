@@ -68,19 +68,23 @@ def _has_unit_steps(b, node) -> bool:
 
 
 def _static_slice_pads(b, node) -> list[int] | None:
-    """The pads of the unit-step gradient when the shape and every bound are known."""
-    shape = b.static_shape(node.inputs[0])
+    """The pads of the unit-step gradient when the rank, every bound and the size of every
+    sliced axis are known (the other axes may be dynamic: their pads are 0)."""
+    rank = b.rank(node.inputs[0])
+    shape = b.shape(node.inputs[0])
     starts, ends = constant_ints(b, node.inputs[1]), constant_ints(b, node.inputs[2])
     axes = constant_ints(b, node.input(3)) if node.input(3) else list(range(len(starts or [])))
-    if shape is None or starts is None or ends is None or axes is None:
+    if rank is None or starts is None or ends is None or axes is None:
         return None
-    pads = [0] * (2 * len(shape))
+    pads = [0] * (2 * rank)
     for axis, start, end in zip(axes, starts, ends):
-        axis = normalize_axis(axis, len(shape))
+        axis = normalize_axis(axis, rank)
         size = shape[axis]
+        if not isinstance(size, int):
+            return None
         start = min(max(start + size if start < 0 else start, 0), size)
         end = max(min(max(end + size if end < 0 else end, 0), size), start)
-        pads[axis], pads[axis + len(shape)] = start, size - end
+        pads[axis], pads[axis + rank] = start, size - end
     return pads
 
 

@@ -161,7 +161,7 @@ def layer_normalization_grad(b, node, grads, needs):
     rank = tensor_rank(b, node, x)
     first = node.attr("axis", -1) % rank
     axes = list(range(first, rank))
-    mean, inv = _layer_moments(b, node, x, axes)
+    mean, inv = _moments(b, x, axes, node.attr("epsilon", 1e-5))
     xhat = b.mul(b.op("Sub", x, mean), inv)
     g, g_mean, g_inv = [*grads, None, None][:3]
     y_shape = b.shape(node.outputs[0])
@@ -173,14 +173,6 @@ def layer_normalization_grad(b, node, grads, needs):
     if g is not None and bias is not None and needs[2]:
         results[2] = b.unbroadcast(g, bias, y_shape)
     return results
-
-
-def _layer_moments(b: GradBuilder, node, x: str, axes: list[int]) -> tuple[str, str]:
-    """The node's own Mean and InvStdDev outputs when it has them, else recomputed."""
-    outputs = node.outputs
-    if len(outputs) == 3 and outputs[1] and outputs[2]:
-        return cast_like(b, outputs[1], x), cast_like(b, outputs[2], x)
-    return _moments(b, x, axes, node.attr("epsilon", 1e-5))
 
 
 def _layer_input_grad(b, x, scale, g, g_mean, g_inv, mean, inv, xhat, axes) -> str | None:

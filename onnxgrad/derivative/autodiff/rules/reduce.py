@@ -29,6 +29,7 @@ from onnxgrad._onnx_utils import reduce_axes_are_input
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     cast_like,
+    constant_ints,
     expand_like,
     index_grid,
     require_rank,
@@ -88,16 +89,34 @@ def reduce_mean_grad(b, node, grads, needs):
     x, axes, g = _inputs(b, node, grads)
     if axes.noop:
         return [g]
-    x_shape, y_shape = b.static_shape(x), b.static_shape(node.outputs[0])
-    if x_shape is not None and y_shape is not None:
-        count = prod(x_shape) // max(prod(y_shape), 1)
+    y_shape = b.static_shape(node.outputs[0])
+    count = _static_count(b, x, axes, y_shape)
+    if count is not None:
         scaled = b.op("Mul", g, b.const(1.0 / max(count, 1), like=x))
     else:
-        count = b.op(
-            "Div", cast_like(b, b.op("Size", x), x), cast_like(b, b.op("Size", node.outputs[0]), x)
-        )
+        count = cast_like(b, b.op("Size", x), x)
+        if y_shape is None:
+            count = b.op("Div", count, cast_like(b, b.op("Size", node.outputs[0]), x))
+        elif prod(y_shape) != 1:
+            count = b.op("Div", count, b.const(float(prod(y_shape)), like=x))
         scaled = b.op("Div", g, count)
     return [expand_like(b, scaled, x)]
+
+
+def _static_count(b, x: str, axes: _Axes, y_shape) -> int | None:
+    """How many elements each output averages, when the shapes tell: the product of the
+    reduced axes' sizes (the other axes may be dynamic)."""
+    x_shape = b.shape(x)
+    if x_shape is None:
+        return None
+    values = constant_ints(b, axes.values) if isinstance(axes.values, str) else axes.values
+    if not values:
+        static = b.static_shape(x)
+        if static is None or y_shape is None:
+            return None
+        return prod(static) // max(prod(y_shape), 1)
+    sizes = [x_shape[a] for a in {a + len(x_shape) if a < 0 else a for a in values}]
+    return prod(sizes) if all(isinstance(d, int) for d in sizes) else None
 
 
 @register("ReduceSumSquare", since=11)

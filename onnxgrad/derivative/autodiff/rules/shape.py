@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     as_tensor,
+    constant_ints,
     filled,
     index_grid,
     inverse_permutation,
@@ -55,7 +56,26 @@ def _axes(node, index: int = 1):
 
 @register("Reshape", "Flatten")
 def reshape_grad(b, node, grads, needs):
+    if node.op_type == "Reshape" and _keeps_shape(b, node):
+        return [grads[0]]
     return [reshape_like(b, grads[0], node.inputs[0])]
+
+
+def _keeps_shape(b, node) -> bool:
+    """Whether a Reshape gives back its input's shape: a constant target of the same rank
+    matching every dimension (a 0 copies it) but at most one -1, the one left to infer."""
+    x_shape = b.shape(node.inputs[0])
+    target = constant_ints(b, node.inputs[1])
+    if x_shape is None or target is None or len(target) != len(x_shape):
+        return False
+    copies = not node.attr("allowzero", 0)
+    inferred = 0
+    for dim, wanted in zip(x_shape, target):
+        if wanted == -1:
+            inferred += 1
+        elif not ((wanted == 0 and copies) or dim == wanted):
+            return False
+    return inferred <= 1
 
 
 @register("Squeeze")
