@@ -334,7 +334,8 @@ def _coupled(c: _Context, r: str, n_classes: int) -> str:
     """Class probabilities ``p`` from the pairwise ``r`` by onnxruntime's iteration: from
     ``p = 1 / C``, each sweep stops a row when ``max_i |(Qp)_i - p^T Q p| < 0.005 / C``,
     else updates ``p_i += ((p^T Q p) - (Qp)_i) / Q_ii`` for ``i = 0..C-1`` in turn,
-    renormalising ``p``, ``Qp`` and ``p^T Q p`` after each; at most ``max(100, C)`` sweeps (``Loop``)."""
+    renormalising ``p``, ``Qp`` and ``p^T Q p`` after each; at most ``max(100, C)`` sweeps
+    (``Loop``)."""
     b = c.b
     q, diagonal = _coupling_matrix(c, r, n_classes)
     rows = b.op("Gather", b.op("Shape", q), b.const(np.array([0, 1], np.int64), "n_c"), axis=0)
