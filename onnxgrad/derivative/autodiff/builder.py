@@ -3,7 +3,8 @@ nodes (:class:`GradBuilder`) that knows types, shapes and the opset."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import ChainMap
+from collections.abc import Mapping, MutableMapping, Sequence
 
 import numpy as np
 from onnx import FunctionProto, GraphProto, NodeProto, TensorProto, helper, numpy_helper
@@ -63,7 +64,7 @@ class GraphEmitter:
     def __init__(
         self,
         scope: NameScope,
-        types: dict[str, ValueType],
+        types: MutableMapping[str, ValueType],
         opset: int,
         constants: Mapping[str, TensorProto] | None = None,
         node_names: NameScope | None = None,
@@ -79,21 +80,27 @@ class GraphEmitter:
         self.functions = tuple(functions)
         self.nodes: list[NodeProto] = []
         self._constants: dict[tuple, str] = {}
-        self._constant_tensors = dict(constants or {})
-        self._constant_values: dict[str, np.ndarray] = {}
+        self._constant_tensors: MutableMapping[str, TensorProto] = dict(constants or {})
+        self._constant_values: MutableMapping[str, np.ndarray] = {}
 
     def child(self) -> GraphEmitter:
-        """An emitter for a subgraph: its own nodes, the same names, types and constants."""
+        """An emitter for a subgraph: its own nodes, the same value and node names, and its
+        own layer of types and constants over this emitter's.
+
+        A subgraph sees the values of its enclosing scopes, never those of a sibling (two If
+        branches, or two bodies, may each define a Constant or an intermediate of the same
+        name): what it records stays in its layer.
+        """
         child = GraphEmitter(
             self.scope,
-            self.types,
+            ChainMap({}, self.types),
             self.opset,
             node_names=self.node_names,
             opsets=self.opsets,
             functions=self.functions,
         )
-        child._constant_tensors = self._constant_tensors
-        child._constant_values = self._constant_values
+        child._constant_tensors = ChainMap({}, self._constant_tensors)
+        child._constant_values = ChainMap({}, self._constant_values)
         return child
 
     @property
@@ -196,9 +203,10 @@ class GradBuilder:
         given gradients ``seeds`` of its outputs (outer-scope names too)."""
         from onnxgrad.derivative.autodiff.engine import Engine
 
-        self._emitter.add_constants(constant_tensors(graph, ()))
-        infer_subgraph_types(graph, self._emitter.types, self.opset, self._emitter.constants)
-        engine = Engine.nested(graph, self._emitter)
+        emitter = self._emitter.child()
+        emitter.add_constants(constant_tensors(graph, ()))
+        infer_subgraph_types(graph, emitter.types, self.opset, emitter.constants)
+        engine = Engine(graph, emitter)
         gradients = engine.gradients(sources, seeds)
         return engine.emitted_nodes, gradients
 

@@ -56,11 +56,6 @@ class Engine:
         emitter = GraphEmitter(scope, types, opset, constants, node_names, opsets, functions)
         return cls(graph, emitter)
 
-    @classmethod
-    def nested(cls, graph: GraphProto, outer: GraphEmitter) -> Engine:
-        """An engine for a subgraph, sharing the names, types and constants of ``outer``."""
-        return cls(graph, outer.child())
-
     @property
     def emitted_nodes(self) -> list[NodeProto]:
         return self.emitter.nodes

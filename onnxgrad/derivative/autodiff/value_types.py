@@ -8,7 +8,7 @@ whose inputs are the outer values they read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,11 +138,12 @@ def _dim(dim) -> int | str | None:
 
 def infer_subgraph_types(
     graph: GraphProto,
-    types: dict[str, ValueType],
+    types: MutableMapping[str, ValueType],
     opset: int,
     constants: Mapping[str, TensorProto] | None = None,
 ) -> None:
-    """Add to ``types`` the values of ``graph``, a subgraph reading outer values.
+    """Add to ``types`` the values of ``graph``, a subgraph reading outer values (the
+    subgraph's own layer of types: a sibling subgraph may use the same names).
 
     Outer values with a known value (``constants``: Constant outputs, initializers) are
     given to the inference as initializers, so that axes, shapes and pads read from the
