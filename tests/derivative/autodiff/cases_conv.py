@@ -161,6 +161,13 @@ CASES = [
                    output_shape=[8, 10], opset=21),
     conv_transpose("2d-output-shape-beyond-full-same-lower", (1, 1, 3, 2), (1, 2, 2, 3),
                    strides=[3, 2], output_shape=[9, 6], auto_pad="SAME_LOWER"),
+    # up to strides - 1 beyond the full output (9 x 11, 10, 9 x 8): appended outputs
+    conv_transpose("2d-output-shape-beyond-full-by-strides-minus-one", (1, 2, 3, 3),
+                   (2, 2, 3, 3), strides=[3, 4], output_shape=[11, 14]),
+    conv_transpose("1d-output-shape-beyond-full-by-three", (1, 2, 3), (2, 3, 2), strides=[4],
+                   output_shape=[13]),
+    conv_transpose("2d-dilation-output-shape-beyond-full", (1, 1, 3, 3), (1, 2, 2, 2),
+                   strides=[3, 3], dilations=[2, 1], output_shape=[11, 9], bias=False),
     conv_transpose("2d-same-upper", (1, 2, 3, 3), (2, 1, 3, 3), strides=[2, 2],
                    auto_pad="SAME_UPPER"),
     flat("ConvTranspose", "2d-flat", (1, 2, 3, 2), (2, 2, 3, 2), strides=[2, 2],

@@ -287,6 +287,83 @@ def test_roi_align_with_adaptive_sampling_names_the_node():
         onnx_derivative(model, weights=[], backend="onnx")
 
 
+def _conv_transpose_beyond(beyond: int, stride: int = 3, auto_pad: str = "NOTSET"):
+    """A ConvTranspose (3 x 3 input, 2 x 2 kernel, full output ``3 stride - 1``) whose
+    ``output_shape`` is ``beyond`` more than the full output along the first axis."""
+    full = 2 * stride + 2
+    return single_node_model(
+        "ConvTranspose", {"x": [1, 1, 3, 3], "w": [1, 1, 2, 2]}, strides=[stride, stride],
+        output_shape=[full + beyond, full], auto_pad=auto_pad,
+    )  # fmt: skip
+
+
+def _run_or_none(run, model, feeds):
+    try:
+        return run(model, feeds)
+    except Exception:  # a runtime refusing the model
+        return None
+
+
+def _reference(model, feeds):
+    return ReferenceEvaluator(model).run(None, feeds)[0]
+
+
+def _ort(model, feeds):
+    return run_ort(model, feeds)["y"]
+
+
+@pytest.mark.parametrize("stride", [2, 3, 4])
+def test_conv_transpose_output_shape_beyond_the_full_output_within_the_stride(stride):
+    """Up to ``stride - 1`` beyond the full output, onnxruntime and the reference evaluator
+    both run the forward and agree (the table checks the gradients); ``stride`` beyond, the
+    reference evaluator refuses it (as onnxruntime 1.32 does; 1.19 leaves outputs
+    uninitialised), and so does the rule, naming the node and the sizes."""
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal(s).astype(np.float32)
+             for k, s in (("x", (1, 1, 3, 3)), ("w", (1, 1, 2, 2)))}  # fmt: skip
+    for beyond in range(stride + 1):
+        model = _conv_transpose_beyond(beyond, stride)
+        reference = _run_or_none(_reference, model, feeds)
+        ort = _run_or_none(_ort, model, feeds)
+        if beyond < stride:
+            assert reference is not None and ort is not None, beyond
+            np.testing.assert_allclose(ort, reference, rtol=1e-5, atol=1e-5)
+            assert ort.shape[2] == 2 * stride + 2 + beyond
+            onnx_derivative(model, weights=[], backend="onnx")
+            continue
+        assert reference is None
+        full = 2 * stride + 2
+        expected = (
+            rf"the_ConvTranspose.*output_shape \[{full + beyond}, {full}\] exceeds the full "
+            rf"output \[{full}, {full}\] by more than strides - 1 = \[{stride - 1}, {stride - 1}\]"
+        )
+        with pytest.raises(NotImplementedError, match=expected):
+            onnx_derivative(model, weights=[], backend="onnx")
+
+
+def test_conv_transpose_output_shape_beyond_with_same_lower_is_refused_where_runtimes_disagree():
+    """With SAME_LOWER, one beyond the full output both runtimes append; two beyond they
+    compute different outputs, and the rule refuses it."""
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal(s).astype(np.float32)
+             for k, s in (("x", (1, 1, 3, 3)), ("w", (1, 1, 2, 2)))}  # fmt: skip
+    agreeing, disagreeing = (_conv_transpose_beyond(b, 3, "SAME_LOWER") for b in (1, 2))
+    np.testing.assert_allclose(
+        run_ort(agreeing, feeds)["y"], ReferenceEvaluator(agreeing).run(None, feeds)[0],
+        rtol=1e-5, atol=1e-5,
+    )  # fmt: skip
+    onnx_derivative(agreeing, weights=[], backend="onnx")
+    ort, reference = (
+        run_ort(disagreeing, feeds)["y"],
+        ReferenceEvaluator(disagreeing).run(None, feeds)[0],
+    )
+    assert not np.allclose(ort, reference, atol=1e-3)
+    with pytest.raises(
+        NotImplementedError, match=r"the_ConvTranspose.*more than 1 beyond.*SAME_LOWER"
+    ):
+        onnx_derivative(disagreeing, weights=[], backend="onnx")
+
+
 def test_conv_transpose_output_shape_far_beyond_the_full_output_names_the_node():
     model = single_node_model(
         "ConvTranspose", {"x": [1, 1, 3, 3], "w": [1, 1, 3, 3]}, strides=[2, 2],

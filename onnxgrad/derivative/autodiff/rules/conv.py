@@ -162,16 +162,25 @@ def _transpose_pads(b, node, k, x_sizes, ext, strides, output_padding) -> tuple[
         target = tuple(output_shape[-k:]) if output_shape else vmul(b, x_sizes, s)
         natural = vadd(b, vmul(b, vsub(b, x_sizes, 1), s), vadd(b, output_padding, ext))
         total = vsub(b, natural, target)
-        # one more than the full output, a zero appended at the end (the spec's split with
-        # floor division), is what onnxruntime and the onnx reference evaluator compute;
-        # beyond that or with SAME_UPPER they disagree or refuse
+        # up to s - 1 beyond the full output, onnxruntime and the onnx reference evaluator
+        # append outputs (the bias only) at the end; further beyond they refuse; with
+        # SAME_UPPER, or SAME_LOWER more than one beyond, they disagree
         beyond = isinstance(total, tuple) and min(total) < 0
-        unit = beyond and any(t < 0 and st < 2 for t, st in zip(total, s))
-        if beyond and (auto_pad == "SAME_UPPER" or min(total) < -1 or unit):
+        what = "output_shape" if output_shape else f"the {auto_pad} output"
+        agreed = {"SAME_UPPER": 0, "SAME_LOWER": 1}.get(auto_pad)
+        if beyond and agreed is not None and min(total) < -agreed:
             raise unsupported(
                 node,
-                f"output_shape {list(target)} exceeds the full output by more than one, or "
-                f"with SAME_UPPER or a unit stride (runtimes disagree)",
+                f"{what} {list(target)} more than {agreed} beyond the full output "
+                f"{list(natural)} with auto_pad={auto_pad!r} (onnxruntime and the onnx "
+                f"reference evaluator disagree)",
+            )
+        if beyond and any(-t > st - 1 for t, st in zip(total, s)):
+            raise unsupported(
+                node,
+                f"{what} {list(target)} exceeds the full output {list(natural)} by more than "
+                f"strides - 1 = {[st - 1 for st in s]} (onnxruntime and the onnx reference "
+                f"evaluator refuse it)",
             )
         return same_pads(b, "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER", total)
     if auto_pad == "VALID":
