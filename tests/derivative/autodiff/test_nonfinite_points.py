@@ -5,7 +5,11 @@
   differences of the model without that row;
 * a zero row of LpNormalization: ``y = 0`` there (both runtimes), the gradient is defined as 0
   (finite differences see ``g / eps``, the jump of ``x / ||x||``); the other rows are checked
-  against finite differences.
+  against finite differences;
+* the second derivative of GlobalLpPool at an all-zero plane and of LpPool at all-zero windows
+  (``y = 0``): finite everywhere (the first derivative takes 0 there), equal to finite
+  differences of the first derivative along every input on which it does not jump (the
+  others are excluded from the closure test for that jump).
 
 Each gradient runs in float64 on the case's oracle (onnx's ReferenceEvaluator, onnxruntime for
 LpNormalization with ``p = 1``, which the reference evaluator computes as ``p = 2``) and in
@@ -18,7 +22,14 @@ import numpy as np
 import pytest
 
 from onnxgrad import onnx_derivative
-from tests.derivative.autodiff.gradcheck import OpCase, case_model, evaluator, finite_differences
+from tests.derivative.autodiff.gradcheck import (
+    OpCase,
+    case_model,
+    evaluator,
+    finite_differences,
+    second_order,
+)
+from tests.derivative.autodiff.test_rules import CASES
 
 rng = np.random.default_rng(11)
 
@@ -78,3 +89,26 @@ def test_lp_normalization_zero_row(p):
     for runtime, got in native_gradient(case, g).items():
         np.testing.assert_array_equal(got[1], 0.0, err_msg=runtime)
         np.testing.assert_allclose(got[[0, 2]], expected, rtol=1e-4, atol=1e-5, err_msg=runtime)
+
+
+@pytest.mark.parametrize(
+    "case_id", ["GlobalLpPool-zero-plane", "LpPool-zero-windows-p2", "LpPool-zero-windows-p3"]
+)
+def test_lp_pool_second_derivative_at_zero_norms_is_finite(case_id):
+    """The first derivative jumps along the entries of X in an all-zero plane or window:
+    the zeros of X in these cases."""
+    (case,) = [c for c in CASES if c.id == case_id]
+    jumps = case.inputs["X"] == 0
+    first = second_order(case)  # its graph: the first derivative, X and z_grad -> X_grad
+    model, feeds = case_model(first)
+    seeds = {"y0_grad": rng.standard_normal(feeds["X"].shape)}
+    hessian = onnx_derivative(model, weights=[], inputs=["X", "z_grad"], backend="onnx")
+    outputs = evaluator(hessian, case.evaluator).run(None, {**feeds, **seeds})
+    got = dict(zip([o.name for o in hessian.graph.output], outputs))
+    for name in ("X", "z_grad"):
+        assert np.isfinite(got[f"{name}_grad"]).all(), name
+        expected = finite_differences(model, feeds, name, [seeds["y0_grad"]], 1e-6, case.evaluator)
+        smooth = ~jumps if name == "X" else np.ones(expected.shape, bool)
+        np.testing.assert_allclose(
+            got[f"{name}_grad"][smooth], expected[smooth], rtol=1e-5, atol=1e-6, err_msg=name
+        )

@@ -299,12 +299,21 @@ def lp_pool_grad(b, node, grads, needs):
     (g,) = grads
     x, y = node.inputs[0], node.outputs[0]
     p = float(node.attr("p", 2))
-    scale = _power(b, y, 1 - p)
-    if p > 1:
-        zero = b.const(0, like=y)
-        scale = b.op("Where", b.op("Equal", y, zero), zero, scale)
+    scale = _inverse_norm_power(b, y, p)
     spread = _spread_over_windows(b, node, b.mul(g, scale), False)
     return [b.mul(spread, _signed_power(b, x, p - 1))]
+
+
+def _inverse_norm_power(b: GradBuilder, y: str, p: float) -> str:
+    """``y^(1-p)``, and 0 where ``y = 0`` (``p > 1``): ``y`` is replaced by 1 there before the
+    power, so the unselected branch stays finite and so does the derivative of this graph
+    (a ``Where`` after ``0^(1-p) = inf`` alone would differentiate to ``inf * 0``)."""
+    if p <= 1:
+        return _power(b, y, 1 - p)
+    zero = b.op("Equal", y, b.const(0, like=y))
+    safe = b.op("Where", zero, b.const(1, like=y), y)
+    b.declare(safe, b.value_type(y))
+    return b.op("Where", zero, b.const(0, like=y), _power(b, safe, 1 - p))
 
 
 def _power(b: GradBuilder, t: str, exponent: float) -> str:
@@ -424,10 +433,7 @@ def global_lp_pool_grad(b, node, grads, needs):
     (g,) = grads
     x, y = node.inputs[0], node.outputs[0]
     p = float(node.attr("p", 2))
-    scale = _power(b, y, 1 - p)
-    if p > 1:
-        zero = b.const(0, like=y)
-        scale = b.op("Where", b.op("Equal", y, zero), zero, scale)
+    scale = _inverse_norm_power(b, y, p)
     return [b.mul(b.mul(g, scale), _signed_power(b, x, p - 1))]
 
 
