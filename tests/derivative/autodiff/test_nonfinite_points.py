@@ -92,23 +92,29 @@ def test_lp_normalization_zero_row(p):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["GlobalLpPool-zero-plane", "LpPool-zero-windows-p2", "LpPool-zero-windows-p3"]
+    ("case_id", "x"),
+    [
+        ("GlobalLpPool-zero-plane", "X"),
+        ("LpPool-zero-windows-p2", "X"),
+        ("LpPool-zero-windows-p3", "X"),
+        ("ReduceL2-zero-norm", "x"),
+    ],
 )
-def test_lp_pool_second_derivative_at_zero_norms_is_finite(case_id):
-    """The first derivative jumps along the entries of X in an all-zero plane or window:
-    the zeros of X in these cases."""
+def test_norm_second_derivative_at_zero_norms_is_finite(case_id, x):
+    """The first derivative jumps along the entries of x in an all-zero plane, window or
+    reduced row: the zeros of x in these cases. Elsewhere it equals finite differences."""
     (case,) = [c for c in CASES if c.id == case_id]
-    jumps = case.inputs["X"] == 0
-    first = second_order(case)  # its graph: the first derivative, X and z_grad -> X_grad
+    jumps = case.inputs[x] == 0
+    first = second_order(case)  # its graph: the first derivative, x and z_grad -> x_grad
     model, feeds = case_model(first)
-    seeds = {"y0_grad": rng.standard_normal(feeds["X"].shape)}
-    hessian = onnx_derivative(model, weights=[], inputs=["X", "z_grad"], backend="onnx")
+    seeds = {"y0_grad": rng.standard_normal(feeds[x].shape)}
+    hessian = onnx_derivative(model, weights=[], inputs=[x, "z_grad"], backend="onnx")
     outputs = evaluator(hessian, case.evaluator).run(None, {**feeds, **seeds})
     got = dict(zip([o.name for o in hessian.graph.output], outputs))
-    for name in ("X", "z_grad"):
+    for name in (x, "z_grad"):
         assert np.isfinite(got[f"{name}_grad"]).all(), name
         expected = finite_differences(model, feeds, name, [seeds["y0_grad"]], 1e-6, case.evaluator)
-        smooth = ~jumps if name == "X" else np.ones(expected.shape, bool)
+        smooth = ~jumps if name == x else np.ones(expected.shape, bool)
         np.testing.assert_allclose(
             got[f"{name}_grad"][smooth], expected[smooth], rtol=1e-5, atol=1e-6, err_msg=name
         )

@@ -136,7 +136,11 @@ def reduce_l2_grad(b, node, grads, needs):
     x, axes, g = _inputs(b, node, grads)
     norm = _restore(b, node, axes, node.outputs[0])
     zero = b.const(0.0, like=x)
-    scale = b.op("Where", b.op("Equal", norm, zero), zero, b.op("Div", g, norm))
+    vanishes = b.op("Equal", norm, zero)
+    # divide by 1 where the norm is 0, not by 0 then mask: the derivative of this graph
+    # stays finite there (a Where after g / 0 = inf differentiates to inf * 0)
+    safe = b.op("Where", vanishes, b.const(1.0, like=x), norm)
+    scale = b.op("Where", vanishes, zero, b.op("Div", g, safe))
     return [b.op("Mul", x, scale)]
 
 
