@@ -141,7 +141,8 @@ def lowered_if_needed(
 
 def raised_opset(model: ModelProto, opset: int) -> ModelProto:
     """A copy of ``model`` converted to default-domain ``opset`` by onnx's version converter,
-    or a ``ValueError`` naming both opsets and the converter's reason."""
+    or a ``ValueError`` naming both opsets and the converter's reason (or the nearest Resize
+    below opset 11 whose rounding the raised graph cannot reproduce)."""
     batched = _batched_scans(model)
     copy = ModelProto()
     copy.CopyFrom(model)
@@ -156,7 +157,7 @@ def raised_opset(model: ModelProto, opset: int) -> ModelProto:
             f"convert the model to opset {opset} or later"
         ) from exc
     if default_opset(model) < 11 <= opset:
-        _keep_upsample_coordinates(converted.graph)
+        _keep_upsample_coordinates(converted.graph, sizes=_inferred_dims(converted))
     if batched:
         _unbatch_scans(converted, model, batched, opset)
         onnx.checker.check_model(converted)
@@ -243,24 +244,124 @@ def _axis_op(op_type: str, source: str, target: str, opset: int) -> list[NodePro
     return [helper.make_node(op_type, [source], [target], axes=[0])]
 
 
-def _keep_upsample_coordinates(graph) -> None:
-    """Upsample and Resize before opset 11 sample at ``i / scale`` (asymmetric; nearest takes
-    the floor); onnx's converter turns them into Resize-11 nodes without those attributes,
-    whose defaults (half_pixel, round_prefer_floor) compute another function (for any
-    linear resize and non-integer nearest scales): the attributes are set back."""
+def _keep_upsample_coordinates(graph, constants: dict | None = None, sizes=None) -> None:
+    """Upsample and Resize before opset 11 sample at ``i / scale`` (asymmetric); onnxruntime's
+    nearest then reads ``x[ceil(i / s)]`` on an axis with ``s < 1`` and ``x[floor(i / s)]`` on
+    the others (its ``simple`` nearest mode; an axis with ``s == 1`` is copied). onnx's
+    converter turns them into Resize-11 nodes without those attributes, whose defaults
+    (half_pixel, round_prefer_floor) compute another function: the coordinates are set back,
+    with ``nearest_mode`` ceil when every resized axis shrinks, floor when none does, and a
+    nearest node whose scales both shrink and grow axes becomes two chained Resize nodes
+    (ceil for the shrinking axes, then floor for the growing ones). A nearest node needs
+    constant scales (a ``ValueError`` names it otherwise)."""
+    constants = dict(constants or {})
+    constants.update({t.name: t for t in graph.initializer})
+    for node in graph.node:
+        if node.op_type == "Constant" and not normalize_domain(node.domain):
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    constants[node.output[0]] = attribute.t
+    if sizes is None:
+        sizes = {}
+    sizes = {**sizes, **_declared_dims(graph)}
+    nodes: list[NodeProto] = []
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                _keep_upsample_coordinates(attribute.g)
+                _keep_upsample_coordinates(attribute.g, constants, sizes)
         if node.op_type != "Resize" or normalize_domain(node.domain):
+            nodes.append(node)
             continue
-        present = {a.name for a in node.attribute}
+        present = {a.name: a for a in node.attribute}
         if "coordinate_transformation_mode" not in present:
             node.attribute.append(
                 helper.make_attribute("coordinate_transformation_mode", "asymmetric")
             )
-        if "nearest_mode" not in present:
-            node.attribute.append(helper.make_attribute("nearest_mode", "floor"))
+        mode = present["mode"].s.decode() if "mode" in present else "nearest"
+        if "nearest_mode" in present or mode != "nearest":
+            nodes.append(node)
+            continue
+        nodes += _simple_nearest(graph, node, constants, sizes)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _declared_dims(graph) -> dict[str, list]:
+    """``{name: [int or None per axis]}`` for every value whose shape the graph declares."""
+    dims = {}
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            dims[info.name] = [
+                d.dim_value if d.HasField("dim_value") else None
+                for d in info.type.tensor_type.shape.dim
+            ]
+    return dims
+
+
+def _inferred_dims(model: ModelProto) -> dict[str, list]:
+    """:func:`_declared_dims` of the main graph after shape inference (none if it fails)."""
+    try:
+        return _declared_dims(onnx.shape_inference.infer_shapes(model).graph)
+    except Exception:  # inference is only used to prove that an axis grows
+        return {}
+
+
+def _simple_nearest(graph, node: NodeProto, constants: dict, sizes: dict) -> list[NodeProto]:
+    """The nodes computing onnxruntime's opset-10 nearest Resize ``node`` (see
+    :func:`_keep_upsample_coordinates`)."""
+    label = node.name or node.output[0]
+    source = node.input[2] if len(node.input) > 2 else ""
+    if source not in constants:
+        raise ValueError(
+            f"Resize/Upsample node {label!r} (nearest, opset < 11) has scales {source!r} "
+            "that are not a constant: onnxruntime rounds up on the axes it shrinks and down "
+            "on the others, which the raised opset can only express for constant scales"
+        )
+    scales = onnx.numpy_helper.to_array(constants[source]).astype(np.float32).ravel()
+    shrinks, grows = scales < 1, scales > 1
+    if not (shrinks.any() and grows.any()):
+        node.attribute.append(
+            helper.make_attribute("nearest_mode", "ceil" if shrinks.any() else "floor")
+        )
+        return [node]
+    dims = sizes.get(node.input[0])
+    grown = (
+        dims is not None
+        and len(dims) == len(scales)
+        and any(
+            d is not None and int(np.float32(s) * np.float32(d)) > d
+            for d, s in zip(dims, scales)
+            if s > 1
+        )
+    )
+    if not (grown or (scales[grows] >= 2).any()):
+        raise ValueError(
+            f"Resize/Upsample node {label!r} (nearest, opset < 11) shrinks some axes and grows "
+            f"others (scales {scales.tolist()}), no growing axis provably changing the size of "
+            f"{node.input[0]!r}: onnxruntime reads it with ceil on the shrinking axes and "
+            "floor on the others, which takes two Resize nodes, and onnxruntime copies a "
+            "Resize input whose shape does not change instead of sampling it"
+        )
+    intermediate = f"{node.output[0]}__shrunk"
+    down, up = f"{intermediate}_scales", f"{node.output[0]}__grown_scales"
+    graph.initializer.extend(
+        [
+            onnx.numpy_helper.from_array(np.where(shrinks, scales, 1).astype(np.float32), down),
+            onnx.numpy_helper.from_array(np.where(grows, scales, 1).astype(np.float32), up),
+        ]
+    )
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    roi = node.input[1]
+    return [
+        helper.make_node(
+            "Resize", [node.input[0], roi, down], [intermediate], name=f"{label}__shrink",
+            **{**attributes, "nearest_mode": "ceil"},
+        ),
+        helper.make_node(
+            "Resize", [intermediate, roi, up], list(node.output), name=f"{label}__grow",
+            **{**attributes, "nearest_mode": "floor"},
+        ),
+    ]  # fmt: skip
 
 
 def with_trained_weights(original: ModelLike, weights: dict) -> ModelProto:
@@ -339,7 +440,10 @@ def _upgraded(model: ModelProto) -> ModelProto:
     except Exception:  # no adapter: the lowering works at any opset, lowered_if_needed checks
         return model
     if default_opset(model) < 11 <= MIN_OPSET:
-        _keep_upsample_coordinates(converted.graph)
+        try:
+            _keep_upsample_coordinates(converted.graph, sizes=_inferred_dims(converted))
+        except ValueError:  # a nearest Resize it cannot reproduce: lowered at its own opset
+            return model
     return converted
 
 

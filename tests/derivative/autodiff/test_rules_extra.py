@@ -373,20 +373,39 @@ def test_conv_transpose_output_shape_far_beyond_the_full_output_names_the_node()
         onnx_derivative(model, weights=[], backend="onnx")
 
 
-@pytest.mark.parametrize("mode", ["nearest", "linear"])
-def test_upsample_below_opset_11_keeps_its_sampling(mode):
-    """An opset-9 Upsample is raised to a Resize-11 by onnx's converter, which drops its
-    asymmetric sampling (and floor for nearest): the gradient on onnxruntime is checked
-    against differences of the original model (linear in X: a unit step is exact)."""
+def _old_resize_model(op_type, opset, mode, scales, shape, name="the_Upsample"):
+    """One opset-``opset`` Upsample/Resize node reading constant ``scales``."""
     graph = helper.make_graph(
-        [helper.make_node("Upsample", ["x", "scales"], ["y"], mode=mode, name="the_Upsample")],
+        [helper.make_node(op_type, ["x", "scales"], ["y"], mode=mode, name=name)],
         "upsample",
-        [helper.make_tensor_value_info("x", FLOAT, [1, 1, 3, 4])],
+        [helper.make_tensor_value_info("x", FLOAT, shape)],
         [helper.make_tensor_value_info("y", FLOAT, None)],
-        [numpy_helper.from_array(np.array([1, 1, 2.3, 1.7], np.float32), "scales")],
+        [numpy_helper.from_array(np.array(scales, np.float32), "scales")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=8)
-    x = np.random.default_rng(0).standard_normal((1, 1, 3, 4)).astype(np.float32)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+
+
+@pytest.mark.parametrize(
+    ("op_type", "opset", "mode", "scales", "shape"),
+    [
+        ("Upsample", 9, "nearest", [1, 1, 2.3, 1.7], [1, 1, 3, 4]),
+        ("Upsample", 9, "linear", [1, 1, 2.3, 1.7], [1, 1, 3, 4]),
+        ("Resize", 10, "nearest", [1, 1, 2, 3], [1, 2, 4, 5]),  # grows: floor
+        ("Resize", 10, "nearest", [1, 1, 0.6, 0.5], [1, 2, 4, 5]),  # shrinks: ceil
+        ("Resize", 10, "nearest", [1, 1, 0.6, 0.6], [1, 2, 5, 7]),
+        ("Resize", 10, "nearest", [1, 1, 0.75, 1.5], [1, 2, 4, 5]),  # both: two nodes
+        ("Resize", 10, "nearest", [1, 1, 1.7, 0.4], [1, 1, 5, 9]),
+        ("Resize", 10, "nearest", [1, 1, 0.5, 2.5], [2, 3, 4, 2]),
+        ("Resize", 10, "linear", [1, 1, 0.6, 0.5], [1, 2, 4, 5]),
+    ],
+)
+def test_upsample_below_opset_11_keeps_its_sampling(op_type, opset, mode, scales, shape):
+    """A Upsample or Resize below opset 11 is raised to a Resize-11 by onnx's converter, which
+    drops its asymmetric sampling and onnxruntime's rounding (nearest: ceil on the axes it
+    shrinks, floor on the others): the gradient on onnxruntime is checked against
+    differences of the original model (linear in X: a unit step is exact)."""
+    model = _old_resize_model(op_type, opset, mode, scales, shape)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     y = run_ort(model, {"x": x})["y"]
     seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
     got = native_gradients(model, {"x": x}, seed)["x_grad"]
@@ -396,6 +415,39 @@ def test_upsample_below_opset_11_keeps_its_sampling(mode):
         step[j] = 1.0
         expected[j] = np.sum((run_ort(model, {"x": x + step})["y"] - y) * seed)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_resize_10_nearest_downsampling_raised_as_onnxruntime_runs_it():
+    """onnx's own Resize-10 downsampling example: onnxruntime reads x[ceil(i / 0.6)]."""
+    from onnxgrad.graph.ml_lowering import raised_opset
+
+    model = _old_resize_model("Resize", 10, "nearest", [1, 1, 0.6, 0.6], [1, 1, 2, 4])
+    x = np.arange(1, 9, dtype=np.float32).reshape(1, 1, 2, 4)
+    np.testing.assert_array_equal(run_ort(model, {"x": x})["y"], [[[[1, 3]]]])
+    np.testing.assert_array_equal(run_ort(raised_opset(model, 13), {"x": x})["y"], [[[[1, 3]]]])
+
+
+def test_resize_10_nearest_with_computed_scales_names_the_node():
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "s"], ["y"], mode="nearest", name="the_Resize")],
+        "resize",
+        [helper.make_tensor_value_info("x", FLOAT, [1, 1, 4, 4]),
+         helper.make_tensor_value_info("s", FLOAT, [4])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)], ir_version=7)
+    with pytest.raises(ValueError, match=r"'the_Resize'.*scales 's'.*not a constant"):
+        onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
+
+
+@pytest.mark.parametrize("shape", [[1, 1, 4, 6], [1, 1, 4, "w"]])
+def test_resize_10_nearest_mixed_scales_that_may_keep_a_size_names_the_node(shape):
+    """Shrinking one axis and growing another by 1.1 (6 -> 6, or of unknown size): the
+    second of the two Resize nodes could keep its input's shape, which onnxruntime copies
+    instead of sampling at floor(i / 1.1): refused by name."""
+    model = _old_resize_model("Resize", 10, "nearest", [1, 1, 0.6, 1.1], shape, "the_Resize")
+    with pytest.raises(ValueError, match=r"'the_Resize'.*shrinks some axes and grows"):
+        onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
 
 
 def _layer_norm_grad_exact(x, scale, g, epsilon):
