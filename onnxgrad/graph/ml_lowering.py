@@ -157,7 +157,9 @@ def raised_opset(model: ModelProto, opset: int) -> ModelProto:
             f"convert the model to opset {opset} or later"
         ) from exc
     if default_opset(model) < 11 <= opset:
-        _keep_upsample_coordinates(converted.graph, sizes=_inferred_dims(converted))
+        _keep_upsample_coordinates(
+            converted.graph, sizes=_inferred_dims(converted), upsampled=_upsampled(model)
+        )
     if batched:
         _unbatch_scans(converted, model, batched, opset)
         onnx.checker.check_model(converted)
@@ -244,7 +246,19 @@ def _axis_op(op_type: str, source: str, target: str, opset: int) -> list[NodePro
     return [helper.make_node(op_type, [source], [target], axes=[0])]
 
 
-def _keep_upsample_coordinates(graph, constants: dict | None = None, sizes=None) -> None:
+def _upsampled(model: ModelProto) -> set[str]:
+    """The outputs of the model's Upsample nodes (onnxruntime refuses their scales < 1)."""
+    return {
+        node.output[0]
+        for graph in iter_graphs(model.graph)
+        for node in graph.node
+        if node.op_type == "Upsample" and not normalize_domain(node.domain)
+    }
+
+
+def _keep_upsample_coordinates(
+    graph, constants: dict | None = None, sizes=None, upsampled: frozenset = frozenset()
+) -> None:
     """Upsample and Resize before opset 11 sample at ``i / scale`` (asymmetric); onnxruntime's
     nearest then reads ``x[ceil(i / s)]`` on an axis with ``s < 1`` and ``x[floor(i / s)]`` on
     the others (its ``simple`` nearest mode; an axis with ``s == 1`` is copied). onnx's
@@ -252,8 +266,9 @@ def _keep_upsample_coordinates(graph, constants: dict | None = None, sizes=None)
     (half_pixel, round_prefer_floor) compute another function: the coordinates are set back,
     with ``nearest_mode`` ceil when every resized axis shrinks, floor when none does, and a
     nearest node whose scales both shrink and grow axes becomes two chained Resize nodes
-    (ceil for the shrinking axes, then floor for the growing ones). A nearest node needs
-    constant scales (a ``ValueError`` names it otherwise)."""
+    (ceil for the shrinking axes, then floor for the growing ones). A nearest Resize-10 needs
+    constant scales (a ``ValueError`` names it otherwise); one from an Upsample (whose
+    ``upsampled`` output onnxruntime computes only for scales >= 1) takes the floor."""
     constants = dict(constants or {})
     constants.update({t.name: t for t in graph.initializer})
     for node in graph.node:
@@ -268,7 +283,7 @@ def _keep_upsample_coordinates(graph, constants: dict | None = None, sizes=None)
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                _keep_upsample_coordinates(attribute.g, constants, sizes)
+                _keep_upsample_coordinates(attribute.g, constants, sizes, upsampled)
         if node.op_type != "Resize" or normalize_domain(node.domain):
             nodes.append(node)
             continue
@@ -279,6 +294,10 @@ def _keep_upsample_coordinates(graph, constants: dict | None = None, sizes=None)
             )
         mode = present["mode"].s.decode() if "mode" in present else "nearest"
         if "nearest_mode" in present or mode != "nearest":
+            nodes.append(node)
+            continue
+        if node.output[0] in upsampled:
+            node.attribute.append(helper.make_attribute("nearest_mode", "floor"))
             nodes.append(node)
             continue
         nodes += _simple_nearest(graph, node, constants, sizes)
@@ -441,7 +460,9 @@ def _upgraded(model: ModelProto) -> ModelProto:
         return model
     if default_opset(model) < 11 <= MIN_OPSET:
         try:
-            _keep_upsample_coordinates(converted.graph, sizes=_inferred_dims(converted))
+            _keep_upsample_coordinates(
+                converted.graph, sizes=_inferred_dims(converted), upsampled=_upsampled(model)
+            )
         except ValueError:  # a nearest Resize it cannot reproduce: lowered at its own opset
             return model
     return converted

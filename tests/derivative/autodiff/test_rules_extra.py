@@ -440,6 +440,32 @@ def test_resize_10_nearest_with_computed_scales_names_the_node():
         onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
 
 
+def test_upsample_with_scales_as_an_input_takes_the_floor():
+    """Upsample's scales may be fed at run time (onnx's own test case): onnxruntime refuses
+    scales < 1 there, so the raised Resize takes the floor without a constant."""
+    graph = helper.make_graph(
+        [helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")],
+        "upsample",
+        [helper.make_tensor_value_info("x", FLOAT, [1, 1, 2, 3]),
+         helper.make_tensor_value_info("scales", FLOAT, [4])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=7)
+    x = np.random.default_rng(0).standard_normal((1, 1, 2, 3)).astype(np.float32)
+    scales = np.array([1, 1, 2.5, 1.5], np.float32)
+    y = run_ort(model, {"x": x, "scales": scales})["y"]
+    seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+    grad_model = onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
+    got = run_ort(grad_model, {"x": x, "scales": scales, "y_grad": seed})["x_grad"]
+    expected = np.zeros(x.shape)
+    for j in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[j] = 1.0
+        moved = run_ort(model, {"x": x + step, "scales": scales})["y"]
+        expected[j] = np.sum((moved - y) * seed)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("shape", [[1, 1, 4, 6], [1, 1, 4, "w"]])
 def test_resize_10_nearest_mixed_scales_that_may_keep_a_size_names_the_node(shape):
     """Shrinking one axis and growing another by 1.1 (6 -> 6, or of unknown size): the
