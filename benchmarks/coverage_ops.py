@@ -20,21 +20,30 @@ and along every coordinate (64 at most): a case is "wrong" only where no such ev
 exists. At such a point there is no derivative to be right or wrong against: the case gets
 the verdict of a jittered point nearby (1e-3 (1 + |x|) away, then 1e-2 if still not
 differentiable). The gradient at the point itself is also compared, coordinate by
-coordinate, with what finite differences can tell of the generalized derivative there, and
-the result reported (not counted): it is confirmed where it equals the partial derivative,
-where it is a one-sided partial derivative or between the two at a kink (a subgradient along
-that axis, as ReLU'(0) = 0), or within the range of the partial derivatives at 8 random
-points within 1e-4 (1 + |x|) (a sampled Clarke generalized gradient: where several kinks
-meet on one axis, as ties of a max or bilinear samples on the pixel grid, the chain rule
-combines slopes of different sides); at a jump any value is a convention. Where several
-kinks meet the sampled range may miss part of the generalized gradient, so a value outside
-it is "not confirmed", not "wrong". These cases are listed apart in the page with their
-evidence. Outcomes per case: ``ok``, ``wrong`` (a value or a shape differs, or NaN),
-``missing`` (``NotImplementedError``: no rule), ``zero gradient`` (not counted: the engine
-refuses a gradient that is zero everywhere, as for the piecewise-constant Hardmax or the
-integer-valued Range), ``failed`` (the gradient graph raised another error or did not run)
-and ``skipped`` (the oracle cannot judge: random operators, models the evaluator cannot run
-in float64).
+coordinate, with what finite differences can tell of the generalized derivative there: it
+is confirmed where it equals the partial derivative, where it is a one-sided partial
+derivative or between the two at a kink (a subgradient along that axis, as ReLU'(0) = 0),
+or within the range of the partial derivatives at 8 random points within 1e-4 (1 + |x|) (a
+sampled Clarke generalized gradient: where several kinks meet on one axis, as ties of a max
+or bilinear samples on the pixel grid, the chain rule combines slopes of different sides);
+at a jump any value is a convention. A coordinate with a two-sided partial derivative whose
+gradient differs from it and from every partial sampled nearby makes the case ``wrong``
+(where a jittered point can be judged at all: else the quotients are not trusted). Where
+several kinks meet the sampled range may miss part of the generalized gradient, so a
+coordinate at a kink outside it makes the case ``not confirmed``, not ``wrong``. So does a
+random direction ``v`` with a kink (the one that showed it, and 8 more per input) along
+which ``<gradient, v>`` lies outside the one-sided derivatives ``[min(f'(x; v), -f'(x; -v)),
+max(...)]``, both taken with the absolute values of the output gradients (so that a max of
+the outputs, as Relu, MaxPool or ReduceMax, stays convex): every generalized gradient of a
+function convex or concave near the point lies there, not always for others (``|x1| - |x2|``
+at 0 along ``(1, 1)``, bilinear sampling), hence not ``wrong``. These cases are listed apart
+in the page with their evidence. Outcomes per case: ``ok``, ``not confirmed`` (ok at a
+jittered point, not confirmed at the case's own point without a derivative), ``wrong`` (a
+value or a shape differs, or NaN), ``missing`` (``NotImplementedError``: no rule), ``zero
+gradient`` (not counted: the engine refuses a gradient that is zero everywhere, as for the
+piecewise-constant Hardmax or the integer-valued Range), ``failed`` (the gradient graph
+raised another error or did not run) and ``skipped`` (the oracle cannot judge: random
+operators, models the evaluator cannot run in float64).
 
 The oracle is onnx's reference evaluator, except where it departs from the spec: ``Erf``
 rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``LpNormalization``
@@ -87,7 +96,7 @@ PLAIN = FLOATS | {
     TensorProto.STRING,
 }
 NON_DIFFERENTIABLE = onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
-STATUSES = ("ok", "wrong", "missing", "failed", "skipped")
+STATUSES = ("ok", "not confirmed", "wrong", "missing", "failed", "skipped")
 EPS = 1e-6
 RTOL = 1e-4
 
@@ -402,7 +411,7 @@ def check_case(name: str, model: ModelProto, inputs: list, seed: int = 0) -> Out
     outcome.status, outcome.detail, outcome.point = verdict
     if outcome.status in ("failed", "skipped") and not outcome.detail.startswith("random"):
         status, detail, point = _judge(model, arrays, wrt, op_type, opset, seed, False)
-        if status in ("ok", "wrong", "missing"):
+        if status in ("ok", "not confirmed", "wrong", "missing"):
             outcome.status, outcome.detail = status, f"in the case's precision: {detail}"
             outcome.point = point
     return outcome
@@ -465,7 +474,12 @@ def _seed(rng, output: np.ndarray, info) -> np.ndarray:
 
 class Kink(Exception):
     """The objective is not differentiable at the point (one-sided differences disagree,
-    the output shape or finiteness changes)."""
+    the output shape or finiteness changes); ``along``: ``(input, direction)`` where a
+    random direction showed it."""
+
+    def __init__(self, message: str, along: tuple | None = None):
+        super().__init__(message)
+        self.along = along
 
 
 def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tuple:
@@ -480,26 +494,31 @@ def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tupl
         return "failed", f"load: {_short(exc)}"
     shapes = None
 
-    def objective(values) -> float:
+    def objective(values, weights=seeds) -> float:
         outputs = oracle.run(values)
         if [o.shape for o in outputs] != shapes:
             raise Kink("the output shape changes")
         total = sum(
-            float(np.sum(o.astype(np.float64) * s)) for o, s in zip(outputs, seeds) if s.any()
+            float(np.sum(o.astype(np.float64) * s)) for o, s in zip(outputs, weights) if s.any()
         )
         if not math.isfinite(total):
             raise Kink("the outputs are not finite")
         return total
 
-    def gradients(values):
+    def gradients(values, weights=seeds):
         grad_feeds = {
             **values,
-            **{f"{n}_grad": s.astype(_dtype_of(model, n)) for n, s in zip(names, seeds)},
+            **{f"{n}_grad": s.astype(_dtype_of(model, n)) for n, s in zip(names, weights)},
         }
         results = grad_oracle.run(grad_feeds)
         return dict(zip([o.name for o in gradient.graph.output], results))
 
-    point = ""
+    def positive(values):
+        """The objective and gradient with the output gradients' absolute values."""
+        weights = [np.abs(s) for s in seeds]
+        return (lambda v: objective(v, weights)), gradients(values, weights)
+
+    point, at_point, why = "", "ok", ""
     original = [o.shape for o in oracle.run(feeds)]
     for attempt in range(3):
         shapes = [o.shape for o in oracle.run(feeds)]
@@ -514,13 +533,21 @@ def _compare(model, gradient, feeds, seeds, wrt, oracle, rng, precision) -> tupl
         except Kink as kink:
             if attempt == 0:
                 try:
-                    point, _ = _at_the_kink(objective, got, feeds, wrt, rng, precision, kink)
+                    try:
+                        along = positive(feeds)
+                    except Exception:  # judged along the directions with the case's seeds
+                        along = None
+                    point, at_point, why = _at_the_kink(
+                        objective, got, feeds, wrt, rng, precision, kink, along
+                    )
                 except Kink as again:
                     point = f"no derivative at the test point ({kink}; coordinatewise: {again})"
             feeds = _jitter_keeping_shapes(oracle, feeds, wrt, rng, 1e-3 * 10**attempt, original)
             continue
         if point:
             point += f"; judged at a jittered point nearby: {status}"
+        if at_point == "wrong" or (at_point == "not confirmed" and status == "ok"):
+            return at_point, f"at the test point (no derivative there): {why}", point
         return status, detail, point
     return "skipped", "not differentiable at the test point (kink or tie), even jittered"
 
@@ -580,12 +607,13 @@ def _directional_check(objective, got, feeds, wrt, rng, precision):
             if abs(forward - backward) > 10 * rtol * (abs(forward) + abs(backward)) + 1e-5:
                 raise Kink(
                     f"along a random direction of {name!r}: one-sided derivatives "
-                    f"{backward:.6g} (left) and {forward:.6g} (right)"
+                    f"{backward:.6g} (left) and {forward:.6g} (right)",
+                    (name, direction),
                 )
             if abs(actual - expected) > rtol * scale + 1e-6:
                 reason = _kink_in(objective, feeds, name, direction, precision, quotients)
                 if reason:
-                    raise Kink(f"along a random direction of {name!r}: {reason}")
+                    raise Kink(f"along a random direction of {name!r}: {reason}", (name, direction))
                 for j in _coordinates(base.shape, rng):
                     reason = _kink_in(objective, feeds, name, _unit(base.shape, j), precision)
                     if reason:
@@ -615,7 +643,9 @@ def _unit(shape, index) -> np.ndarray:
     return e
 
 
-def _at_the_kink(objective, got, feeds, wrt, rng, precision, kink) -> tuple[str, bool]:
+def _at_the_kink(
+    objective, got, feeds, wrt, rng, precision, kink, positive=None
+) -> tuple[str, str, str]:
     """The evidence that the objective has no derivative at the test point, and whether the
     gradient there is confirmed as a generalized derivative, coordinate by coordinate: equal
     to the partial derivative where one exists; at a kink equal to one of the one-sided
@@ -624,11 +654,24 @@ def _at_the_kink(objective, got, feeds, wrt, rng, precision, kink) -> tuple[str,
     nearby (the Clarke generalized gradient, sampled: where several kinks meet on one axis,
     as a tie of a max or bilinear samples on the pixel grid, the chain rule may combine
     one-sided slopes of different sides). At a jump or an infinite slope no value is right
-    or wrong (the rule's value is a convention, as for x / ||x|| at x = 0). Returns the
-    summary and whether every coordinate was confirmed."""
+    or wrong (the rule's value is a convention, as for x / ||x|| at x = 0).
+
+    A coordinate with a two-sided partial derivative whose gradient disagrees with it and
+    with every partial derivative sampled nearby is "wrong". A coordinate at a kink outside
+    its range is "not confirmed" (the sampled range may miss part of the generalized
+    gradient), and so is a random direction ``v`` with a kink (the one that showed the kink,
+    and :data:`KINK_DIRECTIONS` more per input) along which ``<g, v>`` is outside the
+    one-sided derivatives ``[min(f'(x; v), -f'(x; -v)), max(...)]``: where the function is
+    convex or concave near the point every generalized gradient is inside, not always for
+    others (``|x1| - |x2|`` at 0 along ``(1, 1)``). ``positive``, ``(objective, gradient)``
+    with the absolute values of the output gradients, serves for the directions when given:
+    a max (Relu, MaxPool, ReduceMax...) weighed by positive output gradients stays convex,
+    a sum of them with mixed signs would not.
+
+    Returns ``(summary, "ok" | "not confirmed" | "wrong", the first reason)``."""
     eps, rtol = precision.eps, precision.rtol
     counts = collections.Counter()
-    unconfirmed = ""
+    reasons: dict[str, str] = {}
     for name in wrt:
         grad = np.asarray(got[f"{name}_grad"]).astype(np.float64)
         for j in _coordinates(feeds[name].shape, rng):
@@ -655,12 +698,19 @@ def _at_the_kink(objective, got, feeds, wrt, rng, precision, kink) -> tuple[str,
             if low - tol <= value <= high + tol:
                 counts[f"{kind} nearby"] += 1
                 continue
-            counts["unconfirmed"] += 1
-            unconfirmed = unconfirmed or (
+            verdict = "wrong" if kind == "smooth" else "unconfirmed"
+            counts[verdict] += 1
+            reasons.setdefault(verdict, (
                 f"at {where} the gradient {value:.6g} is outside the partial derivatives on "
                 f"either side ({backward:.6g}, {forward:.6g}) and at {len(nearby)} points "
                 f"nearby (range [{low:.6g}, {high:.6g}])"
-            )
+            ))  # fmt: skip
+    along_objective, along_got = positive or (objective, got)
+    kinked, outside_count, outside = _directions_at_the_kink(
+        along_objective, along_got, feeds, wrt, rng, precision, kink
+    )
+    if outside:
+        reasons.setdefault("unconfirmed", outside)
     checked = sum(counts.values())
     summary = (
         f"no derivative at the test point ({kink}); of {checked} coordinates, "
@@ -670,12 +720,67 @@ def _at_the_kink(objective, got, feeds, wrt, rng, precision, kink) -> tuple[str,
         f"slope (any value is a convention), {counts['smooth']} where it equals the partial "
         f"derivative"
     )
+    if counts["wrong"]:
+        summary += (
+            f", {counts['wrong']} where it is wrong: it differs from a two-sided partial "
+            f"derivative and from all those sampled nearby ({reasons['wrong']})"
+        )
     if counts["unconfirmed"]:
         summary += (
             f", {counts['unconfirmed']} where the gradient is not confirmed as a generalized "
-            f"derivative ({unconfirmed})"
+            f"derivative (at a kink, outside the one-sided and nearby partial derivatives)"
         )
-    return summary, not counts["unconfirmed"]
+    summary += f"; of {kinked} random directions with a kink (positive output gradients), " + (
+        f"{outside_count} where the gradient is not confirmed as a generalized derivative "
+        f"(first: {outside})"
+        if outside
+        else "none where <gradient, direction> is outside the one-sided derivatives"
+    )
+    if counts["wrong"]:
+        return summary, "wrong", reasons["wrong"]
+    if "unconfirmed" in reasons:
+        return summary, "not confirmed", reasons["unconfirmed"]
+    return summary, "ok", ""
+
+
+KINK_DIRECTIONS = 8
+
+
+def _directions_at_the_kink(
+    objective, got, feeds, wrt, rng, precision, kink
+) -> tuple[int, int, str]:
+    """How many directions (``kink.along`` and :data:`KINK_DIRECTIONS` random ones per
+    input) show a kink, along how many of those ``<g, v>`` is outside the one-sided
+    derivatives, and the first of them ("" if none)."""
+    eps, rtol = precision.eps, precision.rtol
+    directions = [kink.along] if getattr(kink, "along", None) else []
+    for name in wrt:
+        directions += [
+            (name, rng.standard_normal(feeds[name].shape)) for _ in range(KINK_DIRECTIONS)
+        ]
+    kinked, count, outside = 0, 0, ""
+    for name, direction in directions:
+        grad = np.asarray(got[f"{name}_grad"]).astype(np.float64)
+        try:
+            forward, backward, _ = _differences(objective, feeds, name, direction, eps)
+        except Kink:
+            continue
+        if abs(forward - backward) <= 10 * rtol * (abs(forward) + abs(backward)) + 1e-5:
+            continue
+        if _one_sided_diverge(objective, feeds, name, direction, precision, forward, backward):
+            continue
+        kinked += 1
+        actual = float(np.sum(grad * direction))
+        scale = abs(forward) + abs(backward) + abs(actual) + float(np.sum(np.abs(grad * direction)))
+        low, high = min(forward, backward), max(forward, backward)
+        if low - rtol * scale - 1e-5 <= actual <= high + rtol * scale + 1e-5:
+            continue
+        count += 1
+        outside = outside or (
+            f"along a random direction of {name!r} <gradient, direction> is {actual:.6g}, "
+            f"outside the one-sided derivatives [{low:.6g}, {high:.6g}]"
+        )
+    return kinked, count, outside
 
 
 def _one_sided_diverge(objective, feeds, name, e, precision, forward, backward) -> bool:
@@ -757,7 +862,7 @@ def run(ops: set[str] | None = None, progress=None, onnxruntime: bool = False) -
             warnings.simplefilter("ignore")
             try:
                 outcome = check_case(name, model, inputs)
-                if onnxruntime and outcome.status == "ok":
+                if onnxruntime and outcome.status in ("ok", "not confirmed"):
                     outcome.runtime = on_onnxruntime(model, inputs, outcome.inputs)
             except Exception as exc:  # a harness error must not hide the other cases
                 outcome = Outcome(name, _main_op(model), _opset(model), "failed", _short(exc))
@@ -891,7 +996,8 @@ def page(outcomes: list[Outcome], baseline: str | None = None) -> str:
         "The native backend's gradients on onnx's own operator test cases, checked against "
         "float64 finite differences along random directions (" + versions + "). Regenerate "
         "with `python benchmarks/coverage_ops.py --onnxruntime --markdown docs/coverage.md` "
-        "(about two minutes on one core; `--onnxruntime` also runs every ok gradient on "
+        "(about two minutes on one core; `--onnxruntime` also runs every ok or not "
+        "confirmed gradient on "
         "onnxruntime); the method and the oracle are described in that script's docstring. "
         "`skipped` cases are not judged (random operators, element types numpy lacks, "
         "sequences and optionals, points where the function is not differentiable even "
@@ -935,14 +1041,17 @@ def markdown(outcomes: list[Outcome], header: str = "") -> str:
     lines = [header] if header else []
     lines += [
         f"**Total**: {total['ok']} of {judged} judged cases agree with float64 finite differences "
-        f"({100 * total['ok'] / max(judged, 1):.1f}%); {total['wrong']} wrong, "
+        f"({100 * total['ok'] / max(judged, 1):.1f}%); {total['not confirmed']} not confirmed "
+        f"(agree at a jittered point, but at the case's own point without a derivative the "
+        f"gradient is not confirmed as a generalized derivative), {total['wrong']} wrong, "
         f"{total['missing']} missing, {total['failed']} failed, {total['skipped']} skipped. "
         f"Operator types: {len(ops)}, {with_judged} with judged cases, of which {full} fully "
         f"covered and {partly} at least partly. "
         f"{len(kinks)} judged cases have test data where the function has no derivative "
-        f"(listed below with the evidence; judged at a jittered point nearby); at "
-        f"{sum('not confirmed' in o.point for o in kinks)} of those points the gradient is not "
-        f"confirmed as a generalized derivative (see the list).",
+        f"(listed below with the evidence; judged at a jittered point nearby and at the point "
+        f"itself): {sum(o.status == 'not confirmed' for o in kinks)} not confirmed there, "
+        f"{sum(o.status == 'wrong' and o.detail.startswith('at the test point') for o in kinks)} "
+        f"wrong there (see the list).",
         "",
         "### Per family",
         "",
@@ -977,7 +1086,8 @@ def markdown(outcomes: list[Outcome], header: str = "") -> str:
             "",
             f"### On onnxruntime {onnxruntime.__version__}",
             "",
-            f"The gradient graphs of the {len(checked)} ok cases, in each case's own element "
+            f"The gradient graphs of the {len(checked)} ok and not confirmed cases, in each "
+            f"case's own element "
             f"types, run on onnxruntime (CPU) and compared with the reference evaluator where "
             f"onnxruntime runs the model itself alike ({compared} cases), and where it does not "
             f"run it, when the gradient runs: "
@@ -1002,18 +1112,28 @@ def markdown(outcomes: list[Outcome], header: str = "") -> str:
         "infinite slope). The harness looks for it along its random directions and, before "
         "any 'wrong' verdict, along the failing direction and every coordinate (64 at "
         "most), so a case is 'wrong' only where the function shows a derivative. At such a "
-        "point there is no derivative to be right or wrong against: the case gets the "
-        "verdict of a jittered point nearby (the 'status' column). The gradient at the point "
-        "itself is compared with what finite differences tell of the generalized derivative "
-        "there, coordinate by coordinate, and reported here, not counted: equal to the "
-        "partial derivative where one exists; at a kink equal to a one-sided partial "
-        "derivative or between the two (a subgradient along that axis, as ReLU'(0) = 0); "
-        "else within the range of the partial derivatives at 8 random points within "
-        "1e-4 (1 + |x|) (a sampled Clarke generalized gradient, for axes where several kinks "
-        "meet, as ties of a max or bilinear samples on the pixel grid, whose chain rule "
-        "combines slopes of different sides); at a jump any value is a convention. A value "
-        "outside these is 'not confirmed' (the sampled range may miss part of the "
-        "generalized gradient).",
+        "point there is no derivative to compare with: the case is judged at a jittered point "
+        "nearby, and the gradient at the point itself is compared with what finite "
+        "differences tell of the generalized derivative there, coordinate by coordinate: "
+        "equal to the partial derivative where one exists; at a kink equal to a one-sided "
+        "partial derivative or between the two (a subgradient along that axis, as "
+        "ReLU'(0) = 0); else within the range of the partial derivatives at 8 random points "
+        "within 1e-4 (1 + |x|) (a sampled Clarke generalized gradient, for axes where several "
+        "kinks meet, as ties of a max or bilinear samples on the pixel grid, whose chain rule "
+        "combines slopes of different sides); at a jump any value is a convention. It is "
+        "also compared along random directions v with a kink (the one that showed it and 8 "
+        "more per input), with the absolute values of the output gradients (a max of the "
+        "outputs, as Relu, MaxPool or ReduceMax, then stays convex): <gradient, v> between "
+        "the one-sided derivatives along v, where every generalized gradient of a function "
+        "convex or concave near the point lies. "
+        "The 'status' column: 'wrong' where a coordinate with a two-sided partial "
+        "derivative disagrees with it and with all those sampled nearby (where a jittered "
+        "point can be judged at all: else the quotients nearby are not trusted), or where the "
+        "jittered point is wrong; 'not confirmed' where a coordinate at a kink is outside "
+        "its range or <gradient, v> is outside the one-sided derivatives along a direction "
+        "(the sampled range may miss part of the generalized gradient, and a function "
+        "neither convex nor concave, as |x1| - |x2| at 0 along (1, 1), can have a "
+        "generalized gradient outside them); else the jittered point's verdict.",
         "",
         "| case | status | evidence and checks |",
         "|---|---|---|",
@@ -1031,7 +1151,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--onnxruntime",
         action="store_true",
-        help="also run the gradient graph of every ok case on onnxruntime",
+        help="also run the gradient graph of every ok (or not confirmed) case on onnxruntime",
     )
     args = parser.parse_args(argv)
     ops = set(args.ops.split(",")) if args.ops else None

@@ -84,7 +84,8 @@ def test_points_without_a_derivative_are_told_apart(coverage):
 
 def test_the_gradient_at_a_kink_is_compared_with_the_one_sided_derivatives(coverage):
     """At the kink of f(x) = |x0| + x1^2 the gradient's first entry is confirmed in [-1, 1]
-    only, its second must be 2 x1."""
+    only (outside: not confirmed); its second must be 2 x1, a two-sided partial derivative
+    (else the gradient is wrong)."""
     feeds = {"x": np.array([0.0, 0.5])}
 
     def objective(values):
@@ -93,14 +94,99 @@ def test_the_gradient_at_a_kink_is_compared_with_the_one_sided_derivatives(cover
 
     precision = coverage.Precision(1e-6, 1e-4)
     rng = np.random.default_rng(0)
-    for first, second, confirmed in [
-        (0.0, 1.0, True), (1.0, 1.0, True), (-0.3, 1.0, True), (2.0, 1.0, False),
-        (0.0, 3.0, False),
+    for first, second, verdict in [
+        (0.0, 1.0, "ok"), (1.0, 1.0, "ok"), (-0.3, 1.0, "ok"), (2.0, 1.0, "not confirmed"),
+        (0.0, 3.0, "wrong"),
     ]:  # fmt: skip
         got = {"x_grad": np.array([first, second])}
-        point, ok = coverage._at_the_kink(objective, got, feeds, ["x"], rng, precision, "kink")
-        assert ok is confirmed, point
-        assert ("not confirmed" in point) is not confirmed
+        point, got_verdict, why = coverage._at_the_kink(
+            objective, got, feeds, ["x"], rng, precision, "kink"
+        )
+        assert got_verdict == verdict, point
+        assert ("not confirmed" in point) is (verdict != "ok"), point
+        assert ("where it is wrong" in point) is (verdict == "wrong"), point
+        assert bool(why) is (verdict != "ok")
+
+
+def test_a_generalized_gradient_outside_the_one_sided_derivatives_is_not_called_wrong(
+    coverage,
+):
+    """f(x) = |x0| - |x1| at 0: (1, 1) is in the Clarke generalized gradient [-1, 1]^2, yet
+    along (1, 1) f is flat: a direction can only leave it not confirmed; (1, 1) for
+    |x0| + |x1| (convex) is confirmed."""
+    feeds = {"x": np.array([0.0, 0.0])}
+    precision = coverage.Precision(1e-6, 1e-4)
+    got = {"x_grad": np.array([1.0, 1.0])}
+
+    def difference(values):
+        return float(abs(values["x"][0]) - abs(values["x"][1]))
+
+    def total(values):
+        return float(abs(values["x"][0]) + abs(values["x"][1]))
+
+    rng = np.random.default_rng(0)
+    point, verdict, _ = coverage._at_the_kink(difference, got, feeds, ["x"], rng, precision, "k")
+    assert verdict == "not confirmed", point
+    assert "outside the one-sided derivatives" in point
+    point, verdict, _ = coverage._at_the_kink(total, got, feeds, ["x"], rng, precision, "k")
+    assert verdict == "ok", point
+
+
+def _patched_rule(monkeypatch, op_type, function):
+    import dataclasses
+
+    from onnxgrad.derivative.autodiff import registry
+
+    registry.load_rules()
+    key = ("", op_type)
+    rules = [dataclasses.replace(r, function=function) for r in registry._RULES[key]]
+    monkeypatch.setitem(registry._RULES, key, rules)
+
+
+def test_a_wrong_gradient_at_a_point_without_a_derivative_is_not_ok(coverage, monkeypatch):
+    """Deliberately wrong rules at a test point with a kink somewhere (review finding): a
+    Relu gradient that adds 1 everywhere when some x is 0 is wrong where the partial
+    derivatives exist (the jittered point, without a 0, is ok); a ReduceMax that gives the
+    whole output gradient to each of two tied maxima is not a generalized gradient along
+    the tie: at least not confirmed."""
+    from onnxgrad.derivative.autodiff.rules import activations
+    from onnxgrad.derivative.autodiff.rules import reduce as rules
+
+    def bad_relu(b, node, grads, needs):
+        x = node.inputs[0]
+        good = activations.relu_grad(b, node, grads, needs)[0]
+        zero = b.op("Equal", x, b.const(0, like=x))
+        any_zero = b.op("ReduceMax", b.op("Cast", zero, to=TensorProto.INT32), keepdims=0)
+        return [b.op("Add", good, b.op("CastLike", any_zero, x))]
+
+    def bad_reduce_max(b, node, grads, needs):
+        x, axes, g = rules._inputs(b, node, grads)
+        y = rules._restore(b, node, axes, node.outputs[0])
+        hits = rules.cast_like(b, b.op("Equal", x, y), x)
+        return [b.op("Mul", hits, rules.expand_like(b, g, x))]
+
+    _patched_rule(monkeypatch, "Relu", bad_relu)
+    _patched_rule(monkeypatch, "ReduceMax", bad_reduce_max)
+    relu = _single("Relu")
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    x[1, 2] = 0.0
+    outcome = coverage.check_case("relu", relu, [x])
+    assert outcome.status == "wrong", outcome
+    assert "where it is wrong" in outcome.point
+    assert coverage.check_case("relu", relu, [x + 10.0]).status == "ok"
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=1)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])],
+    )
+    reduce_max = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    ties = np.array([[0.9, 0.9, -0.4], [0.2, 1.3, -0.7]], np.float32)
+    outcome = coverage.check_case("reduce_max", reduce_max, [ties])
+    assert outcome.status in ("not confirmed", "wrong"), outcome
+    assert "outside the one-sided derivatives" in outcome.point, outcome.point
+    untied = np.array([[0.9, 0.5, -0.4], [0.2, 1.3, -0.7]], np.float32)
+    assert coverage.check_case("reduce_max", reduce_max, [untied]).status == "ok"
 
 
 def test_ok_gradients_are_run_on_onnxruntime(coverage):
