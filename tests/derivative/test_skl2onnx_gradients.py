@@ -121,7 +121,9 @@ def _torch_mlp(torch, estimator, x, output_activation: str | None):
 @pytest.mark.parametrize("activation", ["relu", "tanh", "logistic"])
 def test_mlp_regressor(activation):
     X, y = _data()
-    estimator = MLPRegressor(hidden_layer_sizes=(5,), activation=activation, max_iter=200)
+    estimator = MLPRegressor(
+        hidden_layer_sizes=(5,), activation=activation, max_iter=200, random_state=0
+    )
     model = _convert(estimator, X, y)
     assert [i.name for i in model.graph.initializer][:4] == MLP_WEIGHTS
     grad = onnx_derivative(model, weights=MLP_WEIGHTS, backend="ort")
@@ -140,7 +142,9 @@ def test_mlp_regressor(activation):
 def test_mlp_regressor_matches_torch(activation):
     torch = pytest.importorskip("torch")
     X, y = _data()
-    estimator = MLPRegressor(hidden_layer_sizes=(5,), activation=activation, max_iter=200)
+    estimator = MLPRegressor(
+        hidden_layer_sizes=(5,), activation=activation, max_iter=200, random_state=0
+    )
     model = _convert(estimator, X, y)
     grad = onnx_derivative(model, weights=MLP_WEIGHTS, backend="ort")
     y_grad = np.random.default_rng(2).standard_normal((7, 1)).astype(np.float32)
