@@ -3,6 +3,8 @@ Tile, DepthToSpace, SpaceToDepth, Pad, Resize, Col2Im."""
 
 import numpy as np
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops.op_resize import Resize as _ReferenceResize
 
 from tests.derivative.autodiff.gradcheck import OpCase, second_order
 
@@ -56,6 +58,36 @@ def _resize(x_shape, opset=13, scales=None, sizes=None, id="", roi=None, **attrs
         return [*nodes, helper.make_node("Resize", resize_inputs, outputs, **attrs)]
 
     return OpCase("Resize", inputs, attrs, opset=opset, graph=graph, id=f"Resize-{id}")
+
+
+class _OnnxruntimeResize(_ReferenceResize):
+    """Resize as onnxruntime's CPU kernel runs it: ``x`` copied unchanged when the output
+    shape equals ``x``'s, whatever the scales and roi (the reference evaluator samples
+    there); otherwise the same sampling as the reference evaluator. Named ``Resize`` so
+    that it replaces the reference evaluator's kernel."""
+
+    op_domain = ""
+
+    def _run(self, X, *args, **kwargs):
+        (y,) = super()._run(X, *args, **kwargs)
+        return (X.copy(),) if y.shape == X.shape else (y,)
+
+
+_OnnxruntimeResize.__name__ = "Resize"
+
+
+def onnxruntime_resize(model):
+    """A float64 evaluator whose Resize follows onnxruntime (which has no float64 Resize):
+    the forward of the cases below is checked against onnxruntime itself in
+    ``test_rules_extra.py``."""
+    return ReferenceEvaluator(model, new_ops=[_OnnxruntimeResize])
+
+
+def _resize_as_onnxruntime(x_shape, **kwargs):
+    """A Resize case whose forward and gradient graphs run with onnxruntime's Resize."""
+    case = _resize(x_shape, **kwargs)
+    case.evaluator = onnxruntime_resize
+    return case
 
 
 # fmt: off
@@ -194,9 +226,52 @@ RESIZE = [
     _resize((2, 3, 2), scales=[1, 1, 2.5], mode="nearest", opset=16,
             coordinate_transformation_mode="align_corners", id="nearest-align-corners"),
 ]
+#: a scale != 1 on an axis that keeps its size (6 * 1.1 -> 6) is still sampled there by
+#: onnxruntime, unless the whole output shape equals x's (a copy)
+RESIZE_KEPT_SIZE = [
+    _resize_as_onnxruntime((1, 1, 3, 6), scales=[1, 1, 2, 1.1], mode="nearest",
+                           coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+                           id="kept-size-nearest-asymmetric"),
+    _resize_as_onnxruntime((1, 1, 3, 6), scales=[1, 1, 2, 1.1], mode="linear",
+                           coordinate_transformation_mode="asymmetric",
+                           id="kept-size-linear-asymmetric"),
+    _resize_as_onnxruntime((1, 2, 4, 5), scales=[1, 1, 0.5, 1.1], mode="linear",
+                           coordinate_transformation_mode="half_pixel",
+                           id="kept-size-linear-half-pixel"),
+    _resize_as_onnxruntime((1, 1, 4, 5), scales=[1, 1, 1.5, 1.15], mode="nearest",
+                           coordinate_transformation_mode="half_pixel",
+                           nearest_mode="round_prefer_ceil", id="kept-size-nearest-half-pixel"),
+    _resize_as_onnxruntime((2, 1, 3, 7), scales=[1, 1, 2, 1.1], mode="linear",
+                           coordinate_transformation_mode="pytorch_half_pixel",
+                           id="kept-size-linear-pytorch-half-pixel"),
+    _resize_as_onnxruntime((1, 1, 3, 5), scales=[1, 1, 2, 1.1], mode="cubic",
+                           coordinate_transformation_mode="pytorch_half_pixel",
+                           id="kept-size-cubic-pytorch-half-pixel"),
+    _resize_as_onnxruntime((1, 1, 3, 5), scales=[2, 1.1], axes=[2, 3], mode="linear",
+                           opset=18, coordinate_transformation_mode="half_pixel",
+                           id="kept-size-linear-axes"),
+    _resize_as_onnxruntime((1, 1, 3, 5), scales=[1, 1, 2, 1.1], mode="nearest", opset=16,
+                           coordinate_transformation_mode="pytorch_half_pixel",
+                           nearest_mode="floor", id="kept-size-nearest-pytorch-half-pixel"),
+    _resize_as_onnxruntime((1, 6, 3, 4), scales=[1, 1.1, 2, 1], mode="nearest",
+                           id="kept-size-nearest-channel-axis"),
+    _resize_as_onnxruntime((1, 6, 3, 2), scales=[1, 1.1, 2, 1], mode="linear",
+                           coordinate_transformation_mode="asymmetric",
+                           id="kept-size-linear-nhwc"),
+    _resize_as_onnxruntime((1, 1, 4, 6), scales=[1, 1, 1.1, 1.1], mode="nearest",
+                           coordinate_transformation_mode="asymmetric", nearest_mode="floor",
+                           id="same-shape-nearest-copies"),
+    _resize_as_onnxruntime((1, 1, 4, 6), scales=[1, 1, 1.1, 1.1], mode="linear",
+                           coordinate_transformation_mode="half_pixel",
+                           id="same-shape-linear-copies"),
+    _resize_as_onnxruntime((1, 1, 4, 6), scales=[1, 1, 1.2, 1.1], mode="linear",
+                           coordinate_transformation_mode="tf_crop_and_resize",
+                           roi=[0, 0, 0.1, 0.2, 1, 1, 0.9, 0.95],
+                           id="same-shape-linear-crop-copies"),
+]
 # fmt: on
 
-CASES = RESHAPE + CONCAT_SPLIT + EXPAND_TILE + DEPTH_SPACE + PAD + RESIZE
+CASES = RESHAPE + CONCAT_SPLIT + EXPAND_TILE + DEPTH_SPACE + PAD + RESIZE + RESIZE_KEPT_SIZE
 
 SECOND_ORDER_IDS = {
     "Reshape-13", "Flatten-axis-neg", "Transpose-perm", "Squeeze-input", "Unsqueeze-input",

@@ -519,3 +519,78 @@ def test_layer_normalization_gradient_keeps_the_input_precision(dtype, attrs, of
     x, scale, g = (feeds[n].astype(np.float64) for n in ("x", "scale", "y_grad"))
     expected = _layer_norm_grad_exact(x, scale, g, 0.5)
     np.testing.assert_allclose(x_grad, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+
+def _kept_size_cases():
+    from tests.derivative.autodiff.cases_shape import RESIZE_KEPT_SIZE
+
+    return RESIZE_KEPT_SIZE
+
+
+@pytest.mark.parametrize("case", _kept_size_cases(), ids=lambda c: c.id)
+def test_resize_oracle_of_the_table_follows_onnxruntime(case):
+    """The float64 evaluator of the Resize-kept-size/same-shape table entries computes what
+    onnxruntime computes (float32): sampling on an axis that keeps its size, a copy when the
+    whole shape is kept."""
+    from tests.derivative.autodiff.gradcheck import case_model, evaluator
+
+    model, feeds = case_model(case, np.float32)
+    expected = run_ort(model, feeds)["y0"]
+    model64, feeds64 = case_model(case, np.float64)
+    got = evaluator(model64, case.evaluator).run(None, feeds64)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("case", _kept_size_cases(), ids=lambda c: c.id)
+def test_resize_gradient_against_unit_steps_on_onnxruntime(case, dynamic):
+    """The native gradient of a Resize whose scale is not 1 on an axis that keeps its size
+    (or whose whole shape is kept: a copy), run by onnxruntime, against differences of the
+    original model on onnxruntime: linear in x, so a unit step is exact."""
+    from tests.derivative.autodiff.gradcheck import case_model
+
+    model, feeds = case_model(case, np.float32, dynamic)
+    x = feeds["x"]
+    y = run_ort(model, feeds)["y0"]
+    seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+    grad_model = onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
+    got = run_ort(grad_model, {**feeds, "y0_grad": seed})["x_grad"]
+    expected = np.zeros(x.shape)
+    for j in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[j] = 1.0
+        expected[j] = np.sum((run_ort(model, {**feeds, "x": x + step})["y0"] - y) * seed)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("mode", "scales", "shape"),
+    [
+        ("nearest", [1, 1, 1.1, 1.1], [1, 1, 4, 6]),  # same shape: onnxruntime copies
+        ("nearest", [1, 1, 2, 1.1], [1, 1, 3, 6]),  # 6 * 1.1 -> 6 still sampled
+    ],
+)
+def test_resize_nearest_with_computed_scales_follows_onnxruntime(mode, scales, shape):
+    """Scales fed at run time and unknown dims: the index-grid construction, with unit
+    scales where the output shape equals x's (onnxruntime copies x there)."""
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, name="the_Resize",
+                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
+        "resize",
+        [helper.make_tensor_value_info("x", FLOAT, ["a", "b", "c", "d"]),
+         helper.make_tensor_value_info("s", FLOAT, [4])],
+        [helper.make_tensor_value_info("y", FLOAT, ["e", "f", "g", "h"])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=8)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    s = np.array(scales, np.float32)
+    y = run_ort(model, {"x": x, "s": s})["y"]
+    seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+    grad_model = onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
+    got = run_ort(grad_model, {"x": x, "s": s, "y_grad": seed})["x_grad"]
+    expected = np.zeros(x.shape)
+    for j in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[j] = 1.0
+        expected[j] = np.sum((run_ort(model, {"x": x + step, "s": s})["y"] - y) * seed)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

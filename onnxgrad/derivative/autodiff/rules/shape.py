@@ -250,44 +250,101 @@ _RESIZE_ATTRIBUTES = (
 
 @register("Resize", since=13)
 def resize_grad(b, node, grads, needs):
-    """Two constructions, both following the runtime's own Resize for every mode, rounding
-    and coordinate transformation:
+    """The gradient of what onnxruntime computes, which samples each axis ``a`` separately
+    with its own scale ``s_a`` (``sizes`` give ``s_a = m_a / n_a``): an axis with
+    ``s_a != 1`` is sampled even where it keeps its size (``6 * 1.1 -> 6`` reads
+    ``floor(i / 1.1)`` in nearest mode), but when the whole output shape equals ``x``'s,
+    onnxruntime copies ``x`` unchanged whatever the scales and ``roi``; the gradient is then
+    ``y_bar`` itself. The onnx reference evaluator samples in that case too, so for such a
+    node this gradient is not the derivative of the reference evaluator's forward pass. (The
+    two runtimes also differ for ``align_corners`` with scales where ``n_a s_a`` is not an
+    integer: the reference evaluator divides by ``n_a s_a - 1``, onnxruntime by ``m_a - 1``;
+    the interpolation matrices come from the runtime that evaluates the gradient.)
 
-    * per-axis interpolation matrices (:func:`_separable_resize_grad`), used when the
-      resized axes are known: the ``axes`` attribute, a 1-D or 2-D input, or an
-      ``N x C x ...`` input whose two outer sizes provably do not change (they are then
-      taken as not resized; unknown outer sizes are assumed unchanged for linear and cubic
-      modes, what exporters emit and what onnxruntime requires there);
-    * otherwise, for nearest (opset >= 16), the index-grid scatter-add
-      (:func:`_nearest_resize_grad`), exact on every axis but slower.
+    Two constructions, both built from the runtime's own Resize with the node's mode,
+    rounding and coordinate transformation:
+
+    * per-axis interpolation matrices (:func:`_separable_resize_grad`), over the axes whose
+      scale is not provably 1 (constant ``scales``/``sizes``/``roi``), or the ``axes``
+      attribute, or every axis;
+    * for nearest (opset >= 16) when the scales are not constant, the index-grid
+      scatter-add (:func:`_nearest_resize_grad`).
+
+    With shapes known only at run time, ``c = (shape(y) == shape(x))`` is computed and both
+    constructions resize with unit scales and the whole ``roi`` where ``c`` holds, which
+    yields ``y_bar`` whatever the runtime that evaluates the gradient.
     """
     mode = node.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
         raise unsupported(node, f"mode={mode!r}")
     rank = require_rank(b, node.inputs[0], node)
-    positions = _known_resized_axes(b, node, rank)
-    if positions is None and mode == "nearest" and node.opset >= 16:
-        return [_nearest_resize_grad(b, node, grads[0])]
+    x_shape, y_shape = b.shape(node.inputs[0]), b.shape(node.outputs[0])
+    if x_shape is not None and all(isinstance(d, int) for d in x_shape) and x_shape == y_shape:
+        return [grads[0]]
+    copies = None if _changes_shape(x_shape, y_shape) else _copies(b, node)
     policy = node.attr("keep_aspect_ratio_policy", "stretch")
     if policy != "stretch" and (mode != "nearest" or node.opset < 16):
         raise unsupported(node, f"mode={mode!r} and keep_aspect_ratio_policy={policy!r}")
-    if policy != "stretch":
-        return [_nearest_resize_grad(b, node, grads[0])]
+    positions = _resized_axes(b, node, rank)
+    if policy != "stretch" or (positions is None and mode == "nearest" and node.opset >= 16):
+        return [_nearest_resize_grad(b, node, grads[0], copies)]
     if positions is None:
-        positions = _spatial_axes(b, node, rank)
-    return [_separable_resize_grad(b, node, grads[0], positions)]
+        positions = {a: a for a in range(rank)}
+    return [_separable_resize_grad(b, node, grads[0], positions, copies)]
 
 
-def _nearest_resize_grad(b, node, g: str) -> str:
+def _changes_shape(x_shape, y_shape) -> bool:
+    """Whether some axis provably changes size (known on both sides and different)."""
+    if x_shape is None or y_shape is None:
+        return False
+    return any(
+        isinstance(p, int) and isinstance(q, int) and p != q for p, q in zip(x_shape, y_shape)
+    )
+
+
+def _copies(b, node) -> str:
+    """A boolean scalar: ``shape(y) == shape(x)`` (onnxruntime then copies ``x``)."""
+    x, y = node.inputs[0], node.outputs[0]
+    gap = b.op("Abs", b.op("Sub", b.shape_of(y), b.shape_of(x)))
+    return b.op("Equal", b.reduce_sum(gap, None, False), b.ints(0))
+
+
+def _whole_roi(b, node, length: int, copies: str | None) -> str | None:
+    """The node's ``roi`` (``length`` entries), or ``[0.., 1..]`` where ``copies`` holds."""
+    roi = node.input(1)
+    if copies is None:
+        return roi
+    whole = b.op(
+        "Cast",
+        b.const([0.0] * (length // 2) + [1.0] * (length // 2), dtype=np.float32),
+        to=b.dtype(roi),
+    )
+    return b.op("Where", copies, whole, roi)
+
+
+def _unit_where(b, scales: str, copies: str | None) -> str:
+    """``scales``, or 1 where ``copies`` holds."""
+    if copies is None:
+        return scales
+    return b.op("Where", copies, b.const(1.0, dtype=np.float32), scales)
+
+
+def _nearest_resize_grad(b, node, g: str, copies: str | None) -> str:
     """Nearest: each output copies one input element, found by resizing an (int32) index
     grid with the node's own inputs and attributes; ``x_bar`` is the scatter-add of ``g``
     there. Exact for every axis, scale and rounding mode."""
     x = node.inputs[0]
     grid = b.op("Cast", index_grid(b, x), to=TensorProto.INT32)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.proto.attribute}
+    inputs = list(node.inputs[1:])
+    if copies is not None:
+        if node.input(3) is None:
+            inputs[1] = _unit_where(b, node.input(2), copies)
+        if _crops(node):
+            inputs[0] = _whole_roi(b, node, _roi_length(b, node), copies)
     if _crops(node):
         attrs["extrapolation_value"] = -1.0
-    sources = b.op("Resize", grid, *node.inputs[1:], **attrs)
+    sources = b.op("Resize", grid, *inputs, **attrs)
     if _crops(node):
         inside = b.op("Not", b.op("Less", sources, b.const(0, dtype=np.int32)))
         g = b.mask(inside, g)
@@ -301,17 +358,16 @@ def _crops(node) -> bool:
     return node.attr("coordinate_transformation_mode") == "tf_crop_and_resize"
 
 
-def _separable_resize_grad(b, node, g: str, positions: dict[int, int]) -> str:
+def _separable_resize_grad(b, node, g: str, positions: dict[int, int], copies) -> str:
     """Resize is linear and separable: along each resized axis ``a``, ``y = W_a x`` with an
-    ``m_a x n_a`` interpolation matrix. ``W_a^T`` is obtained by resizing the identity
-    ``I_{n_a}`` along its second axis with the node's own settings, then contracted with
-    ``y_bar`` along ``a``: ``x_bar = y_bar x_1 W_1^T ... x_k W_k^T`` (``positions``:
-    ``{axis: its index in scales/sizes}``)."""
+    ``m_a x n_a`` interpolation matrix (:func:`_interpolation_matrix` gives ``W_a^T``),
+    contracted with ``y_bar`` along ``a``: ``x_bar = y_bar x_1 W_1^T ... x_k W_k^T``
+    (``positions``: ``{axis: its index in scales/sizes}``)."""
     x, y = node.inputs[0], node.outputs[0]
     rank = b.rank(x)
     flattened = False
     for axis in sorted(positions, reverse=True):
-        matrix = _interpolation_matrix(b, node, axis, positions[axis])
+        matrix = _interpolation_matrix(b, node, axis, positions[axis], copies)
         if axis == rank - 1:
             g = b.op("MatMul", g, b.op("Transpose", matrix, perm=[1, 0]))
         elif axis == rank - 2 and not flattened:
@@ -324,64 +380,107 @@ def _separable_resize_grad(b, node, g: str, positions: dict[int, int]) -> str:
     return reshape_like(b, g, x) if flattened else g
 
 
-def _known_resized_axes(b, node, rank: int) -> dict[int, int] | None:
-    """``{axis: its index in scales/sizes}`` when the axes to contract are known."""
+def _resized_axes(b, node, rank: int) -> dict[int, int] | None:
+    """``{axis: its index in scales/sizes}``: the listed axes (``axes`` attribute) or every
+    axis, less those whose scale is provably 1 (and, for ``tf_crop_and_resize``, whose
+    ``roi`` is provably ``[0, 1]``): onnxruntime leaves those untouched. ``None`` when the
+    scales are not constant and the node lists no axes (every axis then)."""
     listed = node.attr("axes")
-    if listed is not None:
-        return {normalize_axis(a, rank): i for i, a in enumerate(listed)}
-    if rank <= 2:
-        return {a: a for a in range(rank)}
-    x_shape, y_shape = b.shape(node.inputs[0]), b.shape(node.outputs[0])
-    if y_shape is None or any(x_shape[a] is None or x_shape[a] != y_shape[a] for a in (0, 1)):
-        return None
-    return {a: a for a in range(2, rank)}
+    pairs = (
+        [(normalize_axis(a, rank), i) for i, a in enumerate(listed)]
+        if listed is not None
+        else [(a, a) for a in range(rank)]
+    )
+    unit = _unit_scales(b, node, pairs)
+    if unit is None:
+        return dict(pairs) if listed is not None or rank <= 2 else None
+    return {a: i for (a, i), one in zip(pairs, unit) if not one}
 
 
-def _spatial_axes(b, node, rank: int) -> dict[int, int]:
-    """Axes ``2..``, after checking that the outer sizes do not visibly change."""
-    x_shape, y_shape = b.shape(node.inputs[0]), b.shape(node.outputs[0]) or [None] * rank
-    for axis in (0, 1):
-        before, after = x_shape[axis], y_shape[axis]
-        if isinstance(before, int) and isinstance(after, int) and before != after:
-            raise unsupported(node, f"axis {axis} resized (only spatial axes 2.. are)")
-    return {a: a for a in range(2, rank)}
+def _unit_scales(b, node, pairs) -> list[bool] | None:
+    """Per entry of ``pairs``: whether that axis' scale is provably 1; None when unknown."""
+    sizes, scales = node.input(3), node.input(2)
+    if sizes is not None:
+        wanted = constant_ints(b, sizes)
+        x_shape = b.shape(node.inputs[0])
+        if wanted is None or x_shape is None:
+            return None
+        unit = [x_shape[a] == wanted[i] for a, i in pairs]
+    else:
+        value = None if scales is None else b.constant_value(scales)
+        if value is None:
+            return None
+        value = np.asarray(value, dtype=np.float32).ravel()
+        unit = [bool(value[i] == 1) for _, i in pairs]
+    if _crops(node):
+        roi = node.input(1)
+        value = None if roi is None else b.constant_value(roi)
+        if value is None:
+            return [False] * len(pairs)
+        value = np.asarray(value, dtype=np.float64).ravel()
+        half = value.size // 2
+        unit = [one and value[i] == 0 and value[half + i] == 1 for one, (_, i) in zip(unit, pairs)]
+    return unit
 
 
-def _interpolation_matrix(b, node, axis: int, position: int) -> str:
-    """``W_a^T``, ``n_a x m_a``: row ``i`` is the resized unit impulse at ``i``."""
+def _interpolation_matrix(b, node, axis: int, position: int, copies: str | None) -> str:
+    """``W_a^T``, ``n_a x m_a``: row ``i`` is the resized unit impulse at ``i``.
+
+    The identity ``I_{n_a}`` is viewed as ``[1, n_a, 1, n_a]`` and resized with scales
+    ``[1, 1, 2, s_a]`` (or sizes ``[1, n_a, 2, m_a]``, ``roi`` ``[0, 0, 0, r_0, 1, 1, 1,
+    r_1]``), then the first of the two rows of axis 2 is kept: axis 2 grows, so the output
+    shape always differs from the input's and onnxruntime samples the last axis even where
+    ``m_a = n_a`` (an ``[n_a, n_a]`` resize to the same shape is a mere copy there); a
+    size-1 axis resized reads its single element in every mode. Where ``copies`` holds,
+    ``s_a`` is 1 and the ``roi`` whole, so the matrix is the identity."""
     x = node.inputs[0]
     size = shape_parts(b, x, axis, axis + 1)[0]
     identity = b.op("EyeLike", filled(b, [size, size], 0, x))
+    impulses = reshape(b, identity, [1, size, 1, size])
     sizes, scales = node.input(3), node.input(2)
     index = b.ints([position])
     attrs = {name: node.attr(name) for name in _RESIZE_ATTRIBUTES}
-    roi = _axis_roi(b, node, position) if _crops(node) else None
-    if node.opset >= 18:
-        if sizes is not None:
-            return b.op(
-                "Resize", identity, roi, None, b.op("Gather", sizes, index), axes=[1], **attrs
-            )
-        return b.op("Resize", identity, roi, b.op("Gather", scales, index), axes=[1], **attrs)
-    if roi is not None:
-        whole = b.op("Cast", b.const([0.0, 1.0], dtype=np.float32), to=b.dtype(node.input(1)))
-        roi = b.op("Gather", b.op("Concat", whole, roi, axis=0), b.ints([0, 2, 1, 3]), axis=0)
+    roi = None
+    if _crops(node):
+        whole = b.op("Cast", b.const([0.0, 0.0, 0.0], dtype=np.float32), to=b.dtype(node.input(1)))
+        start, end = b.op(
+            "Split",
+            _axis_roi(b, node, position, copies),
+            axis=0,
+            outputs=2,
+            num_outputs=2 if b.opset >= 18 else None,
+        )
+        ones = b.op("Cast", b.const([1.0, 1.0, 1.0], dtype=np.float32), to=b.dtype(node.input(1)))
+        roi = b.op("Concat", whole, start, ones, end, axis=0)
     if sizes is not None:
-        target = b.op("Concat", as_tensor(b, [size]), b.op("Gather", sizes, index), axis=0)
-        return b.op("Resize", identity, roi, None, target, **attrs)
-    unit = b.const([1.0], dtype=np.float32)
-    target = b.op("Concat", unit, b.op("Gather", scales, index), axis=0)
-    return b.op("Resize", identity, roi, target, **attrs)
+        target = b.op("Concat", as_tensor(b, [1, size, 2]), b.op("Gather", sizes, index), axis=0)
+        resized = b.op("Resize", impulses, roi, None, target, **attrs)
+    else:
+        scale = _unit_where(b, b.op("Gather", scales, index), copies)
+        target = b.op("Concat", b.const([1.0, 1.0, 2.0], dtype=np.float32), scale, axis=0)
+        resized = b.op("Resize", impulses, roi, target, **attrs)
+    row = b.op("Slice", resized, b.ints([0]), b.ints([1]), b.ints([2]))
+    return b.squeeze(row, [0, 2])
 
 
-def _axis_roi(b, node, position: int) -> str:
-    """``[start, end]`` of the ``roi`` for entry ``position`` of scales/sizes (the identity
-    matrix resized with it reads 0 outside: ``extrapolation_value`` does not depend on x)."""
+def _roi_length(b, node) -> int:
     roi = node.input(1)
-    shape = b.static_shape(roi)
-    if roi is None or shape is None:
+    shape = None if roi is None else b.static_shape(roi)
+    if shape is None:
         raise unsupported(node, "tf_crop_and_resize with a roi of unknown length")
-    half = shape[0] // 2
-    return b.op("Gather", roi, b.ints([position, half + position]), axis=0)
+    return shape[0]
+
+
+def _axis_roi(b, node, position: int, copies: str | None) -> str:
+    """``[start, end]`` of the ``roi`` for entry ``position`` of scales/sizes (the identity
+    matrix resized with it reads 0 outside: ``extrapolation_value`` does not depend on x);
+    ``[0, 1]`` where ``copies`` holds."""
+    half = _roi_length(b, node) // 2
+    pair = b.op("Gather", node.input(1), b.ints([position, half + position]), axis=0)
+    if copies is None:
+        return pair
+    whole = b.op("Cast", b.const([0.0, 1.0], dtype=np.float32), to=b.dtype(node.input(1)))
+    return b.op("Where", copies, whole, pair)
 
 
 @register("Col2Im", since=18)
