@@ -1015,9 +1015,8 @@ def page(outcomes: list[Outcome], baseline: str | None = None) -> str:
             "",
             "## Now",
             "",
-            "",
         ]
-    return "\n".join(lines) + markdown(outcomes)
+    return "\n".join(lines) + "\n" + markdown(outcomes)  # a blank line before the totals
 
 
 def _baseline_summary(path: str) -> list[str]:
