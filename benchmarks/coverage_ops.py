@@ -77,9 +77,11 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
-from onnx.reference.ops import op_deform_conv, op_grid_sample
 
 from onnxgrad import onnx_derivative
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the float64 oracles of tests/
+from tests.derivative.float64_reference import DeformConv, GridSample
 
 FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 #: element types numpy computes with (float8, float4, int4, int2... are left out)
@@ -194,36 +196,6 @@ class LpNormalization(OpRun):
             return (np.where(norm == 0, 0, x / norm).astype(x.dtype),)
 
 
-class GridSample(op_grid_sample.GridSample):
-    """``GridSample`` with the grid denormalized in float64 (the reference rounds the pixel
-    coordinates to float32: sampling positions off by ~1e-7, too coarse for differences)."""
-
-    op_domain = ""
-
-    def _gs_denormalize_coordinates(self, n, dims, align_corners: bool):
-        return np.array(
-            [
-                self._gs_denormalize(n=v, length=d, align_corners=align_corners)
-                for v, d in zip(n, dims)
-            ],
-            dtype=np.float64,
-        )
-
-
-class DeformConv(op_deform_conv.DeformConv):
-    """``DeformConv`` sampling with the float64 :class:`GridSample`."""
-
-    op_domain = ""
-
-    def _run(self, *args, **kwargs):
-        original = op_deform_conv.op_grid_sample.GridSample
-        op_deform_conv.op_grid_sample.GridSample = GridSample
-        try:
-            return super()._run(*args, **kwargs)
-        finally:
-            op_deform_conv.op_grid_sample.GridSample = original
-
-
 class Upsample(OpRun):
     """``Upsample`` (opsets 7 and 9) for any scales (the reference takes integer nearest
     scales only): output size ``floor(n s)``; output ``i`` reads ``i / s``, the nearest
@@ -314,26 +286,30 @@ def _cast_where_double_is_refused(model: ModelProto, types: dict) -> None:
     graph = model.graph
     inputs = {i.name for i in graph.input}
     casts = {}
-    for node in graph.node:
+    for node, position, parameter, schema in _formal_parameters(model):
+        name = node.input[position]
+        if name not in inputs or types.get(name) not in FLOATS:
+            continue
+        constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+        if "tensor(double)" in constraints.get(parameter.type_str, [parameter.type_str]):
+            continue
+        if name not in casts:
+            casts[name] = f"{name}__as_declared"
+            graph.node.insert(0, helper.make_node("Cast", [name], [casts[name]], to=types[name]))
+        node.input[position] = casts[name]
+
+
+def _formal_parameters(model: ModelProto):
+    """``(node, position, formal parameter, schema)`` for each input of each node of the
+    main graph whose schema is known (a variadic last parameter covers the rest)."""
+    for node in list(model.graph.node):
         try:
             schema = onnx.defs.get_schema(node.op_type, _opset(model, node.domain), node.domain)
         except onnx.defs.SchemaError:
             continue
         formal = list(schema.inputs)
-        constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
-        for position, name in enumerate(node.input):
-            if name not in inputs or types.get(name) not in FLOATS or not formal:
-                continue
-            parameter = formal[min(position, len(formal) - 1)]
-            allowed = constraints.get(parameter.type_str, [parameter.type_str])
-            if "tensor(double)" in allowed:
-                continue
-            if name not in casts:
-                casts[name] = f"{name}__as_declared"
-                graph.node.insert(
-                    0, helper.make_node("Cast", [name], [casts[name]], to=types[name])
-                )
-            node.input[position] = casts[name]
+        for position in range(len(node.input) if formal else 0):
+            yield node, position, formal[min(position, len(formal) - 1)], schema
 
 
 def as_array(value) -> np.ndarray:
@@ -356,19 +332,12 @@ def differentiable_inputs(model: ModelProto) -> list[str]:
     if not any(o.type.tensor_type.elem_type in FLOATS for o in graph.output):
         return []
     float_inputs = {i.name for i in graph.input if i.type.tensor_type.elem_type in FLOATS}
-    chosen = set()
-    for node in graph.node:
-        try:
-            schema = onnx.defs.get_schema(node.op_type, _opset(model, node.domain), node.domain)
-        except onnx.defs.SchemaError:
-            continue
-        formal = list(schema.inputs)
-        for position, name in enumerate(node.input):
-            if name not in float_inputs or not formal:
-                continue
-            parameter = formal[min(position, len(formal) - 1)]
-            if parameter.differentiation_category != NON_DIFFERENTIABLE:
-                chosen.add(name)
+    chosen = {
+        node.input[position]
+        for node, position, parameter, _ in _formal_parameters(model)
+        if node.input[position] in float_inputs
+        and parameter.differentiation_category != NON_DIFFERENTIABLE
+    }
     return [i.name for i in graph.input if i.name in chosen]
 
 

@@ -13,9 +13,9 @@ when the kernel's shape is unknown (the dynamic runs), and the harness needs tha
 import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.ops import op_deform_conv, op_grid_sample
 
 from tests.derivative.autodiff.gradcheck import OpCase
+from tests.derivative.float64_reference import DeformConv, GridSample
 
 rng = np.random.default_rng(3)
 
@@ -38,31 +38,6 @@ def conv_transpose(id, x, w, bias=True, opset=18, **attrs):
         inputs["B"] = r(w[1] * attrs.get("group", 1))
     attrs.setdefault("kernel_shape", list(w[2:]))
     return OpCase("ConvTranspose", inputs, attrs, opset=opset, id=f"ConvTranspose-{id}")
-
-
-class GridSample(op_grid_sample.GridSample):
-    """The reference GridSample, its pixel coordinates kept in float64 (not float32)."""
-
-    op_domain = ""
-
-    def _gs_denormalize_coordinates(self, n, dims, align_corners: bool):
-        values = [self._gs_denormalize(n=v, length=d, align_corners=align_corners)
-                  for v, d in zip(n, dims)]  # fmt: skip
-        return np.array(values, dtype=np.float64)
-
-
-class DeformConv(op_deform_conv.DeformConv):
-    """The reference DeformConv, sampling with the float64 GridSample."""
-
-    op_domain = ""
-
-    def _run(self, *args, **kwargs):
-        original = op_deform_conv.op_grid_sample.GridSample
-        op_deform_conv.op_grid_sample.GridSample = GridSample
-        try:
-            return super()._run(*args, **kwargs)
-        finally:
-            op_deform_conv.op_grid_sample.GridSample = original
 
 
 def float64_deform_conv(model):

@@ -51,6 +51,19 @@ def run_ort(model, feeds):
     return dict(zip(names, session.run(None, feeds)))
 
 
+def unit_step_vjp(model, feeds: dict, x: str, output: str, seed: np.ndarray) -> np.ndarray:
+    """``seed . d output / d x`` from unit steps of ``x`` on onnxruntime: exact (up to
+    float32 rounding) for an output linear in ``x``, as a Resize's."""
+    y = run_ort(model, feeds)[output]
+    expected = np.zeros(feeds[x].shape)
+    for j in np.ndindex(feeds[x].shape):
+        step = np.zeros_like(feeds[x])
+        step[j] = 1.0
+        moved = run_ort(model, {**feeds, x: feeds[x] + step})[output]
+        expected[j] = np.sum((moved - y) * seed)
+    return expected
+
+
 def native_gradients(model, values: dict, seed: np.ndarray) -> dict:
     grad_model = onnx_derivative(model, weights=[], backend="onnx")
     return run_ort(grad_model, {**values, "y_grad": seed})
@@ -409,11 +422,7 @@ def test_upsample_below_opset_11_keeps_its_sampling(op_type, opset, mode, scales
     y = run_ort(model, {"x": x})["y"]
     seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
     got = native_gradients(model, {"x": x}, seed)["x_grad"]
-    expected = np.zeros(x.shape)
-    for j in np.ndindex(x.shape):
-        step = np.zeros_like(x)
-        step[j] = 1.0
-        expected[j] = np.sum((run_ort(model, {"x": x + step})["y"] - y) * seed)
+    expected = unit_step_vjp(model, {"x": x}, "x", "y", seed)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -457,12 +466,7 @@ def test_upsample_with_scales_as_an_input_takes_the_floor():
     seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
     grad_model = onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
     got = run_ort(grad_model, {"x": x, "scales": scales, "y_grad": seed})["x_grad"]
-    expected = np.zeros(x.shape)
-    for j in np.ndindex(x.shape):
-        step = np.zeros_like(x)
-        step[j] = 1.0
-        moved = run_ort(model, {"x": x + step, "scales": scales})["y"]
-        expected[j] = np.sum((moved - y) * seed)
+    expected = unit_step_vjp(model, {"x": x, "scales": scales}, "x", "y", seed)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -550,16 +554,11 @@ def test_resize_gradient_against_unit_steps_on_onnxruntime(case, dynamic):
     from tests.derivative.autodiff.gradcheck import case_model
 
     model, feeds = case_model(case, np.float32, dynamic)
-    x = feeds["x"]
     y = run_ort(model, feeds)["y0"]
     seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
     grad_model = onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
     got = run_ort(grad_model, {**feeds, "y0_grad": seed})["x_grad"]
-    expected = np.zeros(x.shape)
-    for j in np.ndindex(x.shape):
-        step = np.zeros_like(x)
-        step[j] = 1.0
-        expected[j] = np.sum((run_ort(model, {**feeds, "x": x + step})["y0"] - y) * seed)
+    expected = unit_step_vjp(model, feeds, "x", "y0", seed)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -588,9 +587,5 @@ def test_resize_nearest_with_computed_scales_follows_onnxruntime(mode, scales, s
     seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
     grad_model = onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
     got = run_ort(grad_model, {"x": x, "s": s, "y_grad": seed})["x_grad"]
-    expected = np.zeros(x.shape)
-    for j in np.ndindex(x.shape):
-        step = np.zeros_like(x)
-        step[j] = 1.0
-        expected[j] = np.sum((run_ort(model, {"x": x + step, "s": s})["y"] - y) * seed)
+    expected = unit_step_vjp(model, {"x": x, "s": s}, "x", "y", seed)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
