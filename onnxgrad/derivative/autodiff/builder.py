@@ -224,6 +224,11 @@ class GradBuilder:
         return self._emitter.constant(np.asarray(values, dtype=np.int64), self.prefix)
 
     # -- types ------------------------------------------------------------------------------
+    def has_type(self, name: str) -> bool:
+        """Whether ``name`` is a tensor of known type (not an optional, a sequence, or a
+        value shape inference could not type)."""
+        return name in self._emitter.types
+
     def value_type(self, name: str) -> ValueType:
         if name not in self._emitter.types:
             raise KeyError(f"the type of {name!r} is unknown to the gradient builder")

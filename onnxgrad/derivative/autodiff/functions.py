@@ -47,7 +47,7 @@ def function_rule(
         return None
     domain = normalize_domain(node.domain)
     version = opsets.get(domain, 1)
-    return Rule(domain, node.op_type, version, version, partial(_through_body, body), False)
+    return Rule(domain, node.op_type, version, version, partial(through_body, body), False)
 
 
 def expand_node(
@@ -133,7 +133,7 @@ def _single_node_model(
     return model
 
 
-def _through_body(body: list[NodeProto], b: GradBuilder, node: NodeView, grads, needs):
+def through_body(body: list[NodeProto], b: GradBuilder, node: NodeView, grads, needs):
     """Recompute the body under fresh names, then differentiate it with a nested engine."""
     renames = {}
     for inner in body:

@@ -26,12 +26,10 @@ from onnxgrad._onnx_utils import normalize_domain
 if TYPE_CHECKING:
     from onnxgrad._onnx_utils import NameScope
     from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
-    from onnxgrad.derivative.autodiff.value_types import ValueTypes
 
-#: ``hook(node, scope, types)`` may append outputs to a forward node on the path (e.g.
-#: MaxPool's Indices) so that its rule reuses them instead of computing them again; ``types``
-#: holds the known value types.
-ForwardHook = Callable[[NodeProto, "NameScope", "ValueTypes"], None]
+#: ``hook(node, scope)`` may append outputs to a forward node on the path (e.g. MaxPool's
+#: Indices) so that its rule reuses them instead of computing them again.
+ForwardHook = Callable[[NodeProto, "NameScope"], None]
 
 RuleFunction = Callable[
     ["GradBuilder", "NodeView", list["str | None"], list[bool]], Sequence["str | None"]

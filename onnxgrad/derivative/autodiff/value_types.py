@@ -29,10 +29,6 @@ class ValueType:
     shape: tuple[int | str | None, ...] | None
 
 
-#: value name -> its type, as the engine knows them
-ValueTypes = Mapping[str, ValueType]
-
-
 def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
     """Element type and shape of every value the shape inference can type.
 

@@ -12,7 +12,7 @@ from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import np_dtype, reduce_axes_are_input
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
-from onnxgrad.derivative.autodiff.functions import _through_body
+from onnxgrad.derivative.autodiff.functions import through_body
 
 
 class Lowering:
@@ -57,4 +57,4 @@ class Lowering:
 
     def gradients(self, grads, needs):
         """The gradients of the node's inputs, through the composition."""
-        return _through_body(self.nodes, self.b, self.node, grads, needs)
+        return through_body(self.nodes, self.b, self.node, grads, needs)

@@ -57,7 +57,7 @@ def optional_get_element_grad(b, node, grads, needs):
     """A tensor input is returned as is (opset 18 accepts one): ``x_bar = y_bar``. An
     optional input would need an optional gradient, which no rule builds."""
     x = node.inputs[0]
-    if x not in b._emitter.types:
+    if not b.has_type(x):
         raise NotImplementedError(
             f"OptionalGetElement node {node.name or node.outputs[0]!r}: no gradient for the "
             f"non-tensor input {x!r} (optionals and sequences carry no gradient)"

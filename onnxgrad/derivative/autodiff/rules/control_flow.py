@@ -37,7 +37,7 @@ from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, zeros_like_nodes
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
-from onnxgrad.derivative.autodiff.value_types import ValueType, ValueTypes, value_info
+from onnxgrad.derivative.autodiff.value_types import ValueType, value_info
 from onnxgrad.graph.select import prune_graph
 
 
@@ -120,7 +120,7 @@ def _save_body_inputs(
         node.output.append(scope.unique(f"{info.name}_stacked"))
 
 
-def _save_scan_states(node: NodeProto, scope: NameScope, types: ValueTypes) -> None:
+def _save_scan_states(node: NodeProto, scope: NameScope) -> None:
     """The forward Scan also returns the state entering each iteration."""
     n_states = len(node.input) - NodeView(node, 0).attr("num_scan_inputs")
     _save_body_inputs(node, list(_body(node).input[:n_states]), scope)
@@ -129,7 +129,7 @@ def _save_scan_states(node: NodeProto, scope: NameScope, types: ValueTypes) -> N
             attr.ints.extend([0] * n_states)
 
 
-def _save_loop_states(node: NodeProto, scope: NameScope, types: ValueTypes) -> None:
+def _save_loop_states(node: NodeProto, scope: NameScope) -> None:
     """The forward Loop also returns, per iteration, its number, condition and state, as
     ``[1, size]`` rows: onnx's reference evaluator stacks Loop scan outputs with
     ``numpy.vstack``, which only agrees with the specification (and onnxruntime) on them."""
@@ -179,7 +179,7 @@ def _typed_like(
         return value_info(info.name, _anonymous(b.value_type(outer)))
     if tensor.elem_type:
         return info
-    if outer is not None and outer in b._emitter.types:
+    if outer is not None and b.has_type(outer):
         elem_type = b.dtype(outer)
     if not elem_type:
         raise NotImplementedError(
@@ -193,7 +193,7 @@ def _typed_slice(b: GradBuilder, info: ValueInfoProto, outer: str, axis: int):
     """A Scan body's scan input typed like a slice of ``outer`` where its declaration lacks
     the element type or shape (function bodies leave them to inference)."""
     tensor = info.type.tensor_type
-    if (tensor.elem_type and tensor.HasField("shape")) or outer not in b._emitter.types:
+    if (tensor.elem_type and tensor.HasField("shape")) or not b.has_type(outer):
         return info
     value = b.value_type(outer)
     shape = None

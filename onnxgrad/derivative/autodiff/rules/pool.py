@@ -53,13 +53,12 @@ from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     window_pads,
 )
 from onnxgrad.derivative.autodiff.rules.conv import Window, conv_input_grad
-from onnxgrad.derivative.autodiff.value_types import ValueTypes
 
 _WINDOW_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
 
 
 # -- MaxPool ----------------------------------------------------------------------------------
-def _expose_indices(node: NodeProto, scope: NameScope, types: ValueTypes) -> None:
+def _expose_indices(node: NodeProto, scope: NameScope) -> None:
     """The forward MaxPool also returns its ``Indices``, so the gradient does not pool again
     (not when every stride and dilation is 1: see :func:`_with_a_step`)."""
     view = NodeView(node, opset=0)

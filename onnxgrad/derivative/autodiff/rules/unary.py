@@ -21,7 +21,6 @@ from onnx import NodeProto
 
 from onnxgrad._onnx_utils import NameScope
 from onnxgrad.derivative.autodiff.registry import register
-from onnxgrad.derivative.autodiff.value_types import ValueTypes
 
 
 def _square(b, x: str) -> str:
@@ -147,7 +146,7 @@ def cast_like_grad(b, node, grads, needs):
     return [b.op("Cast", grads[0], to=b.dtype(x)), None]
 
 
-def _expose_mask(node: NodeProto, scope: NameScope, types: ValueTypes) -> None:
+def _expose_mask(node: NodeProto, scope: NameScope) -> None:
     """A forward Dropout that may train also returns its ``mask``: the gradient must use the
     elements this very run kept."""
     has_mode = len(node.input) > 2 and node.input[2]
