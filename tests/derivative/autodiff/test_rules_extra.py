@@ -428,7 +428,7 @@ def test_upsample_below_opset_11_keeps_its_sampling(op_type, opset, mode, scales
 
 def test_resize_10_nearest_downsampling_raised_as_onnxruntime_runs_it():
     """onnx's own Resize-10 downsampling example: onnxruntime reads x[ceil(i / 0.6)]."""
-    from onnxgrad.graph.ml_lowering import raised_opset
+    from onnxgrad.graph.opset_raise import raised_opset
 
     model = _old_resize_model("Resize", 10, "nearest", [1, 1, 0.6, 0.6], [1, 1, 2, 4])
     x = np.arange(1, 9, dtype=np.float32).reshape(1, 1, 2, 4)
