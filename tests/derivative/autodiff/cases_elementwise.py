@@ -38,6 +38,12 @@ CASES = [
     OpCase("Pow", {"x": r(2, 3), "p": np.array([1.0])}, constants=("p",), opset=18, id="Pow-one"),
     OpCase("Pow", {"x": positive(3), "p": np.array([[-1.5]])}, constants=("p",), opset=18,
            id="Pow-constant-broadcast"),
+    # x^0 = 1 (0^0 included): a zero gradient, not 0 * 0^-1 = NaN
+    OpCase("Pow", {"x": np.array([[0.0, 1.5, -2.0], [0.3, 0.0, 2.0]]), "p": np.array(0.0)},
+           constants=("p",), opset=18, id="Pow-zero-exponent"),
+    OpCase("Pow", {"x": np.array([[0.0, 0.5, 1.2], [0.0, 2.0, 0.7]]),
+                   "p": np.array([[0.0, 0.5, -1.3], [0.0, 2.5, 3.0]])},
+           wrt=("x",), opset=18, id="Pow-zero-exponent-at-zero"),
     OpCase(
         "Pow", {"x": positive(2, 3), "p": np.array(0.5)}, wrt=("p",), opset=21,
         id="Pow-exponent-only",

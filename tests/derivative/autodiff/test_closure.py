@@ -44,6 +44,10 @@ NOT_CHECKED = {
         "opset 11: undoing a broadcast of unknown shape needs ReduceSum's axes input (13)"
     )),
     "ScatterElements-max": _TIE,
+    "Pow-zero-exponent": (
+        "x^0 is constant: its first derivative (zeros) depends on neither x nor the output "
+        "gradient, and the engine refuses a derivative that would be 0 everywhere"
+    ),
     "MaxUnpool-2d-output-shape": (
         "the Slice rule needs the static rank of the Reshape the MaxUnpool rule emits, which "
         "shape inference cannot give: a rank-generic Slice rule is needed"

@@ -42,11 +42,14 @@ def pow_grad(b, node, grads, needs):
 
 
 def _pow_base_grad(b, g: str, x: str, p: str) -> str:
-    """``g p x^(p-1)``; a constant scalar ``p`` is folded: ``g`` for 1, ``g (x + x)`` for 2
+    """``g p x^(p-1)``, which is 0 where ``p = 0`` (also at ``x = 0``, where ``x^(p-1)`` is
+    infinite); a constant scalar ``p`` is folded: 0 for 0, ``g`` for 1, ``g (x + x)`` for 2
     (onnxruntime's Pow is slow for exponents other than 2 and 3), ``p - 1`` computed once."""
     value = b.constant_value(p)
     if value is not None and value.size == 1:
         c = float(value.ravel()[0])
+        if c == 0:
+            return b.zeros_like(x)
         if c == 1:
             return g
         if c == 2:
@@ -54,7 +57,11 @@ def _pow_base_grad(b, g: str, x: str, p: str) -> str:
         power = b.op("Pow", x, b.const(c - 1, like=x))
         return b.mul(g, b.mul(b.const(c, like=x), power))
     exponent = _cast_to(b, p, x)
-    power = b.op("Pow", x, b.op("Sub", exponent, b.const(1, like=x)))
+    # the base is 1 where p = 0: p x^(p-1) is then 0 * 1, and no infinite x^(p-1) enters
+    # the derivative of this gradient either
+    flat = b.op("Equal", exponent, b.const(0, like=x))
+    base = b.op("Where", flat, b.const(1, like=x), x)
+    power = b.op("Pow", base, b.op("Sub", exponent, b.const(1, like=x)))
     return b.mul(g, b.mul(exponent, power))
 
 
