@@ -3,7 +3,9 @@
 ONNX shape inference (on a weightless view of the model) gives most of them; two
 refinements help the rules build static graphs: the batch symbol is kept through
 ``Reshape(x, [-1, ...])``, and subgraphs (If branches) are typed as standalone graphs
-whose inputs are the outer values they read.
+whose inputs are the outer values they read. One correction keeps them true on every
+runtime: a Resize axis whose size from ``scales`` depends on the runtime's precision is left
+unknown (:func:`_runtime_sized_resizes`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import onnx
 from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._model_checks import weightless_view
-from onnxgrad._onnx_utils import MAX_IR_VERSION, normalize_domain
-from onnxgrad.graph._scopes import free_names
+from onnxgrad._onnx_utils import MAX_IR_VERSION, NameScope, all_names, normalize_domain
+from onnxgrad.graph._scopes import free_names, node_inputs
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,30 @@ def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
 
 
 def _inferred_types(model: ModelProto) -> dict[str, ValueType]:
+    """The types shape inference gives, less the Resize sizes that depend on the runtime
+    (:func:`_runtime_sized_resizes`) and what follows from them. Each round infers again
+    with the Resize outputs found so far declared as computed from their input's new type,
+    until they no longer change (a chain of such Resizes takes a round per link)."""
+    view = weightless_view(model)
+    types = _shape_inferred(view)
+    loose: dict[str, ValueType] = {}
+    for _ in range(sum(node.op_type == "Resize" for node in model.graph.node)):
+        found = _runtime_sized_resizes(model.graph, types)
+        if found == loose:
+            break
+        loose = found
+        unpinned, added = _unpinned(view, loose)
+        types = _shape_inferred(unpinned)
+        for name in added:
+            types.pop(name, None)
+    return types
+
+
+def _shape_inferred(view: ModelProto) -> dict[str, ValueType]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(weightless_view(model), data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(view, data_prop=True)
     except Exception:  # inference is best effort: rules fall back to dynamic shapes
-        inferred = model
+        inferred = view
     graph = inferred.graph
     types: dict[str, ValueType] = {}
     for info in [*graph.input, *graph.value_info, *graph.output]:
@@ -94,6 +116,84 @@ def _refine_reshapes(
             if shape != result.shape:
                 refined[node.output[0]] = ValueType(result.elem_type, shape)
     return refined
+
+
+def _runtime_sized_resizes(graph: GraphProto, types: dict[str, ValueType]) -> dict[str, ValueType]:
+    """The outputs of the Resize nodes with constant ``scales`` that some axis sizes
+    differently on onnxruntime and for onnx (:func:`_scaled_size`), typed from their input's
+    type with those axes unknown: the rules then read such sizes at run time."""
+    constants = constant_tensors(graph, ())
+    loose = {}
+    for node in graph.node:
+        if node.op_type != "Resize" or normalize_domain(node.domain) or len(node.input) < 3:
+            continue
+        source, scales = types.get(node.input[0]), constants.get(node.input[2])
+        if (len(node.input) > 3 and node.input[3]) or scales is None or source is None:
+            continue  # sized by ``sizes``, or not by constant scales
+        scales = numpy_helper.to_array(scales).astype(np.float32).ravel()
+        axes = _listed_axes(node, source.shape)
+        if axes is None or len(axes) != scales.size:
+            continue
+        shape = list(source.shape)
+        for axis, scale in zip(axes, scales):
+            shape[axis] = _scaled_size(shape[axis], scale)
+        if any(d is None and isinstance(n, int) for d, n in zip(shape, source.shape)):
+            loose[node.output[0]] = ValueType(source.elem_type, tuple(shape))
+    return loose
+
+
+def _listed_axes(node, shape) -> list[int] | None:
+    """The axes ``scales`` lists (the ``axes`` attribute, from opset 18), else every axis;
+    None when the rank is unknown."""
+    if shape is None:
+        return None
+    axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
+    return list(range(len(shape))) if axes is None else [a % len(shape) for a in axes]
+
+
+def _scaled_size(n: int | str | None, scale: np.float32) -> int | str | None:
+    """``floor(n s)`` where onnxruntime's float32 product (``10 * 0.7f = 7.0000001 -> 7``)
+    and the float64 one of onnx's inference and reference evaluator (``6.99999988 -> 6``)
+    agree; ``n`` itself for ``s = 1``; None otherwise."""
+    if scale == 1:
+        return n
+    if not isinstance(n, int):
+        return None
+    in_float32 = int(np.floor(np.float32(n) * scale))
+    in_float64 = int(np.floor(n * np.float64(scale)))
+    return in_float32 if in_float32 == in_float64 else None
+
+
+def _unpinned(view: ModelProto, loose: dict[str, ValueType]) -> tuple[ModelProto, list[str]]:
+    """A copy of ``view`` in which the Resize nodes of ``loose`` read their scales from new
+    graph inputs (also returned: inference cannot size those nodes) and their outputs are
+    declared with ``loose``; the declared shapes of every value downstream (value_info and
+    graph outputs, as a model saved after shape inference holds them) are dropped, to be
+    inferred again."""
+    unpinned = ModelProto()
+    unpinned.CopyFrom(view)
+    graph = unpinned.graph
+    downstream, added = set(loose), []
+    scope = NameScope(all_names(graph))
+    for node in graph.node:
+        if node.op_type == "Resize" and node.output[0] in loose:
+            node.input[2] = scope.unique(f"{node.input[2]}_at_run_time")
+            graph.input.append(
+                helper.make_tensor_value_info(node.input[2], TensorProto.FLOAT, [None])
+            )
+            added.append(node.input[2])
+        elif node_inputs(node) & downstream:
+            downstream.update(node.output)
+    declared = {name: value_info(name, value) for name, value in loose.items()}
+    kept = [i for i in graph.value_info if i.name not in downstream]
+    del graph.value_info[:]
+    graph.value_info.extend(kept + list(declared.values()))
+    for output in graph.output:
+        if output.name in declared:
+            output.type.CopyFrom(declared[output.name].type)
+        elif output.name in downstream:
+            output.type.tensor_type.ClearField("shape")
+    return unpinned, added
 
 
 def constant_tensors(graph: GraphProto, weights: Sequence[str]) -> dict[str, TensorProto]:

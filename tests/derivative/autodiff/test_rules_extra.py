@@ -589,3 +589,143 @@ def test_resize_nearest_with_computed_scales_follows_onnxruntime(mode, scales, s
     got = run_ort(grad_model, {"x": x, "s": s, "y_grad": seed})["x_grad"]
     expected = unit_step_vjp(model, {"x": x, "s": s}, "x", "y", seed)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _resize(source, target, mode, scales=None, sizes=None, **attrs):
+    inputs = [source, "", scales or "", *([sizes] if sizes else [])]
+    return helper.make_node("Resize", inputs, [target], mode=mode, **attrs)
+
+
+def _float32(name, values):
+    return numpy_helper.from_array(np.array(values, np.float32), name)
+
+
+#: Resize nodes on ``x`` ``[1, 1, 3, 10]`` whose width ``floor(10 * 0.7)`` is 7 on
+#: onnxruntime (float32: ``7.0000001``) but 6 for onnx's inference and reference evaluator
+#: (float64: ``6.99999988``): ``(nodes, initializers, declared)``, where ``declared`` says
+#: which types the model declares as onnx's inference gives them: ``"output"``, ``"all"``
+#: (every value_info too, as a model saved after inference) or ``"rank"`` (the output's only)
+RESIZE_RUNTIME_SIZES = {
+    "direct-linear": (
+        [_resize("x", "y", "linear", "s")],
+        [_float32("s", [1, 1, 1, 0.7])],
+        "output",
+    ),
+    "direct-nearest-axes": (
+        [_resize("x", "y", "nearest", "s", axes=[3])],
+        [_float32("s", [0.7])],
+        "output",
+    ),
+    # onnx's inference sees 6 -> 6 (a copy), onnxruntime samples 7 -> 6
+    "chain-sizes": (
+        [_resize("x", "t", "linear", "s"), _resize("t", "y", "linear", sizes="z")],
+        [_float32("s", [1, 1, 1, 0.7]), numpy_helper.from_array(np.array([1, 1, 3, 6]), "z")],
+        "rank",
+    ),
+    "chain-scales-cubic": (
+        [_resize("x", "t", "cubic", "s"), _resize("t", "y", "cubic", "r")],
+        [_float32("s", [1, 1, 1, 0.7]), _float32("r", [1, 1, 2, 1.5])],
+        "all",
+    ),
+    # onnxruntime copies 7 -> 7 through the second node, the reference evaluator samples 6 -> 7
+    "chain-through-neg-nearest": (
+        [
+            _resize("x", "t", "nearest", "s"),
+            helper.make_node("Neg", ["t"], ["n"]),
+            _resize("n", "y", "nearest", sizes="z"),
+        ],
+        [_float32("s", [1, 1, 1, 0.7]), numpy_helper.from_array(np.array([1, 1, 3, 7]), "z")],
+        "all",
+    ),
+}
+
+
+def _runtime_sized_resize_model(case: str, elem_type=FLOAT):
+    """The model of ``RESIZE_RUNTIME_SIZES[case]``, at opset 19."""
+    nodes, initializers, declared = RESIZE_RUNTIME_SIZES[case]
+    graph = helper.make_graph(
+        nodes,
+        "resize",
+        [helper.make_tensor_value_info("x", elem_type, [1, 1, 3, 10])],
+        [helper.make_tensor_value_info("y", elem_type, [None] * 4)],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    if declared != "rank":
+        model.graph.output[0].type.CopyFrom(inferred.graph.output[0].type)
+    if declared == "all":
+        model.graph.value_info.extend(inferred.graph.value_info)
+    return model
+
+
+def _onnxruntime_folds_resize_sizes_in_float64() -> bool:
+    """Whether onnxruntime's graph optimizer folds ``Shape(Resize(x))`` to onnx's float64 size
+    (6 for ``10 * 0.7``) while its kernel makes the float32 one (7): seen with onnxruntime
+    1.32, not 1.19. Its own forward pass reading that shape is then wrong too."""
+    model = _runtime_sized_resize_model("direct-linear")
+    model.graph.node.append(helper.make_node("Shape", ["y"], ["width"], start=3))
+    model.graph.output.append(helper.make_tensor_value_info("width", TensorProto.INT64, None))
+    outputs = run_ort(model, {"x": np.zeros((1, 1, 3, 10), np.float32)})
+    return outputs["width"].tolist() != [outputs["y"].shape[3]]
+
+
+def test_runtimes_size_resize_differently():
+    """The premise of the two tests below: ``10 * 0.7`` is 6 for onnx's inference and
+    reference evaluator, 7 for onnxruntime."""
+    model = _runtime_sized_resize_model("direct-linear")
+    assert model.graph.output[0].type.tensor_type.shape.dim[3].dim_value == 6
+    x = np.zeros((1, 1, 3, 10), np.float32)
+    assert ReferenceEvaluator(model).run(None, {"x": x})[0].shape == (1, 1, 3, 6)
+    assert run_ort(model, {"x": x})["y"].shape == (1, 1, 3, 7)
+
+
+@pytest.mark.parametrize("case", sorted(RESIZE_RUNTIME_SIZES))
+def test_resize_gradient_takes_the_sizes_onnxruntime_makes(case):
+    """onnx's shape inference sizes ``10 * 0.7`` as 6 where onnxruntime's Resize makes 7: the
+    gradient must not build on the inferred 6 (it failed with a MatMul dimension mismatch,
+    or an onnxruntime load error, before), and the ``y_grad`` input is not declared with
+    it. Checked against unit steps on onnxruntime (linear in x: exact). Where onnxruntime's
+    optimizer folds the shapes the gradient reads at run time to the float64 size
+    (:func:`_onnxruntime_folds_resize_sizes_in_float64`), the graph may be refused at load,
+    never wrong: it then runs without graph optimizations."""
+    model = _runtime_sized_resize_model(case)
+    x = np.random.default_rng(0).standard_normal((1, 1, 3, 10)).astype(np.float32)
+    y = run_ort(model, {"x": x})["y"]
+    seed = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
+    grad_model = onnx_derivative(model, weights=[], backend="onnx")
+    feeds = {"x": x, "y_grad": seed}
+    try:
+        got = run_ort(grad_model, feeds)["x_grad"]
+    except Exception:  # onnxruntime's own inconsistency, refused loudly
+        if not _onnxruntime_folds_resize_sizes_in_float64():
+            raise
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = onnxruntime.InferenceSession(
+            grad_model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        (got,) = session.run(["x_grad"], feeds)
+    expected = unit_step_vjp(model, {"x": x}, "x", "y", seed)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", sorted(RESIZE_RUNTIME_SIZES))
+def test_resize_gradient_on_the_reference_evaluator_takes_its_sizes(case):
+    """The same models in float64 on onnx's reference evaluator, which sizes ``10 * 0.7`` as
+    6: the gradient reads the sizes at run time, so it is right there too (against central
+    differences)."""
+    model = _runtime_sized_resize_model(case, TensorProto.DOUBLE)
+    x = np.random.default_rng(0).standard_normal((1, 1, 3, 10))
+    forward = ReferenceEvaluator(model)
+    y = forward.run(None, {"x": x})[0]
+    seed = np.random.default_rng(1).standard_normal(y.shape)
+    grad_model = onnx_derivative(model, weights=[], backend="onnx")
+    got = ReferenceEvaluator(grad_model).run(None, {"x": x, "y_grad": seed})[0]
+    expected = np.zeros_like(x)
+    for j in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[j] = 1e-6
+        moved = [forward.run(None, {"x": x + sign * step})[0] for sign in (1, -1)]
+        expected[j] = np.sum((moved[0] - moved[1]) * seed) / 2e-6
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

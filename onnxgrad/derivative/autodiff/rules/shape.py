@@ -272,7 +272,9 @@ def resize_grad(b, node, grads, needs):
 
     With shapes known only at run time, ``c = (shape(y) == shape(x))`` is computed and both
     constructions resize with unit scales and the whole ``roi`` where ``c`` holds, which
-    yields ``y_bar`` whatever the runtime that evaluates the gradient.
+    yields ``y_bar`` whatever the runtime that evaluates the gradient. A size
+    ``floor(n_a s_a)`` that float32 and float64 round differently (``10 * 0.7``: 7 on
+    onnxruntime, 6 for onnx) is unknown in the value types, so it is read at run time too.
     """
     mode = node.attr("mode", "nearest")
     if mode not in ("nearest", "linear", "cubic"):
