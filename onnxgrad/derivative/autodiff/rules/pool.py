@@ -10,7 +10,9 @@ count_include_pad, auto_pad), GlobalAveragePool, GlobalMaxPool and GlobalLpPool.
   reference evaluator returns wrong ``Indices`` when every stride and dilation is 1: there
   the indices come from a pool whose windows are described with a harmless dilation, or,
   in 3-D and more without a unit-kernel axis, from one pool per axis
-  (:func:`_separable_grad`), so the gradient is right on every runtime.
+  (:func:`_separable_grad`), so the gradient is right on every runtime. Square windows
+  that tile the input (kernel = strides, no pads) need no ``Indices``: ArgMax over each
+  window's elements picks the same first maximum (:func:`_tiled_grad`).
 * MaxUnpool: ``X_bar = y_bar.flat[I]``.
 * AveragePool is linear: ``y[o] = sum_{p in window(o)} x~[p] / count(o)``, so ``x_bar`` is
   the transposed convolution of ``g / count`` by a kernel of ones, applied to every
