@@ -25,6 +25,7 @@ from onnxgrad.derivative._naming import free_gradient_names, kept_outputs
 from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
 from onnxgrad.derivative.autodiff.cleanup import clean_graph
 from onnxgrad.derivative.autodiff.engine import Engine
+from onnxgrad.derivative.autodiff.forward_rewrites import pool_before_relu
 from onnxgrad.derivative.autodiff.value_types import (
     ValueType,
     constant_tensors,
@@ -42,6 +43,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     sources = [*request.inputs, *request.weights]
     renames = free_gradient_names(model.graph, request)
     original_names = {new: old for old, new in renames.items()}
+    pool_before_relu(model.graph)
     types = infer_value_types(model)
     graph = model.graph
     scope = NameScope(all_names(graph))
