@@ -3,7 +3,8 @@ the gradient cheaper.
 
 * ``MaxPool(Relu(x))`` becomes ``Relu(MaxPool(x))``. ReLU is non-decreasing, so
   :math:`\max_i \mathrm{relu}(x_i) = \mathrm{relu}(\max_i x_i)` exactly, in floating point
-  too, whatever the pads or ``ceil_mode`` (every window holds at least one element of ``x``).
+  too (NaNs aside), whatever the pads or ``ceil_mode`` (every window holds at least one
+  element of ``x``).
   The gradient is the same: where the window's maximum is positive both route ``g`` to its
   first occurrence; where it is not, both give 0 (the ReLU's derivative at a non-positive
   input). The ReLU and its gradient then run on the pooled tensor, ``k^2`` times smaller for
