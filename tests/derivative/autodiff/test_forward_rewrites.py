@@ -57,8 +57,8 @@ def tied_input(seed=0) -> np.ndarray:
 
 
 def reference_gradients(model, x, w, seed):
-    """The gradient of the model as written (ReLU first), through the Indices route: the
-    pairs are kept apart by making the ReLU output a graph output too."""
+    """The gradient of the model as written, ReLU then pool: the pair is kept apart by
+    making the ReLU output a graph output too (with a zero output gradient)."""
     kept = onnx.ModelProto()
     kept.CopyFrom(model)
     kept.graph.output.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, x.shape))
@@ -91,6 +91,10 @@ def test_pool_before_relu_leaves_what_others_read():
     """A ReLU output that is a graph output (or read twice), or a pool with Indices."""
     shared = relu_pool_model(POOLS["tiles"], extra_output=True)
     assert pool_before_relu(shared.graph) == 0
+    read_twice = relu_pool_model(POOLS["tiles"])
+    read_twice.graph.node.append(helper.make_node("Neg", ["r"], ["z"]))
+    read_twice.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    assert pool_before_relu(read_twice.graph) == 0
     with_indices = relu_pool_model(POOLS["tiles"])
     pool = next(n for n in with_indices.graph.node if n.op_type == "MaxPool")
     pool.output.append("indices")
