@@ -436,15 +436,20 @@ def test_resize_10_nearest_downsampling_raised_as_onnxruntime_runs_it():
     np.testing.assert_array_equal(run_ort(raised_opset(model, 13), {"x": x})["y"], [[[[1, 3]]]])
 
 
-def test_resize_10_nearest_with_computed_scales_names_the_node():
+def _fed_scales_model(op_type: str, opset: int, shape, scales: str = "scales"):
+    """``y = op_type(x, scales)`` in nearest mode, ``scales`` a graph input fed at run time."""
     graph = helper.make_graph(
-        [helper.make_node("Resize", ["x", "s"], ["y"], mode="nearest", name="the_Resize")],
-        "resize",
-        [helper.make_tensor_value_info("x", FLOAT, [1, 1, 4, 4]),
-         helper.make_tensor_value_info("s", FLOAT, [4])],
+        [helper.make_node(op_type, ["x", scales], ["y"], mode="nearest", name=f"the_{op_type}")],
+        op_type.lower(),
+        [helper.make_tensor_value_info("x", FLOAT, list(shape)),
+         helper.make_tensor_value_info(scales, FLOAT, [4])],
         [helper.make_tensor_value_info("y", FLOAT, None)],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)], ir_version=7)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+
+
+def test_resize_10_nearest_with_computed_scales_names_the_node():
+    model = _fed_scales_model("Resize", 10, [1, 1, 4, 4], scales="s")
     with pytest.raises(ValueError, match=r"'the_Resize'.*scales 's'.*not a constant"):
         onnx_derivative(model, weights=[], inputs=["x"], backend="onnx")
 
@@ -452,14 +457,7 @@ def test_resize_10_nearest_with_computed_scales_names_the_node():
 def test_upsample_with_scales_as_an_input_takes_the_floor():
     """Upsample's scales may be fed at run time (onnx's own test case): onnxruntime refuses
     scales < 1 there, so the raised Resize takes the floor without a constant."""
-    graph = helper.make_graph(
-        [helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")],
-        "upsample",
-        [helper.make_tensor_value_info("x", FLOAT, [1, 1, 2, 3]),
-         helper.make_tensor_value_info("scales", FLOAT, [4])],
-        [helper.make_tensor_value_info("y", FLOAT, None)],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=7)
+    model = _fed_scales_model("Upsample", 9, [1, 1, 2, 3])
     x = np.random.default_rng(0).standard_normal((1, 1, 2, 3)).astype(np.float32)
     scales = np.array([1, 1, 2.5, 1.5], np.float32)
     y = run_ort(model, {"x": x, "scales": scales})["y"]
