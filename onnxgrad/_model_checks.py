@@ -5,7 +5,8 @@ the command) works on :func:`checked_model`: a private copy whose nodes are in t
 order (onnxruntime runs unsorted graphs, so they are sorted, never differentiated as they
 are) and which onnx's checker accepts. A broken model is a ``ValueError`` naming the node or
 value at fault: a node in a domain the model does not import, a value read but never
-produced (a missing initializer), a value produced twice, a cycle, a negative dimension.
+produced (a missing initializer), a value produced twice, a cycle, a negative initializer
+dimension.
 
 Shape inference and the checker serialise the model, which protobuf refuses past 2 GiB and
 which copies every weight: :func:`weightless_view` gives them the graph with its big
@@ -163,11 +164,9 @@ def _check_graph(graph: GraphProto, imported: set[str], outer: set[str]) -> None
 
 
 def _check_dims(graph: GraphProto) -> None:
-    for info in [*graph.input, *graph.output, *graph.value_info]:
-        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
-            dims = [d.dim_value for d in info.type.tensor_type.shape.dim]
-            if any(d < 0 for d in dims):
-                raise ValueError(f"value {info.name!r} declares a negative dimension: {dims}")
+    """A negative initializer dimension is an error; a value's declared ``-1`` is a dynamic
+    dimension, as onnx's checker and onnxruntime read it
+    (:func:`onnxgrad.normalize.dims.dynamic_dims` clears it)."""
     for init in graph.initializer:
         if any(d < 0 for d in init.dims):
             raise ValueError(f"initializer {init.name!r} has a negative dimension: {init.dims}")

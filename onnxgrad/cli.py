@@ -280,6 +280,17 @@ def read_model(path: str) -> ModelProto:
     return model
 
 
+def normalized(model: ModelProto, path: str) -> ModelProto:
+    """``model`` (read from ``path``, private) made regular by
+    :func:`onnxgrad.normalize.normalize_in_place`; ``CommandError`` names the file and why not."""
+    from onnxgrad.normalize import normalize_in_place
+
+    try:
+        return normalize_in_place(model)
+    except (ValueError, NotImplementedError) as exc:
+        raise CommandError(f"{path!r} cannot be used for training: {_one_line(exc)}") from None
+
+
 def check_destination(path: str) -> Path:
     """``path`` as a Path whose folder exists, checked before any work is done."""
     destination = Path(path)
@@ -295,24 +306,27 @@ def check_destination(path: str) -> Path:
 
 
 def cmd_info(args: argparse.Namespace) -> None:
-    model = read_model(args.model)
-    from onnxgrad.graph.ml_lowering import lowerable_nodes, lowered_if_needed
+    original = read_model(args.model)
+    from onnxgrad.graph.ml_lowering import lowerable_nodes
 
+    lowered = lowerable_nodes(original)
+    model = normalized(original, args.model)
     weights = get_train_initializer(model)
-    lowered = lowerable_nodes(model)
     graph = model.graph
     inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]
-    opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in model.opset_import)
+    opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in original.opset_import)
     size = sum(int(value.size) for value, _ in weights.values())
+    stops = _ops_without_rule(model) + _dry_build_failures(model)
     lines = [
         f"model: {args.model}",
-        f"  ir_version {model.ir_version}, opsets {opsets or 'none'}"
-        + (f", producer {model.producer_name}" if model.producer_name else ""),
+        f"  ir_version {original.ir_version}, opsets {opsets or 'none'}"
+        + (f", producer {original.producer_name}" if original.producer_name else ""),
         f"inputs ({len(inputs)}):",
         *_table((i.name, type_text(i.type)) for i in inputs),
         f"outputs ({len(graph.output)}):",
         *_table((o.name, type_text(o.type)) for o in graph.output),
+        *_normalisation_lines(original, model),
         *_lowering_lines(lowered),
         f"trainable initializers ({len(weights)}, {size} values):",
         *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
@@ -321,9 +335,48 @@ def cmd_info(args: argparse.Namespace) -> None:
         f"ops ({len(graph.node)} nodes):",
         *_wrapped(_op_counts(model)),
         "ops without a native gradient rule" + (" (once lowered):" if lowered else ":"),
-        *_wrapped(", ".join(_ops_without_rule(lowered_if_needed(model, min_opset=0))) or "none"),
+        *_wrapped(", ".join(_ops_without_rule(model)) or "none"),
+        "what stops differentiation or training (a dry build of both):",
+        *([f"  {line}" for line in stops] or ["  nothing: the gradient and the train step build"]),
     ]
     print("\n".join(lines))
+
+
+def _normalisation_lines(original: ModelProto, model: ModelProto) -> list[str]:
+    """What :func:`onnxgrad.normalize.normalized_model` changed, in words."""
+    changes = []
+    before, after = _default_opset(original), _default_opset(model)
+    if before != after:
+        changes.append(f"default-domain opset {before} raised to {after}")
+    promoted = len(model.graph.initializer) - len(original.graph.initializer)
+    constants = sum(1 for n in _all_nodes(original.graph) if n.op_type == "Constant")
+    if promoted > 0 and constants:
+        changes.append(f"{promoted} weights stored as Constant nodes made initializers")
+    if not changes:
+        return []
+    return ["normalised for training (onnxgrad.normalize):", *(f"  {c}" for c in changes)]
+
+
+def _default_opset(model: ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _dry_build_failures(model: ModelProto) -> list[str]:
+    """Why the gradient (every float input and trainable weight) or the default train step
+    (squared error on the first float output, every trainable weight) cannot be built."""
+    from onnxgrad._onnx_utils import copy_message
+    from onnxgrad.training.composition import make_train_step
+
+    failures = []
+    for what, build in (
+        ("gradient", lambda: derive_in_place(copy_message(model))),
+        ("train step", lambda: make_train_step(model)),
+    ):
+        try:
+            build()
+        except Exception as exc:
+            failures.append(f"{what}: {type(exc).__name__}: {_one_line(exc)}")
+    return failures
 
 
 def _lowering_lines(lowered) -> list[str]:
@@ -496,7 +549,7 @@ def _number(text: str, what: str) -> float:
 
 
 def cmd_derivative(args: argparse.Namespace) -> None:
-    model = read_model(args.model)
+    model = normalized(read_model(args.model), args.model)
     destination = check_destination(args.output)
     options = DerivativeOptions.Zero
     if args.keep_outputs:

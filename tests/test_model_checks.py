@@ -122,13 +122,6 @@ BROKEN = {
         ),
         r"cycle: node 'first' \(Add\) -> node 'second' \(Relu\) -> node 'third' \(Neg\)",
     ),
-    "negative input dim": (
-        _model(
-            [helper.make_node("Relu", ["x"], ["y"], name="r")],
-            inputs=[helper.make_tensor_value_info("x", F, [-2, 3])],
-        ),
-        r"value 'x' declares a negative dimension",
-    ),
     "value produced twice": (
         _model(
             [

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from onnx import ModelProto
 
-from onnxgrad._model_checks import checked_model
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
@@ -24,10 +23,7 @@ from onnxgrad._onnx_utils import (
     supported_ir_version,
 )
 from onnxgrad.derivative.options import DerivativeOptions, check_options
-from onnxgrad.graph.ml_lowering import lowered_if_needed
-
-#: below this default-domain opset a model is converted first (most native rules start at 11)
-NATIVE_MIN_OPSET = 11
+from onnxgrad.normalize import normalized_model
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
 BACKENDS = {
@@ -63,11 +59,12 @@ def onnx_derivative(
     ones with ``FillGrad``, 1 for the loss with ``Loss``), the graph returns the
     vector-Jacobian products ``x_grad = sum_k g_k . dy_k/dx`` and ``w_grad = sum_k g_k . dy_k/dw``.
 
-    :param model: ModelProto or path; never modified. Its ``ai.onnx.ml`` operators are first
-        lowered into standard ONNX (:func:`onnxgrad.lower_ml_operators`, ZipMap dropped, its
-        probability tensor exposed as the output ``probabilities``); a model below opset 11
-        is converted to opset 13. It is checked first (``ValueError`` naming the node or
-        value at fault) and its nodes are put in topological order.
+    :param model: ModelProto or path; never modified. It is first made regular by
+        :func:`onnxgrad.normalize.normalized_model` (``ValueError`` naming the node or value
+        at fault): nodes in topological order, weights stored as ``Constant`` nodes become
+        initializers, a model below opset 13 is converted to it, ``ai.onnx.ml`` operators
+        are lowered into standard ONNX (ZipMap dropped, its probability tensor exposed as
+        the output ``probabilities``), declared shapes are reconciled with inferred ones.
     :param weights: initializers to differentiate; ``None`` means every weight returned by
         :func:`onnxgrad.get_train_initializer`, ``[]`` none. They become graph inputs.
     :param inputs: graph inputs to differentiate; ``None`` means every float input (the
@@ -80,7 +77,7 @@ def onnx_derivative(
         (onnxruntime-training's gradient builder).
     """
     _check_arguments(options, backend)
-    return derive_in_place(checked_model(model), weights, inputs, options, loss, label, backend)
+    return derive_in_place(normalized_model(model), weights, inputs, options, loss, label, backend)
 
 
 def derive_in_place(
@@ -92,11 +89,10 @@ def derive_in_place(
     label: str | None = None,
     backend: str = "onnx",
 ) -> ModelProto:
-    """:func:`onnx_derivative` of a private model already checked (see
-    :func:`onnxgrad._model_checks.checked_model`), which it may rewrite into the result:
-    the command uses it so that no weight is copied."""
+    """:func:`onnx_derivative` of a private model already normalised (see
+    :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
+    the command and the train step use it so that no weight is copied."""
     options = _check_arguments(options, backend)
-    model = lowered_if_needed(model, min_opset=NATIVE_MIN_OPSET)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label)
     module_name, function_name = BACKENDS[backend].split(":")

@@ -23,14 +23,15 @@ from onnxgrad._onnx_utils import (
     ModelLike,
     NameScope,
     all_names,
+    copy_message,
     finalize_model,
-    load_model,
     replace_repeated,
 )
-from onnxgrad.derivative.api import onnx_derivative
+from onnxgrad.derivative.api import derive_in_place
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
+from onnxgrad.normalize import normalized_model
 
 
 def onnx_jvp(
@@ -51,14 +52,23 @@ def onnx_jvp(
     :param inputs: graph inputs to differentiate; ``None`` means every float input.
     :param keep_outputs: also return the original outputs, after the tangents.
     """
-    model = load_model(model)
+    return _jvp(normalized_model(model), weights, inputs, keep_outputs)
+
+
+def _jvp(
+    model: ModelProto,
+    weights: Sequence[str] | None,
+    inputs: Sequence[str] | None,
+    keep_outputs: bool = False,
+) -> ModelProto:
+    """:func:`onnx_jvp` of a normalised model the caller owns."""
     originals = _private_output_names(model)
-    reverse = onnx_derivative(model, weights=weights, inputs=inputs, backend="onnx")
+    reverse = derive_in_place(copy_message(model), weights=weights, inputs=inputs)
     sources = _gradient_sources(reverse)
     outputs = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     cotangents = [f"{o.name}_grad" for o in model.graph.output]
     differentiated = [f"{o.name}_grad" for o in outputs]
-    transposed = onnx_derivative(reverse, weights=[], inputs=differentiated, backend="onnx")
+    transposed = derive_in_place(reverse, weights=[], inputs=differentiated)
     result = _tangent_model(
         model, transposed, sources, outputs, cotangents, keep_outputs, originals
     )
@@ -97,14 +107,14 @@ def onnx_hvp(
     of them together and ``v`` the stacked tangents. ``loss``/``label`` are those of
     ``onnx_derivative(options=DerivativeOptions.Loss)``.
     """
-    gradient = onnx_derivative(
-        model, weights=weights, inputs=inputs, options=DerivativeOptions.Loss,
-        loss=loss, label=label, backend="onnx",
+    gradient = derive_in_place(
+        normalized_model(model), weights=weights, inputs=inputs,
+        options=DerivativeOptions.Loss, loss=loss, label=label,
     )  # fmt: skip
     sources = _gradient_sources(gradient)
     wanted = {f"{s}_grad" for s in sources}
     replace_repeated(gradient.graph.output, [o for o in gradient.graph.output if o.name in wanted])
-    return onnx_jvp(gradient, weights=[], inputs=sources)
+    return _jvp(gradient, weights=[], inputs=sources)
 
 
 def _gradient_sources(reverse: ModelProto) -> list[str]:

@@ -8,6 +8,11 @@ from onnx import GraphProto, helper, numpy_helper
 from onnxgrad._onnx_utils import NameScope, all_names, reduce_axes_are_input
 from onnxgrad.graph._scopes import iter_graphs
 
+#: The doc string of the ``Constant`` nodes onnxgrad's rewrites emit: structural constants
+#: (loss coefficients, a lowering's masks and bounds) that normalisation never promotes to
+#: weights (:mod:`onnxgrad.normalize.constants`).
+STRUCTURAL_CONSTANT = "onnxgrad: structural constant"
+
 
 class GraphBuilder:
     """Adds nodes and initializers to ``graph`` (in place), every new name prefixed by
@@ -38,14 +43,16 @@ class GraphBuilder:
     def const(self, value: np.ndarray, base: str) -> str:
         """Append a ``Constant`` node holding ``value`` and return its output name.
 
-        Not an initializer: loss coefficients and axes must never be taken for weights
-        (:func:`onnxgrad.get_train_initializer` lists float initializers).
+        Not an initializer, and marked :data:`STRUCTURAL_CONSTANT`: loss coefficients, axes
+        and a lowering's masks must never be taken for weights.
         """
         name = self._values.unique(f"{self.prefix}_{base}")
         tensor = numpy_helper.from_array(np.asarray(value), name=name)
         node_name = self._nodes.unique(f"{self.prefix}_Constant")
         self.graph.node.append(
-            helper.make_node("Constant", [], [name], name=node_name, value=tensor)
+            helper.make_node(
+                "Constant", [], [name], name=node_name, value=tensor, doc_string=STRUCTURAL_CONSTANT
+            )
         )
         return name
 

@@ -17,7 +17,6 @@ from onnxgrad._onnx_utils import (
     np_dtype,
 )
 from onnxgrad.graph._differentiable import differentiable_values, model_opsets, value_elem_types
-from onnxgrad.graph.ml_lowering import lowered_if_needed
 
 
 def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, TensorProto]]:
@@ -33,12 +32,13 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     The arrays are writable copies; the TensorProtos belong to a private copy of the model,
     which is checked first (``ValueError`` naming the node or value at fault) and whose
     nodes are put in topological order.
-    A model with ``ai.onnx.ml`` operators (a converted scikit-learn model) is seen through
-    :func:`onnxgrad.lower_ml_operators`: its weights are the lowered model's initializers.
+    The model is seen through :func:`onnxgrad.normalize.normalized_model`: weights stored as
+    ``Constant`` nodes are initializers, and a converted scikit-learn model's weights are
+    those of its lowered form (:func:`onnxgrad.lower_ml_operators`).
     """
-    from onnxgrad._model_checks import checked_model
+    from onnxgrad.normalize import normalized_model  # it lowers with onnxgrad.graph
 
-    model = lowered_if_needed(checked_model(model), min_opset=0)
+    model = normalized_model(model)
     names = set(train_initializer_names(model))
     return {
         init.name: (numpy_helper.to_array(init).copy(), init)

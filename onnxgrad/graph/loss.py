@@ -9,10 +9,8 @@ from typing import Any
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
-from onnxgrad._model_checks import checked_model
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
-    MIN_OPSET,
     ModelLike,
     all_names,
     default_opset,
@@ -36,7 +34,6 @@ from onnxgrad.graph.loss_table import (
     check_reduction,
     resolve_loss,
 )
-from onnxgrad.graph.ml_lowering import lowered_if_needed
 from onnxgrad.graph.select import prune_graph
 
 
@@ -87,11 +84,13 @@ def add_loss_output(
     The other outputs, and the nodes only they needed, are dropped; the loss, label and
     weight names must be new to what remains (a classifier's ``label`` output does not
     collide with the default label name when the loss is put on its probabilities).
-    A model below default-domain opset 13, or with ``ai.onnx.ml`` operators, goes through
-    :func:`onnxgrad.lower_ml_operators` first (a ZipMap's probability tensor becomes the
+    The model is first made regular by :func:`onnxgrad.normalize.normalized_model` (opset
+    13 at least, ``ai.onnx.ml`` operators lowered: a ZipMap's probability tensor becomes the
     output ``probabilities``); the nodes are standard ONNX ops in the form the opset defines.
     """
-    model = lowered_if_needed(checked_model(model), min_opset=MIN_OPSET)
+    from onnxgrad.normalize import normalized_model  # it lowers with onnxgrad.graph
+
+    model = normalized_model(model)
     opset = default_opset(model)
     spec = resolve_loss(score_name)
     options = spec.checked_options(kwargs)

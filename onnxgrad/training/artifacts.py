@@ -32,6 +32,7 @@ from onnxgrad._files import save_model, write_atomically
 from onnxgrad._onnx_utils import ModelLike, load_model, np_dtype
 from onnxgrad.graph import get_train_initializer, replace_initializers_into_onnx
 from onnxgrad.graph.lora import lora_adapters, merge_lora
+from onnxgrad.normalize import normalized_model
 from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from onnxgrad.training.composition import LossModel, make_eval_step, make_train_step
 from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from_name
@@ -92,7 +93,7 @@ def generate_artifacts(
         another name for it)
     """
     directory = _directory(artifact_directory, folder)
-    model = load_model(model)
+    model = normalized_model(model)
     weights = _trained_weights(model, requires_grad, frozen_params)
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)

@@ -14,7 +14,6 @@ from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
-    MIN_OPSET,
     ModelLike,
     NameScope,
     all_names,
@@ -24,10 +23,10 @@ from onnxgrad._onnx_utils import (
     load_model,
     np_dtype,
 )
-from onnxgrad.derivative import DerivativeOptions, onnx_derivative
-from onnxgrad.derivative.api import graph_inputs
+from onnxgrad.derivative import DerivativeOptions
+from onnxgrad.derivative.api import derive_in_place, graph_inputs
 from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
-from onnxgrad.graph.ml_lowering import lowered_if_needed
+from onnxgrad.normalize import normalized_model
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
@@ -68,10 +67,11 @@ def make_loss_model(
         ``'label'``) and sample-weight input ``weight_name`` (optional).
     :param weights: the trained initializers (default: :func:`onnxgrad.get_train_initializer`).
 
-    A model with ``ai.onnx.ml`` operators or below opset 13 goes through
-    :func:`onnxgrad.lower_ml_operators` first.
+    The model is first made regular by :func:`onnxgrad.normalize.normalized_model`
+    (``ai.onnx.ml`` operators lowered, opset 13 at least, weights stored as constants
+    promoted to initializers).
     """
-    model = lowered_if_needed(load_model(model), min_opset=MIN_OPSET)
+    model = normalized_model(model)
     weights = resolve_weights(model, weights)
     features = tuple(graph_inputs(model))
     if loss is None:
@@ -136,7 +136,7 @@ def make_train_step(
         label_name=label_name,
         weight_name=weight_name,
     )
-    gradient = onnx_derivative(
+    gradient = derive_in_place(  # lm.model is private and already normalised
         lm.model,
         weights=list(lm.weights),
         inputs=[],

@@ -21,12 +21,13 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import first_float_output, load_model, np_dtype
+from onnxgrad._onnx_utils import first_float_output, np_dtype
 from onnxgrad.exceptions import ConvergenceError, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph._scores import n_classes_of
 from onnxgrad.graph.loss_table import PROBABILITIES
-from onnxgrad.graph.ml_lowering import lowered_if_needed, with_trained_weights
+from onnxgrad.graph.ml_lowering import with_trained_weights
+from onnxgrad.normalize import normalized_model
 from onnxgrad.training._inputs import (
     check_batch_axis,
     check_features,
@@ -166,7 +167,7 @@ class BaseOrtOptimizer(EstimatorMixin):
     def _fit(self, X, y, sample_weight, X_val, y_val, epochs, warm, stopping=None):
         self._check_params()
         stopping = self.early_stopping if stopping is None else stopping
-        model = lowered_if_needed(load_model(self.model_onnx))
+        model = normalized_model(self.model_onnx)
         device = check_device(self.device)
         graphs = self._graphs_for(model, sample_weight is not None)
         data = self._training_data(graphs, X, y, sample_weight)
@@ -512,7 +513,7 @@ class BaseOrtOptimizer(EstimatorMixin):
 
     def _rebuild(self) -> None:
         restore = self.__dict__.pop("_restore")
-        model = lowered_if_needed(load_model(self.model_onnx))
+        model = normalized_model(self.model_onnx)
         graphs = self._graphs_for(model, restore["with_weight"])
         graphs.learning_rate = restore["learning_rate"]
         step = self._train_step(model, graphs, self.device_)

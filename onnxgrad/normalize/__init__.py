@@ -1,0 +1,15 @@
+"""The model as the user has it, made regular once, at the entry.
+
+Models arrive as shipped: weights stored as ``Constant`` nodes, ``-1`` or unnamed dims,
+declared shapes that disagree with what the model computes, old opsets, ``ai.onnx.ml``
+operators. :func:`normalized_model` runs one pipeline of small passes
+(:data:`~onnxgrad.normalize.pipeline.PASSES`) that turns such a model into the regular form
+every later layer assumes; every public entry point (``info``, ``onnx_derivative``,
+``onnx_jvp``/``onnx_hvp``, ``add_loss_output``, ``get_train_initializer``, the estimators,
+``train``, ``artifacts``, ``generate_artifacts``) calls it once, and nothing below
+normalises again.
+"""
+
+from onnxgrad.normalize.pipeline import PASSES, Pass, normalize_in_place, normalized_model
+
+__all__ = ["PASSES", "Pass", "normalize_in_place", "normalized_model"]

@@ -1,0 +1,116 @@
+"""Weights stored as ``Constant`` nodes (paddle2onnx, spox...) become initializers.
+
+A float ``Constant`` is promoted when it holds a parameter: more than one element, or a
+single element read in a layer's parameter slot (a Conv or Gemm kernel or bias, a
+normalisation scale or bias, a recurrent weight, a PRelu slope). A scalar read elsewhere
+(an epsilon, a scale, a fill value) is a structural constant and stays a node. Constants
+inside subgraphs (``If`` branches, loop bodies) become initializers of the main graph, which
+every subgraph reads by outer scope. The constants onnxgrad's own rewrites emit are marked
+structural (:data:`~onnxgrad.graph._builder.STRUCTURAL_CONSTANT`) and stay nodes. Which
+initializers are trainable is decided later, by role (:func:`onnxgrad.get_train_initializer`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, subgraphs
+from onnxgrad.graph._builder import STRUCTURAL_CONSTANT
+
+#: ``(op_type, input index)`` of the default domain that hold a layer's parameters.
+PARAMETER_SLOTS = frozenset(
+    {
+        *(("Conv", i) for i in (1, 2)),
+        *(("ConvTranspose", i) for i in (1, 2)),
+        *(("Gemm", i) for i in (0, 1, 2)),
+        ("MatMul", 0),
+        ("MatMul", 1),
+        *(("BatchNormalization", i) for i in (1, 2)),
+        *(("InstanceNormalization", i) for i in (1, 2)),
+        *(("LayerNormalization", i) for i in (1, 2)),
+        *(("GroupNormalization", i) for i in (1, 2)),
+        ("RMSNormalization", 1),
+        *((op, i) for op in ("LSTM", "GRU", "RNN") for i in (1, 2, 3)),
+        ("PRelu", 1),
+    }
+)
+
+
+def promote_constant_weights(model: ModelProto) -> ModelProto:
+    """Move the float ``Constant`` nodes that hold parameters (see the module docstring) to
+    initializers of the main graph, same names and values."""
+    counts = _name_counts(model.graph)
+    slots = _parameter_reads(model.graph)
+    promoted = []
+    for graph in _graphs(model.graph):
+        kept = []
+        for node in graph.node:
+            tensor = _float_constant(node)
+            name = node.output[0] if len(node.output) == 1 else ""
+            if tensor is None or counts[name] != 1 or not _is_parameter(tensor, name, slots):
+                kept.append(node)
+                continue
+            tensor.name = name
+            promoted.append(tensor)
+        if len(kept) != len(graph.node):
+            del graph.node[:]
+            graph.node.extend(kept)
+    model.graph.initializer.extend(promoted)
+    return model
+
+
+def _graphs(graph: GraphProto):
+    yield graph
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from _graphs(sub)
+
+
+def _float_constant(node: NodeProto) -> TensorProto | None:
+    """The value of a default-domain float ``Constant`` node, as a new tensor, or ``None``."""
+    if node.op_type != "Constant" or normalize_domain(node.domain) or len(node.attribute) != 1:
+        return None
+    if node.doc_string == STRUCTURAL_CONSTANT:
+        return None
+    attribute = node.attribute[0]
+    if attribute.name == "value" and attribute.t.data_type in FLOAT_TYPES:
+        tensor = TensorProto()
+        tensor.CopyFrom(attribute.t)
+        return tensor
+    if attribute.name == "value_floats":
+        return numpy_helper.from_array(np.array(attribute.floats, dtype=np.float32))
+    if attribute.name == "value_float":
+        return helper.make_tensor("", TensorProto.FLOAT, [], [attribute.f])
+    return None
+
+
+def _is_parameter(tensor: TensorProto, name: str, slots: set[str]) -> bool:
+    size = int(np.prod(tensor.dims)) if tensor.dims else 1
+    return size > 1 or name in slots
+
+
+def _parameter_reads(graph: GraphProto) -> set[str]:
+    """Names read in a :data:`PARAMETER_SLOTS` slot anywhere in the model."""
+    names = set()
+    for g in _graphs(graph):
+        for node in g.node:
+            if normalize_domain(node.domain):
+                continue
+            for index, name in enumerate(node.input):
+                if name and (node.op_type, index) in PARAMETER_SLOTS:
+                    names.add(name)
+    return names
+
+
+def _name_counts(graph: GraphProto) -> Counter:
+    """How many times each name is defined across the model (a promoted name must be
+    unique, or moving it to the main graph would change what a subgraph reads)."""
+    counts: Counter = Counter()
+    for g in _graphs(graph):
+        counts.update(i.name for i in g.input)
+        counts.update(i.name for i in g.initializer)
+        counts.update(o for node in g.node for o in node.output if o)
+    return counts

@@ -1,0 +1,61 @@
+"""The normalisation pipeline: an ordered list of small passes run once at every entry.
+
+Each :class:`Pass` is a function ``ModelProto -> ModelProto`` that may rewrite its argument
+(the pipeline hands it a private copy) and returns the model for the next pass; it leaves
+a model that needs nothing from it as it is, so normalising twice gives the same model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from onnx import ModelProto
+
+from onnxgrad._onnx_utils import ModelLike, load_model
+from onnxgrad.normalize import constants, dims, opsets, shapes, structure
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One step of the pipeline: ``run`` requires what the passes before it ensure."""
+
+    name: str
+    run: Callable[[ModelProto], ModelProto]
+    ensures: str
+
+
+PASSES: tuple[Pass, ...] = (
+    Pass("dynamic_dims", dims.dynamic_dims, "no negative declared dimension (-1 is dynamic)"),
+    Pass(
+        "structure",
+        structure.checked_structure,
+        "domains imported, every value produced once, nodes in topological order, "
+        "onnx's checker passes",
+    ),
+    Pass(
+        "constant_weights",
+        constants.promote_constant_weights,
+        "float weights stored as Constant nodes are initializers",
+    ),
+    Pass("opset", opsets.rules_opset, f"default-domain opset >= {opsets.RULES_OPSET}"),
+    Pass("ml_lowering", opsets.lowered_ml, "no lowerable ai.onnx.ml operator"),
+    Pass(
+        "declared_shapes",
+        shapes.reconciled_shapes,
+        "declared output and value shapes agree with onnx's shape inference",
+    ),
+)
+
+
+def normalized_model(model: ModelLike) -> ModelProto:
+    """A private copy of ``model`` (a ModelProto or a path) made regular by :data:`PASSES`;
+    ``ValueError`` names what makes it unusable (node, value, opset)."""
+    return normalize_in_place(load_model(model))
+
+
+def normalize_in_place(model: ModelProto) -> ModelProto:
+    """:func:`normalized_model` of a model the caller already owns (it may be rewritten)."""
+    for step in PASSES:
+        model = step.run(model)
+    return model
