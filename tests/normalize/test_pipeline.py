@@ -1,0 +1,184 @@
+"""The normalisation pipeline on models written as shipped files are, each checked against
+central finite differences of the ORIGINAL model (float64, reference evaluator) and by
+training with the generated artifacts in plain onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from onnxgrad import generate_artifacts, get_train_initializer, onnx_derivative
+from onnxgrad.normalize import PASSES, normalized_model
+from onnxgrad.training.composition import make_train_step
+from onnxgrad.training.losses import SquareLearningLoss
+from tests.cli.helpers import run_in_process, save
+from tests.derivative.fd import onnx_function
+from tests.normalize import models
+
+RNG = np.random.default_rng(0)
+EPS = 1e-5
+
+
+def _constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    from onnxgrad._onnx_utils import subgraphs
+
+    values = {}
+
+    def visit(graph) -> None:
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute[0].name == "value":
+                values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+            for sub in subgraphs(node):
+                visit(sub)
+
+    visit(model.graph)
+    return values
+
+
+def _directional_fd(model, feeds, seeds, moved: str, direction) -> float:
+    """``d/dt sum_k <g_k, y_k>`` along ``direction`` of the input, initializer or Constant
+    ``moved`` of the original model."""
+
+    def objective(t: float) -> float:
+        point = dict(feeds)
+        m = model
+        initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        if moved in feeds or moved in initializers:
+            base = feeds[moved] if moved in feeds else initializers[moved]
+            point[moved] = base.astype(np.float64) + t * direction
+        else:
+            value = _constant_values(model)[moved].astype(np.float64) + t * direction
+            m = models.with_constant_value(model, moved, value)
+        outputs = onnx_function(m)(point)
+        return sum(float(np.sum(g * y)) for g, y in zip(seeds, outputs))
+
+    return (objective(EPS) - objective(-EPS)) / (2 * EPS)
+
+
+def _gradients(model, feeds, seeds, weights) -> dict[str, np.ndarray]:
+    """The native gradient graph of ``model`` run on onnxruntime: ``{name: gradient}``."""
+    gradient = onnx_derivative(model)
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    run_feeds = dict(feeds)
+    run_feeds.update(weights)
+    for output, seed in zip(model.graph.output, seeds):
+        run_feeds[f"{output.name}_grad"] = seed.astype(np.float32)
+    wanted = {i.name for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    values = session.run(names, {k: v for k, v in run_feeds.items() if k in wanted})
+    return {n[: -len("_grad")]: v for n, v in zip(names, values) if n.endswith("_grad")}
+
+
+def _check_against_fd(model, feeds, seeds, names) -> None:
+    weights = {k: v for k, (v, _) in get_train_initializer(model).items()}
+    grads = _gradients(model, feeds, seeds, weights)
+    for name in names:
+        point = feeds.get(name, weights.get(name))
+        direction = RNG.normal(size=point.shape)
+        expected = _directional_fd(model, feeds, seeds, name, direction)
+        got = float(np.sum(grads[name].astype(np.float64) * direction))
+        np.testing.assert_allclose(got, expected, rtol=2e-3, atol=1e-4, err_msg=name)
+
+
+def test_passes_are_named_and_say_what_they_ensure():
+    names = [p.name for p in PASSES]
+    assert len(names) == len(set(names)) and all(p.ensures for p in PASSES)
+
+
+def test_constant_weights_and_dynamic_dims_of_a_paddle_like_model():
+    """Class 1 and 2 of issue 19: weights stored as Constants are found and differentiated,
+    the ``-1`` dims are dynamic, the scalar 0.5 and the int64 shape stay constants."""
+    model = models.paddle_like()
+    before = model.SerializeToString()
+    weights = get_train_initializer(model)
+    assert sorted(weights) == ["conv_b", "conv_w", "fc_b", "fc_w"]
+    x = RNG.normal(size=(2, 3, 5, 5)).astype(np.float32)
+    seeds = [RNG.normal(size=(2, 2))]
+    _check_against_fd(model, {"x": x}, seeds, ["x", "conv_w", "conv_b", "fc_w", "fc_b"])
+    normal = normalized_model(model)
+    assert [n.output[0] for n in normal.graph.node if n.op_type == "Constant"] == ["half", "shape"]
+    dims = normal.graph.input[0].type.tensor_type.shape.dim
+    assert not any(d.HasField("dim_value") and d.dim_value < 0 for d in dims)
+    assert model.SerializeToString() == before
+
+
+def test_normalising_twice_changes_nothing():
+    for build in (models.paddle_like, models.weights_in_branches, models.resize_opset11):
+        once = normalized_model(build())
+        twice = normalized_model(once)
+        assert twice.SerializeToString() == once.SerializeToString(), build.__name__
+
+
+def test_weights_inside_if_branches_are_promoted_and_differentiated():
+    model = models.weights_in_branches()
+    assert sorted(get_train_initializer(model)) == ["w_else", "w_then"]
+    x = RNG.normal(size=(2, 3)).astype(np.float32)
+    for flag, taken in ((True, "w_then"), (False, "w_else")):
+        feeds = {"x": x, "flag": np.array(flag)}
+        _check_against_fd(model, feeds, [RNG.normal(size=(2, 3))], ["x", taken])
+
+
+def test_a_wrong_declared_output_rank_is_replaced_by_the_computed_one():
+    """Class 2: the train step's label takes the computed shape ``[N, 2]``, not the
+    declared ``[N]``, and onnxruntime runs the step."""
+    model = models.wrong_output_rank()
+    normal = normalized_model(model)
+    dims = normal.graph.output[0].type.tensor_type.shape.dim
+    assert len(dims) == 2 and dims[1].dim_value == 2
+    step = make_train_step(model, loss=SquareLearningLoss(reduction="sum"))
+    session = ort.InferenceSession(
+        step.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    label = next(i for i in session.get_inputs() if i.name == step.label)
+    assert len(label.shape) == 2
+    x = RNG.normal(size=(5, 3)).astype(np.float32)
+    feeds = {step.features[0]: x, step.label: np.zeros((5, 2), np.float32)}
+    feeds.update(step.weight_inputs({k: v for k, (v, _) in get_train_initializer(model).items()}))
+    feeds.update(step.state_inputs(step.initial_state()))
+    feeds["learning_rate"] = np.array(0.01, np.float32)
+    wanted = {i.name for i in session.get_inputs()}
+    loss = session.run([step.loss], {k: v for k, v in feeds.items() if k in wanted})[0]
+    W = numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_allclose(loss, np.sum((x @ W) ** 2), rtol=1e-4)
+
+
+@pytest.mark.parametrize("build", [models.resize_opset11, models.lstm_opset12])
+def test_every_entry_point_agrees_on_old_opsets(build, tmp_path):
+    """Class 3: onnx_derivative, info and generate_artifacts take the same model the same
+    way (Resize-11 and an opset-12 LSTM, refused by some entry points before)."""
+    model = build()
+    x_shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = RNG.normal(size=x_shape).astype(np.float32)
+    out = model.graph.output[0].type.tensor_type.shape.dim
+    seeds = [RNG.normal(size=[d.dim_value for d in out])]
+    weights = sorted(get_train_initializer(model))
+    _check_against_fd(model, {"x": x}, seeds, ["x", *weights])
+    save(model, tmp_path / "model.onnx")
+    info = run_in_process("info", "model.onnx", cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    assert "nothing: the gradient and the train step build" in info.stdout
+    artifacts = generate_artifacts(model, artifact_directory=tmp_path / "art", optimizer="sgd")
+    assert set(artifacts.train_step.weights) == set(weights)
+
+
+def test_info_names_what_stops_the_build(tmp_path):
+    """info's dry build: an op without a rule is named, and the section never says
+    'nothing' when the gradient cannot be built."""
+    model = models.paddle_like()
+    model.graph.node[-1].domain = "com.example"
+    model.graph.node[-1].op_type = "Frobnicate"
+    model.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
+    save(model, tmp_path / "custom.onnx")
+    result = run_in_process("info", "custom.onnx", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    stops = result.stdout.split("what stops differentiation or training")[1]
+    assert "com.example::Frobnicate" in stops and "gradient: NotImplementedError" in stops
+    assert "nothing:" not in stops
+    save(models.paddle_like(), tmp_path / "paddle.onnx")
+    result = run_in_process("info", "paddle.onnx", cwd=tmp_path)
+    assert "trainable initializers (4," in result.stdout
+    assert "declares a negative dimension" not in result.stdout + result.stderr
+    assert "nothing: the gradient and the train step build" in result.stdout
