@@ -19,7 +19,7 @@ from pathlib import Path
 from onnx import ModelProto, TensorProto
 from onnx.numpy_helper import to_array
 
-from onnxgrad._model_checks import tensor_nbytes
+from onnxgrad._onnx_utils import tensor_nbytes
 
 #: Permissions of a new file before the umask, as ``open`` gives them.
 NEW_FILE_MODE = 0o666

@@ -1,53 +1,26 @@
-"""Input models checked up front, and weightless views of big models.
+"""Structural checks of input models, run by the first passes of :mod:`onnxgrad.normalize`.
 
-Every public entry point (``onnx_derivative``, ``add_loss_output``, ``get_train_initializer``,
-the command) works on :func:`checked_model`: a private copy whose nodes are in topological
-order (onnxruntime runs unsorted graphs, so they are sorted, never differentiated as they
-are) and which onnx's checker accepts. A broken model is a ``ValueError`` naming the node or
-value at fault: a node in a domain the model does not import, a value read but never
-produced (a missing initializer), a value produced twice, a cycle, a negative initializer
-dimension.
-
-Shape inference and the checker serialise the model, which protobuf refuses past 2 GiB and
-which copies every weight: :func:`weightless_view` gives them the graph with its big
-initializers declared as inputs instead (same names, types and shapes, no data).
+Nodes are put in topological order (onnxruntime runs unsorted graphs, so they are sorted,
+never differentiated as they are) and onnx's checker must accept the model. A broken model
+is a ``ValueError`` naming the node or value at fault: a node in a domain the model does
+not import, a value read but never produced (a missing initializer), a value produced
+twice, a cycle, a negative initializer dimension. The checker runs on a weightless view
+(:func:`onnxgrad._onnx_utils.weightless_view`): no weight is copied.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterable
 
 import onnx
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto
+from onnx import GraphProto, ModelProto, NodeProto
 
 from onnxgrad._onnx_utils import (
-    ModelLike,
-    load_model,
     normalize_domain,
-    np_dtype,
     subgraphs,
-    supported_ir_version,
+    weightless_view,
 )
-
-#: Initializers larger than this (in bytes) are left out of weightless views.
-WEIGHTLESS_THRESHOLD = 4096
-#: protobuf refuses to serialise a message of 2 GiB or more.
-PROTOBUF_LIMIT = 2**31
-
-
-def checked_model(model: ModelLike) -> ModelProto:
-    """A private copy of ``model``, checked and with its nodes in topological order."""
-    model = load_model(model)
-    check_in_place(model)
-    return model
-
-
-def check_in_place(model: ModelProto) -> None:
-    """:func:`checked_model` on a model already private: sorted in place."""
-    check_structure(model)
-    check_with_onnx(model)
 
 
 def check_structure(model: ModelProto) -> None:
@@ -70,60 +43,6 @@ def check_with_onnx(model: ModelProto) -> None:
     except onnx.checker.ValidationError as exc:
         message = " ".join(str(exc).split())
         raise ValueError(f"the model is not a valid ONNX model: {message}") from None
-
-
-def weightless_view(model: ModelProto) -> ModelProto:
-    """A copy of ``model`` whose big initializers are graph inputs of the same type and
-    shape: shape inference and the checker give the same answers at a fraction of the
-    cost, past protobuf's 2 GiB limit too. Small ones (shapes, axes) stay: inference reads
-    their values."""
-    view = ModelProto()
-    for field, value in model.ListFields():
-        if field.name != "graph":
-            _copy_field(view, field, value)
-    graph = model.graph
-    for field, value in graph.ListFields():
-        if field.name != "initializer":
-            _copy_field(view.graph, field, value)
-    declared = {i.name for i in graph.input}
-    for init in graph.initializer:
-        if tensor_nbytes(init) <= WEIGHTLESS_THRESHOLD and not _is_external(init):
-            view.graph.initializer.add().CopyFrom(init)
-        elif init.name not in declared:
-            view.graph.input.append(
-                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
-    view.ir_version = supported_ir_version(model)
-    return view
-
-
-def _copy_field(target, field, value) -> None:
-    if hasattr(value, "extend"):
-        getattr(target, field.name).extend(value)
-    elif hasattr(value, "CopyFrom"):
-        getattr(target, field.name).CopyFrom(value)
-    else:
-        setattr(target, field.name, value)
-
-
-def tensor_nbytes(tensor: TensorProto) -> int:
-    """The size of a tensor's data (0 for strings and unknown types)."""
-    if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
-        return 0
-    try:
-        itemsize = np_dtype(tensor.data_type).itemsize
-    except (KeyError, TypeError, ValueError):
-        return 0
-    return math.prod(tensor.dims) * itemsize
-
-
-def _is_external(tensor: TensorProto) -> bool:
-    return tensor.data_location == TensorProto.EXTERNAL
-
-
-def weights_nbytes(model: ModelProto) -> int:
-    """Bytes held by the initializers of the main graph."""
-    return sum(tensor_nbytes(init) for init in model.graph.initializer)
 
 
 def describe_node(node: NodeProto, index: int) -> str:

@@ -2,10 +2,15 @@
 
 Public functions accept an ``onnx.ModelProto`` or a path; they work on a copy and return
 models whose IR version onnxruntime-training 1.19.2 accepts (``<= MAX_IR_VERSION``).
+
+Shape inference and the checker serialise the model, which protobuf refuses past 2 GiB and
+which copies every weight: :func:`weightless_view` gives them the graph with its big
+initializers declared as inputs instead (same names, types and shapes, no data).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 
@@ -92,8 +97,6 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     """
     model.ir_version = supported_ir_version(model)
     if check:
-        from onnxgrad._model_checks import weightless_view
-
         onnx.checker.check_model(weightless_view(model), full_check=True)
     return model
 
@@ -226,3 +229,56 @@ def real_inputs(model: ModelProto) -> list[onnx.ValueInfoProto]:
     """The graph inputs a caller feeds: old exports also list initializers among them."""
     initializers = {init.name for init in model.graph.initializer}
     return [i for i in model.graph.input if i.name not in initializers]
+
+
+#: Initializers larger than this (in bytes) are left out of weightless views.
+WEIGHTLESS_THRESHOLD = 4096
+
+
+def weightless_view(model: ModelProto) -> ModelProto:
+    """A copy of ``model`` whose big initializers are graph inputs of the same type and
+    shape: shape inference and the checker give the same answers at a fraction of the
+    cost, past protobuf's 2 GiB limit too. Small ones (shapes, axes) stay: inference reads
+    their values."""
+    view = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(view, field, value)
+    graph = model.graph
+    for field, value in graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(view.graph, field, value)
+    declared = {i.name for i in graph.input}
+    for init in graph.initializer:
+        if tensor_nbytes(init) <= WEIGHTLESS_THRESHOLD and not _is_external(init):
+            view.graph.initializer.add().CopyFrom(init)
+        elif init.name not in declared:
+            view.graph.input.append(
+                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    view.ir_version = supported_ir_version(model)
+    return view
+
+
+def _copy_field(target, field, value) -> None:
+    if hasattr(value, "extend"):
+        getattr(target, field.name).extend(value)
+    elif hasattr(value, "CopyFrom"):
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
+
+
+def tensor_nbytes(tensor: TensorProto) -> int:
+    """The size of a tensor's data (0 for strings and unknown types)."""
+    if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return 0
+    try:
+        itemsize = np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return math.prod(tensor.dims) * itemsize
+
+
+def _is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL

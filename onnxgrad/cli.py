@@ -82,8 +82,15 @@ def _import_libraries() -> None:
     from onnx.shape_inference import InferenceError
 
     from onnxgrad._files import save_model, write_atomically, write_bytes
-    from onnxgrad._model_checks import check_structure, weightless_view
-    from onnxgrad._onnx_utils import FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
+    from onnxgrad._model_checks import check_structure
+    from onnxgrad._onnx_utils import (
+        FLOAT_TYPES,
+        load_model,
+        np_dtype,
+        real_inputs,
+        subgraphs,
+        weightless_view,
+    )
     from onnxgrad._runtime import import_onnxruntime, set_logger_severity
     from onnxgrad.derivative import DerivativeOptions, onnx_derivative
     from onnxgrad.derivative.api import derive_in_place

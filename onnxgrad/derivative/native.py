@@ -33,6 +33,7 @@ from onnxgrad.derivative.autodiff.value_types import (
     value_info,
 )
 from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.graph._builder import mark_structural_constants
 from onnxgrad.graph.select import prune_graph
 
 
@@ -66,6 +67,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
+    mark_structural_constants(model.graph)
     return finalize_model(model)
 
 

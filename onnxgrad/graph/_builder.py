@@ -14,6 +14,16 @@ from onnxgrad.graph._scopes import iter_graphs
 STRUCTURAL_CONSTANT = "onnxgrad: structural constant"
 
 
+def mark_structural_constants(graph: GraphProto) -> None:
+    """Mark every ``Constant`` node of ``graph`` and its subgraphs :data:`STRUCTURAL_CONSTANT`
+    (in place): a graph onnxgrad built (a gradient) holds no weight in a Constant node, so
+    normalising it again never promotes one."""
+    for g in iter_graphs(graph):
+        for node in g.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                node.doc_string = STRUCTURAL_CONSTANT
+
+
 class GraphBuilder:
     """Adds nodes and initializers to ``graph`` (in place), every new name prefixed by
     ``prefix`` and unique across the graph and its subgraphs."""

@@ -56,7 +56,7 @@ def model_opsets(model: ModelProto) -> dict[str, int]:
 
 def value_elem_types(model: ModelProto) -> dict[str, int]:
     """Element type of every value shape inference can type, subgraphs included."""
-    from onnxgrad._model_checks import weightless_view
+    from onnxgrad._onnx_utils import weightless_view
 
     try:
         inferred = onnx.shape_inference.infer_shapes(weightless_view(model))

@@ -1,9 +1,11 @@
 """Weights stored as ``Constant`` nodes (paddle2onnx, spox...) become initializers.
 
-A float ``Constant`` is promoted when it holds a parameter: more than one element, or a
-single element read in a layer's parameter slot (a Conv or Gemm kernel or bias, a
-normalisation scale or bias, a recurrent weight, a PRelu slope). A scalar read elsewhere
-(an epsilon, a scale, a fill value) is a structural constant and stays a node. Constants
+A float ``Constant`` is promoted when it holds a parameter: it reaches an output through
+inputs the op schemas mark differentiable (:mod:`onnxgrad.graph._differentiable`: not a
+Resize scale, a Clip bound, a Pad value...) and it has more than one element or is read
+in a layer's parameter slot (a Conv or Gemm kernel or bias, a normalisation scale or bias,
+a recurrent weight, a PRelu slope). A scalar read elsewhere (an epsilon, a scale, a fill
+value) is a structural constant and stays a node. Constants
 inside subgraphs (``If`` branches, loop bodies) become initializers of the main graph, which
 every subgraph reads by outer scope. The constants onnxgrad's own rewrites emit are marked
 structural (:data:`~onnxgrad.graph._builder.STRUCTURAL_CONSTANT`) and stay nodes. Which
@@ -19,6 +21,7 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_h
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, subgraphs
 from onnxgrad.graph._builder import STRUCTURAL_CONSTANT
+from onnxgrad.graph._differentiable import differentiable_values, model_opsets
 
 #: ``(op_type, input index)`` of the default domain that hold a layer's parameters.
 PARAMETER_SLOTS = frozenset(
@@ -44,13 +47,16 @@ def promote_constant_weights(model: ModelProto) -> ModelProto:
     initializers of the main graph, same names and values."""
     counts = _name_counts(model.graph)
     slots = _parameter_reads(model.graph)
+    opsets = model_opsets(model)
+    live = set().union(*(differentiable_values(g, opsets, {}) for g in _graphs(model.graph)))
     promoted = []
     for graph in _graphs(model.graph):
         kept = []
         for node in graph.node:
             tensor = _float_constant(node)
             name = node.output[0] if len(node.output) == 1 else ""
-            if tensor is None or counts[name] != 1 or not _is_parameter(tensor, name, slots):
+            parameter = name in live and _is_parameter(tensor, name, slots)
+            if tensor is None or counts[name] != 1 or not parameter:
                 kept.append(node)
                 continue
             tensor.name = name
@@ -87,7 +93,9 @@ def _float_constant(node: NodeProto) -> TensorProto | None:
     return None
 
 
-def _is_parameter(tensor: TensorProto, name: str, slots: set[str]) -> bool:
+def _is_parameter(tensor: TensorProto | None, name: str, slots: set[str]) -> bool:
+    if tensor is None:
+        return False
     size = int(np.prod(tensor.dims)) if tensor.dims else 1
     return size > 1 or name in slots
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import onnx
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
-from onnxgrad._model_checks import weightless_view
+from onnxgrad._onnx_utils import weightless_view
 
 
 def reconciled_shapes(model: ModelProto) -> ModelProto:

@@ -82,6 +82,9 @@ class GraphEmitter:
         self._constants: dict[tuple, str] = {}
         self._constant_tensors: MutableMapping[str, TensorProto] = dict(constants or {})
         self._constant_values: MutableMapping[str, np.ndarray] = {}
+        #: ``(graph, emitter) -> engine`` for subgraphs, set by the engine that owns this
+        #: emitter (the engine imports this module, not the other way round)
+        self.subgraph_engine = None
 
     def child(self) -> GraphEmitter:
         """An emitter for a subgraph: its own nodes, the same value and node names, and its
@@ -101,6 +104,7 @@ class GraphEmitter:
         )
         child._constant_tensors = ChainMap({}, self._constant_tensors)
         child._constant_values = ChainMap({}, self._constant_values)
+        child.subgraph_engine = self.subgraph_engine
         return child
 
     @property
@@ -201,12 +205,10 @@ class GradBuilder:
     ) -> tuple[list[NodeProto], dict[str, str | None]]:
         """Backward nodes of a subgraph: ``{source: gradient}`` for outer-scope ``sources``
         given gradients ``seeds`` of its outputs (outer-scope names too)."""
-        from onnxgrad.derivative.autodiff.engine import Engine
-
         emitter = self._emitter.child()
         emitter.add_constants(constant_tensors(graph, ()))
         infer_subgraph_types(graph, emitter.types, self.opset, emitter.constants)
-        engine = Engine(graph, emitter)
+        engine = self._emitter.subgraph_engine(graph, emitter)
         gradients = engine.gradients(sources, seeds)
         return engine.emitted_nodes, gradients
 

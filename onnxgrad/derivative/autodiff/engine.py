@@ -34,6 +34,7 @@ class Engine:
 
     def __init__(self, graph: GraphProto, emitter: GraphEmitter):
         self.nodes = list(graph.node)
+        emitter.subgraph_engine = Engine  # rules differentiate bodies and branches with it
         self.emitter = emitter
         self.opset = emitter.opset
         self.types = emitter.types

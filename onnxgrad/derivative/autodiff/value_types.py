@@ -17,8 +17,13 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
-from onnxgrad._model_checks import weightless_view
-from onnxgrad._onnx_utils import MAX_IR_VERSION, NameScope, all_names, normalize_domain
+from onnxgrad._onnx_utils import (
+    MAX_IR_VERSION,
+    NameScope,
+    all_names,
+    normalize_domain,
+    weightless_view,
+)
 from onnxgrad.graph._scopes import free_names, node_inputs
 
 

@@ -241,7 +241,8 @@ def second_order(case: OpCase, **changes) -> OpCase:
     for several outputs; integer outputs get zero gradients, as constants), its outputs the
     gradients; checking it against finite differences checks the second derivatives
     (Hessian-vector products), and that every op the rule emits has a rule itself. The
-    gradient graph is built once in float64, so onnxruntime's float32 run is skipped.
+    gradient graph is built once in float64, so onnxruntime's float32 run is skipped. Its
+    opset is the gradient's (a model below opset 13 is raised to it by normalisation).
     """
     model, feeds = case_model(case, np.float64)
     names = ["z"] if case.n_outputs == 1 else [f"z{k}" for k in range(case.n_outputs)]
@@ -270,6 +271,7 @@ def second_order(case: OpCase, **changes) -> OpCase:
         n_outputs=len(wrt),
         graph=graph,
         check_ort=False,
+        opset=next(o.version for o in gradient.opset_import if o.domain in ("", "ai.onnx")),
         id=f"{case.id}-second-order",
         **changes,
     )
