@@ -18,6 +18,7 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad import _files
+from onnxgrad._arrays import c_contiguous
 from onnxgrad._onnx_utils import default_opset, np_dtype
 from onnxgrad.training._inputs import check_tensor, host_array
 from onnxgrad.training.composition import with_batch_indices
@@ -112,7 +113,7 @@ class StepBuffers:
             if self.device.kind == "cpu":
                 np.copyto(self.host[name], value, casting="same_kind")
             else:
-                array = np.ascontiguousarray(value, dtype=self.dtypes[name])
+                array = c_contiguous(value, dtype=self.dtypes[name])
                 self.values[name].update_inplace(array)
 
 
