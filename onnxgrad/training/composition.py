@@ -30,6 +30,7 @@ from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
 from onnxgrad.graph.ml_lowering import lowered_if_needed
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
+from onnxgrad.training._weights import no_weight_error, weights_reaching
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
@@ -66,18 +67,21 @@ def make_loss_model(
         when ``weight_name`` is given, per-sample weights. ``None``: the model already ends
         in a loss output ``loss_output_name`` with label input ``label_name`` (default
         ``'label'``) and sample-weight input ``weight_name`` (optional).
-    :param weights: the trained initializers (default: :func:`onnxgrad.get_train_initializer`).
+    :param weights: the trained initializers (default: the weights of
+        :func:`onnxgrad.get_train_initializer` that reach the loss's output).
 
     A model with ``ai.onnx.ml`` operators or below opset 13 goes through
     :func:`onnxgrad.lower_ml_operators` first.
     """
     model = lowered_if_needed(load_model(model), min_opset=MIN_OPSET)
+    named = weights is not None
     weights = resolve_weights(model, weights)
     features = tuple(graph_inputs(model))
     if loss is None:
         label = label_name or "label"
         result = _existing_loss(model, loss_output_name, label, weight_name)
         features = tuple(n for n in features if n not in (label, weight_name))
+        output = loss_output_name
     else:
         if not isinstance(loss, BaseLearningLoss):
             raise TypeError(f"loss must be a learning loss object or None, got {loss!r}")
@@ -86,6 +90,8 @@ def make_loss_model(
         loss_name = used.unique(loss_output_name)
         output = output or _first_float_output(model)
         result = loss.build(model, output, loss_name, label, weight_name)
+    if not named:
+        weights = weights_reaching(model, output, weights)
     _check_weight_types(result, weights)
     _share_batch_dim(result, [*features, label, weight_name])
     if penalty is not None:
@@ -233,11 +239,12 @@ def with_batch_indices(step: TrainStep, indices_name: str = "batch_indices") -> 
 
 
 def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[str, ...]:
-    """The weights to train: checked names, or every weight of ``get_train_initializer``."""
+    """The weights to train: checked names, or every weight of ``get_train_initializer``
+    (:func:`make_loss_model` keeps those that reach the loss)."""
     if weights is None:
         found = tuple(get_train_initializer(model))
         if not found:
-            raise ValueError("the model has no float initializer to train")
+            raise no_weight_error(model)
         return found
     if isinstance(weights, str):
         raise TypeError(f"weights must be a list of names, not the string {weights!r}")
