@@ -47,6 +47,7 @@ class LossModel(DataRoles):
     sample_weight: str | None
     loss: str
     weights: tuple[str, ...]
+    fixed: tuple[str, ...] = ()
 
 
 def make_loss_model(
@@ -59,6 +60,7 @@ def make_loss_model(
     loss_output_name: str = "loss",
     label_name: str | None = None,
     weight_name: str | None = None,
+    fixed_inputs: Sequence[str] = (),
 ) -> LossModel:
     """``model`` with one scalar output: the mean training loss, plus ``penalty``.
 
@@ -69,6 +71,8 @@ def make_loss_model(
         ``'label'``) and sample-weight input ``weight_name`` (optional).
     :param weights: the trained initializers (default: the weights of
         :func:`onnxgrad.get_train_initializer` that reach the loss's output).
+    :param fixed_inputs: inputs fed one value for every batch rather than one row per
+        observation (:attr:`LossModel.fixed`; the other inputs are the features).
 
     A model with ``ai.onnx.ml`` operators or below opset 13 goes through
     :func:`onnxgrad.lower_ml_operators` first.
@@ -92,6 +96,8 @@ def make_loss_model(
         result = loss.build(model, output, loss_name, label, weight_name)
     if not named:
         weights = weights_reaching(model, output, weights)
+    fixed = _fixed_inputs(features, fixed_inputs)
+    features = tuple(n for n in features if n not in fixed)
     _check_weight_types(result, weights)
     _share_batch_dim(result, [*features, label, weight_name])
     if penalty is not None:
@@ -103,6 +109,7 @@ def make_loss_model(
         sample_weight=weight_name,
         loss=result.graph.output[0].name,
         weights=weights,
+        fixed=fixed,
     )
 
 
@@ -119,6 +126,7 @@ def make_train_step(
     weight_name: str | None = None,
     backend: str = "onnx",
     layout: str = "per_weight",
+    fixed_inputs: Sequence[str] = (),
 ) -> TrainStep:
     """One ONNX graph running a whole optimisation step on a batch.
 
@@ -141,6 +149,7 @@ def make_train_step(
         loss_output_name=loss_output_name,
         label_name=label_name,
         weight_name=weight_name,
+        fixed_inputs=fixed_inputs,
     )
     gradient = onnx_derivative(
         lm.model,
@@ -151,7 +160,12 @@ def make_train_step(
         label=lm.label,
         backend=backend,
     )
-    roles = {"features": lm.features, "label": lm.label, "sample_weight": lm.sample_weight}
+    roles = {
+        "features": lm.features,
+        "label": lm.label,
+        "sample_weight": lm.sample_weight,
+        "fixed": lm.fixed,
+    }
     return append_update(gradient, roles, lm.weights, learning_rate, layout)
 
 
@@ -165,6 +179,7 @@ def make_eval_step(
     label_name: str | None = None,
     weight_name: str | None = None,
     penalty: BaseLearningPenalty | None = None,
+    fixed_inputs: Sequence[str] = (),
 ) -> LossModel:
     """The mean loss on a batch (plus ``penalty``, none by default), without update; the
     weights are inputs."""
@@ -177,6 +192,7 @@ def make_eval_step(
         loss_output_name=loss_output_name,
         label_name=label_name,
         weight_name=weight_name,
+        fixed_inputs=fixed_inputs,
     )
     return LossModel(
         weights_as_inputs(lm.model, lm.weights),
@@ -185,6 +201,7 @@ def make_eval_step(
         lm.sample_weight,
         lm.loss,
         lm.weights,
+        lm.fixed,
     )
 
 
@@ -264,6 +281,18 @@ def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[s
     if not_float:
         raise ValueError(f"weights {not_float} are not float tensors and cannot be trained")
     return names
+
+
+def _fixed_inputs(features: Sequence[str], fixed: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(fixed, str):
+        raise TypeError(f"fixed_inputs must be a list of names, not the string {fixed!r}")
+    unknown = [n for n in fixed if n not in features]
+    if unknown:
+        raise ValueError(f"fixed inputs {unknown} are not data inputs of the model {features}")
+    fixed = tuple(fixed)
+    if len(fixed) == len(features):
+        raise ValueError(f"every data input {list(features)} is fixed: no input takes rows")
+    return fixed
 
 
 def _share_batch_dim(model: ModelProto, names: Sequence[str | None]) -> None:
