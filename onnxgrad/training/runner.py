@@ -219,8 +219,12 @@ class _EpochBindings:
                 f"the train step expects the inputs {list(step.data_inputs)}, "
                 f"the data loader holds {len(arrays)} arrays"
             )
+        missing = [n for n in step.fixed if n not in runner.feeds.values]
+        if missing:
+            raise ValueError(f"no value for the fixed inputs {missing}: see set_feeds")
         inputs = {i.name: i for i in step.model.graph.input}
-        for name, array, what in zip(step.data_inputs, arrays, ("X", "y", "sample_weight")):
+        features = [f"X[{n!r}]" for n in step.features] if len(step.features) > 1 else ["X"]
+        for name, array, what in zip(step.data_inputs, arrays, (*features, "y", "sample_weight")):
             check_tensor(inputs[name], array, what)
         data = loader.device_data()
         self.order = np.zeros(len(loader), dtype=np.int64)

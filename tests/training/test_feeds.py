@@ -206,3 +206,26 @@ def test_classifier_with_a_per_row_feed_matches_numpy():
     np.testing.assert_allclose(est.predict_proba(X, feeds={"state": STATE}), proba, rtol=1e-10)
     accuracy = np.mean(np.array(["a", "b", "c"])[proba.argmax(axis=1)] == labels)
     assert est.score({"x": X, "state": STATE}, labels) == pytest.approx(accuracy)
+
+
+def test_runner_binds_fixed_inputs_to_every_step():
+    from onnxgrad.training.composition import make_train_step
+    from onnxgrad.training.devices import check_device
+    from onnxgrad.training.feeds import Rows, data_loader
+    from onnxgrad.training.runner import TrainingRunner
+
+    step = make_train_step(
+        two_input_model(),
+        learning_rate=LearningRateSGD(0.02, learning_rate="constant"),
+        fixed_inputs=["sr", "offset"],
+    )
+    assert step.features == ("x", "state") and step.fixed == ("sr", "offset")
+    runner = TrainingRunner(step, check_device("cpu"), {"W": W0, "V": V0})
+    loader = data_loader(Rows({"x": X, "state": STATE}), Y[:, None], batch_size=len(X))
+    with pytest.raises(ValueError, match=r"no value for the fixed inputs \['sr', 'offset'\]"):
+        runner.run_epoch(loader, 0.02)
+    runner.set_feeds({"sr": np.array(2), "offset": OFFSET})
+    runner.run_epoch(loader, 0.02)
+    W, V = numpy_descent(2, 0.02, 1)
+    np.testing.assert_allclose(runner.get_weights()["W"], W, rtol=1e-10)
+    np.testing.assert_allclose(runner.get_weights()["V"], V, rtol=1e-10)
