@@ -20,6 +20,7 @@ from onnxgrad.cli import (
     read_model,
     read_training_data,
 )
+from onnxgrad.cli_feeds import add_feed_option, read_feeds, with_feeds
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -37,6 +38,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     destination = check_destination(args.output)
     curve = check_destination(args.curve) if args.curve else None
     X, y = read_training_data(args.data, model)
+    X, feeds = with_feeds(model, X, read_feeds(args.feed))
     l1, l2 = parse_penalty(args.penalty)
     estimator = OrtGradientForwardBackwardOptimizer(
         model,
@@ -53,12 +55,13 @@ def cmd_train(args: argparse.Namespace) -> None:
         verbose=1,
     )
     (X, y), validation = _split(X, y, args.val_fraction, np.random.default_rng(args.seed))
-    estimator.initialize(X, y)
+    estimator.initialize(X, y, feeds=feeds)
     weights = ", ".join(estimator.runner_.step.weights)
     print(f"training {weights} on {len(X)} rows" + _val_rows(validation))
     start = estimator.objective(X, y)
     print(f"starting loss {start:.6g}" + _val_loss(estimator, validation))
-    estimator.fit(X, y, **({} if validation is None else dict(zip(("X_val", "y_val"), validation))))
+    validated = {} if validation is None else dict(zip(("X_val", "y_val"), validation))
+    estimator.fit(X, y, feeds=feeds, **validated)
     val = estimator.validation_losses_ if validation is not None else []
     for epoch, loss in enumerate(estimator.train_losses_, start=1):
         shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
@@ -201,5 +204,6 @@ def add_train(commands) -> None:
         help="write the loss per epoch: a PNG picture (matplotlib), or CSV (FILE.csv, or "
         "without matplotlib)",
     )
+    add_feed_option(sub)
     sub.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     sub.add_argument("--seed", type=int, default=0, help="seed of the batch shuffling")

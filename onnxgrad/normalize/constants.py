@@ -15,6 +15,7 @@ initializers are trainable is decided later, by role (:func:`onnxgrad.get_train_
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
@@ -122,3 +123,20 @@ def _name_counts(graph: GraphProto) -> Counter:
         counts.update(i.name for i in g.initializer)
         counts.update(o for node in g.node for o in node.output if o)
     return counts
+
+
+def write_back_constants(model: ModelProto, values: Mapping[str, np.ndarray]) -> dict:
+    """Write, in place, the ``values`` of weights that normalisation promoted back into the
+    ``Constant`` nodes of ``model`` (any graph) that hold them, in each node's own element
+    type; the values of other names are returned, for the initializers."""
+    remaining = dict(values)
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            name = node.output[0] if len(node.output) == 1 else ""
+            tensor = _float_constant(node) if name in remaining else None
+            if tensor is None:
+                continue
+            value = np.asarray(remaining.pop(name), dtype=numpy_helper.to_array(tensor).dtype)
+            del node.attribute[:]
+            node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
+    return remaining

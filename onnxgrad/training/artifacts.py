@@ -29,10 +29,11 @@ from pathlib import Path
 from onnx import ModelProto
 
 from onnxgrad._files import save_model, write_atomically
-from onnxgrad._onnx_utils import ModelLike, load_model, np_dtype
+from onnxgrad._onnx_utils import ModelLike, first_float_output, load_model, np_dtype
 from onnxgrad.graph import get_train_initializer, replace_initializers_into_onnx
 from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.normalize import normalized_model
+from onnxgrad.training._weights import no_weight_error, weights_reaching
 from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from onnxgrad.training.composition import LossModel, make_eval_step, make_train_step
 from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from_name
@@ -79,8 +80,9 @@ def generate_artifacts(
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
     :param requires_grad: the weights to train (default: every trainable initializer,
-        :func:`onnxgrad.get_train_initializer`, but ``frozen_params``; only the low-rank
-        adapters of a model rewritten by :func:`onnxgrad.graph.lora.add_lora`)
+        :func:`onnxgrad.get_train_initializer`, but ``frozen_params``, that reaches
+        ``output``; only the low-rank adapters of a model rewritten by
+        :func:`onnxgrad.graph.lora.add_lora`)
     :param frozen_params: weights kept constant, folded into the graphs as initializers
     :param loss: a name of the loss table (``'squared_error'``, ``'absolute_error'``,
         ``'log_logits'``, ``'cross_entropy_logits'``..., :mod:`onnxgrad.graph.loss_table`)
@@ -94,7 +96,7 @@ def generate_artifacts(
     """
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)
-    weights = _trained_weights(model, requires_grad, frozen_params)
+    weights = _trained_weights(model, requires_grad, frozen_params, output)
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)
     lr = float(learning_rate if learning_rate is not None else optimizer_object.eta0)
@@ -191,7 +193,9 @@ def _directory(artifact_directory, folder) -> Path:
     return directory
 
 
-def _trained_weights(model, requires_grad, frozen_params) -> list[str]:
+def _trained_weights(model, requires_grad, frozen_params, output) -> list[str]:
+    """``requires_grad`` as given, else the trainable weights (the adapters of a LoRA model)
+    but ``frozen_params`` that reach ``output`` (default: the first float one)."""
     for what, names in (("requires_grad", requires_grad), ("frozen_params", frozen_params)):
         if isinstance(names, str):
             raise TypeError(f"{what} must be a list of names, not the string {names!r}")
@@ -210,10 +214,15 @@ def _trained_weights(model, requires_grad, frozen_params) -> list[str]:
         candidates = [name for a in adapters for name in (a["a"], a["b"])]
     else:
         candidates = list(get_train_initializer(model))
+    if not candidates:
+        raise no_weight_error(model)
     weights = [w for w in candidates if w not in set(frozen)]
     if not weights:
-        raise ValueError("every weight is frozen: nothing to train")
-    return weights
+        raise ValueError(f"every weight is frozen by frozen_params {frozen}: nothing to train")
+    target = output or first_float_output(model.graph)
+    if target is None:
+        return weights
+    return list(weights_reaching(model, getattr(target, "name", target), weights))
 
 
 def _optimizer(optimizer, learning_rate) -> BaseLearningRate:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxgrad._arrays import c_contiguous
 from onnxgrad._files import write_atomically, write_bytes
 
 FORMAT = "onnxgrad.tensors"
@@ -148,7 +149,7 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[s
 def _checked_array(name: str, value) -> np.ndarray:
     if not isinstance(name, str) or not name:
         raise TypeError(f"tensor names must be non-empty strings, got {name!r}")
-    array = np.ascontiguousarray(value)
+    array = c_contiguous(value)
     if array.dtype.name not in DTYPES:
         raise TypeError(
             f"tensor {name!r} has dtype {array.dtype}, a tensor file holds {sorted(DTYPES)}"

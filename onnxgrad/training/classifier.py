@@ -88,16 +88,16 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
         return tags
 
     # -- fitting ----------------------------------------------------------------------------
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, feeds=None):
         """Train on the labels ``y`` of any type (see
         :meth:`OrtGradientForwardBackwardOptimizer.fit`); :attr:`classes_` are the sorted
         distinct labels of ``y`` (kept by a warm start)."""
         if not (self.warm_start and self.__sklearn_is_fitted__()):
             self._set_classes(np.unique(_labels(y)))
         y_val = None if y_val is None else self._encode(y_val, "y_val")
-        return super().fit(X, self._encode(y), sample_weight, X_val, y_val)
+        return super().fit(X, self._encode(y), sample_weight, X_val, y_val, feeds)
 
-    def partial_fit(self, X, y, classes=None, sample_weight=None):
+    def partial_fit(self, X, y, classes=None, sample_weight=None, feeds=None):
         """One epoch; the first call needs ``classes``, every label ``y`` may take."""
         if not self.__sklearn_is_fitted__() or classes is not None:
             if classes is None:
@@ -106,7 +106,7 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
             if self.__sklearn_is_fitted__() and not np.array_equal(classes, self.classes_):
                 raise ValueError(f"classes={classes} differ from classes_={self.classes_}")
             self._set_classes(classes)
-        return super().partial_fit(X, self._encode(y), sample_weight)
+        return super().partial_fit(X, self._encode(y), sample_weight, feeds)
 
     def _set_classes(self, classes: np.ndarray) -> None:
         if len(classes) < 2:
@@ -136,33 +136,33 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
         return float(np.mean(proba.argmax(axis=1) == arrays[1].reshape(-1)))
 
     # -- prediction -------------------------------------------------------------------------
-    def predict_proba(self, X) -> np.ndarray:
+    def predict_proba(self, X, feeds=None) -> np.ndarray:
         """Probabilities ``[N, C]``, column ``k`` for ``classes_[k]``: the output itself for
         a probabilities loss, its softmax (sigmoid for one column) for a logits loss; a
         single column ``p`` becomes ``[1 - p, p]``."""
         self._check_fitted()
-        return self._probabilities(X)
+        return self._probabilities(X, feeds)
 
-    def predict_log_proba(self, X) -> np.ndarray:
+    def predict_log_proba(self, X, feeds=None) -> np.ndarray:
         with np.errstate(divide="ignore"):
-            return np.log(self.predict_proba(X))
+            return np.log(self.predict_proba(X, feeds))
 
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X, feeds=None) -> np.ndarray:
         """The most probable class of each row, among :attr:`classes_` (ties: the first)."""
-        proba = self.predict_proba(X)
+        proba = self.predict_proba(X, feeds)
         return self.classes_[proba[:, : self.n_classes_].argmax(axis=1)]
 
-    def score(self, X, y, sample_weight=None) -> float:
+    def score(self, X, y, sample_weight=None, feeds=None) -> float:
         """The (weighted) accuracy of :meth:`predict` on ``(X, y)``."""
-        right = self.predict(X) == _labels(y)
+        right = self.predict(X, feeds) == _labels(y)
         return float(np.average(right, weights=sample_weight))
 
-    def losses(self, X, y, sample_weight=None) -> np.ndarray:
+    def losses(self, X, y, sample_weight=None, feeds=None) -> np.ndarray:
         self._check_fitted()
-        return super().losses(X, self._encode(y), sample_weight)
+        return super().losses(X, self._encode(y), sample_weight, feeds)
 
-    def _probabilities(self, X) -> np.ndarray:
-        values = self._output_values(X)
+    def _probabilities(self, X, feeds=None) -> np.ndarray:
+        values = self._output_values(X, feeds)
         if values.shape[1] not in (1, self.n_classes_):
             _column_mismatch(self.classes_, self.graphs_.output, values.shape[1])
         logits = self.learning_loss_.spec.prediction == LOGITS

@@ -29,6 +29,7 @@ from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
 from onnxgrad.normalize import normalized_model
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
+from onnxgrad.training._weights import no_weight_error, weights_reaching
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
@@ -45,6 +46,7 @@ class LossModel(DataRoles):
     sample_weight: str | None
     loss: str
     weights: tuple[str, ...]
+    fixed: tuple[str, ...] = ()
 
 
 def make_loss_model(
@@ -57,6 +59,7 @@ def make_loss_model(
     loss_output_name: str = "loss",
     label_name: str | None = None,
     weight_name: str | None = None,
+    fixed_inputs: Sequence[str] = (),
 ) -> LossModel:
     """``model`` with one scalar output: the mean training loss, plus ``penalty``.
 
@@ -65,19 +68,24 @@ def make_loss_model(
         when ``weight_name`` is given, per-sample weights. ``None``: the model already ends
         in a loss output ``loss_output_name`` with label input ``label_name`` (default
         ``'label'``) and sample-weight input ``weight_name`` (optional).
-    :param weights: the trained initializers (default: :func:`onnxgrad.get_train_initializer`).
+    :param weights: the trained initializers (default: the weights of
+        :func:`onnxgrad.get_train_initializer` that reach the loss's output).
+    :param fixed_inputs: inputs fed one value for every batch rather than one row per
+        observation (:attr:`LossModel.fixed`; the other inputs are the features).
 
     The model is first made regular by :func:`onnxgrad.normalize.normalized_model`
     (``ai.onnx.ml`` operators lowered, opset 13 at least, weights stored as constants
     promoted to initializers).
     """
     model = normalized_model(model)
+    named = weights is not None
     weights = resolve_weights(model, weights)
     features = tuple(graph_inputs(model))
     if loss is None:
         label = label_name or "label"
         result = _existing_loss(model, loss_output_name, label, weight_name)
         features = tuple(n for n in features if n not in (label, weight_name))
+        output = loss_output_name
     else:
         if not isinstance(loss, BaseLearningLoss):
             raise TypeError(f"loss must be a learning loss object or None, got {loss!r}")
@@ -86,6 +94,10 @@ def make_loss_model(
         loss_name = used.unique(loss_output_name)
         output = output or _first_float_output(model)
         result = loss.build(model, output, loss_name, label, weight_name)
+    if not named:
+        weights = weights_reaching(model, output, weights)
+    fixed = _fixed_inputs(features, fixed_inputs)
+    features = tuple(n for n in features if n not in fixed)
     _check_weight_types(result, weights)
     _share_batch_dim(result, [*features, label, weight_name])
     if penalty is not None:
@@ -97,6 +109,7 @@ def make_loss_model(
         sample_weight=weight_name,
         loss=result.graph.output[0].name,
         weights=weights,
+        fixed=fixed,
     )
 
 
@@ -113,6 +126,7 @@ def make_train_step(
     weight_name: str | None = None,
     backend: str = "onnx",
     layout: str = "per_weight",
+    fixed_inputs: Sequence[str] = (),
 ) -> TrainStep:
     """One ONNX graph running a whole optimisation step on a batch.
 
@@ -135,6 +149,7 @@ def make_train_step(
         loss_output_name=loss_output_name,
         label_name=label_name,
         weight_name=weight_name,
+        fixed_inputs=fixed_inputs,
     )
     gradient = derive_in_place(  # lm.model is private and already normalised
         lm.model,
@@ -145,7 +160,12 @@ def make_train_step(
         label=lm.label,
         backend=backend,
     )
-    roles = {"features": lm.features, "label": lm.label, "sample_weight": lm.sample_weight}
+    roles = {
+        "features": lm.features,
+        "label": lm.label,
+        "sample_weight": lm.sample_weight,
+        "fixed": lm.fixed,
+    }
     return append_update(gradient, roles, lm.weights, learning_rate, layout)
 
 
@@ -159,6 +179,7 @@ def make_eval_step(
     label_name: str | None = None,
     weight_name: str | None = None,
     penalty: BaseLearningPenalty | None = None,
+    fixed_inputs: Sequence[str] = (),
 ) -> LossModel:
     """The mean loss on a batch (plus ``penalty``, none by default), without update; the
     weights are inputs."""
@@ -171,6 +192,7 @@ def make_eval_step(
         loss_output_name=loss_output_name,
         label_name=label_name,
         weight_name=weight_name,
+        fixed_inputs=fixed_inputs,
     )
     return LossModel(
         weights_as_inputs(lm.model, lm.weights),
@@ -179,6 +201,7 @@ def make_eval_step(
         lm.sample_weight,
         lm.loss,
         lm.weights,
+        lm.fixed,
     )
 
 
@@ -233,11 +256,12 @@ def with_batch_indices(step: TrainStep, indices_name: str = "batch_indices") -> 
 
 
 def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[str, ...]:
-    """The weights to train: checked names, or every weight of ``get_train_initializer``."""
+    """The weights to train: checked names, or every weight of ``get_train_initializer``
+    (:func:`make_loss_model` keeps those that reach the loss)."""
     if weights is None:
         found = tuple(get_train_initializer(model))
         if not found:
-            raise ValueError("the model has no float initializer to train")
+            raise no_weight_error(model)
         return found
     if isinstance(weights, str):
         raise TypeError(f"weights must be a list of names, not the string {weights!r}")
@@ -257,6 +281,18 @@ def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[s
     if not_float:
         raise ValueError(f"weights {not_float} are not float tensors and cannot be trained")
     return names
+
+
+def _fixed_inputs(features: Sequence[str], fixed: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(fixed, str):
+        raise TypeError(f"fixed_inputs must be a list of names, not the string {fixed!r}")
+    unknown = [n for n in fixed if n not in features]
+    if unknown:
+        raise ValueError(f"fixed inputs {unknown} are not data inputs of the model {features}")
+    fixed = tuple(fixed)
+    if len(fixed) == len(features):
+        raise ValueError(f"every data input {list(features)} is fixed: no input takes rows")
+    return fixed
 
 
 def _share_batch_dim(model: ModelProto, names: Sequence[str | None]) -> None:

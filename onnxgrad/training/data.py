@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import onnxruntime as ort
 
+from onnxgrad._arrays import c_contiguous
 from onnxgrad.training._inputs import host_array
 from onnxgrad.training.devices import Device, check_device
 
@@ -92,7 +93,7 @@ class OrtDataLoader:
 def to_ortvalue(array: np.ndarray, device: Device) -> ort.OrtValue:
     """An ``OrtValue`` holding ``array`` on ``device`` (on the CPU it shares the memory of
     ``array``, which must stay alive and unchanged as long as the ``OrtValue`` is used)."""
-    array = np.ascontiguousarray(array)
+    array = c_contiguous(array)
     if device.kind == "cpu":
         return ort.OrtValue.ortvalue_from_numpy(array)
     return ort.OrtValue.ortvalue_from_numpy(array, device.ort_type, device.index)

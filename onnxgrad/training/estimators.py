@@ -22,15 +22,15 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import first_float_output, np_dtype
+from onnxgrad.derivative.api import graph_inputs
 from onnxgrad.exceptions import ConvergenceError, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph._scores import n_classes_of
 from onnxgrad.graph.loss_table import PROBABILITIES
-from onnxgrad.graph.ml_lowering import with_trained_weights
 from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training._inputs import (
     check_batch_axis,
-    check_features,
     check_labels,
     check_sample_weight,
     input_info,
@@ -38,6 +38,7 @@ from onnxgrad.training._inputs import (
 )
 from onnxgrad.training._params import EstimatorMixin
 from onnxgrad.training._stopping import NoImprovement, validation_rows
+from onnxgrad.training.batch_axis import free_batch_axis, symbolic_batch_axis
 from onnxgrad.training.composition import (
     LossModel,
     TrainStep,
@@ -47,6 +48,14 @@ from onnxgrad.training.composition import (
 )
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import check_device
+from onnxgrad.training.feeds import (
+    FixedFeeds,
+    as_rows,
+    checked_rows,
+    data_loader,
+    flat,
+    split_inputs,
+)
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
 from onnxgrad.training.penalties import (
@@ -115,12 +124,12 @@ class BaseOrtOptimizer(EstimatorMixin):
     """
 
     # -- to define in subclasses ----------------------------------------------------------
-    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
-        """Everything but the train steps."""
+    def _build_graphs(self, model: ModelProto, with_weight: bool, fixed=()) -> _Graphs:
+        """Everything but the train steps; ``fixed``: the inputs fed as is."""
         raise NotImplementedError
 
     # -- fitting ----------------------------------------------------------------------------
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, feeds=None):
         """Train for ``max_iter`` epochs of shuffled batches of ``batch_size`` observations.
 
         ``X`` of any real dtype is cast to the float type the model input declares (float64
@@ -150,26 +159,40 @@ class BaseOrtOptimizer(EstimatorMixin):
         Raises :class:`~onnxgrad.ConvergenceError` (``exc=True``, else a warning) when a
         loss or a weight stops being finite; the estimator then keeps the weights of the
         last epoch that ended finite.
-        """
-        return self._fit(X, y, sample_weight, X_val, y_val, self.max_iter, self.warm_start)
 
-    def initialize(self, X, y, sample_weight=None):
+        A model with several inputs takes ``X`` as a dict ``{input: array}`` of per-row
+        arrays and/or ``feeds={input: array}``: a feed with one row per observation is
+        batched with ``X``, any other (a sample rate, an initial state) is fed as is with
+        every batch and kept for :meth:`predict` and :meth:`score`, which take the same
+        arguments (:mod:`onnxgrad.training.feeds`).
+        """
+        return self._fit(
+            X, y, sample_weight, X_val, y_val, self.max_iter, self.warm_start, feeds=feeds
+        )
+
+    def initialize(self, X, y, sample_weight=None, feeds=None):
         """Build the graphs and sessions for ``(X, y)`` and start from the model's weights
         without training: :meth:`score` is then the starting loss, and :meth:`partial_fit`
         (or :meth:`fit` with ``warm_start=True``) trains from there."""
-        return self._fit(X, y, sample_weight, None, None, 0, False, stopping=False)
+        return self._fit(X, y, sample_weight, None, None, 0, False, stopping=False, feeds=feeds)
 
-    def partial_fit(self, X, y, sample_weight=None):
+    def partial_fit(self, X, y, sample_weight=None, feeds=None):
         """One epoch over ``(X, y)`` from the current weights, optimizer state and schedule
         (the first call starts from the model); no early stopping, as scikit-learn."""
-        return self._fit(X, y, sample_weight, None, None, 1, True, stopping=False)
+        return self._fit(X, y, sample_weight, None, None, 1, True, stopping=False, feeds=feeds)
 
-    def _fit(self, X, y, sample_weight, X_val, y_val, epochs, warm, stopping=None):
+    def _fit(self, X, y, sample_weight, X_val, y_val, epochs, warm, stopping=None, feeds=None):
         self._check_params()
         stopping = self.early_stopping if stopping is None else stopping
         model = normalized_model(self.model_onnx)
         device = check_device(self.device)
-        graphs = self._graphs_for(model, sample_weight is not None)
+        kept = self.runner_.feeds.arrays if warm and self.__sklearn_is_fitted__() else None
+        per_row, fixed = self._split_inputs(model, X, feeds, defaults=kept)
+        model = free_batch_axis(model, per_row, fixed)
+        self._per_row_inputs = tuple(per_row)
+        X = as_rows(per_row)
+        graphs = self._graphs_for(model, sample_weight is not None, tuple(fixed))
+        fixed = FixedFeeds(graphs.evaluation, device, fixed).arrays
         data = self._training_data(graphs, X, y, sample_weight)
         validation = self._validation_data(graphs, X_val, y_val)
         if stopping and validation is None:
@@ -179,8 +202,9 @@ class BaseOrtOptimizer(EstimatorMixin):
             self._start(model, graphs, step, device)
         elif self.runner_.step is not step or self.device_ != device:
             self._switch_graphs(model, graphs, step, device)
+        self.runner_.set_feeds(fixed)
         X, y, *weight = data
-        loader = OrtDataLoader(
+        loader = data_loader(
             X, y, *weight, batch_size=self.batch_size, device=device, random_state=self._shuffling
         )
         if self.n_iter_ == 0:
@@ -188,12 +212,14 @@ class BaseOrtOptimizer(EstimatorMixin):
         self._train(loader, validation, epochs, stopping)
         return self
 
-    def _output_values(self, X) -> np.ndarray:
-        """The output the loss is put on, for the features ``X``, as float64 ``[N, -1]``."""
+    def _output_values(self, X, feeds=None) -> np.ndarray:
+        """The output the loss is put on, for the features ``X`` (and ``feeds``, as
+        :meth:`fit`), as float64 ``[N, -1]``."""
         predictor = self.predictor_
-        X = check_features(predictor.model, predictor.data_inputs[0], X)
+        per_row, fixed = self._split_inputs(None, X, feeds, fitted=True)
+        X = checked_rows(predictor.model, predictor.data_inputs, as_rows(per_row))
         names = [o.name for o in predictor.model.graph.output]
-        values = predictor.run([X], self.runner_.current.values)[names.index(self.graphs_.output)]
+        values = predictor.run(flat([X]), self._bound(fixed))[names.index(self.graphs_.output)]
         return np.asarray(values, dtype=np.float64).reshape(len(X), -1)
 
     def _check_probabilities(self, X) -> None:
@@ -253,17 +279,43 @@ class BaseOrtOptimizer(EstimatorMixin):
         ):
             raise TypeError(f"intra_op_num_threads must be an integer, got {threads!r}")
 
-    def _graphs_for(self, model: ModelProto, with_weight: bool) -> _Graphs:
+    def _split_inputs(self, model: ModelProto, X, feeds, fitted: bool = False, defaults=None):
+        """``(per_row, fixed)`` arrays by input name (see :func:`split_inputs`); ``fitted``:
+        the inputs of the fitted graphs, the fixed feeds of the fit by default."""
+        if fitted:
+            evaluation = self.graphs_.evaluation
+            model, data = evaluation.model, {*evaluation.features, *evaluation.fixed}
+            names = [n for n in graph_inputs(model) if n in data]
+            defaults = self.runner_.feeds.arrays
+        else:
+            names = [n for n in graph_inputs(model) if n not in self._not_features()]
+        return split_inputs(model, names, X, feeds, defaults)
+
+    def _not_features(self) -> set[str]:
+        """The model inputs that are neither features nor fixed feeds."""
+        return set()
+
+    def _bound(self, fixed=None) -> dict:
+        """The weights, and the fixed feeds of the fit or ``fixed``, as bound ``OrtValue``."""
+        feeds = self.runner_.feeds
+        values = {**self.runner_.current.values, **feeds.values}
+        fixed = {n: a for n, a in (fixed or {}).items() if a is not feeds.arrays.get(n)}
+        if fixed:
+            given = {**feeds.arrays, **fixed}
+            values.update(FixedFeeds(self.graphs_.evaluation, self.device_, given).values)
+        return values
+
+    def _graphs_for(self, model: ModelProto, with_weight: bool, fixed=()) -> _Graphs:
         """The graphs of the current parameters, rebuilt only when a parameter they depend
         on changed (a warm start keeps them and the runner)."""
         params = self.get_params(deep=True)
         graph_params = {
             k: v for k, v in params.items() if k not in _RUN_PARAMS and k != "model_onnx"
         }
-        key = (with_weight, repr(graph_params))
+        key = (with_weight, repr(graph_params), fixed)
         cached = getattr(self, "_graphs_cache", None)
         if cached is None or cached[0] != key or cached[1] is not self.model_onnx:
-            graphs = self._build_graphs(model, with_weight)
+            graphs = self._build_graphs(model, with_weight, fixed)
             graphs.objective = graphs.evaluation
             if not isinstance(graphs.penalty, NoLearningPenalty):
                 graphs.objective = make_eval_step(
@@ -293,11 +345,6 @@ class BaseOrtOptimizer(EstimatorMixin):
 
     def _training_data(self, graphs: _Graphs, X, y, sample_weight) -> list[np.ndarray]:
         evaluation = graphs.evaluation
-        if len(evaluation.features) != 1:
-            raise ValueError(
-                f"the model has several inputs {list(evaluation.features)}, fit feeds only one "
-                "feature matrix X"
-            )
         check_batch_axis(evaluation.model, evaluation.data_inputs)
         return self._checked_data(graphs, X, y, sample_weight)
 
@@ -373,7 +420,9 @@ class BaseOrtOptimizer(EstimatorMixin):
         if graphs.prediction is not None:
             trained = set(step.weights)
             inputs = graphs.prediction.graph.input
-            features = [i.name for i in inputs if i.name not in trained]
+            features = [
+                i.name for i in inputs if i.name not in trained and i.name not in evaluation.fixed
+            ]
             predictor = GraphRunner(graphs.prediction, features, device, options)
         return runner, evaluator, validator, predictor
 
@@ -431,22 +480,23 @@ class BaseOrtOptimizer(EstimatorMixin):
         summed = loss is not None and loss.reduction == "sum"
         return float(np.average(batch_losses, weights=None if summed else sizes))
 
-    def _batched_objective(self, arrays: list[np.ndarray]) -> float:
+    def _batched_objective(self, arrays: list[np.ndarray], fixed=None) -> float:
         """The objective of ``arrays`` on the scale of :attr:`train_losses_`: consecutive
         batches of ``batch_size`` rows, averaged by :meth:`_epoch_loss`."""
         n = len(arrays[0])
         sizes = _batch_sizes(n, self.batch_size)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         losses = [
-            self._evaluate([a[i : i + k] for a in arrays], self.validator_)
+            self._evaluate([a[i : i + k] for a in arrays], self.validator_, fixed)
             for i, k in zip(starts, sizes)
         ]
         return self._epoch_loss(np.array(losses), sizes)
 
-    def objective(self, X, y, sample_weight=None) -> float:
+    def objective(self, X, y, sample_weight=None, feeds=None) -> float:
         """The training objective (loss plus penalty) on ``(X, y)`` with the current weights,
         on the scale of :attr:`train_losses_` and :attr:`validation_losses_`."""
-        return self._batched_objective(self._checked(X, y, sample_weight))
+        arrays, fixed = self._checked(X, y, sample_weight, feeds)
+        return self._batched_objective(arrays, fixed)
 
     def _validation_score(self, arrays: list[np.ndarray]) -> float:
         """The score early stopping watches: minus the loss (penalty excepted)."""
@@ -499,6 +549,7 @@ class BaseOrtOptimizer(EstimatorMixin):
                 "weights": runner.get_weights(),
                 "state": runner.get_state(),
                 "with_weight": self._graphs_cache[0][0],
+                "feeds": runner.feeds.arrays,
                 "learning_rate": self.learning_rate_,
             }
         for name in (*_SESSIONS, "_graphs_cache"):
@@ -514,13 +565,16 @@ class BaseOrtOptimizer(EstimatorMixin):
     def _rebuild(self) -> None:
         restore = self.__dict__.pop("_restore")
         model = normalized_model(self.model_onnx)
-        graphs = self._graphs_for(model, restore["with_weight"])
+        model = symbolic_batch_axis(model, self.__dict__.get("_per_row_inputs", ()))
+        feeds = restore.get("feeds", {})
+        graphs = self._graphs_for(model, restore["with_weight"], tuple(feeds))
         graphs.learning_rate = restore["learning_rate"]
         step = self._train_step(model, graphs, self.device_)
         runners = self._make_runners(
             graphs, step, self.device_, restore["weights"], restore["state"]
         )
         self._install(graphs, self.device_, runners)
+        self.runner_.set_feeds(feeds)
 
     @staticmethod
     def _checked_data(graphs: _Graphs, X, y, sample_weight, suffix: str = "") -> list[np.ndarray]:
@@ -529,7 +583,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         ``0..n_classes-1``."""
         evaluation = graphs.evaluation
         model = evaluation.model
-        X = check_features(model, evaluation.features[0], X, f"X{suffix}")
+        X = checked_rows(model, evaluation.features, X, f"X{suffix}")
         y = check_labels(
             model, evaluation.label, y, X.shape[0], f"y{suffix}", n_classes=graphs.n_classes
         )
@@ -541,36 +595,44 @@ class BaseOrtOptimizer(EstimatorMixin):
             raise ValueError("sample_weight is given but the model has no sample-weight input")
         return arrays
 
-    def _evaluate(self, arrays, evaluator: GraphRunner | None = None) -> float:
+    def _evaluate(self, arrays, evaluator: GraphRunner | None = None, fixed=None) -> float:
         evaluator = evaluator or self.evaluator_
-        return float(evaluator.run(arrays, self.runner_.current.values)[0])
+        return float(evaluator.run(flat(arrays), self._bound(fixed))[0])
 
-    def _checked(self, X, y, sample_weight):
+    def _checked(self, X, y, sample_weight, feeds=None):
+        """The checked data arrays and the fixed feeds of a call."""
         self._check_fitted()
-        return self._checked_data(self.graphs_, X, y, sample_weight)
+        per_row, fixed = self._split_inputs(None, X, feeds, fitted=True)
+        X = as_rows(per_row)
+        return self._checked_data(self.graphs_, X, y, sample_weight), fixed
 
-    def losses(self, X, y, sample_weight=None) -> np.ndarray:
+    def losses(self, X, y, sample_weight=None, feeds=None) -> np.ndarray:
         """The loss of each observation (the mean loss of a batch of that one row, penalty
         excepted)."""
-        arrays = self._checked(X, y, sample_weight)
+        arrays, fixed = self._checked(X, y, sample_weight, feeds)
         return np.array(
-            [self._evaluate([a[i : i + 1] for a in arrays]) for i in range(len(arrays[0]))]
+            [
+                self._evaluate([a[i : i + 1] for a in arrays], fixed=fixed)
+                for i in range(len(arrays[0]))
+            ]
         )
 
-    def score(self, X, y, sample_weight=None) -> float:
+    def score(self, X, y, sample_weight=None, feeds=None) -> float:
         """The opposite of the training loss (penalty excepted) on ``(X, y)`` taken as one
         batch: greater is better, as in scikit-learn."""
-        return -self._evaluate(self._checked(X, y, sample_weight))
+        arrays, fixed = self._checked(X, y, sample_weight, feeds)
+        return -self._evaluate(arrays, fixed=fixed)
 
-    def predict(self, X) -> np.ndarray:
+    def predict(self, X, feeds=None) -> np.ndarray:
         """The first output of the model (the first besides the loss) with the current
-        weights."""
+        weights (``X`` and ``feeds`` as in :meth:`fit`)."""
         self._check_fitted()
         if self.predictor_ is None:
             raise ValueError("the model has no output besides the loss: nothing to predict")
-        name = self.predictor_.data_inputs[0]
-        X = check_features(self.predictor_.model, name, X)
-        return self.predictor_.run([X], self.runner_.current.values)[0]
+        per_row, fixed = self._split_inputs(None, X, feeds, fitted=True)
+        X = as_rows(per_row)
+        X = checked_rows(self.predictor_.model, self.predictor_.data_inputs, X)
+        return self.predictor_.run(flat([X]), self._bound(fixed))[0]
 
     # -- state ------------------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:
@@ -605,7 +667,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         included; see :func:`onnxgrad.lower_ml_operators`)."""
         self._check_fitted()
         base = self.model_onnx if model is None else model
-        return with_trained_weights(base, self.runner_.get_weights())
+        return trained_model(base, self.runner_.get_weights())
 
     def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
         """Save every graph the estimator runs into ``folder``; returns their paths by role."""
@@ -705,9 +767,10 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
 
-    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+    def _build_graphs(self, model: ModelProto, with_weight: bool, fixed=()) -> _Graphs:
         loss = select_learning_loss(self.learning_loss)
         options = {
+            "fixed_inputs": fixed,
             "loss": loss,
             "output": self.output,
             "loss_output_name": self.loss_output_name,
@@ -783,7 +846,10 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
 
-    def _build_graphs(self, model: ModelProto, with_weight: bool) -> _Graphs:
+    def _not_features(self) -> set[str]:
+        return {self.label_name, self.sample_weight_name}
+
+    def _build_graphs(self, model: ModelProto, with_weight: bool, fixed=()) -> _Graphs:
         inputs = {i.name for i in model.graph.input}
         has_weight = self.sample_weight_name in inputs
         if with_weight and not has_weight:
@@ -792,6 +858,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
                 " (see sample_weight_name)"
             )
         options = {
+            "fixed_inputs": fixed,
             "loss": None,
             "loss_output_name": self.loss_output_name,
             "label_name": self.label_name,

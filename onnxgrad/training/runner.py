@@ -18,11 +18,13 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad import _files
+from onnxgrad._arrays import c_contiguous
 from onnxgrad._onnx_utils import default_opset, np_dtype
 from onnxgrad.training._inputs import check_tensor, host_array
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
+from onnxgrad.training.feeds import FixedFeeds
 from onnxgrad.training.train_step import TrainStep
 
 
@@ -112,7 +114,7 @@ class StepBuffers:
             if self.device.kind == "cpu":
                 np.copyto(self.host[name], value, casting="same_kind")
             else:
-                array = np.ascontiguousarray(value, dtype=self.dtypes[name])
+                array = c_contiguous(value, dtype=self.dtypes[name])
                 self.values[name].update_inplace(array)
 
 
@@ -120,7 +122,8 @@ class TrainingRunner:
     """Runs a :class:`~onnxgrad.training.train_step.TrainStep` epoch after epoch.
 
     :param weights: initial weights by name; ``state``: initial optimizer state by input
-        name of the step (default: :meth:`TrainStep.initial_state`).
+        name of the step (default: :meth:`TrainStep.initial_state`); ``feeds``: the values
+        of the step's :attr:`~TrainStep.fixed` inputs, bound to every batch.
     """
 
     indices_name = "batch_indices"
@@ -132,9 +135,11 @@ class TrainingRunner:
         weights: Mapping[str, np.ndarray],
         state: Mapping[str, np.ndarray] | None = None,
         session_options: ort.SessionOptions | None = None,
+        feeds: Mapping[str, np.ndarray] | None = None,
     ):
         self.step = step
         self.device = device
+        self.feeds = FixedFeeds(step, device, feeds)
         self.model = with_batch_indices(step, self.indices_name)
         self.session = make_session(self.model, device, session_options)
         weights = _checked_values(weights, _weight_types(step), "weight")
@@ -165,6 +170,11 @@ class TrainingRunner:
     def get_state(self) -> dict[str, np.ndarray]:
         """The optimizer state by input name of the step."""
         return self.current.numpy(self.step.state)
+
+    def set_feeds(self, feeds: Mapping[str, np.ndarray] | None) -> None:
+        """New values of the fixed inputs, bound from the next epoch on."""
+        self.feeds = FixedFeeds(self.step, self.device, feeds)
+        self._epoch = None
 
     def set_values(self, values: Mapping[str, np.ndarray]) -> None:
         """Overwrite weights and/or optimizer state (by input name of the step)."""
@@ -209,8 +219,12 @@ class _EpochBindings:
                 f"the train step expects the inputs {list(step.data_inputs)}, "
                 f"the data loader holds {len(arrays)} arrays"
             )
+        missing = [n for n in step.fixed if n not in runner.feeds.values]
+        if missing:
+            raise ValueError(f"no value for the fixed inputs {missing}: see set_feeds")
         inputs = {i.name: i for i in step.model.graph.input}
-        for name, array, what in zip(step.data_inputs, arrays, ("X", "y", "sample_weight")):
+        features = [f"X[{n!r}]" for n in step.features] if len(step.features) > 1 else ["X"]
+        for name, array, what in zip(step.data_inputs, arrays, (*features, "y", "sample_weight")):
             check_tensor(inputs[name], array, what)
         data = loader.device_data()
         self.order = np.zeros(len(loader), dtype=np.int64)
@@ -235,7 +249,7 @@ class _EpochBindings:
             binding.bind_ortvalue_input(name, value)
         binding.bind_ortvalue_input(runner.indices_name, self._indices[j])
         binding.bind_ortvalue_input(step.learning_rate, runner._lr_value)
-        for name, value in source.values.items():
+        for name, value in {**source.values, **runner.feeds.values}.items():
             binding.bind_ortvalue_input(name, value)
         for name, value in target.targets.items():
             binding.bind_ortvalue_output(name, value)

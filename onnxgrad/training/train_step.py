@@ -47,11 +47,14 @@ class StateSlot:
 
 
 class DataRoles:
-    """The inputs of a graph fed with one row per observation, by role."""
+    """The inputs of a graph fed with one row per observation, by role; :attr:`fixed`:
+    the other data inputs, fed the same value at every step (a sample rate, an initial
+    recurrent state)."""
 
     features: tuple[str, ...]
     label: str
     sample_weight: str | None
+    fixed: tuple[str, ...]
 
     @property
     def data_inputs(self) -> tuple[str, ...]:
@@ -85,6 +88,7 @@ class TrainStep(DataRoles):
     layout: str
     #: the flat weight vector input (``'flat'`` layout only)
     flat_weights: str | None = None
+    fixed: tuple[str, ...] = ()
 
     @property
     def weight_slices(self) -> dict[str, slice]:
@@ -158,7 +162,8 @@ def append_update(
 ) -> TrainStep:
     """Append the optimizer's update to a gradient graph (outputs: gradients, then loss).
 
-    ``roles`` holds ``features``, ``label`` and ``sample_weight`` of the data inputs.
+    ``roles`` holds ``features``, ``label``, ``sample_weight`` (and optionally ``fixed``) of
+    the data inputs.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}, expected one of {list(LAYOUTS)}")
@@ -212,6 +217,7 @@ def append_update(
         loss=loss_info.name,
         layout=layout,
         flat_weights=flat_weights,
+        fixed=tuple(roles.get("fixed", ())),
     )
 
 

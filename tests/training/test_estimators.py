@@ -573,11 +573,13 @@ def test_the_data_is_checked_before_the_derivative_is_built(monkeypatch):
         linear_estimator().fit(X, y, X_val=X, y_val=np.c_[y, y])
     with pytest.raises(TypeError, match="intra_op_num_threads must be an integer"):
         linear_estimator(intra_op_num_threads=True).fit(X, y)
-    fixed = linear_regression_model(np.zeros((1, 3)), np.zeros(1))
-    for info in (fixed.graph.input[0], fixed.graph.output[0]):
+    mixing = linear_regression_model(np.ones((1, 3)), np.zeros(1))
+    mixing.graph.node[1].input[1] = "total"
+    mixing.graph.node.insert(1, onnx.helper.make_node("ReduceSum", ["y1"], ["total"], keepdims=1))
+    for info in (mixing.graph.input[0], mixing.graph.output[0]):
         info.type.tensor_type.shape.dim[0].dim_value = 1
-    with pytest.raises(ValueError, match="input 'X' has a fixed first dimension 1"):
-        OrtGradientForwardBackwardOptimizer(fixed, batch_size=8).fit(X, y)
+    with pytest.raises(ValueError, match=r"fixed batch dimension 1 .* the model mixes rows"):
+        OrtGradientForwardBackwardOptimizer(mixing, batch_size=8).fit(X, y)
 
 
 def test_ort_gradient_optimizer_needs_the_loss_output():
