@@ -23,10 +23,11 @@ from onnxgrad.cli import (
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from onnxgrad.training.distributed import rank0_prints
+    from onnxgrad.training.distributed import finish, rank0_prints
 
     with rank0_prints():
         _train(args)
+    finish()
 
 
 def _train(args: argparse.Namespace) -> None:

@@ -24,27 +24,23 @@ before the step ends. Splitting it costs one more session run per step (measured
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import itertools
 import os
 import sys
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 
 import numpy as np
 import onnxruntime as ort
-from onnx import ModelProto, helper
+from onnx import ModelProto
 
-from onnxgrad._onnx_utils import ModelLike, default_opset, finalize_model, np_dtype
-from onnxgrad.derivative import DerivativeOptions, onnx_derivative
-from onnxgrad.training._builder import StepBuilder, inline_model
-from onnxgrad.training.composition import LossModel, make_loss_model, with_batch_indices
+from onnxgrad._onnx_utils import np_dtype
+from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import Device
-from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
-from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
-from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
 from onnxgrad.training.runner import (
     StepBuffers,
     TrainingRunner,
@@ -53,7 +49,8 @@ from onnxgrad.training.runner import (
     _weight_types,
     make_session,
 )
-from onnxgrad.training.train_step import TrainStep, append_update
+from onnxgrad.training.split_step import SplitStep
+from onnxgrad.training.train_step import TrainStep
 
 #: seconds a collective waits for the other ranks before it fails (``ONNXGRAD_DIST_TIMEOUT``)
 DEFAULT_TIMEOUT = 300.0
@@ -145,7 +142,24 @@ def process_group(device: Device):
     if not dist.is_initialized():
         backend = "nccl" if device.kind == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds()))
+        atexit.register(_close, dist)
     return dist
+
+
+def finish() -> None:
+    """Wait for every rank, then close the process group (the end of a job: no rank tears
+    its connections down while another still uses them)."""
+    dist = _initialized_group()
+    if dist is None:
+        return
+    with collective("waiting for the other ranks to finish"):
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _close(dist) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @contextlib.contextmanager
@@ -210,124 +224,6 @@ def model_digest(model: ModelProto) -> str:
     return f"{zlib.crc32(model.SerializeToString(deterministic=True)):08x}"
 
 
-# -- graphs ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SplitStep(TrainStep):
-    """A train step in two graphs, for an all-reduce between them.
-
-    :attr:`gradient`: data inputs and weights -> ``<weight>_grad`` for each weight (the
-    data loss only), then the loss. :attr:`model` (the :class:`TrainStep` part, ``'flat'``
-    layout): the update, whose inputs :attr:`gradients` receive the reduced gradients; it
-    adds the penalty's gradient, and its :attr:`~TrainStep.loss` output is the penalty.
-    """
-
-    gradient: ModelProto | None = None
-    #: the update graph's inputs fed with the reduced gradients, in the order of the weights
-    gradients: tuple[str, ...] = ()
-    #: the loss's reduction over a batch, ``'sum'`` or ``'mean'`` (None: a loss the model
-    #: computes, told apart on the data by :func:`probe_reduction`)
-    reduction: str | None = None
-
-    @property
-    def gradient_model(self) -> LossModel:
-        """The gradient graph with its data roles."""
-        return LossModel(
-            self.gradient, self.features, self.label, self.sample_weight, "", self.weights
-        )
-
-
-def make_split_step(
-    model: ModelLike,
-    weights: Sequence[str] | None = None,
-    *,
-    loss: BaseLearningLoss | None = SquareLearningLoss(),  # noqa: B008
-    learning_rate: BaseLearningRate | None = None,
-    penalty: BaseLearningPenalty | None = None,
-    output: str | None = None,
-    loss_output_name: str = "loss",
-    label_name: str | None = None,
-    weight_name: str | None = None,
-    backend: str = "onnx",
-    layout: str = "flat",
-) -> SplitStep:
-    """The train step of :func:`~onnxgrad.training.make_train_step` (same arguments) split
-    into a gradient graph and an update graph; the update runs on the flat weight vector."""
-    if layout != "flat":
-        raise ValueError(f"a split step updates the flat weight vector, not layout {layout!r}")
-    learning_rate = learning_rate if learning_rate is not None else LearningRateSGD()
-    if not isinstance(learning_rate, BaseLearningRate):
-        raise TypeError(f"learning_rate must be an optimizer object, got {learning_rate!r}")
-    learning_rate.check()
-    lm = make_loss_model(
-        model,
-        loss,
-        weights=weights,
-        output=output,
-        loss_output_name=loss_output_name,
-        label_name=label_name,
-        weight_name=weight_name,
-    )
-    gradient = onnx_derivative(
-        lm.model,
-        weights=list(lm.weights),
-        inputs=[],
-        options=DerivativeOptions.Loss,
-        loss=lm.loss,
-        label=lm.label,
-        backend=backend,
-    )
-    typed = {i.name: i for i in gradient.graph.input}
-    elem_type = gradient.graph.output[len(lm.weights)].type.tensor_type.elem_type
-    shapes = {w: tuple(d.dim_value for d in typed[w].type.tensor_type.shape.dim) for w in lm.weights}
-    penalty = penalty if penalty is not None else NoLearningPenalty()
-    update, gradients = _update_model(lm.weights, shapes, elem_type, default_opset(gradient), penalty)
-    roles = {"features": lm.features, "label": lm.label, "sample_weight": lm.sample_weight}
-    step = append_update(update, roles, lm.weights, learning_rate, "flat")
-    values = {f.name: getattr(step, f.name) for f in fields(TrainStep)}
-    reduction = None if loss is None else loss.reduction
-    return SplitStep(**values, gradient=gradient, gradients=gradients, reduction=reduction)
-
-
-def _update_model(weights, shapes, elem_type: int, opset: int, penalty: BaseLearningPenalty):
-    """The update's input half: ``(W, G) -> (G + dP/dW, P(W))`` as a gradient graph
-    :func:`append_update` extends; returns it and the names of the ``G`` inputs."""
-    graph = helper.make_graph([], "update", [], [])
-    b = StepBuilder(graph, opset)
-    for w in weights:
-        graph.input.append(helper.make_tensor_value_info(w, elem_type, list(shapes[w])))
-    reduced = [b.input(f"{w}_reduced", elem_type, list(shapes[w])) for w in weights]
-    penalty_grad = _penalty_gradient(penalty, weights, shapes, elem_type, opset)
-    if penalty_grad is None:
-        grads = [b.op("Identity", g) for g in reduced]
-        value = b.const(np.zeros((), dtype=np_dtype(elem_type)), elem_type, "penalty")
-    else:
-        produced = inline_model(b, penalty_grad, {w: w for w in weights})
-        names = [o.name for o in penalty_grad.graph.output]
-        grads = [b.op("Add", g, produced[n]) for g, n in zip(reduced, names)]
-        value = b.op("Identity", produced[names[-1]], out=b.names.unique("penalty"))
-    for w, g in zip(weights, grads):
-        graph.output.append(helper.make_tensor_value_info(g, elem_type, list(shapes[w])))
-    graph.output.append(helper.make_tensor_value_info(value, elem_type, []))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return finalize_model(model), tuple(reduced)
-
-
-def _penalty_gradient(penalty, weights, shapes, elem_type: int, opset: int) -> ModelProto | None:
-    """``W -> (dP/dW..., P(W))``, or None without a penalty."""
-    zeros = [
-        helper.make_tensor(w, elem_type, list(shapes[w]), np.zeros(shapes[w]).ravel().tolist())
-        for w in weights
-    ]
-    graph = helper.make_graph([], "penalty", [], [], zeros)
-    value = penalty.emit(StepBuilder(graph, opset), weights, elem_type)
-    if value is None:
-        return None
-    graph.output.append(helper.make_tensor_value_info(value, elem_type, []))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    options = DerivativeOptions.FillGrad | DerivativeOptions.KeepOutputs
-    return onnx_derivative(model, weights=list(weights), inputs=[], options=options)
-
-
 # -- runner ---------------------------------------------------------------------------------
 class DistributedRunner:
     """:class:`~onnxgrad.training.runner.TrainingRunner`'s interface for a :class:`SplitStep`
@@ -351,9 +247,7 @@ class DistributedRunner:
         check_every: int = 100,
     ):
         if device.kind != "cpu":
-            raise ValueError(
-                f"data-parallel training runs on the CPU (gloo) only, not on {device}"
-            )
+            raise ValueError(f"data-parallel training runs on the CPU (gloo) only, not on {device}")
         self.dist = process_group(device)
         self.torch = _torch()
         self.step = step
@@ -529,7 +423,7 @@ class _Shards:
         self.mean = runner._reduction == "mean"
         indices = [
             ort.OrtValue.ortvalue_from_numpy(self.rows[a:b]) if b > a else None
-            for a, b in zip(offsets[:-1], offsets[1:])
+            for a, b in itertools.pairwise(offsets)
         ]
         self.bindings = [
             [None if i is None else runner._bind_gradient(data, i, parity) for i in indices]
@@ -589,11 +483,10 @@ def make_runner(
 __all__ = [
     "DistributedError",
     "DistributedRunner",
-    "SplitStep",
     "agreed",
     "data_parallel",
+    "finish",
     "make_runner",
-    "make_split_step",
     "rank",
     "rank0_prints",
     "threads_per_rank",

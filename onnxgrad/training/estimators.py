@@ -46,7 +46,7 @@ from onnxgrad.training.composition import (
 )
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import check_device
-from onnxgrad.training.distributed import agreed, data_parallel, make_runner, make_split_step
+from onnxgrad.training.distributed import agreed, data_parallel, make_runner
 from onnxgrad.training.distributed import world_size as _world_size
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
@@ -56,6 +56,7 @@ from onnxgrad.training.penalties import (
     select_learning_penalty,
 )
 from onnxgrad.training.runner import GraphRunner
+from onnxgrad.training.split_step import make_split_step
 
 #: parameters the composed graphs do not depend on
 _RUN_PARAMS = frozenset(

@@ -78,7 +78,8 @@ class EpochCheckpoint:
         try:
             progress = json.loads(self.progress_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot resume: {str(self.progress_path)!r} unreadable ({exc})")
+            where = str(self.progress_path)
+            raise ValueError(f"cannot resume: {where!r} unreadable ({exc})") from exc
         if not isinstance(progress, dict) or progress.get("format") != FORMAT:
             raise ValueError(f"cannot resume: {str(self.progress_path)!r} is no progress file")
         if progress.get("sha256") != self._digests():
