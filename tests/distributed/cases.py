@@ -93,57 +93,61 @@ def sklearn_classifier() -> tuple[ModelProto, np.ndarray, np.ndarray]:
     return model, X, y.astype(np.int64)
 
 
-def estimators(batch_size: int) -> dict[str, tuple]:
-    """``{case: (estimator, X, y)}``, each case exercising another part: Nesterov with a
-    penalty and early stopping; Adam on a converted classifier; a CNN with momentum; a loss
-    summed over the batch that the model computes itself (told apart on the data)."""
+def estimators(batch_size: int, names=("mlp", "classifier", "cnn", "model_loss_sum")) -> dict:
+    """``{case: (estimator, X, y)}`` for the cases ``names``, each exercising another part:
+    Nesterov with a penalty and early stopping; Adam on a converted classifier; a CNN with
+    momentum; a loss summed over the batch that the model computes itself (told apart on
+    the data)."""
     common = {"batch_size": batch_size, "random_state": 5, "intra_op_num_threads": 1}
+    return {name: _CASES[name](common) for name in names}
+
+
+def _mlp(common):
     mlp, X, y = mlp_regression()
-    cnn, Xc, yc = small_cnn()
-    clf, Xs, ys = sklearn_classifier()
+    estimator = OrtGradientForwardBackwardOptimizer(
+        mlp,
+        max_iter=3,
+        learning_rate="Nesterov",
+        learning_penalty=ElasticLearningPenalty(l1=1e-3, l2=1e-2),
+        early_stopping=True,
+        n_iter_no_change=1,
+        **common,
+    )
+    return estimator, X, y
+
+
+def _classifier(common):
+    clf, X, y = sklearn_classifier()
+    estimator = OrtGradientForwardBackwardOptimizer(
+        clf,
+        max_iter=EPOCHS,
+        learning_rate="Adam",
+        learning_loss="cross_entropy",
+        output="probabilities",
+        **common,
+    )
+    return estimator, X, y
+
+
+def _cnn(common):
+    cnn, X, y = small_cnn()
+    estimator = OrtGradientForwardBackwardOptimizer(
+        cnn,
+        max_iter=EPOCHS,
+        learning_rate="Momentum",
+        learning_loss="cross_entropy_logits",
+        **common,
+    )
+    return estimator, X, y
+
+
+def _model_loss_sum(common):
+    mlp, X, y = mlp_regression()
     summed = add_loss_output(mlp, score_name="squared_error", reduction="sum")
-    return {
-        "mlp": (
-            OrtGradientForwardBackwardOptimizer(
-                mlp,
-                max_iter=3,
-                learning_rate="Nesterov",
-                learning_penalty=ElasticLearningPenalty(l1=1e-3, l2=1e-2),
-                early_stopping=True,
-                n_iter_no_change=1,
-                **common,
-            ),
-            X,
-            y,
-        ),
-        "classifier": (
-            OrtGradientForwardBackwardOptimizer(
-                clf,
-                max_iter=EPOCHS,
-                learning_rate="Adam",
-                learning_loss="cross_entropy",
-                output="probabilities",
-                **common,
-            ),
-            Xs,
-            ys,
-        ),
-        "cnn": (
-            OrtGradientForwardBackwardOptimizer(
-                cnn,
-                max_iter=EPOCHS,
-                learning_rate="Momentum",
-                learning_loss="cross_entropy_logits",
-                **common,
-            ),
-            Xc,
-            yc,
-        ),
-        "model_loss_sum": (
-            OrtGradientOptimizer(
-                summed, ["W1", "b1", "W2", "b2"], max_iter=EPOCHS, learning_rate=1e-3, **common
-            ),
-            X,
-            y,
-        ),
-    }
+    estimator = OrtGradientOptimizer(
+        summed, ["W1", "b1", "W2", "b2"], max_iter=EPOCHS, learning_rate=1e-3, **common
+    )
+    return estimator, X, y
+
+
+_CASES = {"mlp": _mlp, "classifier": _classifier, "cnn": _cnn, "model_loss_sum": _model_loss_sum}

@@ -63,7 +63,7 @@ def fitted(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("case", ["mlp", "classifier", "cnn", "model_loss_sum"])
 def test_two_ranks_equal_one_process_with_the_global_batch(fitted, case):
-    estimator, X, y = estimators(BATCH * RANKS)[case]
+    estimator, X, y = estimators(BATCH * RANKS, [case])[case]
     estimator.fit(X, y)
     distributed = np.load(fitted / f"{case}.npz")
     for name, value in estimator.get_state().items():

@@ -30,7 +30,7 @@ def fit(out: Path) -> None:
                 k: np.array(getattr(estimator, k)) for k in ("train_losses_", "validation_scores_")
             }
             np.savez(out / f"{name}.npz", **estimator.get_state(), **curves)
-    estimator, X, y = estimators(BATCH)["cnn"]
+    estimator, X, y = estimators(BATCH, ["cnn"])["cnn"]
     try:
         estimator.fit(X if rank() == 0 else X + 1, y)
     except DistributedError as exc:
@@ -48,7 +48,7 @@ def fail_in_second_epoch(action) -> None:
         return run_epoch(self, loader, learning_rate)
 
     DistributedRunner.run_epoch = failing
-    estimator, X, y = estimators(BATCH)["mlp"]
+    estimator, X, y = estimators(BATCH, ["mlp"])["mlp"]
     estimator.fit(X, y)
 
 
