@@ -62,7 +62,7 @@ def _train(args: argparse.Namespace) -> None:
         random_state=args.seed,
         validation_every=1,
         warm_start=True,
-        verbose=int(rank() == 0),
+        verbose=1,
         intra_op_num_threads=threads_per_rank(),
     )
     (X, y), validation = _split(X, y, args.val_fraction, np.random.default_rng(args.seed))

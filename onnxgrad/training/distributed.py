@@ -20,6 +20,14 @@ before the step ends. Splitting it costs one more session run per step (measured
 ``benchmarks/bench_distributed.py``); the single-process path keeps the fused step.
 
 ``torch`` is imported only when a runner starts (the extra ``onnxgrad[distributed]``).
+
+The estimators and ``onnxgrad train`` switch to this runner by themselves when
+``WORLD_SIZE > 1``. Below them, the same pieces by hand, in a script every rank runs::
+
+    step = make_split_step(model, loss=..., learning_rate=...)   # split_step.py
+    runner = DistributedRunner(step, check_device("cpu"), weights)
+    loader = OrtDataLoader(X, y, batch_size=world_size() * 32, random_state=0)
+    losses = runner.run_epoch(loader, 0.01)                       # one epoch, all ranks
 """
 
 from __future__ import annotations
@@ -320,7 +328,7 @@ class DistributedRunner:
         shards.shuffle(order)
         self._lr[...] = learning_rate
         losses = np.zeros(len(shards.coefficients), dtype=self._reduced.dtype)
-        parity = self._current
+        parity, ranks = self._current, self.world_size
         for j, coefficient in enumerate(shards.coefficients):
             if coefficient:
                 self.session.run_with_iobinding(shards.bindings[parity][j])
@@ -328,8 +336,9 @@ class DistributedRunner:
                     self._reduced *= coefficient
             else:
                 self._reduced[:] = 0
-            with collective(f"the gradients' all-reduce of step {self.steps + 1}"):
-                self.dist.all_reduce(self._reduced_tensor)
+            if ranks > 1:
+                with collective(f"the gradients' all-reduce of step {self.steps + 1}"):
+                    self.dist.all_reduce(self._reduced_tensor)
             self.update_session.run_with_iobinding(self._updates[parity])
             losses[j] = self._reduced[-1] + self._penalty
             parity ^= 1

@@ -46,7 +46,7 @@ from onnxgrad.training.composition import (
 )
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import check_device
-from onnxgrad.training.distributed import agreed, data_parallel, make_runner
+from onnxgrad.training.distributed import agreed, data_parallel, make_runner, rank
 from onnxgrad.training.distributed import world_size as _world_size
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
@@ -182,13 +182,9 @@ class BaseOrtOptimizer(EstimatorMixin):
         elif self.runner_.step is not step or self.device_ != device:
             self._switch_graphs(model, graphs, step, device)
         X, y, *weight = data
+        size = self.batch_size * _world_size()  # per rank, as DistributedDataParallel
         loader = OrtDataLoader(
-            X,
-            y,
-            *weight,
-            batch_size=self.batch_size * _world_size(),
-            device=device,
-            random_state=self._shuffling,
+            X, y, *weight, batch_size=size, device=device, random_state=self._shuffling
         )
         if self.n_iter_ == 0:
             self._check_probabilities(X)
@@ -403,7 +399,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         stopper = NoImprovement(self.tol, self.n_iter_no_change) if stopping else None
         best = None
         epochs = range(n_epochs)
-        bar = _progress_bar(epochs) if self.verbose else None
+        bar = _progress_bar(epochs) if self.verbose and rank() == 0 else None
         sizes = _batch_sizes(len(loader), loader.batch_size)
         for _ in bar if bar is not None else epochs:
             lr.update_learning_rate(self.t_)
