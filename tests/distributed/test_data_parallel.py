@@ -74,10 +74,14 @@ def test_two_ranks_equal_one_process_with_the_global_batch(fitted, case):
     )
 
 
-def test_ranks_given_other_data_are_refused_by_name(fitted):
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [("data", "the training data (ranks [1])"), ("model", "the initial weights (ranks [1])")],
+)
+def test_ranks_given_other_data_or_models_are_refused_by_name(fitted, given, named):
     for rank in range(RANKS):
-        message = (fitted / f"mismatch.{rank}.txt").read_text()
-        assert "the training data (ranks [1]) differ from rank 0's" in message
+        message = (fitted / f"{given}.{rank}.txt").read_text()
+        assert f"{named} differ from rank 0's" in message
 
 
 def _weights(path: Path) -> dict[str, np.ndarray]:

@@ -12,7 +12,9 @@ import pytest
 
 from tests.distributed.cases import BATCH, RANKS, mlp_regression
 
-pytest.importorskip("ray", reason="Ray is not installed (a 79 MB wheel, not a dependency of onnxgrad)")
+pytest.importorskip(
+    "ray", reason="Ray is not installed (a 79 MB wheel, not a dependency of onnxgrad)"
+)
 pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_train.py"

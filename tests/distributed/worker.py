@@ -2,8 +2,8 @@
 ``torchrun --standalone --nproc_per_node=2 worker.py SCENARIO OUTDIR``.
 
 * ``fit``: every case of :mod:`tests.distributed.cases`; rank 0 saves the weights and
-  curves to ``OUTDIR/CASE.npz``; then a fit where rank 1 holds other data, whose error each
-  rank writes to ``OUTDIR/mismatch.RANK.txt``.
+  curves to ``OUTDIR/CASE.npz``; then a fit where rank 1 holds other data, and one where it
+  holds another model, whose errors each rank writes to ``OUTDIR/{data,model}.RANK.txt``.
 * ``kill``: rank 1 kills itself during its second epoch.
 * ``hang``: rank 1 stops answering during its second epoch.
 """
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from onnx import numpy_helper
 
 from onnxgrad.training.distributed import DistributedError, DistributedRunner, rank
 from tests.distributed.cases import BATCH, estimators
@@ -34,7 +35,15 @@ def fit(out: Path) -> None:
     try:
         estimator.fit(X if rank() == 0 else X + 1, y)
     except DistributedError as exc:
-        (out / f"mismatch.{rank()}.txt").write_text(str(exc))
+        (out / f"data.{rank()}.txt").write_text(str(exc))
+    estimator, X, y = estimators(BATCH, ["cnn"])["cnn"]
+    if rank() == 1:
+        bias = next(i for i in estimator.model_onnx.graph.initializer if i.name == "fc_b")
+        bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 1, "fc_b"))
+    try:
+        estimator.fit(X, y)
+    except DistributedError as exc:
+        (out / f"model.{rank()}.txt").write_text(str(exc))
 
 
 def fail_in_second_epoch(action) -> None:
