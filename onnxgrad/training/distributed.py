@@ -323,12 +323,14 @@ class DistributedRunner:
             self._shards = _Shards(self, loader)
         shards = self._shards
         order = loader.epoch_order()
-        with collective("sharing the epoch's row order"):
-            self.dist.broadcast(self.torch.from_numpy(order), 0)
+        ranks = self.world_size
+        if ranks > 1:
+            with collective("sharing the epoch's row order"):
+                self.dist.broadcast(self.torch.from_numpy(order), 0)
         shards.shuffle(order)
         self._lr[...] = learning_rate
         losses = np.zeros(len(shards.coefficients), dtype=self._reduced.dtype)
-        parity, ranks = self._current, self.world_size
+        parity = self._current
         for j, coefficient in enumerate(shards.coefficients):
             if coefficient:
                 self.session.run_with_iobinding(shards.bindings[parity][j])
@@ -337,16 +339,22 @@ class DistributedRunner:
             else:
                 self._reduced[:] = 0
             if ranks > 1:
-                with collective(f"the gradients' all-reduce of step {self.steps + 1}"):
-                    self.dist.all_reduce(self._reduced_tensor)
+                self._all_reduce()
             self.update_session.run_with_iobinding(self._updates[parity])
             losses[j] = self._reduced[-1] + self._penalty
             parity ^= 1
             self._current = parity
             self.steps += 1
-            if self.steps % self.check_every == 0:
+            if ranks > 1 and self.steps % self.check_every == 0:
                 self.check_weights()
         return losses
+
+    def _all_reduce(self) -> None:
+        try:
+            self.dist.all_reduce(self._reduced_tensor)
+        except RuntimeError as exc:
+            with collective(f"the gradients' all-reduce of step {self.steps + 1}"):
+                raise exc from None
 
     def check_weights(self) -> None:
         """Raise :class:`DistributedError` naming the step when the ranks' weights differ."""
