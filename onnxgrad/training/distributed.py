@@ -321,13 +321,14 @@ class DistributedRunner:
         each global batch with the weights before its update (penalty included)."""
         if self._shards is None or self._shards.loader is not loader:
             self._shards = _Shards(self, loader)
+            self._reduction = self._reduction or probe_reduction(self, loader.device_data())
         shards = self._shards
         order = loader.epoch_order()
         ranks = self.world_size
         if ranks > 1:
             with collective("sharing the epoch's row order"):
                 self.dist.broadcast(self.torch.from_numpy(order), 0)
-        shards.shuffle(order)
+        shards.shuffle(order, self._reduction == "mean")
         self._lr[...] = learning_rate
         losses = np.zeros(len(shards.coefficients), dtype=self._reduced.dtype)
         parity = self._current
@@ -436,8 +437,6 @@ class _Shards:
         offsets = np.concatenate([[0], np.cumsum(self.sizes)])
         self.offsets = offsets
         data = loader.device_data()
-        runner._reduction = runner._reduction or probe_reduction(runner, data)
-        self.mean = runner._reduction == "mean"
         indices = [
             ort.OrtValue.ortvalue_from_numpy(self.rows[a:b]) if b > a else None
             for a, b in itertools.pairwise(offsets)
@@ -448,10 +447,11 @@ class _Shards:
         ]
         self.coefficients = np.zeros(len(pieces))
 
-    def shuffle(self, order: np.ndarray) -> None:
-        """Take this rank's rows of ``order`` and each batch's share ``c_r`` of the loss."""
+    def shuffle(self, order: np.ndarray, mean: bool) -> None:
+        """Take this rank's rows of ``order`` and each batch's share ``c_r`` of the loss
+        (``mean``: a loss averaged over the batch)."""
         self.rows[:] = order[self.positions]
-        if not self.mean:
+        if not mean:
             self.coefficients[:] = self.sizes > 0
             return
         weight = np.ones(len(order)) if self.sample_weight is None else self.sample_weight
