@@ -24,6 +24,14 @@ from onnxgrad.cli_feeds import add_feed_option, read_feeds, with_feeds
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    from onnxgrad.training.distributed import finish, rank0_prints
+
+    with rank0_prints():
+        _train(args)
+    finish()
+
+
+def _train(args: argparse.Namespace) -> None:
     import numpy as np
 
     from onnxgrad._files import save_model
@@ -32,8 +40,12 @@ def cmd_train(args: argparse.Namespace) -> None:
         OrtGradientForwardBackwardOptimizer,
         learning_rate_from_name,
     )
+    from onnxgrad.training.distributed import rank, threads_per_rank
     from onnxgrad.training.losses import select_learning_loss
+    from onnxgrad.training.resume import checkpoint_epochs
 
+    if args.resume and not args.checkpoint:
+        raise CommandError("--resume needs --checkpoint FILE.json, the checkpoint to resume")
     model = read_model(args.model)
     destination = check_destination(args.output)
     curve = check_destination(args.curve) if args.curve else None
@@ -53,6 +65,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         validation_every=1,
         warm_start=True,
         verbose=1,
+        intra_op_num_threads=threads_per_rank(),
     )
     (X, y), validation = _split(X, y, args.val_fraction, np.random.default_rng(args.seed))
     estimator.initialize(X, y, feeds=feeds)
@@ -60,8 +73,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"training {weights} on {len(X)} rows" + _val_rows(validation))
     start = estimator.objective(X, y)
     print(f"starting loss {start:.6g}" + _val_loss(estimator, validation))
-    validated = {} if validation is None else dict(zip(("X_val", "y_val"), validation))
-    estimator.fit(X, y, feeds=feeds, **validated)
+    if args.checkpoint:
+        saver = checkpoint_epochs(estimator, args.checkpoint, {"start": start})
+        start = saver.restore(estimator)["start"] if args.resume else start
+    estimator.max_iter = args.epochs - estimator.n_iter_
+    if estimator.max_iter > 0:
+        validating = {} if validation is None else dict(zip(("X_val", "y_val"), validation))
+        estimator.fit(X, y, feeds=feeds, **validating)
     val = estimator.validation_losses_ if validation is not None else []
     for epoch, loss in enumerate(estimator.train_losses_, start=1):
         shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
@@ -69,9 +87,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     if curve is not None:
         written = write_curve(curve, start, estimator.train_losses_, val)
         print(f"wrote {written}")
-    with finishing():
-        save_model(estimator.get_trained_onnx(), destination)
-        print(f"wrote {destination}")
+    if rank() == 0:
+        with finishing():
+            save_model(estimator.get_trained_onnx(), destination)
+            print(f"wrote {destination}")
 
 
 def parse_penalty(spec: str | None) -> tuple[float, float]:
@@ -207,3 +226,11 @@ def add_train(commands) -> None:
     add_feed_option(sub)
     sub.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     sub.add_argument("--seed", type=int, default=0, help="seed of the batch shuffling")
+    sub.add_argument(
+        "--checkpoint",
+        metavar="FILE.json",
+        help="write the training state there at every epoch's end (rank 0 only)",
+    )
+    sub.add_argument(
+        "--resume", action="store_true", help="continue from --checkpoint's last epoch"
+    )

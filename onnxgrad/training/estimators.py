@@ -48,6 +48,8 @@ from onnxgrad.training.composition import (
 )
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import check_device
+from onnxgrad.training.distributed import agreed, data_parallel, make_runner, rank
+from onnxgrad.training.distributed import world_size as _world_size
 from onnxgrad.training.feeds import (
     FixedFeeds,
     as_rows,
@@ -63,7 +65,8 @@ from onnxgrad.training.penalties import (
     NoLearningPenalty,
     select_learning_penalty,
 )
-from onnxgrad.training.runner import GraphRunner, TrainingRunner
+from onnxgrad.training.runner import GraphRunner
+from onnxgrad.training.split_step import make_split_step
 
 #: parameters the composed graphs do not depend on
 _RUN_PARAMS = frozenset(
@@ -204,8 +207,9 @@ class BaseOrtOptimizer(EstimatorMixin):
             self._switch_graphs(model, graphs, step, device)
         self.runner_.set_feeds(fixed)
         X, y, *weight = data
+        size = self.batch_size * _world_size()  # per rank, as DistributedDataParallel
         loader = data_loader(
-            X, y, *weight, batch_size=self.batch_size, device=device, random_state=self._shuffling
+            X, y, *weight, batch_size=size, device=device, random_state=self._shuffling
         )
         if self.n_iter_ == 0:
             self._check_probabilities(X)
@@ -328,11 +332,13 @@ class BaseOrtOptimizer(EstimatorMixin):
         """The train step of ``graphs`` for ``device``, built on first use.
 
         On the CPU the update runs on all weights end to end (``'flat'`` layout: fewer,
-        larger kernels), elsewhere weight by weight.
+        larger kernels), elsewhere weight by weight. On several ranks the step is split
+        around the gradients' all-reduce (:mod:`onnxgrad.training.distributed`).
         """
         layout = "flat" if device.kind == "cpu" else "per_weight"
-        if layout not in graphs.steps:
-            graphs.steps[layout] = make_train_step(
+        key, build = ("split", make_split_step) if data_parallel() else (layout, make_train_step)
+        if key not in graphs.steps:
+            graphs.steps[key] = build(
                 model,
                 graphs.evaluation.weights,
                 learning_rate=graphs.learning_rate,
@@ -341,7 +347,7 @@ class BaseOrtOptimizer(EstimatorMixin):
                 layout=layout,
                 **graphs.step_options,
             )
-        return graphs.steps[layout]
+        return graphs.steps[key]
 
     def _training_data(self, graphs: _Graphs, X, y, sample_weight) -> list[np.ndarray]:
         evaluation = graphs.evaluation
@@ -410,7 +416,7 @@ class BaseOrtOptimizer(EstimatorMixin):
     def _make_runners(self, graphs: _Graphs, step: TrainStep, device, weights, state) -> tuple:
         """``(runner, evaluator, validator, predictor)``, nothing assigned yet."""
         options = self._session_options()
-        runner = TrainingRunner(step, device, weights, state, options)
+        runner = make_runner(step, device, weights, state, options)
         evaluation, objective = graphs.evaluation, graphs.objective
         evaluator = GraphRunner(evaluation.model, evaluation.data_inputs, device, options)
         validator = evaluator
@@ -443,7 +449,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         stopper = NoImprovement(self.tol, self.n_iter_no_change) if stopping else None
         best = None
         epochs = range(n_epochs)
-        bar = _progress_bar(epochs) if self.verbose else None
+        bar = _progress_bar(epochs) if self.verbose and rank() == 0 else None
         sizes = _batch_sizes(len(loader), loader.batch_size)
         for _ in bar if bar is not None else epochs:
             lr.update_learning_rate(self.t_)
@@ -458,11 +464,13 @@ class BaseOrtOptimizer(EstimatorMixin):
             self.n_iter_ += 1
             self.train_losses_.append(self._epoch_loss(losses, sizes))
             if validation is not None and every and self.n_iter_ % every == 0:
-                self.validation_losses_.append(self._batched_objective(validation))
+                self.validation_losses_.append(agreed(self._batched_objective(validation)))
+            for callback in self.__dict__.get("epoch_callbacks", ()):
+                callback(self)
             if bar is not None:
                 bar.set_postfix(loss=f"{self.train_losses_[-1]:.4g}", lr=f"{lr.value:.3g}")
             if stopper is not None:
-                self.validation_scores_.append(self._validation_score(validation))
+                self.validation_scores_.append(agreed(self._validation_score(validation)))
                 if stopper.update(self.validation_scores_[-1]):
                     best = snapshot
                 if stopper.should_stop:
@@ -484,7 +492,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         """The objective of ``arrays`` on the scale of :attr:`train_losses_`: consecutive
         batches of ``batch_size`` rows, averaged by :meth:`_epoch_loss`."""
         n = len(arrays[0])
-        sizes = _batch_sizes(n, self.batch_size)
+        sizes = _batch_sizes(n, self.batch_size * _world_size())
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         losses = [
             self._evaluate([a[i : i + k] for a in arrays], self.validator_, fixed)
