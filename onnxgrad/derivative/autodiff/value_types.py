@@ -14,9 +14,9 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
+from onnxgrad._bounded_inference import infer_shapes_bounded
 from onnxgrad._model_checks import weightless_view
 from onnxgrad._onnx_utils import MAX_IR_VERSION, NameScope, all_names, normalize_domain
 from onnxgrad.graph._scopes import free_names, node_inputs
@@ -73,7 +73,7 @@ def _inferred_types(model: ModelProto) -> dict[str, ValueType]:
 
 def _shape_inferred(view: ModelProto) -> dict[str, ValueType]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(view, data_prop=True)
+        inferred = infer_shapes_bounded(view)
     except Exception:  # inference is best effort: rules fall back to dynamic shapes
         inferred = view
     graph = inferred.graph
