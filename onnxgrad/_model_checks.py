@@ -39,7 +39,10 @@ PROTOBUF_LIMIT = 2**31
 def checked_model(model: ModelLike) -> ModelProto:
     """A private copy of ``model``, checked and with its nodes in topological order."""
     model = load_model(model)
-    check_in_place(model)
+    try:
+        check_in_place(model)
+    except UnicodeDecodeError as exc:  # protobuf decodes strings when they are read
+        raise ValueError(f"the model holds a name that is not UTF-8 text ({exc})") from None
     return model
 
 
@@ -171,6 +174,55 @@ def _check_dims(graph: GraphProto) -> None:
     for init in graph.initializer:
         if any(d < 0 for d in init.dims):
             raise ValueError(f"initializer {init.name!r} has a negative dimension: {init.dims}")
+        check_tensor_data(init, "initializer")
+
+
+#: The typed field holding a tensor's values when it has no raw_data, and values per element.
+_VALUE_FIELDS = {
+    TensorProto.FLOAT: ("float_data", 1),
+    TensorProto.COMPLEX64: ("float_data", 2),
+    TensorProto.DOUBLE: ("double_data", 1),
+    TensorProto.COMPLEX128: ("double_data", 2),
+    TensorProto.INT64: ("int64_data", 1),
+    TensorProto.UINT64: ("uint64_data", 1),
+    TensorProto.UINT32: ("uint64_data", 1),
+    TensorProto.STRING: ("string_data", 1),
+}
+#: Element types packed two to a byte (and two to an int32_data value).
+_HALF_BYTE_TYPES = {
+    getattr(TensorProto, name)
+    for name in ("INT4", "UINT4", "FLOAT4E2M1")
+    if hasattr(TensorProto, name)
+}
+
+
+def check_tensor_data(tensor: TensorProto, what: str) -> None:
+    """``ValueError`` naming ``tensor`` when its data does not hold ``prod(dims)`` elements
+    (a declaration that lies about the data, or a damaged file). External data is checked
+    where it is read."""
+    if tensor.data_location == TensorProto.EXTERNAL or tensor.data_type == TensorProto.UNDEFINED:
+        return
+    elements = math.prod(tensor.dims)
+    packed = tensor.data_type in _HALF_BYTE_TYPES
+    if tensor.HasField("raw_data"):
+        unit, count, itemsize = "bytes", len(tensor.raw_data), _itemsize(tensor)
+        expected = -(-elements // 2) if packed else itemsize and elements * itemsize
+    else:
+        field, per_element = _VALUE_FIELDS.get(tensor.data_type, ("int32_data", 1))
+        unit, count = "values", len(getattr(tensor, field))
+        expected = -(-elements // 2) if packed else elements * per_element
+    if expected is not None and count != expected:  # None: an element type onnx cannot size
+        raise ValueError(
+            f"{what} {tensor.name!r} declares dims {list(tensor.dims)} ({elements} elements) "
+            f"but its data holds {count} {unit}, not {expected}"
+        )
+
+
+def _itemsize(tensor: TensorProto) -> int | None:
+    try:
+        return np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def topological_order(
