@@ -189,7 +189,7 @@ _VALUE_FIELDS = {
     TensorProto.STRING: ("string_data", 1),
 }
 #: Element types packed two to a byte (and two to an int32_data value).
-_HALF_BYTE_TYPES = {
+HALF_BYTE_TYPES = {
     getattr(TensorProto, name)
     for name in ("INT4", "UINT4", "FLOAT4E2M1")
     if hasattr(TensorProto, name)
@@ -203,7 +203,7 @@ def check_tensor_data(tensor: TensorProto, what: str) -> None:
     if tensor.data_location == TensorProto.EXTERNAL or tensor.data_type == TensorProto.UNDEFINED:
         return
     elements = math.prod(tensor.dims)
-    packed = tensor.data_type in _HALF_BYTE_TYPES
+    packed = tensor.data_type in HALF_BYTE_TYPES
     if tensor.HasField("raw_data"):
         unit, count, itemsize = "bytes", len(tensor.raw_data), _itemsize(tensor)
         expected = -(-elements // 2) if packed else itemsize and elements * itemsize
