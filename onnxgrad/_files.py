@@ -2,12 +2,13 @@
 
 A symbolic link is written through (its target is replaced, the link stays); a special
 file that exists (a FIFO, a device such as ``/dev/null``) is written into, never renamed
-over. Models too big for one protobuf message (2 GiB) keep their weights as external data
-in ``<name>.data`` beside them.
+over; a FIFO with no reader is refused rather than waited on. Models too big for one
+protobuf message (2 GiB) keep their weights as external data in ``<name>.data`` beside them.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -72,8 +73,23 @@ def _write_into_special(destination: Path, write: Callable[[str], None]) -> None
     with tempfile.TemporaryDirectory(prefix="onnxgrad-") as folder:
         temporary = Path(folder) / destination.name
         write(str(temporary))
-        with open(temporary, "rb") as source, open(destination, "wb") as target:
+        with open(temporary, "rb") as source, _open_special(destination) as target:
             shutil.copyfileobj(source, target)
+
+
+def _open_special(destination: Path):
+    """``destination`` opened for writing without waiting: a FIFO nobody reads is an
+    ``OSError`` naming it (opening it would block until a reader comes, maybe never)."""
+    try:
+        descriptor = os.open(destination, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(
+                exc.errno, "no process reads this FIFO (start the reader first)", str(destination)
+            ) from None
+        raise
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "wb")
 
 
 def _create_temporary(destination: Path) -> Path:
