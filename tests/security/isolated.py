@@ -31,6 +31,14 @@ resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))
 def _alarm(signum, frame):
     raise TimeoutError("the case ran past {timeout} s")
 
+def _peak_mib():
+    # VmHWM restarts at exec; ru_maxrss would count the parent's peak before the exec
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 signal.signal(signal.SIGALRM, _alarm)
 for case in json.load(open(sys.argv[1])):
     os.chdir(case["cwd"])
@@ -45,8 +53,7 @@ for case in json.load(open(sys.argv[1])):
     finally:
         signal.alarm(0)
     report = dict(id=case["id"], error=error, message=message, mro=mro,
-                  seconds=time.perf_counter() - start,
-                  peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                  seconds=time.perf_counter() - start, peak_mib=_peak_mib())
     print("RESULT " + json.dumps(report), flush=True)
 """
 
