@@ -20,6 +20,7 @@ from pathlib import Path
 from onnx import ModelProto, TensorProto
 from onnx.numpy_helper import to_array
 
+from onnxgrad._leftovers import held, remove_leftovers
 from onnxgrad._model_checks import tensor_nbytes
 
 #: Permissions of a new file before the umask, as ``open`` gives them.
@@ -36,7 +37,8 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
     """Call ``write(temporary_path)`` then rename the temporary file to ``path``.
 
     The temporary file lives in the destination folder (so the rename is atomic) and is
-    removed when ``write`` fails: no partial file is ever left at ``path``. The result has
+    removed when ``write`` fails: no partial file is ever left at ``path``; the temporaries
+    of killed writes to ``path`` are removed (:mod:`onnxgrad._leftovers`). The result has
     the permissions of the file it replaces, or those of any new file (``0o666`` less the
     umask). A link is followed; a special file is written into (see the module docstring).
     """
@@ -46,9 +48,11 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
         return
     temporary = _create_temporary(destination)
     try:
-        write(str(temporary))
-        _keep_mode(destination, temporary)
-        os.replace(temporary, destination)
+        with held(temporary):
+            remove_leftovers(destination)
+            write(str(temporary))
+            _keep_mode(destination, temporary)
+            os.replace(temporary, destination)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise

@@ -9,7 +9,6 @@ or interrupted fill leaves the old folder as it was. Leftovers of a killed run (
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
@@ -17,6 +16,8 @@ import shutil
 import stat
 from collections.abc import Callable, Collection
 from pathlib import Path
+
+from onnxgrad._leftovers import held, remove_leftovers, temporary_pattern
 
 _ATTEMPTS = 100
 
@@ -33,14 +34,16 @@ def replace_folder(
     """
     target = Path(os.path.realpath(destination))
     target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(target)
-    mode = _replaceable_mode(target, set(known))
     fresh = _new_sibling(target, "tmp")
     try:
-        if mode is not None:
-            os.chmod(fresh, mode)
-        fill(fresh)
-        _swap(fresh, target)
+        with held(fresh):
+            _restore_or_remove_old(target)
+            remove_leftovers(target)
+            mode = _replaceable_mode(target, set(known))
+            if mode is not None:
+                os.chmod(fresh, mode)
+            fill(fresh)
+            _swap(fresh, target)
     except BaseException:
         shutil.rmtree(fresh, ignore_errors=True)
         raise
@@ -96,23 +99,18 @@ def _new_sibling(target: Path, kind: str, create: bool = True) -> Path:
     raise FileExistsError(f"no free temporary name next to {str(target)!r}")
 
 
-def _remove_leftovers(target: Path) -> None:
-    """Remove the ``.tmp`` siblings of ``target`` a killed run left, and its ``.old`` ones
-    once ``target`` exists (otherwise the newest ``.old`` is the folder: it is put back)."""
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{12}}\.(tmp|old)")
-    leftovers = [p for p in target.parent.iterdir() if pattern.fullmatch(p.name)]
+def _restore_or_remove_old(target: Path) -> None:
+    """A run killed between its two renames left ``target`` as a ``.old`` sibling: put the
+    newest back when ``target`` is missing, remove the others."""
+    pattern = temporary_pattern(target, "old")
     olds = sorted(
-        (p for p in leftovers if p.name.endswith(".old") and p.is_dir()),
+        (p for p in target.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir()),
         key=lambda p: p.stat().st_mtime,
     )
     if olds and not os.path.lexists(target):
         os.rename(olds.pop(), target)
-    for path in leftovers:
-        if path.is_dir() and not path.is_symlink() and path.exists():
-            shutil.rmtree(path, ignore_errors=True)
-        elif path.is_file() or path.is_symlink():
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    for path in olds:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _is_temporary(name: str) -> bool:

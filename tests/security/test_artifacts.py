@@ -230,3 +230,16 @@ def test_a_forged_state_shape_is_refused_before_allocating(reports):
 
 def test_lora_shapes_are_checked_against_the_weight_before_merging(reports):
     refused(reports["lora"], "ValueError", "does not give a [2, 1] update")
+
+
+def test_temporaries_of_killed_writes_are_removed_and_live_ones_kept(tmp_path):
+    from onnxgrad._leftovers import held
+    from onnxgrad.training import save_checkpoint
+
+    killed = tmp_path / ".c.json.0123456789ab.tmp"
+    killed.write_text("half")
+    live = tmp_path / ".c.json.ba9876543210.tmp"
+    live.write_text("being written")
+    with held(live):
+        save_checkpoint(Checkpoint({"w": np.ones(2, np.float32)}), tmp_path / "c.json")
+        assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "c.bin", "c.json"]
