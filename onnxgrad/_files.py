@@ -2,12 +2,13 @@
 
 A symbolic link is written through (its target is replaced, the link stays); a special
 file that exists (a FIFO, a device such as ``/dev/null``) is written into, never renamed
-over. Models too big for one protobuf message (2 GiB) keep their weights as external data
-in ``<name>.data`` beside them.
+over; a FIFO with no reader is refused rather than waited on. Models too big for one
+protobuf message (2 GiB) keep their weights as external data in ``<name>.data`` beside them.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 from onnx import ModelProto, TensorProto
 from onnx.numpy_helper import to_array
 
+from onnxgrad._leftovers import held, remove_leftovers
 from onnxgrad._onnx_utils import tensor_nbytes
 
 #: Permissions of a new file before the umask, as ``open`` gives them.
@@ -35,7 +37,8 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
     """Call ``write(temporary_path)`` then rename the temporary file to ``path``.
 
     The temporary file lives in the destination folder (so the rename is atomic) and is
-    removed when ``write`` fails: no partial file is ever left at ``path``. The result has
+    removed when ``write`` fails: no partial file is ever left at ``path``; the temporaries
+    of killed writes to ``path`` are removed (:mod:`onnxgrad._leftovers`). The result has
     the permissions of the file it replaces, or those of any new file (``0o666`` less the
     umask). A link is followed; a special file is written into (see the module docstring).
     """
@@ -45,9 +48,11 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
         return
     temporary = _create_temporary(destination)
     try:
-        write(str(temporary))
-        _keep_mode(destination, temporary)
-        os.replace(temporary, destination)
+        with held(temporary):
+            remove_leftovers(destination)
+            write(str(temporary))
+            _keep_mode(destination, temporary)
+            os.replace(temporary, destination)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
@@ -72,8 +77,23 @@ def _write_into_special(destination: Path, write: Callable[[str], None]) -> None
     with tempfile.TemporaryDirectory(prefix="onnxgrad-") as folder:
         temporary = Path(folder) / destination.name
         write(str(temporary))
-        with open(temporary, "rb") as source, open(destination, "wb") as target:
+        with open(temporary, "rb") as source, _open_special(destination) as target:
             shutil.copyfileobj(source, target)
+
+
+def _open_special(destination: Path):
+    """``destination`` opened for writing without waiting: a FIFO nobody reads is an
+    ``OSError`` naming it (opening it would block until a reader comes, maybe never)."""
+    try:
+        descriptor = os.open(destination, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(
+                exc.errno, "no process reads this FIFO (start the reader first)", str(destination)
+            ) from None
+        raise
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "wb")
 
 
 def _create_temporary(destination: Path) -> Path:

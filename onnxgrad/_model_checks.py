@@ -11,13 +11,16 @@ twice, a cycle, a negative initializer dimension. The checker runs on a weightle
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable
 
 import onnx
-from onnx import GraphProto, ModelProto, NodeProto
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
+from onnxgrad._external_data import HALF_BYTE_TYPES
 from onnxgrad._onnx_utils import (
     normalize_domain,
+    np_dtype,
     subgraphs,
     weightless_view,
 )
@@ -89,6 +92,49 @@ def _check_dims(graph: GraphProto) -> None:
     for init in graph.initializer:
         if any(d < 0 for d in init.dims):
             raise ValueError(f"initializer {init.name!r} has a negative dimension: {init.dims}")
+        check_tensor_data(init, "initializer")
+
+
+#: The typed field holding a tensor's values when it has no raw_data, and values per element.
+_VALUE_FIELDS = {
+    TensorProto.FLOAT: ("float_data", 1),
+    TensorProto.COMPLEX64: ("float_data", 2),
+    TensorProto.DOUBLE: ("double_data", 1),
+    TensorProto.COMPLEX128: ("double_data", 2),
+    TensorProto.INT64: ("int64_data", 1),
+    TensorProto.UINT64: ("uint64_data", 1),
+    TensorProto.UINT32: ("uint64_data", 1),
+    TensorProto.STRING: ("string_data", 1),
+}
+
+
+def check_tensor_data(tensor: TensorProto, what: str) -> None:
+    """``ValueError`` naming ``tensor`` when its data does not hold ``prod(dims)`` elements
+    (a declaration that lies about the data, or a damaged file). External data is checked
+    where it is read."""
+    if tensor.data_location == TensorProto.EXTERNAL or tensor.data_type == TensorProto.UNDEFINED:
+        return
+    elements = math.prod(tensor.dims)
+    packed = tensor.data_type in HALF_BYTE_TYPES
+    if tensor.HasField("raw_data"):
+        unit, count, itemsize = "bytes", len(tensor.raw_data), _itemsize(tensor)
+        expected = -(-elements // 2) if packed else itemsize and elements * itemsize
+    else:
+        field, per_element = _VALUE_FIELDS.get(tensor.data_type, ("int32_data", 1))
+        unit, count = "values", len(getattr(tensor, field))
+        expected = -(-elements // 2) if packed else elements * per_element
+    if expected is not None and count != expected:  # None: an element type onnx cannot size
+        raise ValueError(
+            f"{what} {tensor.name!r} declares dims {list(tensor.dims)} ({elements} elements) "
+            f"but its data holds {count} {unit}, not {expected}"
+        )
+
+
+def _itemsize(tensor: TensorProto) -> int | None:
+    try:
+        return np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def topological_order(

@@ -45,17 +45,27 @@ def load_model(model: ModelLike) -> ModelProto:
         copy.CopyFrom(model)
         return copy
     if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if not os.path.isfile(path):
-            raise ValueError(f"model file {path!r} does not exist")
-        try:
-            loaded = onnx.load(path)
-        except Exception as exc:  # protobuf raises several types
-            raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
-        if not loaded.HasField("graph"):
-            raise ValueError(f"{path!r} is not a valid ONNX model: it has no graph")
-        return loaded
+        return _load_file(os.fspath(model))
     raise TypeError(f"expected an onnx.ModelProto or a path, got {type(model).__name__}")
+
+
+def _load_file(path: str) -> ModelProto:
+    """The model of the file ``path``, its external data read by onnxgrad itself
+    (:mod:`onnxgrad._external_data`: confined to the model's folder)."""
+    from onnxgrad._external_data import load_external_data  # it imports this module
+
+    if not os.path.exists(path):
+        raise ValueError(f"model file {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise ValueError(f"model file {path!r} is not a regular file")
+    try:
+        loaded = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf raises several types
+        raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
+    if not loaded.HasField("graph"):
+        raise ValueError(f"{path!r} is not a valid ONNX model: it has no graph")
+    load_external_data(loaded, os.path.dirname(path) or os.curdir, path)
+    return loaded
 
 
 def _check_external_data_loaded(model: ModelProto) -> None:

@@ -214,6 +214,12 @@ def _run(args: argparse.Namespace) -> int:
             return 130
         _fail(args.prog, _one_line(exc))
         return USAGE_ERROR
+    except Exception as exc:  # any other failure is still one line, never a traceback
+        if _caused_by_interrupt(exc):
+            _fail(args.prog, "interrupted")
+            return 130
+        _fail(args.prog, f"{type(exc).__name__}: {_one_line(exc)}")
+        return USAGE_ERROR
 
 
 def _caused_by_interrupt(exc: BaseException) -> bool:
@@ -589,18 +595,18 @@ def cmd_derivative(args: argparse.Namespace) -> None:
 def read_training_data(path: str, model: ModelProto):
     """Arrays ``X`` and ``y`` of the ``.npz`` file ``path``; float arrays are cast to the
     element type of the model's first input and first float output."""
+    from onnxgrad._npz import load_arrays  # only the arrays used, sizes checked first
+
     if not os.path.isfile(path):
-        raise CommandError(f"data file {path!r} does not exist")
+        raise CommandError(f"data file {path!r} does not exist or is not a regular file")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except Exception as exc:  # numpy and zipfile raise many types for a corrupt file
+        arrays = load_arrays(path, ["X", "y"])
+    except KeyError as exc:
+        raise CommandError(exc.args[0]) from None
+    except ValueError as exc:
+        raise CommandError(_one_line(exc)) from None
+    except Exception as exc:  # zipfile raises many types for a corrupt file
         raise CommandError(f"{path!r} is not a readable .npz file: {_one_line(exc)}") from None
-    missing = [name for name in ("X", "y") if name not in arrays]
-    if missing:
-        raise CommandError(
-            f"{path!r} has no array {' or '.join(map(repr, missing))}; it holds {sorted(arrays)}"
-        )
     X, y = arrays["X"], arrays["y"]
     if X.dtype.kind == "f":
         X = X.astype(np_dtype(_first_input(model).type.tensor_type.elem_type), copy=False)

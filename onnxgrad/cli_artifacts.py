@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from onnxgrad.cli import (
     CommandError,
@@ -17,9 +16,6 @@ from onnxgrad.cli import (
     read_model,
     read_training_data,
 )
-
-if TYPE_CHECKING:
-    import numpy as np
 
 DATA_FILE = "data.json"
 
@@ -34,8 +30,6 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
     folder = Path(args.output)
     if folder.exists() and not folder.is_dir():
         raise CommandError(f"the output {args.output!r} exists and is not a folder")
-    if not folder.parent.is_dir():
-        raise CommandError(f"the folder of the output {args.output!r} does not exist")
     data = read_training_data(args.data, model) if args.data else None
     if data is not None and len(real_inputs(model)) != 1:
         names = [i.name for i in real_inputs(model)]
@@ -50,9 +44,8 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
         optimizer=args.optimizer,
         learning_rate=args.lr,
         artifact_directory=folder,
+        data=data,
     )
-    if data is not None:
-        _save_data(artifacts, *data)
     step = artifacts.train_step
     print(
         f"train step inputs: {', '.join(step.data_inputs)}, {len(step.weights)} weights, "
@@ -63,18 +56,6 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
         if not path.name.startswith("."):
             print(f"  {path.name:24s} {path.stat().st_size:>10,d} bytes")
     print(f"wrote {folder}")
-
-
-def _save_data(artifacts, X: np.ndarray, y: np.ndarray) -> None:
-    """The training data beside the artifacts, one tensor per data input of the step."""
-    from onnxgrad.training.checkpoint import save_tensors
-
-    step = artifacts.train_step
-    label = next(i for i in step.model.graph.input if i.name == step.label)
-    rank = len(label.type.tensor_type.shape.dim)
-    if y.ndim == 1 and rank == 2:
-        y = y.reshape(-1, 1)
-    save_tensors({step.features[0]: X, step.label: y}, artifacts.directory / DATA_FILE)
 
 
 def add_artifacts(commands) -> None:
@@ -91,7 +72,13 @@ def add_artifacts(commands) -> None:
         """,
     )
     sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
-    sub.add_argument("-o", "--output", required=True, help="folder to write (created)")
+    sub.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="folder to write (created with its parents; a folder of earlier artifacts is "
+        "replaced as a whole)",
+    )
     _add_loss_options(sub, "--loss")
     _add_optimizer_option(
         sub, "adam", "the update fused into the train step; onnxgrad train's default is nesterov"

@@ -4,6 +4,11 @@
 
 then open ``http://127.0.0.1:8000/``. JavaScript modules and WebAssembly get their MIME
 types, and the page is cross-origin isolated (COOP/COEP headers), as onnxruntime-web wants.
+
+Only files are served, from the example's folder or the artifact folder: no folder listing,
+no path whose real location (links followed) leaves its folder, and only requests whose
+``Host`` is this machine's loopback name (a page elsewhere cannot reach the server through
+a DNS name pointed at 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "/artifacts/"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
@@ -39,11 +45,30 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         super().__init__(*args, **kwargs)
 
     def translate_path(self, path: str) -> str:
+        return str(self._locate(path)[1])
+
+    def _locate(self, path: str) -> tuple[Path, Path]:
+        """``(root, file)``: the folder a request path is served from, and its file there
+        (``index.html`` for the root)."""
         clean = posixpath.normpath(urllib.parse.unquote(path.split("?", 1)[0].split("#", 1)[0]))
-        if clean.startswith(PREFIX):
-            parts = [p for p in clean[len(PREFIX) :].split("/") if p not in ("", ".", "..")]
-            return os.path.join(self.artifacts, *parts)
-        return super().translate_path(path)
+        root, rest = (
+            (self.artifacts, clean[len(PREFIX) :]) if clean.startswith(PREFIX) else (HERE, clean)
+        )
+        parts = [p for p in rest.split("/") if p not in ("", ".", "..")]
+        return root, root.joinpath(*parts) if parts else root / "index.html"
+
+    def send_head(self):
+        if not _local_host(self.headers.get("Host", "")):
+            self.send_error(403, "Host must be 127.0.0.1 or localhost")
+            return None
+        if not _serves(*self._locate(self.path)):
+            self.send_error(404, "File not found")
+            return None
+        return super().send_head()
+
+    def list_directory(self, path):
+        self.send_error(404, "File not found")
+        return None
 
     def end_headers(self) -> None:
         self.send_header("Cross-Origin-Opener-Policy", "same-origin")
@@ -55,9 +80,20 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def _local_host(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name.lower() in LOCAL_HOSTS
+
+
+def _serves(root: Path, path: Path) -> bool:
+    """Whether ``path`` is a regular file whose real path lies in ``root``."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real.startswith(base.rstrip(os.sep) + os.sep) and os.path.isfile(real)
+
+
 def make_server(artifacts: str | os.PathLike, port: int = 0) -> http.server.ThreadingHTTPServer:
     """A server on 127.0.0.1 (``port`` 0: a free one) for the example and ``artifacts``."""
-    handler = functools.partial(Handler, directory=str(HERE), artifacts=Path(artifacts))
+    handler = functools.partial(Handler, directory=str(HERE), artifacts=Path(artifacts).resolve())
     return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
 
 

@@ -8,6 +8,7 @@ appends the nodes emitted by :class:`~onnxgrad.derivative.autodiff.engine.Engine
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import GraphProto, ModelProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
@@ -68,7 +69,14 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
     mark_structural_constants(model.graph)
-    return finalize_model(model)
+    try:
+        return finalize_model(model)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        message = " ".join(str(exc).split())[:1000]
+        raise ValueError(
+            f"the gradient graph fails onnx's check ({message}): do the model's declared "
+            "types and shapes agree with what its graph computes?"
+        ) from exc
 
 
 def _rewrite_in_place(

@@ -9,11 +9,12 @@ costs about 0.2 s a call on an idle machine (interpreter start and onnxruntime i
 PyTorch import blocked); the build of a small model takes milliseconds.
 
 The result contains onnxruntime contrib ops (``com.microsoft``: ``SliceGrad``,
-``BroadcastGradientArgs``, ``FusedMatMul``, ``YieldOp`` with ``KeepYieldOp``...) and, for a
-few ops, training ops onnxruntime registers in the default domain (``AveragePoolGrad``,
-``MaxPoolGrad``). It runs with onnxruntime (training wheel), not with the
-inference wheel or the ONNX reference evaluator; :func:`check_gradient_model` states what
-the ONNX checker verifies of it.
+``BroadcastGradientArgs``, ``FusedMatMul``, ``YieldOp`` with ``KeepYieldOp``...). The
+training ops onnxruntime registers in the default domain without an ONNX schema
+(``AveragePoolGrad``, ``MaxPoolGrad``) are replaced by the native gradient of their forward
+node (:mod:`._ort_standard`), so onnx's full checker accepts every result
+(:func:`check_gradient_model`). It runs with onnxruntime (training wheel), not with the
+inference wheel or the ONNX reference evaluator.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from onnxgrad.derivative._ort_checks import (
     refuse_known_wrong_cases,
 )
 from onnxgrad.derivative._ort_graph import (
-    MS_DOMAIN,
     BuiltGraph,
     Forward,
     assemble,
@@ -42,6 +42,7 @@ from onnxgrad.derivative._ort_graph import (
     prepare_forward,
 )
 from onnxgrad.derivative._ort_process import BuilderError, OrtChild
+from onnxgrad.derivative._ort_standard import replace_training_ops
 from onnxgrad.derivative.api import DerivativeRequest
 from onnxgrad.derivative.options import DerivativeOptions
 
@@ -81,6 +82,7 @@ def ort_derivative(request: DerivativeRequest) -> ModelProto:
         result = assemble(built, forward, request)
         check_gradient_shapes(result, forward.model, sources)
         check_static_pooling_shapes(forward.model, result)
+        replace_training_ops(result, forward.model)
         check_gradient_model(result)
         if DerivativeOptions.KeepYieldOp not in request.options:
             path = Path(tmp) / "gradient.onnx"
@@ -225,22 +227,6 @@ def _static_shapes(model: ModelProto) -> dict[str, tuple[int, ...] | None]:
 
 
 def check_gradient_model(model: ModelProto) -> None:
-    """``onnx.checker.check_model(full_check=True)`` on everything ONNX can check.
-
-    The checker skips ops of other domains (``com.microsoft``) but rejects the training ops
-    onnxruntime registers in the default domain without an ONNX schema; those are checked
-    as if they were ``com.microsoft`` ops, the rest of the graph (structure, topological
-    order, types, shape inference) is fully checked.
-    """
-    checked = ModelProto()
-    checked.CopyFrom(model)
-    foreign = [
-        node
-        for node in checked.graph.node
-        if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type)
-    ]
-    for node in foreign:
-        node.domain = MS_DOMAIN
-    if foreign and all(op.domain != MS_DOMAIN for op in checked.opset_import):
-        checked.opset_import.add(domain=MS_DOMAIN, version=1)
-    onnx.checker.check_model(checked, full_check=True)
+    """``onnx.checker.check_model(full_check=True)``: the checker skips the ops of other
+    domains (``com.microsoft``) and checks the rest (structure, order, types, shapes)."""
+    onnx.checker.check_model(model, full_check=True)

@@ -17,6 +17,7 @@ The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -115,9 +116,7 @@ def merge_lora(model: ModelLike) -> ModelProto:
     initializers = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
     for adapter in adapters:
-        missing = [adapter[k] for k in ("weight", "a", "b") if adapter[k] not in initializers]
-        if missing:
-            raise ValueError(f"adapter of {adapter['weight']!r}: no initializer {missing}")
+        _check_adapter(adapter, initializers)
         if adapter["output"] in outputs:
             raise ValueError(f"adapter output {adapter['output']!r} is a graph output")
         base = numpy_helper.to_array(initializers[adapter["weight"]])
@@ -136,6 +135,31 @@ def merge_lora(model: ModelLike) -> ModelProto:
             graph.initializer.remove(initializers.pop(name))
     _set_adapters(model, [])
     return finalize_model(model)
+
+
+def _check_adapter(adapter: object, initializers: dict) -> None:
+    """``ValueError`` unless ``adapter`` (read from the model's metadata) names a weight ``W``
+    and adapters ``A [rows, r]``, ``B [r, cols]`` with ``rows * cols`` the size of ``W``,
+    checked on the declared dims before anything is computed."""
+    keys = {"weight": str, "a": str, "b": str, "output": str, "scale": (int, float)}
+    if not isinstance(adapter, dict) or not all(
+        isinstance(adapter.get(k), t) and not isinstance(adapter.get(k), bool)
+        for k, t in keys.items()
+    ):
+        raise ValueError(f"the model's LoRA metadata holds a malformed adapter: {adapter!r:.200}")
+    nodes = adapter.get("nodes")
+    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        raise ValueError(f"adapter of {adapter['weight']!r}: 'nodes' must be a list of names")
+    missing = [adapter[k] for k in ("weight", "a", "b") if adapter[k] not in initializers]
+    if missing:
+        raise ValueError(f"adapter of {adapter['weight']!r}: no initializer {missing}")
+    weight, a, b = (list(initializers[adapter[k]].dims) for k in ("weight", "a", "b"))
+    rows, cols = (weight[0], math.prod(weight[1:])) if weight else (0, 0)
+    if len(a) != 2 or len(b) != 2 or a[1] != b[0] or (a[0], b[1]) != (rows, cols):
+        raise ValueError(
+            f"adapter of {adapter['weight']!r} {weight}: A {adapter['a']!r} {a} @ B "
+            f"{adapter['b']!r} {b} does not give a [{rows}, {cols}] update"
+        )
 
 
 def _adaptable_weights(model: ModelProto, initializers) -> set[str]:

@@ -11,6 +11,9 @@ def checked_structure(model: ModelProto) -> ModelProto:
     """``ValueError`` naming a node in a domain the model does not import, a value read but
     never produced, one produced twice, a cycle, or what onnx's checker refuses; the nodes
     of every graph are put in topological order (onnxruntime runs unsorted graphs)."""
-    check_structure(model)
+    try:
+        check_structure(model)
+    except UnicodeDecodeError as exc:  # protobuf decodes strings when they are read
+        raise ValueError(f"the model holds a name that is not UTF-8 text ({exc})") from None
     check_with_onnx(model)
     return model

@@ -12,7 +12,12 @@ one folder:
 * ``inference_model.onnx``: the user's model (same inputs and outputs), initial weights;
 * ``checkpoint.json`` + ``checkpoint.bin``: the initial weights and optimizer state
   (:mod:`onnxgrad.training.checkpoint`, readable without onnx or numpy);
-* ``artifacts.json``: which input receives which output, the learning rate, the roles.
+* ``artifacts.json``: which input receives which output, the learning rate, the roles, and
+  the SHA-256 digest of every other file (loaders refuse a folder that does not match);
+* ``data.json`` + ``data.bin``: training data for the JavaScript example, when given.
+
+The folder is written as a unit (:func:`onnxgrad._folders.replace_folder`): a new folder
+beside it, swapped in once complete, so no reader ever sees two runs' files mixed.
 
 :func:`merge_checkpoint` puts a trained checkpoint back into the inference model (merging
 low-rank adapters, :func:`onnxgrad.graph.lora.add_lora`), ready to deploy.
@@ -21,20 +26,36 @@ low-rank adapters, :func:`onnxgrad.graph.lora.add_lora`), ready to deploy.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from onnx import ModelProto
 
 from onnxgrad._files import save_model, write_atomically
+from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import ModelLike, first_float_output, load_model, np_dtype
 from onnxgrad.graph import get_train_initializer, replace_initializers_into_onnx
 from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.normalize import normalized_model
+from onnxgrad.training._artifact_manifest import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    checked_train,
+    file_digests,
+    read_manifest,
+)
 from onnxgrad.training._weights import no_weight_error, weights_reaching
-from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from onnxgrad.training.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_tensors,
+)
 from onnxgrad.training.composition import LossModel, make_eval_step, make_train_step
 from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from_name
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
@@ -44,9 +65,13 @@ TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
 INFERENCE_MODEL = "inference_model.onnx"
 CHECKPOINT = "checkpoint.json"
-MANIFEST = "artifacts.json"
-FORMAT = "onnxgrad.artifacts"
-VERSION = 1
+DATA = "data.json"
+_MODELS = (TRAINING_MODEL, EVAL_MODEL, INFERENCE_MODEL)
+#: Every name an artifact folder may hold (a folder holding others is not replaced).
+KNOWN_FILES = frozenset(
+    {MANIFEST, CHECKPOINT, "checkpoint.bin", DATA, "data.bin"}
+    | {name + suffix for name in _MODELS for suffix in ("", ".data")}
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +101,7 @@ def generate_artifacts(
     learning_rate: float | None = None,
     output: str | None = None,
     folder: str | os.PathLike | None = None,
+    data: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -91,8 +117,10 @@ def generate_artifacts(
         object; its update (and state) is part of the train step
     :param learning_rate: the constant rate written in ``artifacts.json`` (default: the
         optimizer's ``eta0``); the runtime feeds it, so it can change it at every step
-    :param artifact_directory: the folder to write (created if missing; ``folder`` is
-        another name for it)
+    :param artifact_directory: the folder to write (created with its parents if missing,
+        replaced as a whole if it holds an earlier run's artifacts; ``folder`` is another
+        name for it)
+    :param data: ``(X, y)`` written as ``data.json`` for the JavaScript example
     """
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)
@@ -109,28 +137,50 @@ def generate_artifacts(
         weights={w: initial[w][0] for w in step.weights},
         optimizer_state=step.initial_state(),
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    save_model(step.model, directory / TRAINING_MODEL)
-    save_model(evaluation.model, directory / EVAL_MODEL)
-    save_model(model, directory / INFERENCE_MODEL)
-    save_checkpoint(checkpoint, directory / CHECKPOINT)
     manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, model)
-    _write_json(directory / MANIFEST, manifest)
+
+    def fill(folder: Path) -> None:
+        save_model(step.model, folder / TRAINING_MODEL)
+        save_model(evaluation.model, folder / EVAL_MODEL)
+        save_model(model, folder / INFERENCE_MODEL)
+        save_checkpoint(checkpoint, folder / CHECKPOINT)
+        if data is not None:
+            _save_data(step, *data, folder / DATA)
+        manifest["files"] = file_digests(folder, sorted(p.name for p in folder.iterdir()))
+        _write_json(folder / MANIFEST, manifest)
+
+    replace_folder(directory, fill, KNOWN_FILES)
     return TrainingArtifacts(directory, step, evaluation, model, checkpoint, lr)
+
+
+def _save_data(step: TrainStep, X: np.ndarray, y: np.ndarray, path: Path) -> None:
+    """The training data, one tensor per data input of the step (a 1-D ``y`` as a column
+    when the label is 2-D)."""
+    label = next(i for i in step.model.graph.input if i.name == step.label)
+    if np.ndim(y) == 1 and len(label.type.tensor_type.shape.dim) == 2:
+        y = np.reshape(y, (-1, 1))
+    save_tensors({step.features[0]: X, step.label: y}, path)
 
 
 def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     """The :class:`TrainStep` of saved artifacts, to run ``training_model.onnx`` with the
-    Python :class:`~onnxgrad.training.runner.TrainingRunner`."""
+    Python :class:`~onnxgrad.training.runner.TrainingRunner`.
+
+    The folder may come from elsewhere: its digests are checked (:func:`read_manifest`),
+    every field of ``train`` is type-checked, and the shapes it declares must be those of
+    the weights in its checkpoint (a state slot: its weight's, or one element when shared),
+    so no declared shape drives an allocation."""
     directory = Path(artifact_directory)
     manifest = read_manifest(directory)
-    train = manifest["train"]
+    train = checked_train(manifest, directory / MANIFEST)
+    initial = load_checkpoint(directory / manifest["checkpoint"])
+    weight_shapes = _checked_weight_shapes(train, initial, directory)
     slots = {
         s["input"]: StateSlot(
             suffix=s["suffix"],
             weight=s["weight"],
             shared=s["shared"],
-            shape=tuple(s["shape"]),
+            shape=_checked_slot_shape(s, weight_shapes, directory),
             initial=s["initial"],
             elem_type=s["elem_type"],
         )
@@ -142,7 +192,7 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
         label=train["label"],
         sample_weight=None,
         weights=tuple(w["input"] for w in train["weights"]),
-        weight_shapes={w["input"]: tuple(w["shape"]) for w in train["weights"]},
+        weight_shapes=weight_shapes,
         new_weights=tuple(w["output"] for w in train["weights"]),
         state=tuple(slots),
         new_state=tuple(s["output"] for s in train["state"]),
@@ -153,32 +203,65 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     )
 
 
-def read_manifest(artifact_directory: str | os.PathLike) -> dict:
-    """The ``artifacts.json`` of an artifact folder, checked."""
-    path = Path(artifact_directory) / MANIFEST
-    if not path.is_file():
-        raise ValueError(f"{str(path)!r} does not exist: not an artifact folder")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(f"{str(path)!r} is not an {FORMAT} manifest of version {VERSION}")
-    return manifest
+def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) -> dict:
+    shapes = {w["input"]: tuple(w["shape"]) for w in train["weights"]}
+    saved = {name: value.shape for name, value in initial.weights.items()}
+    if shapes != saved:
+        raise ValueError(
+            f"{str(directory / MANIFEST)!r} declares weights {shapes}, its checkpoint holds {saved}"
+        )
+    return shapes
+
+
+def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tuple[int, ...]:
+    shape = tuple(slot["shape"])
+    shared = slot["shared"]
+    expected = None if shared else weight_shapes.get(slot["weight"])
+    if (shared and math.prod(shape) != 1) or (not shared and shape != expected):
+        raise ValueError(
+            f"{str(directory / MANIFEST)!r}: state {slot['input']!r} has shape {list(shape)}, "
+            f"expected {'one element' if shared else expected} (weight {slot['weight']!r})"
+        )
+    return shape
 
 
 def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLike) -> ModelProto:
     """The deployable model: ``model`` (the inference model, or an artifact folder) with
     the weights of ``checkpoint`` (or the path of its ``.json``), low-rank adapters merged
     into their weights (:func:`onnxgrad.graph.lora.merge_lora`)."""
+    trained = None
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        model = Path(model) / INFERENCE_MODEL
+        manifest = read_manifest(model)
+        trained = {w["input"] for w in checked_train(manifest, model)["weights"]}
+        model = Path(model) / manifest["inference_model"]
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
     model = load_model(model)
-    initializers = {init.name for init in model.graph.initializer}
-    unknown = sorted(set(checkpoint.weights) - initializers)
-    if unknown:
-        raise ValueError(f"checkpoint weights {unknown} are not initializers of the model")
+    if trained is not None and set(checkpoint.weights) != trained:
+        raise ValueError(
+            f"the checkpoint holds weights {sorted(checkpoint.weights)}, the artifacts train "
+            f"{sorted(trained)}: a checkpoint of other artifacts?"
+        )
+    _check_matches(checkpoint, model)
     merged = replace_initializers_into_onnx(model, checkpoint.weights)
     return merge_lora(merged)
+
+
+def _check_matches(checkpoint: Checkpoint, model: ModelProto) -> None:
+    """``ValueError`` naming a checkpoint weight that is no initializer of ``model`` or
+    differs from it in shape or element type."""
+    initializers = {init.name: init for init in model.graph.initializer}
+    unknown = sorted(set(checkpoint.weights) - set(initializers))
+    if unknown:
+        raise ValueError(f"checkpoint weights {unknown} are not initializers of the model")
+    for name, value in checkpoint.weights.items():
+        init = initializers[name]
+        expected = (tuple(init.dims), np_dtype(init.data_type))
+        if (value.shape, value.dtype) != expected:
+            raise ValueError(
+                f"checkpoint weight {name!r} is {value.dtype} {list(value.shape)}, the "
+                f"model's initializer is {expected[1]} {list(expected[0])}"
+            )
 
 
 def _directory(artifact_directory, folder) -> Path:

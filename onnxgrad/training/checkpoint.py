@@ -22,7 +22,9 @@ in ``"optimizer_state"``; the order of the tensors is the order of the train ste
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ import numpy as np
 
 from onnxgrad._arrays import c_contiguous
 from onnxgrad._files import write_atomically, write_bytes
+from onnxgrad._untrusted import MAX_MANIFEST_BYTES, confined_file, open_regular, read_bounded
 
 FORMAT = "onnxgrad.tensors"
 VERSION = 1
@@ -41,6 +44,8 @@ DTYPES = {
     name: np.dtype(name)
     for name in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
 }
+#: The most dims a tensor of a tensor file has (numpy's limit of old).
+MAX_RANK = 32
 WEIGHTS = "weights"
 OPTIMIZER_STATE = "optimizer_state"
 
@@ -124,11 +129,20 @@ def save_tensors(
 
 
 def load_tensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """``({name: array}, {name: group})`` of the tensor file whose manifest is ``path``."""
+    """``({name: array}, {name: group})`` of the tensor file whose manifest is ``path``.
+
+    The manifest may come from elsewhere (a browser, a device): it is read only below
+    :data:`~onnxgrad._untrusted.MAX_MANIFEST_BYTES`, its data file must be a plain name of a
+    regular file in the manifest's folder, and every entry is checked
+    (:func:`checked_entries`) against the data file's size before anything is allocated:
+    the arrays returned hold at most the bytes of the data file. ``ValueError`` names the
+    file, the entry and the rule broken.
+    """
     path = Path(path)
+    text = read_bounded(path, MAX_MANIFEST_BYTES, "the tensor manifest")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSON, UTF-8, too many digits
         raise ValueError(f"{str(path)!r} is not a JSON manifest: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} is not an {FORMAT} manifest")
@@ -137,13 +151,87 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[s
             f"{str(path)!r}: unsupported version {manifest.get('version')!r} or byte order "
             f"{manifest.get('byte_order')!r} (this reader knows version {VERSION}, little)"
         )
-    data = (path.parent / manifest["data"]).read_bytes()
-    tensors, groups = {}, {}
-    for entry in manifest["tensors"]:
-        name = entry["name"]
-        tensors[name] = _read_entry(entry, data, path)
-        groups[name] = entry.get("group", "tensors")
-    return tensors, groups
+    data_path = confined_file(path.parent, manifest.get("data"), "the data file", path)
+    with open_regular(data_path, "the data file") as (data, size):
+        entries = checked_entries(manifest.get("tensors"), size, path)
+        tensors = {e.name: _read_entry(e, data, data_path) for e in entries}
+    return tensors, {e.name: e.group for e in entries}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One checked tensor entry of a manifest."""
+
+    name: str
+    group: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def checked_entries(entries: object, size: int, path: str | os.PathLike) -> list[Entry]:
+    """The entries of a manifest checked against a data file of ``size`` bytes: each field
+    of its type (integers are not booleans), names non-empty and unique across groups, a
+    known dtype, at most :data:`MAX_RANK` non-negative dims, ``nbytes = itemsize *
+    prod(shape)`` (exact integers, no overflow), ``offset + nbytes <= size``, no two
+    tensors sharing bytes."""
+    where = os.fspath(path)
+    if not isinstance(entries, list):
+        raise ValueError(f"{where!r}: 'tensors' must be a list, got {type(entries).__name__}")
+    checked, seen = [], set()
+    for index, entry in enumerate(entries):
+        item = _entry(entry, index, size, where)
+        if item.name in seen:
+            raise ValueError(f"{where!r}: tensor {item.name!r} appears twice")
+        seen.add(item.name)
+        checked.append(item)
+    spans = sorted((e.offset, e.offset + e.nbytes, e.name) for e in checked if e.nbytes)
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise ValueError(f"{where!r}: tensors {first!r} and {second!r} share bytes")
+    return checked
+
+
+def _entry(entry: object, index: int, size: int, where: str) -> Entry:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where!r}: tensor entry #{index} is not an object")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where!r}: tensor entry #{index} has no name (got {name!r})")
+    label = f"{where!r}: tensor {name!r}"
+    group = entry.get("group", "tensors")
+    dtype = entry.get("dtype")
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"{label} has group {group!r}, expected a non-empty string")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"{label} has dtype {dtype!r}, expected one of {sorted(DTYPES)}")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(map(_count, shape)):
+        raise ValueError(
+            f"{label} has shape {_short(shape)}, expected a list of at most {MAX_RANK} "
+            "non-negative integers"
+        )
+    offset, nbytes = entry.get("offset"), entry.get("nbytes")
+    for field_name, value in (("offset", offset), ("nbytes", nbytes)):
+        if not _count(value):
+            raise ValueError(f"{label} has {field_name} {value!r}, expected an integer >= 0")
+    expected = DTYPES[dtype].itemsize * math.prod(shape)
+    if nbytes != expected or offset + nbytes > size:
+        raise ValueError(
+            f"{label} ({dtype} {_short(shape)}) needs {_short(expected)} bytes at offset "
+            f"{offset}, the entry says {nbytes} and the data file has {size}"
+        )
+    return Entry(name, group, DTYPES[dtype], tuple(shape), offset, nbytes)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _checked_array(name: str, value) -> np.ndarray:
@@ -157,23 +245,13 @@ def _checked_array(name: str, value) -> np.ndarray:
     return array
 
 
-def _read_entry(entry: dict, data: bytes, path: Path) -> np.ndarray:
-    name = entry["name"]
-    dtype = DTYPES.get(entry["dtype"])
-    if dtype is None:
-        raise ValueError(f"{str(path)!r}: tensor {name!r} has unknown dtype {entry['dtype']!r}")
-    shape = tuple(int(d) for d in entry["shape"])
-    offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
-    expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    if nbytes != expected or offset < 0 or offset + nbytes > len(data):
-        raise ValueError(
-            f"{str(path)!r}: tensor {name!r} ({entry['dtype']} {list(shape)}) needs {expected} "
-            f"bytes at offset {offset}, the entry says {nbytes} and the data file has {len(data)}"
-        )
-    flat = np.frombuffer(
-        data, dtype=dtype.newbyteorder("<"), count=expected // dtype.itemsize, offset=offset
-    )
-    return flat.astype(dtype).reshape(shape)
+def _read_entry(entry: Entry, data, path: Path) -> np.ndarray:
+    """The array of ``entry``, read from the open data file (its bytes only)."""
+    array = np.empty(entry.shape, dtype=entry.dtype.newbyteorder("<"))
+    data.seek(entry.offset)
+    if data.readinto(memoryview(array.reshape(-1).view(np.uint8))) != entry.nbytes:
+        raise ValueError(f"{str(path)!r} ended before the bytes of tensor {entry.name!r}")
+    return array.astype(entry.dtype, copy=False)
 
 
 __all__ = [

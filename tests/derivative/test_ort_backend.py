@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad.derivative import DerivativeOptions, _ort_process, onnx_derivative
-from onnxgrad.derivative.ort import check_gradient_model, short_message
+from onnxgrad.derivative.ort import short_message
+from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import initializer_values, onnx_numerical_vjp, run_onnxruntime
 from tests.models import seed004_model
 
@@ -126,14 +127,17 @@ def _opset_model(opset: int) -> onnx.ModelProto:
 def test_opsets_13_to_21_match_finite_differences(opset):
     model = _opset_model(opset)
     grad = onnx_derivative(model, backend="ort")
-    assert [o.name for o in grad.graph.output] == ["X_grad", "W_grad"]
+    # the bias C held by a Constant node is a weight once normalisation promotes it
+    assert [o.name for o in grad.graph.output] == ["X_grad", "W_grad", "C_grad"]
     assert grad.opset_import[0].version == opset
     rng = np.random.default_rng(opset)
     x = rng.standard_normal((5, 4)).astype(np.float32)
     seeds = [rng.standard_normal(s).astype(np.float32) for s in [(5, 1), (5,)]]
-    w = initializer_values(model, ["W"])
+    promoted = normalized_model(model)
+    w = initializer_values(promoted, ["W", "C"])
     got = run_onnxruntime(grad, {"X": x, **w, "Y_grad": seeds[0], "Z_grad": seeds[1]})
-    _assert_close(got, onnx_numerical_vjp(model, {"X": x, **w}, ["X", "W"], seeds=seeds))
+    expected = onnx_numerical_vjp(promoted, {"X": x, **w}, ["X", "W", "C"], seeds=seeds)
+    _assert_close(got, expected)
 
 
 def test_initializers_listed_among_inputs():
@@ -253,17 +257,37 @@ def _average_pool_1d(batch: int | str) -> onnx.ModelProto:
 
 
 def test_average_pool_with_static_shapes():
-    """onnxruntime registers AveragePoolGrad in the default domain: the ONNX checker rejects
-    it, check_gradient_model checks the rest of the graph."""
+    """onnxruntime registers AveragePoolGrad in the default domain, without an ONNX schema:
+    it is replaced by the native gradient, so onnx's full checker accepts the result."""
     model = _average_pool_1d(2)
     grad = onnx_derivative(model, backend="ort")
-    assert "AveragePoolGrad" in {n.op_type for n in grad.graph.node}
-    with pytest.raises(onnx.checker.ValidationError, match="AveragePoolGrad"):
-        onnx.checker.check_model(grad)
-    check_gradient_model(grad)
+    assert "AveragePoolGrad" not in {n.op_type for n in grad.graph.node}
+    onnx.checker.check_model(grad, full_check=True)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
     y_grad = rng.standard_normal((2, 3, 2)).astype(np.float32)
+    w = initializer_values(model, ["W"])
+    got = run_onnxruntime(grad, {"X": x, **w, "Y_grad": y_grad})
+    _assert_close(got, onnx_numerical_vjp(model, {"X": x, **w}, ["X", "W"], seeds=[y_grad]))
+
+
+def test_max_pool_gradient_is_standard_onnx():
+    """MaxPoolGrad (default domain, no ONNX schema) is replaced too."""
+    model = _model(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["XW"]),
+            helper.make_node("MaxPool", ["XW"], ["Y"], kernel_shape=[2], strides=[1], name="pool"),
+        ],
+        [_tensor("X", ["N", 3, 4])],
+        [_tensor("Y", ["N", 3, 3])],
+        [numpy_helper.from_array(np.linspace(-1, 1, 16).astype(np.float32).reshape(4, 4), "W")],
+    )
+    grad = onnx_derivative(model, backend="ort")
+    assert "MaxPoolGrad" not in {n.op_type for n in grad.graph.node}
+    onnx.checker.check_model(grad, full_check=True)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    y_grad = rng.standard_normal((2, 3, 3)).astype(np.float32)
     w = initializer_values(model, ["W"])
     got = run_onnxruntime(grad, {"X": x, **w, "Y_grad": y_grad})
     _assert_close(got, onnx_numerical_vjp(model, {"X": x, **w}, ["X", "W"], seeds=[y_grad]))
@@ -419,6 +443,7 @@ def test_native_backend_agrees(opset):
     feeds = {
         "X": rng.standard_normal((5, 4)).astype(np.float32),
         "W": rng.standard_normal((4, 3)).astype(np.float32),
+        "C": rng.standard_normal(3).astype(np.float32),
         "Y_grad": rng.standard_normal((5, 1)).astype(np.float32),
         "Z_grad": rng.standard_normal((5,)).astype(np.float32),
     }

@@ -11,6 +11,7 @@ from onnx import FunctionProto, GraphProto, NodeProto, TensorProto, helper, nump
 
 from onnxgrad._onnx_utils import NameScope, np_dtype, reduce_axes_are_input
 from onnxgrad.derivative.autodiff.value_types import (
+    UnknownTypeError,
     ValueType,
     constant_tensors,
     infer_subgraph_types,
@@ -233,7 +234,7 @@ class GradBuilder:
 
     def value_type(self, name: str) -> ValueType:
         if name not in self._emitter.types:
-            raise KeyError(f"the type of {name!r} is unknown to the gradient builder")
+            raise UnknownTypeError(name, self._emitter.types)
         return self._emitter.types[name]
 
     def dtype(self, name: str) -> int:

@@ -14,9 +14,9 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
+from onnxgrad._bounded_inference import infer_shapes_bounded
 from onnxgrad._onnx_utils import (
     MAX_IR_VERSION,
     NameScope,
@@ -34,6 +34,38 @@ class ValueType:
 
     elem_type: int
     shape: tuple[int | str | None, ...] | None
+
+
+class InferredTypes(dict):
+    """Value types by name; :attr:`failure` says why onnx's inference gave up, if it did."""
+
+    failure: str | None = None
+
+
+class UnknownTypeError(KeyError, ValueError):
+    """A value the gradient rules need the type of, which shape inference could not type
+    (a ``ValueError`` for callers, a ``KeyError`` for rules that can do without)."""
+
+    def __init__(self, name: str, types: Mapping[str, ValueType]):
+        failure = inference_failure(types)
+        cause = (
+            f"onnx's shape inference rejects the model: {failure}"
+            if failure
+            else "shape inference could not type it"
+        )
+        super().__init__(f"the type of {name!r} is unknown to the gradient builder: {cause}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def inference_failure(types: Mapping[str, ValueType]) -> str | None:
+    """The failure recorded in ``types`` (an :class:`InferredTypes`, or a ChainMap over
+    one)."""
+    for layer in [types, *getattr(types, "maps", ())]:
+        if getattr(layer, "failure", None):
+            return layer.failure
+    return None
 
 
 def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
@@ -77,12 +109,13 @@ def _inferred_types(model: ModelProto) -> dict[str, ValueType]:
 
 
 def _shape_inferred(view: ModelProto) -> dict[str, ValueType]:
+    types = InferredTypes()
     try:
-        inferred = onnx.shape_inference.infer_shapes(view, data_prop=True)
-    except Exception:  # inference is best effort: rules fall back to dynamic shapes
+        inferred = infer_shapes_bounded(view)
+    except Exception as exc:  # inference is best effort: rules fall back to dynamic shapes
         inferred = view
+        types.failure = " ".join(str(exc).split())[:500]
     graph = inferred.graph
-    types: dict[str, ValueType] = {}
     for info in [*graph.input, *graph.value_info, *graph.output]:
         if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
             types[info.name] = _value_type(info)

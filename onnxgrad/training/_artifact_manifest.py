@@ -1,0 +1,146 @@
+"""``artifacts.json`` read as untrusted input: every field checked, every file digested.
+
+The manifest lists under ``files`` each file of the folder with its SHA-256 digest and size.
+:func:`read_manifest` refuses a folder whose files differ from that list (a folder mixing two
+runs, a file changed or swapped since), naming the file, before anything else reads it.
+:func:`checked_train` type-checks the ``train`` section :func:`load_train_step` builds on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from onnxgrad._untrusted import (
+    MAX_MANIFEST_BYTES,
+    confined_file,
+    plain_name,
+    read_bounded,
+    sha256_of,
+)
+
+MANIFEST = "artifacts.json"
+FORMAT = "onnxgrad.artifacts"
+#: Version 2 added ``files``, the digests.
+VERSION = 2
+#: The entries naming a file the loaders read.
+FILE_ENTRIES = ("training_model", "eval_model", "inference_model", "checkpoint")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def file_digests(folder: Path, names) -> dict[str, dict]:
+    """``{name: {"sha256": hex, "bytes": size}}`` of the files ``names`` of ``folder``."""
+    digests = {}
+    for name in names:
+        digest, size = sha256_of(folder / name, "an artifact")
+        digests[name] = {"sha256": digest, "bytes": size}
+    return digests
+
+
+def read_manifest(artifact_directory: str | os.PathLike) -> dict:
+    """The ``artifacts.json`` of an artifact folder, once its fields and the digest of every
+    file it lists are checked (``ValueError`` naming the file otherwise)."""
+    folder = Path(artifact_directory)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"{str(path)!r} does not exist: not an artifact folder")
+    try:
+        manifest = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, "the artifact manifest"))
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{str(path)!r} is not a JSON manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{str(path)!r} is not an {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise ValueError(
+            f"{str(path)!r} is version {manifest.get('version')!r} of {FORMAT}, this reader "
+            f"knows version {VERSION} (files with digests): write the folder again"
+        )
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ValueError(f"{str(path)!r}: 'files' must map file names to digests")
+    for entry in FILE_ENTRIES:
+        name = plain_name(manifest.get(entry), f"{entry!r}", path)
+        if name not in files:
+            raise ValueError(f"{str(path)!r}: {entry!r} names {name!r}, which 'files' lacks")
+    for name, expected in files.items():
+        _check_file(folder, name, expected, path)
+    return manifest
+
+
+def _check_file(folder: Path, name: str, expected: object, manifest: Path) -> None:
+    file = confined_file(folder, name, "a listed file", manifest)
+    if not (
+        isinstance(expected, dict)
+        and isinstance(expected.get("sha256"), str)
+        and _SHA256.fullmatch(expected["sha256"])
+        and is_count(expected.get("bytes"))
+    ):
+        raise ValueError(f"{str(manifest)!r}: the digest of {name!r} is malformed")
+    digest, size = sha256_of(file, "a listed file")
+    if (digest, size) != (expected["sha256"], expected["bytes"]):
+        raise ValueError(
+            f"{str(file)!r} does not match its digest in {MANIFEST} ({size} bytes, "
+            f"{expected['bytes']} listed): the folder mixes files of different runs or was "
+            "changed since it was written; write it again"
+        )
+
+
+def checked_train(manifest: dict, where: str | os.PathLike) -> dict:
+    """The ``train`` section of ``manifest``, each field of its type, names unique."""
+    train = manifest.get("train")
+    label = f"{os.fspath(where)!r}: train"
+    if not isinstance(train, dict):
+        raise ValueError(f"{label} must be an object")
+    features = train.get("features")
+    if not isinstance(features, list) or not features or not all(map(is_name, features)):
+        raise ValueError(f"{label}.features must be a non-empty list of names")
+    for key in ("label", "learning_rate", "loss"):
+        if not is_name(train.get(key)):
+            raise ValueError(f"{label}.{key} must be a name, got {train.get(key)!r:.80}")
+    weights = _records(train, "weights", {"input": is_name, "output": is_name}, label)
+    state_fields = {
+        "input": is_name,
+        "output": is_name,
+        "suffix": is_name,
+        "weight": lambda v: v is None or is_name(v),
+        "shared": lambda v: isinstance(v, bool),
+        "initial": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "elem_type": is_count,
+    }
+    state = _records(train, "state", state_fields, label)
+    names = [*features, train["label"], train["learning_rate"]]
+    names += [r[k] for r in [*weights, *state] for k in ("input", "output")]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"{label} names {duplicated} more than once")
+    return train
+
+
+def _records(train: dict, key: str, fields: dict, label: str) -> list[dict]:
+    records = train.get(key)
+    if not isinstance(records, list):
+        raise ValueError(f"{label}.{key} must be a list")
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{label}.{key}[{index}] must be an object")
+        shape = record.get("shape")
+        if not isinstance(shape, list) or not all(map(is_count, shape)):
+            raise ValueError(
+                f"{label}.{key}[{index}].shape must be a list of integers >= 0, got {shape!r:.80}"
+            )
+        for field, valid in fields.items():
+            if not valid(record.get(field)):
+                raise ValueError(
+                    f"{label}.{key}[{index}].{field} is invalid: {record.get(field)!r:.80}"
+                )
+    return records
+
+
+def is_name(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
