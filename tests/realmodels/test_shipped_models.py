@@ -24,7 +24,7 @@ from onnx import numpy_helper
 
 from onnxgrad import OrtGradientForwardBackwardOptimizer, onnx_derivative
 from onnxgrad.cli import main
-from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize import normalize_in_place, normalized_model
 from onnxgrad.training import generate_artifacts
 from tests.realmodels.reference import Reference
 
@@ -221,3 +221,10 @@ def test_info_predicts_the_build(name, shipped_models):
         status = main(["info", str(shipped_models[name])])
     assert status == 0
     assert "nothing: the gradient and the train step build" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_normalising_twice_changes_nothing(name, shipped_models):
+    once = normalized_model(str(shipped_models[name]))
+    expected = once.SerializeToString()
+    assert normalize_in_place(once).SerializeToString() == expected
