@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import ModelLike, load_model
-from onnxgrad.normalize import constants, dims, opsets, shapes, structure
+from onnxgrad.normalize import constants, dims, folding, opsets, ranks, shapes, structure
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,16 @@ PASSES: tuple[Pass, ...] = (
         "declared_shapes",
         shapes.reconciled_shapes,
         "declared output and value shapes agree with onnx's shape inference",
+    ),
+    Pass(
+        "integer_constants",
+        folding.folded_integer_constants,
+        "integer expressions of constants (pads, shapes, axes) are Constant nodes",
+    ),
+    Pass(
+        "ranks",
+        ranks.refined_ranks,
+        "ranks fixed by static Concat lengths, schemas, If branches and uses are declared",
     ),
 )
 

@@ -190,6 +190,10 @@ PAD = [
            id="Pad-wrap"),
     OpCase("Pad", {"x": r(3, 2, 2), "pads": i64(1, 2), "value": None, "axes": i64(0)},
            {"mode": "edge"}, opset=21, id="Pad-edge-axes"),
+    OpCase("Pad", {"x": r(2, 4, 5), "pads": i64(0, 3, 1, 0, 2, 4)}, {"mode": "reflect"},
+           opset=13, id="Pad-reflect-opset13"),
+    OpCase("Pad", {"x": r(3, 1, 4), "pads": i64(2, 1, 0, 1, 3, 2)}, {"mode": "edge"},
+           opset=11, id="Pad-edge-opset11"),
 ]
 
 RESIZE = [

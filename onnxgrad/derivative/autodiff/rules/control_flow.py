@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper
+from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, zeros_like_nodes
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
-from onnxgrad.derivative.autodiff.value_types import ValueType, value_info
+from onnxgrad.derivative.autodiff.value_types import ValueType, infer_subgraph_types, value_info
+from onnxgrad.graph._scopes import free_names
 from onnxgrad.graph.select import prune_graph
 
 
@@ -48,8 +49,9 @@ def if_grad(b, node, grads, needs):
     sources = [name for name, need in zip(node.captured, needs[n_inputs:]) if need]
     if not sources:
         return []
+    typed = _branches_agree(b, node)
     branches = {
-        attr: _branch_gradient(b, node, node.attr(attr), grads, sources)
+        attr: _branch_gradient(b, node, node.attr(attr), grads, sources, typed)
         for attr in ("then_branch", "else_branch")
     }
     results = b.op("If", node.inputs[0], outputs=len(sources), **branches)
@@ -58,17 +60,24 @@ def if_grad(b, node, grads, needs):
 
 
 def _branch_gradient(
-    b: GradBuilder, node: NodeView, branch: GraphProto, grads: list, sources: list[str]
+    b: GradBuilder,
+    node: NodeView,
+    branch: GraphProto,
+    grads: list,
+    sources: list[str],
+    typed: bool,
 ) -> GraphProto:
     """The branch's forward nodes, then its backward nodes, returning one gradient per
-    source (zeros where the branch does not depend on it)."""
+    source (zeros where the branch does not depend on it), declared with the source's shape
+    when ``typed``, else with its element type only."""
     seeds = {out.name: g for out, g in zip(branch.output, grads) if g is not None}
     backward, gradients = b.differentiate_subgraph(branch, sources, seeds)
     outputs, tail = [], []
     for source in sources:
         name = b.unique_name(f"{source}_branch_grad")
         tail += _result_nodes(b, source, gradients[source], name)
-        outputs.append(value_info(name, b.value_type(source)))
+        value = b.value_type(source)
+        outputs.append(value_info(name, value if typed else ValueType(value.elem_type, None)))
     graph = helper.make_graph(
         [*branch.node, *backward, *tail],
         b.unique_name(f"{branch.name or 'branch'}_grad"),
@@ -78,6 +87,31 @@ def _branch_gradient(
     )
     prune_graph(graph, keep_inputs=True)
     return graph
+
+
+def _branches_agree(b: GradBuilder, node: NodeView) -> bool:
+    """Whether both branches' outputs have known and equal ranks. Where they differ (an
+    ``If`` that squeezes an unbatched input and leaves a batched one as it is), the output's
+    rank is fixed by its uses and one branch never runs with it: shape inference of that
+    branch's gradient gives ranks that contradict the sources' types, so the gradient
+    branches then declare element types only."""
+    then, other = (_output_ranks(b, node.attr(a)) for a in ("then_branch", "else_branch"))
+    return None not in then and then == other
+
+
+def _output_ranks(b: GradBuilder, branch: GraphProto) -> list[int | None]:
+    outer = {n: b.value_type(n) for n in free_names(branch) if b.has_type(n)}
+    constants = {}
+    for name in free_names(branch):
+        value = b.constant_value(name)
+        if value is not None:
+            constants[name] = numpy_helper.from_array(value, name)
+    infer_subgraph_types(branch, outer, b.opset, constants)
+    ranks = []
+    for out in branch.output:
+        value = outer.get(out.name)
+        ranks.append(None if value is None or value.shape is None else len(value.shape))
+    return ranks
 
 
 def _result_nodes(b: GradBuilder, source: str, grad: str | None, name: str) -> list[NodeProto]:

@@ -26,6 +26,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._pad_fold import folded_pad_grad
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     as_tensor,
     constant_ints,
@@ -228,9 +229,16 @@ def _reject_cropping(b, node) -> None:
 
 
 def _pad_copy_grad(b, node, g: str, mode: str) -> str:
-    """Reflect/edge/wrap: scatter-add ``g`` to the input elements each output copies."""
+    """Reflect/edge with constant pads: the borders folded back (:mod:`._pad_fold`); else
+    (wrap, pads known at run time) ``g`` scatter-added to the input elements each output
+    copies."""
+    constant = constant_ints(b, node.input(1)) is not None and node.input(3) is None
+    if mode in ("reflect", "edge") and constant:
+        return folded_pad_grad(b, node, g, mode)
     if node.opset < 16:
-        raise unsupported(node, f"mode={mode!r} below opset 16 (no ScatterElements reduction)")
+        raise unsupported(
+            node, f"mode={mode!r} and pads known at run time below opset 16 (no scatter-add)"
+        )
     x = node.inputs[0]
     sources = b.op("Pad", index_grid(b, x), node.inputs[1], None, node.input(3), mode=mode)
     return scatter_flat(b, x, sources, g, reduction="add")

@@ -1,0 +1,317 @@
+"""Ranks where onnx's shape inference gives up, declared as value_info.
+
+onnx's inference leaves a value's rank unknown in cases where it is fixed by the model:
+
+* ``Reshape(x, shape)`` with ``shape`` computed (a ``Concat`` of slices of shapes) but of
+  static length ``k``: the result has rank ``k``;
+* an ``If`` whose branches' outputs have known and equal ranks;
+* an operator whose schema fixes the rank of an input or output: every ``LSTM``/``GRU``/
+  ``RNN`` tensor (``X``, ``initial_h``, ``initial_c``, ``Y_h``, ``Y_c`` have rank 3, ``Y``
+  rank 4, with ``num_directions`` and ``hidden_size`` known), ``Conv``/``ConvTranspose``
+  (input and output have the kernel's rank), pools (rank ``len(kernel_shape) + 2``), ``Gemm``
+  (rank 2);
+* a value whose rank follows from a use whose rank is known: ``y = f(x)`` for a rank-keeping
+  ``f`` (activations, ``Cast``, normalisations) gives ``rank x = rank y``, ``Unsqueeze``
+  and ``Squeeze`` with constant axes give ``rank x = rank y -+ len(axes)``.
+
+A value read where the schema fixes its rank has that rank in every run that succeeds, so
+the declarations hold for the model's valid inputs. Each round infers the model (weights left
+out), declares what these rules find in the graph that produces each value, and infers again,
+so what one rule finds feeds the next and onnx's own inference downstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from onnxgrad._model_checks import weightless_view
+from onnxgrad._onnx_utils import normalize_domain, subgraphs
+
+#: Rounds of inference and declaration; each round extends the known ranks by at least one
+#: rule application, and real models need two or three.
+MAX_ROUNDS = 8
+
+Dims = tuple[int | None, ...]
+
+#: Ops whose output 0 has the rank of input 0 (read backwards: the input has the output's).
+RANK_KEEPING = frozenset(
+    {
+        "Abs", "Cast", "Ceil", "Celu", "Clip", "Cos", "Dropout", "Elu", "Erf", "Exp",
+        "Floor", "Gelu", "HardSigmoid", "HardSwish", "Hardmax", "Identity", "InstanceNormalization",
+        "BatchNormalization", "LayerNormalization", "LeakyRelu", "Log", "LogSoftmax", "Mish",
+        "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin",
+        "Softmax", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "ThresholdedRelu",
+        "LpNormalization", "MeanVarianceNormalization", "GroupNormalization",
+    }
+)  # fmt: skip
+
+POOLS = frozenset({"AveragePool", "MaxPool", "LpPool"})
+RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
+
+
+def refined_ranks(model: ModelProto) -> ModelProto:
+    """``model`` with value_info declaring the ranks (and schema-fixed dims) onnx's shape
+    inference leaves unknown (see the module docstring); a model with none is left as is."""
+    for _ in range(MAX_ROUNDS):
+        facts = _rank_facts(model)
+        if not facts:
+            break
+        _declare(model, facts)
+    return model
+
+
+@dataclass
+class _Scope:
+    """The values a graph defines, with what inference knows of them: ``dims`` is ``None``
+    for an unknown rank; ``elem`` 0 for an unknown element type."""
+
+    index: int
+    parent: _Scope | None
+    elem: dict[str, int] = field(default_factory=dict)
+    dims: dict[str, Dims | None] = field(default_factory=dict)
+    constants: dict[str, TensorProto] = field(default_factory=dict)
+
+    def owner(self, name: str) -> _Scope | None:
+        scope: _Scope | None = self
+        while scope is not None and name not in scope.elem:
+            scope = scope.parent
+        return scope
+
+    def rank(self, name: str) -> int | None:
+        owner = self.owner(name)
+        found = None if owner is None else owner.dims[name]
+        return None if found is None else len(found)
+
+    def constant(self, name: str) -> np.ndarray | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            if name in scope.constants:
+                return numpy_helper.to_array(scope.constants[name])
+            scope = scope.parent
+        return None
+
+
+@dataclass(frozen=True)
+class _Fact:
+    graph: int
+    name: str
+    elem: int
+    dims: Dims
+
+
+def _rank_facts(model: ModelProto) -> list[_Fact]:
+    """What the rules find, for values of unknown rank, after one inference of ``model``."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(model), data_prop=True)
+    except Exception:  # inference is a hint here: a model it cannot read stays as it is
+        return []
+    found: dict[tuple[int, str], _Fact] = {}
+    counter = iter(range(1 << 30))
+    _walk(inferred.graph, None, counter, found)
+    return list(found.values())
+
+
+def _walk(graph: GraphProto, parent: _Scope | None, counter, found) -> None:
+    scope = _scope(graph, parent, next(counter))
+    for node in graph.node:
+        if normalize_domain(node.domain):
+            continue
+        for name, dims in _node_facts(node, scope):
+            owner = scope.owner(name)
+            if owner is None or owner.dims.get(name) is not None or not owner.elem[name]:
+                continue
+            key = (owner.index, name)
+            if key not in found:
+                found[key] = _Fact(owner.index, name, owner.elem[name], dims)
+                owner.dims[name] = dims
+    for node in graph.node:
+        for sub in subgraphs(node):
+            _walk(sub, scope, counter, found)
+
+
+def _scope(graph: GraphProto, parent: _Scope | None, index: int) -> _Scope:
+    scope = _Scope(index, parent)
+    for init in graph.initializer:
+        scope.elem[init.name] = init.data_type
+        scope.dims[init.name] = tuple(init.dims)
+        scope.constants[init.name] = init
+    for node in graph.node:
+        if node.op_type == "Constant" and not normalize_domain(node.domain):
+            tensor = _constant_value(node)
+            if tensor is not None:
+                scope.constants[node.output[0]] = tensor
+        for name in node.output:
+            if name:
+                scope.elem.setdefault(name, 0)
+                scope.dims.setdefault(name, None)
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        tensor = info.type.tensor_type
+        if not info.type.HasField("tensor_type"):
+            continue
+        scope.elem[info.name] = tensor.elem_type
+        scope.dims[info.name] = (
+            tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+            if tensor.HasField("shape")
+            else None
+        )
+    return scope
+
+
+def _constant_value(node: NodeProto) -> TensorProto | None:
+    attr = node.attribute[0] if len(node.attribute) == 1 else None
+    if attr is None:
+        return None
+    if attr.name == "value":
+        return attr.t
+    if attr.name in ("value_int", "value_ints"):
+        value = helper.get_attribute_value(attr)
+        return numpy_helper.from_array(np.asarray(value, dtype=np.int64))
+    return None
+
+
+def _node_facts(node: NodeProto, scope: _Scope) -> Iterator[tuple[str, Dims]]:
+    """``(value, dims)`` pairs the node's schema or its inputs' ranks fix."""
+    op = node.op_type
+    if op == "Reshape":
+        yield from _reshape(node, scope)
+    elif op == "If":
+        yield from _if(node, scope)
+    elif op in RECURRENT:
+        yield from _recurrent(node)
+    elif op in ("Conv", "ConvTranspose"):
+        rank = scope.rank(node.input[1])
+        if rank is not None:
+            yield from _ranked([node.input[0], node.output[0]], rank)
+    elif op in POOLS:
+        kernel = _ints(node, "kernel_shape")
+        if kernel is not None:
+            yield from _ranked([node.input[0], *node.output], len(kernel) + 2)
+    elif op == "Gemm":
+        yield from _ranked([*node.input[:2], node.output[0]], 2)
+    if op in RANK_KEEPING or op in ("Unsqueeze", "Squeeze"):
+        yield from _rank_keeping(node, scope)
+
+
+def _ranked(names, rank: int) -> Iterator[tuple[str, Dims]]:
+    for name in names:
+        if name:
+            yield name, (None,) * rank
+
+
+def _reshape(node: NodeProto, scope: _Scope) -> Iterator[tuple[str, Dims]]:
+    owner = scope.owner(node.input[1])
+    shape = None if owner is None else owner.dims[node.input[1]]
+    if shape is not None and len(shape) == 1 and shape[0] is not None:
+        yield node.output[0], (None,) * shape[0]
+
+
+def _if(node: NodeProto, scope: _Scope) -> Iterator[tuple[str, Dims]]:
+    branches = {a.name: a.g for a in node.attribute if a.name in ("then_branch", "else_branch")}
+    if len(branches) != 2:
+        return
+    then, other = branches["then_branch"], branches["else_branch"]
+    for index, name in enumerate(node.output):
+        ranks = {_branch_rank(g, g.output[index].name, scope) for g in (then, other)}
+        if name and len(ranks) == 1 and None not in ranks:
+            yield name, (None,) * ranks.pop()
+
+
+def _branch_rank(graph: GraphProto, name: str, outer: _Scope) -> int | None:
+    for info in [*graph.output, *graph.value_info]:
+        if info.name == name and info.type.tensor_type.HasField("shape"):
+            return len(info.type.tensor_type.shape.dim)
+    if any(name in node.output for node in graph.node):
+        return None
+    return outer.rank(name)
+
+
+def _recurrent(node: NodeProto) -> Iterator[tuple[str, Dims]]:
+    """X ``[seq, batch, input]``, initial_h/c and Y_h/Y_c ``[directions, batch, hidden]``,
+    Y ``[seq, directions, batch, hidden]`` (``layout=0``; ``layout=1`` puts batch first)."""
+    hidden = _int(node, "hidden_size")
+    directions = 2 if _string(node, "direction") == "bidirectional" else 1
+    batch_first = _int(node, "layout") == 1
+    state = (None, directions, hidden) if batch_first else (directions, None, hidden)
+    sequence = (None, None, directions, hidden) if batch_first else (None, directions, None, hidden)
+    if node.input and node.input[0]:
+        yield node.input[0], (None, None, None)
+    for index in (5, 6):
+        if len(node.input) > index and node.input[index]:
+            yield node.input[index], state
+    for index, name in enumerate(node.output):
+        if name:
+            yield name, sequence if index == 0 else state
+
+
+def _rank_keeping(node: NodeProto, scope: _Scope) -> Iterator[tuple[str, Dims]]:
+    """The input's rank from the output's: equal, or ``-+ len(axes)`` for Unsqueeze/Squeeze."""
+    if not node.input or not node.input[0] or not node.output:
+        return
+    source, result = node.input[0], node.output[0]
+    rank = scope.rank(result)
+    if rank is None or scope.rank(source) is not None:
+        return
+    if node.op_type in ("Unsqueeze", "Squeeze"):
+        axes = _axes(node, scope)
+        if axes is None:
+            return
+        rank = rank - axes if node.op_type == "Unsqueeze" else rank + axes
+    if rank >= 0:
+        yield source, (None,) * rank
+
+
+def _axes(node: NodeProto, scope: _Scope) -> int | None:
+    """How many axes an Unsqueeze/Squeeze lists, when they are constant and given."""
+    if len(node.input) > 1 and node.input[1]:
+        value = scope.constant(node.input[1])
+        return None if value is None else int(value.size)
+    listed = _ints(node, "axes")
+    return None if listed is None else len(listed)
+
+
+def _ints(node: NodeProto, name: str) -> list[int] | None:
+    for attr in node.attribute:
+        if attr.name == name:
+            return list(attr.ints)
+    return None
+
+
+def _int(node: NodeProto, name: str) -> int | None:
+    for attr in node.attribute:
+        if attr.name == name:
+            return attr.i
+    return None
+
+
+def _string(node: NodeProto, name: str) -> str:
+    for attr in node.attribute:
+        if attr.name == name:
+            return attr.s.decode()
+    return ""
+
+
+def _declare(model: ModelProto, facts: list[_Fact]) -> None:
+    """Add (or complete) value_info for each fact in the graph that defines its value."""
+    graphs = list(_graphs(model.graph))
+    for fact in facts:
+        graph = graphs[fact.graph]
+        info = next((i for i in graph.value_info if i.name == fact.name), None)
+        if info is None:
+            if any(o.name == fact.name for o in [*graph.output, *graph.input]):
+                info = next(o for o in [*graph.output, *graph.input] if o.name == fact.name)
+            else:
+                info = graph.value_info.add()
+        info.CopyFrom(helper.make_tensor_value_info(fact.name, fact.elem, list(fact.dims)))
+
+
+def _graphs(graph: GraphProto) -> Iterator[GraphProto]:
+    """Every graph in the order :func:`_walk` numbers them."""
+    yield graph
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from _graphs(sub)

@@ -1,0 +1,166 @@
+"""The rank pass against onnxruntime: every rank it declares is the rank onnxruntime
+computes, on models where onnx's shape inference leaves it unknown."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad.normalize.ranks import refined_ranks
+
+FLOAT = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=13):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _declared_ranks(model) -> dict[str, int]:
+    from onnxgrad.graph._scopes import iter_graphs
+
+    ranks = {}
+    for graph in iter_graphs(model.graph):
+        for info in [*graph.value_info, *graph.output]:
+            if info.type.tensor_type.HasField("shape"):
+                ranks[info.name] = len(info.type.tensor_type.shape.dim)
+    return ranks
+
+
+def _run_ranks(model, feeds, names) -> dict[str, int]:
+    """The ranks onnxruntime computes for ``names`` (exposed as extra outputs)."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    del exposed.graph.value_info[:]
+    for name in names:
+        exposed.graph.output.append(helper.make_tensor_value_info(name, FLOAT, None))
+    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    return {n: v.ndim for n, v in zip(names, session.run(list(names), feeds))}
+
+
+def _ints(name, values):
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def test_reshape_to_a_concat_of_static_length_then_downstream():
+    """``Reshape(x, Concat(Shape(x)[:2], [-1]))``: inference knows the Concat has 3 values,
+    not the result's rank; declared, it flows through Transpose and Softmax."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "zero", "two"], ["head"]),
+        helper.make_node("Concat", ["head", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Softmax", ["t"], ["y"], axis=-1),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, ["N", 3, None, None])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+        [_ints("zero", [0]), _ints("two", [2]), _ints("minus_one", [-1])],
+    )
+    before = onnx.shape_inference.infer_shapes(model)
+    assert "r" not in _declared_ranks(before)
+    declared = _declared_ranks(onnx.shape_inference.infer_shapes(refined_ranks(model)))
+    feeds = {"x": np.ones((2, 3, 4, 5), np.float32)}
+    assert {n: declared[n] for n in ("r", "t")} == _run_ranks(model, feeds, ["r", "t"])
+
+
+def _lstm_through_if():
+    """PyTorch's LSTM export: ``h0`` unsqueezed (``[1, N, H]``) in one branch, taken as it is
+    in the other, so inference cannot tell its rank; the LSTM reads it as ``initial_h``,
+    which fixes it at 3, and the If's output at 2."""
+    hidden, size = 4, 3
+    rng = np.random.default_rng(0)
+    unbatched = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["h", "axis0"], ["h_unsqueezed"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("h_unsqueezed", FLOAT, None)],
+    )
+    batched = helper.make_graph(
+        [helper.make_node("Identity", ["h"], ["h_same"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("h_same", FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("If", ["flag"], ["h_chosen"], then_branch=unbatched, else_branch=batched),
+        helper.make_node("Unsqueeze", ["h_chosen", "axis0"], ["h0"]),
+        helper.make_node("Unsqueeze", ["x", "axis0"], ["sequence"]),
+        helper.make_node(
+            "LSTM", ["sequence", "W", "R", "", "", "h0", "h0"], ["Y", "Y_h"], hidden_size=hidden
+        ),
+    ]
+    initializers = [
+        _ints("axis0", [0]),
+        numpy_helper.from_array(np.array(False), "flag"),
+        numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, size)).astype(np.float32), "W"),
+        numpy_helper.from_array(
+            rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32), "R"
+        ),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", FLOAT, ["N", size]),
+        helper.make_tensor_value_info("h", FLOAT, [None, None]),
+    ]
+    outputs = [helper.make_tensor_value_info("Y_h", FLOAT, [1, None, hidden])]
+    return _model(nodes, inputs, outputs, initializers), hidden
+
+
+def test_lstm_state_through_an_if_gets_its_schema_rank():
+    model, hidden = _lstm_through_if()
+    assert "h0" not in _declared_ranks(onnx.shape_inference.infer_shapes(model))
+    refined = refined_ranks(model)
+    onnx.checker.check_model(refined, full_check=True)
+    declared = _declared_ranks(onnx.shape_inference.infer_shapes(refined))
+    feeds = {"x": np.ones((2, 3), np.float32), "h": np.zeros((2, hidden), np.float32)}
+    names = ["h_chosen", "h0", "sequence"]
+    assert {n: declared[n] for n in names} == _run_ranks(model, feeds, names)
+    state = next(i for i in refined.graph.value_info if i.name == "h0")
+    dims = state.type.tensor_type.shape.dim
+    assert (dims[0].dim_value, dims[2].dim_value) == (1, hidden)
+
+
+def test_if_whose_branches_agree_on_rank():
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["x2"], ["a"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("a", FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x2"], ["b"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("b", FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "zero", "two"], ["head"]),
+        helper.make_node("Reshape", ["x", "head"], ["x2"]),
+        helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other),
+    ]
+    model = _model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", FLOAT, [None, None, None]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+        [_ints("zero", [0]), _ints("two", [2])],
+    )
+    refined = onnx.shape_inference.infer_shapes(refined_ranks(model))
+    assert _declared_ranks(refined)["y"] == 2
+
+
+def test_a_model_inference_fully_types_is_left_as_it_is():
+    model = _model(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", FLOAT, [2, 3])],
+    )
+    before = model.SerializeToString()
+    assert refined_ranks(model).SerializeToString() == before

