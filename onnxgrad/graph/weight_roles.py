@@ -1,0 +1,229 @@
+"""What a weight is: the role an initializer plays where it meets the data.
+
+A weight is a parameter the model was trained to have (what PyTorch's ``parameters()``
+holds): kernels, biases, embeddings, normalisation scales. A float initializer can also be a
+structural constant: an epsilon, an attention scale, a mask or its fill value, a rotary
+cos/sin table, the 1 of ``1 - p``, a quantization scale. The rule below tells them apart by
+the graph alone (never by names), as if constants were folded:
+
+*Data* is what carries a gradient from a float graph input (through differentiable edges),
+and what a lookup (``Gather*``) reads from a table with indices depending on a graph input.
+A value computed from initializers alone, or from them and integers (positions, shapes), is
+a *derived constant*; the initializers behind it share its role. An initializer is a weight
+when a derived constant holding it meets data in a parameter role:
+
+* **layer**: an input of ``MatMul``, ``Gemm``, ``Conv``, a normalisation layer, ``Concat``
+  or any op without a role below (custom and contrib ops included), the table of a lookup,
+  a graph output;
+* **scale**: a factor of ``Mul`` (or the divisor of ``Div``) spanning exactly one axis
+  (a per-channel or per-feature scale: RMSNorm's weight), or one number scaling an affine
+  value of one feature (``y = a x`` with ``x`` of shape ``[N, 1]``);
+* **shift**: a term of ``Add``, ``Sub``, ``Sum``, ``Mean`` added to an affine value (a bias).
+
+*Affine* values are float graph inputs, outputs of layers, scaled or shifted affine values,
+sums with an affine value and what moves them without other arithmetic (reshapes, slices,
+gathers, ``Concat``, ``Neg``, sums and means over axes). So these are not weights: a number
+scaling several features (attention scales, GELU's 0.5), a table spanning several axes
+(rotary cos/sin, masks), a term added to a non-affine value (RMSNorm's epsilon after
+``ReduceMean``, the 1 of ``1 - p`` after a sigmoid), any operand of ``Pow``, ``Where``,
+``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the scales and zero
+points of quantized ops. Initializers read inside subgraphs count as weights (their role is
+not analysed). Any initializer named explicitly is trained whatever its role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+from onnx import ModelProto, NodeProto
+
+from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, real_inputs, subgraphs
+from onnxgrad.graph._differentiable import input_is_differentiable, output_is_differentiable
+from onnxgrad.graph._scopes import free_names
+
+Shape = tuple[int | str | None, ...] | None
+
+_LOOKUPS = frozenset({"Gather", "GatherElements", "GatherND"})
+_NEVER = frozenset({"Pow", "Where", "Max", "Min", "Clip", "Mod"})
+_SCALES = frozenset({"Mul", "Div"})
+_SHIFTS = frozenset({"Add", "Sub", "Sum", "Mean"})
+#: ops whose output is affine when one of their data inputs is
+_MOVES = _SHIFTS | {
+    "Identity", "Cast", "CastLike", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+    "Slice", "Split", "Concat", "Expand", "Tile", "Pad", "Dropout", "Neg", "ReduceSum",
+    "ReduceMean", *_LOOKUPS,
+}  # fmt: skip
+#: contrib ops reading position tables: the indices of their cos/sin caches
+_POSITION_TABLES = {"RotaryEmbedding": frozenset({2, 3}), "GroupQueryAttention": frozenset({7, 8})}
+#: quantized ops: the indices of their float inputs that are weights (biases); every other
+#: float input is a scale or a zero point
+_QUANTIZED_BIASES = {
+    "DynamicQuantizeMatMul": frozenset({4}),
+    "MatMulIntegerToFloat": frozenset({6}),
+    "QAttention": frozenset({2}),
+    "MatMulNBits": frozenset({5}),
+}
+_QUANTIZED_PREFIXES = ("QLinear", "QOrdered", "Quantize", "Dequantize", "DynamicQuantize", "QGemm")
+
+
+def weight_initializers(model: ModelProto, candidates: set[str]) -> set[str]:
+    """The ``candidates`` (float initializers of a checked model, nodes in topological order)
+    that play a parameter role (see the module docstring)."""
+    return _Roles(model, candidates).weights
+
+
+def _quantized_biases(op_type: str) -> frozenset[int] | None:
+    if op_type in _QUANTIZED_BIASES:
+        return _QUANTIZED_BIASES[op_type]
+    if op_type.startswith(_QUANTIZED_PREFIXES) or op_type in {"MatMulInteger", "ConvInteger"}:
+        return frozenset()
+    return None
+
+
+def _spans_one_axis(shape: Shape) -> bool | None:
+    """Whether a broadcast operand varies along exactly one axis (``None``: unknown)."""
+    if shape is None:
+        return None
+    return sum(1 for d in shape if not (isinstance(d, int) and d == 1)) == 1
+
+
+def _is_single(shape: Shape) -> bool:
+    return shape is not None and all(isinstance(d, int) and d == 1 for d in shape)
+
+
+def _value_shapes(model: ModelProto) -> dict[str, Shape]:
+    from onnxgrad._model_checks import weightless_view
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(model))
+    except Exception:  # shapes are a hint: an unknown shape keeps the conservative answer
+        inferred = model
+    graph = inferred.graph
+    shapes: dict[str, Shape] = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        tensor = info.type.tensor_type
+        if info.type.HasField("tensor_type") and tensor.HasField("shape"):
+            shapes.setdefault(
+                info.name,
+                tuple(
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in tensor.shape.dim
+                ),
+            )
+    return shapes
+
+
+class _Roles:
+    """One forward walk over the main graph tracking data, affine values and derived
+    constants (``sources``: the candidate initializers each one holds)."""
+
+    def __init__(self, model: ModelProto, candidates: set[str]):
+        from onnxgrad.graph._differentiable import model_opsets, value_elem_types
+
+        self.opsets: Mapping[str, int] = model_opsets(model)
+        self.types = value_elem_types(model)
+        self.shapes = _value_shapes(model)
+        inputs = [i.name for i in real_inputs(model)]
+        self.any_data: set[str] = set(inputs)
+        self.data = {n for n in inputs if self._is_float(n)}
+        self.affine = set(self.data)
+        self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
+        self.weights: set[str] = set()
+        for node in model.graph.node:
+            self._visit(node)
+        for output in model.graph.output:
+            self.weights.update(self.sources.get(output.name, ()))
+        self.weights &= candidates
+
+    def _is_float(self, name: str) -> bool:
+        return self.types.get(name, onnx.TensorProto.FLOAT) in FLOAT_TYPES
+
+    def _visit(self, node: NodeProto) -> None:
+        if subgraphs(node):
+            self._visit_with_subgraphs(node)
+            return
+        diff = [
+            (i, name)
+            for i, name in enumerate(node.input)
+            if name and input_is_differentiable(node, i, self.opsets)
+        ]
+        constants = [(i, n) for i, n in diff if n in self.sources]
+        data = [n for _, n in diff if n in self.data]
+        lookup = (
+            node.op_type in _LOOKUPS
+            and len(node.input) > 1
+            and node.input[0] in self.sources
+            and node.input[1] in self.any_data
+        )
+        touches_data = any(n in self.any_data for n in node.input)
+        outputs = [
+            o
+            for i, o in enumerate(node.output)
+            if o and self._is_float(o) and output_is_differentiable(node, i, self.opsets)
+        ]
+        if not data and not lookup:
+            held = frozenset().union(*(self.sources[n] for _, n in constants))
+            for out in outputs:
+                if held:
+                    self.sources[out] = held
+            if touches_data:
+                self.any_data.update(o for o in node.output if o)
+            return
+        weight_found = False
+        for index, name in constants:
+            if self._is_weight_role(node, index, data):
+                self.weights.update(self.sources[name])
+                weight_found = True
+        self.any_data.update(o for o in node.output if o)
+        self.data.update(outputs)
+        if self._output_is_affine(node, data, weight_found, lookup):
+            self.affine.update(outputs)
+
+    def _visit_with_subgraphs(self, node: NodeProto) -> None:
+        read = set(node.input)
+        for sub in subgraphs(node):
+            read |= free_names(sub)
+        for name in read:
+            self.weights.update(self.sources.get(name, ()))
+        if any(n in self.any_data for n in read):
+            self.any_data.update(o for o in node.output if o)
+            self.data.update(o for o in node.output if o and self._is_float(o))
+
+    def _is_weight_role(self, node: NodeProto, index: int, data: list[str]) -> bool:
+        op = node.op_type
+        biases = _quantized_biases(op)
+        if biases is not None:
+            return index in biases
+        domain = normalize_domain(node.domain)
+        if domain != "":
+            return index not in _POSITION_TABLES.get(op, frozenset())
+        if op in _NEVER:
+            return False
+        if op in _SCALES:
+            return self._is_scale(node, index, data)
+        if op in _SHIFTS:
+            return any(n in self.affine for n in data)
+        return True
+
+    def _is_scale(self, node: NodeProto, index: int, data: list[str]) -> bool:
+        if node.op_type == "Div" and index != 1:
+            return False
+        shape = self.shapes.get(node.input[index])
+        spans = _spans_one_axis(shape)
+        if spans is None or spans:
+            return True
+        if not _is_single(shape):
+            return False
+        return any(n in self.affine and (s := self.shapes.get(n)) and s[-1] == 1 for n in data)
+
+    def _output_is_affine(self, node, data, weight_found: bool, lookup: bool) -> bool:
+        op = node.op_type
+        if lookup or (weight_found and op not in _SHIFTS):
+            return True
+        affine_in = any(n in self.affine for n in data)
+        if op in _MOVES:
+            return affine_in
+        if op in _SCALES and len(data) == 1:
+            return affine_in
+        return False
