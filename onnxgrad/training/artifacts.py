@@ -32,6 +32,7 @@ from onnxgrad._files import save_model, write_atomically
 from onnxgrad._onnx_utils import ModelLike, load_model, np_dtype
 from onnxgrad.graph import get_train_initializer, replace_initializers_into_onnx
 from onnxgrad.graph.lora import lora_adapters, merge_lora
+from onnxgrad.graph.ml_lowering import needs_lowering, with_trained_weights
 from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from onnxgrad.training.composition import LossModel, make_eval_step, make_train_step
 from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from_name
@@ -164,12 +165,15 @@ def read_manifest(artifact_directory: str | os.PathLike) -> dict:
 def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLike) -> ModelProto:
     """The deployable model: ``model`` (the inference model, or an artifact folder) with
     the weights of ``checkpoint`` (or the path of its ``.json``), low-rank adapters merged
-    into their weights (:func:`onnxgrad.graph.lora.merge_lora`)."""
+    into their weights (:func:`onnxgrad.graph.lora.merge_lora`). A converted model keeps
+    its ``ai.onnx.ml`` outputs, its lowered weights trained (:func:`with_trained_weights`)."""
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
         model = Path(model) / INFERENCE_MODEL
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
     model = load_model(model)
+    if needs_lowering(model):
+        return with_trained_weights(model, checkpoint.weights)
     initializers = {init.name for init in model.graph.initializer}
     unknown = sorted(set(checkpoint.weights) - initializers)
     if unknown:
