@@ -18,7 +18,8 @@ when a derived constant holding it meets data in a parameter role:
 * **scale**: a factor of ``Mul`` (or the divisor of ``Div``) spanning exactly one axis
   (a per-channel or per-feature scale: RMSNorm's weight), or one number scaling an affine
   value of one feature (``y = a x`` with ``x`` of shape ``[N, 1]``);
-* **shift**: a term of ``Add``, ``Sub``, ``Sum``, ``Mean`` added to an affine value (a bias).
+* **shift**: a term of ``Add``, ``Sum``, ``Mean`` added to an affine value, or subtracted
+  from it by ``Sub`` (a bias); ``c - x`` is a complement (``1 - p``), never a bias.
 
 *Affine* values are float graph inputs, outputs of layers, scaled or shifted affine values,
 sums with an affine value and what moves them without other arithmetic (reshapes, slices,
@@ -203,7 +204,8 @@ class _Roles:
         if op in _SCALES:
             return self._is_scale(node, index, data)
         if op in _SHIFTS:
-            return any(n in self.affine for n in data)
+            complement = op == "Sub" and index == 0
+            return not complement and any(n in self.affine for n in data)
         return True
 
     def _is_scale(self, node: NodeProto, index: int, data: list[str]) -> bool:

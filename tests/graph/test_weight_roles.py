@@ -134,6 +134,23 @@ def test_the_one_of_one_minus_p_is_a_constant_but_a_bias_is_a_weight():
     assert _weights(model) == ["w", "b"]
 
 
+def test_a_complement_is_a_constant_even_of_an_affine_value():
+    """``[1 - s, s]`` of raw scores (a one-score LinearClassifier without transform)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("MatMul", ["x", "w"], ["s"]),
+            node("Sub", ["one", "s"], ["q"]),
+            node("Sub", ["s", "offset"], ["r"]),
+            node("Concat", ["q", "r"], ["y"], axis=1),
+        ],
+        {"w": f32(4, 1), "one": np.float32(1), "offset": np.array([0.5], np.float32)},
+        [("x", F, [None, 4])],
+        ["y"],
+    )
+    assert _weights(model) == ["w", "offset"]
+
+
 def test_one_number_scaling_one_feature_is_a_weight_scaling_several_is_not():
     node = helper.make_node
     one = _model(
@@ -190,6 +207,35 @@ def test_a_constant_named_explicitly_is_trained():
     assert _weights(model) == []
     step = make_train_step(model, ["scale"], learning_rate=LearningRateSGD())
     assert step.weights == ("scale",)
+
+
+@pytest.mark.parametrize("kind", ["logistic", "mlp", "svc_linear", "svc_rbf"])
+def test_lowered_classifiers_constants_stay_constants_once_promoted(kind):
+    """The lowering writes its structural constants (masks, the uniform start of the
+    probability coupling, the 1 of ``1 - p``...) as ``Constant`` nodes; promoted to
+    initializers, as the normalisation of a model makes them, none becomes a weight."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.svm import SVC
+
+    from onnxgrad.graph import lower_ml_operators
+
+    estimators = {
+        "logistic": LogisticRegression(),
+        "mlp": MLPClassifier((3,), max_iter=20, random_state=0),
+        "svc_linear": SVC(kernel="linear", probability=True, random_state=0),
+        "svc_rbf": SVC(probability=True, random_state=0),
+    }
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 3)).astype(np.float32)
+    y = np.digitize(X[:, 0], [-0.4, 0.4]) if kind.startswith("svc") else X[:, 1] > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimator = estimators[kind].fit(X, y)
+        model = skl2onnx.to_onnx(estimator, X[:1], target_opset=17, options={"zipmap": False})
+    lowered = lower_ml_operators(model, keep_zipmap=False)
+    assert _weights(_promote_float_constants(lowered)) == _weights(lowered)
 
 
 # -- transformers exports ------------------------------------------------------------------
