@@ -22,7 +22,7 @@ from onnxgrad.training import OrtGradientClassifier, generate_artifacts, merge_c
 from onnxgrad.training.checkpoint import Checkpoint
 from onnxgrad.training.learning_rate import LearningRateSGD
 from onnxgrad.training.losses import select_learning_loss
-from tests.cli.helpers import run_onnxgrad
+from tests.cli.helpers import run_in_process, run_onnxgrad
 
 skl2onnx = pytest.importorskip("skl2onnx")
 from sklearn.datasets import make_classification  # noqa: E402
@@ -81,11 +81,7 @@ def _assert_still_a_classifier(proba, before, y_test, accuracy):
     assert float((proba.argmax(axis=1) == y_test).mean()) >= accuracy - ACCURACY_SLACK
 
 
-CASES = [
-    pytest.param(name, n, marks=[pytest.mark.slow] if name == "svc" and n == 3 else [])
-    for name in ESTIMATORS
-    for n in (2, 3)
-]
+CASES = [(name, n) for name in ESTIMATORS for n in (2, 3)]
 
 
 @pytest.mark.parametrize(("name", "n_classes"), CASES)
@@ -138,14 +134,18 @@ def test_artifacts_run_by_onnxruntime_keep_probabilities(name, n_classes, tmp_pa
     _assert_still_a_classifier(proba, _probabilities(model, X_test), y_test, accuracy)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(ESTIMATORS))
-def test_command_line_train_keeps_probabilities(name, tmp_path):
-    n_classes = 2
-    model, X, y, X_test, y_test, accuracy = converted(name, n_classes)
+@pytest.mark.parametrize(
+    ("name", "runner"),
+    [pytest.param(name, run_in_process, id=name) for name in ESTIMATORS]
+    + [pytest.param("logistic", run_onnxgrad, marks=pytest.mark.slow, id="logistic-process")],
+)
+def test_command_line_train_keeps_probabilities(name, runner, tmp_path):
+    """``onnxgrad train --loss log`` on the binary models (in this process, and once as a
+    separate process, as a user runs it)."""
+    model, X, y, X_test, y_test, accuracy = converted(name, 2)
     onnx.save(model, tmp_path / "model.onnx")
     np.savez(tmp_path / "data.npz", X=X, y=y)
-    result = run_onnxgrad(
+    result = runner(
         "train", "model.onnx", "--data", "data.npz", "-o", "trained.onnx",
         "--loss", "log", "--reduction", "mean", "--optimizer", "sgd", "--lr", str(LR),
         "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
