@@ -13,8 +13,11 @@ a *derived constant*; the initializers behind it share its role. An initializer 
 when a derived constant holding it meets data in a parameter role:
 
 * **layer**: an input of ``MatMul``, ``Gemm``, ``Conv``, a normalisation layer, ``Concat``
-  or any op without a role below (custom and contrib ops included), the table of a lookup,
-  a graph output;
+  or any op without a role below (custom and contrib ops included), a graph output;
+* **embedding**: the table of a lookup (``Gather*``) by data indices whose rows are used
+  other than as a factor of data (rotary cos/sin caches gathered by positions only
+  multiply the queries and keys), or by constant indices whose rows are added to data
+  (learned position embeddings, T5's relative attention bias);
 * **scale**: a factor of ``Mul`` (or the divisor of ``Div``) spanning exactly one axis
   (a per-channel or per-feature scale: RMSNorm's weight), or one number scaling an affine
   value of one feature (``y = a x`` with ``x`` of shape ``[N, 1]``);
@@ -55,6 +58,11 @@ _MOVES = _SHIFTS | {
     "Slice", "Split", "Concat", "Expand", "Tile", "Pad", "Dropout", "Neg", "ReduceSum",
     "ReduceMean", *_LOOKUPS,
 }  # fmt: skip
+#: ops moving values without arithmetic
+_PURE_MOVES = frozenset(
+    {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
+     "Expand", "Tile"}
+)  # fmt: skip
 #: contrib ops reading position tables: the indices of their cos/sin caches
 _POSITION_TABLES = {"RotaryEmbedding": frozenset({2, 3}), "GroupQueryAttention": frozenset({7, 8})}
 #: quantized ops: the indices of their float inputs that are weights (biases); every other
@@ -130,11 +138,16 @@ class _Roles:
         self.data = {n for n in inputs if self._is_float(n)}
         self.affine = set(self.data)
         self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
+        #: derived constants holding rows of a table (a lookup by constant indices)
+        self.rows: set[str] = set()
+        #: data looked up in a table, moved without arithmetic yet: its table's sources
+        self.looked_up: dict[str, frozenset[str]] = {}
         self.weights: set[str] = set()
         for node in model.graph.node:
             self._visit(node)
         for output in model.graph.output:
             self.weights.update(self.sources.get(output.name, ()))
+            self.weights.update(self.looked_up.get(output.name, ()))
         self.weights &= candidates
 
     def _is_float(self, name: str) -> bool:
@@ -144,6 +157,7 @@ class _Roles:
         if subgraphs(node):
             self._visit_with_subgraphs(node)
             return
+        self._settle_lookups(node)
         diff = [
             (i, name)
             for i, name in enumerate(node.input)
@@ -165,15 +179,24 @@ class _Roles:
         ]
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
+            table = node.op_type in _LOOKUPS and node.input[0] in self.sources
+            from_rows = table or any(n in self.rows for _, n in constants)
             for out in outputs:
                 if held:
                     self.sources[out] = held
+                if held and from_rows:
+                    self.rows.add(out)
             if touches_data:
                 self.any_data.update(o for o in node.output if o)
             return
-        weight_found = False
+        if lookup:
+            self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
+        weight_found = lookup
         for index, name in constants:
-            if self._is_weight_role(node, index, data):
+            if index == 0 and lookup:
+                continue
+            added_rows = name in self.rows and node.op_type in _SHIFTS
+            if added_rows or self._is_weight_role(node, index, data):
                 self.weights.update(self.sources[name])
                 weight_found = True
         self.any_data.update(o for o in node.output if o)
@@ -181,12 +204,29 @@ class _Roles:
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
 
+    def _settle_lookups(self, node: NodeProto) -> None:
+        """Rows looked up by data indices are an embedding (their table a weight) once used,
+        unless they only multiply other data (rotary cos/sin caches): moves pass them on."""
+        pending = [n for n in node.input if n in self.looked_up]
+        if not pending:
+            return
+        if node.op_type in _PURE_MOVES and node.input[0] in self.looked_up:
+            table = self.looked_up[node.input[0]]
+            self.looked_up.update((o, table) for o in node.output if o)
+            return
+        others = [n for n in node.input if n in self.data and n not in self.looked_up]
+        if node.op_type == "Mul" and others:
+            return
+        for name in pending:
+            self.weights.update(self.looked_up[name])
+
     def _visit_with_subgraphs(self, node: NodeProto) -> None:
         read = set(node.input)
         for sub in subgraphs(node):
             read |= free_names(sub)
         for name in read:
             self.weights.update(self.sources.get(name, ()))
+            self.weights.update(self.looked_up.get(name, ()))
         if any(n in self.any_data for n in read):
             self.any_data.update(o for o in node.output if o)
             self.data.update(o for o in node.output if o and self._is_float(o))

@@ -238,6 +238,37 @@ def test_lowered_classifiers_constants_stay_constants_once_promoted(kind):
     assert _weights(_promote_float_constants(lowered)) == _weights(lowered)
 
 
+def test_lookups_embeddings_and_relative_biases_are_weights_rotary_caches_are_not():
+    """A table looked up by token ids (an embedding) or by constant indices and added to
+    attention scores (T5's relative bias) is a weight; cos/sin caches looked up by position
+    ids only multiply the queries: constants."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Gather", ["embedding", "ids"], ["h"]),
+            node("MatMul", ["h", "wq"], ["q0"]),
+            node("Gather", ["cos_cache", "positions"], ["cos"]),
+            node("Mul", ["q0", "cos"], ["q"]),
+            node("Transpose", ["q"], ["kt"], perm=[0, 2, 1]),
+            node("MatMul", ["q", "kt"], ["scores"]),
+            node("Gather", ["relative", "buckets"], ["bias"]),
+            node("Squeeze", ["bias", "last"], ["bias2d"]),
+            node("Add", ["scores", "bias2d"], ["y"]),
+        ],
+        {
+            "embedding": f32(16, 4),
+            "wq": f32(4, 4),
+            "cos_cache": np.cos(f32(8, 4)),
+            "relative": f32(15, 1),
+            "buckets": np.subtract.outer(np.arange(8), np.arange(8)) + 7,
+            "last": np.array([-1]),
+        },
+        [("ids", TensorProto.INT64, [2, 8]), ("positions", TensorProto.INT64, [2, 8])],
+        ["y"],
+    )
+    assert _weights(model) == ["embedding", "wq", "relative"]
+
+
 # -- transformers exports ------------------------------------------------------------------
 
 
@@ -386,3 +417,59 @@ def test_fine_tuning_a_transformers_export_follows_pytorch_step_for_step(kind, o
         expected.backward()
         theirs.step()
         assert float(out[step.loss]) == pytest.approx(float(expected.detach()), rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folding", [True, False])
+def test_t5_relative_attention_bias_is_a_weight(folding):
+    """T5's relative attention bias: an embedding looked up by bucket indices computed from
+    positions (constants) and added to the attention scores. The T5 encoder goes through the
+    TorchScript exporter (the dynamo exporter fails on it)."""
+    import io
+
+    import onnx
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=64,
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+    )
+    module = transformers.T5EncoderModel(config)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, 0.3)
+    module.eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = module
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).last_hidden_state
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Hidden(),
+            (torch.randint(0, 64, (2, 8)),),
+            buffer,
+            input_names=["ids"],
+            output_names=["h"],
+            dynamo=False,
+            do_constant_folding=folding,
+            opset_version=18,
+        )
+    model = _promote_float_constants(onnx.load_from_string(buffer.getvalue()))
+    found = _assert_weights_are_the_parameters(module, model)
+    bias = module.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
+    assert any(np.array_equal(v, bias.detach().numpy()) for v, _ in found.values())
