@@ -91,11 +91,8 @@ class OrtDataLoader:
 
 def to_ortvalue(array: np.ndarray, device: Device) -> ort.OrtValue:
     """An ``OrtValue`` holding ``array`` on ``device`` (on the CPU it shares the memory of
-    ``array``, which must stay alive and unchanged as long as the ``OrtValue`` is used).
-    A rank-0 array stays rank 0 (``numpy.ascontiguousarray`` would make it ``[1]``)."""
-    array = np.asarray(array)
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
+    ``array``, which must stay alive and unchanged as long as the ``OrtValue`` is used)."""
+    array = np.ascontiguousarray(array)
     if device.kind == "cpu":
         return ort.OrtValue.ortvalue_from_numpy(array)
     return ort.OrtValue.ortvalue_from_numpy(array, device.ort_type, device.index)
