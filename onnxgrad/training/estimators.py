@@ -46,7 +46,7 @@ from onnxgrad.training.composition import (
 )
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import check_device
-from onnxgrad.training.invariants import check_still_a_distribution
+from onnxgrad.training.invariants import check_still_a_distribution, probabilities_error
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
 from onnxgrad.training.penalties import (
@@ -185,8 +185,9 @@ class BaseOrtOptimizer(EstimatorMixin):
         )
         if self.n_iter_ == 0:
             self._check_probabilities(X)
+        before = probabilities_error(self, X)
         self._train(loader, validation, epochs, stopping)
-        check_still_a_distribution(self, X)
+        check_still_a_distribution(self, X, before)
         return self
 
     def _output_values(self, X) -> np.ndarray:

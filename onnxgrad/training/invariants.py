@@ -5,14 +5,13 @@ with several columns is a distribution per row: ``p_ij >= 0`` and ``sum_j p_ij =
 lowerings and the default weights keep that by construction (see
 :mod:`onnxgrad.graph.weight_roles`); training a constant named explicitly (the 1 of
 ``1 - p``) can still break it. A fit that ends with rows no longer summing to 1 (within
-:data:`TOLERANCE`), where the starting model's rows did, raises
+:data:`TOLERANCE`), where they did when it started, raises
 :class:`~onnxgrad.exceptions.BrokenDistributionError` instead of returning a wrong model.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 
 from onnxgrad.exceptions import BrokenDistributionError
 from onnxgrad.graph.loss_table import PROBABILITIES
@@ -29,19 +28,25 @@ def distribution_error(values: np.ndarray) -> float:
     return float(max(np.abs(values.sum(axis=1) - 1).max(initial=0.0), outside))
 
 
-def check_still_a_distribution(estimator, X) -> None:
-    """Raise when a fitted estimator's probabilities output stopped being a distribution
-    (see the module docstring); a model whose rows did not sum to 1 before training (a
-    warning said so) is left alone."""
+def probabilities_error(estimator, X) -> float | None:
+    """:func:`distribution_error` of the probabilities output on the first rows of ``X``
+    with the estimator's current weights; ``None`` unless its loss reads probabilities
+    from an output of several columns."""
     loss = estimator.graphs_.loss
     if loss is None or loss.spec.prediction != PROBABILITIES or estimator.graphs_.output is None:
+        return None
+    values = estimator._output_values(X[:_ROWS])
+    return distribution_error(values) if values.shape[1] > 1 else None
+
+
+def check_still_a_distribution(estimator, X, before: float | None) -> None:
+    """Raise when a fit turned probabilities rows into something else: ``before`` is
+    :func:`probabilities_error` before the fit (a model whose rows did not sum to 1 then,
+    which a warning reported, is left alone)."""
+    if before is None or before > TOLERANCE:
         return
-    rows = X[:_ROWS]
-    values = estimator._output_values(rows)
-    if values.shape[1] < 2 or distribution_error(values) <= TOLERANCE:
-        return
-    before = _initial_values(estimator, rows)
-    if distribution_error(before) > TOLERANCE:
+    values = estimator._output_values(X[:_ROWS])
+    if distribution_error(values) <= TOLERANCE:
         return
     sums = values.sum(axis=1)
     raise BrokenDistributionError(
@@ -52,16 +57,3 @@ def check_still_a_distribution(estimator, X) -> None:
         "(a constant of its post-processing is among them, or its columns have separate "
         "parameters); train fewer weights (weights_to_train) or put the loss on logits"
     )
-
-
-def _initial_values(estimator, rows: np.ndarray) -> np.ndarray:
-    """The output on ``rows`` with the weights the model started with."""
-    from onnxgrad._onnx_utils import load_model
-    from onnxgrad.graph.ml_lowering import lowered_if_needed
-    from onnxgrad.graph.select import select_model_inputs_outputs
-
-    model = lowered_if_needed(load_model(estimator.model_onnx))
-    model = select_model_inputs_outputs(model, outputs=[estimator.graphs_.output])
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    (values,) = session.run(None, {estimator.predictor_.data_inputs[0]: rows})
-    return np.asarray(values, dtype=np.float64).reshape(len(rows), -1)
