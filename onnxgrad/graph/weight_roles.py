@@ -20,15 +20,17 @@ when a derived constant holding it meets data in a parameter role:
   (learned position embeddings, T5's relative attention bias);
 * **scale**: a factor of ``Mul`` (or the divisor of ``Div``) spanning exactly one axis
   (a per-channel or per-feature scale: RMSNorm's weight), or one number scaling an affine
-  value of one feature (``y = a x`` with ``x`` of shape ``[N, 1]``);
+  value of one feature (``y = a x`` with ``x`` of shape ``[N, 1]``), or a factor of ``Mul``
+  spanning several axes (an elementwise weight) unless its product is half of a rotation
+  ``x T1 + r(x) T2``, ``r`` rearranging ``x`` (rotary cos/sin tables, computed or folded);
 * **shift**: a term of ``Add``, ``Sum``, ``Mean`` added to an affine value, or subtracted
   from it by ``Sub`` (a bias); ``c - x`` is a complement (``1 - p``), never a bias.
 
 *Affine* values are float graph inputs, outputs of layers, scaled or shifted affine values,
 sums with an affine value and what moves them without other arithmetic (reshapes, slices,
 gathers, ``Concat``, ``Neg``, sums and means over axes). So these are not weights: a number
-scaling several features (attention scales, GELU's 0.5), a table spanning several axes
-(rotary cos/sin, masks), a term added to a non-affine value (RMSNorm's epsilon after
+scaling several features (attention scales, GELU's 0.5), the tables of a rotation, a mask,
+a term added to a non-affine value (RMSNorm's epsilon after
 ``ReduceMean``, the 1 of ``1 - p`` after a sigmoid), any operand of ``Pow``, ``Where``,
 ``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the scales and zero
 points of quantized ops. Initializers read inside subgraphs count as weights (their role is
@@ -63,6 +65,8 @@ _PURE_MOVES = frozenset(
     {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
      "Expand", "Tile"}
 )  # fmt: skip
+#: ops rearranging their data input without other arithmetic than a sign
+_REARRANGES = _PURE_MOVES | {"Neg", "Concat", "Split", "Gather", "GatherElements"}
 #: contrib ops reading position tables: the indices of their cos/sin caches
 _POSITION_TABLES = {"RotaryEmbedding": frozenset({2, 3}), "GroupQueryAttention": frozenset({7, 8})}
 #: quantized ops: the indices of their float inputs that are weights (biases); every other
@@ -142,12 +146,18 @@ class _Roles:
         self.rows: set[str] = set()
         #: data looked up in a table, moved without arithmetic yet: its table's sources
         self.looked_up: dict[str, frozenset[str]] = {}
+        #: data products by a table spanning several axes, undecided: (sources, data root)
+        self.tabled: dict[str, tuple[frozenset[str], str]] = {}
+        #: the value each data value is a rearrangement of (slices, signs, concatenations)
+        self.root: dict[str, str] = {}
         self.weights: set[str] = set()
         for node in model.graph.node:
             self._visit(node)
         for output in model.graph.output:
             self.weights.update(self.sources.get(output.name, ()))
             self.weights.update(self.looked_up.get(output.name, ()))
+        for sources, _ in self.tabled.values():
+            self.weights.update(sources)
         self.weights &= candidates
 
     def _is_float(self, name: str) -> bool:
@@ -158,6 +168,7 @@ class _Roles:
             self._visit_with_subgraphs(node)
             return
         self._settle_lookups(node)
+        self._settle_tables(node)
         diff = [
             (i, name)
             for i, name in enumerate(node.input)
@@ -196,11 +207,16 @@ class _Roles:
             if index == 0 and lookup:
                 continue
             added_rows = name in self.rows and node.op_type in _SHIFTS
-            if added_rows or self._is_weight_role(node, index, data):
+            if self._is_table_factor(node, index, data):
+                root = self.root.get(data[0], data[0])
+                self.tabled.update((o, (self.sources[name], root)) for o in outputs)
+                weight_found = True
+            elif added_rows or self._is_weight_role(node, index, data):
                 self.weights.update(self.sources[name])
                 weight_found = True
         self.any_data.update(o for o in node.output if o)
         self.data.update(outputs)
+        self._track_root(node, data, outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
 
@@ -219,6 +235,40 @@ class _Roles:
             return
         for name in pending:
             self.weights.update(self.looked_up[name])
+
+    def _is_table_factor(self, node: NodeProto, index: int, data: list[str]) -> bool:
+        """A factor of ``Mul`` spanning several axes of one data operand: a weight unless the
+        product turns out to be half of a rotation (see :meth:`_settle_tables`)."""
+        if node.op_type != "Mul" or normalize_domain(node.domain) or len(data) != 1:
+            return False
+        shape = self.shapes.get(node.input[index])
+        return shape is not None and not _spans_one_axis(shape) and not _is_single(shape)
+
+    def _track_root(self, node: NodeProto, data: list[str], outputs: list[str]) -> None:
+        if node.op_type not in _REARRANGES or not data:
+            return
+        roots = {self.root.get(n, n) for n in data}
+        if len(roots) == 1:
+            root = roots.pop()
+            self.root.update((o, root) for o in outputs)
+
+    def _settle_tables(self, node: NodeProto) -> None:
+        """``x T1 + r(x) T2`` with ``r`` a rearrangement of ``x`` (rotate-half, interleaved
+        pairs) is a rotation: ``T1``, ``T2`` are position tables (cos/sin), not weights. A
+        table product used any other way makes its table a weight."""
+        pending = [n for n in node.input if n in self.tabled]
+        if not pending:
+            return
+        roots = {self.tabled[n][1] for n in pending}
+        rotation = (
+            node.op_type in ("Add", "Sub")
+            and len(node.input) == len(pending) == 2
+            and len(roots) == 1
+        )
+        for name in pending:
+            sources, _ = self.tabled.pop(name)
+            if not rotation:
+                self.weights.update(sources)
 
     def _visit_with_subgraphs(self, node: NodeProto) -> None:
         read = set(node.input)

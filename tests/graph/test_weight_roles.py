@@ -90,7 +90,24 @@ def test_attention_scale_mask_and_fill_value_are_constants_projections_are_weigh
     assert _weights(model) == ["wq", "bq"]
 
 
-def test_rotary_tables_are_constants_even_when_computed_from_a_frequency_buffer():
+def _rotary(x, cos, sin, out):
+    """``x cos + rotate_half(x) sin``, ``rotate_half(x) = [-x2, x1]`` (halves of the last
+    axis), as transformers writes rotary embeddings."""
+    node = helper.make_node
+    return [
+        node("Split", [x], [f"{out}_x1", f"{out}_x2"], axis=-1, num_outputs=2),
+        node("Neg", [f"{out}_x2"], [f"{out}_minus_x2"]),
+        node("Concat", [f"{out}_minus_x2", f"{out}_x1"], [f"{out}_rotated"], axis=-1),
+        node("Mul", [x, cos], [f"{out}_cos"]),
+        node("Mul", [f"{out}_rotated", sin], [f"{out}_sin"]),
+        node("Add", [f"{out}_cos", f"{out}_sin"], [out]),
+    ]
+
+
+def test_rotary_tables_are_constants_computed_or_folded_a_full_elementwise_factor_is_not():
+    """The cos/sin tables of a rotation (computed from ``inv_freq`` and positions, or folded
+    into initializers by an exporter) are constants; a factor of the same shape whose product
+    is used otherwise is an elementwise weight."""
     node = helper.make_node
     model = _model(
         [
@@ -100,8 +117,11 @@ def test_rotary_tables_are_constants_even_when_computed_from_a_frequency_buffer(
             node("Mul", ["pos_col", "inv_freq"], ["freqs"]),
             node("Concat", ["freqs", "freqs"], ["angles"], axis=-1),
             node("Cos", ["angles"], ["cos"]),
-            node("Mul", ["x", "cos"], ["y"]),
-            node("Mul", ["x", "cos_table"], ["z"]),
+            node("Sin", ["angles"], ["sin"]),
+            node("MatMul", ["x", "wq"], ["q"]),
+            *_rotary("q", "cos", "sin", "y"),
+            *_rotary("x", "cos_table", "sin_table", "z"),
+            node("Mul", ["x", "gate"], ["g"]),
         ],
         {
             "start": np.array(0),
@@ -109,12 +129,15 @@ def test_rotary_tables_are_constants_even_when_computed_from_a_frequency_buffer(
             "delta": np.array(1),
             "one_axis": np.array([1]),
             "inv_freq": np.array([1.0, 0.1], np.float32),
+            "wq": f32(4, 4),
             "cos_table": np.cos(f32(1, 8, 4)),
+            "sin_table": np.sin(f32(1, 8, 4)),
+            "gate": f32(1, 8, 4),
         },
         X,
-        ["y", "z"],
+        ["y", "z", "g"],
     )
-    assert _weights(model) == []
+    assert _weights(model) == ["wq", "gate"]
 
 
 def test_the_one_of_one_minus_p_is_a_constant_but_a_bias_is_a_weight():
