@@ -5,6 +5,10 @@ class ConvergenceError(RuntimeError):
     """Training diverged: the loss or a weight became non-finite."""
 
 
+class BrokenDistributionError(RuntimeError):
+    """Training turned a classifier's probabilities into rows that are not distributions."""
+
+
 class NotFittedError(ValueError, AttributeError):
     """An estimator was used before ``fit``. With scikit-learn installed, the error raised
     is also a ``sklearn.exceptions.NotFittedError`` (see :func:`not_fitted_error`)."""

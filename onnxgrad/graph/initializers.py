@@ -17,6 +17,7 @@ from onnxgrad._onnx_utils import (
     np_dtype,
 )
 from onnxgrad.graph._differentiable import differentiable_values, model_opsets, value_elem_types
+from onnxgrad.graph.weight_roles import weight_initializers
 
 
 def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, TensorProto]]:
@@ -27,14 +28,17 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     (and ops with no schema: custom domains, local functions) count as differentiable, except
     known non-trainable parameters (BatchNormalization running statistics, Upsample scales,
     Range bounds, quantisation scales...). So a float initializer only feeding a Reshape
-    shape, Clip bounds, Resize scales or Dropout ratio is not a weight. Uses inside
+    shape, Clip bounds, Resize scales or Dropout ratio is not a weight. Among those, only
+    the initializers playing a parameter role are weights (kernels, biases, embeddings,
+    normalisation scales), not structural constants (epsilons, attention scales, masks,
+    rotary tables, the 1 of ``1 - p``): the rule of :mod:`onnxgrad.graph.weight_roles`;
+    a constant is trained only when named (``weights=[...]``). Uses inside
     subgraphs count, and so do initializers an old exporter also listed in ``graph.input``.
-    The arrays are writable copies; the TensorProtos belong to a private copy of the model,
-    which is checked first (``ValueError`` naming the node or value at fault) and whose
-    nodes are put in topological order.
-    The model is seen through :func:`onnxgrad.normalize.normalized_model`: weights stored as
-    ``Constant`` nodes are initializers, and a converted scikit-learn model's weights are
-    those of its lowered form (:func:`onnxgrad.lower_ml_operators`).
+    The model is seen through :func:`onnxgrad.normalize.normalized_model` (``ValueError``
+    naming the node or value at fault): weights stored as ``Constant`` nodes are
+    initializers, and a converted scikit-learn model's weights are those of its lowered form
+    (:func:`onnxgrad.lower_ml_operators`). The arrays are writable copies; the TensorProtos
+    belong to that private normalised copy.
     """
     from onnxgrad.normalize import normalized_model  # it lowers with onnxgrad.graph
 
@@ -48,14 +52,12 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
 
 
 def train_initializer_names(model: ModelProto) -> list[str]:
-    """The names :func:`get_train_initializer` returns, for a checked model (its nodes in
-    topological order), without copying any data."""
+    """The names :func:`get_train_initializer` returns, for a normalised model, without
+    copying any data."""
     live = differentiable_values(model.graph, model_opsets(model), value_elem_types(model))
-    return [
-        init.name
-        for init in model.graph.initializer
-        if init.data_type in FLOAT_TYPES and init.name in live
-    ]
+    floats = {i.name for i in model.graph.initializer if i.data_type in FLOAT_TYPES} & live
+    weights = weight_initializers(model, floats)
+    return [init.name for init in model.graph.initializer if init.name in weights]
 
 
 def to_numpy(value: Any, name: str) -> np.ndarray:

@@ -9,7 +9,10 @@ parameters as float initializers (weights):
   (``LOGISTIC``, ``SOFTMAX``, ``SOFTMAX_ZERO``; onnxruntime applies none to one target);
 * ``LinearClassifier``: scores ``s = x W^T + b``; the label is ``classes[argmax s]`` (one
   score: ``classes[s > 0]``) through ``Gather`` on an int64 or string initializer; the
-  scores output is the post transform of ``s``, and for one score and two classes
+  scores output is the post transform of ``s``. Two classes whose rows are ``(-w, -b)``
+  and ``(w, b)`` (skl2onnx's binary models) keep one parameter set: ``s = x w + b`` and the
+  scores ``[-s, s]``, so ``[logistic(-s), logistic(s)]`` stays a distribution however
+  ``w`` and ``b`` are trained. For one score and two classes
   ``[1 - t, t]`` with ``t = sigmoid(s)`` (``LOGISTIC``, as onnxruntime >= 1.20 computes it;
   1.19 leaves ``s``) or ``t = s`` (the other transforms);
 * ``SVMRegressor`` and ``SVMClassifier``, every kernel, probabilities included: see
@@ -331,7 +334,13 @@ def _linear_classifier(c: _Context, node: NodeProto) -> bool:
     strings = _attr(node, "classlabels_strings")
     labels = strings if strings else _attr(node, "classlabels_ints", [])
     n_scores = len(intercepts)
-    scores = _linear(c, node, _attr(node, "coefficients", []), intercepts, n_scores)
+    coefficients = _attr(node, "coefficients", [])
+    if _mirrored_pair(coefficients, intercepts, len(labels)):
+        half = len(coefficients) // 2
+        s = _linear(c, node, coefficients[half:], intercepts[1:], 1)
+        scores = c.b.op("Concat", c.b.op("Neg", s), s, hint="scores", axis=1)
+    else:
+        scores = _linear(c, node, coefficients, intercepts, n_scores)
     if scores is None:
         return False
     b = c.b
@@ -353,6 +362,16 @@ def _linear_classifier(c: _Context, node: NodeProto) -> bool:
     if len(node.output) > 1 and node.output[1]:
         _post_transform(c, scores, _attr(node, "post_transform", "NONE"), node.output[1])
     return True
+
+
+def _mirrored_pair(coefficients, intercepts, n_labels: int) -> bool:
+    """Whether two score rows are ``(-w, -b)`` and ``(w, b)``: a binary model written as two
+    classes (skl2onnx's binary linear classifiers)."""
+    if n_labels != 2 or len(intercepts) != 2 or not coefficients or len(coefficients) % 2:
+        return False
+    w = np.asarray(coefficients, dtype=np.float32).reshape(2, -1)
+    b = np.asarray(intercepts, dtype=np.float32)
+    return bool(np.array_equal(w[0], -w[1]) and b[0] == -b[1])
 
 
 def _positive(c: _Context, scores: str) -> str:

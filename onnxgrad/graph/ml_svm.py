@@ -242,18 +242,18 @@ def _pair_scores(c: _Context, node: NodeProto, x: str, n_classes: int) -> str:
     kernel = _kernel(c, node, x, vectors)
     starts = np.cumsum([0, *per_class])
     index = np.zeros((n_vectors, len(pairs)), np.int64)
-    mask = np.zeros((n_vectors, len(pairs)), np.float32)
+    mask = np.zeros((n_vectors, len(pairs)), bool)
     for k, (i, j) in enumerate(pairs):
         for owner, row in ((i, j - 1), (j, i)):
             rows = np.arange(starts[owner], starts[owner + 1])
             index[rows, k] = row * n_vectors + rows
-            mask[rows, k] = 1
+            mask[rows, k] = True
     dual = b.initializer(coefficients.reshape(n_classes - 1, n_vectors), "coefficients")
     flat = b.op("Reshape", dual, b.const(np.array([-1], np.int64), "flat"))
     pair_weights = b.op(
         "Mul",
         b.op("Gather", flat, b.const(index, "pair_index"), axis=0),
-        b.const(mask, "pair_mask"),
+        b.op("Cast", b.const(mask, "pair_mask"), to=TensorProto.FLOAT),
     )
     rho = b.initializer(_f32(_attr(node, "rho"))[: len(pairs)], "rho")
     double = [b.op("Cast", v, to=TensorProto.DOUBLE) for v in (kernel, pair_weights, rho)]
@@ -339,10 +339,11 @@ def _coupled(c: _Context, r: str, n_classes: int) -> str:
     b = c.b
     q, diagonal = _coupling_matrix(c, r, n_classes)
     rows = b.op("Gather", b.op("Shape", q), b.const(np.array([0, 1], np.int64), "n_c"), axis=0)
+    uniform = np.array([1 / np.float32(n_classes)], np.float32)
     start = b.op(
-        "Expand",
-        b.const(np.full((1, n_classes), 1 / np.float32(n_classes), np.float32), "uniform"),
+        "ConstantOfShape",
         rows,
+        value=helper.make_tensor("uniform", TensorProto.FLOAT, [1], uniform),
     )
     body = helper.make_graph([], f"{b.prefix}_coupling_sweep", [], [])
     sweep = b.nested(body)

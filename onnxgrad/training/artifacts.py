@@ -41,6 +41,7 @@ from onnxgrad._onnx_utils import ModelLike, first_float_output, load_model, np_d
 from onnxgrad.graph import get_train_initializer, replace_initializers_into_onnx
 from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training._artifact_manifest import (
     FORMAT,
     MANIFEST,
@@ -228,7 +229,9 @@ def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tup
 def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLike) -> ModelProto:
     """The deployable model: ``model`` (the inference model, or an artifact folder) with
     the weights of ``checkpoint`` (or the path of its ``.json``), low-rank adapters merged
-    into their weights (:func:`onnxgrad.graph.lora.merge_lora`)."""
+    into their weights (:func:`onnxgrad.graph.lora.merge_lora`). A model given in its own
+    form (a converted model with ``ai.onnx.ml`` operators, weights held by ``Constant``
+    nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
     trained = None
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
         manifest = read_manifest(model)
@@ -242,6 +245,9 @@ def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLik
             f"the checkpoint holds weights {sorted(checkpoint.weights)}, the artifacts train "
             f"{sorted(trained)}: a checkpoint of other artifacts?"
         )
+    initializers = {init.name for init in model.graph.initializer}
+    if not set(checkpoint.weights) <= initializers:  # named as in its normalised form
+        return merge_lora(trained_model(model, checkpoint.weights))
     _check_matches(checkpoint, model)
     merged = replace_initializers_into_onnx(model, checkpoint.weights)
     return merge_lora(merged)

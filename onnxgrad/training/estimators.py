@@ -58,6 +58,7 @@ from onnxgrad.training.feeds import (
     flat,
     split_inputs,
 )
+from onnxgrad.training.invariants import check_still_a_distribution, probabilities_error
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
 from onnxgrad.training.penalties import (
@@ -213,7 +214,9 @@ class BaseOrtOptimizer(EstimatorMixin):
         )
         if self.n_iter_ == 0:
             self._check_probabilities(X)
+        before = probabilities_error(self, X)
         self._train(loader, validation, epochs, stopping)
+        check_still_a_distribution(self, X, before)
         return self
 
     def _output_values(self, X, feeds=None) -> np.ndarray:

@@ -25,7 +25,8 @@ def test_info_says_the_model_is_lowered(tmp_path):
     result = run_onnxgrad("info", "lr.onnx", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "lowered for training (onnxgrad.lower_ml_operators)" in result.stdout
-    assert "LinearClassifier_coefficients  float32 (3, 2)" in result.stdout
+    # a binary model: one coefficient column, the scores [-s, s] (one parameter set)
+    assert "LinearClassifier_coefficients  float32 (3, 1)" in result.stdout
 
 
 def test_a_tree_ensemble_is_not_differentiable(tmp_path):

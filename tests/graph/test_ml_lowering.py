@@ -9,7 +9,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from onnxgrad.graph import get_train_initializer, lower_ml_operators
+from onnxgrad.graph import (
+    get_train_initializer,
+    lower_ml_operators,
+    replace_initializers_into_onnx,
+)
 
 ML = "ai.onnx.ml"
 _ORT_VERSION = tuple(int(p) for p in ort.__version__.split(".")[:2])
@@ -125,6 +129,40 @@ def test_linear_classifier(rng, n_classes, transform, labels, scores):
         np.testing.assert_allclose(_run(lowered, {"X": x})[1], np.c_[1 - t, t], rtol=1e-5)
         return
     _assert_same(model, {"X": x})
+
+
+@pytest.mark.parametrize("transform", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_binary_linear_classifier_keeps_one_parameter_set(rng, transform):
+    """skl2onnx writes a binary model as rows ``(-w, -b)``, ``(w, b)``: the lowering keeps
+    one ``w``, one ``b`` and the scores ``[-s, s]``, so probabilities stay a distribution
+    whatever values training gives them."""
+    w, b = rng.standard_normal(4), rng.standard_normal()
+    model = _model(
+        "LinearClassifier",
+        [("X", F, [None, 4])],
+        [("label", I64, [None]), ("scores", F, [None, 2])],
+        coefficients=np.r_[-w, w].tolist(),
+        intercepts=[-b, b],
+        post_transform=transform,
+        classlabels_ints=[0, 1],
+    )
+    x = _x(rng, 9, 4)
+    lowered = _assert_same(model, {"X": x})
+    weights = get_train_initializer(lowered)
+    assert sorted(v.shape for v, _ in weights.values()) == [(1,), (4, 1)]
+    moved = {k: (v * 3 + 1).astype(np.float32) for k, (v, _) in weights.items()}
+    labels, scores = _run(replace_initializers_into_onnx(lowered, moved), {"X": x})
+    s = x @ (moved[_named(weights, (4, 1))].ravel()) + moved[_named(weights, (1,))]
+    expected = {"NONE": np.c_[-s, s], "LOGISTIC": 1 / (1 + np.exp(-np.c_[-s, s]))}
+    if transform in expected:
+        np.testing.assert_allclose(scores, expected[transform], rtol=1e-5, atol=1e-6)
+    if transform != "NONE":
+        np.testing.assert_allclose(scores.sum(axis=1), 1, rtol=1e-6)
+    np.testing.assert_array_equal(labels, (s > 0).astype(np.int64))
+
+
+def _named(weights, shape):
+    return next(k for k, (v, _) in weights.items() if v.shape == shape)
 
 
 def test_linear_classifier_int_input_and_multi_class_flag(rng):

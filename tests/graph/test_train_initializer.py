@@ -75,14 +75,13 @@ def test_converted_regressors_keep_coefficients_not_shapes():
 def test_converted_classifiers_skip_the_label_branch():
     logreg = logistic_regression()
     assert weights(logreg.onnx) == ["coef", "intercept"]
-    # skl2onnx writes P(class 0) = unity - P(class 1): the float constant ``unity`` feeds a
-    # differentiable Sub input, so the schema rule counts it (documented limitation).
+    # skl2onnx writes P(class 0) = unity - P(class 1): ``unity`` is added to a sigmoid (not an
+    # affine value), a post-processing constant, not a weight.
     assert weights(mlp_classifier().onnx) == [
         "coefficient",
         "intercepts",
         "coefficient1",
         "intercepts1",
-        "unity",
     ]
 
 
@@ -154,7 +153,8 @@ def test_variadic_inputs_and_non_differentiable_outputs():
             helper.make_node("Cast", ["indices"], ["y"], to=F),
             helper.make_node("Mul", ["values", "c"], ["z"]),
         ],
-        {"a": f32(1, 1, 1, 1), "b": f32(2, 2, 2, 2), "k": np.array([2], np.int64), "c": f32(3)},
+        # c scales each of the two top values (one number scaling both would be a constant)
+        {"a": f32(1, 1, 1, 1), "b": f32(2, 2, 2, 2), "k": np.array([2], np.int64), "c": f32(3, 4)},
         outputs=[
             helper.make_tensor_value_info("y", F, None),
             helper.make_tensor_value_info("z", F, None),

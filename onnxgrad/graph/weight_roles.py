@@ -1,0 +1,321 @@
+"""What a weight is: the role an initializer plays where it meets the data.
+
+A weight is a parameter the model was trained to have (what PyTorch's ``parameters()``
+holds): kernels, biases, embeddings, normalisation scales. A float initializer can also be a
+structural constant: an epsilon, an attention scale, a mask or its fill value, a rotary
+cos/sin table, the 1 of ``1 - p``, a quantization scale. The rule below tells them apart by
+the graph alone (never by names), as if constants were folded:
+
+*Data* is what carries a gradient from a float graph input (through differentiable edges),
+and what a lookup (``Gather*``) reads from a table with indices depending on a graph input.
+A value computed from initializers alone, or from them and integers (positions, shapes), is
+a *derived constant*; the initializers behind it share its role. An initializer is a weight
+when a derived constant holding it meets data in a parameter role:
+
+* **layer**: an input of ``MatMul``, ``Gemm``, ``Conv``, a normalisation layer, ``Concat``
+  or any op without a role below (custom and contrib ops included), a graph output;
+* **embedding**: the table of a lookup (``Gather*``) by data indices whose rows are used
+  other than as a factor of data (rotary cos/sin caches gathered by positions only
+  multiply the queries and keys), or by constant indices whose rows are added to data
+  (learned position embeddings, T5's relative attention bias);
+* **scale**: a factor of ``Mul`` (or the divisor of ``Div``) spanning exactly one axis
+  (a per-channel or per-feature scale: RMSNorm's weight), or one number scaling an affine
+  value of one feature (``y = a x`` with ``x`` of shape ``[N, 1]``), or a factor of ``Mul``
+  spanning several axes (an elementwise weight) unless its product is half of a rotation
+  ``x T1 + r(x) T2``, ``r`` rearranging ``x`` (rotary cos/sin tables, computed or folded);
+* **shift**: a term of ``Add``, ``Sum``, ``Mean`` added to an affine value, or subtracted
+  from it by ``Sub`` (a bias); ``c - x`` is a complement (``1 - p``), never a bias.
+
+*Affine* values are float graph inputs, outputs of layers, scaled or shifted affine values,
+sums with an affine value and what moves them without other arithmetic (reshapes, slices,
+gathers, ``Concat``, ``Neg``, sums and means over axes). So these are not weights: a number
+scaling several features (attention scales, GELU's 0.5), the tables of a rotation, a mask,
+a term added to a non-affine value (RMSNorm's epsilon after
+``ReduceMean``, the 1 of ``1 - p`` after a sigmoid), any operand of ``Pow``, ``Where``,
+``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the scales and zero
+points of quantized ops. Initializers read inside subgraphs count as weights (their role is
+not analysed). Any initializer named explicitly is trained whatever its role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+from onnx import ModelProto, NodeProto
+
+from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, real_inputs, subgraphs
+from onnxgrad.graph._differentiable import input_is_differentiable, output_is_differentiable
+from onnxgrad.graph._scopes import free_names
+
+Shape = tuple[int | str | None, ...] | None
+
+_LOOKUPS = frozenset({"Gather", "GatherElements", "GatherND"})
+_NEVER = frozenset({"Pow", "Where", "Max", "Min", "Clip", "Mod"})
+_SCALES = frozenset({"Mul", "Div"})
+_SHIFTS = frozenset({"Add", "Sub", "Sum", "Mean"})
+#: ops whose output is affine when one of their data inputs is
+_MOVES = _SHIFTS | {
+    "Identity", "Cast", "CastLike", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+    "Slice", "Split", "Concat", "Expand", "Tile", "Pad", "Dropout", "Neg", "ReduceSum",
+    "ReduceMean", *_LOOKUPS,
+}  # fmt: skip
+#: ops moving values without arithmetic
+_PURE_MOVES = frozenset(
+    {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
+     "Expand", "Tile"}
+)  # fmt: skip
+#: ops rearranging their data input without other arithmetic than a sign
+_REARRANGES = _PURE_MOVES | {"Neg", "Concat", "Split", "Gather", "GatherElements"}
+#: contrib ops reading position tables: the indices of their cos/sin caches
+_POSITION_TABLES = {"RotaryEmbedding": frozenset({2, 3}), "GroupQueryAttention": frozenset({7, 8})}
+#: quantized ops: the indices of their float inputs that are weights (biases); every other
+#: float input is a scale or a zero point
+_QUANTIZED_BIASES = {
+    "DynamicQuantizeMatMul": frozenset({4}),
+    "MatMulIntegerToFloat": frozenset({6}),
+    "QAttention": frozenset({2}),
+    "MatMulNBits": frozenset({5}),
+}
+_QUANTIZED_PREFIXES = ("QLinear", "QOrdered", "Quantize", "Dequantize", "DynamicQuantize", "QGemm")
+
+
+def weight_initializers(model: ModelProto, candidates: set[str]) -> set[str]:
+    """The ``candidates`` (float initializers of a checked model, nodes in topological order)
+    that play a parameter role (see the module docstring)."""
+    return _Roles(model, candidates).weights
+
+
+def _quantized_biases(op_type: str) -> frozenset[int] | None:
+    if op_type in _QUANTIZED_BIASES:
+        return _QUANTIZED_BIASES[op_type]
+    if op_type.startswith(_QUANTIZED_PREFIXES) or op_type in {"MatMulInteger", "ConvInteger"}:
+        return frozenset()
+    return None
+
+
+def _spans_one_axis(shape: Shape) -> bool | None:
+    """Whether a broadcast operand varies along exactly one axis (``None``: unknown)."""
+    if shape is None:
+        return None
+    return sum(1 for d in shape if not (isinstance(d, int) and d == 1)) == 1
+
+
+def _is_single(shape: Shape) -> bool:
+    return shape is not None and all(isinstance(d, int) and d == 1 for d in shape)
+
+
+def _value_shapes(model: ModelProto) -> dict[str, Shape]:
+    from onnxgrad._model_checks import weightless_view
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(model))
+    except Exception:  # shapes are a hint: an unknown shape keeps the conservative answer
+        inferred = model
+    graph = inferred.graph
+    shapes: dict[str, Shape] = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        tensor = info.type.tensor_type
+        if info.type.HasField("tensor_type") and tensor.HasField("shape"):
+            shapes.setdefault(
+                info.name,
+                tuple(
+                    d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in tensor.shape.dim
+                ),
+            )
+    return shapes
+
+
+class _Roles:
+    """One forward walk over the main graph tracking data, affine values and derived
+    constants (``sources``: the candidate initializers each one holds)."""
+
+    def __init__(self, model: ModelProto, candidates: set[str]):
+        from onnxgrad.graph._differentiable import model_opsets, value_elem_types
+
+        self.opsets: Mapping[str, int] = model_opsets(model)
+        self.types = value_elem_types(model)
+        self.shapes = _value_shapes(model)
+        inputs = [i.name for i in real_inputs(model)]
+        self.any_data: set[str] = set(inputs)
+        self.data = {n for n in inputs if self._is_float(n)}
+        self.affine = set(self.data)
+        self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
+        #: derived constants holding rows of a table (a lookup by constant indices)
+        self.rows: set[str] = set()
+        #: data looked up in a table, moved without arithmetic yet: its table's sources
+        self.looked_up: dict[str, frozenset[str]] = {}
+        #: data products by a table spanning several axes, undecided: (sources, data root)
+        self.tabled: dict[str, tuple[frozenset[str], str]] = {}
+        #: the value each data value is a rearrangement of (slices, signs, concatenations)
+        self.root: dict[str, str] = {}
+        self.weights: set[str] = set()
+        for node in model.graph.node:
+            self._visit(node)
+        for output in model.graph.output:
+            self.weights.update(self.sources.get(output.name, ()))
+            self.weights.update(self.looked_up.get(output.name, ()))
+        for sources, _ in self.tabled.values():
+            self.weights.update(sources)
+        self.weights &= candidates
+
+    def _is_float(self, name: str) -> bool:
+        return self.types.get(name, onnx.TensorProto.FLOAT) in FLOAT_TYPES
+
+    def _visit(self, node: NodeProto) -> None:
+        if subgraphs(node):
+            self._visit_with_subgraphs(node)
+            return
+        self._settle_lookups(node)
+        self._settle_tables(node)
+        diff = [
+            (i, name)
+            for i, name in enumerate(node.input)
+            if name and input_is_differentiable(node, i, self.opsets)
+        ]
+        constants = [(i, n) for i, n in diff if n in self.sources]
+        data = [n for _, n in diff if n in self.data]
+        lookup = (
+            node.op_type in _LOOKUPS
+            and len(node.input) > 1
+            and node.input[0] in self.sources
+            and node.input[1] in self.any_data
+        )
+        touches_data = any(n in self.any_data for n in node.input)
+        outputs = [
+            o
+            for i, o in enumerate(node.output)
+            if o and self._is_float(o) and output_is_differentiable(node, i, self.opsets)
+        ]
+        if not data and not lookup:
+            held = frozenset().union(*(self.sources[n] for _, n in constants))
+            table = node.op_type in _LOOKUPS and node.input[0] in self.sources
+            from_rows = table or any(n in self.rows for _, n in constants)
+            for out in outputs:
+                if held:
+                    self.sources[out] = held
+                if held and from_rows:
+                    self.rows.add(out)
+            if touches_data:
+                self.any_data.update(o for o in node.output if o)
+            return
+        if lookup:
+            self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
+        weight_found = lookup
+        for index, name in constants:
+            if index == 0 and lookup:
+                continue
+            added_rows = name in self.rows and node.op_type in _SHIFTS
+            if self._is_table_factor(node, index, data):
+                root = self.root.get(data[0], data[0])
+                self.tabled.update((o, (self.sources[name], root)) for o in outputs)
+                weight_found = True
+            elif added_rows or self._is_weight_role(node, index, data):
+                self.weights.update(self.sources[name])
+                weight_found = True
+        self.any_data.update(o for o in node.output if o)
+        self.data.update(outputs)
+        self._track_root(node, data, outputs)
+        if self._output_is_affine(node, data, weight_found, lookup):
+            self.affine.update(outputs)
+
+    def _settle_lookups(self, node: NodeProto) -> None:
+        """Rows looked up by data indices are an embedding (their table a weight) once used,
+        unless they only multiply other data (rotary cos/sin caches): moves pass them on."""
+        pending = [n for n in node.input if n in self.looked_up]
+        if not pending:
+            return
+        if node.op_type in _PURE_MOVES and node.input[0] in self.looked_up:
+            table = self.looked_up[node.input[0]]
+            self.looked_up.update((o, table) for o in node.output if o)
+            return
+        others = [n for n in node.input if n in self.data and n not in self.looked_up]
+        if node.op_type == "Mul" and others:
+            return
+        for name in pending:
+            self.weights.update(self.looked_up[name])
+
+    def _is_table_factor(self, node: NodeProto, index: int, data: list[str]) -> bool:
+        """A factor of ``Mul`` spanning several axes of one data operand: a weight unless the
+        product turns out to be half of a rotation (see :meth:`_settle_tables`)."""
+        if node.op_type != "Mul" or normalize_domain(node.domain) or len(data) != 1:
+            return False
+        shape = self.shapes.get(node.input[index])
+        return shape is not None and not _spans_one_axis(shape) and not _is_single(shape)
+
+    def _track_root(self, node: NodeProto, data: list[str], outputs: list[str]) -> None:
+        if node.op_type not in _REARRANGES or not data:
+            return
+        roots = {self.root.get(n, n) for n in data}
+        if len(roots) == 1:
+            root = roots.pop()
+            self.root.update((o, root) for o in outputs)
+
+    def _settle_tables(self, node: NodeProto) -> None:
+        """``x T1 + r(x) T2`` with ``r`` a rearrangement of ``x`` (rotate-half, interleaved
+        pairs) is a rotation: ``T1``, ``T2`` are position tables (cos/sin), not weights. A
+        table product used any other way makes its table a weight."""
+        pending = [n for n in node.input if n in self.tabled]
+        if not pending:
+            return
+        roots = {self.tabled[n][1] for n in pending}
+        rotation = (
+            node.op_type in ("Add", "Sub")
+            and len(node.input) == len(pending) == 2
+            and len(roots) == 1
+        )
+        for name in pending:
+            sources, _ = self.tabled.pop(name)
+            if not rotation:
+                self.weights.update(sources)
+
+    def _visit_with_subgraphs(self, node: NodeProto) -> None:
+        read = set(node.input)
+        for sub in subgraphs(node):
+            read |= free_names(sub)
+        for name in read:
+            self.weights.update(self.sources.get(name, ()))
+            self.weights.update(self.looked_up.get(name, ()))
+        if any(n in self.any_data for n in read):
+            self.any_data.update(o for o in node.output if o)
+            self.data.update(o for o in node.output if o and self._is_float(o))
+
+    def _is_weight_role(self, node: NodeProto, index: int, data: list[str]) -> bool:
+        op = node.op_type
+        biases = _quantized_biases(op)
+        if biases is not None:
+            return index in biases
+        domain = normalize_domain(node.domain)
+        if domain != "":
+            return index not in _POSITION_TABLES.get(op, frozenset())
+        if op in _NEVER:
+            return False
+        if op in _SCALES:
+            return self._is_scale(node, index, data)
+        if op in _SHIFTS:
+            complement = op == "Sub" and index == 0
+            return not complement and any(n in self.affine for n in data)
+        return True
+
+    def _is_scale(self, node: NodeProto, index: int, data: list[str]) -> bool:
+        if node.op_type == "Div" and index != 1:
+            return False
+        shape = self.shapes.get(node.input[index])
+        spans = _spans_one_axis(shape)
+        if spans is None or spans:
+            return True
+        if not _is_single(shape):
+            return False
+        return any(n in self.affine and (s := self.shapes.get(n)) and s[-1] == 1 for n in data)
+
+    def _output_is_affine(self, node, data, weight_found: bool, lookup: bool) -> bool:
+        op = node.op_type
+        if lookup or (weight_found and op not in _SHIFTS):
+            return True
+        affine_in = any(n in self.affine for n in data)
+        if op in _MOVES:
+            return affine_in
+        if op in _SCALES and len(data) == 1:
+            return affine_in
+        return False

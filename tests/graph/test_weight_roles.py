@@ -1,0 +1,498 @@
+"""Default weights are parameters, not structural constants (onnxgrad.graph.weight_roles).
+
+Small graphs check each role; transformers exports (tiny Llama and BERT, random weights)
+check that the default weights are exactly what PyTorch's ``parameters()`` holds and that
+fine-tuning through onnxgrad's train step follows PyTorch's own, step for step.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad.graph import get_train_initializer
+from onnxgrad.training import LearningRateAdam, LearningRateSGD, make_train_step
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inits, inputs, outputs, domains=(), shape=None):
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, F, shape) for n in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    opsets = [helper.make_opsetid("", 18), *(helper.make_opsetid(d, 1) for d in domains)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=9)
+
+
+def _weights(model) -> list[str]:
+    return list(get_train_initializer(model))
+
+
+def f32(*shape, value=None):
+    rng = np.random.default_rng(len(shape))
+    array = rng.standard_normal(shape) if value is None else np.full(shape, value)
+    return array.astype(np.float32)
+
+
+X = [("x", F, [None, 8, 4])]
+
+
+def test_rms_norm_scale_is_a_weight_its_epsilon_is_not():
+    node = helper.make_node
+    model = _model(
+        [
+            node("Pow", ["x", "two"], ["sq"]),
+            node("ReduceMean", ["sq", "axes"], ["ms"]),
+            node("Add", ["ms", "eps"], ["mse"]),
+            node("Sqrt", ["mse"], ["rms"]),
+            node("Div", ["x", "rms"], ["normed"]),
+            node("Mul", ["g", "normed"], ["y"]),
+        ],
+        {"two": np.float32(2), "axes": np.array([-1]), "eps": np.float32(1e-6), "g": f32(4)},
+        X,
+        ["y"],
+    )
+    assert _weights(model) == ["g"]
+
+
+def test_attention_scale_mask_and_fill_value_are_constants_projections_are_weights():
+    node = helper.make_node
+    model = _model(
+        [
+            node("MatMul", ["x", "wq"], ["q0"]),
+            node("Add", ["q0", "bq"], ["q"]),
+            node("Mul", ["q", "scale"], ["qs"]),
+            node("Transpose", ["q"], ["kt"], perm=[0, 2, 1]),
+            node("MatMul", ["qs", "kt"], ["scores"]),
+            node("Add", ["scores", "mask"], ["masked"]),
+            node("IsNaN", ["masked"], ["nan"]),
+            node("Where", ["nan", "fill", "masked"], ["clean"]),
+            node("Softmax", ["clean"], ["y"]),
+        ],
+        {
+            "wq": f32(4, 4),
+            "bq": f32(4),
+            "scale": np.float32(0.5),
+            "mask": np.triu(np.full((8, 8), -1e9, np.float32), 1)[None],
+            "fill": np.float32(0),
+        },
+        X,
+        ["y"],
+    )
+    assert _weights(model) == ["wq", "bq"]
+
+
+def _rotary(x, cos, sin, out):
+    """``x cos + rotate_half(x) sin``, ``rotate_half(x) = [-x2, x1]`` (halves of the last
+    axis), as transformers writes rotary embeddings."""
+    node = helper.make_node
+    return [
+        node("Split", [x], [f"{out}_x1", f"{out}_x2"], axis=-1, num_outputs=2),
+        node("Neg", [f"{out}_x2"], [f"{out}_minus_x2"]),
+        node("Concat", [f"{out}_minus_x2", f"{out}_x1"], [f"{out}_rotated"], axis=-1),
+        node("Mul", [x, cos], [f"{out}_cos"]),
+        node("Mul", [f"{out}_rotated", sin], [f"{out}_sin"]),
+        node("Add", [f"{out}_cos", f"{out}_sin"], [out]),
+    ]
+
+
+def test_rotary_tables_are_constants_computed_or_folded_a_full_elementwise_factor_is_not():
+    """The cos/sin tables of a rotation (computed from ``inv_freq`` and positions, or folded
+    into initializers by an exporter) are constants; a factor of the same shape whose product
+    is used otherwise is an elementwise weight."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Range", ["start", "limit", "delta"], ["positions"]),
+            node("Cast", ["positions"], ["pos_f"], to=F),
+            node("Unsqueeze", ["pos_f", "one_axis"], ["pos_col"]),
+            node("Mul", ["pos_col", "inv_freq"], ["freqs"]),
+            node("Concat", ["freqs", "freqs"], ["angles"], axis=-1),
+            node("Cos", ["angles"], ["cos"]),
+            node("Sin", ["angles"], ["sin"]),
+            node("MatMul", ["x", "wq"], ["q"]),
+            *_rotary("q", "cos", "sin", "y"),
+            *_rotary("x", "cos_table", "sin_table", "z"),
+            node("Mul", ["x", "gate"], ["g"]),
+        ],
+        {
+            "start": np.array(0),
+            "limit": np.array(8),
+            "delta": np.array(1),
+            "one_axis": np.array([1]),
+            "inv_freq": np.array([1.0, 0.1], np.float32),
+            "wq": f32(4, 4),
+            "cos_table": np.cos(f32(1, 8, 4)),
+            "sin_table": np.sin(f32(1, 8, 4)),
+            "gate": f32(1, 8, 4),
+        },
+        X,
+        ["y", "z", "g"],
+    )
+    assert _weights(model) == ["wq", "gate"]
+
+
+def test_the_one_of_one_minus_p_is_a_constant_but_a_bias_is_a_weight():
+    node = helper.make_node
+    model = _model(
+        [
+            node("MatMul", ["x", "w"], ["s0"]),
+            node("Add", ["s0", "b"], ["s"]),
+            node("Sigmoid", ["s"], ["p"]),
+            node("Sub", ["one", "p"], ["q"]),
+            node("Concat", ["q", "p"], ["y"], axis=1),
+        ],
+        {"w": f32(4, 1), "b": np.array([0.5], np.float32), "one": np.float32(1)},
+        [("x", F, [None, 4])],
+        ["y"],
+    )
+    assert _weights(model) == ["w", "b"]
+
+
+def test_a_complement_is_a_constant_even_of_an_affine_value():
+    """``[1 - s, s]`` of raw scores (a one-score LinearClassifier without transform)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("MatMul", ["x", "w"], ["s"]),
+            node("Sub", ["one", "s"], ["q"]),
+            node("Sub", ["s", "offset"], ["r"]),
+            node("Concat", ["q", "r"], ["y"], axis=1),
+        ],
+        {"w": f32(4, 1), "one": np.float32(1), "offset": np.array([0.5], np.float32)},
+        [("x", F, [None, 4])],
+        ["y"],
+    )
+    assert _weights(model) == ["w", "offset"]
+
+
+def test_one_number_scaling_one_feature_is_a_weight_scaling_several_is_not():
+    node = helper.make_node
+    one = _model(
+        [node("Mul", ["x", "a"], ["ax"]), node("Add", ["ax", "b"], ["y"])],
+        {"a": np.array([2.0], np.float32), "b": np.array([1.0], np.float32)},
+        [("x", F, [None, 1])],
+        ["y"],
+    )
+    assert _weights(one) == ["a", "b"]
+    several = _model(
+        [node("Mul", ["x", "a"], ["y"])],
+        {"a": np.array([2.0], np.float32)},
+        [("x", F, [None, 4])],
+        ["y"],
+    )
+    assert _weights(several) == []
+
+
+def test_quantization_scales_are_not_weights_but_a_quantized_bias_is():
+    node = helper.make_node
+    model = _model(
+        [
+            node(
+                "DynamicQuantizeMatMul",
+                ["x", "wq", "scale", "zp", "bias"],
+                ["h"],
+                domain="com.microsoft",
+            ),
+            node("Mul", ["h", "g"], ["y"]),
+        ],
+        {
+            "wq": np.ones((4, 3), np.int8),
+            "scale": np.array([0.1], np.float32),
+            "zp": np.array([0], np.int8),
+            "bias": f32(3),
+            "g": f32(3),
+        },
+        [("x", F, [None, 4])],
+        ["y"],
+        domains=["com.microsoft"],
+    )
+    assert _weights(model) == ["bias", "g"]
+
+
+def test_a_constant_named_explicitly_is_trained():
+    node = helper.make_node
+    model = _model(
+        [node("Mul", ["x", "scale"], ["y"])],
+        {"scale": np.float32(0.5)},
+        X,
+        ["y"],
+        shape=[None, 8, 4],
+    )
+    assert _weights(model) == []
+    step = make_train_step(model, ["scale"], learning_rate=LearningRateSGD())
+    assert step.weights == ("scale",)
+
+
+@pytest.mark.parametrize("kind", ["logistic", "mlp", "svc_linear", "svc_rbf"])
+def test_lowered_classifiers_constants_stay_constants_once_promoted(kind):
+    """The lowering writes its structural constants (masks, the uniform start of the
+    probability coupling, the 1 of ``1 - p``...) as ``Constant`` nodes; promoted to
+    initializers, as the normalisation of a model makes them, none becomes a weight."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.svm import SVC
+
+    from onnxgrad.graph import lower_ml_operators
+
+    estimators = {
+        "logistic": LogisticRegression(),
+        "mlp": MLPClassifier((3,), max_iter=20, random_state=0),
+        "svc_linear": SVC(kernel="linear", probability=True, random_state=0),
+        "svc_rbf": SVC(probability=True, random_state=0),
+    }
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 3)).astype(np.float32)
+    y = np.digitize(X[:, 0], [-0.4, 0.4]) if kind.startswith("svc") else X[:, 1] > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        estimator = estimators[kind].fit(X, y)
+        model = skl2onnx.to_onnx(estimator, X[:1], target_opset=17, options={"zipmap": False})
+    lowered = lower_ml_operators(model, keep_zipmap=False)
+    assert _weights(_promote_float_constants(lowered)) == _weights(lowered)
+
+
+def test_lookups_embeddings_and_relative_biases_are_weights_rotary_caches_are_not():
+    """A table looked up by token ids (an embedding) or by constant indices and added to
+    attention scores (T5's relative bias) is a weight; cos/sin caches looked up by position
+    ids only multiply the queries: constants."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Gather", ["embedding", "ids"], ["h"]),
+            node("MatMul", ["h", "wq"], ["q0"]),
+            node("Gather", ["cos_cache", "positions"], ["cos"]),
+            node("Mul", ["q0", "cos"], ["q"]),
+            node("Transpose", ["q"], ["kt"], perm=[0, 2, 1]),
+            node("MatMul", ["q", "kt"], ["scores"]),
+            node("Gather", ["relative", "buckets"], ["bias"]),
+            node("Squeeze", ["bias", "last"], ["bias2d"]),
+            node("Add", ["scores", "bias2d"], ["y"]),
+        ],
+        {
+            "embedding": f32(16, 4),
+            "wq": f32(4, 4),
+            "cos_cache": np.cos(f32(8, 4)),
+            "relative": f32(15, 1),
+            "buckets": np.subtract.outer(np.arange(8), np.arange(8)) + 7,
+            "last": np.array([-1]),
+        },
+        [("ids", TensorProto.INT64, [2, 8]), ("positions", TensorProto.INT64, [2, 8])],
+        ["y"],
+    )
+    assert _weights(model) == ["embedding", "wq", "relative"]
+
+
+# -- transformers exports ------------------------------------------------------------------
+
+
+def _transformers(kind: str):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    sizes = dict(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+    )
+    if kind == "llama":
+        config = transformers.LlamaConfig(**sizes, num_key_value_heads=1, use_cache=False)
+        module, logits = transformers.LlamaForCausalLM(config), (2, 8, 64)
+    else:
+        config = transformers.BertConfig(
+            **sizes, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
+        module, logits = transformers.BertForSequenceClassification(config), (2, 3)
+    with torch.no_grad():
+        for p in module.parameters():  # distinct values: an exporter shares equal constants
+            p.normal_(0.0, 0.3)
+    return torch, module, logits
+
+
+def _export(torch, module, args, names, outputs, optimize):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            args,
+            input_names=names,
+            output_names=outputs,
+            dynamo=True,
+            optimize=optimize,
+            opset_version=18,
+            verbose=False,
+        )
+    return _promote_float_constants(program.model_proto)
+
+
+def _promote_float_constants(model):
+    """Float ``Constant`` nodes as initializers, as the normalisation of a model makes them,
+    so the rule sees every constant (epsilons, scales, fill values) as a candidate."""
+    graph = model.graph
+    kept = []
+    for node in graph.node:
+        attribute = node.attribute[0] if node.op_type == "Constant" else None
+        if attribute is not None and attribute.name == "value" and attribute.t.data_type == F:
+            value = numpy_helper.to_array(attribute.t)
+            graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return model
+
+
+def _assert_weights_are_the_parameters(module, model):
+    found = get_train_initializer(model)
+    params = [p.detach().numpy() for p in module.parameters()]
+    unmatched = [
+        name
+        for name, (value, _) in found.items()
+        if not any(np.array_equal(value, p) or np.array_equal(value, p.T) for p in params)
+    ]
+    assert unmatched == []
+    assert len(found) == len(params)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_default_weights_of_a_transformers_export_are_its_parameters(kind):
+    """With constants folded (the exporter's default): the rotary tables, the mask, the
+    epsilon, the attention scale and GELU's constants are initializers, not weights."""
+    torch, module, _ = _transformers(kind)
+    module.eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = module
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).logits
+
+    ids = torch.randint(0, 64, (2, 8))
+    model = _export(torch, Logits(), (ids,), ["ids"], ["logits"], optimize=True)
+    if kind == "llama":
+        _assert_weights_are_the_parameters(module, model)
+    else:
+        # the exporter folds BERT's position and token-type lookups (constant indices) into
+        # tables: every other parameter is found, and no structural constant
+        found = get_train_initializer(model)
+        scalars = [n for n, (v, _) in found.items() if v.size == 1]
+        assert scalars == []
+        assert len(found) == len(list(module.parameters()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "optimizer"), [("llama", "adam"), ("bert", "sgd")])
+def test_fine_tuning_a_transformers_export_follows_pytorch_step_for_step(kind, optimizer):
+    """``sum((f(ids) - label)^2)`` trained 3 steps by onnxgrad's train step (default weights)
+    and by ``torch.optim`` on ``module.parameters()``: the losses agree to 1e-5."""
+    torch, module, logits = _transformers(kind)
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = module
+
+        def forward(self, ids, label):
+            return ((self.m(input_ids=ids).logits - label) ** 2).sum()
+
+    ids, label = torch.randint(0, 64, (2, 8)), torch.randn(logits)
+    wrapped = Loss()
+    model = _export(torch, wrapped, (ids, label), ["ids", "label"], ["loss"], optimize=False)
+    weights = {k: v for k, (v, _) in _assert_weights_are_the_parameters(module, model).items()}
+    lr = 0.01
+    if optimizer == "adam":
+        ours, theirs = LearningRateAdam(eta0=lr), torch.optim.Adam(module.parameters(), lr=lr)
+    else:
+        ours, theirs = LearningRateSGD(eta0=lr), torch.optim.SGD(module.parameters(), lr=lr)
+    step = make_train_step(model, loss=None, label_name="label", learning_rate=ours)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        step.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in session.get_outputs()]
+    state = step.initial_state()
+    for _ in range(3):
+        feeds = {"ids": ids.numpy(), "label": label.numpy(), **step.weight_inputs(weights)}
+        feeds.update(state)
+        feeds[step.learning_rate] = np.array(lr, np.float32)
+        out = dict(zip(names, session.run(None, feeds)))
+        weights = step.unpack_weights(out)
+        state = {s: out[n] for s, n in zip(step.state, step.new_state)}
+        theirs.zero_grad()
+        expected = wrapped(ids, label)
+        expected.backward()
+        theirs.step()
+        assert float(out[step.loss]) == pytest.approx(float(expected.detach()), rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folding", [True, False])
+def test_t5_relative_attention_bias_is_a_weight(folding):
+    """T5's relative attention bias: an embedding looked up by bucket indices computed from
+    positions (constants) and added to the attention scores. The T5 encoder goes through the
+    TorchScript exporter (the dynamo exporter fails on it)."""
+    import io
+
+    import onnx
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=64,
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+    )
+    module = transformers.T5EncoderModel(config)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, 0.3)
+    module.eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = module
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).last_hidden_state
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Hidden(),
+            (torch.randint(0, 64, (2, 8)),),
+            buffer,
+            input_names=["ids"],
+            output_names=["h"],
+            dynamo=False,
+            do_constant_folding=folding,
+            opset_version=18,
+        )
+    model = _promote_float_constants(onnx.load_from_string(buffer.getvalue()))
+    found = _assert_weights_are_the_parameters(module, model)
+    bias = module.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
+    assert any(np.array_equal(v, bias.detach().numpy()) for v, _ in found.values())
