@@ -46,27 +46,37 @@ PARAMETER_SLOTS = frozenset(
 def promote_constant_weights(model: ModelProto) -> ModelProto:
     """Move the float ``Constant`` nodes that hold parameters (see the module docstring) to
     initializers of the main graph, same names and values."""
-    counts = _name_counts(model.graph)
-    slots = _parameter_reads(model.graph)
-    opsets = model_opsets(model)
-    live = set().union(*(differentiable_values(g, opsets, {}) for g in _graphs(model.graph)))
+    chosen = constant_weights(model)
     promoted = []
     for graph in _graphs(model.graph):
         kept = []
         for node in graph.node:
-            tensor = _float_constant(node)
-            name = node.output[0] if len(node.output) == 1 else ""
-            parameter = name in live and _is_parameter(tensor, name, slots)
-            if tensor is None or counts[name] != 1 or not parameter:
+            tensor = _float_constant(node) if node.output and node.output[0] in chosen else None
+            if tensor is None:
                 kept.append(node)
                 continue
-            tensor.name = name
+            tensor.name = node.output[0]
             promoted.append(tensor)
         if len(kept) != len(graph.node):
             del graph.node[:]
             graph.node.extend(kept)
     model.graph.initializer.extend(promoted)
     return model
+
+
+def constant_weights(model: ModelProto) -> set[str]:
+    """The outputs of the ``Constant`` nodes :func:`promote_constant_weights` promotes."""
+    counts = _name_counts(model.graph)
+    slots = _parameter_reads(model.graph)
+    opsets = model_opsets(model)
+    live = set().union(*(differentiable_values(g, opsets, {}) for g in _graphs(model.graph)))
+    chosen = set()
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            name = node.output[0] if len(node.output) == 1 else ""
+            if counts[name] == 1 and name in live and _is_parameter(node, name, slots):
+                chosen.add(name)
+    return chosen
 
 
 def _graphs(graph: GraphProto):
@@ -94,7 +104,8 @@ def _float_constant(node: NodeProto) -> TensorProto | None:
     return None
 
 
-def _is_parameter(tensor: TensorProto | None, name: str, slots: set[str]) -> bool:
+def _is_parameter(node: NodeProto, name: str, slots: set[str]) -> bool:
+    tensor = _float_constant(node)
     if tensor is None:
         return False
     size = int(np.prod(tensor.dims)) if tensor.dims else 1

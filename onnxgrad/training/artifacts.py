@@ -40,7 +40,9 @@ from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import ModelLike, first_float_output, load_model, np_dtype
 from onnxgrad.graph import get_train_initializer, replace_initializers_into_onnx
 from onnxgrad.graph.lora import lora_adapters, merge_lora
+from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize.constants import constant_weights
 from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training._artifact_manifest import (
     FORMAT,
@@ -245,9 +247,8 @@ def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLik
             f"the checkpoint holds weights {sorted(checkpoint.weights)}, the artifacts train "
             f"{sorted(trained)}: a checkpoint of other artifacts?"
         )
-    initializers = {init.name for init in model.graph.initializer}
-    if not set(checkpoint.weights) <= initializers:  # named as in its normalised form
-        return merge_lora(trained_model(model, checkpoint.weights))
+    if needs_lowering(model) or constant_weights(model) & set(checkpoint.weights):
+        return merge_lora(trained_model(model, checkpoint.weights))  # named as normalised
     _check_matches(checkpoint, model)
     merged = replace_initializers_into_onnx(model, checkpoint.weights)
     return merge_lora(merged)
