@@ -784,9 +784,9 @@ def _add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
     sub.add_argument(
         "--reduction",
         choices=LazyChoices("onnxgrad.graph.loss_table", "REDUCTIONS"),
-        metavar="{mean,sum}",
-        help="the loss over a batch: mean (default) or sum; train reports either averaged "
-        "over its batches (docs/losses.md)",
+        metavar="{sum,mean}",
+        help="the loss over a batch: sum (default, as the seeds) or mean; train reports "
+        "either averaged over its batches (docs/losses.md)",
     )
 
 

@@ -2,8 +2,8 @@
 
 Each object resolves to one name of :mod:`onnxgrad.graph.loss_table` and appends it with
 :func:`onnxgrad.add_loss_output`: same formula, same prediction kind, same reduction
-(``'mean'`` by default, ``sum_i w_i mean_j e_ij / sum_i w_i``, so that a learning rate does
-not depend on the batch size; ``'sum'`` as the seeds).
+(``'sum'`` by default, ``sum_i w_i sum_j e_ij``, as the seeds; ``'mean'``,
+``sum_i w_i mean_j e_ij / sum_i w_i``, makes a learning rate independent of the batch size).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ _BY_NAME: dict[str, tuple[type[BaseLearningLoss], dict[str, Any]]] = {
 
 def select_learning_loss(loss, reduction: str | None = None) -> BaseLearningLoss:
     """A fresh loss object from a name of the loss table (aliases included) or a copy of a
-    loss object; ``reduction`` overrides the object's (default: ``'mean'``)."""
+    loss object; ``reduction`` overrides the object's (default: ``'sum'``)."""
     if isinstance(loss, BaseLearningLoss):
         params = loss.get_params(deep=False)
     elif isinstance(loss, str):

@@ -80,6 +80,12 @@ def data(name: str):
 
 
 def reference(name: str, x, y) -> float:
+    """The loss summed over the batch (the default reduction): the mean of scikit-learn's or
+    torch's metric times the number of label elements."""
+    return mean_reference(name, x, y) * y.size
+
+
+def mean_reference(name: str, x, y) -> float:
     out = {k: v.astype(np.float64) for k, v in run_model(model(), {"x": x}).items()}
     if name == "squared_error":
         return mean_squared_error(y, out["values"])
@@ -290,6 +296,7 @@ def test_generate_artifacts_eval_model_reduction(tmp_path, reduction):
     art = generate_artifacts(logits_only(), loss=loss, folder=tmp_path)
     rows = per_row("cross_entropy_logits", x, y)
     expected = rows.mean() if reduction == "mean" else rows.sum()
+    assert reference("cross_entropy_logits", x, y) == pytest.approx(rows.sum(), rel=1e-6)
     assert eval_loss(art, x, y) == pytest.approx(expected, rel=1e-5)
     result = run_in_process(
         "artifacts", "m.onnx", "-o", "art", "--loss", "cross_entropy_logits",
@@ -375,7 +382,7 @@ def test_entry_points_put_the_loss_on_the_same_first_float_output(tmp_path):
 def test_one_reduction_check_for_every_entry_point():
     from onnxgrad.training import SquareLearningLoss
 
-    message = r"reduction must be one of \['mean', 'sum'\], got 'total'"
+    message = r"reduction must be one of \['sum', 'mean'\], got 'total'"
     with pytest.raises(ValueError, match=message):
         add_loss_output(model(), "squared_error", output_index="values", reduction="total")
     with pytest.raises(ValueError, match=message):
