@@ -3,7 +3,7 @@
 Both backends receive the same resolved request and return graphs with the same interface:
 
 * inputs: the model's inputs, then the differentiated weights (former initializers, same
-  names), then one ``<output>_grad`` per output (``Zero`` only);
+  names), then one ``<output>_grad`` per differentiated output (``Zero`` only);
 * outputs: ``<input>_grad`` for each differentiated input, then ``<weight>_grad`` for each
   weight, then the original outputs (``KeepOutputs``) or the loss (``Loss``).
 """
@@ -46,6 +46,8 @@ class DerivativeRequest:
     options: DerivativeOptions
     loss: str | None = None
     label: str | None = None
+    #: the outputs whose gradient is seeded (``<output>_grad`` inputs, ones or the loss)
+    outputs: tuple[str, ...] = ()
 
 
 def onnx_derivative(
@@ -56,6 +58,7 @@ def onnx_derivative(
     loss: str | None = None,
     label: str | None = None,
     backend: str = "onnx",
+    outputs: Sequence[str] | None = None,
 ) -> ModelProto:
     """The gradient graph of ``model`` with respect to weights and/or inputs.
 
@@ -78,9 +81,17 @@ def onnx_derivative(
     :param label: with ``Loss``, the name of the label input (excluded from the default inputs).
     :param backend: ``"onnx"`` (native engine, standard ONNX ops only) or ``"ort"``
         (onnxruntime-training's gradient builder).
+    :param outputs: the outputs ``y_k`` to differentiate (PyTorch's ``outputs`` of
+        ``torch.autograd.grad``): only they get a ``<y_k>_grad`` input (``Zero``) or a seed of
+        ones (``FillGrad``); the others count as constants. ``None``: every float output.
+        An integer (or other non-float) output is never differentiated: it has no gradient
+        input. ``KeepOutputs`` still returns every output. With ``Loss``, the loss is the
+        one output differentiated.
     """
     _check_arguments(options, backend)
-    return derive_in_place(checked_model(model), weights, inputs, options, loss, label, backend)
+    return derive_in_place(
+        checked_model(model), weights, inputs, options, loss, label, backend, outputs=outputs
+    )
 
 
 def derive_in_place(
@@ -91,6 +102,7 @@ def derive_in_place(
     loss: str | None = None,
     label: str | None = None,
     backend: str = "onnx",
+    outputs: Sequence[str] | None = None,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already checked (see
     :func:`onnxgrad._model_checks.checked_model`), which it may rewrite into the result:
@@ -98,7 +110,7 @@ def derive_in_place(
     options = _check_arguments(options, backend)
     model = lowered_if_needed(model, min_opset=NATIVE_MIN_OPSET)
     model.ir_version = supported_ir_version(model)
-    request = resolve_request(model, weights, inputs, options, loss, label)
+    request = resolve_request(model, weights, inputs, options, loss, label, outputs)
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
 
@@ -116,6 +128,7 @@ def resolve_request(
     options: DerivativeOptions,
     loss: str | None,
     label: str | None,
+    outputs: Sequence[str] | None = None,
 ) -> DerivativeRequest:
     """Check names and fill the defaults of :func:`onnx_derivative`."""
     if DerivativeOptions.Loss in options:
@@ -126,7 +139,37 @@ def resolve_request(
     resolved_inputs = _resolve_inputs(model, inputs, exclude=label)
     if not resolved_weights and not resolved_inputs:
         raise ValueError("nothing to differentiate: no weight and no input selected")
-    return DerivativeRequest(model, resolved_weights, resolved_inputs, options, loss, label)
+    resolved_outputs = _resolve_outputs(model, outputs, options, loss)
+    return DerivativeRequest(
+        model, resolved_weights, resolved_inputs, options, loss, label, resolved_outputs
+    )
+
+
+def _resolve_outputs(
+    model: ModelProto, outputs: Sequence[str] | None, options: DerivativeOptions, loss: str | None
+) -> tuple[str, ...]:
+    """The outputs to differentiate: ``outputs`` checked, by default every float output
+    (the loss alone with ``Loss``)."""
+    infos = {o.name: o for o in model.graph.output}
+    if DerivativeOptions.Loss in options:
+        if outputs is not None and list(_string_list(outputs, "outputs")) != [loss]:
+            raise ValueError(
+                f"outputs={list(outputs)!r}: with DerivativeOptions.Loss the loss {loss!r} is "
+                "the one output differentiated"
+            )
+        return (loss,)
+    if outputs is None:
+        return tuple(n for n, o in infos.items() if o.type.tensor_type.elem_type in FLOAT_TYPES)
+    names = _string_list(outputs, "outputs")
+    unknown = [n for n in names if n not in infos]
+    if unknown:
+        raise ValueError(f"unknown outputs {unknown}, the model's outputs are {list(infos)}")
+    not_float = [n for n in names if infos[n].type.tensor_type.elem_type not in FLOAT_TYPES]
+    if not_float:
+        raise ValueError(f"outputs {not_float} are not float tensors and have no gradient")
+    if not names:
+        raise ValueError("outputs=[]: nothing to differentiate")
+    return tuple(names)
 
 
 def _string_list(names: Sequence[str], what: str) -> list[str]:

@@ -261,4 +261,3 @@ def test_the_default_reduction_sums_over_the_batch(loss, columns, kind, referenc
     elements = y.size
     expected = reference(X.astype(np.float64), y).mean() * elements
     assert run(evaluation.model, feeds)[0] == pytest.approx(expected, rel=1e-5)
-
