@@ -20,6 +20,7 @@ class OrtDataLoader:
     :meth:`epoch_order` (:meth:`epoch_batches`).
 
     :param random_state: seed or ``numpy.random.Generator`` of the shuffling
+    :param random_iter: ``False``: the rows in their order, every epoch (no shuffling)
     """
 
     def __init__(
@@ -30,6 +31,7 @@ class OrtDataLoader:
         batch_size: int = 20,
         device: str | Device = "cpu",
         random_state: int | np.random.Generator | None = None,
+        random_iter: bool = True,
     ):
         self.X = _as_array(X, "X")
         self.y = _as_array(y, "y")
@@ -44,6 +46,7 @@ class OrtDataLoader:
         self.batch_size = int(batch_size)
         self.device = check_device(device)
         self.rng = np.random.default_rng(random_state)
+        self.random_iter = bool(random_iter)
         self._device_data: tuple[ort.OrtValue, ...] | None = None
 
     def __len__(self) -> int:
@@ -61,7 +64,10 @@ class OrtDataLoader:
         return self.X, self.y, self.sample_weight
 
     def epoch_order(self) -> np.ndarray:
-        """The int64 row order of a new shuffled epoch (the only draw from :attr:`rng`)."""
+        """The int64 row order of a new epoch: shuffled (the only draw from :attr:`rng`), or
+        ``0..N-1`` with ``random_iter=False``."""
+        if not self.random_iter:
+            return np.arange(len(self), dtype=np.int64)
         return self.rng.permutation(len(self)).astype(np.int64, copy=False)
 
     def epoch_batches(self) -> list[np.ndarray]:

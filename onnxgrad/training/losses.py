@@ -46,6 +46,29 @@ class BaseLearningLoss(ParamsMixin):
         """Keyword arguments of :func:`onnxgrad.add_loss_output` for this loss."""
         return {}
 
+    @staticmethod
+    def select(class_name, **kwargs) -> BaseLearningLoss:
+        """The seeds' factory: a loss object (returned as is), a class name or a name of the
+        loss table (the seeds' ``'square_error'``, ``'elastic_error'``, ``'neglog'``,
+        ``'logloss'`` included) built with ``kwargs``."""
+        if isinstance(class_name, BaseLearningLoss):
+            return class_name
+        classes = {
+            cls.__name__: cls
+            for cls in (
+                SquareLearningLoss,
+                AbsoluteLearningLoss,
+                ElasticLearningLoss,
+                NegLogLearningLoss,
+                CrossEntropyLearningLoss,
+            )
+        }
+        if class_name in classes:
+            return classes[class_name](**kwargs)
+        name = _SEED_NAMES.get(class_name, class_name)
+        cls, params = _BY_NAME[resolve_loss(name, "learning_loss").name]
+        return cls(**{**params, **kwargs})
+
     def build(
         self,
         model: ModelProto,
@@ -115,15 +138,15 @@ class NegLogLearningLoss(BaseLearningLoss):
     """Binary log loss ``e_i = -(y_i log p_i + (1 - y_i) log(1 - p_i))``, ``y_i`` in {0, 1}.
 
     ``probability_function='sigmoid'`` (the seeds' default): the output holds raw scores,
-    one column, ``p = sigmoid(f(x))``: the table's ``log_logits``. ``None``: the output
-    holds the probability of class 1, or the two columns ``[1 - p, p]`` of a converted
-    classifier, clipped to ``[eps, 1 - eps]`` (``eps=None``: the dtype's machine epsilon):
-    the table's ``log``.
+    one column, ``p = sigmoid(f(x))``: the table's ``log_logits``, computed stably without
+    clipping. ``None``: the output holds the probability of class 1, or the two columns
+    ``[1 - p, p]`` of a converted classifier, clipped to ``[eps, 1 - eps]`` (default
+    ``1e-5``, the seeds'; ``None``: the dtype's machine epsilon): the table's ``log``.
     """
 
     def __init__(
         self,
-        eps: float | None = None,
+        eps: float | None = 1e-5,
         probability_function: str | None = "sigmoid",
         reduction: str = DEFAULT_REDUCTION,
     ):
@@ -175,6 +198,9 @@ def _kind_name(function: str | None, logits_function: str, logits: str, probabil
         )
     return logits if function == logits_function else probabilities
 
+
+#: the seeds' loss names that are not names of the table
+_SEED_NAMES = {"elastic_error": "elastic", "neglog": "log_logits", "logloss": "log_logits"}
 
 #: canonical table name -> (class, constructor arguments)
 _BY_NAME: dict[str, tuple[type[BaseLearningLoss], dict[str, Any]]] = {
