@@ -11,6 +11,7 @@ Both follow scikit-learn's conventions (parameters stored unchanged by the const
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from onnxgrad.training._inputs import (
 )
 from onnxgrad.training._params import EstimatorMixin
 from onnxgrad.training._stopping import NoImprovement, validation_rows
+from onnxgrad.training.compat import save_loss_gradient
 from onnxgrad.training.composition import (
     LossModel,
     TrainStep,
@@ -70,8 +72,12 @@ _RUN_PARAMS = frozenset(
         "validation_fraction",
         "n_iter_no_change",
         "tol",
+        "enable_logging",
     ]
 )
+
+#: the logger of ``enable_logging=True``: one INFO line an epoch
+logger = logging.getLogger("onnxgrad.training")
 
 #: fitted attributes holding onnxruntime sessions: dropped by pickling, rebuilt on first use
 _SESSIONS = ("runner_", "evaluator_", "validator_", "predictor_", "graphs_")
@@ -119,8 +125,12 @@ class BaseOrtOptimizer(EstimatorMixin):
         raise NotImplementedError
 
     # -- fitting ----------------------------------------------------------------------------
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, use_numpy=False):
         """Train for ``max_iter`` epochs of shuffled batches of ``batch_size`` observations.
+
+        ``use_numpy`` is accepted for the seeds' code and changes nothing: the seeds chose
+        between copying each batch from numpy and binding device tensors; onnxgrad always
+        binds the batches of the data set held on the device (the same numbers, faster).
 
         ``X`` of any real dtype is cast to the float type the model input declares (float64
         to float32 rounds to the nearest float32, as ``numpy.astype``).
@@ -407,6 +417,10 @@ class BaseOrtOptimizer(EstimatorMixin):
             self.t_ += len(loader)
             self.n_iter_ += 1
             self.train_losses_.append(self._epoch_loss(losses, sizes))
+            if getattr(self, "enable_logging", False):
+                logger.info(
+                    "epoch %d loss %g lr %g", self.n_iter_, self.train_losses_[-1], lr.value
+                )
             if validation is not None and every and self.n_iter_ % every == 0:
                 self.validation_losses_.append(self._batched_objective(validation))
             if bar is not None:
@@ -654,6 +668,8 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         choice, one per core; small batches often run fastest on one)
     :param early_stopping, validation_fraction, n_iter_no_change, tol: scikit-learn's MLP
         early stopping (see :meth:`fit`); off by default
+    :param enable_logging: log the loss and the learning rate of every epoch (INFO, logger
+        ``onnxgrad.training``)
     """
 
     def __init__(
@@ -680,7 +696,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         validation_fraction=0.1,
         n_iter_no_change=10,
         tol=1e-4,
+        enable_logging=False,
     ):
+        self.enable_logging = enable_logging
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -732,6 +750,8 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
     :param loss_output_name: the model's loss output
     :param label_name: the model's label input
     :param sample_weight_name: the model's sample-weight input, if it has one
+    :param saved_gradient: a file name: the gradient graph of the loss (``onnx_derivative``
+        with ``DerivativeOptions.Loss``) is saved there when the graphs are built
 
     The other parameters are those of :class:`OrtGradientForwardBackwardOptimizer`.
     """
@@ -759,7 +779,11 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         validation_fraction=0.1,
         n_iter_no_change=10,
         tol=1e-4,
+        saved_gradient=None,
+        enable_logging=False,
     ):
+        self.saved_gradient = saved_gradient
+        self.enable_logging = enable_logging
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -797,6 +821,8 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
             "weight_name": self.sample_weight_name if has_weight else None,
         }
         evaluation = make_eval_step(model, self.weights_to_train, **options)
+        if self.saved_gradient is not None:
+            save_loss_gradient(model, evaluation, self.saved_gradient, self.backend)
         predictions = [o.name for o in model.graph.output if o.name != self.loss_output_name]
         prediction = None
         if predictions:
