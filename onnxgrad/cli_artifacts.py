@@ -34,8 +34,6 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
     folder = Path(args.output)
     if folder.exists() and not folder.is_dir():
         raise CommandError(f"the output {args.output!r} exists and is not a folder")
-    if not folder.parent.is_dir():
-        raise CommandError(f"the folder of the output {args.output!r} does not exist")
     data = read_training_data(args.data, model) if args.data else None
     if data is not None and len(real_inputs(model)) != 1:
         names = [i.name for i in real_inputs(model)]
@@ -91,7 +89,9 @@ def add_artifacts(commands) -> None:
         """,
     )
     sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
-    sub.add_argument("-o", "--output", required=True, help="folder to write (created)")
+    sub.add_argument(
+        "-o", "--output", required=True, help="folder to write (created, with its parents)"
+    )
     _add_loss_options(sub, "--loss")
     _add_optimizer_option(
         sub, "adam", "the update fused into the train step; onnxgrad train's default is nesterov"

@@ -163,7 +163,8 @@ def add_train(commands) -> None:
         cmd_train,
         "Train a model on the arrays X and y of an .npz file and write the trained model.",
         """
-        python -c "import numpy as np; np.savez('data.npz', X=X, y=y)"
+        python -c "import numpy as np; X = np.random.rand(100, 3).astype('float32'); \\
+            np.savez('data.npz', X=X, y=X.sum(axis=1))"
         onnxgrad train model.onnx --data data.npz -o trained.onnx
         onnxgrad train model.onnx --data data.npz -o trained.onnx --optimizer adam --lr 1e-3
         onnxgrad train clf.onnx --data data.npz -o trained.onnx --loss cross_entropy_logits \\
