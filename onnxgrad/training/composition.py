@@ -59,7 +59,8 @@ def make_loss_model(
     label_name: str | None = None,
     weight_name: str | None = None,
 ) -> LossModel:
-    """``model`` with one scalar output: the mean training loss, plus ``penalty``.
+    """``model`` with one scalar output: the training loss (summed over the batch unless the
+    loss object says ``reduction='mean'``), plus ``penalty``.
 
     :param loss: appended on ``output`` (default: the first float output) with new inputs
         for the label (``label_name``, default a free name starting with ``label``) and,
@@ -160,7 +161,7 @@ def make_eval_step(
     weight_name: str | None = None,
     penalty: BaseLearningPenalty | None = None,
 ) -> LossModel:
-    """The mean loss on a batch (plus ``penalty``, none by default), without update; the
+    """The loss of a batch (plus ``penalty``, none by default), without update; the
     weights are inputs."""
     lm = make_loss_model(
         model,

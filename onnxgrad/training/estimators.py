@@ -95,14 +95,14 @@ class _Graphs:
     learning_rate: BaseLearningRate
     penalty: BaseLearningPenalty
     loss: BaseLearningLoss | None
-    #: the mean loss: score and losses
+    #: the loss of a batch: score and losses
     evaluation: LossModel
     prediction: ModelProto | None
     #: keyword arguments of :func:`make_train_step` that name the loss and its inputs
     step_options: dict[str, Any]
     #: train steps by layout
     steps: dict[str, TrainStep] = field(default_factory=dict)
-    #: the mean loss plus the penalty, the objective the train steps minimise and report:
+    #: the loss plus the penalty, the objective the train steps minimise and report:
     #: validation losses (:attr:`evaluation` itself without penalty)
     objective: LossModel | None = None
     #: the number of classes of a classification loss (labels in ``0..n_classes-1``)
@@ -563,7 +563,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         return self._checked_data(self.graphs_, X, y, sample_weight)
 
     def losses(self, X, y, sample_weight=None) -> np.ndarray:
-        """The loss of each observation (the mean loss of a batch of that one row, penalty
+        """The loss of each observation (the loss of a batch of that one row, penalty
         excepted)."""
         arrays = self._checked(X, y, sample_weight)
         return np.array(
