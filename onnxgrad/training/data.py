@@ -88,6 +88,17 @@ class OrtDataLoader:
         for batch in self.iter_numpy():
             yield tuple(to_ortvalue(a, self.device) for a in batch)
 
+    def match_label_rank(self, rank: int) -> None:
+        """Labels ``[N]`` and ``[N, 1]`` feed a label input of either rank: ``y`` is reshaped to
+        ``rank`` when only a trailing axis of 1 differs (the copy on the device follows)."""
+        if rank == 1 and self.y.ndim == 2 and self.y.shape[1] == 1:
+            self.y = self.y.reshape(-1)
+        elif rank == 2 and self.y.ndim == 1:
+            self.y = self.y.reshape(-1, 1)
+        else:
+            return
+        self._device_data = None
+
     def device_data(self) -> tuple[ort.OrtValue, ...]:
         """The whole data set as ``OrtValue`` on the device, copied on the first call."""
         if self._device_data is None:

@@ -19,7 +19,7 @@ from onnx import ModelProto
 
 from onnxgrad import _files
 from onnxgrad._onnx_utils import default_opset, np_dtype
-from onnxgrad.training._inputs import check_tensor, host_array
+from onnxgrad.training._inputs import check_tensor, host_array, tensor_dims
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
@@ -210,6 +210,8 @@ class _EpochBindings:
                 f"the data loader holds {len(arrays)} arrays"
             )
         inputs = {i.name: i for i in step.model.graph.input}
+        loader.match_label_rank(len(tensor_dims(inputs[step.label])))
+        arrays = loader.arrays()
         for name, array, what in zip(step.data_inputs, arrays, ("X", "y", "sample_weight")):
             check_tensor(inputs[name], array, what)
         data = loader.device_data()

@@ -389,3 +389,35 @@ def test_one_reduction_check_for_every_entry_point():
         select_learning_loss("squared_error", "total")
     with pytest.raises(ValueError, match=message):
         select_learning_loss(SquareLearningLoss(reduction="total"))
+
+
+@pytest.mark.parametrize("name", ["log", "log_logits", "cross_entropy_logits"])
+def test_class_labels_of_shape_n_and_n_by_1_everywhere(tmp_path, name):
+    """The seeds' labels ``[N, 1]`` and scikit-learn's ``[N]`` give the same first loss through
+    the estimators, the runner with a data loader, and ``onnxgrad train``."""
+    from onnxgrad.training import OrtDataLoader, TrainingRunner, check_device, make_train_step
+
+    x, y = data(name)
+    expected = reference(name, x, y)
+    only = onnx.utils.Extractor(model()).extract_model(["x"], [OUTPUT[name]])
+    onnx.save(only, tmp_path / "m.onnx")
+    loss = select_learning_loss(name)
+    step = make_train_step(only, ["W", "b"], loss=loss, learning_rate=LearningRateSGD())
+    weights = {i.name: numpy_helper.to_array(i) for i in model().graph.initializer[:2]}
+    for labels in (y, y.reshape(-1, 1)):
+        est = OrtGradientForwardBackwardOptimizer(
+            only, ["W", "b"], learning_loss=name, **estimator_options()
+        ).fit(x, labels)
+        assert est.train_losses_[0] == pytest.approx(expected, rel=1e-5)
+        runner = TrainingRunner(step, check_device("cpu"), weights)
+        first = runner.run_epoch(OrtDataLoader(x, labels, batch_size=N), 1e-12)[0]
+        assert first == pytest.approx(expected, rel=1e-5)
+        np.savez(tmp_path / "d.npz", X=x, y=labels)
+        result = run_in_process(
+            "train", "m.onnx", "--data", "d.npz", "-o", "t.onnx", "--loss", name,
+            "--epochs", "1", "--batch-size", str(N), "--optimizer", "sgd", "--lr", "1e-12",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        start = float(re.search(r"starting loss (\S+)", result.stdout).group(1))
+        assert start == pytest.approx(expected, rel=1e-5)
