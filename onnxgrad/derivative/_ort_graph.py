@@ -204,7 +204,7 @@ def _constant_seeds(
             continue
         shape = scope.unique(f"{output.name}_shape")
         fill = value(originals[output.name].name)
-        one = np.full((1,), fill, dtype=np_dtype(output.type.tensor_type.elem_type))
+        constant = np.full((1,), fill, dtype=np_dtype(output.type.tensor_type.elem_type))
         nodes += [
             helper.make_node("Shape", [output.name], [shape], name=scope.unique(f"{shape}_Shape")),
             helper.make_node(
@@ -212,7 +212,7 @@ def _constant_seeds(
                 [shape],
                 [seeds[output.name]],
                 name=scope.unique(f"{output.name}_Seed"),
-                value=numpy_helper.from_array(one),
+                value=numpy_helper.from_array(constant),
             ),
         ]
     return nodes

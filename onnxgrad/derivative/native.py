@@ -119,7 +119,7 @@ def _seed_output_gradients(
     if DerivativeOptions.Loss in options:
         loss = next(o for o in outputs if o.name == request.loss)
         return [], {loss.name: _ones_like(engine, loss.name, types)}
-    outputs = [o for o in outputs if o.name in request.outputs]
+    outputs = [o for o in outputs if original_names.get(o.name, o.name) in request.outputs]
     if DerivativeOptions.FillGrad in options:
         return [], {o.name: _ones_like(engine, o.name, types) for o in outputs}
     seed_inputs, seeds = [], {}
