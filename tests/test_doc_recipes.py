@@ -2,7 +2,8 @@
 
 For README.md and every ``docs/*.md`` (found anew each run, so a new page is covered), the
 fenced blocks run in page order in a fresh folder: ``python`` blocks in one namespace per
-page, ``bash``/``sh``/``shell`` blocks as bash scripts (``set -e``; ``onnxgrad`` is this
+page, ``bash``/``sh``/``shell`` blocks of ``onnxgrad`` commands through ``onnxgrad.cli.main`` in
+this process, other shell blocks as bash scripts (``set -e``; ``onnxgrad`` is this
 interpreter's ``python -m onnxgrad``). A block that cannot run here (an install, a browser,
 several machines) says so in the markdown: it is fenced as ``text`` (or ``console``,
 ``json``...), never skipped silently. Any error fails the page's test.
@@ -11,8 +12,10 @@ several machines) says so in the markdown: it is fenced as ``text`` (or ``consol
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +71,44 @@ def _environment() -> dict[str, str]:
     }
 
 
+def onnxgrad_commands(code: str) -> list[list[str]] | None:
+    """The argument lists of a shell block made of ``onnxgrad ...`` commands only (comments
+    and line continuations allowed), or ``None`` when it needs a shell."""
+    commands = []
+    for line in code.replace("\\\n", " ").splitlines():
+        if any(c in line.split("#")[0] for c in "|&;<>$`"):
+            return None
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        if words[0] != "onnxgrad":
+            return None
+        commands.append(words[1:])
+    return commands
+
+
+def test_onnxgrad_commands_are_recognised():
+    code = "onnxgrad info m.onnx   # a comment\nonnxgrad train m.onnx \\\n  --epochs 2\n"
+    assert onnxgrad_commands(code) == [["info", "m.onnx"], ["train", "m.onnx", "--epochs", "2"]]
+    assert onnxgrad_commands("onnxgrad info m.onnx | head") is None
+    assert onnxgrad_commands("cd x\nonnxgrad info m.onnx") is None
+
+
+def _run_commands(commands: list[list[str]], where: str) -> None:
+    """Each command through ``onnxgrad.cli.main`` in this process (no interpreter start)."""
+    from onnxgrad.cli import main
+
+    for args in commands:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(args)
+            except SystemExit as exc:
+                status = exc.code
+        if status:
+            pytest.fail(f"{where}: onnxgrad {shlex.join(args)} exited {status}:\n{err.getvalue()}")
+
+
 def _run_shell(code: str, cwd: Path, where: str) -> None:
     prelude = f'set -euo pipefail\nonnxgrad() {{ "{sys.executable}" -m onnxgrad "$@"; }}\n'
     result = subprocess.run(
@@ -113,4 +154,8 @@ def test_page_runs_as_written(page, tmp_path):
             if language in PYTHON:
                 _run_python(code, namespace, where)
             elif language in SHELL:
-                _run_shell(code, tmp_path, where)
+                commands = onnxgrad_commands(code)
+                if commands is None:
+                    _run_shell(code, tmp_path, where)
+                else:
+                    _run_commands(commands, where)
