@@ -202,12 +202,13 @@ def _kind_name(function: str | None, logits_function: str, logits: str, probabil
 #: the seeds' loss names that are not names of the table
 _SEED_NAMES = {"elastic_error": "elastic", "neglog": "log_logits", "logloss": "log_logits"}
 
-#: canonical table name -> (class, constructor arguments)
+#: canonical table name -> (class, constructor arguments); a name clips as the table does
+#: (``eps=None``), the class keeps the seeds' ``eps=1e-5``
 _BY_NAME: dict[str, tuple[type[BaseLearningLoss], dict[str, Any]]] = {
     "squared_error": (SquareLearningLoss, {}),
     "absolute_error": (AbsoluteLearningLoss, {}),
     "elastic": (ElasticLearningLoss, {}),
-    "log": (NegLogLearningLoss, {"probability_function": None}),
+    "log": (NegLogLearningLoss, {"probability_function": None, "eps": None}),
     "log_logits": (NegLogLearningLoss, {"probability_function": "sigmoid"}),
     "cross_entropy": (CrossEntropyLearningLoss, {"probability_function": None}),
     "cross_entropy_logits": (CrossEntropyLearningLoss, {"probability_function": "softmax"}),
