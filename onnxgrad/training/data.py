@@ -19,8 +19,9 @@ class OrtDataLoader:
     so a runner only sends the row indices of each batch: the consecutive slices of
     :meth:`epoch_order` (:meth:`epoch_batches`).
 
+    :param random_iter: ``False``: the rows in their order, every epoch (no shuffling); the
+        arguments up to this one come in the seeds' order
     :param random_state: seed or ``numpy.random.Generator`` of the shuffling
-    :param random_iter: ``False``: the rows in their order, every epoch (no shuffling)
     """
 
     def __init__(
@@ -30,8 +31,8 @@ class OrtDataLoader:
         sample_weight: np.ndarray | None = None,
         batch_size: int = 20,
         device: str | Device = "cpu",
-        random_state: int | np.random.Generator | None = None,
         random_iter: bool = True,
+        random_state: int | np.random.Generator | None = None,
     ):
         self.X = _as_array(X, "X")
         self.y = _as_array(y, "y")
