@@ -158,13 +158,13 @@ def _resolve_outputs(
                 "the one output differentiated"
             )
         return (loss,)
-    if outputs is None:
-        return tuple(n for n, o in infos.items() if o.type.tensor_type.elem_type in FLOAT_TYPES)
+    if outputs is None:  # an output of undeclared type may be float: the engine will say
+        return tuple(n for n, o in infos.items() if _maybe_float(o))
     names = _string_list(outputs, "outputs")
     unknown = [n for n in names if n not in infos]
     if unknown:
         raise ValueError(f"unknown outputs {unknown}, the model's outputs are {list(infos)}")
-    not_float = [n for n in names if infos[n].type.tensor_type.elem_type not in FLOAT_TYPES]
+    not_float = [n for n in names if not _maybe_float(infos[n])]
     if not_float:
         raise ValueError(f"outputs {not_float} are not float tensors and have no gradient")
     if not names:
@@ -235,6 +235,12 @@ def _resolve_loss(model: ModelProto, loss: str | None, label: str | None) -> tup
     if label is not None and label not in graph_inputs(model):
         raise ValueError(f"label input {label!r} not found among the inputs {graph_inputs(model)}")
     return loss, label
+
+
+def _maybe_float(output) -> bool:
+    """A float output, or one whose element type is not declared."""
+    elem_type = output.type.tensor_type.elem_type
+    return elem_type in FLOAT_TYPES or elem_type == 0
 
 
 def _check_scalar_loss(output) -> None:
