@@ -131,7 +131,7 @@ def bench_onnxgrad(onx, epochs, backend, threads, X, y, X_test, y_test):
         max_iter=epochs,
         batch_size=BATCH_SIZE,
         learning_rate=optimizer(),
-        learning_loss=SquareLearningLoss(),
+        learning_loss=SquareLearningLoss(reduction="mean"),  # scikit-learn averages its loss
         random_state=0,
         backend=backend,
         intra_op_num_threads=threads,
@@ -146,7 +146,7 @@ class PerTensorBaseline:
 
     def __init__(self, onx, backend: str, threads: int | None):
         weights = [i.name for i in onx.graph.initializer if i.name != "shape_tensor"]
-        lm = make_loss_model(onx, SquareLearningLoss(), weights=weights)
+        lm = make_loss_model(onx, SquareLearningLoss(reduction="mean"), weights=weights)
         gradient = onnx_derivative(
             lm.model,
             weights=weights,

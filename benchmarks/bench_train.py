@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from threadpoolctl import threadpool_limits
 
-from onnxgrad import OrtGradientForwardBackwardOptimizer
+from onnxgrad import CrossEntropyLearningLoss, OrtGradientForwardBackwardOptimizer
 
 
 def lenet(torch):
@@ -146,7 +146,7 @@ def bench(torch, name, factory, data, batch, torch_opt, onnxgrad_opt, epochs, re
         max_iter=epochs,
         batch_size=batch,
         learning_rate=onnxgrad_opt,
-        learning_loss="cross_entropy_logits",
+        learning_loss=CrossEntropyLearningLoss(reduction="mean"),  # torch's default
         validation_every=0,
         random_state=0,
         intra_op_num_threads=1,

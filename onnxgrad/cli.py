@@ -581,6 +581,7 @@ def cmd_derivative(args: argparse.Namespace) -> None:
         loss=args.loss,
         label=args.label,
         backend=args.backend,
+        outputs=args.outputs,
     )
     inputs = [i.name for i in gradient.graph.input]
     outputs = [o.name for o in gradient.graph.output]
@@ -792,6 +793,7 @@ def _add_derivative(commands) -> None:
         """
         onnxgrad derivative model.onnx -o grad.onnx
         onnxgrad derivative model.onnx -o grad.onnx --inputs x --weights --fill-grad
+        onnxgrad derivative clf.onnx -o grad.onnx --weights --outputs probabilities
         onnxgrad derivative model_loss.onnx -o grad.onnx --loss loss --label label
         """,
     )
@@ -808,6 +810,12 @@ def _add_derivative(commands) -> None:
         nargs="*",
         metavar="NAME",
         help="inputs to differentiate (default: every float input; none if empty)",
+    )
+    sub.add_argument(
+        "--outputs",
+        nargs="+",
+        metavar="NAME",
+        help="outputs to differentiate, each with a NAME_grad input (default: every float output)",
     )
     sub.add_argument("--keep-outputs", action="store_true", help="also return the original outputs")
     sub.add_argument(
@@ -850,9 +858,9 @@ def _add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
     sub.add_argument(
         "--reduction",
         choices=LazyChoices("onnxgrad.graph.loss_table", "REDUCTIONS"),
-        metavar="{mean,sum}",
-        help="the loss over a batch: mean (default) or sum; train reports either averaged "
-        "over its batches (docs/losses.md)",
+        metavar="{sum,mean}",
+        help="the loss over a batch: sum (default, as the seeds) or mean; train reports "
+        "either averaged over its batches (docs/losses.md)",
     )
 
 

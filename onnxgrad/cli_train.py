@@ -57,7 +57,7 @@ def _train(args: argparse.Namespace) -> None:
         weights_to_train=args.weights,
         max_iter=args.epochs,
         batch_size=args.batch_size,
-        learning_rate=learning_rate_from_name(args.optimizer, eta0=args.lr, schedule="constant"),
+        learning_rate=learning_rate_from_name(args.optimizer, eta0=_lr(args), schedule="constant"),
         learning_loss=select_learning_loss(args.loss, args.reduction),
         learning_penalty=ElasticLearningPenalty(l1=l1, l2=l2) if l1 or l2 else None,
         device=args.device,
@@ -91,6 +91,14 @@ def _train(args: argparse.Namespace) -> None:
         with finishing():
             save_model(estimator.get_trained_onnx(), destination)
             print(f"wrote {destination}")
+
+
+def _lr(args: argparse.Namespace) -> float | None:
+    """``--lr``, by default 0.01 per row: ``0.01 / batch size`` on the loss summed over a batch
+    (the default reduction), 0.01 on its mean; Adam's own default (it is scale-free)."""
+    if args.lr is not None or args.optimizer.lower() == "adam":
+        return args.lr
+    return 0.01 if args.reduction == "mean" else 0.01 / args.batch_size
 
 
 def parse_penalty(spec: str | None) -> tuple[float, float]:
@@ -177,7 +185,8 @@ def add_train(commands) -> None:
         cmd_train,
         "Train a model on the arrays X and y of an .npz file and write the trained model.",
         """
-        python -c "import numpy as np; np.savez('data.npz', X=X, y=y)"
+        python -c "import numpy as np; X = np.random.rand(100, 3).astype('float32'); \\
+            np.savez('data.npz', X=X, y=X.sum(axis=1))"
         onnxgrad train model.onnx --data data.npz -o trained.onnx
         onnxgrad train model.onnx --data data.npz -o trained.onnx --optimizer adam --lr 1e-3
         onnxgrad train clf.onnx --data data.npz -o trained.onnx --loss cross_entropy_logits \\
@@ -197,7 +206,8 @@ def add_train(commands) -> None:
     sub.add_argument(
         "--lr",
         type=_positive_float,
-        help="constant learning rate (default: 0.01, 0.001 for adam)",
+        help="constant learning rate (default: 0.01 / batch size on the summed loss, 0.01 with "
+        "--reduction mean, 0.001 for adam)",
     )
     _add_loss_options(sub, "--loss")
     sub.add_argument(

@@ -48,7 +48,7 @@ def free_gradient_names(
     """
     wanted = [f"{name}_grad" for name in (*request.inputs, *request.weights)]
     if seeds_are_inputs(request.options):
-        wanted += [f"{o.name}_grad" for o in graph.output]
+        wanted += [f"{o.name}_grad" for o in graph.output if o.name in request.outputs]
     fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     fixed |= {o.name for o in kept_outputs(graph.output, request)}
     clashes = [name for k, name in enumerate(wanted) if name in fixed or name in wanted[:k]]

@@ -140,10 +140,14 @@ def assemble(built: BuiltGraph, forward: Forward, request: DerivativeRequest) ->
 
     seed_inputs: list[ValueInfoProto] = []
     seed_nodes: list[NodeProto] = []
+    chosen, seeds = set(request.outputs), dict(built.seeds)
     if seeds_are_inputs(request.options):
-        seed_inputs = _seed_inputs(graph, forward, built.seeds, scope)
+        seed_inputs = _seed_inputs(graph, forward, seeds, scope, chosen)
+        seed_nodes = _constant_seeds(forward, seeds, scope, lambda name: 0.0)
     elif not keep_yield:
-        seed_nodes = _ones_seeds(forward, built.seeds, scope)
+        seed_nodes = _constant_seeds(
+            forward, seeds, scope, lambda name: 1.0 if name in chosen else 0.0
+        )
     nodes = list(graph.node)
     position = next(
         (k for k, n in enumerate(nodes) if n.op_type == "YieldOp" and n.domain == MS_DOMAIN),
@@ -163,11 +167,18 @@ def assemble(built: BuiltGraph, forward: Forward, request: DerivativeRequest) ->
 
 
 def _seed_inputs(
-    graph: GraphProto, forward: Forward, seeds: dict[str, str], scope: NameScope
+    graph: GraphProto,
+    forward: Forward,
+    seeds: dict[str, str],
+    scope: NameScope,
+    chosen: set[str],
 ) -> list[ValueInfoProto]:
-    """One ``<output>_grad`` input per model output (``Zero``), named after the user's output."""
+    """One ``<output>_grad`` input per differentiated output (``Zero``), named after the
+    user's output; the seeds of the other outputs leave ``seeds`` (they get zeros)."""
     inputs, renames = [], {}
     for current, original in zip(forward.model.graph.output, forward.outputs):
+        if original.name not in chosen:
+            continue
         name = f"{original.name}_grad"
         if current.name in seeds and seeds[current.name] != name:
             renames[seeds[current.name]] = name
@@ -175,19 +186,25 @@ def _seed_inputs(
         info.name = name
         inputs.append(info)
         scope.reserve(name)
+        seeds.pop(current.name, None)
     if renames:
         rename_values(graph, renames)
     return inputs
 
 
-def _ones_seeds(forward: Forward, seeds: dict[str, str], scope: NameScope) -> list[NodeProto]:
-    """``g = ConstantOfShape(Shape(y), 1)`` for each output ``y`` with a gradient."""
+def _constant_seeds(
+    forward: Forward, seeds: dict[str, str], scope: NameScope, value
+) -> list[NodeProto]:
+    """``g = ConstantOfShape(Shape(y), value(y))`` for each output ``y`` left in ``seeds``
+    (1 for a differentiated output, 0 for another one)."""
     nodes = []
+    originals = dict(zip((o.name for o in forward.model.graph.output), forward.outputs))
     for output in forward.model.graph.output:
         if output.name not in seeds:
             continue
         shape = scope.unique(f"{output.name}_shape")
-        one = np.ones((1,), dtype=np_dtype(output.type.tensor_type.elem_type))
+        fill = value(originals[output.name].name)
+        constant = np.full((1,), fill, dtype=np_dtype(output.type.tensor_type.elem_type))
         nodes += [
             helper.make_node("Shape", [output.name], [shape], name=scope.unique(f"{shape}_Shape")),
             helper.make_node(
@@ -195,7 +212,7 @@ def _ones_seeds(forward: Forward, seeds: dict[str, str], scope: NameScope) -> li
                 [shape],
                 [seeds[output.name]],
                 name=scope.unique(f"{output.name}_Seed"),
-                value=numpy_helper.from_array(one),
+                value=numpy_helper.from_array(constant),
             ),
         ]
     return nodes

@@ -3,7 +3,7 @@
 Both backends receive the same resolved request and return graphs with the same interface:
 
 * inputs: the model's inputs, then the differentiated weights (former initializers, same
-  names), then one ``<output>_grad`` per output (``Zero`` only);
+  names), then one ``<output>_grad`` per differentiated output (``Zero`` only);
 * outputs: ``<input>_grad`` for each differentiated input, then ``<weight>_grad`` for each
   weight, then the original outputs (``KeepOutputs``) or the loss (``Loss``).
 """
@@ -42,6 +42,8 @@ class DerivativeRequest:
     options: DerivativeOptions
     loss: str | None = None
     label: str | None = None
+    #: the outputs whose gradient is seeded (``<output>_grad`` inputs, ones or the loss)
+    outputs: tuple[str, ...] = ()
 
 
 def onnx_derivative(
@@ -52,6 +54,7 @@ def onnx_derivative(
     loss: str | None = None,
     label: str | None = None,
     backend: str = "onnx",
+    outputs: Sequence[str] | None = None,
 ) -> ModelProto:
     """The gradient graph of ``model`` with respect to weights and/or inputs.
 
@@ -75,9 +78,17 @@ def onnx_derivative(
     :param label: with ``Loss``, the name of the label input (excluded from the default inputs).
     :param backend: ``"onnx"`` (native engine, standard ONNX ops only) or ``"ort"``
         (onnxruntime-training's gradient builder).
+    :param outputs: the outputs ``y_k`` to differentiate (PyTorch's ``outputs`` of
+        ``torch.autograd.grad``): only they get a ``<y_k>_grad`` input (``Zero``) or a seed of
+        ones (``FillGrad``); the others count as constants. ``None``: every float output.
+        An integer (or other non-float) output is never differentiated: it has no gradient
+        input. ``KeepOutputs`` still returns every output. With ``Loss``, the loss is the
+        one output differentiated.
     """
     _check_arguments(options, backend)
-    return derive_in_place(normalized_model(model), weights, inputs, options, loss, label, backend)
+    return derive_in_place(
+        normalized_model(model), weights, inputs, options, loss, label, backend, outputs=outputs
+    )
 
 
 def derive_in_place(
@@ -88,13 +99,14 @@ def derive_in_place(
     loss: str | None = None,
     label: str | None = None,
     backend: str = "onnx",
+    outputs: Sequence[str] | None = None,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
     the command and the train step use it so that no weight is copied."""
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
-    request = resolve_request(model, weights, inputs, options, loss, label)
+    request = resolve_request(model, weights, inputs, options, loss, label, outputs)
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
 
@@ -112,6 +124,7 @@ def resolve_request(
     options: DerivativeOptions,
     loss: str | None,
     label: str | None,
+    outputs: Sequence[str] | None = None,
 ) -> DerivativeRequest:
     """Check names and fill the defaults of :func:`onnx_derivative`."""
     if DerivativeOptions.Loss in options:
@@ -122,7 +135,37 @@ def resolve_request(
     resolved_inputs = _resolve_inputs(model, inputs, exclude=label)
     if not resolved_weights and not resolved_inputs:
         raise ValueError("nothing to differentiate: no weight and no input selected")
-    return DerivativeRequest(model, resolved_weights, resolved_inputs, options, loss, label)
+    resolved_outputs = _resolve_outputs(model, outputs, options, loss)
+    return DerivativeRequest(
+        model, resolved_weights, resolved_inputs, options, loss, label, resolved_outputs
+    )
+
+
+def _resolve_outputs(
+    model: ModelProto, outputs: Sequence[str] | None, options: DerivativeOptions, loss: str | None
+) -> tuple[str, ...]:
+    """The outputs to differentiate: ``outputs`` checked, by default every float output
+    (the loss alone with ``Loss``)."""
+    infos = {o.name: o for o in model.graph.output}
+    if DerivativeOptions.Loss in options:
+        if outputs is not None and list(_string_list(outputs, "outputs")) != [loss]:
+            raise ValueError(
+                f"outputs={list(outputs)!r}: with DerivativeOptions.Loss the loss {loss!r} is "
+                "the one output differentiated"
+            )
+        return (loss,)
+    if outputs is None:  # an output of undeclared type may be float: the engine will say
+        return tuple(n for n, o in infos.items() if _maybe_float(o))
+    names = _string_list(outputs, "outputs")
+    unknown = [n for n in names if n not in infos]
+    if unknown:
+        raise ValueError(f"unknown outputs {unknown}, the model's outputs are {list(infos)}")
+    not_float = [n for n in names if not _maybe_float(infos[n])]
+    if not_float:
+        raise ValueError(f"outputs {not_float} are not float tensors and have no gradient")
+    if not names:
+        raise ValueError("outputs=[]: nothing to differentiate")
+    return tuple(names)
 
 
 def _string_list(names: Sequence[str], what: str) -> list[str]:
@@ -188,6 +231,12 @@ def _resolve_loss(model: ModelProto, loss: str | None, label: str | None) -> tup
     if label is not None and label not in graph_inputs(model):
         raise ValueError(f"label input {label!r} not found among the inputs {graph_inputs(model)}")
     return loss, label
+
+
+def _maybe_float(output) -> bool:
+    """A float output, or one whose element type is not declared."""
+    elem_type = output.type.tensor_type.elem_type
+    return elem_type in FLOAT_TYPES or elem_type == 0
 
 
 def _check_scalar_loss(output) -> None:

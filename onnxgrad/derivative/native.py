@@ -122,12 +122,14 @@ def _seed_output_gradients(
     types: dict[str, ValueType],
     original_names: dict[str, str],
 ) -> tuple[list[ValueInfoProto], dict[str, str]]:
-    """Graph inputs ``<output>_grad`` (``Zero``) or constant seeds (``FillGrad``, ``Loss``)."""
+    """Graph inputs ``<output>_grad`` (``Zero``) or constant seeds (``FillGrad``, ``Loss``) for
+    the outputs of ``request.outputs``; the others get no gradient."""
     outputs = list(request.model.graph.output)
     options = request.options
     if DerivativeOptions.Loss in options:
         loss = next(o for o in outputs if o.name == request.loss)
         return [], {loss.name: _ones_like(engine, loss.name, types)}
+    outputs = [o for o in outputs if original_names.get(o.name, o.name) in request.outputs]
     if DerivativeOptions.FillGrad in options:
         return [], {o.name: _ones_like(engine, o.name, types) for o in outputs}
     seed_inputs, seeds = [], {}

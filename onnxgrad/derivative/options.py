@@ -8,11 +8,14 @@ from enum import IntFlag
 class DerivativeOptions(IntFlag):
     """Flags of :func:`onnxgrad.onnx_derivative` (onnxcustom's names).
 
-    * ``Zero``: one extra input ``<output>_grad`` per model output, the gradient flowing back
-      into that output; the original outputs are dropped.
+    * ``Zero``: one extra input ``<output>_grad`` per differentiated output (every float
+      output, or those of ``outputs=``), the gradient flowing back into that output; the
+      original outputs are dropped.
     * ``KeepOutputs``: the original outputs are returned too, after the gradients.
     * ``FillGrad``: no ``<output>_grad`` inputs; each output gradient is ones of the output's
-      shape, i.e. the graph computes the gradient of ``sum(outputs)``. Alone or with
+      shape, i.e. the graph computes the gradient of the sum of the differentiated outputs
+      (mind a classifier's probabilities: their sum is 1, pick one column with ``Zero``
+      instead). Alone or with
       ``KeepOutputs``.
     * ``KeepYieldOp``: ORT backend only, the raw graph with its ``YieldOp`` placeholders.
     * ``Loss``: the model already ends in a scalar loss (``loss=`` names it, ``label=`` the

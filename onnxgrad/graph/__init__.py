@@ -17,6 +17,7 @@ from onnxgrad.graph.ml_lowering import lower_ml_operators
 from onnxgrad.graph.names import onnx_rename_weights
 from onnxgrad.graph.select import remove_unused_nodes, select_model_inputs_outputs
 from onnxgrad.graph.text import onnx_simple_text_plot
+from onnxgrad.graph.unreduced import unreduced_onnx_loss
 
 __all__ = [
     "add_initializer",
@@ -30,4 +31,5 @@ __all__ = [
     "remove_unused_nodes",
     "replace_initializers_into_onnx",
     "select_model_inputs_outputs",
+    "unreduced_onnx_loss",
 ]

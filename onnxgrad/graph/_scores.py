@@ -201,7 +201,7 @@ def n_classes_of(prediction: ValueInfoProto) -> int:
 
 
 #: the reductions of every loss, the default first
-REDUCTIONS = ("mean", "sum")
+REDUCTIONS = ("sum", "mean")
 
 
 def check_reduction(reduction: str) -> str:

@@ -65,10 +65,10 @@ def add_loss_output(
     * ``'cross_entropy'``: ``e = -log p_y`` on probabilities;
       ``'cross_entropy_logits'``: on logits, ``log p = LogSoftmax(f(x))``.
 
-    ``reduction='mean'`` (the default everywhere) returns ``sum_i w_i mean_j e_ij /
-    sum_i w_i`` (without weights: the mean over every element, scikit-learn's
-    ``mean_squared_error``/``log_loss``, torch's ``'mean'``); ``'sum'`` returns
-    ``sum_i w_i sum_j e_ij``, the seeds' sum over the batch.
+    ``reduction='sum'`` (the default everywhere, the seeds' graph ending in ``ReduceSum``)
+    returns ``sum_i w_i sum_j e_ij``; ``'mean'`` returns ``sum_i w_i mean_j e_ij / sum_i w_i``
+    (without weights: the mean over every element, scikit-learn's
+    ``mean_squared_error``/``log_loss``, torch's ``'mean'``).
 
     Regression labels have the prediction's type and shape; class labels are int64 indices
     of shape ``[N]`` or ``[N, 1]``. A class label outside ``0..C-1`` makes the loss NaN

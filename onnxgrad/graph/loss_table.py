@@ -18,10 +18,11 @@ name                      prediction     pointwise loss ``e`` (``d = f - y``)
 ``cross_entropy_logits``  logits         ``-log softmax(z)_y``
 ========================  =============  ====================================================
 
-``'sum'`` is ``sum_i w_i sum_j e_ij`` (the seeds' ``add_loss_output``); ``'mean'`` is
-``sum_i w_i mean_j e_ij / sum_i w_i``, the mean over every element without sample weights
-(scikit-learn's ``mean_squared_error`` and ``log_loss``, torch's ``reduction='mean'``), so a
-learning rate does not depend on the batch size.
+``'sum'``, the default, is ``sum_i w_i sum_j e_ij`` (the seeds' ``add_loss_output``, whose
+graph ends in ``ReduceSum``); ``'mean'`` is ``sum_i w_i mean_j e_ij / sum_i w_i``, the mean
+over every element without sample weights (scikit-learn's ``mean_squared_error`` and
+``log_loss``, torch's ``reduction='mean'``), so a learning rate does not depend on the batch
+size.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from onnxgrad.graph import _scores
 from onnxgrad.graph._scores import REDUCTIONS, check_reduction
 
 #: the reduction every entry point uses unless told otherwise
-DEFAULT_REDUCTION = "mean"
+DEFAULT_REDUCTION = "sum"
 
 #: prediction kinds: what the loss expects the model output to be
 VALUES, PROBABILITIES, LOGITS = "values", "probabilities", "logits"

@@ -34,16 +34,19 @@ def remove_unused_nodes(model: ModelLike) -> ModelProto:
 
 def select_model_inputs_outputs(
     model: ModelLike,
-    inputs: Sequence[str] | str | None = None,
     outputs: Sequence[str] | str | None = None,
+    inputs: Sequence[str] | str | None = None,
 ) -> ModelProto:
     """The part of ``model`` computing ``outputs`` from ``inputs``.
 
+    The arguments come in the seeds' order, ``(model, outputs=None, inputs=None)``, so
+    ``select_model_inputs_outputs(onx, ['score'])`` keeps the output ``'score'``.
+
+    :param outputs: names of outputs or intermediate results (which become outputs);
+        ``None`` keeps the current outputs.
     :param inputs: names of graph inputs or intermediate results; an intermediate result
         becomes a new input and the nodes computing it go. ``None`` keeps the current inputs
         the outputs need. Every input listed is kept, needed or not.
-    :param outputs: names of outputs or intermediate results (which become outputs);
-        ``None`` keeps the current outputs.
 
     Types and shapes of new inputs and outputs come from shape inference. Nodes,
     initializers and (with ``inputs=None``) inputs the outputs do not need are removed.

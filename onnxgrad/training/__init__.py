@@ -54,6 +54,12 @@ from onnxgrad.training.losses import (
     NegLogLearningLoss,
     SquareLearningLoss,
 )
+from onnxgrad.training.ort_devices import (
+    device_to_providers,
+    get_ort_device,
+    numpy_to_ort_value,
+    ort_device_to_string,
+)
 from onnxgrad.training.penalties import (
     BaseLearningPenalty,
     ElasticLearningPenalty,
@@ -90,7 +96,9 @@ __all__ = [
     "TrainingArtifacts",
     "TrainingRunner",
     "check_device",
+    "device_to_providers",
     "generate_artifacts",
+    "get_ort_device",
     "learning_rate_from_name",
     "load_checkpoint",
     "load_train_step",
@@ -99,6 +107,8 @@ __all__ = [
     "make_predict_model",
     "make_train_step",
     "merge_checkpoint",
+    "numpy_to_ort_value",
+    "ort_device_to_string",
     "parse_device",
     "save_checkpoint",
     "weights_as_inputs",

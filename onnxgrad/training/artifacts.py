@@ -5,10 +5,11 @@ one folder:
 
 * ``training_model.onnx``: the fused train step (:func:`make_train_step`), standard ONNX
   operators only. Its inputs are exactly the batch (features, label), the trained weights,
-  the optimizer state and the scalar learning rate; its outputs the mean loss, the new
-  weights and the new state. Frozen weights are initializers of the graph. A runtime trains
-  by calling it in a loop and feeding each new weight and state back to its input;
-* ``eval_model.onnx``: the mean loss of a batch, the trained weights as inputs;
+  the optimizer state and the scalar learning rate; its outputs the loss (summed over the
+  batch by default), the new weights and the new state. Frozen weights are initializers of
+  the graph. A runtime trains by calling it in a loop and feeding each new weight and state
+  back to its input;
+* ``eval_model.onnx``: the loss of a batch, the trained weights as inputs;
 * ``inference_model.onnx``: the user's model (same inputs and outputs), initial weights;
 * ``checkpoint.json`` + ``checkpoint.bin``: the initial weights and optimizer state
   (:mod:`onnxgrad.training.checkpoint`, readable without onnx or numpy);

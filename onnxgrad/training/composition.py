@@ -61,7 +61,8 @@ def make_loss_model(
     weight_name: str | None = None,
     fixed_inputs: Sequence[str] = (),
 ) -> LossModel:
-    """``model`` with one scalar output: the mean training loss, plus ``penalty``.
+    """``model`` with one scalar output: the training loss (summed over the batch unless the
+    loss object says ``reduction='mean'``), plus ``penalty``.
 
     :param loss: appended on ``output`` (default: the first float output) with new inputs
         for the label (``label_name``, default a free name starting with ``label``) and,
@@ -181,7 +182,7 @@ def make_eval_step(
     penalty: BaseLearningPenalty | None = None,
     fixed_inputs: Sequence[str] = (),
 ) -> LossModel:
-    """The mean loss on a batch (plus ``penalty``, none by default), without update; the
+    """The loss of a batch (plus ``penalty``, none by default), without update; the
     weights are inputs."""
     lm = make_loss_model(
         model,

@@ -20,6 +20,8 @@ class OrtDataLoader:
     so a runner only sends the row indices of each batch: the consecutive slices of
     :meth:`epoch_order` (:meth:`epoch_batches`).
 
+    :param random_iter: ``False``: the rows in their order, every epoch (no shuffling); the
+        arguments up to this one come in the seeds' order
     :param random_state: seed or ``numpy.random.Generator`` of the shuffling
     """
 
@@ -30,6 +32,7 @@ class OrtDataLoader:
         sample_weight: np.ndarray | None = None,
         batch_size: int = 20,
         device: str | Device = "cpu",
+        random_iter: bool = True,
         random_state: int | np.random.Generator | None = None,
     ):
         self.X = _as_array(X, "X")
@@ -45,6 +48,7 @@ class OrtDataLoader:
         self.batch_size = int(batch_size)
         self.device = check_device(device)
         self.rng = np.random.default_rng(random_state)
+        self.random_iter = bool(random_iter)
         self._device_data: tuple[ort.OrtValue, ...] | None = None
 
     def __len__(self) -> int:
@@ -62,7 +66,10 @@ class OrtDataLoader:
         return self.X, self.y, self.sample_weight
 
     def epoch_order(self) -> np.ndarray:
-        """The int64 row order of a new shuffled epoch (the only draw from :attr:`rng`)."""
+        """The int64 row order of a new epoch: shuffled (the only draw from :attr:`rng`), or
+        ``0..N-1`` with ``random_iter=False``."""
+        if not self.random_iter:
+            return np.arange(len(self), dtype=np.int64)
         return self.rng.permutation(len(self)).astype(np.int64, copy=False)
 
     def epoch_batches(self) -> list[np.ndarray]:
@@ -82,6 +89,17 @@ class OrtDataLoader:
         """The batches of one shuffled epoch as ``OrtValue`` on the device."""
         for batch in self.iter_numpy():
             yield tuple(to_ortvalue(a, self.device) for a in batch)
+
+    def match_label_rank(self, rank: int) -> None:
+        """Labels ``[N]`` and ``[N, 1]`` feed a label input of either rank: ``y`` is reshaped to
+        ``rank`` when only a trailing axis of 1 differs (the copy on the device follows)."""
+        if rank == 1 and self.y.ndim == 2 and self.y.shape[1] == 1:
+            self.y = self.y.reshape(-1)
+        elif rank == 2 and self.y.ndim == 1:
+            self.y = self.y.reshape(-1, 1)
+        else:
+            return
+        self._device_data = None
 
     def device_data(self) -> tuple[ort.OrtValue, ...]:
         """The whole data set as ``OrtValue`` on the device, copied on the first call."""

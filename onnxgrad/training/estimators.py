@@ -11,6 +11,7 @@ Both follow scikit-learn's conventions (parameters stored unchanged by the const
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from onnxgrad.training._inputs import (
 from onnxgrad.training._params import EstimatorMixin
 from onnxgrad.training._stopping import NoImprovement, validation_rows
 from onnxgrad.training.batch_axis import free_batch_axis, symbolic_batch_axis
+from onnxgrad.training.compat import save_loss_gradient
 from onnxgrad.training.composition import (
     LossModel,
     TrainStep,
@@ -84,8 +86,12 @@ _RUN_PARAMS = frozenset(
         "validation_fraction",
         "n_iter_no_change",
         "tol",
+        "enable_logging",
     ]
 )
+
+#: the logger of ``enable_logging=True``: one INFO line an epoch
+logger = logging.getLogger("onnxgrad.training")
 
 #: fitted attributes holding onnxruntime sessions: dropped by pickling, rebuilt on first use
 _SESSIONS = ("runner_", "evaluator_", "validator_", "predictor_", "graphs_")
@@ -103,14 +109,14 @@ class _Graphs:
     learning_rate: BaseLearningRate
     penalty: BaseLearningPenalty
     loss: BaseLearningLoss | None
-    #: the mean loss: score and losses
+    #: the loss of a batch: score and losses
     evaluation: LossModel
     prediction: ModelProto | None
     #: keyword arguments of :func:`make_train_step` that name the loss and its inputs
     step_options: dict[str, Any]
     #: train steps by layout
     steps: dict[str, TrainStep] = field(default_factory=dict)
-    #: the mean loss plus the penalty, the objective the train steps minimise and report:
+    #: the loss plus the penalty, the objective the train steps minimise and report:
     #: validation losses (:attr:`evaluation` itself without penalty)
     objective: LossModel | None = None
     #: the number of classes of a classification loss (labels in ``0..n_classes-1``)
@@ -133,8 +139,12 @@ class BaseOrtOptimizer(EstimatorMixin):
         raise NotImplementedError
 
     # -- fitting ----------------------------------------------------------------------------
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, feeds=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, use_numpy=False, feeds=None):
         """Train for ``max_iter`` epochs of shuffled batches of ``batch_size`` observations.
+
+        ``use_numpy`` is accepted for the seeds' code and changes nothing: the seeds chose
+        between copying each batch from numpy and binding device tensors; onnxgrad always
+        binds the batches of the data set held on the device (the same numbers, faster).
 
         ``X`` of any real dtype is cast to the float type the model input declares (float64
         to float32 rounds to the nearest float32, as ``numpy.astype``).
@@ -466,6 +476,10 @@ class BaseOrtOptimizer(EstimatorMixin):
             self.t_ += len(loader)
             self.n_iter_ += 1
             self.train_losses_.append(self._epoch_loss(losses, sizes))
+            if getattr(self, "enable_logging", False):
+                logger.info(
+                    "epoch %d loss %g lr %g", self.n_iter_, self.train_losses_[-1], lr.value
+                )
             if validation is not None and every and self.n_iter_ % every == 0:
                 self.validation_losses_.append(agreed(self._batched_objective(validation)))
             for callback in self.__dict__.get("epoch_callbacks", ()):
@@ -618,7 +632,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         return self._checked_data(self.graphs_, X, y, sample_weight), fixed
 
     def losses(self, X, y, sample_weight=None, feeds=None) -> np.ndarray:
-        """The loss of each observation (the mean loss of a batch of that one row, penalty
+        """The loss of each observation (the loss of a batch of that one row, penalty
         excepted)."""
         arrays, fixed = self._checked(X, y, sample_weight, feeds)
         return np.array(
@@ -728,6 +742,8 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         choice, one per core; small batches often run fastest on one)
     :param early_stopping, validation_fraction, n_iter_no_change, tol: scikit-learn's MLP
         early stopping (see :meth:`fit`); off by default
+    :param enable_logging: log the loss and the learning rate of every epoch (INFO, logger
+        ``onnxgrad.training``)
     """
 
     def __init__(
@@ -754,7 +770,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         validation_fraction=0.1,
         n_iter_no_change=10,
         tol=1e-4,
+        enable_logging=False,
     ):
+        self.enable_logging = enable_logging
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -807,6 +825,8 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
     :param loss_output_name: the model's loss output
     :param label_name: the model's label input
     :param sample_weight_name: the model's sample-weight input, if it has one
+    :param saved_gradient: a file name: the gradient graph of the loss (``onnx_derivative``
+        with ``DerivativeOptions.Loss``) is saved there when the graphs are built
 
     The other parameters are those of :class:`OrtGradientForwardBackwardOptimizer`.
     """
@@ -834,7 +854,11 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         validation_fraction=0.1,
         n_iter_no_change=10,
         tol=1e-4,
+        saved_gradient=None,
+        enable_logging=False,
     ):
+        self.saved_gradient = saved_gradient
+        self.enable_logging = enable_logging
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -876,6 +900,8 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
             "weight_name": self.sample_weight_name if has_weight else None,
         }
         evaluation = make_eval_step(model, self.weights_to_train, **options)
+        if self.saved_gradient is not None:
+            save_loss_gradient(model, evaluation, self.saved_gradient, self.backend)
         predictions = [o.name for o in model.graph.output if o.name != self.loss_output_name]
         prediction = None
         if predictions:

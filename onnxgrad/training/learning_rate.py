@@ -72,6 +72,34 @@ class BaseLearningRate(ParamsMixin):
         self.value = self.learning_rate_at(t)
         return self
 
+    def loop(self, n: int = 1000):
+        """The first ``n`` learning rates: at ``t = 0``, then after each of ``n - 1`` updates
+        ``update_learning_rate(i)`` (``i = 1, 2...``), as the seeds' ``loop``."""
+        self.init_learning_rate()
+        for i in range(n):
+            yield self.value
+            self.update_learning_rate(i + 1)
+
+    @staticmethod
+    def select(class_name, **kwargs) -> BaseLearningRate:
+        """The seeds' factory: an optimizer object (returned as is), a number (``eta0`` of
+        :class:`LearningRateSGD`) or a name (``'SGD'``, ``'Nesterov'``, ``'SGDNesterov'``,
+        ``'Momentum'``, ``'Adam'`` or a class name) built with ``kwargs``."""
+        if isinstance(class_name, BaseLearningRate):
+            return class_name
+        if isinstance(class_name, (int, float, np.number)) and not isinstance(class_name, bool):
+            return LearningRateSGD(eta0=float(class_name), **kwargs)
+        classes = {cls.__name__: (cls, {}) for cls in _all_classes()}
+        aliases = {"sgdnesterov": _BY_NAME["nesterov"], **_BY_NAME}
+        key = class_name if class_name in classes else str(class_name).lower()
+        if key not in classes and key not in aliases:
+            raise ValueError(
+                f"unknown learning rate {class_name!r}, expected one of "
+                f"{[*LEARNING_RATE_NAMES, *classes]}"
+            )
+        cls, fixed = classes.get(key) or aliases[key]
+        return cls(**{**fixed, **kwargs})
+
     def emit_shared(
         self, b: StepBuilder, lr: str, shared: dict[str, str], elem_type: int
     ) -> tuple[dict[str, str], dict[str, str]]:
@@ -114,10 +142,13 @@ class LearningRateSGD(BaseLearningRate):
 
     * ``'constant'``: ``lr = eta0``;
     * ``'invscaling'``: ``lr = eta0 / (t + 1) ** power_t``;
-    * ``'optimal'``: ``lr = 1 / (alpha (t0 + t))`` with Léon Bottou's ``t0 = 1 / (alpha
-      typw)``, ``typw = sqrt(1 / sqrt(alpha))``, so the first rate is ``typw``
-      (scikit-learn's value for all its losses: their derivative at ``(y=1, p=-typw)`` is
-      below 1).
+    * ``'optimal'``: scikit-learn's ``1 / (alpha (t0 + t))`` scaled to start at ``eta0``, as
+      the seeds: ``lr = eta0 t0 / (t0 + t)``, with scikit-learn's ``t0 = 1 / (alpha eta_1)``
+      (Léon Bottou's heuristic, ``eta_1 = typw / max(1, loss'(1, -typw))``, ``typw = sqrt(1
+      / sqrt(alpha))``; ``loss'`` is negative there for every loss of scikit-learn, so
+      ``eta_1 = typw``). With ``eta0 = typw`` (:meth:`sklearn_eta0`) it is scikit-learn's
+      schedule exactly; any other ``eta0`` keeps its shape, so the rate never starts above
+      what the user asked for.
     """
 
     function_name = "axpy"
@@ -151,9 +182,13 @@ class LearningRateSGD(BaseLearningRate):
             return float(self.eta0)
         if self.learning_rate == "invscaling":
             return float(self.eta0) / (t + 1) ** float(self.power_t)
-        typw = math.sqrt(1.0 / math.sqrt(self.alpha))
-        t0 = 1.0 / (typw * self.alpha)
-        return 1.0 / (self.alpha * (t0 + t))
+        t0 = 1.0 / (self.alpha * self.sklearn_eta0(self.alpha))
+        return float(self.eta0) * t0 / (t0 + t)
+
+    @staticmethod
+    def sklearn_eta0(alpha: float) -> float:
+        """scikit-learn's first ``'optimal'`` rate ``typw = sqrt(1 / sqrt(alpha))``."""
+        return math.sqrt(1.0 / math.sqrt(alpha))
 
     def emit_shared(self, b, lr, shared, elem_type):
         alpha = b.op("Neg", _as_vector(b, lr))
@@ -275,6 +310,10 @@ class LearningRateAdam(BaseLearningRate):
 
     def _update_results(self, outputs):
         return outputs["Y"], {"m": outputs["M_new"], "v": outputs["V_new"]}
+
+
+def _all_classes() -> tuple[type[BaseLearningRate], ...]:
+    return (LearningRateSGD, LearningRateSGDNesterov, LearningRateAdam)
 
 
 def _as_vector(b: StepBuilder, scalar: str) -> str:

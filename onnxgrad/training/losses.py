@@ -2,8 +2,8 @@
 
 Each object resolves to one name of :mod:`onnxgrad.graph.loss_table` and appends it with
 :func:`onnxgrad.add_loss_output`: same formula, same prediction kind, same reduction
-(``'mean'`` by default, ``sum_i w_i mean_j e_ij / sum_i w_i``, so that a learning rate does
-not depend on the batch size; ``'sum'`` as the seeds).
+(``'sum'`` by default, ``sum_i w_i sum_j e_ij``, as the seeds; ``'mean'``,
+``sum_i w_i mean_j e_ij / sum_i w_i``, makes a learning rate independent of the batch size).
 """
 
 from __future__ import annotations
@@ -45,6 +45,29 @@ class BaseLearningLoss(ParamsMixin):
     def score_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`onnxgrad.add_loss_output` for this loss."""
         return {}
+
+    @staticmethod
+    def select(class_name, **kwargs) -> BaseLearningLoss:
+        """The seeds' factory: a loss object (returned as is), a class name or a name of the
+        loss table (the seeds' ``'square_error'``, ``'elastic_error'``, ``'neglog'``,
+        ``'logloss'`` included) built with ``kwargs``."""
+        if isinstance(class_name, BaseLearningLoss):
+            return class_name
+        classes = {
+            cls.__name__: cls
+            for cls in (
+                SquareLearningLoss,
+                AbsoluteLearningLoss,
+                ElasticLearningLoss,
+                NegLogLearningLoss,
+                CrossEntropyLearningLoss,
+            )
+        }
+        if class_name in classes:
+            return classes[class_name](**kwargs)
+        name = _SEED_NAMES.get(class_name, class_name)
+        cls, params = _BY_NAME[resolve_loss(name, "learning_loss").name]
+        return cls(**{**params, **kwargs})
 
     def build(
         self,
@@ -115,15 +138,15 @@ class NegLogLearningLoss(BaseLearningLoss):
     """Binary log loss ``e_i = -(y_i log p_i + (1 - y_i) log(1 - p_i))``, ``y_i`` in {0, 1}.
 
     ``probability_function='sigmoid'`` (the seeds' default): the output holds raw scores,
-    one column, ``p = sigmoid(f(x))``: the table's ``log_logits``. ``None``: the output
-    holds the probability of class 1, or the two columns ``[1 - p, p]`` of a converted
-    classifier, clipped to ``[eps, 1 - eps]`` (``eps=None``: the dtype's machine epsilon):
-    the table's ``log``.
+    one column, ``p = sigmoid(f(x))``: the table's ``log_logits``, computed stably without
+    clipping. ``None``: the output holds the probability of class 1, or the two columns
+    ``[1 - p, p]`` of a converted classifier, clipped to ``[eps, 1 - eps]`` (default
+    ``1e-5``, the seeds'; ``None``: the dtype's machine epsilon): the table's ``log``.
     """
 
     def __init__(
         self,
-        eps: float | None = None,
+        eps: float | None = 1e-5,
         probability_function: str | None = "sigmoid",
         reduction: str = DEFAULT_REDUCTION,
     ):
@@ -176,12 +199,16 @@ def _kind_name(function: str | None, logits_function: str, logits: str, probabil
     return logits if function == logits_function else probabilities
 
 
-#: canonical table name -> (class, constructor arguments)
+#: the seeds' loss names that are not names of the table
+_SEED_NAMES = {"elastic_error": "elastic", "neglog": "log_logits", "logloss": "log_logits"}
+
+#: canonical table name -> (class, constructor arguments); a name clips as the table does
+#: (``eps=None``), the class keeps the seeds' ``eps=1e-5``
 _BY_NAME: dict[str, tuple[type[BaseLearningLoss], dict[str, Any]]] = {
     "squared_error": (SquareLearningLoss, {}),
     "absolute_error": (AbsoluteLearningLoss, {}),
     "elastic": (ElasticLearningLoss, {}),
-    "log": (NegLogLearningLoss, {"probability_function": None}),
+    "log": (NegLogLearningLoss, {"probability_function": None, "eps": None}),
     "log_logits": (NegLogLearningLoss, {"probability_function": "sigmoid"}),
     "cross_entropy": (CrossEntropyLearningLoss, {"probability_function": None}),
     "cross_entropy_logits": (CrossEntropyLearningLoss, {"probability_function": "softmax"}),
@@ -190,7 +217,7 @@ _BY_NAME: dict[str, tuple[type[BaseLearningLoss], dict[str, Any]]] = {
 
 def select_learning_loss(loss, reduction: str | None = None) -> BaseLearningLoss:
     """A fresh loss object from a name of the loss table (aliases included) or a copy of a
-    loss object; ``reduction`` overrides the object's (default: ``'mean'``)."""
+    loss object; ``reduction`` overrides the object's (default: ``'sum'``)."""
     if isinstance(loss, BaseLearningLoss):
         params = loss.get_params(deep=False)
     elif isinstance(loss, str):

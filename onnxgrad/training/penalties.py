@@ -17,6 +17,24 @@ class BaseLearningPenalty(ParamsMixin):
         """Nodes computing ``P(W)`` as a scalar of ``elem_type``; ``None`` for no penalty."""
         raise NotImplementedError
 
+    @staticmethod
+    def select(class_name, **kwargs) -> BaseLearningPenalty:
+        """The seeds' factory: a penalty object (returned as is), ``None`` or ``'penalty'``
+        (no penalty, :class:`NoLearningPenalty`), ``'elastic'`` (:class:`ElasticLearningPenalty`)
+        or a class name, built with ``kwargs``."""
+        if isinstance(class_name, BaseLearningPenalty):
+            return class_name
+        classes = {
+            None: NoLearningPenalty,
+            "penalty": NoLearningPenalty,
+            "elastic": ElasticLearningPenalty,
+            "NoLearningPenalty": NoLearningPenalty,
+            "ElasticLearningPenalty": ElasticLearningPenalty,
+        }
+        if class_name not in classes:
+            raise ValueError(f"unknown penalty {class_name!r}, expected one of {list(classes)}")
+        return classes[class_name](**kwargs)
+
 
 class NoLearningPenalty(BaseLearningPenalty):
     """No penalty."""

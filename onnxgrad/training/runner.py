@@ -20,7 +20,7 @@ from onnx import ModelProto
 from onnxgrad import _files
 from onnxgrad._arrays import c_contiguous
 from onnxgrad._onnx_utils import default_opset, np_dtype
-from onnxgrad.training._inputs import check_tensor, host_array
+from onnxgrad.training._inputs import check_tensor, host_array, tensor_dims
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
@@ -223,6 +223,8 @@ class _EpochBindings:
         if missing:
             raise ValueError(f"no value for the fixed inputs {missing}: see set_feeds")
         inputs = {i.name: i for i in step.model.graph.input}
+        loader.match_label_rank(len(tensor_dims(inputs[step.label])))
+        arrays = loader.arrays()
         features = [f"X[{n!r}]" for n in step.features] if len(step.features) > 1 else ["X"]
         for name, array, what in zip(step.data_inputs, arrays, (*features, "y", "sample_weight")):
             check_tensor(inputs[name], array, what)

@@ -43,6 +43,12 @@ def test_artifacts_with_frozen_weight_and_data(workdir):
         np.testing.assert_array_equal(data["label"], npz["y"].astype(np.float32).reshape(-1, 1))
 
 
+def test_the_output_folder_is_created_with_its_parents(workdir):
+    result = run_in_process("artifacts", "lr.onnx", "-o", "site/a/artifacts", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "site" / "a" / "artifacts" / "training_model.onnx").is_file()
+
+
 def test_artifacts_lora_trains_the_adapters(workdir):
     result = run_in_process(
         "artifacts", "lr.onnx", "-o", "art", "--lora", "coefs", "--lora-rank", "1",

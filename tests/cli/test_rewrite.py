@@ -102,9 +102,9 @@ def test_derivative_of_a_loss_with_respect_to_chosen_weights(workdir, data):
     outputs = run_model(gradient, {"X": X, "label": y, "coefs": COEF[:, None]})
     assert set(outputs) == {"coefs_grad", "loss"}
     residual = X.astype(np.float64) @ COEF[:, None] + BIAS - y
-    # the default reduction is the mean over the batch
-    np.testing.assert_allclose(outputs["coefs_grad"], 2 * X.T @ residual / len(X), rtol=1e-4)
-    np.testing.assert_allclose(outputs["loss"], np.mean(residual**2), rtol=1e-5)
+    # the default reduction is the sum over the batch
+    np.testing.assert_allclose(outputs["coefs_grad"], 2 * X.T @ residual, rtol=1e-4)
+    np.testing.assert_allclose(outputs["loss"], np.sum(residual**2), rtol=1e-5)
 
 
 def test_derivative_with_output_gradient_inputs(workdir, data):

@@ -67,12 +67,12 @@ def test_train_reaches_least_squares(workdir, optimizer, lr, epochs, in_process)
 
 
 def _full_batch_momentum(X, y, epochs, lr, momentum, nesterov):
-    """numpy reference: ``epochs`` steps on the mean squared error over all rows, with
+    """numpy reference: ``epochs`` steps on the squared error summed over all rows, with
     ``v <- mu v - lr g`` then ``w <- w + mu v - lr g`` (Nesterov) or ``w <- w + v``."""
     A = np.hstack([X, np.ones((len(X), 1))]).astype(np.float64)
     w, v = np.zeros(A.shape[1]), np.zeros(A.shape[1])
     for _ in range(epochs):
-        g = 2 * A.T @ (A @ w - y) / len(A)
+        g = 2 * A.T @ (A @ w - y)
         v = momentum * v - lr * g
         w = w + (momentum * v - lr * g if nesterov else v)
     return w
@@ -81,15 +81,17 @@ def _full_batch_momentum(X, y, epochs, lr, momentum, nesterov):
 @pytest.mark.parametrize(
     ("optimizer", "lr_option", "lr", "momentum", "nesterov"),
     [
-        ("momentum", ["--lr", "0.05"], 0.05, 0.9, False),
-        ("nesterov", ["--lr", "0.05"], 0.05, 0.9, True),
-        ("sgd", [], 0.01, 0.0, False),
+        ("momentum", ["--lr", "0.001"], 0.001, 0.9, False),
+        ("nesterov", ["--lr", "0.001"], 0.001, 0.9, True),
+        ("sgd", [], None, 0.0, False),
     ],
 )
 def test_train_optimizer_steps_match_numpy(workdir, optimizer, lr_option, lr, momentum, nesterov):
-    """One batch per epoch, so the shuffling does not matter; no --lr is the default 0.01."""
+    """One batch per epoch, so the shuffling does not matter; no --lr is the default
+    0.01 / batch size (the summed loss's gradient grows with the batch)."""
     data = np.load(workdir / "data.npz")
     X, y = data["X"].astype(np.float32), data["y"].astype(np.float32)
+    lr = 0.01 / len(X) if lr is None else lr
     result = run_in_process(
         "train", "lr.onnx", "--data", "data.npz", "-o", "trained.onnx",
         "--optimizer", optimizer, *lr_option, "--epochs", "3", "--batch-size", str(len(X)),

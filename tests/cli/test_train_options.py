@@ -27,7 +27,7 @@ def workdir(tmp_path):
 def train(workdir, *options):
     result = run_in_process(
         "train", "lr.onnx", "--data", "data.npz", "-o", "trained.onnx", "--optimizer", "sgd",
-        "--lr", "0.1", "--batch-size", "64", *options,
+        "--lr", "0.1", "--batch-size", "64", "--reduction", "mean", *options,
         cwd=workdir,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

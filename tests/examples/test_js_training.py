@@ -3,9 +3,9 @@ headless Chromium (onnxruntime-web, WASM) exactly as Python's runner does.
 
 For a skl2onnx MLPRegressor (Adam) and a small CNN exported by torch (momentum), the loss
 of every step equals the Python :class:`TrainingRunner`'s within float32 tolerance, the
-first one equals the mean squared error of scikit-learn's / torch's own prediction, and the
-trained checkpoint each runtime writes, merged back into the model, predicts what the
-model merged with the runner's weights predicts.
+first one equals the squared error (summed over the batch) of scikit-learn's / torch's own
+prediction, and the trained checkpoint each runtime writes, merged back into the model,
+predicts what the model merged with the runner's weights predicts.
 
 The set-up (``examples/js/setup.py``: ``npm ci``, Debian's chromium) runs first; the tests
 skip, saying why, only where node, npm or the browser cannot be installed.
@@ -80,7 +80,7 @@ class InOrder(OrtDataLoader):
 def _mlp_case():
     mlp = mlp_regressor()
     X, y = mlp.X.astype(np.float32), mlp.y.astype(np.float32).reshape(-1, 1)
-    first = np.mean((mlp.estimator.predict(X[:BATCH]).reshape(-1, 1) - y[:BATCH]) ** 2)
+    first = np.sum((mlp.estimator.predict(X[:BATCH]).reshape(-1, 1) - y[:BATCH]) ** 2)
     return mlp.onnx, "adam", X, y, first
 
 
@@ -116,7 +116,7 @@ def _cnn_case():
         )
     with torch.no_grad():
         batch, target = torch.from_numpy(X[:BATCH]), torch.from_numpy(y[:BATCH])
-        first = torch.nn.functional.mse_loss(net(batch), target).item()
+        first = torch.nn.functional.mse_loss(net(batch), target, reduction="sum").item()
     return onnx.load_from_string(buffer.getvalue()), "momentum", X, y, first
 
 

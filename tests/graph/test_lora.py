@@ -116,7 +116,7 @@ def test_adapting_again_adapts_only_the_weights_left(rng):
 def test_lora_artifacts_train_only_the_adapters(tmp_path):
     mlp = mlp_regressor()
     adapted = add_lora(mlp.onnx, ["coefficient"], rank=2)
-    art = generate_artifacts(adapted, optimizer="sgd", learning_rate=0.05, folder=tmp_path)
+    art = generate_artifacts(adapted, optimizer="sgd", learning_rate=0.006, folder=tmp_path)
     step = onnx.load(tmp_path / "training_model.onnx")
     inputs = {i.name for i in step.graph.input}
     assert inputs == {"X", "label", "coefficient_lora_A", "coefficient_lora_B", "learning_rate"}
@@ -125,7 +125,7 @@ def test_lora_artifacts_train_only_the_adapters(tmp_path):
     X, y = mlp.X.astype(np.float32), mlp.y.astype(np.float32).reshape(-1, 1)
     runner = TrainingRunner(art.train_step, parse_device("cpu"), art.checkpoint.weights)
     loader = OrtDataLoader(X, y, batch_size=8, random_state=0)
-    losses = [runner.run_epoch(loader, 0.05).mean() for _ in range(5)]
+    losses = [runner.run_epoch(loader, 0.006).mean() for _ in range(5)]  # summed over 8 rows
     assert losses[-1] < losses[0]
     weights = runner.get_weights()
     assert np.abs(weights["coefficient_lora_B"]).max() > 0

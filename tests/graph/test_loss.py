@@ -24,7 +24,7 @@ REGRESSION_SCORES = ["squared_error", "l2", "absolute_error", "l1", "elastic"]
 
 
 def regression_reference(
-    score, prediction, label, weight=None, l1_weight=0.5, l2_weight=0.5, reduction="mean"
+    score, prediction, label, weight=None, l1_weight=0.5, l2_weight=0.5, reduction="sum"
 ):
     d = (prediction - label).reshape((prediction.shape[0], -1)).astype(np.float64)
     per_element = {
@@ -183,7 +183,9 @@ def test_log_loss_on_logistic_regression_matches_sklearn(rng, weighted):
     w = rng.uniform(0.1, 3.0, len(conv.y)) if weighted else None
     feeds = {"X": conv.X, "label": conv.y.astype(np.int64), **({"w": w} if weighted else {})}
     got = run(result, feeds)
-    expected = log_loss(conv.y, conv.estimator.predict_proba(conv.X), sample_weight=w)
+    expected = log_loss(
+        conv.y, conv.estimator.predict_proba(conv.X), sample_weight=w, normalize=False
+    )
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-9)
 
 
@@ -192,7 +194,7 @@ def test_log_loss_on_mlp_classifier_defaults_to_the_probability_output():
     result = add_loss_output(conv.onnx, "log")
     assert [o.name for o in result.graph.output] == ["loss", "probabilities"]
     got = run(result, {"X": conv.X, "label": conv.y.astype(np.int64)})
-    expected = log_loss(conv.y, conv.estimator.predict_proba(conv.X))
+    expected = log_loss(conv.y, conv.estimator.predict_proba(conv.X), normalize=False)
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-5)
 
 
@@ -202,7 +204,7 @@ def test_log_loss_clips_probabilities():
     proba = conv.estimator.predict_proba(conv.X)
     got = run(result, {"X": conv.X, "label": conv.y.astype(np.int64)})
     clipped = np.clip(proba, 0.2, 0.8)
-    expected = -np.mean(np.log(clipped[np.arange(len(conv.y)), conv.y]))
+    expected = -np.sum(np.log(clipped[np.arange(len(conv.y)), conv.y]))
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-9)
 
 
@@ -217,7 +219,7 @@ def test_cross_entropy_on_probabilities(rng, opset, weighted):
     feeds = {"x": x, "label": y.astype(np.int64), **({"w": w} if weighted else {})}
     got = run(result, feeds)
     p, _ = softmax_reference(model, x)
-    expected = log_loss(y, p, sample_weight=w, labels=[0, 1, 2])
+    expected = log_loss(y, p, sample_weight=w, labels=[0, 1, 2], normalize=False)
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-5)
 
 
@@ -235,7 +237,7 @@ def test_cross_entropy_on_logits_matches_torch(rng, opset):
     per_sample = torch.nn.functional.cross_entropy(
         torch.tensor(z), torch.tensor(y), reduction="none"
     ).numpy()
-    np.testing.assert_allclose(got["loss"], (w * per_sample).sum() / w.sum(), rtol=1e-5)
+    np.testing.assert_allclose(got["loss"], (w * per_sample).sum(), rtol=1e-5)
 
 
 def test_label_of_shape_n_by_1_is_accepted_at_run_time_through_reshape(rng):
@@ -280,7 +282,7 @@ def test_loss_graph_is_differentiable_by_onnxruntime_training(rng, tmp_path, sco
     tw = torch.tensor(w.astype(np.float64))
     if classification:
         per_sample = torch.nn.functional.cross_entropy(z, torch.tensor(label), reduction="none")
-        data = (tw * per_sample).sum() / tw.sum()
+        data = (tw * per_sample).sum()
     else:
         d = torch.softmax(z, dim=1) - torch.tensor(label.astype(np.float64))
         e = {
@@ -288,7 +290,7 @@ def test_loss_graph_is_differentiable_by_onnxruntime_training(rng, tmp_path, sco
             "absolute_error": d.abs(),
             "elastic": 0.5 * d.abs() + 0.5 * d**2,
         }
-        data = (tw * e[score].mean(dim=1)).sum() / tw.sum()
+        data = (tw * e[score].sum(dim=1)).sum()
     loss = data + 0.1 * W.abs().sum() + 0.2 * (W**2).sum()
     loss.backward()
     np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-5)
@@ -303,7 +305,7 @@ def test_other_outputs_and_their_nodes_are_dropped():
     assert "ArgMax" not in ops
     assert "ArrayFeatureExtractor" not in ops
     got = run(result, {"X": conv.X, "label": conv.y.astype(np.int64)})
-    expected = log_loss(conv.y, conv.estimator.predict_proba(conv.X))
+    expected = log_loss(conv.y, conv.estimator.predict_proba(conv.X), normalize=False)
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-9)
 
 
@@ -322,7 +324,7 @@ def test_accepts_a_path(tmp_path, rng):
     [
         ({"score_name": "hinge"}, ValueError, "unknown loss 'hinge'"),
         ({"score_name": 3}, TypeError, "loss name must be a string"),
-        ({"reduction": "avg"}, ValueError, r"reduction must be one of \['mean', 'sum'\]"),
+        ({"reduction": "avg"}, ValueError, r"reduction must be one of \['sum', 'mean'\]"),
         ({"output_index": "nope"}, ValueError, "unknown output 'nope'"),
         ({"output_index": 5}, ValueError, "out of range"),
         ({"output_index": 1.5}, TypeError, "output_index"),
@@ -374,7 +376,7 @@ def test_old_opsets_are_converted_to_13(rng):
     x = rng.standard_normal((5, 2)).astype(np.float32)
     label = rng.standard_normal((5, 1)).astype(np.float32)
     got = run(result, {"X": x, "label": label})
-    expected = ((x @ np.array([[1.0], [-1.0]]) + 0.5 - label) ** 2).mean()
+    expected = ((x @ np.array([[1.0], [-1.0]]) + 0.5 - label) ** 2).sum()
     np.testing.assert_allclose(got["loss"], expected, rtol=1e-5)
 
 
@@ -442,4 +444,5 @@ def test_an_out_of_range_binary_label_makes_the_loss_nan(score, bad):
     assert np.isnan(run(result, feeds)["loss"])
     feeds["label"] = np.array([1, 0], np.int64)
     p = np.array([0.3, 0.6]) if score == "log" else 1 / (1 + np.exp(-np.array([0.3, 0.6])))
-    np.testing.assert_allclose(run(result, feeds)["loss"], log_loss([1, 0], p), rtol=1e-6)
+    expected = log_loss([1, 0], p, normalize=False)
+    np.testing.assert_allclose(run(result, feeds)["loss"], expected, rtol=1e-6)

@@ -64,6 +64,18 @@ def test_loss_only_drops_the_prediction_as_in_seed_004(rng):
     np.testing.assert_allclose(got, ((seed004_function(x) - label) ** 2).sum(), rtol=1e-5)
 
 
+def test_positional_arguments_are_outputs_then_inputs_as_in_the_seeds(rng):
+    """``select_model_inputs_outputs(onx, ['out_add_0'])`` keeps the output 'out_add_0' (the
+    seeds' order ``(model, outputs=None, inputs=None)``), never makes it an input."""
+    result = select_model_inputs_outputs(seed004_model(), ["out_add_0"])
+    assert [o.name for o in result.graph.output] == ["out_add_0"]
+    assert [i.name for i in result.graph.input] == ["x"]
+    both = select_model_inputs_outputs(seed004_model(), ["y"], ["out_add_0"])
+    assert [i.name for i in both.graph.input] == ["out_add_0"]
+    h = rng.standard_normal((3, 2)).astype(np.float32)
+    np.testing.assert_allclose(run(both, {"out_add_0": h})["y"], h.sum(axis=1, keepdims=True) - 1)
+
+
 def test_unused_inputs_go_when_inputs_are_not_given():
     model = seed004_model()
     model.graph.input.append(helper.make_tensor_value_info("spare", TensorProto.FLOAT, [3]))

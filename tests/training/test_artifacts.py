@@ -116,11 +116,11 @@ def test_files_and_train_step_inputs(artifacts, mlp):
     assert [o.name for o in inference.graph.output] == [o.name for o in mlp.onnx.graph.output]
 
 
-def test_eval_model_is_the_mean_squared_error(artifacts, mlp):
+def test_eval_model_is_the_summed_squared_error(artifacts, mlp):
     X, y = mlp.X.astype(np.float32), mlp.y.astype(np.float32).reshape(-1, 1)
     feeds = {"X": X, "label": y, **artifacts.checkpoint.weights}
     (loss,) = _run(artifacts.path("eval_model.onnx"), feeds)
-    expected = np.mean((mlp.estimator.predict(X).reshape(-1, 1) - y) ** 2)
+    expected = np.sum((mlp.estimator.predict(X).reshape(-1, 1) - y) ** 2)
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
 
 
@@ -164,7 +164,7 @@ def test_saved_step_trains_like_the_runner_and_merges_back(artifacts, mlp, tmp_p
             losses.append(loss)
             values = dict(zip([*step.weights, *step.state], new))
     np.testing.assert_allclose(losses, expected, rtol=1e-6)
-    first = np.mean((mlp.estimator.predict(X[:16]).reshape(-1, 1) - y[:16]) ** 2)
+    first = np.sum((mlp.estimator.predict(X[:16]).reshape(-1, 1) - y[:16]) ** 2)
     np.testing.assert_allclose(losses[0], first, rtol=1e-5)
 
     trained = Checkpoint({w: values[w] for w in step.weights}, {s: values[s] for s in step.state})

@@ -75,12 +75,12 @@ def test_seed004_step_loss_and_update_equal_numpy():
     x64 = x.astype(np.float64)
     prediction = (x64 * x64 * w["init"] + x64 * w["init_1"]).sum(axis=1, keepdims=True) - 1
     residual = prediction - y
-    grads = {
-        "init": (2 * residual * x64 * x64).mean(axis=0, keepdims=True),
-        "init_1": (2 * residual * x64).mean(axis=0, keepdims=True),
-        "init_b10": np.array([2 * residual.mean()]),
+    grads = {  # of the default loss: the squared error summed over the batch
+        "init": (2 * residual * x64 * x64).sum(axis=0, keepdims=True),
+        "init_1": (2 * residual * x64).sum(axis=0, keepdims=True),
+        "init_b10": np.array([2 * residual.sum()]),
     }
-    assert out[step.loss] == pytest.approx((residual**2).mean(), rel=1e-5)
+    assert out[step.loss] == pytest.approx((residual**2).sum(), rel=1e-5)
     for name, new in zip(step.weights, step.new_weights):
         np.testing.assert_allclose(out[new], w[name] - 0.1 * grads[name], rtol=1e-5)
 
@@ -118,7 +118,7 @@ def test_eval_and_predict_graphs_take_weights_as_inputs():
     expected = X @ w["coefs"] + w["intercept"]
     np.testing.assert_allclose(run(prediction, {"X": X, **w})["Y"], expected)
     loss = run(evaluation.model, {"X": X, evaluation.label: y, **w})[evaluation.loss]
-    assert loss == pytest.approx(((expected - y) ** 2).mean())
+    assert loss == pytest.approx(((expected - y) ** 2).sum())
 
 
 def test_existing_loss_model_with_sample_weight():
@@ -134,9 +134,9 @@ def test_existing_loss_model_with_sample_weight():
     feeds = {"X": X, "label": y, "weight": sw, "coefs": np.array([[2.0], [1.0]], np.float32)}
     out = run(step.model, {**feeds, step.learning_rate: np.array(0.01, np.float32)})
     residual = X @ feeds["coefs"] + 0.5 - y
-    # add_loss_output's squared_error is the weighted mean by default
-    assert out["loss"] == pytest.approx(float((sw[:, None] * residual**2).sum() / sw.sum()))
-    grad = 2 * X.T @ (sw[:, None] * residual) / sw.sum()
+    # add_loss_output's squared_error is the weighted sum by default
+    assert out["loss"] == pytest.approx(float((sw[:, None] * residual**2).sum()))
+    grad = 2 * X.T @ (sw[:, None] * residual)
     np.testing.assert_allclose(out[step.new_weights[0]], feeds["coefs"] - 0.01 * grad, rtol=1e-5)
 
 

@@ -29,6 +29,7 @@ from onnxgrad.training import (
     NegLogLearningLoss,
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
+    SquareLearningLoss,
 )
 from tests.models import linear_regression_model
 
@@ -130,7 +131,7 @@ def test_mlp_classifier_learns_with_cross_entropy(classification):
     est = OrtGradientForwardBackwardOptimizer(
         onx,
         output="probabilities",
-        learning_loss=CrossEntropyLearningLoss(probability_function=None),
+        learning_loss=CrossEntropyLearningLoss(probability_function=None, reduction="mean"),
         learning_rate=LearningRateSGDNesterov(eta0=0.05, learning_rate="constant"),
         max_iter=25,
         batch_size=16,
@@ -157,7 +158,7 @@ def test_binary_mlp_classifier_learns_with_neg_log_on_logits():
     est = OrtGradientForwardBackwardOptimizer(
         logits,
         weights_to_train=weights,
-        learning_loss=NegLogLearningLoss(),
+        learning_loss=NegLogLearningLoss(reduction="mean"),
         learning_rate=LearningRateSGDNesterov(eta0=0.05, learning_rate="constant"),
         max_iter=20,
         batch_size=10,
@@ -179,7 +180,9 @@ def linear_data(n=60, seed=0):
 
 
 def linear_estimator(**kwargs):
+    """The mean squared error (``reduction='mean'``): the references below are means."""
     params = {
+        "learning_loss": SquareLearningLoss(reduction="mean"),
         "max_iter": 10,
         "batch_size": 8,
         "learning_rate": LearningRateSGDNesterov(eta0=0.02, learning_rate="constant"),

@@ -16,6 +16,7 @@ from onnxgrad.training import (
     LearningRateSGD,
     LearningRateSGDNesterov,
     OrtDataLoader,
+    SquareLearningLoss,
     TrainingRunner,
     check_device,
     learning_rate_from_name,
@@ -23,6 +24,9 @@ from onnxgrad.training import (
 )
 from onnxgrad.training.learning_rate import LEARNING_RATE_NAMES, select_learning_rate
 from tests.models import linear_regression_model
+
+#: the references below are gradients of the mean squared error
+MEAN = SquareLearningLoss(reduction="mean")
 
 
 def sklearn_sgd_rates(schedule: str, n: int, **params) -> np.ndarray:
@@ -65,10 +69,29 @@ def sklearn_sgd_rates(schedule: str, n: int, **params) -> np.ndarray:
     ],
 )
 def test_schedules_equal_sgdregressor(schedule, params):
+    """'optimal' with ``eta0 = typw`` (scikit-learn ignores eta0 there) is scikit-learn's."""
     expected = sklearn_sgd_rates(schedule, 20, **params)
+    if schedule == "optimal":
+        params = {**params, "eta0": LearningRateSGD.sklearn_eta0(params["alpha"])}
     lr = LearningRateSGD(learning_rate=schedule, **params).init_learning_rate()
     got = [lr.update_learning_rate(t).value for t in range(20)]
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.0001])
+def test_optimal_starts_at_eta0_with_scikit_learn_decay(alpha):
+    """The seeds' 'optimal': scikit-learn's 1 / (alpha (t + t0)) scaled to start at eta0, so
+    an eta0 of 0.01 never becomes sqrt(1 / sqrt(alpha)) (10 for alpha=1e-4)."""
+    expected = sklearn_sgd_rates("optimal", 20, alpha=alpha)
+    lr = LearningRateSGD(eta0=0.01, alpha=alpha, learning_rate="optimal")
+    got = np.array(list(lr.loop(20)))
+    assert got[0] == pytest.approx(0.01)
+    np.testing.assert_allclose(got / got[0], expected / expected[0], rtol=1e-6)
+
+
+def test_loop_yields_the_schedule():
+    lr = LearningRateSGD(eta0=0.1, power_t=0.5)
+    np.testing.assert_allclose(list(lr.loop(4)), [0.1 / np.sqrt(t + 1) for t in range(4)])
 
 
 @pytest.mark.parametrize("schedule", ["constant", "invscaling"])
@@ -128,7 +151,7 @@ def run_steps(step, X, y, weights, lr, n_steps):
 def test_momentum_equals_sklearn_sgd_optimizer(nesterov, layout):
     model, X, y, weights = linear_problem()
     lr = LearningRateSGDNesterov(momentum=0.8, nesterov=nesterov)
-    step = make_train_step(model, learning_rate=lr, layout=layout)
+    step = make_train_step(model, loss=MEAN, learning_rate=lr, layout=layout)
     got, state = run_steps(step, X, y, weights, 0.05, 6)
 
     params = [weights["coefs"].astype(np.float64), weights["intercept"].astype(np.float64)]
@@ -146,7 +169,7 @@ def test_momentum_equals_sklearn_sgd_optimizer(nesterov, layout):
 @pytest.mark.parametrize("layout", ["per_weight", "flat"])
 def test_sgd_equals_numpy(layout):
     model, X, y, weights = linear_problem()
-    step = make_train_step(model, learning_rate=LearningRateSGD(), layout=layout)
+    step = make_train_step(model, loss=MEAN, learning_rate=LearningRateSGD(), layout=layout)
     got, state = run_steps(step, X, y, weights, 0.1, 5)
     expected = {k: v.astype(np.float64) for k, v in weights.items()}
     for _ in range(5):
@@ -162,7 +185,7 @@ def test_adam_equals_torch(layout):
     torch = pytest.importorskip("torch")
     model, X, y, weights = linear_problem()
     lr = LearningRateAdam(beta1=0.8, beta2=0.95, epsilon=1e-6)
-    step = make_train_step(model, learning_rate=lr, layout=layout)
+    step = make_train_step(model, loss=MEAN, learning_rate=lr, layout=layout)
     got, state = run_steps(step, X, y, weights, 0.03, 7)
 
     params = {
@@ -184,7 +207,7 @@ def test_runner_ping_pong_equals_numpy_over_epochs(layout):
     """Three batches an epoch (an odd number: the buffers swap roles between epochs)."""
     model, X, y, weights = linear_problem(n=10)
     lr = LearningRateSGDNesterov(momentum=0.9)
-    step = make_train_step(model, learning_rate=lr, layout=layout)
+    step = make_train_step(model, loss=MEAN, learning_rate=lr, layout=layout)
     runner = TrainingRunner(step, check_device("cpu"), weights)
     loader = OrtDataLoader(X, y, batch_size=4, random_state=7)
 

@@ -80,6 +80,12 @@ def data(name: str):
 
 
 def reference(name: str, x, y) -> float:
+    """The loss summed over the batch (the default reduction): the mean of scikit-learn's or
+    torch's metric times the number of label elements."""
+    return mean_reference(name, x, y) * y.size
+
+
+def mean_reference(name: str, x, y) -> float:
     out = {k: v.astype(np.float64) for k, v in run_model(model(), {"x": x}).items()}
     if name == "squared_error":
         return mean_squared_error(y, out["values"])
@@ -290,6 +296,7 @@ def test_generate_artifacts_eval_model_reduction(tmp_path, reduction):
     art = generate_artifacts(logits_only(), loss=loss, folder=tmp_path)
     rows = per_row("cross_entropy_logits", x, y)
     expected = rows.mean() if reduction == "mean" else rows.sum()
+    assert reference("cross_entropy_logits", x, y) == pytest.approx(rows.sum(), rel=1e-6)
     assert eval_loss(art, x, y) == pytest.approx(expected, rel=1e-5)
     result = run_in_process(
         "artifacts", "m.onnx", "-o", "art", "--loss", "cross_entropy_logits",
@@ -375,10 +382,42 @@ def test_entry_points_put_the_loss_on_the_same_first_float_output(tmp_path):
 def test_one_reduction_check_for_every_entry_point():
     from onnxgrad.training import SquareLearningLoss
 
-    message = r"reduction must be one of \['mean', 'sum'\], got 'total'"
+    message = r"reduction must be one of \['sum', 'mean'\], got 'total'"
     with pytest.raises(ValueError, match=message):
         add_loss_output(model(), "squared_error", output_index="values", reduction="total")
     with pytest.raises(ValueError, match=message):
         select_learning_loss("squared_error", "total")
     with pytest.raises(ValueError, match=message):
         select_learning_loss(SquareLearningLoss(reduction="total"))
+
+
+@pytest.mark.parametrize("name", ["log", "log_logits", "cross_entropy_logits"])
+def test_class_labels_of_shape_n_and_n_by_1_everywhere(tmp_path, name):
+    """The seeds' labels ``[N, 1]`` and scikit-learn's ``[N]`` give the same first loss through
+    the estimators, the runner with a data loader, and ``onnxgrad train``."""
+    from onnxgrad.training import OrtDataLoader, TrainingRunner, check_device, make_train_step
+
+    x, y = data(name)
+    expected = reference(name, x, y)
+    only = onnx.utils.Extractor(model()).extract_model(["x"], [OUTPUT[name]])
+    onnx.save(only, tmp_path / "m.onnx")
+    loss = select_learning_loss(name)
+    step = make_train_step(only, ["W", "b"], loss=loss, learning_rate=LearningRateSGD())
+    weights = {i.name: numpy_helper.to_array(i) for i in model().graph.initializer[:2]}
+    for labels in (y, y.reshape(-1, 1)):
+        est = OrtGradientForwardBackwardOptimizer(
+            only, ["W", "b"], learning_loss=name, **estimator_options()
+        ).fit(x, labels)
+        assert est.train_losses_[0] == pytest.approx(expected, rel=1e-5)
+        runner = TrainingRunner(step, check_device("cpu"), weights)
+        first = runner.run_epoch(OrtDataLoader(x, labels, batch_size=N), 1e-12)[0]
+        assert first == pytest.approx(expected, rel=1e-5)
+        np.savez(tmp_path / "d.npz", X=x, y=labels)
+        result = run_in_process(
+            "train", "m.onnx", "--data", "d.npz", "-o", "t.onnx", "--loss", name,
+            "--epochs", "1", "--batch-size", str(N), "--optimizer", "sgd", "--lr", "1e-12",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        start = float(re.search(r"starting loss (\S+)", result.stdout).group(1))
+        assert start == pytest.approx(expected, rel=1e-5)

@@ -71,20 +71,33 @@ def per_sample_cross_entropy(z, y):
     return -np.log(softmax(z)[np.arange(len(y)), y])
 
 
+MEAN = "mean"
+#: every loss with the reduction 'mean' (the default 'sum' is checked by
+#: test_the_default_reduction_sums_over_the_batch)
 CASES = [
-    (SquareLearningLoss(), 3, "float", per_sample_square),
-    (AbsoluteLearningLoss(), 2, "float", per_sample_absolute),
-    (ElasticLearningLoss(l1_weight=0.3, l2_weight=0.7), 2, "float", per_sample_elastic),
-    (NegLogLearningLoss(), 1, "binary", per_sample_logistic),
-    (NegLogLearningLoss(probability_function=None), 2, "probabilities", per_sample_two_columns),
+    (SquareLearningLoss(reduction=MEAN), 3, "float", per_sample_square),
+    (AbsoluteLearningLoss(reduction=MEAN), 2, "float", per_sample_absolute),
     (
-        CrossEntropyLearningLoss(probability_function="softmax"),
+        ElasticLearningLoss(l1_weight=0.3, l2_weight=0.7, reduction=MEAN),
+        2,
+        "float",
+        per_sample_elastic,
+    ),
+    (NegLogLearningLoss(reduction=MEAN), 1, "binary", per_sample_logistic),
+    (
+        NegLogLearningLoss(probability_function=None, reduction=MEAN),
+        2,
+        "probabilities",
+        per_sample_two_columns,
+    ),
+    (
+        CrossEntropyLearningLoss(probability_function="softmax", reduction=MEAN),
         4,
         "classes",
         per_sample_cross_entropy,
     ),
     (
-        CrossEntropyLearningLoss(probability_function=None),
+        CrossEntropyLearningLoss(probability_function=None, reduction=MEAN),
         3,
         "probabilities",
         per_sample_two_columns,
@@ -143,17 +156,19 @@ def test_one_sgd_step_follows_the_loss_gradient(loss, columns, kind, reference):
 
 
 def test_logistic_and_cross_entropy_equal_sklearn_log_loss():
+    """The default reduction sums: scikit-learn's log_loss with normalize=False."""
     z, y = batch("binary", 1, n=20)
     evaluation = make_eval_step(shift_model(1), ["b"], loss=NegLogLearningLoss())
     got = run(evaluation.model, {"X": z, evaluation.label: y, "b": np.zeros(1, np.float32)})[0]
-    assert got == pytest.approx(log_loss(y, sigmoid(z[:, 0].astype(np.float64))), rel=1e-5)
+    expected = log_loss(y, sigmoid(z[:, 0].astype(np.float64)), normalize=False)
+    assert got == pytest.approx(expected, rel=1e-5)
 
     z, y = batch("classes", 4, n=20)
     evaluation = make_eval_step(
         shift_model(4), ["b"], loss=select_learning_loss("cross_entropy_logits")
     )
     got = run(evaluation.model, {"X": z, evaluation.label: y, "b": np.zeros(4, np.float32)})[0]
-    expected = log_loss(y, softmax(z.astype(np.float64)), labels=[0, 1, 2, 3])
+    expected = log_loss(y, softmax(z.astype(np.float64)), labels=[0, 1, 2, 3], normalize=False)
     assert got == pytest.approx(expected, rel=1e-5)
 
 
@@ -165,9 +180,9 @@ def test_elastic_penalty_value_and_gradient():
     feeds = {"X": X, step.label: y, "b": b, step.learning_rate: np.array(1.0, np.float32)}
     loss, new_b = run(step.model, feeds)
     residual = X.astype(np.float64) + b - y
-    expected_loss = (residual**2).mean() + 0.2 * np.abs(b).sum() + 0.3 * (b**2).sum()
+    expected_loss = (residual**2).sum() + 0.2 * np.abs(b).sum() + 0.3 * (b**2).sum()
     assert loss == pytest.approx(expected_loss, rel=1e-5)
-    gradient = residual.mean(axis=0) + 0.2 * np.sign(b) + 0.6 * b
+    gradient = 2 * residual.sum(axis=0) + 0.2 * np.sign(b) + 0.6 * b
     np.testing.assert_allclose(b - new_b, gradient, rtol=1e-5)
 
 
@@ -203,7 +218,7 @@ def test_mean_over_samples_with_symbolic_output_shape():
     for info in (*model.graph.input, *model.graph.output):
         info.type.tensor_type.shape.dim[1].dim_param = "k"
     X, y = batch("float", 2)
-    evaluation = make_eval_step(model, ["b"], loss=SquareLearningLoss())
+    evaluation = make_eval_step(model, ["b"], loss=SquareLearningLoss(reduction=MEAN))
     got = run(evaluation.model, {"X": X, evaluation.label: y, "b": np.zeros(2, np.float32)})[0]
     assert got == pytest.approx(per_sample_square(X.astype(np.float64), y).mean(), rel=1e-5)
 
@@ -232,3 +247,17 @@ def test_zero_sample_weights_do_not_divide_zero_by_zero(loss, columns, kind, ref
     value = run(step.model, {**feeds, "sw": kept.astype(np.float32)})[0]
     expected = reference(X[kept].astype(np.float64) + b, y[kept]).mean()
     assert value == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(("loss", "columns", "kind", "reference"), CASES)
+def test_the_default_reduction_sums_over_the_batch(loss, columns, kind, reference):
+    """A loss object built without ``reduction`` sums its pointwise loss over every element
+    of the batch (the seeds' ``ReduceSum``): the mean case times the number of elements."""
+    X, y = batch(kind, columns)
+    default = type(loss)(**{**loss.get_params(), "reduction": "sum"})
+    assert type(loss)().reduction == "sum"
+    evaluation = make_eval_step(shift_model(columns), ["b"], loss=default)
+    feeds = {"X": X, evaluation.label: y, "b": np.zeros(columns, np.float32)}
+    elements = y.size
+    expected = reference(X.astype(np.float64), y).mean() * elements
+    assert run(evaluation.model, feeds)[0] == pytest.approx(expected, rel=1e-5)

@@ -51,11 +51,24 @@ def test_state_must_match_the_step(step):
         TrainingRunner(step, check_device("cpu"), weights(), wrong_type)
 
 
+def test_labels_of_shape_n_feed_a_label_of_shape_n_by_1(step):
+    """The seeds' ``[N, 1]`` and scikit-learn's ``[N]``: the same losses."""
+    X = np.arange(24, dtype=np.float32).reshape((8, 3)) / 10
+    y = np.linspace(-1, 1, 8).astype(np.float32)
+    losses = [
+        TrainingRunner(step, check_device("cpu"), weights()).run_epoch(
+            OrtDataLoader(X, labels, batch_size=4, random_state=0), 0.1
+        )
+        for labels in (y, y.reshape(-1, 1))
+    ]
+    np.testing.assert_array_equal(losses[0], losses[1])
+
+
 def test_data_must_match_the_step(step):
     runner = TrainingRunner(step, check_device("cpu"), weights())
     X = np.zeros((8, 3), np.float32)
-    with pytest.raises(ValueError, match=r"y has shape \(8,\), the model input 'label' expects 2"):
-        runner.run_epoch(OrtDataLoader(X, np.zeros(8, np.float32), batch_size=4), 0.1)
+    with pytest.raises(ValueError, match=r"y has shape \(8, 2\), the model input 'label' expects"):
+        runner.run_epoch(OrtDataLoader(X, np.zeros((8, 2), np.float32), batch_size=4), 0.1)
     with pytest.raises(TypeError, match="X has dtype float64"):
         runner.run_epoch(OrtDataLoader(X.astype(np.float64), np.zeros((8, 1), np.float32)), 0.1)
     np.testing.assert_array_equal(runner.get_weights()["coefs"], np.zeros((3, 1)))
