@@ -5,6 +5,12 @@ from __future__ import annotations
 from onnx import ModelProto
 
 from onnxgrad._model_checks import check_structure, check_with_onnx
+from onnxgrad._onnx_utils import normalize_domain
+
+#: Operators onnxruntime registers in the default domain though onnx defines none of that name
+#: (lowered by :mod:`onnxgrad.normalize.contrib`); onnx's checker reads them as the
+#: ``com.microsoft`` operators they are.
+RUNTIME_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
 
 
 def checked_structure(model: ModelProto) -> ModelProto:
@@ -12,5 +18,24 @@ def checked_structure(model: ModelProto) -> ModelProto:
     never produced, one produced twice, a cycle, or what onnx's checker refuses; the nodes
     of every graph are put in topological order (onnxruntime runs unsorted graphs)."""
     check_structure(model)
-    check_with_onnx(model)
+    moved = [
+        node
+        for node in model.graph.node
+        if not normalize_domain(node.domain) and node.op_type in RUNTIME_DEFAULT_DOMAIN_OPS
+    ]
+    if not moved:
+        check_with_onnx(model)
+        return model
+    for node in moved:
+        node.domain = "com.microsoft"
+    added = not any(o.domain == "com.microsoft" for o in model.opset_import)
+    if added:
+        model.opset_import.add(domain="com.microsoft", version=1)
+    try:
+        check_with_onnx(model)
+    finally:
+        for node in moved:
+            node.domain = ""
+        if added:
+            model.opset_import.pop()
     return model
