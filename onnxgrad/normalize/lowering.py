@@ -10,6 +10,7 @@ left as they are (the gradient then names them).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -33,6 +34,11 @@ class Lowerer:
         self.types = types
         self.node = node
         self.opset = builder.opset
+        #: the model's nodes as they were, by output name, and how often each value is read
+        self.producers: dict[str, NodeProto] = {}
+        self.uses: Counter = Counter()
+        #: ids of nodes this lowering made useless: removed once nothing reads them
+        self.superseded: set[int] = set()
 
     def input(self, index: int) -> str:
         """The name of input ``index``, ``''`` when absent."""
@@ -146,31 +152,44 @@ def lower_nodes(model: ModelProto, table: Mapping[tuple[str, str], LoweringFn]) 
     imports = list(model.opset_import)
     types = _declared_types(graph)
     builder = GraphBuilder(graph, opset, "lowered")
+    context = Lowerer(builder, types, NodeProto())
+    context.producers = {out: node for node in graph.node for out in node.output if out}
+    context.uses = Counter(name for node in graph.node for name in node.input if name)
+    context.uses.update(o.name for o in graph.output)
     nodes: list[NodeProto] = []
     for node in list(graph.node):
         lowering = table.get(_key(node))
         if lowering is None:
             emitted = [node]
         else:
-            emitted = _lower_one(builder, types, node, lowering)
+            emitted = _lower_one(builder, context, node, lowering)
             graph.initializer.extend(builder.graph.initializer)
         for new in emitted:
             _infer_into(new, types, imports)
         nodes.extend(emitted)
     builder.graph = graph
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(_without_superseded(nodes, context.superseded, graph))
     _drop_unused_imports(model)
     return model
 
 
 def _lower_one(
-    builder: GraphBuilder, types: dict[str, TypeProto], node: NodeProto, lowering: LoweringFn
+    builder: GraphBuilder, context: Lowerer, node: NodeProto, lowering: LoweringFn
 ) -> list[NodeProto]:
     scratch = GraphProto()
     builder.graph = scratch
-    lowering(Lowerer(builder, types, node))
+    context.node = node
+    lowering(context)
     return list(scratch.node)
+
+
+def _without_superseded(nodes: list[NodeProto], superseded: set[int], graph) -> list[NodeProto]:
+    """``nodes`` less the superseded ones whose outputs nothing reads any more."""
+    if not superseded:
+        return nodes
+    read = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+    return [n for n in nodes if id(n) not in superseded or any(o in read for o in n.output)]
 
 
 def _key(node: NodeProto) -> tuple[str, str]:

@@ -13,6 +13,7 @@ nothing reaches ``q``, ``s`` or ``z``.
 - ``QLinearMatMul`` and ``QLinearConv``: the dequantized product (with the int32 bias of
   scale ``s_x s_w``) quantized by ``y_scale``, ``y_zero_point``.
 - ``com.microsoft`` ``QuantizeLinear``/``DequantizeLinear`` become the default-domain ones.
+- Quantized activations get the straight-through estimator (:mod:`onnxgrad.normalize.ste`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad.normalize.lowering import Lowerer, lower_nodes
+from onnxgrad.normalize.ste import (
+    lower_dynamic_quantize,
+    lower_fake_quantized,
+    lower_integer_product_cast,
+)
 
 MS = "com.microsoft"
 
@@ -172,6 +178,9 @@ QUANTIZED_LOWERINGS = {
     (MS, "QLinearConv"): lower_qlinear_conv,
     (MS, "QuantizeLinear"): lower_ms_quantize,
     (MS, "DequantizeLinear"): lower_ms_quantize,
+    ("", "DequantizeLinear"): lower_fake_quantized,
+    ("", "Cast"): lower_integer_product_cast,
+    ("", "DynamicQuantizeLinear"): lower_dynamic_quantize,
 }
 
 
