@@ -140,3 +140,46 @@ def test_microsoft_quantize_dequantize(op, per_axis):
         op, [("x", x), ("s", scale), ("z", zero)], out_types=(out,), initializers=("s", "z"), axis=1
     )
     assert_lowering_matches(model, feeds, rtol=1e-6, atol=1e-6)
+
+
+def test_nbits_quantizer_output_differentiates():
+    """onnxruntime's 4-bit quantizer's file: the input gradient through the frozen 4-bit
+    weights agrees with central finite differences of onnxruntime's MatMulNBits kernel."""
+    quantizer_module = pytest.importorskip(
+        "onnxruntime.quantization.matmul_nbits_quantizer",
+        reason="this onnxruntime build has no 4-bit quantizer kernel",
+    )
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxgrad import onnx_derivative
+    from tests.derivative.fd import numerical_vjp
+    from tests.normalize.kernels import run
+
+    w1, w2 = (RNG.standard_normal(s).astype(np.float32) for s in [(32, 48), (48, 16)])
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            helper.make_node("Tanh", ["h"], ["t"]),
+            helper.make_node("MatMul", ["t", "w2"], ["y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    quantizer = quantizer_module.MatMulNBitsQuantizer(model, block_size=16, is_symmetric=False)
+    quantizer.process()
+    quantized = quantizer.model.model
+    assert [n.op_type for n in quantized.graph.node].count("MatMulNBits") == 2
+    x = RNG.standard_normal((3, 32)).astype(np.float32)
+    seed = RNG.standard_normal((3, 16)).astype(np.float32)
+
+    def function(values):
+        return [run(quantized, {"x": values["x"].astype(np.float32)})[0].astype(np.float64)]
+
+    expected = numerical_vjp(function, {"x": x}, ["x"], [seed], eps=1e-3)["x"]
+    gradient = onnx_derivative(quantized, inputs=["x"], weights=[])
+    assert not [i.name for i in gradient.graph.input if i.name not in ("x", "y_grad")]
+    got = run(gradient, {"x": x, "y_grad": seed})[0]
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-2)
