@@ -11,6 +11,9 @@ formula covers a ``MatMul`` weight (``K x N``), a ``Gemm`` one (transposed or no
 convolution kernel (``C_out x C_in/g x k1 x k2``). :func:`merge_lora` folds trained adapters
 into ``W`` and removes them: the result has the original graph and the adapted outputs.
 
+Quantized weights (``MatMulNBits``, ``QLinearMatMul``, QDQ) get float adapters over their
+frozen dequantized value (QLoRA, :mod:`onnxgrad.graph.qlora`); such adapters stay separate.
+
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
 """
 
@@ -20,8 +23,9 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import ModelProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
+from onnxgrad._model_checks import check_structure
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
@@ -32,6 +36,7 @@ from onnxgrad._onnx_utils import (
     np_dtype,
     subgraphs,
 )
+from onnxgrad.graph.qlora import dequantized_weights, lowered_if_quantized
 
 LORA_METADATA = "onnxgrad.lora"
 #: the operators whose weight input (index 1, or 0 and 1 for Gemm) can get an adapter
@@ -51,13 +56,15 @@ def add_lora(
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     """
-    model = load_model(model)
+    model = lowered_if_quantized(load_model(model))
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     targets = _adaptable_weights(model, initializers)
+    quantized = dequantized_weights(model)
+    targets |= set(quantized)
     existing = lora_adapters(model)
     adapter_parts = {adapter[key] for adapter in existing for key in ("a", "b")}
     if weights is None:
@@ -82,15 +89,20 @@ def add_lora(
     node_names = NameScope(n.name for n in graph.node if n.name)
     new_nodes, adapters = [], list(existing)
     for weight in chosen:
-        nodes, adapter = _adapter(
-            initializers[weight], int(rank), scale, rng, names, node_names, graph
-        )
+        base = initializers[weight]
+        read = weight
+        if weight in quantized:
+            read, shape, elem = quantized[weight]
+            base = TensorProto(name=weight, dims=shape, data_type=elem)
+        nodes, adapter = _adapter(base, int(rank), scale, rng, names, node_names, graph, read)
         new_nodes.extend(nodes)
         adapters.append(adapter)
-        _rewire(graph, weight, adapter["output"], skip=set(adapter["nodes"]))
+        _rewire(graph, read, adapter["output"], skip=set(adapter["nodes"]))
     nodes = new_nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
+    if quantized:
+        check_structure(model)  # an adapter of a dequantized value follows its producer
     _set_adapters(model, adapters)
     return finalize_model(model)
 
@@ -114,6 +126,13 @@ def merge_lora(model: ModelLike) -> ModelProto:
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
+    quantized = [a["weight"] for a in adapters if "value" in a]
+    if quantized:
+        raise ValueError(
+            f"the adapters of the quantized weights {quantized} stay separate: merging would "
+            "re-quantize the base, which merge_lora does not do (keep the adapter initializers "
+            "as the fine-tuned part, the quantized base unchanged)"
+        )
     for adapter in adapters:
         missing = [adapter[k] for k in ("weight", "a", "b") if adapter[k] not in initializers]
         if missing:
@@ -159,8 +178,9 @@ def _check_target(name: str, initializers, targets: set[str]) -> None:
         )
 
 
-def _adapter(init, rank, scale, rng, names, node_names, graph):
-    """The nodes computing ``W + s reshape(A @ B)`` and the adapter's record."""
+def _adapter(init, rank, scale, rng, names, node_names, graph, read=None):
+    """The nodes computing ``W + s reshape(A @ B)`` and the adapter's record; ``W`` is
+    ``read`` (a dequantized value) when given, else the initializer ``init``."""
     shape = tuple(init.dims)
     rows, cols = shape[0], int(np.prod(shape[1:], dtype=np.int64))
     dtype = np_dtype(init.data_type)
@@ -205,9 +225,10 @@ def _adapter(init, rank, scale, rng, names, node_names, graph):
         reshaped = names.unique(f"{init.name}_lora_reshaped")
         nodes.append(node("Reshape", [delta, value["shape"]], reshaped))
         delta = reshaped
-    nodes.append(node("Add", [init.name, delta], output))
+    nodes.append(node("Add", [read or init.name, delta], output))
     record = {
         "weight": init.name,
+        **({"value": read} if read and read != init.name else {}),
         "a": a,
         "b": b,
         "scale": scale,

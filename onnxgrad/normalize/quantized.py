@@ -178,6 +178,11 @@ QUANTIZED_LOWERINGS = {
     (MS, "QLinearConv"): lower_qlinear_conv,
     (MS, "QuantizeLinear"): lower_ms_quantize,
     (MS, "DequantizeLinear"): lower_ms_quantize,
+}
+
+#: The straight-through rewrites, run after the lowerings above (whose QuantizeLinear and
+#: DequantizeLinear nodes they read too).
+STRAIGHT_THROUGH = {
     ("", "DequantizeLinear"): lower_fake_quantized,
     ("", "Cast"): lower_integer_product_cast,
     ("", "DynamicQuantizeLinear"): lower_dynamic_quantize,
@@ -186,4 +191,4 @@ QUANTIZED_LOWERINGS = {
 
 def lowered_quantized(model: ModelProto) -> ModelProto:
     """``model`` with onnxruntime's quantized operators lowered (module docstring)."""
-    return lower_nodes(model, QUANTIZED_LOWERINGS)
+    return lower_nodes(lower_nodes(model, QUANTIZED_LOWERINGS), STRAIGHT_THROUGH)
