@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from onnx import ModelProto
 
 from onnxgrad._model_checks import check_structure, check_with_onnx
@@ -18,24 +20,29 @@ def checked_structure(model: ModelProto) -> ModelProto:
     never produced, one produced twice, a cycle, or what onnx's checker refuses; the nodes
     of every graph are put in topological order (onnxruntime runs unsorted graphs)."""
     check_structure(model)
+    with runtime_ops_as_contrib(model):
+        check_with_onnx(model)
+    return model
+
+
+@contextmanager
+def runtime_ops_as_contrib(model: ModelProto):
+    """Within the block, the main graph's :data:`RUNTIME_DEFAULT_DOMAIN_OPS` nodes are in the
+    ``com.microsoft`` domain (imported), which onnx's checker leaves to the runtime."""
     moved = [
         node
         for node in model.graph.node
         if not normalize_domain(node.domain) and node.op_type in RUNTIME_DEFAULT_DOMAIN_OPS
     ]
-    if not moved:
-        check_with_onnx(model)
-        return model
+    added = bool(moved) and not any(o.domain == "com.microsoft" for o in model.opset_import)
     for node in moved:
         node.domain = "com.microsoft"
-    added = not any(o.domain == "com.microsoft" for o in model.opset_import)
     if added:
         model.opset_import.add(domain="com.microsoft", version=1)
     try:
-        check_with_onnx(model)
+        yield model
     finally:
         for node in moved:
             node.domain = ""
         if added:
             model.opset_import.pop()
-    return model
