@@ -6,7 +6,9 @@
     W_lora = W + s * reshape(A @ B, shape(W)),   A: d0 x r,  B: r x (d1 * d2 * ...)
 
 ``s = alpha / r``; ``A`` starts random (``N(0, 1/d0)``), ``B`` at zero, so the adapted model
-computes exactly what the original did until ``A`` and ``B`` are trained, ``W`` frozen. One
+computes exactly what the original did until ``A`` and ``B`` are trained, ``W`` frozen. Over a
+float16 or bfloat16 ``W`` they are float32 master weights (the product cast to ``W``'s type),
+else of ``W``'s type. One
 formula covers a ``MatMul`` weight (``K x N``), a ``Gemm`` one (transposed or not) and a
 convolution kernel (``C_out x C_in/g x k1 x k2``). :func:`merge_lora` folds trained adapters
 into ``W`` and removes them: the result has the original graph and the adapted outputs.
@@ -184,6 +186,9 @@ def _adapter(init, rank, scale, rng, names, node_names, graph, read=None):
     shape = tuple(init.dims)
     rows, cols = shape[0], int(np.prod(shape[1:], dtype=np.int64))
     dtype = np_dtype(init.data_type)
+    half = init.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    if half:
+        dtype = np.dtype(np.float32)
     a = names.unique(f"{init.name}_lora_A")
     b = names.unique(f"{init.name}_lora_B")
     graph.initializer.extend(
@@ -213,6 +218,10 @@ def _adapter(init, rank, scale, rng, names, node_names, graph, read=None):
         node("Mul", [value["AB"], value["scale"]], value["delta"]),
     ]
     delta = value["delta"]
+    if half:
+        narrowed = names.unique(f"{init.name}_lora_cast")
+        nodes.append(node("Cast", [delta], narrowed, to=init.data_type))
+        delta = narrowed
     if len(shape) != 2:
         nodes.append(
             node(

@@ -1,5 +1,6 @@
 """float16 gradient graphs that onnxruntime's CPU provider runs: the scatter-adds of the
-Gather family's gradients are computed in float32 there (no float16 kernel)."""
+Gather family's gradients are computed in float32 there (no float16 kernel); LoRA adapters
+over a float16 weight are float32, as the loss of a model with float32 outputs."""
 
 from __future__ import annotations
 
@@ -53,3 +54,51 @@ def test_gather_family_gradient_in_float16(op, indices, attrs):
     else:
         np.add.at(expected, (indices, np.arange(4)[None, :].repeat(2, 0)), seed.astype(np.float64))
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=2e-3, atol=2e-3)
+
+
+def _float16_linear():
+    w = (RNG.standard_normal((8, 3)) * 0.5).astype(np.float16)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+            helper.make_node("MatMul", ["x16", "w"], ["y16"]),
+            helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT),
+        ],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+        [_tensor(w, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _tensor(value, name):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(value, name)
+
+
+def test_float32_adapters_over_a_float16_base(tmp_path):
+    from onnx import numpy_helper
+
+    from onnxgrad import add_lora, generate_artifacts, merge_lora
+
+    model = _float16_linear()
+    adapted = add_lora(model, rank=2)
+    inits = {i.name: numpy_helper.to_array(i) for i in adapted.graph.initializer}
+    a, b = inits["w_lora_A"], inits["w_lora_B"]
+    assert a.dtype == b.dtype == np.float32 and inits["w"].dtype == np.float16
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(run(adapted, {"x": x})[0], run(model, {"x": x})[0])
+    b = RNG.standard_normal(b.shape).astype(np.float32)
+    seed = RNG.standard_normal((4, 3)).astype(np.float32)
+    gradient = onnx_derivative(adapted, weights=["w_lora_A", "w_lora_B"], inputs=[])
+    names = [o.name for o in gradient.graph.output]
+    got = dict(zip(names, run(gradient, {"x": x, "y_grad": seed, "w_lora_A": a, "w_lora_B": b})))
+    outer = x.astype(np.float64).T @ seed  # d<seed, x W'>/dW'
+    np.testing.assert_allclose(got["w_lora_B_grad"], a.T @ outer, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(got["w_lora_A_grad"], outer @ b.T, rtol=2e-2, atol=2e-2)
+    artifacts = generate_artifacts(adapted, artifact_directory=tmp_path / "artifacts")
+    assert artifacts.directory.is_dir()
+    merged = merge_lora(adapted)
+    assert {i.name for i in merged.graph.initializer} == {"w"}
