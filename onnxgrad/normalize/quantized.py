@@ -13,6 +13,8 @@ nothing reaches ``q``, ``s`` or ``z``.
 - ``QLinearMatMul`` and ``QLinearConv``: the dequantized product (with the int32 bias of
   scale ``s_x s_w``) quantized by ``y_scale``, ``y_zero_point``.
 - ``com.microsoft`` ``QuantizeLinear``/``DequantizeLinear`` become the default-domain ones.
+- ``DynamicQuantizeLSTM``: ``LSTM`` over the dequantized weights (the kernel's dynamic
+  quantization of its input and state read straight through).
 - Quantized activations get the straight-through estimator (:mod:`onnxgrad.normalize.ste`).
 """
 
@@ -170,6 +172,36 @@ def lower_ms_quantize(lw: Lowerer) -> None:
     lw.op(lw.node.op_type, *inputs, out=lw.output(0), **attrs)
 
 
+def lower_dynamic_quantize_lstm(lw: Lowerer) -> None:
+    """``LSTM`` over the dequantized ``W`` and ``R`` (stored ``(D, I, 4H)``, ``LSTM`` wants
+    ``(D, 4H, I)``). The kernel also quantizes ``X`` and each step's ``h`` dynamically; the
+    lowering keeps them float, their straight-through reading."""
+    inputs = [lw.input(i) for i in range(12)]
+    w = _lstm_weight(lw, inputs[1], inputs[8], inputs[9])
+    r = _lstm_weight(lw, inputs[2], inputs[10], inputs[11])
+    attrs = {a.name: helper.get_attribute_value(a) for a in lw.node.attribute}
+    lstm_inputs = [inputs[0], w, r, *inputs[3:8]]
+    while lstm_inputs and not lstm_inputs[-1]:
+        lstm_inputs.pop()
+    outs = [lw.output(i) for i in range(3)]
+    name = lw.builder._nodes.unique(f"{lw.builder.prefix}_LSTM")
+    lw.builder.graph.node.append(helper.make_node("LSTM", lstm_inputs, outs, name=name, **attrs))
+
+
+def _lstm_weight(lw: Lowerer, codes: str, scale: str, zero: str) -> str:
+    """``(codes - z) s`` transposed to ``(D, 4H, I)``: ``DequantizeLinear`` along the
+    direction axis for one scale per direction, along the gate axis for one direction."""
+    dims = lw.dims(scale) or []
+    if len(dims) <= 1:
+        weight = lw.op("DequantizeLinear", codes, scale, zero, axis=0)
+    elif dims[0] == 1:
+        flat = [lw.op("Reshape", name, lw.ints([-1])) for name in (scale, zero)]
+        weight = lw.op("DequantizeLinear", codes, *flat, axis=2)
+    else:
+        raise lw.error("per-gate scales of a bidirectional DynamicQuantizeLSTM are not supported")
+    return lw.op("Transpose", weight, perm=[0, 2, 1])
+
+
 QUANTIZED_LOWERINGS = {
     (MS, "MatMulNBits"): lower_matmul_nbits,
     (MS, "DynamicQuantizeMatMul"): lower_dynamic_quantize_matmul,
@@ -178,6 +210,7 @@ QUANTIZED_LOWERINGS = {
     (MS, "QLinearConv"): lower_qlinear_conv,
     (MS, "QuantizeLinear"): lower_ms_quantize,
     (MS, "DequantizeLinear"): lower_ms_quantize,
+    (MS, "DynamicQuantizeLSTM"): lower_dynamic_quantize_lstm,
 }
 
 #: The straight-through rewrites, run after the lowerings above (whose QuantizeLinear and

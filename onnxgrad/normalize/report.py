@@ -13,7 +13,7 @@ from onnxgrad.normalize.quantized import QUANTIZED_LOWERINGS
 #: operators whose integer weights stay frozen, the float inputs trained through them
 FROZEN_WEIGHTS = frozenset(
     {"MatMulNBits", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul", "MatMulInteger",
-     "ConvInteger"}
+     "ConvInteger", "DynamicQuantizeLSTM"}
 )  # fmt: skip
 #: activation quantization, differentiated with the straight-through estimator
 STRAIGHT_THROUGH = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})

@@ -183,3 +183,36 @@ def test_nbits_quantizer_output_differentiates():
     assert not [i.name for i in gradient.graph.input if i.name not in ("x", "y_grad")]
     got = run(gradient, {"x": x, "y_grad": seed})[0]
     np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-2)
+
+
+@pytest.mark.parametrize("per_gate", [False, True])
+def test_dynamic_quantize_lstm(per_gate):
+    """The kernel quantizes its input and state at each step, the lowering keeps them float:
+    outputs agree to the activations' quantization error (under 1e-2 here)."""
+    seq, batch, size, hidden = 4, 2, 5, 3
+    w = RNG.integers(-128, 128, (1, size, 4 * hidden), dtype=np.int8)
+    r = RNG.integers(-128, 128, (1, hidden, 4 * hidden), dtype=np.int8)
+    shape = (1, 4 * hidden) if per_gate else (1,)
+    scale = lambda: (RNG.random(shape) * 0.004 + 0.002).astype(np.float32)  # noqa: E731
+    inputs = [
+        ("x", RNG.standard_normal((seq, batch, size)).astype(np.float32)),
+        ("w", w),
+        ("r", r),
+        ("b", (RNG.standard_normal((1, 8 * hidden)) * 0.1).astype(np.float32)),
+        None,
+        None,
+        None,
+        None,
+        ("ws", scale()),
+        ("wz", np.zeros(shape, dtype=np.int8)),
+        ("rs", scale()),
+        ("rz", np.zeros(shape, dtype=np.int8)),
+    ]
+    model, feeds = one_node_model(
+        "DynamicQuantizeLSTM",
+        inputs,
+        n_outputs=3,
+        initializers=("w", "r", "b", "ws", "wz", "rs", "rz"),
+        hidden_size=hidden,
+    )
+    assert_lowering_matches(model, feeds, rtol=0, atol=1.5e-2)
