@@ -19,6 +19,7 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, help
 
 from onnxgrad._onnx_utils import default_opset, normalize_domain, np_dtype
 from onnxgrad.graph._builder import GraphBuilder
+from onnxgrad.graph._scopes import iter_graphs
 
 LoweringFn = Callable[["Lowerer"], None]
 
@@ -170,7 +171,7 @@ def lower_nodes(model: ModelProto, table: Mapping[tuple[str, str], LoweringFn]) 
     builder.graph = graph
     del graph.node[:]
     graph.node.extend(_without_superseded(nodes, context.superseded, graph))
-    _drop_unused_imports(model)
+    _drop_unused_imports(model, {domain for domain, _ in table if domain})
     return model
 
 
@@ -225,13 +226,16 @@ def _infer_into(node: NodeProto, types: dict[str, TypeProto], imports) -> None:
             types[name] = found
 
 
-def _drop_unused_imports(model: ModelProto) -> None:
-    from onnxgrad.graph._scopes import iter_graphs
-
+def _drop_unused_imports(model: ModelProto, domains: set[str]) -> None:
+    """Remove the imports of ``domains`` (the lowered ones) that no node uses any more."""
     used = {normalize_domain(n.domain) for g in iter_graphs(model.graph) for n in g.node}
     used |= {normalize_domain(f.domain) for f in model.functions}
     used |= {normalize_domain(n.domain) for f in model.functions for n in f.node}
-    kept = [o for o in model.opset_import if normalize_domain(o.domain) in used | {""}]
+    kept = [
+        o
+        for o in model.opset_import
+        if normalize_domain(o.domain) in used or normalize_domain(o.domain) not in domains
+    ]
     if len(kept) != len(model.opset_import):
         del model.opset_import[:]
         model.opset_import.extend(kept)
