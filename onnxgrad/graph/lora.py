@@ -14,7 +14,8 @@ convolution kernel (``C_out x C_in/g x k1 x k2``). :func:`merge_lora` folds trai
 into ``W`` and removes them: the result has the original graph and the adapted outputs.
 
 Quantized weights (``MatMulNBits``, ``QLinearMatMul``, QDQ) get float adapters over their
-frozen dequantized value (QLoRA, :mod:`onnxgrad.graph.qlora`); such adapters stay separate.
+frozen dequantized value (QLoRA, :mod:`onnxgrad.graph.qlora`); :func:`merge_lora` keeps
+those adapters separate.
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
 """
@@ -120,7 +121,9 @@ def lora_adapters(model: ModelProto) -> list[dict]:
 
 def merge_lora(model: ModelLike) -> ModelProto:
     """A copy of ``model`` whose adapters are folded into their weights,
-    ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed."""
+    ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed. The
+    adapters of quantized weights stay as they are, over the untouched quantized base
+    (folding them would re-quantize it)."""
     model = load_model(model)
     adapters = lora_adapters(model)
     if not adapters:
@@ -128,13 +131,8 @@ def merge_lora(model: ModelLike) -> ModelProto:
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
-    quantized = [a["weight"] for a in adapters if "value" in a]
-    if quantized:
-        raise ValueError(
-            f"the adapters of the quantized weights {quantized} stay separate: merging would "
-            "re-quantize the base, which merge_lora does not do (keep the adapter initializers "
-            "as the fine-tuned part, the quantized base unchanged)"
-        )
+    separate = [a for a in adapters if "value" in a]
+    adapters = [a for a in adapters if "value" not in a]
     for adapter in adapters:
         missing = [adapter[k] for k in ("weight", "a", "b") if adapter[k] not in initializers]
         if missing:
@@ -155,7 +153,7 @@ def merge_lora(model: ModelLike) -> ModelProto:
         _rewire(graph, adapter["output"], adapter["weight"], skip=set())
         for name in (adapter["a"], adapter["b"]):
             graph.initializer.remove(initializers.pop(name))
-    _set_adapters(model, [])
+    _set_adapters(model, separate)
     return finalize_model(model)
 
 

@@ -113,5 +113,46 @@ def test_adapters_over_a_frozen_quantized_weight(make):
     else:  # quantized output: straight-through, the float product's gradient masked in range
         assert all(np.isfinite(got[f"{name}_grad"]).all() for name in values)
         assert np.abs(got[f"{adapter['b']}_grad"]).sum() > 0
-    with pytest.raises(ValueError, match="stay separate"):
-        merge_lora(trained)
+    merged = merge_lora(trained)
+    assert lora_adapters(merged) == [adapter]
+    np.testing.assert_array_equal(run(merged, {"x": x})[0], run(trained, {"x": x})[0])
+
+
+def test_qlora_artifacts_train_in_plain_onnxruntime_steps(tmp_path):
+    """generate_artifacts trains only the adapters of a 4-bit model; plain onnxruntime steps
+    lower the loss; merge_checkpoint keeps the adapters over the untouched 4-bit base."""
+    import onnxruntime as ort
+
+    from onnxgrad.training import (
+        Checkpoint,
+        generate_artifacts,
+        load_train_step,
+        merge_checkpoint,
+        save_checkpoint,
+    )
+
+    model, weight = _nbits_model()
+    adapted = add_lora(model, rank=2)
+    art = generate_artifacts(adapted, optimizer="adam", artifact_directory=tmp_path / "art")
+    assert sorted(art.checkpoint.weights) == [f"{weight}_lora_A", f"{weight}_lora_B"]
+    step = load_train_step(art.directory)
+    x = RNG.standard_normal((64, K)).astype(np.float32)
+    target = run(model, {"x": x})[0] + x @ RNG.standard_normal((K, N)).astype(np.float32) * 0.1
+    session = ort.InferenceSession(
+        str(art.path("training_model.onnx")), providers=["CPUExecutionProvider"]
+    )
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    losses = []
+    for _ in range(60):
+        feeds = {"x": x, "label": target, "learning_rate": np.array(0.05, np.float32), **values}
+        loss, *new = session.run([step.loss, *step.new_weights, *step.new_state], feeds)
+        losses.append(float(loss))
+        values = dict(zip([*step.weights, *step.state], new))
+    assert losses[-1] < 0.5 * losses[0]
+    trained = Checkpoint({w: values[w] for w in step.weights}, {s: values[s] for s in step.state})
+    save_checkpoint(trained, tmp_path / "trained.json")
+    merged = merge_checkpoint(art.directory, tmp_path / "trained.json")
+    packed = {i.name: i for i in merged.graph.initializer}[weight]
+    assert packed.data_type == TensorProto.UINT8
+    before = np.mean((run(model, {"x": x})[0] - target) ** 2)
+    assert np.mean((run(merged, {"x": x})[0] - target) ** 2) < 0.5 * before
