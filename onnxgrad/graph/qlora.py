@@ -1,8 +1,9 @@
 """Quantized weights as LoRA targets (QLoRA): float adapters over a frozen quantized base.
 
 A model holding onnxruntime's quantized operators (``MatMulNBits``, ``QLinearMatMul``, QDQ
-weights) is first normalised, which lowers them to a ``MatMul`` reading the dequantized
-weight ``W = (q - z) s`` computed in the graph from the integer initializer ``q``. That float
+weights) or fused ones is first normalised, which lowers the quantized ones to a ``MatMul``
+reading the dequantized weight ``W = (q - z) s`` computed in the graph from the integer
+initializer ``q``. That float
 value is the adapter's target: ``W + s_{lora} A B`` replaces it in the ``MatMul``, ``q``, its
 scales and zero points stay as they are (integers and structural constants, never trained).
 The adapter is named after ``q``.
@@ -32,11 +33,14 @@ _INTEGER_TYPES = frozenset(
 
 
 def lowered_if_quantized(model: ModelProto) -> ModelProto:
-    """``model`` normalised when it holds a quantized operator, else ``model`` itself."""
-    if not any((normalize_domain(n.domain), n.op_type) in QUANTIZED_OPS for n in model.graph.node):
-        return model
+    """``model`` normalised when it holds a quantized operator or one of onnxruntime's fused
+    operators (which onnx's checker may refuse), else ``model`` itself."""
     from onnxgrad.normalize import normalize_in_place
+    from onnxgrad.normalize.contrib import CONTRIB_LOWERINGS
 
+    deployed = QUANTIZED_OPS | set(CONTRIB_LOWERINGS)
+    if not any((normalize_domain(n.domain), n.op_type) in deployed for n in model.graph.node):
+        return model
     return normalize_in_place(model)
 
 

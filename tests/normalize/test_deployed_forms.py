@@ -102,3 +102,49 @@ def test_input_gradient_of_deployed_form(forms, kind, form):
     reference = _input_gradient(onnx.load(forms(kind, "float32")), feeds, seed)
     bound = 1e-2 if form == "float16" else 5e-2
     assert _relative(got, reference) < bound
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+@pytest.mark.parametrize(
+    "form", ["float32", "opt1", "opt2", pytest.param("float16", marks=FLOAT16_GRADIENT)]
+)
+def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
+    """add_lora, generate_artifacts, then plain onnxruntime steps: the loss falls, and the
+    merged checkpoint runs."""
+    import onnxruntime as ort
+
+    from onnxgrad import add_lora
+    from onnxgrad.training import (
+        Checkpoint,
+        generate_artifacts,
+        load_train_step,
+        merge_checkpoint,
+        save_checkpoint,
+    )
+
+    model = onnx.load(forms(kind, form))
+    art = generate_artifacts(add_lora(model, rank=4), optimizer="adam", artifact_directory=tmp_path)
+    step = load_train_step(tmp_path)
+    feeds = deployed.feeds(kind)
+    target = run(model, feeds)[0] + np.random.default_rng(2).standard_normal((1,)).astype(
+        np.float32
+    )
+    session = ort.InferenceSession(
+        str(art.path("training_model.onnx")), providers=["CPUExecutionProvider"]
+    )
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    declared = {i.name for i in session.get_inputs()}
+    losses = []
+    for _ in range(15):
+        batch = {**feeds, "label": target, "learning_rate": np.array(0.01, np.float32), **values}
+        loss, *new = session.run(
+            [step.loss, *step.new_weights, *step.new_state],
+            {k: v for k, v in batch.items() if k in declared},
+        )
+        losses.append(float(loss))
+        values = dict(zip([*step.weights, *step.state], new))
+    assert losses[-1] < 0.9 * losses[0]
+    trained = Checkpoint({w: values[w] for w in step.weights}, {s: values[s] for s in step.state})
+    save_checkpoint(trained, tmp_path / "trained.json")
+    merged = merge_checkpoint(tmp_path, tmp_path / "trained.json")
+    assert np.isfinite(run(merged, feeds)[0]).all()
