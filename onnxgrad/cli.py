@@ -284,10 +284,13 @@ def read_model(path: str) -> ModelProto:
         raise CommandError(f"{path!r} is a folder, not an ONNX file")
     if os.path.exists(path) and not os.access(path, os.R_OK):
         raise CommandError(f"{path!r} cannot be read (permission denied)")
+    from onnxgrad.normalize.structure import runtime_ops_as_contrib
+
     model = load_model(path)
     try:
         check_structure(model)  # names the node or value at fault; sorts the nodes
-        check_model(weightless_view(model), full_check=True)  # past 2 GiB too, no copy
+        with runtime_ops_as_contrib(model):  # onnxruntime's default-domain extras
+            check_model(weightless_view(model), full_check=True)  # past 2 GiB too, no copy
     except (ValueError, ValidationError, InferenceError) as exc:
         raise CommandError(f"{path!r} is not a valid ONNX model: {_one_line(exc)}") from None
     return model
@@ -321,8 +324,10 @@ def check_destination(path: str) -> Path:
 def cmd_info(args: argparse.Namespace) -> None:
     original = read_model(args.model)
     from onnxgrad.graph.ml_lowering import lowerable_nodes
+    from onnxgrad.normalize.report import deployed_operator_lines, deployed_operators
 
     lowered = lowerable_nodes(original)
+    deployed = deployed_operators(original)
     model = normalized(original, args.model)
     weights = get_train_initializer(model)
     graph = model.graph
@@ -341,6 +346,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         *_table((o.name, type_text(o.type)) for o in graph.output),
         *_normalisation_lines(original, model),
         *_lowering_lines(lowered),
+        *deployed_operator_lines(deployed, model),
         f"trainable initializers ({len(weights)}, {size} values):",
         *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
         f"other initializers ({len(constants)}):",

@@ -6,10 +6,16 @@
     W_lora = W + s * reshape(A @ B, shape(W)),   A: d0 x r,  B: r x (d1 * d2 * ...)
 
 ``s = alpha / r``; ``A`` starts random (``N(0, 1/d0)``), ``B`` at zero, so the adapted model
-computes exactly what the original did until ``A`` and ``B`` are trained, ``W`` frozen. One
+computes exactly what the original did until ``A`` and ``B`` are trained, ``W`` frozen. Over a
+float16 or bfloat16 ``W`` they are float32 master weights (the product cast to ``W``'s type),
+else of ``W``'s type. One
 formula covers a ``MatMul`` weight (``K x N``), a ``Gemm`` one (transposed or not) and a
 convolution kernel (``C_out x C_in/g x k1 x k2``). :func:`merge_lora` folds trained adapters
 into ``W`` and removes them: the result has the original graph and the adapted outputs.
+
+Quantized weights (``MatMulNBits``, ``QLinearMatMul``, QDQ) get float adapters over their
+frozen dequantized value (QLoRA, :mod:`onnxgrad.graph.qlora`); :func:`merge_lora` keeps
+those adapters separate.
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
 """
@@ -21,8 +27,9 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import ModelProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
+from onnxgrad._model_checks import check_structure
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
@@ -33,6 +40,7 @@ from onnxgrad._onnx_utils import (
     np_dtype,
     subgraphs,
 )
+from onnxgrad.graph.qlora import dequantized_weights, lowered_if_quantized
 
 LORA_METADATA = "onnxgrad.lora"
 #: the operators whose weight input (index 1, or 0 and 1 for Gemm) can get an adapter
@@ -52,13 +60,15 @@ def add_lora(
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     """
-    model = load_model(model)
+    model = lowered_if_quantized(load_model(model))
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     targets = _adaptable_weights(model, initializers)
+    quantized = dequantized_weights(model)
+    targets |= set(quantized)
     existing = lora_adapters(model)
     adapter_parts = {adapter[key] for adapter in existing for key in ("a", "b")}
     if weights is None:
@@ -83,15 +93,20 @@ def add_lora(
     node_names = NameScope(n.name for n in graph.node if n.name)
     new_nodes, adapters = [], list(existing)
     for weight in chosen:
-        nodes, adapter = _adapter(
-            initializers[weight], int(rank), scale, rng, names, node_names, graph
-        )
+        base = initializers[weight]
+        read = weight
+        if weight in quantized:
+            read, shape, elem = quantized[weight]
+            base = TensorProto(name=weight, dims=shape, data_type=elem)
+        nodes, adapter = _adapter(base, int(rank), scale, rng, names, node_names, graph, read)
         new_nodes.extend(nodes)
         adapters.append(adapter)
-        _rewire(graph, weight, adapter["output"], skip=set(adapter["nodes"]))
+        _rewire(graph, read, adapter["output"], skip=set(adapter["nodes"]))
     nodes = new_nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
+    if quantized:
+        check_structure(model)  # an adapter of a dequantized value follows its producer
     _set_adapters(model, adapters)
     return finalize_model(model)
 
@@ -107,7 +122,9 @@ def lora_adapters(model: ModelProto) -> list[dict]:
 
 def merge_lora(model: ModelLike) -> ModelProto:
     """A copy of ``model`` whose adapters are folded into their weights,
-    ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed."""
+    ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed. The
+    adapters of quantized weights stay as they are, over the untouched quantized base
+    (folding them would re-quantize it)."""
     model = load_model(model)
     adapters = lora_adapters(model)
     if not adapters:
@@ -115,6 +132,8 @@ def merge_lora(model: ModelLike) -> ModelProto:
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
+    separate = [a for a in adapters if "value" in a]
+    adapters = [a for a in adapters if "value" not in a]
     for adapter in adapters:
         _check_adapter(adapter, initializers)
         if adapter["output"] in outputs:
@@ -133,7 +152,7 @@ def merge_lora(model: ModelLike) -> ModelProto:
         _rewire(graph, adapter["output"], adapter["weight"], skip=set())
         for name in (adapter["a"], adapter["b"]):
             graph.initializer.remove(initializers.pop(name))
-    _set_adapters(model, [])
+    _set_adapters(model, separate)
     return finalize_model(model)
 
 
@@ -183,11 +202,15 @@ def _check_target(name: str, initializers, targets: set[str]) -> None:
         )
 
 
-def _adapter(init, rank, scale, rng, names, node_names, graph):
-    """The nodes computing ``W + s reshape(A @ B)`` and the adapter's record."""
+def _adapter(init, rank, scale, rng, names, node_names, graph, read=None):
+    """The nodes computing ``W + s reshape(A @ B)`` and the adapter's record; ``W`` is
+    ``read`` (a dequantized value) when given, else the initializer ``init``."""
     shape = tuple(init.dims)
     rows, cols = shape[0], int(np.prod(shape[1:], dtype=np.int64))
     dtype = np_dtype(init.data_type)
+    half = init.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    if half:
+        dtype = np.dtype(np.float32)
     a = names.unique(f"{init.name}_lora_A")
     b = names.unique(f"{init.name}_lora_B")
     graph.initializer.extend(
@@ -217,6 +240,10 @@ def _adapter(init, rank, scale, rng, names, node_names, graph):
         node("Mul", [value["AB"], value["scale"]], value["delta"]),
     ]
     delta = value["delta"]
+    if half:
+        narrowed = names.unique(f"{init.name}_lora_cast")
+        nodes.append(node("Cast", [delta], narrowed, to=init.data_type))
+        delta = narrowed
     if len(shape) != 2:
         nodes.append(
             node(
@@ -229,9 +256,10 @@ def _adapter(init, rank, scale, rng, names, node_names, graph):
         reshaped = names.unique(f"{init.name}_lora_reshaped")
         nodes.append(node("Reshape", [delta, value["shape"]], reshaped))
         delta = reshaped
-    nodes.append(node("Add", [init.name, delta], output))
+    nodes.append(node("Add", [read or init.name, delta], output))
     record = {
         "weight": init.name,
+        **({"value": read} if read and read != init.name else {}),
         "a": a,
         "b": b,
         "scale": scale,

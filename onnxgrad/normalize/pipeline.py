@@ -13,7 +13,17 @@ from dataclasses import dataclass
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import ModelLike, load_model
-from onnxgrad.normalize import constants, dims, folding, opsets, ranks, shapes, structure
+from onnxgrad.normalize import (
+    constants,
+    contrib,
+    dims,
+    folding,
+    opsets,
+    quantized,
+    ranks,
+    shapes,
+    structure,
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,10 @@ PASSES: tuple[Pass, ...] = (
     ),
     Pass("opset", opsets.rules_opset, f"default-domain opset >= {opsets.RULES_OPSET}"),
     Pass("ml_lowering", opsets.lowered_ml, "no lowerable ai.onnx.ml operator"),
+    Pass("contrib_lowering", contrib.lowered_contrib, "no fused com.microsoft transformer op"),
+    Pass(
+        "quantized_lowering", quantized.lowered_quantized, "quantized ops over dequantized weights"
+    ),
     Pass(
         "declared_shapes",
         shapes.reconciled_shapes,

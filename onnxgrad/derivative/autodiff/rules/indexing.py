@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+from onnx import TensorProto
+
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     Part,
@@ -142,7 +144,7 @@ def gather_grad(b, node, grads, needs):
     axis = normalize_axis(node.attr("axis", 0), rank)
     if axis == 0 and node.opset >= 16:
         positions = b.unsqueeze(to_int64(b, indices), [-1])
-        return [b.op("ScatterND", zeros_like(b, data), positions, g, reduction="add")]
+        return [_scatter_add(b, "ScatterND", zeros_like(b, data), positions, g, data)]
     outer = numel(b, shape_parts(b, data, 0, axis))
     inner = numel(b, shape_parts(b, data, axis + 1))
     rows = shape_parts(b, data, axis, axis + 1)[0]
@@ -159,7 +161,7 @@ def gather_nd_grad(b, node, grads, needs):
     data, indices = node.inputs
     batch = node.attr("batch_dims", 0)
     if batch == 0 and node.opset >= 16:
-        return [b.op("ScatterND", zeros_like(b, data), indices, g, reduction="add")]
+        return [_scatter_add(b, "ScatterND", zeros_like(b, data), indices, g, data)]
     depth = _index_depth(b, node)
     require_rank(b, data, node)
     indexed = shape_parts(b, data, batch, batch + depth)
@@ -172,6 +174,17 @@ def gather_nd_grad(b, node, grads, needs):
     out = [outer, rows, inner]
     summed = _scatter_add_rows(b, node, flat, updates, out, rows, data, shared=False)
     return [reshape_like(b, summed, data)]
+
+
+def _scatter_add(b, op: str, target: str, indices: str, updates: str, like: str, **attrs) -> str:
+    """``op`` (ScatterND or ScatterElements) with ``reduction='add'``, in float32 where
+    ``like`` is float16 or bfloat16 (onnxruntime's CPU provider has no such kernel there)."""
+    elem = b.dtype(like)
+    if elem not in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        return b.op(op, target, indices, updates, reduction="add", **attrs)
+    wide = [b.op("Cast", name, to=TensorProto.FLOAT) for name in (target, updates)]
+    summed = b.op(op, wide[0], indices, wide[1], reduction="add", **attrs)
+    return b.op("Cast", summed, to=elem)
 
 
 def _index_depth(b, node) -> int:
@@ -196,7 +209,7 @@ def _scatter_add_rows(
         shape = b.op("Shape", updates)
         positions = b.op("Expand", b.unsqueeze(rows_index, [-1]), shape)
         zeros = filled(b, out, 0, like)
-        return b.op("ScatterElements", zeros, positions, updates, axis=1, reduction="add")
+        return _scatter_add(b, "ScatterElements", zeros, positions, updates, like, axis=1)
     count = as_tensor(b, [n_rows])
     positive = b.op(
         "Where",
@@ -224,7 +237,7 @@ def gather_elements_grad(b, node, grads, needs):
     axis = normalize_axis(node.attr("axis", 0), rank)
     if node.opset >= 16:
         zeros = zeros_like(b, data)
-        return [b.op("ScatterElements", zeros, indices, g, axis=axis, reduction="add")]
+        return [_scatter_add(b, "ScatterElements", zeros, indices, g, data, axis=axis)]
     size = shape_parts(b, data, axis, axis + 1)[0]
     count = as_tensor(b, [size])
     index = to_int64(b, indices)

@@ -1,0 +1,58 @@
+"""What normalisation does with onnxruntime's deployed operators, in words for ``info``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from onnx import ModelProto
+
+from onnxgrad._onnx_utils import normalize_domain
+from onnxgrad.normalize.contrib import CONTRIB_LOWERINGS
+from onnxgrad.normalize.quantized import QUANTIZED_LOWERINGS
+
+#: operators whose integer weights stay frozen, the float inputs trained through them
+FROZEN_WEIGHTS = frozenset(
+    {"MatMulNBits", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul", "MatMulInteger",
+     "ConvInteger", "DynamicQuantizeLSTM"}
+)  # fmt: skip
+#: activation quantization, differentiated with the straight-through estimator
+STRAIGHT_THROUGH = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+def operator_status(domain: str, op_type: str, remaining: set[tuple[str, str]]) -> str:
+    """``lowered and trained``, ``frozen ...``, ``straight-through ...`` or ``refused ...``."""
+    key = (normalize_domain(domain), op_type)
+    if key in remaining and key[0]:
+        return "refused: no lowering to standard ONNX (no gradient)"
+    if op_type in FROZEN_WEIGHTS:
+        return "lowered over its dequantized weight: integer weight, scales and zero points frozen"
+    if op_type in STRAIGHT_THROUGH:
+        return "activations: straight-through estimator; weights: frozen"
+    if key in CONTRIB_LOWERINGS or key in QUANTIZED_LOWERINGS:
+        return "lowered to standard ONNX and trained"
+    return ""
+
+
+def deployed_operators(original: ModelProto) -> Counter:
+    """``{(domain, op_type): count}`` of the deployed (fused or quantized) operators of a
+    model as it was given (before normalisation rewrites it)."""
+    return Counter(
+        (normalize_domain(n.domain), n.op_type)
+        for n in original.graph.node
+        if normalize_domain(n.domain)
+        or n.op_type in FROZEN_WEIGHTS | STRAIGHT_THROUGH
+        or ("", n.op_type) in CONTRIB_LOWERINGS
+    )
+
+
+def deployed_operator_lines(counts: Counter, model: ModelProto) -> list[str]:
+    """One line per deployed operator type (:func:`deployed_operators`) saying what the
+    normalised ``model`` does with it."""
+    remaining = {(normalize_domain(n.domain), n.op_type) for n in model.graph.node}
+    if not counts:
+        return []
+    lines = ["deployed operators (onnxruntime's fused and quantized forms):"]
+    for (domain, op), n in sorted(counts.items()):
+        label = f"{domain}::{op}" if domain else op
+        lines.append(f"  {label} x{n}: {operator_status(domain, op, remaining)}")
+    return lines

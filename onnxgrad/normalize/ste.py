@@ -1,0 +1,181 @@
+r"""Activation quantization differentiated with the straight-through estimator.
+
+Rounding has a zero derivative almost everywhere, so a model that quantizes its activations
+(static QDQ, dynamic ``DynamicQuantizeLinear`` + ``MatMulInteger``) passes no gradient to
+its inputs. The straight-through estimator (Bengio et al. 2013; PyTorch's fake quantization)
+takes the round trip ``\hat x = (clip(round(x/s) + z) - z) s`` as the identity inside the
+quantization range and as zero outside:
+
+    \hat x \leftarrow \hat x + [q_{min} \le round(x/s) + z \le q_{max}]\,(x - sg(x))
+
+whose value is exactly ``\hat x`` (``x - sg(x) = 0``) and whose derivative is the mask. The
+stop-gradient ``sg(x)`` is built from piecewise-constant operators only, so the rewritten
+graph is standard ONNX: ``sg(x) = Floor(x 2^k) / 2^k`` (exact for ``|x| \ge 2^{-(k-p)}``, ``p``
+the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``Floor(x)`` where
+``|x| \ge 2^p`` (every such float is an integer). Below ``2^{-76}`` (zero excepted) and at
+infinities the term is zero: no gradient there.
+
+- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale gets the term above.
+- ``DynamicQuantizeLinear``'s scale, a function of ``x``'s range, is held constant.
+- ``Cast(MatMulInteger(DynamicQuantizeLinear(x), B))`` and its ``ConvInteger`` twin, as
+  onnxruntime's ``quantize_dynamic`` writes them, become the float product of
+  ``(q - z) + mask (x - sg(x))/s`` and ``B - z_B``: the same value up to float rounding of
+  the accumulation, the integer weight still frozen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper
+
+from onnxgrad.normalize.lowering import Lowerer
+
+#: ``(scale exponent k, mantissa bits p)`` of the stop-gradient per float type
+_SG_BITS = {TensorProto.FLOAT: (100, 24), TensorProto.DOUBLE: (900, 53)}
+_RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
+
+
+def stop_gradient(lw: Lowerer, x: str, t: int) -> str:
+    """``x`` (float32 or float64) through piecewise-constant operators only."""
+    k, p = _SG_BITS[t]
+    scale = lw.const(2.0**k, t)
+    fine = lw.op("Div", lw.op("Floor", lw.op("Mul", x, scale)), scale)
+    large = lw.op("GreaterOrEqual", lw.op("Abs", x), lw.const(2.0**p, t))
+    return lw.op("Where", large, lw.op("Floor", x), fine)
+
+
+def _unsplit(lw: Lowerer, x: str, t: int) -> str:
+    """Where :func:`stop_gradient` is not exact: infinities and nonzero ``|x| < 2^{p-k}``."""
+    k, p = _SG_BITS[t]
+    magnitude = lw.op("Abs", x)
+    tiny = lw.op(
+        "And",
+        lw.op("Less", magnitude, lw.const(2.0 ** (p - k), t)),
+        lw.op("Greater", magnitude, lw.const(0.0, t)),
+    )
+    return lw.op("Or", tiny, lw.op("IsInf", x))
+
+
+def straight_through(lw: Lowerer, x: str, scale: str, zero: str, zero_type: int) -> str:
+    """``[q_min <= round(x/s) + z <= q_max] (x - sg(x))``: zero, with the estimator's
+    derivative."""
+    t = lw.elem(x)
+    ct = TensorProto.DOUBLE if t == TensorProto.DOUBLE else TensorProto.FLOAT
+    xc = x if ct == t else lw.cast(x, ct)
+    s = scale if lw.elem(scale) == ct else lw.cast(scale, ct)
+    code = lw.op("Round", lw.op("Div", xc, s))
+    if zero:
+        code = lw.op("Add", code, lw.cast(zero, ct))
+    lo, hi = _RANGES[zero_type]
+    inside = lw.op(
+        "And",
+        lw.op("GreaterOrEqual", code, lw.const(lo, ct)),
+        lw.op("LessOrEqual", code, lw.const(hi, ct)),
+    )
+    residual = lw.op("Sub", xc, stop_gradient(lw, xc, ct))
+    term = lw.op("Where", _unsplit(lw, xc, ct), lw.const(0.0, ct), residual)
+    term = lw.op("Mul", term, lw.cast(inside, ct))
+    return term if ct == t else lw.cast(term, t)
+
+
+def lower_fake_quantized(lw: Lowerer) -> None:
+    """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value gets the
+    straight-through term; any other is kept as it is."""
+    node = lw.node
+    source = lw.producers.get(node.input[0])
+    if not _is_per_tensor_quantize(lw, source):
+        lw.builder.graph.node.append(node)
+        return
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    value = lw.op("DequantizeLinear", *node.input, **attrs)
+    x, scale, zero = (source.input[i] if i < len(source.input) else "" for i in range(3))
+    term = straight_through(lw, x, scale, zero, _zero_type(lw, zero))
+    lw.op("Add", value, _like(lw, term, x, value), out=node.output[0])
+
+
+def _like(lw: Lowerer, term: str, x: str, value: str) -> str:
+    """``term`` (typed as ``x``) cast to the element type of ``value`` where that differs."""
+    wanted = lw.types.get(value)
+    if wanted is None or wanted.tensor_type.elem_type == lw.elem(x):
+        return term
+    return lw.cast(term, wanted.tensor_type.elem_type)
+
+
+def _is_per_tensor_quantize(lw: Lowerer, source: NodeProto | None) -> bool:
+    if source is None or source.op_type != "QuantizeLinear" or source.domain not in ("", "ai.onnx"):
+        return False
+    x = source.input[0]
+    if x not in lw.types or lw.elem(x) not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+        return False
+    dims = lw.dims(source.input[1])
+    zero = source.input[2] if len(source.input) > 2 else ""
+    return dims is not None and int(np.prod(dims or [1])) == 1 and _zero_type(lw, zero) in _RANGES
+
+
+def _zero_type(lw: Lowerer, zero: str) -> int:
+    return lw.elem(zero) if zero else TensorProto.UINT8
+
+
+def lower_dynamic_quantize(lw: Lowerer) -> None:
+    """``DynamicQuantizeLinear`` whose scale is held constant to the gradient (the
+    estimator's convention: quantization parameters are not differentiated)."""
+    node = lw.node
+    code, scale, zero = lw.ops("DynamicQuantizeLinear", [node.input[0]], 3)
+    lw.op("Identity", code, out=node.output[0])
+    if len(node.output) > 1 and node.output[1]:
+        lw.op("Identity", stop_gradient(lw, scale, TensorProto.FLOAT), out=node.output[1])
+    if len(node.output) > 2 and node.output[2]:
+        lw.op("Identity", zero, out=node.output[2])
+
+
+def lower_integer_product_cast(lw: Lowerer) -> None:
+    """``Cast(MatMulInteger/ConvInteger(DynamicQuantizeLinear(x), ...))`` as the float
+    product with the straight-through estimator; any other ``Cast`` is kept."""
+    node = lw.node
+    product = lw.producers.get(node.input[0])
+    dynamic = _dynamic_quantization(lw, product)
+    to = next((a.i for a in node.attribute if a.name == "to"), None)
+    if dynamic is None or to not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+        lw.builder.graph.node.append(node)
+        return
+    ct = TensorProto.FLOAT
+    x, (code, scale, zero) = dynamic.input[0], dynamic.output
+    unit = lw.op("Sub", lw.cast(code, ct), lw.cast(zero, ct))
+    term = straight_through(lw, x, scale, zero, TensorProto.UINT8)
+    unit = lw.op("Add", unit, lw.op("Div", term, scale))
+    weight = lw.cast(product.input[1], ct)
+    if len(product.input) > 3 and product.input[3]:
+        weight = lw.op("Sub", weight, _weight_zero(lw, product))
+    attrs = {a.name: helper.get_attribute_value(a) for a in product.attribute}
+    op = "MatMul" if product.op_type == "MatMulInteger" else "Conv"
+    result = lw.op(op, unit, weight, **attrs)
+    lw.cast(result, to, out=node.output[0])
+    lw.superseded.add(id(product))
+
+
+def _weight_zero(lw: Lowerer, product: NodeProto) -> str:
+    """The weight's zero point as floats broadcasting over it: per output column of a
+    MatMul weight, per output channel ``(M, 1, ..., 1)`` of a convolution kernel."""
+    zero = lw.cast(product.input[3], TensorProto.FLOAT)
+    if product.op_type == "MatMulInteger":
+        return zero
+    rank = lw.rank(product.input[1])
+    dims = lw.dims(product.input[3]) or []
+    if len(dims) == 1 and dims[0] != 1:
+        return lw.unsqueeze(zero, list(range(1, rank)))
+    return zero
+
+
+def _dynamic_quantization(lw: Lowerer, product: NodeProto | None) -> NodeProto | None:
+    if product is None or product.op_type not in ("MatMulInteger", "ConvInteger"):
+        return None
+    if product.domain not in ("", "ai.onnx"):
+        return None
+    source = lw.producers.get(product.input[0])
+    if source is None or source.op_type != "DynamicQuantizeLinear":
+        return None
+    if len(product.input) < 3 or product.input[2] != source.output[2]:
+        return None
+    if lw.uses.get(product.output[0], 0) != 1:
+        return None
+    return source

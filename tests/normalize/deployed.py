@@ -1,0 +1,176 @@
+"""A tiny BERT classifier and a tiny Llama-like LM (random weights, exported by torch, with
+``inputs_embeds`` as their float input) and the forms onnxruntime's tools make of them."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+HIDDEN, SEQ, BATCH = 32, 5, 2
+FORMS = ("float32", "opt1", "opt2", "float16", "int8", "qdq", "int4")
+
+
+def export_bert(path: Path) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        num_labels=3,
+    )
+    model = transformers.BertForSequenceClassification(config).eval()
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, inputs_embeds, attention_mask):
+            return self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask).logits
+
+    embeds, mask = torch.randn(BATCH, SEQ, HIDDEN), torch.ones(BATCH, SEQ, dtype=torch.int64)
+    _export(Classifier(), (embeds, mask), ["inputs_embeds", "attention_mask"], path)
+
+
+def export_llama(path: Path) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    class LanguageModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, inputs_embeds):
+            mask = torch.ones(inputs_embeds.shape[:2], dtype=torch.int64)
+            out = self.model(inputs_embeds=inputs_embeds, attention_mask=mask, use_cache=False)
+            return out.logits
+
+    _export(LanguageModel(), (torch.randn(BATCH, SEQ, HIDDEN),), ["inputs_embeds"], path)
+
+
+def _export(module, args, names, path: Path) -> None:
+    import torch
+
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=names,
+            output_names=["logits"],
+            opset_version=17,
+            dynamo=False,
+            dynamic_axes=dynamic,
+        )
+
+
+def make_form(source: Path, form: str, kind: str, folder: Path) -> Path:
+    """The file onnxruntime's (or onnxconverter-common's) tool makes of ``source``; the
+    float16 form is converted from the optimized one (onnxconverter-common 1.16 fails on the
+    raw Llama export), as onnxruntime's deployment guides do, its rotary tables kept in
+    float32 (converted, they no longer type-check in onnxruntime)."""
+    target = folder / f"{kind}_{form}.onnx"
+    logging.disable(logging.WARNING)
+    try:
+        if form == "float32":
+            return source
+        if form in ("opt1", "opt2"):
+            from onnxruntime.transformers.optimizer import optimize_model
+
+            heads = 2 if kind == "bert" else 4
+            model_type = "bert" if kind == "bert" else "gpt2"
+            optimized = optimize_model(
+                str(source), model_type, heads, HIDDEN, opt_level=int(form[-1])
+            )
+            optimized.save_model_to_file(str(target))
+        elif form == "float16":
+            from onnxconverter_common import float16
+
+            optimized = make_form(source, "opt1", kind, folder)
+            model = onnx.load(optimized)
+            rotary = [n.name for n in model.graph.node if "rotary_emb" in n.name]
+            converted = float16.convert_float_to_float16(
+                model, keep_io_types=True, node_block_list=rotary
+            )
+            del converted.graph.value_info[:]  # some disagree with the Cast nodes it keeps
+            onnx.save(converted, target)
+        elif form == "int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+        elif form == "qdq":
+            _quantize_static(source, target, kind)
+        elif form == "int4":
+            quantizer = _nbits_quantizer(onnx.load(source))
+            quantizer.process()
+            quantizer.model.save_model_to_file(str(target))
+    finally:
+        logging.disable(logging.NOTSET)
+    return target
+
+
+def _nbits_quantizer(model: onnx.ModelProto):
+    """onnxruntime's 4-bit MatMulNBits quantizer, blocks of 16: its default (round to
+    nearest, in C++) where this onnxruntime has that kernel, else its HQQ algorithm (in
+    torch; onnxruntime-training 1.19 lacks the C++ one), which writes float zero points."""
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError:
+        from onnxruntime.quantization import matmul_4bits_quantizer as module
+
+        config = module.HQQWeightOnlyQuantConfig(block_size=16, bits=4)
+        return module.MatMul4BitsQuantizer(model, algo_config=config)
+    return MatMulNBitsQuantizer(model, block_size=16, is_symmetric=False)
+
+
+def feeds(kind: str, seed: int = 0, padded: bool = True) -> dict[str, np.ndarray]:
+    """Random embeddings (and, for BERT, a mask padding the second sequence's last two
+    tokens). Static quantization is calibrated without padding: padded positions add
+    -3.4e38 to the attention scores, a range whose scale overflows to infinity."""
+    rng = np.random.default_rng(seed)
+    values = {"inputs_embeds": rng.standard_normal((BATCH, SEQ, HIDDEN)).astype(np.float32)}
+    if kind == "bert":
+        mask = np.ones((BATCH, SEQ), dtype=np.int64)
+        if padded:
+            mask[1, -2:] = 0
+        values["attention_mask"] = mask
+    return values
+
+
+def _quantize_static(source: Path, target: Path, kind: str) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([feeds(kind, seed, padded=False) for seed in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(source, target, Reader(), quant_format=QuantFormat.QDQ)

@@ -1,0 +1,158 @@
+"""LoRA adapters over frozen quantized weights (QLoRA): MatMulNBits and QLinearMatMul."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad import add_lora, get_train_initializer, merge_lora, onnx_derivative
+from onnxgrad.graph.lora import lora_adapters
+from tests.derivative.fd import numerical_vjp
+from tests.normalize.kernels import run
+
+RNG = np.random.default_rng(6)
+K, N = 32, 6
+
+
+def _nbits_model():
+    packed = RNG.integers(0, 256, (N, K // 16, 8), dtype=np.uint8)
+    scales = (RNG.random(N * K // 16) * 0.1 + 0.01).astype(np.float32)
+    node = helper.make_node(
+        "MatMulNBits",
+        ["x", "w", "s"],
+        ["y"],
+        domain="com.microsoft",
+        K=K,
+        N=N,
+        bits=4,
+        block_size=16,
+    )
+    graph = helper.make_graph(
+        [node],
+        "nbits",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+        [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(scales, "s")],
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=8), "w"
+
+
+def _qlinear_model():
+    w = RNG.integers(-128, 128, (K, N), dtype=np.int8)
+    inits = {
+        "as": np.array(0.02, np.float32),
+        "az": np.array(128, np.uint8),
+        "w": w,
+        "ws": np.array(0.01, np.float32),
+        "wz": np.array(0, np.int8),
+        "ys": np.array(0.05, np.float32),
+        "yz": np.array(128, np.uint8),
+    }
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "as", "az"], ["xq"]),
+        helper.make_node("QLinearMatMul", ["xq", "as", "az", "w", "ws", "wz", "ys", "yz"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qlinear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), "w"
+
+
+def _with_values(model, values):
+    for init in model.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    return model
+
+
+@pytest.mark.parametrize(
+    "make", [_nbits_model, _qlinear_model], ids=["MatMulNBits", "QLinearMatMul"]
+)
+def test_adapters_over_a_frozen_quantized_weight(make):
+    model, weight = make()
+    x = (RNG.standard_normal((3, K)) * 2).astype(np.float32)
+    adapted = add_lora(model, rank=2)
+    (adapter,) = lora_adapters(adapted)
+    assert adapter["weight"] == weight
+    inits = {i.name: i for i in adapted.graph.initializer}
+    assert inits[weight].data_type in (TensorProto.UINT8, TensorProto.INT8)
+    assert sorted(get_train_initializer(adapted)) == sorted([adapter["a"], adapter["b"]])
+    np.testing.assert_allclose(run(adapted, {"x": x})[0], run(model, {"x": x})[0], atol=1e-5)
+
+    a = numpy_helper.to_array(inits[adapter["a"]])
+    b = RNG.standard_normal((2, N)).astype(np.float32)
+    trained = _with_values(adapted, {adapter["b"]: b})
+    if make is _nbits_model:
+        dense = x @ (a @ b)
+        np.testing.assert_allclose(
+            run(trained, {"x": x})[0], run(model, {"x": x})[0] + dense, rtol=1e-4, atol=1e-4
+        )
+    seed = RNG.standard_normal((3, N)).astype(np.float32)
+    gradient = onnx_derivative(trained, weights=[adapter["a"], adapter["b"]], inputs=[])
+    names = [o.name for o in gradient.graph.output]
+    got = dict(
+        zip(names, run(gradient, {"x": x, "y_grad": seed, adapter["a"]: a, adapter["b"]: b}))
+    )
+    values = {adapter["a"]: a, adapter["b"]: b}
+
+    def function(point):
+        cast = {k: np.asarray(v, dtype=np.float32) for k, v in point.items()}
+        return [run(_with_values(trained, cast), {"x": x})[0].astype(np.float64)]
+
+    if make is _nbits_model:
+        expected = numerical_vjp(function, values, list(values), [seed], eps=1e-3)
+        for name in values:
+            np.testing.assert_allclose(got[f"{name}_grad"], expected[name], rtol=5e-3, atol=5e-3)
+    else:  # quantized output: straight-through, the float product's gradient masked in range
+        assert all(np.isfinite(got[f"{name}_grad"]).all() for name in values)
+        assert np.abs(got[f"{adapter['b']}_grad"]).sum() > 0
+    merged = merge_lora(trained)
+    assert lora_adapters(merged) == [adapter]
+    np.testing.assert_array_equal(run(merged, {"x": x})[0], run(trained, {"x": x})[0])
+
+
+def test_qlora_artifacts_train_in_plain_onnxruntime_steps(tmp_path):
+    """generate_artifacts trains only the adapters of a 4-bit model; plain onnxruntime steps
+    lower the loss; merge_checkpoint keeps the adapters over the untouched 4-bit base."""
+    import onnxruntime as ort
+
+    from onnxgrad.training import (
+        Checkpoint,
+        generate_artifacts,
+        load_train_step,
+        merge_checkpoint,
+        save_checkpoint,
+    )
+
+    model, weight = _nbits_model()
+    adapted = add_lora(model, rank=2)
+    art = generate_artifacts(adapted, optimizer="adam", artifact_directory=tmp_path / "art")
+    assert sorted(art.checkpoint.weights) == [f"{weight}_lora_A", f"{weight}_lora_B"]
+    step = load_train_step(art.directory)
+    x = RNG.standard_normal((64, K)).astype(np.float32)
+    target = run(model, {"x": x})[0] + x @ RNG.standard_normal((K, N)).astype(np.float32) * 0.1
+    session = ort.InferenceSession(
+        str(art.path("training_model.onnx")), providers=["CPUExecutionProvider"]
+    )
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    losses = []
+    for _ in range(60):
+        feeds = {"x": x, "label": target, "learning_rate": np.array(0.05, np.float32), **values}
+        loss, *new = session.run([step.loss, *step.new_weights, *step.new_state], feeds)
+        losses.append(float(loss))
+        values = dict(zip([*step.weights, *step.state], new))
+    assert losses[-1] < 0.5 * losses[0]
+    trained = Checkpoint({w: values[w] for w in step.weights}, {s: values[s] for s in step.state})
+    save_checkpoint(trained, tmp_path / "trained.json")
+    merged = merge_checkpoint(art.directory, tmp_path / "trained.json")
+    packed = {i.name: i for i in merged.graph.initializer}[weight]
+    assert packed.data_type == TensorProto.UINT8
+    before = np.mean((run(model, {"x": x})[0] - target) ** 2)
+    assert np.mean((run(merged, {"x": x})[0] - target) ** 2) < 0.5 * before

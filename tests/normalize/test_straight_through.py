@@ -1,0 +1,104 @@
+"""Quantized activations differentiated with the straight-through estimator: values as
+onnxruntime computes them, gradients as the estimator defines them (numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad import onnx_derivative
+from onnxgrad.normalize import normalized_model
+from tests.normalize.kernels import run
+
+RNG = np.random.default_rng(4)
+
+
+def _linear(k=6, n=3):
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _dequantized_weight(model):
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    codes = next(v for v in inits.values() if v.dtype in (np.int8, np.uint8) and v.ndim == 2)
+    name = next(k for k, v in inits.items() if v is codes)
+    scale = inits[f"{name.removesuffix('_quantized')}_scale"]
+    zero = inits[f"{name.removesuffix('_quantized')}_zero_point"]
+    return (codes.astype(np.float64) - zero) * scale
+
+
+def test_dynamic_int8_linear(tmp_path):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    onnx.save(_linear(), tmp_path / "f.onnx")
+    quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8)
+    quantized = onnx.load(tmp_path / "q.onnx")
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in quantized.graph.node}
+    x = RNG.standard_normal((4, 6)).astype(np.float32)
+    lowered = normalized_model(quantized)
+    assert "MatMulInteger" not in {n.op_type for n in lowered.graph.node}
+    np.testing.assert_allclose(
+        run(lowered, {"x": x})[0], run(quantized, {"x": x})[0], rtol=1e-5, atol=1e-5
+    )
+    seed = RNG.standard_normal((4, 3)).astype(np.float32)
+    gradient = onnx_derivative(quantized, inputs=["x"], weights=[])
+    got = run(gradient, {"x": x, "y_grad": seed})[0]
+    np.testing.assert_allclose(got, seed @ _dequantized_weight(quantized).T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("zero_type", [np.uint8, np.int8])
+def test_quantize_dequantize_pair(zero_type):
+    scale, zero = np.float32(0.05), zero_type(3)
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 50])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 50])],
+        [
+            numpy_helper.from_array(np.array(scale), "s"),
+            numpy_helper.from_array(np.array(zero), "z"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    x = (RNG.standard_normal((3, 50)) * 5).astype(np.float32)
+    lowered = normalized_model(model)
+    np.testing.assert_array_equal(run(lowered, {"x": x})[0], run(model, {"x": x})[0])
+    seed = RNG.standard_normal(x.shape).astype(np.float32)
+    got = run(onnx_derivative(model, inputs=["x"], weights=[]), {"x": x, "y_grad": seed})[0]
+    lo, hi = np.iinfo(zero_type).min, np.iinfo(zero_type).max
+    code = np.round(x / scale) + zero
+    mask = (code >= lo) & (code <= hi)
+    assert 0 < mask.mean() < 1
+    np.testing.assert_array_equal(got, seed * mask)
+
+
+@pytest.mark.parametrize("value", [0.0, 1e-30, -3.5e-20, 1.2345678, -7e5, 3e8, 1e30, -np.inf])
+def test_stop_gradient_is_exact(value):
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array(np.float32(1e-3)), "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    x = np.array([value], dtype=np.float32)
+    np.testing.assert_array_equal(
+        run(normalized_model(model), {"x": x})[0], run(model, {"x": x})[0]
+    )
