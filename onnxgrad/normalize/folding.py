@@ -7,7 +7,9 @@ target) read it only when it is a constant, so a main-graph node whose inputs ar
 integer or boolean constants and whose outputs are integer or boolean is evaluated once,
 with onnx's reference evaluator, and replaced by ``Constant`` nodes of the same output
 names. Float results are left as they are: a float expression of weights changes with
-training. A node that could allocate more than
+training. Only integer initializers of rank 0 or 1 (shapes, pads, axes) count as known:
+one of higher rank is data (quantized weight codes, index tables), which a quantized
+weight's adapter must still see (:mod:`onnxgrad.graph.qlora`). A node that could allocate more than
 :data:`MAX_ELEMENTS` elements is not evaluated.
 """
 
@@ -36,7 +38,9 @@ def folded_integer_constants(model: ModelProto) -> ModelProto:
     """``model`` with the integer expressions of constants of its main graph replaced by
     ``Constant`` nodes (see the module docstring)."""
     graph = model.graph
-    known = {i.name: i for i in graph.initializer if i.data_type not in FLOAT_TYPES}
+    known = {
+        i.name: i for i in graph.initializer if i.data_type not in FLOAT_TYPES and len(i.dims) <= 1
+    }
     nodes, changed = [], False
     for node in graph.node:
         folded = _folded(node, known, model)
