@@ -88,14 +88,16 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
         return tags
 
     # -- fitting ----------------------------------------------------------------------------
-    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, feeds=None):
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, use_numpy=False, feeds=None):
         """Train on the labels ``y`` of any type (see
         :meth:`OrtGradientForwardBackwardOptimizer.fit`); :attr:`classes_` are the sorted
         distinct labels of ``y`` (kept by a warm start)."""
         if not (self.warm_start and self.__sklearn_is_fitted__()):
             self._set_classes(np.unique(_labels(y)))
         y_val = None if y_val is None else self._encode(y_val, "y_val")
-        return super().fit(X, self._encode(y), sample_weight, X_val, y_val, feeds)
+        return super().fit(
+            X, self._encode(y), sample_weight, X_val, y_val, use_numpy=use_numpy, feeds=feeds
+        )
 
     def partial_fit(self, X, y, classes=None, sample_weight=None, feeds=None):
         """One epoch; the first call needs ``classes``, every label ``y`` may take."""
@@ -106,7 +108,7 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
             if self.__sklearn_is_fitted__() and not np.array_equal(classes, self.classes_):
                 raise ValueError(f"classes={classes} differ from classes_={self.classes_}")
             self._set_classes(classes)
-        return super().partial_fit(X, self._encode(y), sample_weight, feeds)
+        return super().partial_fit(X, self._encode(y), sample_weight, feeds=feeds)
 
     def _set_classes(self, classes: np.ndarray) -> None:
         if len(classes) < 2:

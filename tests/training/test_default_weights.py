@@ -3,7 +3,8 @@ weight say why.
 
 The multi-output model is ``h = x W0``, ``Y1 = h W1``, ``Y2 = h W2``: a loss on ``Y2``
 trains ``W0`` and ``W2``. The reference gradient is a float64 central finite difference
-of the mean squared error of the original model's output, computed in numpy.
+of the squared error of the original model's output summed over every element (the default
+reduction), computed in numpy; the learning rate :data:`LR` is 0.1 per row.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ WEIGHTS = {
     "W1": RNG.normal(size=(4, 1)),
     "W2": RNG.normal(size=(4, 2)),
 }
+#: 0.1 per row on the loss summed over a batch of 16 rows
+LR = 0.1 / 16
 
 
 def model_of(nodes, outputs, initializers, dtype=np.float64):
@@ -50,7 +53,7 @@ def two_heads(dtype=np.float64):
 
 
 def y2_loss(W, X, y):
-    return np.mean((X @ W["W0"] @ W["W2"] - y) ** 2)
+    return np.sum((X @ W["W0"] @ W["W2"] - y) ** 2)
 
 
 def finite_difference(W, name, X, y, eps=1e-6):
@@ -72,19 +75,19 @@ def data(n=16):
 def test_artifacts_with_a_loss_on_one_output_train_the_weights_that_reach_it(tmp_path):
     X, y = data()
     art = generate_artifacts(
-        two_heads(), output="Y2", optimizer="sgd", learning_rate=0.1, folder=tmp_path
+        two_heads(), output="Y2", optimizer="sgd", learning_rate=LR, folder=tmp_path
     )
     step = art.train_step
     assert step.weights == ("W0", "W2")
     session = ort.InferenceSession(
         str(tmp_path / "training_model.onnx"), providers=["CPUExecutionProvider"]
     )
-    feeds = {step.features[0]: X, step.label: y, step.learning_rate: np.array(0.1)}
+    feeds = {step.features[0]: X, step.label: y, step.learning_rate: np.array(LR)}
     feeds.update({w: WEIGHTS[w] for w in step.weights})
     feeds.update(step.initial_state())
     outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     for w, new in zip(step.weights, step.new_weights):
-        expected = WEIGHTS[w] - 0.1 * finite_difference(WEIGHTS, w, X, y)
+        expected = WEIGHTS[w] - LR * finite_difference(WEIGHTS, w, X, y)
         np.testing.assert_allclose(outputs[new], expected, rtol=1e-6, atol=1e-8)
 
 
@@ -107,12 +110,12 @@ def test_estimator_fits_the_weights_of_its_output():
         output="Y2",
         max_iter=3,
         batch_size=len(X),
-        learning_rate=LearningRateSGD(0.1, learning_rate="constant"),
+        learning_rate=LearningRateSGD(LR, learning_rate="constant"),
     ).fit(X, y)
     W = dict(WEIGHTS)
     for _ in range(3):
         grads = {w: finite_difference(W, w, X, y) for w in ("W0", "W2")}
-        W = {**W, **{w: W[w] - 0.1 * g for w, g in grads.items()}}
+        W = {**W, **{w: W[w] - LR * g for w, g in grads.items()}}
     state = est.get_state()
     assert sorted(state) == ["W0", "W2"]
     for w in ("W0", "W2"):

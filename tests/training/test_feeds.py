@@ -3,7 +3,8 @@
 
 The model is ``y = sr * (x W + state V + offset)`` with a per-row ``state [N, 2]``, an int64
 0-d sample rate ``sr`` and a fixed ``offset [1, 1]``; the reference is full-batch gradient
-descent in numpy on the mean squared error.
+descent in numpy on the squared error summed over the batch (the default reduction), with a
+learning rate :data:`LR` of 0.02 per row.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ RNG = np.random.default_rng(0)
 W0, V0 = RNG.normal(size=(3, 1)), RNG.normal(size=(2, 1))
 X, STATE, Y = RNG.normal(size=(24, 3)), RNG.normal(size=(24, 2)), RNG.normal(size=24)
 OFFSET = np.array([[0.25]])
+#: 0.02 per row on the loss summed over the batch of all 24 rows
+LR = 0.02 / len(X)
 
 
 def two_input_model(dtype=np.float64):
@@ -61,13 +64,13 @@ def forward(W, V, x, state, sr):
 def numpy_descent(sr, lr, epochs):
     W, V = W0.copy(), V0.copy()
     for _ in range(epochs):
-        d = 2 * (forward(W, V, X, STATE, sr)[:, 0] - Y)[:, None] / len(X) * sr
+        d = 2 * (forward(W, V, X, STATE, sr)[:, 0] - Y)[:, None] * sr
         W, V = W - lr * X.T @ d, V - lr * STATE.T @ d
     return W, V
 
 
 def estimator(**kwargs):
-    sgd = LearningRateSGD(0.02, learning_rate="constant")
+    sgd = LearningRateSGD(LR, learning_rate="constant")
     params = {"max_iter": 4, "batch_size": len(X), "learning_rate": sgd, **kwargs}
     return OrtGradientForwardBackwardOptimizer(two_input_model(), **params)
 
@@ -79,7 +82,7 @@ def test_fit_with_per_row_and_fixed_feeds_matches_numpy(as_dict):
         est = estimator().fit({"x": X, "state": STATE}, Y, feeds=fixed)
     else:
         est = estimator().fit(X, Y, feeds={**fixed, "state": STATE})
-    W, V = numpy_descent(2, 0.02, 4)
+    W, V = numpy_descent(2, LR, 4)
     np.testing.assert_allclose(est.get_state()["W"], W, rtol=1e-10)
     np.testing.assert_allclose(est.get_state()["V"], V, rtol=1e-10)
     assert sorted(est.runner_.feeds.arrays) == ["offset", "sr"]
@@ -89,8 +92,8 @@ def test_fit_with_per_row_and_fixed_feeds_matches_numpy(as_dict):
     # a fixed feed given at prediction replaces the fit's for that call only
     tripled = forward(W, V, X[:5], STATE[:5], 3)
     np.testing.assert_allclose(est.predict(X[:5], feeds={"state": STATE[:5], "sr": 3}), tripled)
-    mse = np.mean((forward(W, V, X, STATE, 2)[:, 0] - Y) ** 2)
-    assert est.score(X, Y, feeds={"state": STATE}) == pytest.approx(-mse, rel=1e-10)
+    sse = np.sum((forward(W, V, X, STATE, 2)[:, 0] - Y) ** 2)
+    assert est.score(X, Y, feeds={"state": STATE}) == pytest.approx(-sse, rel=1e-10)
     losses = est.losses(X[:3], Y[:3], feeds={"state": STATE[:3]})
     rows = (forward(W, V, X[:3], STATE[:3], 2)[:, 0] - Y[:3]) ** 2
     np.testing.assert_allclose(losses, rows, rtol=1e-10)
@@ -100,20 +103,22 @@ def test_fit_with_per_row_and_fixed_feeds_matches_numpy(as_dict):
 
 def test_minibatches_select_the_same_rows_of_every_per_row_input():
     fixed = {"sr": np.array(1), "offset": OFFSET}
-    est = estimator(batch_size=5, max_iter=30, learning_rate=LearningRateSGD(0.05))
+    # 0.05 per row on the loss summed over batches of 5 rows
+    est = estimator(batch_size=5, max_iter=30, learning_rate=LearningRateSGD(0.05 / 5))
     est.fit(X, Y, feeds={**fixed, "state": STATE})
     # the target is linear in (x, state): a mix-up of rows would leave the loss high
     W, *_ = np.linalg.lstsq(np.hstack([X, STATE, np.ones((24, 1))]), Y, rcond=None)
     best = np.mean((np.hstack([X, STATE, np.ones((24, 1))]) @ W - Y) ** 2)
     start = np.mean((forward(W0, V0, X, STATE, 1)[:, 0] - Y) ** 2)
-    assert -est.score(X, Y, feeds={"state": STATE}) < best + 0.2 * (start - best)
+    mse = -est.score(X, Y, feeds={"state": STATE}) / len(X)
+    assert mse < best + 0.2 * (start - best)
 
 
 def test_warm_fits_keep_the_fixed_feeds():
     est = estimator(warm_start=True)
     est.fit(X, Y, feeds={"sr": 2, "offset": OFFSET, "state": STATE})
     est.fit(X, Y, feeds={"state": STATE})
-    W, _ = numpy_descent(2, 0.02, 8)
+    W, _ = numpy_descent(2, LR, 8)
     np.testing.assert_allclose(est.get_state()["W"], W, rtol=1e-10)
 
 
@@ -139,7 +144,7 @@ def test_cli_train_with_feeds(tmp_path):
     np.save(tmp_path / "offset.npy", OFFSET.astype(np.float32))
     result = run_in_process(
         "train", "m.onnx", "--data", "data.npz", "-o", "t.onnx", "--optimizer", "sgd",
-        "--lr", "0.02", "--batch-size", "24", "--epochs", "4",
+        "--lr", repr(LR), "--batch-size", "24", "--epochs", "4",
         "--feed", "state=state.npy", "--feed", "sr=sr.npy", "--feed", "offset=offset.npy",
         cwd=tmp_path,
     )  # fmt: skip
@@ -147,7 +152,7 @@ def test_cli_train_with_feeds(tmp_path):
     trained = {
         i.name: numpy_helper.to_array(i) for i in onnx.load(tmp_path / "t.onnx").graph.initializer
     }
-    W, V = numpy_descent(2, 0.02, 4)
+    W, V = numpy_descent(2, LR, 4)
     np.testing.assert_allclose(trained["W"], W, rtol=2e-4)
     np.testing.assert_allclose(trained["V"], V, rtol=2e-4)
     missing = run_in_process(
@@ -190,7 +195,7 @@ def test_classifier_with_a_per_row_feed_matches_numpy():
         learning_loss="cross_entropy_logits",
         max_iter=3,
         batch_size=len(X),
-        learning_rate=LearningRateSGD(0.5, learning_rate="constant"),
+        learning_rate=LearningRateSGD(0.5 / len(X), learning_rate="constant"),
     ).fit(X, labels, feeds={"state": STATE})
     onehot = (labels[:, None] == np.array(["a", "b", "c"])).astype(float)
     W, V = np.zeros((3, 3)), np.zeros((2, 3))
@@ -198,8 +203,8 @@ def test_classifier_with_a_per_row_feed_matches_numpy():
         z = X @ W + STATE @ V
         p = np.exp(z - z.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
-        d = (p - onehot) / len(X)
-        W, V = W - 0.5 * X.T @ d, V - 0.5 * STATE.T @ d
+        d = p - onehot
+        W, V = W - 0.5 / len(X) * X.T @ d, V - 0.5 / len(X) * STATE.T @ d
     np.testing.assert_allclose(est.get_state()["W"], W, rtol=1e-10, atol=1e-12)
     z = X @ W + STATE @ V
     proba = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
@@ -216,16 +221,26 @@ def test_runner_binds_fixed_inputs_to_every_step():
 
     step = make_train_step(
         two_input_model(),
-        learning_rate=LearningRateSGD(0.02, learning_rate="constant"),
+        learning_rate=LearningRateSGD(LR, learning_rate="constant"),
         fixed_inputs=["sr", "offset"],
     )
     assert step.features == ("x", "state") and step.fixed == ("sr", "offset")
     runner = TrainingRunner(step, check_device("cpu"), {"W": W0, "V": V0})
     loader = data_loader(Rows({"x": X, "state": STATE}), Y[:, None], batch_size=len(X))
     with pytest.raises(ValueError, match=r"no value for the fixed inputs \['sr', 'offset'\]"):
-        runner.run_epoch(loader, 0.02)
+        runner.run_epoch(loader, LR)
     runner.set_feeds({"sr": np.array(2), "offset": OFFSET})
-    runner.run_epoch(loader, 0.02)
-    W, V = numpy_descent(2, 0.02, 1)
+    runner.run_epoch(loader, LR)
+    W, V = numpy_descent(2, LR, 1)
     np.testing.assert_allclose(runner.get_weights()["W"], W, rtol=1e-10)
     np.testing.assert_allclose(runner.get_weights()["V"], V, rtol=1e-10)
+
+
+def test_classifier_fit_takes_the_regressors_arguments_in_order():
+    """``use_numpy`` (the seeds' position) comes before ``feeds`` in every estimator."""
+    from inspect import signature
+
+    from onnxgrad.training import OrtGradientClassifier
+
+    regressor = signature(OrtGradientForwardBackwardOptimizer.fit).parameters
+    assert list(signature(OrtGradientClassifier.fit).parameters) == list(regressor)

@@ -1,7 +1,8 @@
 """Models exported with a fixed batch dimension of 1 trained with batches of 8: the batch
 axis is made free once checked; a model that mixes rows is refused.
 
-Reference: full-batch gradient descent in numpy on ``mean((tanh(x W + s V) - y)^2)``.
+Reference: full-batch gradient descent in numpy on ``sum((tanh(x W + s V) - y)^2)`` (the
+default reduction sums over the batch), with a learning rate :data:`LR` of 0.1 per row.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ W0 = RNG.normal(size=(3, 1))
 V0 = RNG.normal(size=(2, 1))
 X, S = RNG.normal(size=(8, 3)), RNG.normal(size=(8, 2))
 Y = np.tanh(X @ np.array([1.0, 2.0, -1.0]) + S @ np.array([0.5, 0.5]))
+#: 0.1 per row on the loss summed over the batch of all 8 rows
+LR = 0.1 / len(X)
 
 
 def batch_one_model(nodes, inputs=("x",), initializers=()):
@@ -52,13 +55,13 @@ def numpy_descent(lr, epochs):
     W, V = W0.copy(), V0.copy()
     for _ in range(epochs):
         t = np.tanh(X @ W + S @ V)
-        d = 2 * (t[:, 0] - Y)[:, None] * (1 - t**2) / len(X)
+        d = 2 * (t[:, 0] - Y)[:, None] * (1 - t**2)
         W, V = W - lr * X.T @ d, V - lr * S.T @ d
     return W, V
 
 
 def estimator(model, **kwargs):
-    sgd = LearningRateSGD(0.1, learning_rate="constant")
+    sgd = LearningRateSGD(LR, learning_rate="constant")
     return OrtGradientForwardBackwardOptimizer(
         model, **{"max_iter": 3, "batch_size": 8, "learning_rate": sgd, **kwargs}
     )
@@ -66,7 +69,7 @@ def estimator(model, **kwargs):
 
 def test_batch_one_model_trains_with_batches_of_eight():
     est = estimator(tanh_model()).fit(X, Y, feeds={"s": S})
-    W, V = numpy_descent(0.1, 3)
+    W, V = numpy_descent(LR, 3)
     np.testing.assert_allclose(est.get_state()["W"], W, rtol=1e-10)
     np.testing.assert_allclose(est.get_state()["V"], V, rtol=1e-10)
     expected = np.tanh(X[:5] @ W + S[:5] @ V)

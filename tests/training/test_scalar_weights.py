@@ -1,7 +1,8 @@
 """0-d (scalar) float weights through the runner, the estimators, checkpoints and artifacts.
 
 The model is ``f(x) = (x @ W) * s`` with a 0-d weight ``s``; the reference is plain
-gradient descent in numpy on the mean squared error.
+gradient descent in numpy on the squared error summed over the batch (the default reduction),
+with a learning rate :data:`LR` of 0.05 per row.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from onnxgrad.training.runner import TrainingRunner
 
 W0 = np.array([[0.1], [0.2], [0.3]])
 S0 = 0.5
+#: 0.05 per row on the loss summed over a batch of 40 rows
+LR = 0.05 / 40
 
 
 def scalar_weight_model(dtype=np.float64):
@@ -49,18 +52,18 @@ def data(n=40, dtype=np.float64):
 
 
 def numpy_descent(X, y, lr, epochs):
-    """Full-batch gradient descent on ``mean((X W s - y)^2)``."""
+    """Full-batch gradient descent on ``sum((X W s - y)^2)``."""
     W, s = W0.copy(), S0
     for _ in range(epochs):
         t = X @ W
-        d = 2 * (t[:, 0] * s - y) / len(X)
+        d = 2 * (t[:, 0] * s - y)
         W, s = W - lr * s * (X.T @ d)[:, None], s - lr * float(d @ t[:, 0])
     return W, s
 
 
 def estimator(model, **kwargs):
     params = dict(
-        max_iter=5, batch_size=40, learning_rate=LearningRateSGD(0.05, learning_rate="constant")
+        max_iter=5, batch_size=40, learning_rate=LearningRateSGD(LR, learning_rate="constant")
     )
     return OrtGradientForwardBackwardOptimizer(model, **{**params, **kwargs})
 
@@ -73,7 +76,7 @@ def test_fit_matches_numpy_gradient_descent():
     X, y = data()
     est = estimator(scalar_weight_model()).fit(X, y)
     state = est.get_state()
-    W, s = numpy_descent(X, y, 0.05, 5)
+    W, s = numpy_descent(X, y, LR, 5)
     assert state["s"].shape == () and state["W"].shape == (3, 1)
     np.testing.assert_allclose(state["W"], W, rtol=1e-10)
     np.testing.assert_allclose(state["s"], s, rtol=1e-10)
@@ -110,11 +113,11 @@ def test_diverging_fit_raises_convergence_error_and_keeps_finite_weights():
 def test_per_weight_runner_keeps_a_0d_weight():
     X, y = data()
     step = make_train_step(
-        scalar_weight_model(), learning_rate=LearningRateSGD(0.05, learning_rate="constant")
+        scalar_weight_model(), learning_rate=LearningRateSGD(LR, learning_rate="constant")
     )
     runner = TrainingRunner(step, check_device("cpu"), {"W": W0, "s": np.array(S0)})
-    runner.run_epoch(OrtDataLoader(X, y[:, None], batch_size=40), 0.05)
-    W, s = numpy_descent(X, y, 0.05, 1)
+    runner.run_epoch(OrtDataLoader(X, y[:, None], batch_size=40), LR)
+    W, s = numpy_descent(X, y, LR, 1)
     np.testing.assert_allclose(runner.get_weights()["W"], W, rtol=1e-10)
     np.testing.assert_allclose(runner.get_weights()["s"], s, rtol=1e-10)
     runner.set_values({"s": np.array(3.0)})
@@ -132,13 +135,13 @@ def test_checkpoint_keeps_0d_tensors(tmp_path):
 def test_artifacts_train_and_merge_a_0d_weight(tmp_path):
     X, y = data(dtype=np.float32)
     artifacts = generate_artifacts(
-        scalar_weight_model(np.float32), optimizer="sgd", learning_rate=0.05, folder=tmp_path
+        scalar_weight_model(np.float32), optimizer="sgd", learning_rate=LR, folder=tmp_path
     )
     checkpoint = load_checkpoint(artifacts.path("checkpoint.json"))
     assert checkpoint.weights["s"].shape == ()
     runner = TrainingRunner(load_train_step(tmp_path), check_device("cpu"), checkpoint.weights)
-    runner.run_epoch(OrtDataLoader(X, y[:, None], batch_size=40), 0.05)
-    _, s = numpy_descent(X.astype(np.float64), y.astype(np.float64), 0.05, 1)
+    runner.run_epoch(OrtDataLoader(X, y[:, None], batch_size=40), LR)
+    _, s = numpy_descent(X.astype(np.float64), y.astype(np.float64), LR, 1)
     np.testing.assert_allclose(runner.get_weights()["s"], s, rtol=1e-5)
     save_checkpoint(Checkpoint(runner.get_weights(), runner.get_state()), tmp_path / "t.json")
     merged = merge_checkpoint(tmp_path, tmp_path / "t.json")

@@ -1,6 +1,6 @@
 """The split train step (gradient graph, then update graph) against numpy: the gradient of
-the mean squared error of a linear model, and SGD with an elastic penalty whose gradient
-the update graph adds once."""
+the squared error of a linear model summed over the batch (the default reduction), and SGD
+with an elastic penalty whose gradient the update graph adds once."""
 
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ def test_gradient_then_update_match_numpy(rng, penalty):
     y = rng.standard_normal((6, 1)).astype(np.float32)
     W, b = coef.T.astype(np.float64), intercept.astype(np.float64)
     residual = X @ W + b - y
-    grads = {"coefs": 2 * X.T @ residual / len(X), "intercept": 2 * residual.sum(0) / len(X)}
+    grads = {"coefs": 2 * X.T @ residual, "intercept": 2 * residual.sum(0)}
 
     outputs = _run(step.gradient, {"X": X, step.label: y, "coefs": coef.T, "intercept": intercept})
     names = list(outputs)
     for name, weight in zip(names, step.weights):
         np.testing.assert_allclose(outputs[name], grads[weight], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(outputs[names[-1]], (residual**2).mean(), rtol=1e-5)
+    np.testing.assert_allclose(outputs[names[-1]], (residual**2).sum(), rtol=1e-5)
 
     weights = {"coefs": coef.T, "intercept": intercept}
     feeds = {**step.weight_inputs(weights), **step.initial_state()}
