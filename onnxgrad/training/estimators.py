@@ -54,6 +54,7 @@ from onnxgrad.training.penalties import (
     select_learning_penalty,
 )
 from onnxgrad.training.runner import GraphRunner, TrainingRunner
+from onnxgrad.training.session_options import training_session_options
 
 #: parameters the composed graphs do not depend on
 _RUN_PARAMS = frozenset(
@@ -354,10 +355,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         self._runners_key = self._runners_key_for(device)
 
     def _session_options(self) -> ort.SessionOptions:
-        options = ort.SessionOptions()
-        if self.intra_op_num_threads is not None:
-            options.intra_op_num_threads = int(self.intra_op_num_threads)
-        return options
+        return training_session_options(self.intra_op_num_threads)
 
     def _make_runners(self, graphs: _Graphs, step: TrainStep, device, weights, state) -> tuple:
         """``(runner, evaluator, validator, predictor)``, nothing assigned yet."""

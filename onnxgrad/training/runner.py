@@ -23,15 +23,17 @@ from onnxgrad.training._inputs import check_tensor, host_array
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
+from onnxgrad.training.session_options import training_session_options
 from onnxgrad.training.train_step import TrainStep
 
 
 def make_session(
     model: ModelProto, device: Device, options: ort.SessionOptions | None = None
 ) -> ort.InferenceSession:
-    """An ``InferenceSession`` of ``model`` on ``device``; a model past protobuf's 2 GiB
-    limit goes through a temporary file with external data."""
-    options = options or ort.SessionOptions()
+    """An ``InferenceSession`` of ``model`` on ``device`` (default options: those of
+    :mod:`~onnxgrad.training.session_options`); a model past protobuf's 2 GiB limit goes
+    through a temporary file with external data."""
+    options = options or training_session_options()
     try:
         if model.ByteSize() < _files.PROTOBUF_LIMIT:
             return ort.InferenceSession(
