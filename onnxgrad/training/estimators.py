@@ -55,6 +55,7 @@ from onnxgrad.training.penalties import (
 )
 from onnxgrad.training.runner import GraphRunner, TrainingRunner
 from onnxgrad.training.session_options import training_session_options
+from onnxgrad.training.train_step import default_layout
 
 #: parameters the composed graphs do not depend on
 _RUN_PARAMS = frozenset(
@@ -275,10 +276,9 @@ class BaseOrtOptimizer(EstimatorMixin):
     def _train_step(self, model: ModelProto, graphs: _Graphs, device) -> TrainStep:
         """The train step of ``graphs`` for ``device``, built on first use.
 
-        On the CPU the update runs on all weights end to end (``'flat'`` layout: fewer,
-        larger kernels), elsewhere weight by weight.
+        See :func:`~onnxgrad.training.train_step.default_layout`.
         """
-        layout = "flat" if device.kind == "cpu" else "per_weight"
+        layout = default_layout(model, graphs.evaluation.weights, device.kind)
         if layout not in graphs.steps:
             graphs.steps[layout] = make_train_step(
                 model,

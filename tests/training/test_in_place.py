@@ -112,3 +112,14 @@ def test_runner_sharing_buffers_equals_the_graph_fed_back(layout, optimizer):
         np.testing.assert_allclose(value, values[name], rtol=1e-5, atol=1e-6, err_msg=name)
     for name, value in runner.get_state().items():
         np.testing.assert_allclose(value, state[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_default_layout_by_size():
+    """The flat update holds a second copy of the weights: only small models get it."""
+    from onnxgrad.training.train_step import FLAT_MAX_ELEMENTS, default_layout
+
+    model, _ = mlp()
+    assert default_layout(model, ["W1", "b1", "W2"], "cpu") == "flat"
+    assert default_layout(model, ["W1", "b1", "W2"], "cuda") == "per_weight"
+    big = mlp(n_features=FLAT_MAX_ELEMENTS // 5 + 1)[0]
+    assert default_layout(big, ["W1", "b1", "W2"], "cpu") == "per_weight"
