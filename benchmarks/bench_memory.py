@@ -293,7 +293,16 @@ def _ort_options():
     values (``BENCH_SESSION_OPTIONS``)."""
     import onnxruntime
 
-    from onnxgrad.training.session_options import training_session_options
+    try:
+        from onnxgrad.training.session_options import training_session_options
+    except ImportError:  # an onnxgrad before them: onnxruntime's defaults
+
+        def training_session_options(threads, **overrides):
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            for key, value in overrides.items():
+                setattr(options, key, value)
+            return options
 
     overrides = {"inter_op_num_threads": 1}
     for item in filter(None, os.environ.get("BENCH_SESSION_OPTIONS", "").split(",")):

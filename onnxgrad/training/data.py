@@ -91,8 +91,9 @@ class OrtDataLoader:
 
 def to_ortvalue(array: np.ndarray, device: Device) -> ort.OrtValue:
     """An ``OrtValue`` holding ``array`` on ``device`` (on the CPU it shares the memory of
-    ``array``, which must stay alive and unchanged as long as the ``OrtValue`` is used)."""
-    array = np.ascontiguousarray(array)
+    ``array``, which must stay alive and unchanged as long as the ``OrtValue`` is used); a
+    0-d array stays 0-d (``ascontiguousarray`` alone gives it one dimension)."""
+    array = np.ascontiguousarray(array).reshape(np.shape(array))
     if device.kind == "cpu":
         return ort.OrtValue.ortvalue_from_numpy(array)
     return ort.OrtValue.ortvalue_from_numpy(array, device.ort_type, device.index)

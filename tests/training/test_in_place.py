@@ -123,3 +123,22 @@ def test_default_layout_by_size():
     assert default_layout(model, ["W1", "b1", "W2"], "cuda") == "per_weight"
     big = mlp(n_features=FLAT_MAX_ELEMENTS // 5 + 1)[0]
     assert default_layout(big, ["W1", "b1", "W2"], "cpu") == "per_weight"
+
+
+def test_rank0_weight_keeps_its_shape_on_the_device():
+    """``y = s * (X W)`` with a 0-d ``s`` (dynamo exports hold such initializers)."""
+    model, weights = mlp()
+    graph = model.graph
+    graph.node[-1].output[0] = "Y0"
+    graph.node.append(helper.make_node("Mul", ["Y0", "s"], ["Y"]))
+    graph.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "s"))
+    weights = {**weights, "s": np.array(0.5, np.float32)}
+    step = make_train_step(model, learning_rate=LearningRateAdam(), layout="per_weight")
+    X = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.standard_normal((6, 1)).astype(np.float32)
+    runner = TrainingRunner(step, check_device("cpu"), weights)
+    assert runner.current.values["s"].shape() == []
+    runner.run_epoch(OrtDataLoader(X, y, batch_size=6, random_state=0), 0.05)
+    values, _ = reference(step, X, y, weights, 0.05, 1)
+    assert runner.get_weights()["s"].shape == ()
+    np.testing.assert_allclose(runner.get_weights()["s"], values["s"], rtol=1e-5)
