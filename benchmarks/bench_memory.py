@@ -205,6 +205,7 @@ def make_trainer(framework: str, name: str, folder: Path, x, label, lr: float):
 
     import onnx
 
+    from onnxgrad.graph import get_train_initializer
     from onnxgrad.training.composition import make_train_step
     from onnxgrad.training.data import OrtDataLoader
     from onnxgrad.training.devices import parse_device
@@ -218,7 +219,15 @@ def make_trainer(framework: str, name: str, folder: Path, x, label, lr: float):
         )
     else:
         optimizer = LearningRateAdam(eta0=lr)
-    train_step = make_train_step(model, loss=None, learning_rate=optimizer, layout=_layout())
+    layout = _layout()
+    if layout == "auto":
+        try:
+            from onnxgrad.training.train_step import default_layout
+        except ImportError:  # before default_layout, the estimators updated flat on the CPU
+            layout = "flat"
+        else:
+            layout = default_layout(model, get_train_initializer(model), "cpu")
+    train_step = make_train_step(model, loss=None, learning_rate=optimizer, layout=layout)
     weights = {
         i.name: onnx.numpy_helper.to_array(i)
         for i in model.graph.initializer
@@ -285,7 +294,7 @@ def _trim_heap() -> None:
 
 
 def _layout() -> str:
-    return os.environ.get("BENCH_LAYOUT", "flat")
+    return os.environ.get("BENCH_LAYOUT", "auto")
 
 
 def _ort_options():
@@ -367,7 +376,12 @@ def main(argv=None) -> list[dict]:
         help="onnxruntime session option for onnxgrad, e.g. enable_mem_pattern=0 or "
         "execution_order=PRIORITY_BASED (repeatable)",
     )
-    parser.add_argument("--layout", choices=["flat", "per_weight"], default="flat")
+    parser.add_argument(
+        "--layout",
+        choices=["auto", "flat", "per_weight"],
+        default="auto",
+        help="the train step's update layout (auto: the estimators' choice on the CPU)",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", nargs=4, metavar=("FRAMEWORK", "MODEL", "FOLDER", "STEPS"))
     args = parser.parse_args(argv)
