@@ -47,6 +47,21 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     }
 
 
+def weight_names(model: ModelProto) -> list[str]:
+    """The names :func:`get_train_initializer` returns for a model without ``ai.onnx.ml``
+    operators, found on a weightless view: no weight is copied (the model's size, not a
+    multiple of it, at the peak)."""
+    from onnxgrad._model_checks import checked_model, weightless_view
+
+    view = checked_model(weightless_view(model))
+    live = differentiable_values(view.graph, model_opsets(view), value_elem_types(view))
+    return [
+        init.name
+        for init in model.graph.initializer
+        if init.data_type in FLOAT_TYPES and init.name in live
+    ]
+
+
 def train_initializer_names(model: ModelProto) -> list[str]:
     """The names :func:`get_train_initializer` returns, for a checked model (its nodes in
     topological order), without copying any data."""

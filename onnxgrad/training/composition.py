@@ -26,7 +26,8 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.derivative.api import graph_inputs
-from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
+from onnxgrad.graph import select_model_inputs_outputs
+from onnxgrad.graph.initializers import weight_names
 from onnxgrad.graph.ml_lowering import lowered_if_needed
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
@@ -233,9 +234,10 @@ def with_batch_indices(step: TrainStep, indices_name: str = "batch_indices") -> 
 
 
 def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[str, ...]:
-    """The weights to train: checked names, or every weight of ``get_train_initializer``."""
+    """The weights to train: checked names, or every weight of ``get_train_initializer``
+    (``model`` is lowered already)."""
     if weights is None:
-        found = tuple(get_train_initializer(model))
+        found = tuple(weight_names(model))
         if not found:
             raise ValueError("the model has no float initializer to train")
         return found

@@ -142,3 +142,12 @@ def test_rank0_weight_keeps_its_shape_on_the_device():
     values, _ = reference(step, X, y, weights, 0.05, 1)
     assert runner.get_weights()["s"].shape == ()
     np.testing.assert_allclose(runner.get_weights()["s"], values["s"], rtol=1e-5)
+
+
+def test_weight_names_equal_get_train_initializer():
+    """Found on a weightless view (no weight copied), the same names in the same order."""
+    from onnxgrad import get_train_initializer
+    from onnxgrad.graph.initializers import weight_names
+
+    model, _ = mlp(n_features=4096)  # W1 above the weightless view's threshold
+    assert weight_names(model) == list(get_train_initializer(model)) == ["W1", "b1", "W2"]
