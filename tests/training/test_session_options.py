@@ -16,7 +16,8 @@ from tests.models import linear_regression_model
 def test_defaults_and_overrides():
     options = training_session_options(2)
     assert not options.enable_mem_pattern
-    assert not options.enable_cpu_mem_arena
+    assert options.enable_cpu_mem_arena
+    assert not training_session_options(enable_cpu_mem_arena=False).enable_cpu_mem_arena
     assert options.intra_op_num_threads == 2
     assert training_session_options(enable_mem_pattern=True).enable_mem_pattern
     with pytest.raises(ValueError, match="no option 'enable_memory_pattern'"):
