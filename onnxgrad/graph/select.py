@@ -95,8 +95,10 @@ def _check_known(names: Iterable[str], known: set[str], what: str) -> None:
 
 def _value_infos(model: ModelProto) -> dict[str, ValueInfoProto]:
     """Every typed value of the main graph, inferred types filling the gaps."""
+    from onnxgrad._model_checks import weightless_view
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(model)).graph
     except Exception:  # fall back on what the model declares
         inferred = model.graph
     infos: dict[str, ValueInfoProto] = {}

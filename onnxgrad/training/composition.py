@@ -25,7 +25,8 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative import DerivativeOptions
 from onnxgrad.derivative.api import derive_in_place, graph_inputs
-from onnxgrad.graph import get_train_initializer, select_model_inputs_outputs
+from onnxgrad.graph import select_model_inputs_outputs
+from onnxgrad.graph.initializers import train_initializer_names
 from onnxgrad.normalize import normalized_model
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
@@ -260,7 +261,7 @@ def resolve_weights(model: ModelProto, weights: Sequence[str] | None) -> tuple[s
     """The weights to train: checked names, or every weight of ``get_train_initializer``
     (:func:`make_loss_model` keeps those that reach the loss)."""
     if weights is None:
-        found = tuple(get_train_initializer(model))
+        found = tuple(train_initializer_names(model))
         if not found:
             raise no_weight_error(model)
         return found

@@ -69,7 +69,9 @@ from onnxgrad.training.penalties import (
     select_learning_penalty,
 )
 from onnxgrad.training.runner import GraphRunner
+from onnxgrad.training.session_options import training_session_options
 from onnxgrad.training.split_step import make_split_step
+from onnxgrad.training.train_step import default_layout
 
 #: parameters the composed graphs do not depend on
 _RUN_PARAMS = frozenset(
@@ -344,12 +346,15 @@ class BaseOrtOptimizer(EstimatorMixin):
     def _train_step(self, model: ModelProto, graphs: _Graphs, device) -> TrainStep:
         """The train step of ``graphs`` for ``device``, built on first use.
 
-        On the CPU the update runs on all weights end to end (``'flat'`` layout: fewer,
-        larger kernels), elsewhere weight by weight. On several ranks the step is split
-        around the gradients' all-reduce (:mod:`onnxgrad.training.distributed`).
+        See :func:`~onnxgrad.training.train_step.default_layout`. On several ranks the step
+        is split around the gradients' all-reduce (:mod:`onnxgrad.training.distributed`), its
+        update on all weights end to end.
         """
-        layout = "flat" if device.kind == "cpu" else "per_weight"
-        key, build = ("split", make_split_step) if data_parallel() else (layout, make_train_step)
+        if data_parallel():
+            key, build, layout = "split", make_split_step, "flat"
+        else:
+            layout = default_layout(model, graphs.evaluation.weights, device.kind)
+            key, build = layout, make_train_step
         if key not in graphs.steps:
             graphs.steps[key] = build(
                 model,
@@ -421,10 +426,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         self._runners_key = self._runners_key_for(device)
 
     def _session_options(self) -> ort.SessionOptions:
-        options = ort.SessionOptions()
-        if self.intra_op_num_threads is not None:
-            options.intra_op_num_threads = int(self.intra_op_num_threads)
-        return options
+        return training_session_options(self.intra_op_num_threads)
 
     def _make_runners(self, graphs: _Graphs, step: TrainStep, device, weights, state) -> tuple:
         """``(runner, evaluator, validator, predictor)``, nothing assigned yet."""

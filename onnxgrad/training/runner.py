@@ -2,9 +2,12 @@
 
 Weights and optimizer state live in two sets of device buffers used in turn (ping-pong):
 step ``k`` reads set ``k % 2`` and writes the other one, so nothing is copied back to the
-host between steps. The data set is on the device too; each step only names its rows
-(:func:`~onnxgrad.training.composition.with_batch_indices`). Every binding of an epoch is
-prepared once, so the hot loop is one ``run_with_iobinding`` call per batch.
+host between steps. A value whose update can be written over it (see
+:mod:`~onnxgrad.training._in_place`: optimizer state, and weights that only their update and
+the forward read) has one buffer, shared by both sets. The data set is on the device too;
+each step only names its rows (:func:`~onnxgrad.training.composition.with_batch_indices`).
+Every binding of an epoch is prepared once, so the hot loop is one ``run_with_iobinding``
+call per batch.
 """
 
 from __future__ import annotations
@@ -20,20 +23,23 @@ from onnx import ModelProto
 from onnxgrad import _files
 from onnxgrad._arrays import c_contiguous
 from onnxgrad._onnx_utils import default_opset, np_dtype
+from onnxgrad.training._in_place import in_place_inputs
 from onnxgrad.training._inputs import check_tensor, host_array, tensor_dims
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
 from onnxgrad.training.feeds import FixedFeeds
+from onnxgrad.training.session_options import training_session_options
 from onnxgrad.training.train_step import TrainStep
 
 
 def make_session(
     model: ModelProto, device: Device, options: ort.SessionOptions | None = None
 ) -> ort.InferenceSession:
-    """An ``InferenceSession`` of ``model`` on ``device``; a model past protobuf's 2 GiB
-    limit goes through a temporary file with external data."""
-    options = options or ort.SessionOptions()
+    """An ``InferenceSession`` of ``model`` on ``device`` (default options: those of
+    :mod:`~onnxgrad.training.session_options`); a model past protobuf's 2 GiB limit goes
+    through a temporary file with external data."""
+    options = options or training_session_options()
     try:
         if model.ByteSize() < _files.PROTOBUF_LIMIT:
             return ort.InferenceSession(
@@ -59,7 +65,8 @@ class StepBuffers:
 
     On the CPU, every ``OrtValue`` shares the memory of a numpy array, so the values can be
     read without a copy; in the ``'flat'`` layout the weight arrays are views of one flat
-    array, the buffer the step writes its flat output into.
+    array, the buffer the step writes its flat output into. The values named in ``in_place``
+    are those of ``shared`` (the other set), not copies.
     """
 
     def __init__(
@@ -68,8 +75,12 @@ class StepBuffers:
         device: Device,
         weights: Mapping[str, np.ndarray],
         state: Mapping[str, np.ndarray],
+        shared: StepBuffers | None = None,
+        in_place: frozenset[str] = frozenset(),
     ):
         self.device = device
+        self._shared = shared if in_place else None
+        self._in_place = in_place
         self.host: dict[str, np.ndarray] = {}
         self.dtypes: dict[str, np.dtype] = {}
         self.values: dict[str, ort.OrtValue] = {}
@@ -85,13 +96,24 @@ class StepBuffers:
             self.targets[step.new_weights[0]] = self.values[step.flat_weights]
         else:
             for name, new in zip(step.weights, step.new_weights):
-                self._add(name, np.array(weights[name], copy=True))
+                self._add(name, self._copy(weights, name))
                 self.targets[new] = self.values[name]
         for name, new in zip(step.state, step.new_state):
-            self._add(name, np.array(state[name], copy=True))
+            self._add(name, self._copy(state, name))
             self.targets[new] = self.values[name]
 
+    def _copy(self, values: Mapping[str, np.ndarray], name: str) -> np.ndarray | None:
+        if self._shared is not None and name in self._in_place:
+            return None
+        return np.array(values[name], copy=True)
+
     def _add(self, name: str, array: np.ndarray) -> None:
+        if self._shared is not None and name in self._in_place:
+            self.dtypes[name] = self._shared.dtypes[name]
+            if name in self._shared.host:
+                self.host[name] = self._shared.host[name]
+            self.values[name] = self._shared.values[name]
+            return
         self.dtypes[name] = array.dtype
         if self.device.kind == "cpu":
             self.host[name] = array
@@ -146,7 +168,8 @@ class TrainingRunner:
         state = _checked_values(
             step.initial_state() if state is None else state, _state_types(step), "state"
         )
-        self._sets = [StepBuffers(step, device, weights, state) for _ in range(2)]
+        first = StepBuffers(step, device, weights, state)
+        self._sets = [first, StepBuffers(step, device, weights, state, first, in_place(step))]
         self._current = 0
         self._lr = np.zeros((), dtype=self._lr_dtype())
         self._lr_value = ort.OrtValue.ortvalue_from_numpy(self._lr)
@@ -297,6 +320,16 @@ class GraphRunner:
         self.session.run_with_iobinding(binding)
         # OrtValue.numpy() views the tensor's memory without keeping it alive: copy it
         return [np.array(v.numpy(), copy=True) for v in binding.get_outputs()]
+
+
+def in_place(step: TrainStep) -> frozenset[str]:
+    """The weights and state inputs of ``step`` its update may overwrite (one buffer each);
+    in the ``'flat'`` layout the weights are views of one buffer read by the backward, so
+    only the state."""
+    updates = dict(zip(step.state, step.new_state))
+    if step.layout == "per_weight":
+        updates.update(zip(step.weights, step.new_weights))
+    return frozenset(in_place_inputs(step.model, updates))
 
 
 def _weight_types(step: TrainStep) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -31,6 +31,29 @@ from onnxgrad.training.learning_rate import BaseLearningRate
 
 LAYOUTS = ("per_weight", "flat")
 
+#: the largest number of weight elements the default layout updates end to end on the CPU
+FLAT_MAX_ELEMENTS = 1 << 20
+
+
+def default_layout(model: ModelProto, weights: Sequence[str], device_kind: str) -> str:
+    """``'flat'`` on the CPU for at most :data:`FLAT_MAX_ELEMENTS` weight elements (fewer,
+    larger kernels where kernel calls dominate), else ``'per_weight'``.
+
+    The flat update holds every gradient until their concatenation and runs on vectors of
+    the whole model: about one more copy of the weights at the step's peak (resnet18,
+    11.7M weights, batch 16: 272 against 225 MiB), and slower once the vectors leave the
+    caches (flat 454 ms, per weight 354 ms of CPU a step, one thread).
+    """
+    if device_kind != "cpu":
+        return "per_weight"
+    wanted = set(weights)
+    size = sum(
+        int(np.prod(init.dims, dtype=np.int64))
+        for init in model.graph.initializer
+        if init.name in wanted
+    )
+    return "flat" if size <= FLAT_MAX_ELEMENTS else "per_weight"
+
 
 @dataclass(frozen=True)
 class StateSlot:
@@ -315,4 +338,11 @@ def _move_input_to_end(graph, name: str) -> None:
     )
 
 
-__all__ = ["LAYOUTS", "StateSlot", "TrainStep", "append_update"]
+__all__ = [
+    "FLAT_MAX_ELEMENTS",
+    "LAYOUTS",
+    "StateSlot",
+    "TrainStep",
+    "append_update",
+    "default_layout",
+]

@@ -67,15 +67,22 @@ def test_softmax_nan_input_propagates(opset):
         np.testing.assert_allclose(got[[0, 2]], expected, rtol=1e-4, atol=1e-5, err_msg=runtime)
 
 
-def test_softmax_fully_masked_row_still_zero():
+def test_softmax_fully_masked_row_zero_when_its_gradient_is():
+    """An all ``-inf`` row gives a NaN row of ``y``; a downstream ``Where`` replacing it by
+    zeros sends it a zero gradient, which the rule passes as 0 (a nonzero one meets the NaN
+    of ``y`` and stays NaN, as for any NaN of ``y``)."""
     x = rng.standard_normal((2, 3))
     x[0] = -np.inf
     case = OpCase("Softmax", {"x": x}, {"axis": -1}, opset=13)
     g = rng.standard_normal(x.shape)
     expected = expected_rows(case, [1], g)
-    for runtime, got in native_gradient(case, g).items():
+    silent = g.copy()
+    silent[0] = 0.0
+    for runtime, got in native_gradient(case, silent).items():
         np.testing.assert_array_equal(got[0], 0.0, err_msg=runtime)
         np.testing.assert_allclose(got[[1]], expected, rtol=1e-4, atol=1e-5, err_msg=runtime)
+    for runtime, got in native_gradient(case, g).items():
+        assert np.isnan(got[0]).all(), runtime
 
 
 @pytest.mark.parametrize("p", [1, 2])

@@ -1,6 +1,9 @@
 """Activation functions, ``x_bar = y_bar * f'(x)``, written with the output ``y`` when cheaper.
 
-Kinks take the derivative of the side ``x <= 0`` (Relu's derivative is 0 at 0).
+Kinks take the derivative of the side ``x <= 0`` (Relu's derivative is 0 at 0). Where the
+output has the sign of the input (``Relu``; ``Elu``, ``Celu`` with ``alpha > 0``, ``Selu`` with
+``alpha, gamma > 0``) the side is read from ``y > 0``, so the backward needs the output only
+and the forward's input can be freed as soon as the output is computed.
 
 * ``Sigmoid``: ``y (1 - y)``; ``HardSigmoid``: ``alpha`` where ``0 < y < 1``, else 0
 * ``Relu``: ``[x > 0]``; ``LeakyRelu``: ``1`` or ``alpha``; ``PRelu``: ``1`` or ``slope``, and
@@ -53,9 +56,15 @@ def hard_sigmoid_grad(b, node, grads, needs):
     return [_scaled(b, grads[0], slope)]
 
 
+def _positive_side(b, node, *constants: float) -> str:
+    """``x > 0``, read from the output when every constant is positive (same sign)."""
+    signed = all(c > 0 for c in constants)
+    return _positive(b, node.outputs[0] if signed else node.inputs[0])
+
+
 @register("Relu", since=11)
 def relu_grad(b, node, grads, needs):
-    return [_pass_where(b, _positive(b, node.inputs[0]), grads[0])]
+    return [_pass_where(b, _positive(b, node.outputs[0]), grads[0])]
 
 
 @register("ThresholdedRelu", since=11)
@@ -97,26 +106,29 @@ def prelu_grad(b, node, grads, needs):
 @register("Elu", since=11)
 def elu_grad(b, node, grads, needs):
     x, y = node.inputs[0], node.outputs[0]
-    negative_side = b.add(y, b.const(node.attr("alpha", 1.0), like=x))
-    slope = b.op("Where", _positive(b, x), b.const(1, like=x), negative_side)
+    alpha = node.attr("alpha", 1.0)
+    negative_side = b.add(y, b.const(alpha, like=x))
+    slope = b.op("Where", _positive_side(b, node, alpha), b.const(1, like=x), negative_side)
     return [_scaled(b, grads[0], slope)]
 
 
 @register("Selu", since=11)
 def selu_grad(b, node, grads, needs):
     x, y = node.inputs[0], node.outputs[0]
-    gamma = node.attr("gamma", SELU_GAMMA)
-    shift = b.const(gamma * node.attr("alpha", SELU_ALPHA), like=x)
-    slope = b.op("Where", _positive(b, x), b.const(gamma, like=x), b.add(y, shift))
+    gamma, alpha = node.attr("gamma", SELU_GAMMA), node.attr("alpha", SELU_ALPHA)
+    shift = b.const(gamma * alpha, like=x)
+    positive = _positive_side(b, node, alpha, gamma)
+    slope = b.op("Where", positive, b.const(gamma, like=x), b.add(y, shift))
     return [_scaled(b, grads[0], slope)]
 
 
 @register("Celu", since=12)
 def celu_grad(b, node, grads, needs):
     x, y = node.inputs[0], node.outputs[0]
-    one = b.const(1, like=x)
-    negative_side = b.add(b.op("Div", y, b.const(node.attr("alpha", 1.0), like=x)), one)
-    return [_scaled(b, grads[0], b.op("Where", _positive(b, x), one, negative_side))]
+    one, alpha = b.const(1, like=x), node.attr("alpha", 1.0)
+    negative_side = b.add(b.op("Div", y, b.const(alpha, like=x)), one)
+    positive = _positive_side(b, node, alpha)
+    return [_scaled(b, grads[0], b.op("Where", positive, one, negative_side))]
 
 
 @register("Softplus", since=11)

@@ -8,11 +8,15 @@ with sums kept (so they broadcast back) along the normalised axes: ``axis`` from
 every axis from ``axis`` to the last is normalised together.
 
 A row of ``x`` that is all ``-inf`` (a fully masked attention row) gives a NaN row of ``y``,
-which graphs such as Attention's function body replace by zeros with a ``Where``; the
-Softmax gradient reads ``y`` as 0 on the rows where ``max(x) = -inf``, so such a row gets the
-gradient 0 (the gradient of the zeros that replace it) instead of NaN. Any other NaN of ``y``
-(a NaN or ``+inf`` in ``x``) propagates to the gradient. It costs a ``ReduceMax`` of ``x``
-and a ``Where`` over ``y``.
+which graphs such as Attention's function body replace by zeros with a ``Where``, so the
+gradient reaching that row is exactly 0: the rule reads ``y`` as 0 on the rows where ``g``
+is all zeros (``max g = min g = 0``), so such a row gets the gradient 0 (as
+``y (g - sum(g y))`` does for any finite ``y``) instead of NaN, and so does its second
+derivative. A NaN of ``y`` on a row with some nonzero ``g`` (a NaN or ``+inf`` in ``x``)
+propagates. The rule reads ``y`` and ``g`` only, never ``x``, so the forward does not keep
+the scores alive for the backward (in attention, the scores beside the probabilities); the
+guard costs a ``ReduceMax`` and a ``ReduceMin`` of ``g`` and a ``Where`` over ``y``, in every
+float type (``IsInf`` has float16 only from opset 20).
 """
 
 from __future__ import annotations
@@ -32,10 +36,15 @@ def _normalised_axes(b, node) -> list[int]:
 @register("Softmax", since=11)
 def softmax_grad(b, node, grads, needs):
     (g,) = grads
-    x, y = node.inputs[0], node.outputs[0]
+    y = node.outputs[0]
     axes = _normalised_axes(b, node)
-    masked = b.op("IsInf", b.reduce("ReduceMax", x, axes, keepdims=True), detect_positive=0)
-    y = b.op("Where", masked, b.const(0, like=y), y)
+    zero = b.const(0, like=y)
+    silent = b.op(
+        "And",
+        b.op("Equal", b.reduce("ReduceMax", g, axes, keepdims=True), zero),
+        b.op("Equal", b.reduce("ReduceMin", g, axes, keepdims=True), zero),
+    )
+    y = b.op("Where", silent, zero, y)
     gy = b.mul(g, y)
     total = b.reduce_sum(gy, axes, keepdims=True)
     return [b.op("Sub", gy, b.mul(y, total))]

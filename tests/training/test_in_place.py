@@ -1,0 +1,155 @@
+"""Updates written over their inputs: which ones may be, and runs that share those buffers
+ending where the step graph fed its own outputs (one buffer per value, no binding) ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad.training import (
+    LearningRateAdam,
+    LearningRateSGDNesterov,
+    OrtDataLoader,
+    TrainingRunner,
+    check_device,
+    make_train_step,
+)
+from onnxgrad.training._in_place import in_place_inputs
+from onnxgrad.training.runner import in_place
+
+rng = np.random.default_rng(5)
+
+
+def graph_of(nodes, inputs, outputs):
+    float_info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in inputs]
+    out_info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in outputs]
+    graph = helper.make_graph(nodes, "g", float_info, out_info)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_readers_must_run_before_the_write():
+    node = helper.make_node
+    model = graph_of(
+        [
+            node("Mul", ["w", "x"], ["h"]),  # an ancestor of w_new: runs first
+            node("Sub", ["w", "h"], ["w_new"]),  # reads w elementwise where it writes
+            node("Mul", ["v", "x"], ["late"]),  # not an ancestor of v_new
+            node("Add", ["v", "x"], ["v_new"]),
+            node("Reshape", ["u", "shape"], ["u_new"]),  # not elementwise
+        ],
+        ["w", "x", "v", "u", "shape"],
+        ["w_new", "late", "v_new", "u_new"],
+    )
+    got = in_place_inputs(model, {"w": "w_new", "v": "v_new", "u": "u_new"})
+    assert got == {"w"}
+
+
+def mlp(n_features=4, hidden=5):
+    """``y = relu(X W1 + b1) W2``: the backward reads ``W2`` (to pass the gradient to the
+    hidden layer), never ``W1`` (``X`` needs no gradient) nor ``b1``."""
+    weights = {
+        "W1": rng.standard_normal((n_features, hidden)).astype(np.float32),
+        "b1": rng.standard_normal(hidden).astype(np.float32),
+        "W2": rng.standard_normal((hidden, 1)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["X", "W1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "W2"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_features])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return model, weights
+
+
+def reference(step, X, y, weights, lr, n_steps):
+    """The step graph fed its own outputs (the runner shuffles the rows of its one batch:
+    the sums differ in rounding only)."""
+    session = ort.InferenceSession(
+        step.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    state, values = step.initial_state(), dict(weights)
+    for _ in range(n_steps):
+        feeds = {"X": X, step.label: y, step.learning_rate: np.array(lr, np.float32)}
+        feeds.update(step.weight_inputs(values))
+        feeds.update(state)
+        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        values = step.unpack_weights(outputs)
+        state = {s: outputs[n] for s, n in zip(step.state, step.new_state)}
+    return values, state
+
+
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_runner_sharing_buffers_equals_the_graph_fed_back(layout, optimizer):
+    model, weights = mlp()
+    lr = LearningRateAdam() if optimizer == "adam" else LearningRateSGDNesterov()
+    step = make_train_step(model, learning_rate=lr, layout=layout)
+    shared = in_place(step)
+    assert set(step.state) <= shared
+    if layout == "per_weight":
+        assert {"W1", "b1"} <= shared and "W2" not in shared
+    X = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.standard_normal((6, 1)).astype(np.float32)
+    runner = TrainingRunner(step, check_device("cpu"), weights)
+    first, second = runner._sets
+    for name in shared:
+        assert first.values[name] is second.values[name]
+    loader = OrtDataLoader(X, y, batch_size=6, random_state=0)
+    for _ in range(5):
+        runner.run_epoch(loader, 0.05)
+    values, state = reference(step, X, y, weights, 0.05, 5)
+    for name, value in runner.get_weights().items():
+        np.testing.assert_allclose(value, values[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for name, value in runner.get_state().items():
+        np.testing.assert_allclose(value, state[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_default_layout_by_size():
+    """The flat update holds a second copy of the weights: only small models get it."""
+    from onnxgrad.training.train_step import FLAT_MAX_ELEMENTS, default_layout
+
+    model, _ = mlp()
+    assert default_layout(model, ["W1", "b1", "W2"], "cpu") == "flat"
+    assert default_layout(model, ["W1", "b1", "W2"], "cuda") == "per_weight"
+    big = mlp(n_features=FLAT_MAX_ELEMENTS // 5 + 1)[0]
+    assert default_layout(big, ["W1", "b1", "W2"], "cpu") == "per_weight"
+
+
+def test_rank0_weight_keeps_its_shape_on_the_device():
+    """``y = s * (X W)`` with a 0-d ``s`` (dynamo exports hold such initializers)."""
+    model, weights = mlp()
+    graph = model.graph
+    graph.node[-1].output[0] = "Y0"
+    graph.node.append(helper.make_node("Mul", ["Y0", "s"], ["Y"]))
+    graph.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "s"))
+    weights = {**weights, "s": np.array(0.5, np.float32)}
+    step = make_train_step(model, learning_rate=LearningRateAdam(), layout="per_weight")
+    X = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.standard_normal((6, 1)).astype(np.float32)
+    runner = TrainingRunner(step, check_device("cpu"), weights)
+    assert runner.current.values["s"].shape() == []
+    runner.run_epoch(OrtDataLoader(X, y, batch_size=6, random_state=0), 0.05)
+    values, _ = reference(step, X, y, weights, 0.05, 1)
+    assert runner.get_weights()["s"].shape == ()
+    np.testing.assert_allclose(runner.get_weights()["s"], values["s"], rtol=1e-5)
+
+
+def test_train_initializer_names_equal_get_train_initializer():
+    """Found without copying a weight, the same names in the same order."""
+    from onnxgrad import get_train_initializer
+    from onnxgrad.graph.initializers import train_initializer_names
+
+    model, _ = mlp(n_features=4096)  # W1 above the weightless view's threshold
+    assert (
+        train_initializer_names(model) == list(get_train_initializer(model)) == ["W1", "b1", "W2"]
+    )
