@@ -21,11 +21,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 FD_FORMS = ("float32", "opt1", "opt2", "int4")
-FLOAT16_GRADIENT = pytest.mark.xfail(
-    strict=True,
-    reason="the Softmax rule emits IsInf on float16, valid from opset 20 only (its rewrite "
-    "to read the Softmax output is another change)",
-)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +79,7 @@ def _relative(got, want) -> float:
     "form",
     [
         *deployed.FORMS[:3],
-        pytest.param("float16", marks=FLOAT16_GRADIENT),
+        "float16",
         *deployed.FORMS[4:],
     ],
 )
@@ -105,9 +100,7 @@ def test_input_gradient_of_deployed_form(forms, kind, form):
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
-@pytest.mark.parametrize(
-    "form", ["float32", "opt1", "opt2", pytest.param("float16", marks=FLOAT16_GRADIENT)]
-)
+@pytest.mark.parametrize("form", ["float32", "opt1", "opt2", "float16"])
 def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     """add_lora, generate_artifacts, then plain onnxruntime steps: the loss falls, and the
     merged checkpoint runs."""

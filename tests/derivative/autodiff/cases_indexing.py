@@ -32,6 +32,16 @@ def _slice_with_runtime_steps(inputs, outputs):
     ]
 
 
+def _reverse_sequence_with_runtime_lengths(inputs, outputs):
+    """ReverseSequence whose lengths ``min(lens, time)`` are computed in the graph."""
+    x, lens = inputs
+    return [
+        helper.make_node("Shape", [x], ["time"], start=1, end=2),
+        helper.make_node("Min", [lens, "time"], ["lens_rt"]),
+        helper.make_node("ReverseSequence", [x, "lens_rt"], outputs, batch_axis=0, time_axis=1),
+    ]
+
+
 def _slice_of_reshaped(inputs, outputs):
     """Slice of ``Reshape(x, [-1, 6])``: with unknown input dims the sliced axis alone is
     known (the gradient pads it by constants, the dynamic axis untouched)."""
@@ -173,6 +183,9 @@ SELECTIONS = [
            {"batch_axis": 1, "time_axis": 0}, opset=11, id="ReverseSequence-time-major"),
     OpCase("ReverseSequence", {"x": r(3, 4), "lens": i64(2, 4, 0)},
            {"batch_axis": 0, "time_axis": 1}, opset=18, id="ReverseSequence-batch-major"),
+    OpCase("ReverseSequence", {"x": r(3, 4), "lens": i64(0, 3, 1)},
+           graph=_reverse_sequence_with_runtime_lengths, opset=18,
+           id="ReverseSequence-runtime-lengths"),
     OpCase("TensorScatter", {"cache": r(2, 5, 3), "update": r(2, 2, 3),
                              "write": idx([1, 3])}, {"axis": 1}, opset=24,
            id="TensorScatter-linear"),

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from onnx import TensorProto
 
 from onnxgrad.derivative.autodiff.registry import register
@@ -396,9 +397,21 @@ def _ungather_selected(b, g: str, condition: str, x: str, axis: int, rank: int) 
 
 @register("ReverseSequence", since=11)
 def reverse_sequence_grad(b, node, grads, needs):
-    """A permutation that is its own inverse: ``x_bar = ReverseSequence(y_bar)``."""
+    """A permutation that is its own inverse: ``x_bar = ReverseSequence(y_bar, max(lens, 1))``.
+
+    Lengths 0 and 1 both leave a sequence as it is; the clamp keeps the gradient right on
+    runtimes whose kernel leaves a length-0 row unwritten (onnxruntime 1.19).
+    """
     attrs = {name: node.attr(name) for name in ("batch_axis", "time_axis")}
-    return [b.op("ReverseSequence", grads[0], node.inputs[1], **attrs), None]
+    return [b.op("ReverseSequence", grads[0], _at_least_one(b, node.inputs[1]), **attrs), None]
+
+
+def _at_least_one(b, lens: str) -> str:
+    known = b.constant_value(lens)
+    if known is not None:
+        return lens if (known >= 1).all() else b.const(np.maximum(known, 1))
+    one = b.const(1, dtype=np.int64)
+    return b.op("Where", b.op("Less", lens, one), one, lens)
 
 
 @register("TensorScatter", since=24)
