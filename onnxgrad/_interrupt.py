@@ -2,9 +2,11 @@
 
 While a command works, SIGINT raises :class:`KeyboardInterrupt` as usual and is recorded
 (a library whose import it interrupts may turn it into another error: numpy's ImportError
-does). Once the command writes its result and says so (:func:`finishing`), a Ctrl-C no
-longer interrupts it: the file is whole and announced, so the command has succeeded, and
-status 130 beside a written file would contradict it.
+does). While the command imports its libraries (:func:`importing`), a Ctrl-C is held back
+until the imports end: an extension module interrupted as it initializes may also crash the
+interpreter (onnx's does, SIGSEGV). Once the command writes its result and says so
+(:func:`finishing`), a Ctrl-C no longer interrupts it: the file is whole and announced, so
+the command has succeeded, and status 130 beside a written file would contradict it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 
 _received = False
 _finishing = False
+_importing = False
 
 
 def record_sigint():
@@ -26,7 +29,7 @@ def record_sigint():
     def on_sigint(signum, frame):
         global _received
         _received = True
-        if not _finishing:
+        if not (_finishing or _importing):
             raise KeyboardInterrupt
 
     try:
@@ -46,6 +49,20 @@ def restore_sigint(previous) -> None:
 def sigint_received() -> bool:
     """Whether a Ctrl-C came since :func:`record_sigint`."""
     return _received
+
+
+@contextlib.contextmanager
+def importing() -> Iterator[None]:
+    """Import the command's libraries whole: a Ctrl-C during the imports is held back, then
+    raised as :class:`KeyboardInterrupt` once they end (whatever error they ended with)."""
+    global _importing
+    _importing = True
+    try:
+        yield
+    finally:
+        _importing = False
+        if _received:
+            raise KeyboardInterrupt from None
 
 
 @contextlib.contextmanager

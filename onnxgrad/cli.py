@@ -22,7 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from onnxgrad._interrupt import finishing, record_sigint, restore_sigint, sigint_received
+from onnxgrad._interrupt import (
+    finishing,
+    importing,
+    record_sigint,
+    restore_sigint,
+    sigint_received,
+)
 
 USAGE_ERROR = 2
 JOB_FAILED = 1
@@ -165,21 +171,21 @@ def command() -> NoReturn:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    try:  # checking an option's choices (--optimizer) may import the library
-        args = parser.parse_args(argv)
+    try:
+        with importing():  # checking an option's choices (--optimizer) may import the library
+            args = parser.parse_args(argv)
     except ImportError as exc:
         _fail(parser.prog, _one_line(exc))
         return USAGE_ERROR
     try:
-        _import_libraries()
-        if ort_state is None and args.prog in RUNTIME_COMMANDS:
-            import_onnxruntime()  # raises the ImportError that says what to install
+        with importing():
+            _import_libraries()
+            if ort_state is None and args.prog in RUNTIME_COMMANDS:
+                import_onnxruntime()  # raises the ImportError that says what to install
     except KeyboardInterrupt:
         _fail(args.prog, "interrupted")
         return 130
     except ImportError as exc:
-        if _caused_by_interrupt(exc):  # a library's import swallowed the KeyboardInterrupt
-            raise KeyboardInterrupt from None
         _fail(args.prog, _one_line(exc))
         return USAGE_ERROR
     if ort_state is None:

@@ -94,11 +94,14 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _lr(args: argparse.Namespace) -> float | None:
-    """``--lr``, by default 0.01 per row: ``0.01 / batch size`` on the loss summed over a batch
-    (the default reduction), 0.01 on its mean; Adam's own default (it is scale-free)."""
+    """``--lr``, by default 0.01 per row: ``0.01 / B`` on the loss summed over a global batch
+    of ``B = batch size * ranks`` rows (the default reduction), so that ranks train as one
+    process with the global batch; 0.01 on its mean; Adam's own default (it is scale-free)."""
+    from onnxgrad.training.distributed import world_size
+
     if args.lr is not None or args.optimizer.lower() == "adam":
         return args.lr
-    return 0.01 if args.reduction == "mean" else 0.01 / args.batch_size
+    return 0.01 if args.reduction == "mean" else 0.01 / (args.batch_size * world_size())
 
 
 def parse_penalty(spec: str | None) -> tuple[float, float]:
@@ -206,8 +209,8 @@ def add_train(commands) -> None:
     sub.add_argument(
         "--lr",
         type=_positive_float,
-        help="constant learning rate (default: 0.01 / batch size on the summed loss, 0.01 with "
-        "--reduction mean, 0.001 for adam)",
+        help="constant learning rate (default: 0.01 / batch size on the summed loss, the "
+        "global batch of all ranks, 0.01 with --reduction mean, 0.001 for adam)",
     )
     _add_loss_options(sub, "--loss")
     sub.add_argument(
