@@ -8,11 +8,13 @@ batch (:mod:`onnxgrad.training.feeds`).
 from __future__ import annotations
 
 import os
-
-import numpy as np
-from onnx import ModelProto
+from typing import TYPE_CHECKING
 
 from onnxgrad.cli import CommandError, _one_line
+
+if TYPE_CHECKING:  # numpy and onnx load when a command runs, not for ``--help``
+    import numpy as np
+    from onnx import ModelProto
 
 
 def add_feed_option(sub) -> None:
@@ -28,6 +30,8 @@ def add_feed_option(sub) -> None:
 
 def read_feeds(specs: list[str]) -> dict[str, np.ndarray]:
     """``{input name: array}`` of the ``NAME=FILE.npy`` specifications."""
+    import numpy as np
+
     feeds = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
