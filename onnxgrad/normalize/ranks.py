@@ -16,7 +16,8 @@ onnx's inference leaves a value's rank unknown in cases where it is fixed by the
 
 A value read where the schema fixes its rank has that rank in every run that succeeds, so
 the declarations hold for the model's valid inputs. Each round infers the model (weights left
-out), declares what these rules find in the graph that produces each value, and infers again,
+out; data propagated only within :mod:`onnxgrad._bounded_inference`'s bound, never by declared
+sizes), declares what these rules find in the graph that produces each value, and infers again,
 so what one rule finds feeds the next and onnx's own inference downstream.
 """
 
@@ -26,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from onnxgrad._bounded_inference import infer_shapes_bounded
 from onnxgrad._model_checks import weightless_view
 from onnxgrad._onnx_utils import normalize_domain, subgraphs
 
@@ -107,7 +108,7 @@ class _Fact:
 def _rank_facts(model: ModelProto) -> list[_Fact]:
     """What the rules find, for values of unknown rank, after one inference of ``model``."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(weightless_view(model), data_prop=True)
+        inferred = infer_shapes_bounded(weightless_view(model))
     except Exception:  # inference is a hint here: a model it cannot read stays as it is
         return []
     found: dict[tuple[int, str], _Fact] = {}
