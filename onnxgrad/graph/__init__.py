@@ -6,6 +6,7 @@ modifies its argument, and returns a model that passes ``onnx.checker.check_mode
 1.19.2 loads.
 """
 
+from onnxgrad.graph import ml_svm  # noqa: F401  (registers the SVM lowerings)
 from onnxgrad.graph.initializers import (
     add_initializer,
     get_train_initializer,

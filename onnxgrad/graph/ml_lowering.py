@@ -510,6 +510,3 @@ def _fit_width(c: _Context, x: str, width: int) -> str:
 
 
 __all__ = ["lower_ml_operators", "needs_lowering"]
-
-
-from onnxgrad.graph import ml_svm  # noqa: E402, F401  (registers the SVM lowerings)
