@@ -35,8 +35,8 @@ mask, a factor computed with a statistic of the data (a weight's quantization sc
 ``DynamicQuantizeLinear``'s scale of the activations), a term added to a non-affine value
 (RMSNorm's epsilon after ``ReduceMean``, the 1 of ``1 - p`` after a sigmoid), any operand of
 ``Pow``, ``Where``, ``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the
-scales and zero points of quantized ops. Initializers read inside subgraphs count as weights (their role is
-not analysed). Any initializer named explicitly is trained whatever its role.
+scales and zero points of quantized ops. Initializers read inside subgraphs count as weights
+(their role is not analysed). Any initializer named explicitly is trained whatever its role.
 """
 
 from __future__ import annotations
