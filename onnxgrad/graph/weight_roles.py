@@ -26,15 +26,17 @@ when a derived constant holding it meets data in a parameter role:
 * **shift**: a term of ``Add``, ``Sum``, ``Mean`` added to an affine value, or subtracted
   from it by ``Sub`` (a bias); ``c - x`` is a complement (``1 - p``), never a bias.
 
-*Affine* values are float graph inputs, outputs of layers, scaled or shifted affine values,
-sums with an affine value and what moves them without other arithmetic (reshapes, slices,
-gathers, ``Concat``, ``Neg``, sums and means over axes). So these are not weights: a number
-scaling several features (attention scales, GELU's 0.5), the tables of a rotation, a mask,
-a term added to a non-affine value (RMSNorm's epsilon after
-``ReduceMean``, the 1 of ``1 - p`` after a sigmoid), any operand of ``Pow``, ``Where``,
-``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the scales and zero
-points of quantized ops. Initializers read inside subgraphs count as weights (their role is
-not analysed). Any initializer named explicitly is trained whatever its role.
+*Affine* values are float graph inputs, outputs of layers (``MatMul``, ``Gemm``, ``Conv``
+with a constant operand, a frozen or dequantized weight included), scaled or shifted affine
+values, sums with an affine value and what moves them without other arithmetic (reshapes,
+slices, gathers, ``Concat``, ``Neg``, sums and means over axes). So these are not weights: a
+number scaling several features (attention scales, GELU's 0.5), the tables of a rotation, a
+mask, a factor computed with a statistic of the data (a weight's quantization scale times
+``DynamicQuantizeLinear``'s scale of the activations), a term added to a non-affine value
+(RMSNorm's epsilon after ``ReduceMean``, the 1 of ``1 - p`` after a sigmoid), any operand of
+``Pow``, ``Where``, ``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the
+scales and zero points of quantized ops. Initializers read inside subgraphs count as weights
+(their role is not analysed). Any initializer named explicitly is trained whatever its role.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from onnxgrad.graph._scopes import free_names
 Shape = tuple[int | str | None, ...] | None
 
 _LOOKUPS = frozenset({"Gather", "GatherElements", "GatherND"})
+#: ops whose product with a constant (a frozen or dequantized weight) is a layer output
+_LAYERS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 _NEVER = frozenset({"Pow", "Where", "Max", "Min", "Clip", "Mod"})
 _SCALES = frozenset({"Mul", "Div"})
 _SHIFTS = frozenset({"Add", "Sub", "Sum", "Mean"})
@@ -144,6 +148,9 @@ class _Roles:
         self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
         #: derived constants holding rows of a table (a lookup by constant indices)
         self.rows: set[str] = set()
+        #: derived constants combined with statistics of the data (non-differentiable reads
+        #: of it: ``DynamicQuantizeLinear``'s scale), recomputed for every input
+        self.rescales: set[str] = set()
         #: data looked up in a table, moved without arithmetic yet: its table's sources
         self.looked_up: dict[str, frozenset[str]] = {}
         #: data products by a table spanning several axes, undecided: (sources, data root)
@@ -199,6 +206,8 @@ class _Roles:
                     self.rows.add(out)
             if touches_data:
                 self.any_data.update(o for o in node.output if o)
+                if held:
+                    self.rescales.update(outputs)
             return
         if lookup:
             self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
@@ -299,7 +308,7 @@ class _Roles:
         return True
 
     def _is_scale(self, node: NodeProto, index: int, data: list[str]) -> bool:
-        if node.op_type == "Div" and index != 1:
+        if (node.op_type == "Div" and index != 1) or node.input[index] in self.rescales:
             return False
         shape = self.shapes.get(node.input[index])
         spans = _spans_one_axis(shape)
@@ -312,6 +321,8 @@ class _Roles:
     def _output_is_affine(self, node, data, weight_found: bool, lookup: bool) -> bool:
         op = node.op_type
         if lookup or (weight_found and op not in _SHIFTS):
+            return True
+        if op in _LAYERS and any(n not in self.any_data for n in node.input[:2] if n):
             return True
         affine_in = any(n in self.affine for n in data)
         if op in _MOVES:

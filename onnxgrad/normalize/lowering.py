@@ -186,11 +186,14 @@ def _lower_one(
 
 
 def _without_superseded(nodes: list[NodeProto], superseded: set[int], graph) -> list[NodeProto]:
-    """``nodes`` less the superseded ones whose outputs nothing reads any more."""
-    if not superseded:
-        return nodes
-    read = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
-    return [n for n in nodes if id(n) not in superseded or any(o in read for o in n.output)]
+    """``nodes`` less the superseded ones whose outputs nothing reads any more (a chain of
+    them, once its last reader is gone)."""
+    while True:
+        read = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+        kept = [n for n in nodes if id(n) not in superseded or any(o in read for o in n.output)]
+        if len(kept) == len(nodes):
+            return nodes
+        nodes = kept
 
 
 def _key(node: NodeProto) -> tuple[str, str]:

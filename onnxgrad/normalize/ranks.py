@@ -107,14 +107,29 @@ class _Fact:
 
 def _rank_facts(model: ModelProto) -> list[_Fact]:
     """What the rules find, for values of unknown rank, after one inference of ``model``."""
+    view = weightless_view(model)
+    for output in view.graph.output:
+        output.type.tensor_type.ClearField("shape")
     try:
-        inferred = infer_shapes_bounded(weightless_view(model))
+        inferred = infer_shapes_bounded(view)
     except Exception:  # inference is a hint here: a model it cannot read stays as it is
         return []
     found: dict[tuple[int, str], _Fact] = {}
     counter = iter(range(1 << 30))
     _walk(inferred.graph, None, counter, found)
-    return list(found.values())
+    declared = _declared_ranks(model.graph.output)
+    return [f for f in found.values() if f.graph or declared.get(f.name) != len(f.dims)]
+
+
+def _declared_ranks(outputs) -> dict[str, int]:
+    """The ranks the graph's outputs declare; they are not trusted (a model may declare an
+    output 2-D that it computes 3-D, onnxruntime only warns): a rule's rank replaces a
+    different one, and only a rank no rule nor inference finds stays as declared."""
+    return {
+        o.name: len(o.type.tensor_type.shape.dim)
+        for o in outputs
+        if o.type.HasField("tensor_type") and o.type.tensor_type.HasField("shape")
+    }
 
 
 def _walk(graph: GraphProto, parent: _Scope | None, counter, found) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
+from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad.normalize.lowering import Lowerer
 
 #: ``(scale exponent k, mantissa bits p)`` of the stop-gradient per float type
@@ -132,7 +133,7 @@ def lower_integer_product_cast(lw: Lowerer) -> None:
     """``Cast(MatMulInteger/ConvInteger(DynamicQuantizeLinear(x), ...))`` as the float
     product with the straight-through estimator; any other ``Cast`` is kept."""
     node = lw.node
-    product = lw.producers.get(node.input[0])
+    product, bias = _product_and_bias(lw, node.input[0])
     dynamic = _dynamic_quantization(lw, product)
     to = next((a.i for a in node.attribute if a.name == "to"), None)
     if dynamic is None or to not in (TensorProto.FLOAT, TensorProto.DOUBLE):
@@ -149,8 +150,35 @@ def lower_integer_product_cast(lw: Lowerer) -> None:
     attrs = {a.name: helper.get_attribute_value(a) for a in product.attribute}
     op = "MatMul" if product.op_type == "MatMulInteger" else "Conv"
     result = lw.op(op, unit, weight, **attrs)
+    if bias is not None:
+        term_index = list(bias.input).index(product.output[0])
+        result = lw.op("Add", result, lw.cast(bias.input[1 - term_index], ct))
+        lw.superseded.add(id(bias))
     lw.cast(result, to, out=node.output[0])
     lw.superseded.add(id(product))
+
+
+def _product_and_bias(lw: Lowerer, name: str) -> tuple[NodeProto | None, NodeProto | None]:
+    """The node computing ``name`` and, where ``name = Add(product, b)`` with an integer
+    ``b`` (the int32 bias older ``quantize_dynamic`` adds before the ``Cast``), that
+    ``Add``; ``(node, None)`` otherwise."""
+    node = lw.producers.get(name)
+    if node is None or node.op_type != "Add" or normalize_domain(node.domain):
+        return node, None
+    if lw.uses.get(name, 0) != 1 or len(node.input) != 2:
+        return node, None
+    for i, term in enumerate(node.input):
+        product = lw.producers.get(term)
+        other = node.input[1 - i]
+        if (
+            product is not None
+            and product.op_type in ("MatMulInteger", "ConvInteger")
+            and other != term
+            and other in lw.types
+            and lw.elem(other) == TensorProto.INT32
+        ):
+            return product, node
+    return node, None
 
 
 def _weight_zero(lw: Lowerer, product: NodeProto) -> str:
