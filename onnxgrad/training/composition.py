@@ -138,10 +138,7 @@ def make_train_step(
     per weight tensor or on all of them end to end (``layout``, see
     :mod:`onnxgrad.training.train_step`).
     """
-    learning_rate = learning_rate if learning_rate is not None else LearningRateSGD()
-    if not isinstance(learning_rate, BaseLearningRate):
-        raise TypeError(f"learning_rate must be an optimizer object, got {learning_rate!r}")
-    learning_rate.check()
+    learning_rate = checked_learning_rate(learning_rate)
     lm = make_loss_model(
         model,
         loss,
@@ -153,7 +150,29 @@ def make_train_step(
         weight_name=weight_name,
         fixed_inputs=fixed_inputs,
     )
-    gradient = derive_in_place(  # lm.model is private and already normalised
+    gradient = loss_gradient(lm, backend)
+    roles = {
+        "features": lm.features,
+        "label": lm.label,
+        "sample_weight": lm.sample_weight,
+        "fixed": lm.fixed,
+    }
+    return append_update(gradient, roles, lm.weights, learning_rate, layout)
+
+
+def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearningRate:
+    """``learning_rate`` (default :class:`LearningRateSGD`), checked."""
+    learning_rate = learning_rate if learning_rate is not None else LearningRateSGD()
+    if not isinstance(learning_rate, BaseLearningRate):
+        raise TypeError(f"learning_rate must be an optimizer object, got {learning_rate!r}")
+    learning_rate.check()
+    return learning_rate
+
+
+def loss_gradient(lm: LossModel, backend: str = "onnx") -> ModelProto:
+    """``dloss/dW`` of a loss model (private and normalised, so derived in place) with
+    respect to its weights: the gradient graph of the train step."""
+    return derive_in_place(
         lm.model,
         weights=list(lm.weights),
         inputs=[],
@@ -162,13 +181,6 @@ def make_train_step(
         label=lm.label,
         backend=backend,
     )
-    roles = {
-        "features": lm.features,
-        "label": lm.label,
-        "sample_weight": lm.sample_weight,
-        "fixed": lm.fixed,
-    }
-    return append_update(gradient, roles, lm.weights, learning_rate, layout)
 
 
 def make_eval_step(

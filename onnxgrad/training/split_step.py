@@ -20,10 +20,14 @@ from onnx import ModelProto, helper
 
 from onnxgrad._onnx_utils import ModelLike, default_opset, finalize_model, np_dtype
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
-from onnxgrad.derivative.api import derive_in_place
 from onnxgrad.training._builder import StepBuilder, inline_model
-from onnxgrad.training.composition import LossModel, make_loss_model
-from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
+from onnxgrad.training.composition import (
+    LossModel,
+    checked_learning_rate,
+    loss_gradient,
+    make_loss_model,
+)
+from onnxgrad.training.learning_rate import BaseLearningRate
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
 from onnxgrad.training.train_step import TrainStep, append_update
@@ -74,10 +78,7 @@ def make_split_step(
     into a gradient graph and an update graph; the update runs on the flat weight vector."""
     if layout != "flat":
         raise ValueError(f"a split step updates the flat weight vector, not layout {layout!r}")
-    learning_rate = learning_rate if learning_rate is not None else LearningRateSGD()
-    if not isinstance(learning_rate, BaseLearningRate):
-        raise TypeError(f"learning_rate must be an optimizer object, got {learning_rate!r}")
-    learning_rate.check()
+    learning_rate = checked_learning_rate(learning_rate)
     lm = make_loss_model(
         model,
         loss,
@@ -88,15 +89,7 @@ def make_split_step(
         weight_name=weight_name,
         fixed_inputs=fixed_inputs,
     )
-    gradient = derive_in_place(  # lm.model is private and already normalised
-        lm.model,
-        weights=list(lm.weights),
-        inputs=[],
-        options=DerivativeOptions.Loss,
-        loss=lm.loss,
-        label=lm.label,
-        backend=backend,
-    )
+    gradient = loss_gradient(lm, backend)
     typed = {i.name: i for i in gradient.graph.input}
     elem_type = gradient.graph.output[len(lm.weights)].type.tensor_type.elem_type
     shapes = {w: tuple(d.dim_value for d in typed[w].type.tensor_type.shape.dim) for w in typed}
