@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,6 +72,7 @@ def test_the_core_runs_without_onnxruntime(tmp_path):
         "grad = onnx_derivative(add_loss_output(model), weights=weights)\n"
         "print(len(grad.graph.output))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    root = Path(__file__).resolve().parents[1]  # where ``tests`` imports from
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) >= 2

@@ -88,7 +88,7 @@ def _weights(path: Path) -> dict[str, np.ndarray]:
     return {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
 
 
-def test_command_trains_data_parallel_and_resumes(tmp_path, capsys):
+def test_command_trains_data_parallel_and_resumes(tmp_path, capsys, monkeypatch):
     model, X, y = mlp_regression()
     onnx.save(model, tmp_path / "mlp.onnx")
     np.savez(tmp_path / "data.npz", X=X, y=y)
@@ -103,7 +103,7 @@ def test_command_trains_data_parallel_and_resumes(tmp_path, capsys):
         return result.stdout
 
     def single(epochs: int, output: str) -> dict[str, np.ndarray]:
-        os.chdir(tmp_path)
+        monkeypatch.chdir(tmp_path)  # restored after the test: later tests run from the repo
         args = ["train", *common, "--batch-size", str(BATCH * RANKS), "-o", output]
         assert cli_main([*args, "--epochs", str(epochs)]) in (0, None)
         return _weights(tmp_path / output)
