@@ -2,7 +2,8 @@
 
 Models arrive as shipped: weights stored as ``Constant`` nodes, ``-1`` or unnamed dims,
 declared shapes that disagree with what the model computes, old opsets, ``ai.onnx.ml``
-operators. :func:`normalized_model` runs one pipeline of small passes
+operators, onnxruntime's fused and quantized ``com.microsoft`` operators.
+:func:`normalized_model` runs one pipeline of small passes
 (:data:`~onnxgrad.normalize.pipeline.PASSES`) that turns such a model into the regular form
 every later layer assumes; every public entry point (``info``, ``onnx_derivative``,
 ``onnx_jvp``/``onnx_hvp``, ``add_loss_output``, ``get_train_initializer``, the estimators,
