@@ -7,8 +7,9 @@ operators, onnxruntime's fused and quantized ``com.microsoft`` operators.
 (:data:`~onnxgrad.normalize.pipeline.PASSES`) that turns such a model into the regular form
 every later layer assumes; every public entry point (``info``, ``onnx_derivative``,
 ``onnx_jvp``/``onnx_hvp``, ``add_loss_output``, ``get_train_initializer``, the estimators,
-``train``, ``artifacts``, ``generate_artifacts``) calls it once, and nothing below
-normalises again.
+``train``, ``artifacts``, ``generate_artifacts``) calls it at its entry; the engine and
+the train step below them never normalise (one public entry calling another normalises
+again, which changes nothing: the pipeline is idempotent).
 """
 
 from onnxgrad.normalize.pipeline import PASSES, Pass, normalize_in_place, normalized_model
