@@ -369,21 +369,19 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 def _normalisation_lines(original: ModelProto, model: ModelProto) -> list[str]:
     """What :func:`onnxgrad.normalize.normalized_model` changed, in words."""
+    from onnxgrad._onnx_utils import default_opset
+    from onnxgrad.normalize.constants import constant_weights
+
     changes = []
-    before, after = _default_opset(original), _default_opset(model)
+    before, after = default_opset(original), default_opset(model)
     if before != after:
         changes.append(f"default-domain opset {before} raised to {after}")
-    promoted = len(model.graph.initializer) - len(original.graph.initializer)
-    constants = sum(1 for n in _all_nodes(original.graph) if n.op_type == "Constant")
-    if promoted > 0 and constants:
+    promoted = len(constant_weights(original))
+    if promoted:
         changes.append(f"{promoted} weights stored as Constant nodes made initializers")
     if not changes:
         return []
     return ["normalised for training (onnxgrad.normalize):", *(f"  {c}" for c in changes)]
-
-
-def _default_opset(model: ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _dry_build_failures(model: ModelProto) -> list[str]:
