@@ -329,28 +329,33 @@ def check_destination(path: str) -> Path:
 
 def cmd_info(args: argparse.Namespace) -> None:
     original = read_model(args.model)
+    from onnxgrad._onnx_utils import default_opset as _default_opset
     from onnxgrad.graph.ml_lowering import lowerable_nodes
+    from onnxgrad.normalize.constants import constant_weights
     from onnxgrad.normalize.report import deployed_operator_lines, deployed_operators
 
     lowered = lowerable_nodes(original)
     deployed = deployed_operators(original)
-    model = normalized(original, args.model)
+    opset, promoted = _default_opset(original), len(constant_weights(original))
+    opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in original.opset_import)
+    header = f"  ir_version {original.ir_version}, opsets {opsets or 'none'}" + (
+        f", producer {original.producer_name}" if original.producer_name else ""
+    )
+    model = normalized(original, args.model)  # rewrites ``original`` in place
     weights = get_train_initializer(model)
     graph = model.graph
     inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]
-    opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in original.opset_import)
     size = sum(int(value.size) for value, _ in weights.values())
     stops = _ops_without_rule(model) + _dry_build_failures(model)
     lines = [
         f"model: {args.model}",
-        f"  ir_version {original.ir_version}, opsets {opsets or 'none'}"
-        + (f", producer {original.producer_name}" if original.producer_name else ""),
+        header,
         f"inputs ({len(inputs)}):",
         *_table((i.name, type_text(i.type)) for i in inputs),
         f"outputs ({len(graph.output)}):",
         *_table((o.name, type_text(o.type)) for o in graph.output),
-        *_normalisation_lines(original, model),
+        *_normalisation_lines(opset, promoted, model),
         *_lowering_lines(lowered),
         *deployed_operator_lines(deployed, model),
         f"trainable initializers ({len(weights)}, {size} values):",
@@ -367,16 +372,14 @@ def cmd_info(args: argparse.Namespace) -> None:
     print("\n".join(lines))
 
 
-def _normalisation_lines(original: ModelProto, model: ModelProto) -> list[str]:
-    """What :func:`onnxgrad.normalize.normalized_model` changed, in words."""
+def _normalisation_lines(opset: int, promoted: int, model: ModelProto) -> list[str]:
+    """What :func:`onnxgrad.normalize.normalized_model` changed, in words: the default-domain
+    ``opset`` the model had, the number of Constant weights it ``promoted``."""
     from onnxgrad._onnx_utils import default_opset
-    from onnxgrad.normalize.constants import constant_weights
 
     changes = []
-    before, after = default_opset(original), default_opset(model)
-    if before != after:
-        changes.append(f"default-domain opset {before} raised to {after}")
-    promoted = len(constant_weights(original))
+    if default_opset(model) != opset:
+        changes.append(f"default-domain opset {opset} raised to {default_opset(model)}")
     if promoted:
         changes.append(f"{promoted} weights stored as Constant nodes made initializers")
     if not changes:

@@ -180,5 +180,7 @@ def test_info_names_what_stops_the_build(tmp_path):
     save(models.paddle_like(), tmp_path / "paddle.onnx")
     result = run_in_process("info", "paddle.onnx", cwd=tmp_path)
     assert "trainable initializers (4," in result.stdout
+    assert "4 weights stored as Constant nodes made initializers" in result.stdout
+    assert "default-domain opset 11 raised to 13" in result.stdout
     assert "declares a negative dimension" not in result.stdout + result.stderr
     assert "nothing: the gradient and the train step build" in result.stdout
