@@ -56,6 +56,7 @@ from onnxgrad.training.runner import (
     _checked_values,
     _state_types,
     _weight_types,
+    check_loader,
     make_session,
 )
 from onnxgrad.training.split_step import SplitStep
@@ -423,12 +424,8 @@ class _Shards:
     def __init__(self, runner: DistributedRunner, loader: OrtDataLoader):
         self.loader = loader
         step = runner.step
+        check_loader(step, step.gradient, loader, runner.feeds)
         arrays = loader.arrays()
-        if len(arrays) != len(step.data_inputs):
-            raise ValueError(
-                f"the train step expects the inputs {list(step.data_inputs)}, "
-                f"the data loader holds {len(arrays)} arrays"
-            )
         n, size, ranks = len(loader), loader.batch_size, runner.world_size
         check_same_everywhere(
             {

@@ -230,27 +230,36 @@ class TrainingRunner:
         return epoch.losses.copy()
 
 
+def check_loader(
+    step: TrainStep, model: ModelProto, loader: OrtDataLoader, feeds: FixedFeeds
+) -> None:
+    """Check that ``loader`` holds one array per data input of ``step`` (read from ``model``,
+    the graph that takes them), each of its input's type and shape, and that ``feeds`` holds
+    every fixed input; labels ``[N]`` or ``[N, 1]`` are first matched to the label's rank."""
+    arrays = loader.arrays()
+    if len(arrays) != len(step.data_inputs):
+        raise ValueError(
+            f"the train step expects the inputs {list(step.data_inputs)}, "
+            f"the data loader holds {len(arrays)} arrays"
+        )
+    missing = [n for n in step.fixed if n not in feeds.values]
+    if missing:
+        raise ValueError(f"no value for the fixed inputs {missing}: see set_feeds")
+    inputs = {i.name: i for i in model.graph.input}
+    loader.match_label_rank(len(tensor_dims(inputs[step.label])))
+    features = [f"X[{n!r}]" for n in step.features] if len(step.features) > 1 else ["X"]
+    roles = (*features, "y", "sample_weight")
+    for name, array, what in zip(step.data_inputs, loader.arrays(), roles):
+        check_tensor(inputs[name], array, what)
+
+
 class _EpochBindings:
     """The ``IOBinding`` of every (buffer set, batch) pair for one data loader."""
 
     def __init__(self, runner: TrainingRunner, loader: OrtDataLoader):
         self.loader = loader
         step = runner.step
-        arrays = loader.arrays()
-        if len(arrays) != len(step.data_inputs):
-            raise ValueError(
-                f"the train step expects the inputs {list(step.data_inputs)}, "
-                f"the data loader holds {len(arrays)} arrays"
-            )
-        missing = [n for n in step.fixed if n not in runner.feeds.values]
-        if missing:
-            raise ValueError(f"no value for the fixed inputs {missing}: see set_feeds")
-        inputs = {i.name: i for i in step.model.graph.input}
-        loader.match_label_rank(len(tensor_dims(inputs[step.label])))
-        arrays = loader.arrays()
-        features = [f"X[{n!r}]" for n in step.features] if len(step.features) > 1 else ["X"]
-        for name, array, what in zip(step.data_inputs, arrays, (*features, "y", "sample_weight")):
-            check_tensor(inputs[name], array, what)
+        check_loader(step, step.model, loader, runner.feeds)
         data = loader.device_data()
         self.order = np.zeros(len(loader), dtype=np.int64)
         size = loader.batch_size

@@ -93,11 +93,14 @@ def sklearn_classifier() -> tuple[ModelProto, np.ndarray, np.ndarray]:
     return model, X, y.astype(np.int64)
 
 
-def estimators(batch_size: int, names=("mlp", "classifier", "cnn", "model_loss_sum")) -> dict:
+CASES = ("mlp", "classifier", "classifier_column_labels", "cnn", "model_loss_sum")
+
+
+def estimators(batch_size: int, names=CASES) -> dict:
     """``{case: (estimator, X, y)}`` for the cases ``names``, each exercising another part:
-    Nesterov with a penalty and early stopping; Adam on a converted classifier; a CNN with
-    momentum; a loss summed over the batch that the model computes itself (told apart on
-    the data)."""
+    Nesterov with a penalty and early stopping; Adam on a converted classifier (labels
+    ``[N]``, then ``[N, 1]``); a CNN with momentum; a loss summed over the batch that the
+    model computes itself (told apart on the data)."""
     common = {"batch_size": batch_size, "random_state": 5, "intra_op_num_threads": 1}
     return {name: _CASES[name](common) for name in names}
 
@@ -129,6 +132,11 @@ def _classifier(common):
     return estimator, X, y
 
 
+def _classifier_column_labels(common):
+    estimator, X, y = _classifier(common)
+    return estimator, X, y.reshape(-1, 1)
+
+
 def _cnn(common):
     cnn, X, y = small_cnn()
     estimator = OrtGradientForwardBackwardOptimizer(
@@ -150,4 +158,10 @@ def _model_loss_sum(common):
     return estimator, X, y
 
 
-_CASES = {"mlp": _mlp, "classifier": _classifier, "cnn": _cnn, "model_loss_sum": _model_loss_sum}
+_CASES = {
+    "mlp": _mlp,
+    "classifier": _classifier,
+    "classifier_column_labels": _classifier_column_labels,
+    "cnn": _cnn,
+    "model_loss_sum": _model_loss_sum,
+}

@@ -18,7 +18,7 @@ import onnx
 import pytest
 
 from onnxgrad.cli import main as cli_main
-from tests.distributed.cases import BATCH, RANKS, estimators, mlp_regression
+from tests.distributed.cases import BATCH, CASES, RANKS, estimators, mlp_regression
 
 pytestmark = [
     pytest.mark.slow,
@@ -61,7 +61,7 @@ def fitted(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("case", ["mlp", "classifier", "cnn", "model_loss_sum"])
+@pytest.mark.parametrize("case", CASES)
 def test_two_ranks_equal_one_process_with_the_global_batch(fitted, case):
     estimator, X, y = estimators(BATCH * RANKS, [case])[case]
     estimator.fit(X, y)
