@@ -11,8 +11,6 @@ A reader that stops reading the output (``| head``) is no failure: status 0.
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import os
 import signal
 import sys
@@ -29,8 +27,21 @@ from onnxgrad._interrupt import (
     restore_sigint,
     sigint_received,
 )
+from onnxgrad.cli_common import (
+    USAGE_ERROR,
+    CommandError,
+    OneLineParser,
+    add_loss_options,
+    check_destination,
+    normalized,
+    number,
+    one_line,
+    positive_int,
+    read_model,
+    reduction_option,
+    subcommand,
+)
 
-USAGE_ERROR = 2
 JOB_FAILED = 1
 #: onnxruntime's own log (fatal only): its failures reach the user as one-line errors.
 ORT_LOG_SEVERITY = 4
@@ -38,65 +49,23 @@ ORT_LOG_SEVERITY = 4
 RUNTIME_COMMANDS = ("onnxgrad train", "onnxgrad demo", "onnxgrad artifacts")
 
 
-class LazyChoices(Sequence):
-    """The ``choices`` of an option, read from ``module.name`` when argparse first checks or
-    shows them, so building the parser imports nothing heavy (give the option a ``metavar``:
-    argparse lists the choices of an option without one as it is added)."""
-
-    def __init__(self, module: str, name: str):
-        self._where = (module, name)
-
-    @functools.cached_property
-    def _values(self) -> tuple[str, ...]:
-        module, name = self._where
-        return tuple(getattr(importlib.import_module(module), name))
-
-    def __getitem__(self, index):
-        return self._values[index]
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
-class CommandError(Exception):
-    """A failure the command reports in one line (status 2), without a traceback."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr (status 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def _import_libraries() -> None:
     """Import what the subcommands use, once the arguments are parsed: ``onnxgrad --help``
     and usage errors answer without loading numpy, onnx or onnxruntime."""
-    global np, ProtobufError, ModelProto, ValidationError, check_model, InferenceError, ort_state
-    global save_model, write_atomically, write_bytes, check_structure, weightless_view
-    global derive_in_place
-    global FLOAT_TYPES, load_model, np_dtype, real_inputs, subgraphs
-    global import_onnxruntime, set_logger_severity
+    global ProtobufError, ModelProto, ValidationError, InferenceError, ort_state
+    global save_model, write_atomically, write_bytes, derive_in_place
+    global real_inputs, subgraphs, import_onnxruntime, set_logger_severity
     global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
     global add_loss_output, get_train_initializer, onnx_simple_text_plot
     global plot_onnxs, tensor_text, to_dot, type_text
-    global OrtGradientForwardBackwardOptimizer, learning_rate_from_name, select_learning_loss
-    import numpy as np
+    import numpy  # noqa: F401  (loaded here, where an interrupt waits for the imports)
     from google.protobuf.message import Error as ProtobufError
     from onnx import ModelProto
-    from onnx.checker import ValidationError, check_model
+    from onnx.checker import ValidationError
     from onnx.shape_inference import InferenceError
 
     from onnxgrad._files import save_model, write_atomically, write_bytes
-    from onnxgrad._model_checks import check_structure
-    from onnxgrad._onnx_utils import (
-        FLOAT_TYPES,
-        load_model,
-        np_dtype,
-        real_inputs,
-        subgraphs,
-        weightless_view,
-    )
+    from onnxgrad._onnx_utils import real_inputs, subgraphs
     from onnxgrad._runtime import import_onnxruntime, set_logger_severity
     from onnxgrad.derivative import DerivativeOptions, onnx_derivative
     from onnxgrad.derivative.api import derive_in_place
@@ -112,8 +81,7 @@ def _import_libraries() -> None:
         return
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-    from onnxgrad.training import OrtGradientForwardBackwardOptimizer, learning_rate_from_name
-    from onnxgrad.training.losses import select_learning_loss
+    import onnxgrad.training  # noqa: F401  (the training commands' modules, loaded here too)
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -175,7 +143,7 @@ def _main(argv: Sequence[str] | None) -> int:
         with importing():  # checking an option's choices (--optimizer) may import the library
             args = parser.parse_args(argv)
     except ImportError as exc:
-        _fail(parser.prog, _one_line(exc))
+        _fail(parser.prog, one_line(exc))
         return USAGE_ERROR
     try:
         with importing():
@@ -186,7 +154,7 @@ def _main(argv: Sequence[str] | None) -> int:
         _fail(args.prog, "interrupted")
         return 130
     except ImportError as exc:
-        _fail(args.prog, _one_line(exc))
+        _fail(args.prog, one_line(exc))
         return USAGE_ERROR
     if ort_state is None:
         return _run(args)
@@ -204,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         return status
     except BrokenPipeError as exc:
         if not _stdout_closed():  # another pipe broke (a child process died): a failure
-            _fail(args.prog, f"a pipe closed unexpectedly: {_one_line(exc)}")
+            _fail(args.prog, f"a pipe closed unexpectedly: {one_line(exc)}")
             return USAGE_ERROR
         _discard_stdout()  # the reader stopped reading (`onnxgrad text m.onnx | head`)
         return 0
@@ -218,13 +186,13 @@ def _run(args: argparse.Namespace) -> int:
         if _caused_by_interrupt(exc):
             _fail(args.prog, "interrupted")
             return 130
-        _fail(args.prog, _one_line(exc))
+        _fail(args.prog, one_line(exc))
         return USAGE_ERROR
     except Exception as exc:  # any other failure is still one line, never a traceback
         if _caused_by_interrupt(exc):
             _fail(args.prog, "interrupted")
             return 130
-        _fail(args.prog, f"{type(exc).__name__}: {_one_line(exc)}")
+        _fail(args.prog, f"{type(exc).__name__}: {one_line(exc)}")
         return USAGE_ERROR
 
 
@@ -266,62 +234,7 @@ def _fail(prog: str, message: str) -> None:
     print(f"{prog}: error: {message}", file=sys.stderr)
 
 
-#: Python spellings in library messages -> the command line's
-_CLI_SPELLINGS = {"backend='ort'": "--backend ort", "backend='onnx'": "--backend onnx"}
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    for python, cli in _CLI_SPELLINGS.items():
-        text = text.replace(python, cli)
-    if isinstance(exc, OSError) and exc.filename and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}"
-    return text or type(exc).__name__
-
-
 # ----------------------------------------------------------------------------- files
-
-
-def read_model(path: str) -> ModelProto:
-    """The model stored at ``path``, once onnx's full checker (strict shape inference
-    included) accepts it; ``CommandError`` names the file when it cannot be read or is
-    invalid (a cycle, inconsistent shapes...)."""
-    if os.path.isdir(path):
-        raise CommandError(f"{path!r} is a folder, not an ONNX file")
-    if os.path.exists(path) and not os.access(path, os.R_OK):
-        raise CommandError(f"{path!r} cannot be read (permission denied)")
-    from onnxgrad.normalize.structure import runtime_ops_as_contrib
-
-    model = load_model(path)
-    try:
-        check_structure(model)  # names the node or value at fault; sorts the nodes
-        with runtime_ops_as_contrib(model):  # onnxruntime's default-domain extras
-            check_model(weightless_view(model), full_check=True)  # past 2 GiB too, no copy
-    except (ValueError, ValidationError, InferenceError) as exc:
-        raise CommandError(f"{path!r} is not a valid ONNX model: {_one_line(exc)}") from None
-    return model
-
-
-def normalized(model: ModelProto, path: str) -> ModelProto:
-    """``model`` (read from ``path``, private) made regular by
-    :func:`onnxgrad.normalize.normalize_in_place`; ``CommandError`` names the file and why not."""
-    from onnxgrad.normalize import normalize_in_place
-
-    try:
-        return normalize_in_place(model)
-    except (ValueError, NotImplementedError) as exc:
-        raise CommandError(f"{path!r} cannot be used for training: {_one_line(exc)}") from None
-
-
-def check_destination(path: str) -> Path:
-    """``path`` as a Path whose folder exists, checked before any work is done."""
-    destination = Path(path)
-    folder = destination.parent
-    if not folder.is_dir():
-        raise CommandError(f"the folder of the output {path!r} does not exist")
-    if destination.is_dir():
-        raise CommandError(f"the output {path!r} is a folder, expected a file name")
-    return destination
 
 
 # ----------------------------------------------------------------------------- info
@@ -401,7 +314,7 @@ def _dry_build_failures(model: ModelProto) -> list[str]:
         try:
             build()
         except Exception as exc:
-            failures.append(f"{what}: {type(exc).__name__}: {_one_line(exc)}")
+            failures.append(f"{what}: {type(exc).__name__}: {one_line(exc)}")
     return failures
 
 
@@ -535,7 +448,7 @@ def cmd_add_loss(args: argparse.Namespace) -> None:
         weight_name=args.weight,
         penalty=parse_penalties(args.penalty) or None,
         output_index=args.prediction,
-        **_reduction(args),
+        **reduction_option(args),
     )
     with finishing():
         save_model(result, destination)
@@ -560,15 +473,8 @@ def parse_penalties(specs: Sequence[str] | None) -> dict[str, dict[str, float]]:
                 raise CommandError(
                     f"--penalty {spec!r}: unknown penalty kind {kind!r}, expected l1 or l2"
                 )
-            penalties[name][kind] = _number(value, f"--penalty {spec!r}")
+            penalties[name][kind] = number(value, f"--penalty {spec!r}")
     return penalties
-
-
-def _number(text: str, what: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise CommandError(f"{what}: {text!r} is not a number") from None
 
 
 # ----------------------------------------------------------------------------- derivative
@@ -604,39 +510,6 @@ def cmd_derivative(args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------- train
-
-
-def read_training_data(path: str, model: ModelProto):
-    """Arrays ``X`` and ``y`` of the ``.npz`` file ``path``; float arrays are cast to the
-    element type of the model's first input and first float output."""
-    from onnxgrad._npz import load_arrays  # only the arrays used, sizes checked first
-
-    if not os.path.isfile(path):
-        raise CommandError(f"data file {path!r} does not exist or is not a regular file")
-    try:
-        arrays = load_arrays(path, ["X", "y"])
-    except KeyError as exc:
-        raise CommandError(exc.args[0]) from None
-    except ValueError as exc:
-        raise CommandError(_one_line(exc)) from None
-    except Exception as exc:  # zipfile raises many types for a corrupt file
-        raise CommandError(f"{path!r} is not a readable .npz file: {_one_line(exc)}") from None
-    X, y = arrays["X"], arrays["y"]
-    if X.dtype.kind == "f":
-        X = X.astype(np_dtype(_first_input(model).type.tensor_type.elem_type), copy=False)
-    output = next(
-        (o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES), None
-    )
-    if y.dtype.kind == "f" and output is not None:
-        y = y.astype(np_dtype(output.type.tensor_type.elem_type), copy=False)
-    return X, y
-
-
-def _first_input(model: ModelProto):
-    inputs = real_inputs(model)
-    if not inputs:
-        raise CommandError("the model has no input to feed X to")
-    return inputs[0]
 
 
 # ----------------------------------------------------------------------------- parser
@@ -693,20 +566,8 @@ def _version() -> str:
         return "unknown"
 
 
-def _command(commands, name: str, run, summary: str, examples: str) -> OneLineParser:
-    sub = commands.add_parser(
-        name,
-        help=summary,
-        description=summary,
-        epilog="examples:\n" + textwrap.indent(textwrap.dedent(examples).strip(), "  "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub.set_defaults(run=run, prog=f"onnxgrad {name}")
-    return sub
-
-
 def _add_demo(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "demo",
         _run_demo,
@@ -722,7 +583,7 @@ def _add_demo(commands) -> None:
         default="onnxgrad-demo",
         help="folder to write into (default: %(default)s)",
     )
-    sub.add_argument("--epochs", type=_positive_int, default=None, help="training epochs")
+    sub.add_argument("--epochs", type=positive_int, default=None, help="training epochs")
 
 
 def _run_demo(args: argparse.Namespace) -> None:
@@ -732,7 +593,7 @@ def _run_demo(args: argparse.Namespace) -> None:
 
 
 def _add_info(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "info",
         cmd_info,
@@ -743,7 +604,7 @@ def _add_info(commands) -> None:
 
 
 def _add_text(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "text",
         cmd_text,
@@ -754,7 +615,7 @@ def _add_text(commands) -> None:
 
 
 def _add_plot(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "plot",
         cmd_plot,
@@ -767,11 +628,11 @@ def _add_plot(commands) -> None:
     sub.add_argument("model", help="ONNX file")
     sub.add_argument("-o", "--output", required=True, help="picture file (.png, .svg, .dot...)")
     sub.add_argument("--title", help="title of the picture (default: the file name)")
-    sub.add_argument("--dpi", type=_positive_int, default=100, help="resolution of raster images")
+    sub.add_argument("--dpi", type=positive_int, default=100, help="resolution of raster images")
 
 
 def _add_add_loss(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "add-loss",
         cmd_add_loss,
@@ -784,7 +645,7 @@ def _add_add_loss(commands) -> None:
     )
     sub.add_argument("model", help="ONNX file")
     sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
-    _add_loss_options(sub, "--score")
+    add_loss_options(sub, "--score")
     sub.add_argument("--label", default="label", help="name of the new label input")
     sub.add_argument("--weight", help="name of a new per-sample weight input")
     sub.add_argument("--loss-name", default="loss", help="name of the loss output")
@@ -798,7 +659,7 @@ def _add_add_loss(commands) -> None:
 
 
 def _add_derivative(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "derivative",
         cmd_derivative,
@@ -844,58 +705,3 @@ def _add_derivative(commands) -> None:
         default="onnx",
         help="onnx: native engine, standard ops only (default); ort: onnxruntime-training",
     )
-
-
-def _add_optimizer_option(sub: argparse.ArgumentParser, default: str, note: str) -> None:
-    """``--optimizer NAME`` of the learning-rate table (read when the choices are checked)."""
-    sub.add_argument(
-        "--optimizer",
-        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
-        metavar="NAME",
-        default=default,
-        help=f"one of %(choices)s; {note} (default: %(default)s)",
-    )
-
-
-def _add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
-    """The loss name and its reduction, both read from the one loss table."""
-    sub.add_argument(
-        flag,
-        choices=LazyChoices("onnxgrad.graph.loss_table", "LOSS_NAMES"),
-        default="squared_error",
-        metavar="NAME",
-        help="a loss of docs/losses.md: squared_error, absolute_error, elastic, log, "
-        "log_logits, cross_entropy, cross_entropy_logits or an alias (l2, l1, square_error...; "
-        "default: %(default)s)",
-    )
-    sub.add_argument(
-        "--reduction",
-        choices=LazyChoices("onnxgrad.graph.loss_table", "REDUCTIONS"),
-        metavar="{sum,mean}",
-        help="the loss over a batch: sum (default, as the seeds) or mean; train reports "
-        "either averaged over its batches (docs/losses.md)",
-    )
-
-
-def _reduction(args: argparse.Namespace) -> dict[str, str]:
-    return {} if args.reduction is None else {"reduction": args.reduction}
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value

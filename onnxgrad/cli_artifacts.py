@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxgrad.cli import (
+from onnxgrad.cli_common import (
     CommandError,
-    _add_loss_options,
-    _add_optimizer_option,
-    _command,
-    _positive_float,
-    _positive_int,
+    add_loss_options,
+    add_optimizer_option,
+    positive_float,
+    positive_int,
     read_model,
     read_training_data,
+    subcommand,
 )
 
 DATA_FILE = "data.json"
@@ -59,7 +59,7 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
 
 
 def add_artifacts(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "artifacts",
         cmd_artifacts,
@@ -79,12 +79,12 @@ def add_artifacts(commands) -> None:
         help="folder to write (created with its parents; a folder of earlier artifacts is "
         "replaced as a whole)",
     )
-    _add_loss_options(sub, "--loss")
-    _add_optimizer_option(
+    add_loss_options(sub, "--loss")
+    add_optimizer_option(
         sub, "adam", "the update fused into the train step; onnxgrad train's default is nesterov"
     )
     sub.add_argument(
-        "--lr", type=_positive_float, help="learning rate (default: 0.01, 0.001 for adam)"
+        "--lr", type=positive_float, help="learning rate (default: 0.01, 0.001 for adam)"
     )
     sub.add_argument("--train", nargs="+", metavar="NAME", help="initializers to train only")
     sub.add_argument(
@@ -98,7 +98,7 @@ def add_artifacts(commands) -> None:
         "them) and train the adapters only",
     )
     sub.add_argument(
-        "--lora-rank", type=_positive_int, default=4, help="adapter rank (default: %(default)s)"
+        "--lora-rank", type=positive_int, default=4, help="adapter rank (default: %(default)s)"
     )
     sub.add_argument(
         "--data",

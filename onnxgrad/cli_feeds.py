@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from onnxgrad.cli import CommandError, _one_line
+from onnxgrad.cli_common import CommandError, one_line
 
 if TYPE_CHECKING:  # the parser registers --feed without loading numpy or onnx
     import numpy as np
@@ -44,7 +44,7 @@ def read_feeds(specs: list[str]) -> dict[str, np.ndarray]:
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except Exception as exc:  # numpy raises many types for a corrupt file
-            message = f"--feed {spec!r}: not a readable .npy file: {_one_line(exc)}"
+            message = f"--feed {spec!r}: not a readable .npy file: {one_line(exc)}"
             raise CommandError(message) from None
         if not isinstance(feeds[name], np.ndarray):
             raise CommandError(f"--feed {spec!r}: a .npy file holding one array is expected")

@@ -7,18 +7,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from onnxgrad.cli import (
+from onnxgrad._interrupt import finishing
+from onnxgrad.cli_common import (
     CommandError,
-    _add_loss_options,
-    _add_optimizer_option,
-    _command,
-    _number,
-    _positive_float,
-    _positive_int,
+    add_loss_options,
+    add_optimizer_option,
     check_destination,
-    finishing,
+    number,
+    positive_float,
+    positive_int,
     read_model,
     read_training_data,
+    subcommand,
 )
 from onnxgrad.cli_feeds import add_feed_option, read_feeds, with_feeds
 
@@ -114,7 +114,7 @@ def parse_penalty(spec: str | None) -> tuple[float, float]:
         kind = kind if sep else "l2"
         if kind not in coefs:
             raise CommandError(f"--penalty {spec!r}: unknown penalty kind {kind!r}, use l1 or l2")
-        coefs[kind] = _number(value, f"--penalty {spec!r}")
+        coefs[kind] = number(value, f"--penalty {spec!r}")
         if not coefs[kind] >= 0:
             raise CommandError(f"--penalty {spec!r}: coefficients must be >= 0")
     return coefs["l1"], coefs["l2"]
@@ -182,7 +182,7 @@ def write_curve(path: Path, start: float, train: list[float], validation: list[f
 
 
 def add_train(commands) -> None:
-    sub = _command(
+    sub = subcommand(
         commands,
         "train",
         cmd_train,
@@ -199,20 +199,20 @@ def add_train(commands) -> None:
     sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
     sub.add_argument("--data", required=True, help=".npz file holding the arrays X and y")
     sub.add_argument("-o", "--output", required=True, help="ONNX file to write")
-    sub.add_argument("--epochs", type=_positive_int, default=10, help="default: %(default)s")
-    sub.add_argument("--batch-size", type=_positive_int, default=32, help="default: %(default)s")
-    _add_optimizer_option(
+    sub.add_argument("--epochs", type=positive_int, default=10, help="default: %(default)s")
+    sub.add_argument("--batch-size", type=positive_int, default=32, help="default: %(default)s")
+    add_optimizer_option(
         sub,
         "nesterov",
         "momentum is classical momentum, nesterov Nesterov's; onnxgrad artifacts' default is adam",
     )
     sub.add_argument(
         "--lr",
-        type=_positive_float,
+        type=positive_float,
         help="constant learning rate (default: 0.01 / batch size on the summed loss, the "
         "global batch of all ranks, 0.01 with --reduction mean, 0.001 for adam)",
     )
-    _add_loss_options(sub, "--loss")
+    add_loss_options(sub, "--loss")
     sub.add_argument(
         "--penalty",
         metavar="l1:A,l2:B",

@@ -141,20 +141,6 @@ def lowered_if_needed(
     return lower_ml_operators(model, keep_zipmap=keep_zipmap)
 
 
-def with_trained_weights(original: ModelLike, weights: dict) -> ModelProto:
-    """``original`` in its converter's format (the same outputs, ZipMap included) with the
-    trained ``weights`` (named as in its lowered form, when it needed one) as initializers."""
-    from onnxgrad.graph.initializers import replace_initializers_into_onnx
-    from onnxgrad.graph.select import select_model_inputs_outputs
-
-    original = load_model(original)
-    if not needs_lowering(original):
-        return replace_initializers_into_onnx(original, weights)
-    lowered = lower_ml_operators(original, keep_zipmap=True)
-    trained = replace_initializers_into_onnx(lowered, weights)
-    return select_model_inputs_outputs(trained, outputs=[o.name for o in original.graph.output])
-
-
 def lower_ml_operators(model: ModelLike, keep_zipmap: bool = True) -> ModelProto:
     """A copy of ``model`` whose ``ai.onnx.ml`` operators are standard ONNX nodes with their
     parameters as initializers (see the module docstring for each operator's formula).

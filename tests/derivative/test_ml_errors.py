@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxgrad import onnx_derivative
-from onnxgrad.cli import _one_line
+from onnxgrad.cli_common import one_line
 from onnxgrad.derivative.ort import builder_error
 
 ML = "ai.onnx.ml"
@@ -54,7 +54,7 @@ def test_a_missing_ml_rule_names_the_ml_opset_and_no_other_backend(opset):
 
 
 def test_the_command_line_speaks_its_own_spelling():
-    text = _one_line(NotImplementedError("no rule; try backend='ort'. Or backend='onnx'"))
+    text = one_line(NotImplementedError("no rule; try backend='ort'. Or backend='onnx'"))
     assert text == "no rule; try --backend ort. Or --backend onnx"
 
 
