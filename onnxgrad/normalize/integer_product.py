@@ -9,7 +9,8 @@ which is ``\hat x W`` with ``\hat x = (q - z_x) s_x`` and ``W = (B - z_B) s_B``.
 writes it so: a float ``MatMul`` of ``\hat x`` (with the straight-through term of
 :func:`onnxgrad.normalize.ste.straight_through`, so the gradient reaches ``x``) and
 ``W = DequantizeLinear(B, s_B, z_B)``, the value a LoRA adapter adds to
-(:mod:`onnxgrad.graph.qlora`). ``B``, ``s_B`` and ``z_B`` stay frozen. The kernel sums the
+(:mod:`onnxgrad.graph.qlora`). ``B``, ``s_B`` and ``z_B`` stay frozen; a ``B`` that is itself
+an activation's ``DynamicQuantizeLinear`` is read straight through like ``x``. The kernel sums the
 integer products exactly and scales once; the float product rounds each term: the values
 agree up to float32 rounding of the accumulation. A product the pattern does not describe
 (an int32 bias added before the ``Cast``, other scales) is left to
@@ -56,9 +57,7 @@ def lower_scaled_integer_product(lw: Lowerer) -> None:
     ``MatMul(\\hat x, DequantizeLinear(B))``; any other ``Mul`` is kept."""
     node = lw.node
     found = _pattern(lw, node)
-    weight = (
-        None if found is None else _dequantized_weight(lw, found.codes, found.scale, found.zero)
-    )
+    weight = None if found is None else _dequantized_right(lw, found)
     if weight is None:
         lw.builder.graph.node.append(node)
         return
@@ -66,6 +65,17 @@ def lower_scaled_integer_product(lw: Lowerer) -> None:
     rounded = dequantized_round_trip(lw, x, code, scale, zero)
     lw.op("MatMul", rounded, weight, out=node.output[0])
     lw.superseded.update(id(n) for n in found.nodes)
+
+
+def _dequantized_right(lw: Lowerer, found: _Product) -> str | None:
+    """The right factor: a weight dequantized, or an activation quantized by its own
+    ``DynamicQuantizeLinear`` read straight through too."""
+    source = lw.producers.get(found.codes)
+    if source is not None and source.op_type == "DynamicQuantizeLinear":
+        if list(source.output) == [found.codes, found.scale, found.zero]:
+            return dequantized_round_trip(lw, source.input[0], *source.output)
+        return None
+    return _dequantized_weight(lw, found.codes, found.scale, found.zero)
 
 
 def _pattern(lw: Lowerer, node: NodeProto) -> _Product | None:

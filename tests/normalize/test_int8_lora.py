@@ -181,3 +181,39 @@ def _with_values(model, values):
         if init.name in values:
             init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
     return model
+
+
+def test_product_of_two_dynamically_quantized_activations():
+    """Both factors quantized by their own ``DynamicQuantizeLinear``: the gradient reaches
+    both, through the straight-through estimator (numpy: the product of the round trips)."""
+    node = helper.make_node
+    graph = helper.make_graph(
+        [
+            node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+            node("DynamicQuantizeLinear", ["w"], ["wq", "ws", "wz"]),
+            node("MatMulInteger", ["xq", "wq", "xz", "wz"], ["p"]),
+            node("Cast", ["p"], ["pf"], to=TensorProto.FLOAT),
+            node("Mul", ["xs", "ws"], ["scales"]),
+            node("Mul", ["pf", "scales"], ["y"]),
+        ],
+        "two_activations",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, K]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [K, N]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, N])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {
+        "x": RNG.standard_normal((3, K)).astype(np.float32),
+        "w": RNG.standard_normal((K, N)).astype(np.float32),
+    }
+    expected = run(model, feeds)[0]
+    np.testing.assert_allclose(run(normalized_model(model), feeds)[0], expected, atol=1e-5)
+    seed = RNG.standard_normal(expected.shape).astype(np.float32)
+    gradient = onnx_derivative(model, inputs=["x", "w"], weights=[])
+    names = [o.name for o in gradient.graph.output]
+    got = dict(zip(names, run(gradient, {**feeds, "y_grad": seed}), strict=True))
+    x_hat, w_hat = (_dynamic_round_trip(feeds[k]) for k in ("x", "w"))
+    np.testing.assert_allclose(got["x_grad"], seed @ w_hat.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["w_grad"], x_hat.T @ seed, rtol=1e-5, atol=1e-5)
