@@ -1,7 +1,8 @@
 """Quantized weights as LoRA targets (QLoRA): float adapters over a frozen quantized base.
 
-A model holding onnxruntime's quantized operators (``MatMulNBits``, ``QLinearMatMul``, QDQ
-weights) or fused ones is first normalised, which lowers the quantized ones to a ``MatMul``
+A model holding onnxruntime's quantized operators (``MatMulNBits``, ``QLinearMatMul``,
+``quantize_dynamic``'s ``MatMulInteger`` or ``DynamicQuantizeMatMul``, QDQ weights) or fused
+ones is first normalised, which lowers the quantized ones to a ``MatMul``
 reading the dequantized weight ``W = (q - z) s`` computed in the graph from the integer
 initializer ``q``. That float
 value is the adapter's target: ``W + s_{lora} A B`` replaces it in the ``MatMul``, ``q``, its
@@ -21,6 +22,8 @@ QUANTIZED_OPS = frozenset(
     {
         ("com.microsoft", "MatMulNBits"),
         ("", "QLinearMatMul"),
+        ("", "MatMulInteger"),
+        ("com.microsoft", "DynamicQuantizeMatMul"),
         ("", "DequantizeLinear"),
         ("com.microsoft", "DequantizeLinear"),
     }

@@ -9,7 +9,9 @@ nothing reaches ``q``, ``s`` or ``z``.
   ``bits`` bits (least significant first within a byte), ``s`` one scale per row and block of
   ``block_size`` codes, ``z`` packed the same way (default ``2^{bits-1}``) or as floats.
 - ``DynamicQuantizeMatMul(A, B, s, z, bias) = \hat A\, (B - z) s + bias``, ``\hat A`` the
-  ``DynamicQuantizeLinear`` round trip of ``A`` (uint8, range including 0), as the kernel.
+  ``DynamicQuantizeLinear`` round trip of ``A`` (uint8, range including 0), as the kernel,
+  read straight through; ``quantize_dynamic``'s ``MatMulInteger`` form likewise
+  (:mod:`onnxgrad.normalize.integer_product`).
 - ``QLinearMatMul`` and ``QLinearConv``: the dequantized product (with the int32 bias of
   scale ``s_x s_w``) quantized by ``y_scale``, ``y_zero_point``.
 - ``com.microsoft`` ``QuantizeLinear``/``DequantizeLinear`` become the default-domain ones.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
+from onnxgrad.normalize.integer_product import dynamic_round_trip, lowered_integer_products
 from onnxgrad.normalize.lowering import Lowerer, lower_nodes
 from onnxgrad.normalize.ste import (
     lower_dynamic_quantize,
@@ -116,8 +119,7 @@ def _unpacked_zero_points(lw: Lowerer, packed: str, bits: int, rows: int) -> str
 
 def lower_dynamic_quantize_matmul(lw: Lowerer) -> None:
     a, b, b_scale, b_zero, bias = (lw.input(i) for i in range(5))
-    q, scale, zero = lw.ops("DynamicQuantizeLinear", [a], 3)
-    a_hat = lw.op("DequantizeLinear", q, scale, zero)
+    a_hat = dynamic_round_trip(lw, a)
     weight = _dequantized_weight(lw, b, b_scale, b_zero)
     product = lw.op("MatMul", a_hat, weight)
     if bias:
@@ -224,4 +226,5 @@ STRAIGHT_THROUGH = {
 
 def lowered_quantized(model: ModelProto) -> ModelProto:
     """``model`` with onnxruntime's quantized operators lowered (module docstring)."""
-    return lower_nodes(lower_nodes(model, QUANTIZED_LOWERINGS), STRAIGHT_THROUGH)
+    lowered = lowered_integer_products(lower_nodes(model, QUANTIZED_LOWERINGS))
+    return lower_nodes(lowered, STRAIGHT_THROUGH)

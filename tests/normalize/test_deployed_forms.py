@@ -100,10 +100,10 @@ def test_input_gradient_of_deployed_form(forms, kind, form):
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
-@pytest.mark.parametrize("form", ["float32", "opt1", "opt2", "float16"])
+@pytest.mark.parametrize("form", ["float32", "opt1", "opt2", "float16", "int8"])
 def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     """add_lora, generate_artifacts, then plain onnxruntime steps: the loss falls, and the
-    merged checkpoint runs."""
+    merged checkpoint runs (int8: its adapters kept over the untouched int8 weights)."""
     import onnxruntime as ort
 
     from onnxgrad import add_lora
@@ -141,3 +141,19 @@ def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     save_checkpoint(trained, tmp_path / "trained.json")
     merged = merge_checkpoint(tmp_path, tmp_path / "trained.json")
     assert np.isfinite(run(merged, feeds)[0]).all()
+    if form == "int8":  # the adapters stay separate, over the untouched int8 weights
+        _assert_integer_weights_kept(model, merged)
+
+
+def _assert_integer_weights_kept(model: onnx.ModelProto, merged: onnx.ModelProto) -> None:
+    from onnxgrad.graph.lora import lora_adapters
+
+    integers = {
+        i.name: i.SerializeToString()
+        for i in model.graph.initializer
+        if i.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) and len(i.dims) == 2
+    }
+    kept = {i.name: i.SerializeToString() for i in merged.graph.initializer if i.name in integers}
+    assert kept == integers
+    products = {n.input[1] for n in model.graph.node if n.op_type == "MatMulInteger"}
+    assert {a["weight"] for a in lora_adapters(merged)} == products

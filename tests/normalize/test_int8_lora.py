@@ -1,0 +1,219 @@
+"""``quantize_dynamic``'s int8 products (``DynamicQuantizeLinear`` + ``MatMulInteger``) and
+``DynamicQuantizeMatMul`` read as float products over the dequantized weight: values against
+onnxruntime's integer kernels, gradients against numpy, LoRA adapters over the frozen int8
+weight against onnxruntime and finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad import add_lora, get_train_initializer, merge_lora, onnx_derivative
+from onnxgrad.graph.lora import lora_adapters
+from onnxgrad.normalize import normalized_model
+from tests.derivative.fd import numerical_vjp
+from tests.normalize.kernels import run
+
+RNG = np.random.default_rng(20)
+K, N = 12, 5
+
+
+def _quantize_dynamic(tmp_path, per_channel: bool, unsigned: bool) -> onnx.ModelProto:
+    """``x W + b`` quantized by onnxruntime's ``quantize_dynamic``."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    w = RNG.standard_normal((K, N)).astype(np.float32)
+    b = RNG.standard_normal(N).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, N])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "float.onnx")
+    kind = QuantType.QUInt8 if unsigned else QuantType.QInt8
+    quantize_dynamic(
+        tmp_path / "float.onnx", tmp_path / "int8.onnx", weight_type=kind, per_channel=per_channel
+    )
+    return onnx.load(tmp_path / "int8.onnx")
+
+
+def _hand_written() -> onnx.ModelProto:
+    """The same pattern with the factors of each ``Mul`` swapped, a per-column scale and
+    one zero point for the whole weight."""
+    node = helper.make_node
+    inits = {
+        "w_quantized": RNG.integers(-128, 128, (K, N), dtype=np.int8),
+        "w_scale": (RNG.random(N) * 0.02 + 0.005).astype(np.float32),
+        "w_zero_point": np.array(3, np.int8),
+    }
+    graph = helper.make_graph(
+        [
+            node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+            node("MatMulInteger", ["xq", "w_quantized", "xz", "w_zero_point"], ["p"]),
+            node("Cast", ["p"], ["pf"], to=TensorProto.FLOAT),
+            node("Mul", ["w_scale", "xs"], ["scales"]),
+            node("Mul", ["scales", "pf"], ["y"]),
+        ],
+        "hand_written",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, N])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _dynamic_quantize_matmul() -> onnx.ModelProto:
+    """onnxruntime's fused ``DynamicQuantizeMatMul`` with per-column scales and a bias."""
+    inits = {
+        "w_quantized": RNG.integers(-128, 128, (K, N), dtype=np.int8),
+        "w_scale": (RNG.random(N) * 0.02 + 0.005).astype(np.float32),
+        "w_zero_point": RNG.integers(-4, 4, N, dtype=np.int8),
+        "bias": RNG.standard_normal(N).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "DynamicQuantizeMatMul",
+                ["x", "w_quantized", "w_scale", "w_zero_point", "bias"],
+                ["y"],
+                domain="com.microsoft",
+            )
+        ],
+        "fused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, N])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+FORMS = {
+    "per_tensor_int8": lambda tmp: _quantize_dynamic(tmp, per_channel=False, unsigned=False),
+    "per_channel_int8": lambda tmp: _quantize_dynamic(tmp, per_channel=True, unsigned=False),
+    "per_channel_uint8": lambda tmp: _quantize_dynamic(tmp, per_channel=True, unsigned=True),
+    "hand_written": lambda tmp: _hand_written(),
+    "DynamicQuantizeMatMul": lambda tmp: _dynamic_quantize_matmul(),
+}
+
+
+def _dequantized_weight(model: onnx.ModelProto) -> np.ndarray:
+    """``(q - z) s`` of the model's one integer matrix, in numpy (per column where ``s`` is)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    codes = inits["w_quantized"].astype(np.float64)
+    return (codes - inits["w_zero_point"]) * inits["w_scale"]
+
+
+def _dynamic_round_trip(x: np.ndarray) -> np.ndarray:
+    """``DynamicQuantizeLinear`` then dequantization, as the ONNX specification defines it."""
+    low, high = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    scale = np.float32((high - low) / 255)
+    zero = np.clip(np.rint(-low / scale), 0, 255)
+    codes = np.clip(np.rint(x / scale) + zero, 0, 255)
+    return ((codes - zero) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_int8_product_reads_the_dequantized_weight(tmp_path, form):
+    model = FORMS[form](tmp_path)
+    lowered = normalized_model(model)
+    ops = {n.op_type for n in lowered.graph.node}
+    assert not ops & {"MatMulInteger", "DynamicQuantizeMatMul"}, ops
+    producers = {o: n for n in lowered.graph.node for o in n.output}
+    (matmul,) = [n for n in lowered.graph.node if n.op_type == "MatMul"]
+    weight = producers[matmul.input[1]]
+    assert weight.op_type == "DequantizeLinear" and weight.input[0] == "w_quantized"
+    x = (RNG.standard_normal((2, 3, K)) * 3).astype(np.float32)
+    expected = run(model, {"x": x})[0]
+    np.testing.assert_allclose(run(lowered, {"x": x})[0], expected, rtol=1e-5, atol=1e-5)
+    seed = RNG.standard_normal(expected.shape).astype(np.float32)
+    got = run(onnx_derivative(model, inputs=["x"], weights=[]), {"x": x, "y_grad": seed})[0]
+    np.testing.assert_allclose(got, seed @ _dequantized_weight(model).T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_lora_over_a_frozen_int8_weight(tmp_path, form):
+    model = FORMS[form](tmp_path)
+    adapted = add_lora(model, rank=2)
+    (adapter,) = lora_adapters(adapted)
+    assert adapter["weight"] == "w_quantized"
+    biases = {"b", "bias"} & {i.name for i in model.graph.initializer}
+    assert set(get_train_initializer(adapted)) == {adapter["a"], adapter["b"], *biases}
+    inits = {i.name: i for i in adapted.graph.initializer}
+    assert inits["w_quantized"].data_type in (TensorProto.INT8, TensorProto.UINT8)
+    x = (RNG.standard_normal((2, 3, K)) * 3).astype(np.float32)
+    np.testing.assert_allclose(run(adapted, {"x": x})[0], run(model, {"x": x})[0], atol=1e-5)
+
+    a = numpy_helper.to_array(inits[adapter["a"]])
+    b = RNG.standard_normal((2, N)).astype(np.float32)
+    trained = _with_values(adapted, {adapter["b"]: b})
+    expected = run(model, {"x": x})[0] + _dynamic_round_trip(x) @ (a @ b)
+    np.testing.assert_allclose(run(trained, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
+
+    seed = RNG.standard_normal(expected.shape).astype(np.float32)
+    values = {adapter["a"]: a, adapter["b"]: b}
+    gradient = onnx_derivative(trained, weights=list(values), inputs=[])
+    names = [o.name for o in gradient.graph.output]
+    got = dict(zip(names, run(gradient, {"x": x, "y_grad": seed, **values}), strict=True))
+
+    def function(point):
+        cast = {k: np.asarray(v, dtype=np.float32) for k, v in point.items()}
+        return [run(_with_values(trained, cast), {"x": x})[0].astype(np.float64)]
+
+    reference = numerical_vjp(function, values, list(values), [seed], eps=1e-2)
+    for name in values:
+        np.testing.assert_allclose(got[f"{name}_grad"], reference[name], rtol=2e-3, atol=2e-3)
+    merged = merge_lora(trained)
+    assert lora_adapters(merged) == [adapter]
+    kept = {i.name: i for i in merged.graph.initializer}["w_quantized"]
+    assert kept.SerializeToString() == inits["w_quantized"].SerializeToString()
+    np.testing.assert_array_equal(run(merged, {"x": x})[0], run(trained, {"x": x})[0])
+
+
+def _with_values(model, values):
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for init in model.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    return model
+
+
+def test_product_of_two_dynamically_quantized_activations():
+    """Both factors quantized by their own ``DynamicQuantizeLinear``: the gradient reaches
+    both, through the straight-through estimator (numpy: the product of the round trips)."""
+    node = helper.make_node
+    graph = helper.make_graph(
+        [
+            node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+            node("DynamicQuantizeLinear", ["w"], ["wq", "ws", "wz"]),
+            node("MatMulInteger", ["xq", "wq", "xz", "wz"], ["p"]),
+            node("Cast", ["p"], ["pf"], to=TensorProto.FLOAT),
+            node("Mul", ["xs", "ws"], ["scales"]),
+            node("Mul", ["pf", "scales"], ["y"]),
+        ],
+        "two_activations",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, K]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [K, N]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, N])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {
+        "x": RNG.standard_normal((3, K)).astype(np.float32),
+        "w": RNG.standard_normal((K, N)).astype(np.float32),
+    }
+    expected = run(model, feeds)[0]
+    np.testing.assert_allclose(run(normalized_model(model), feeds)[0], expected, atol=1e-5)
+    seed = RNG.standard_normal(expected.shape).astype(np.float32)
+    gradient = onnx_derivative(model, inputs=["x", "w"], weights=[])
+    names = [o.name for o in gradient.graph.output]
+    got = dict(zip(names, run(gradient, {**feeds, "y_grad": seed}), strict=True))
+    x_hat, w_hat = (_dynamic_round_trip(feeds[k]) for k in ("x", "w"))
+    np.testing.assert_allclose(got["x_grad"], seed @ w_hat.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["w_grad"], x_hat.T @ seed, rtol=1e-5, atol=1e-5)
