@@ -42,7 +42,12 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     """
     from onnxgrad.normalize import normalized_model  # it lowers with onnxgrad.graph
 
-    model = normalized_model(model)
+    return normalized_train_initializers(normalized_model(model))
+
+
+def normalized_train_initializers(model: ModelProto) -> dict[str, tuple[np.ndarray, TensorProto]]:
+    """:func:`get_train_initializer` of a model already normalised
+    (:func:`onnxgrad.normalize.normalized_model`): its TensorProtos, the arrays copies."""
     names = set(train_initializer_names(model))
     return {
         init.name: (numpy_helper.to_array(init).copy(), init)

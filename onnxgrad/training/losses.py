@@ -13,7 +13,8 @@ from typing import Any
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import finalize_model
-from onnxgrad.graph import add_loss_output, select_model_inputs_outputs
+from onnxgrad.graph import select_model_inputs_outputs
+from onnxgrad.graph.loss import loss_added
 from onnxgrad.graph.loss_table import (
     DEFAULT_REDUCTION,
     LossSpec,
@@ -77,11 +78,12 @@ class BaseLearningLoss(ParamsMixin):
         label_name: str,
         weight_name: str | None,
     ) -> ModelProto:
-        """``model`` reduced to one scalar output ``loss_name``, the loss of ``output``.
+        """``model`` (normalised: :func:`onnxgrad.normalize.normalized_model`) reduced to one
+        scalar output ``loss_name``, the loss of ``output``.
 
         ``label_name`` (and ``weight_name``) become inputs; the model's other outputs go.
         """
-        model = add_loss_output(
+        model = loss_added(
             model,
             score_name=self.loss_name,
             loss_name=loss_name,
