@@ -1,0 +1,224 @@
+"""Dynamic loss scaling and float32 master weights for float16 models.
+
+The reference is PyTorch's own ``GradScaler`` training the same float16 model in float16
+arithmetic, float32 master weights. onnxruntime's CPU provider runs most float16 operators
+in float32 (it inserts casts, and drops float32 -> float16 -> float32 round trips), so the
+steps that must see float16 underflow and overflow run in onnx's reference evaluator, which
+computes float16 operators in float16 as a GPU does; onnxruntime runs the others.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxgrad.training import LearningRateAdam, LearningRateSGD, make_train_step
+from onnxgrad.training.loss_scaling import LossScaling
+
+torch = pytest.importorskip("torch")
+
+LR = 0.5
+
+
+def _half_product(n: int = 4, w=None, float32: bool = False):
+    """``y = float32(float16(x) * w)``, ``w`` a float16 vector (float32 with ``float32``)."""
+    elem = TensorProto.FLOAT if float32 else TensorProto.FLOAT16
+    w = np.full(n, 1e-3, dtype=np.float16) if w is None else w
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["xh"], to=elem),
+            helper.make_node("Mul", ["xh", "w"], ["yh"]),
+            helper.make_node("Cast", ["yh"], ["y"], to=TensorProto.FLOAT),
+        ],
+        "half_product",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+        [numpy_helper.from_array(w.astype(np.float32 if float32 else np.float16), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _batches(n: int = 4):
+    """Residuals of 1e-8 (their float16 gradient 2e-8 flushes to zero unscaled), then an
+    overflowing one (2 * 60 * 2^16 > 65504), then small ones again."""
+    x = np.ones((1, n), dtype=np.float32)
+    y = (x.astype(np.float16) * np.full(n, 1e-3, dtype=np.float16)).astype(np.float32)
+    tiny = (x, y + np.float32(1e-8))
+    big = (np.full((1, n), 60000.0, dtype=np.float32), np.zeros((1, n), dtype=np.float32))
+    rng = np.random.default_rng(0)
+    small = [(x, y + rng.uniform(-1e-3, 1e-3, (1, n)).astype(np.float32)) for _ in range(4)]
+    return [tiny, tiny, big, *small]
+
+
+def _torch_steps(batches, scaler_kwargs):
+    """PyTorch's GradScaler and SGD on the same model: float32 master weights, float16
+    arithmetic. Returns the weights, scale and growth count after each step."""
+    w = torch.nn.Parameter(torch.full((4,), 1e-3, dtype=torch.float16).float())
+    opt = torch.optim.SGD([w], lr=LR)
+    scaler = torch.amp.GradScaler("cpu", **scaler_kwargs) if scaler_kwargs is not None else None
+    history = []
+    for x, t in batches:
+        y = (torch.from_numpy(x).half() * w.half()).float()
+        loss = ((y - torch.from_numpy(t)) ** 2).sum()
+        opt.zero_grad()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+            history.append((w.detach().numpy().copy(), None, None))
+            continue
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        history.append(
+            (w.detach().numpy().copy(), scaler.get_scale(), int(scaler._growth_tracker.item()))
+        )
+    return history
+
+
+def _onnx_steps(step, batches, run):
+    values = {**step.weight_inputs({"w": np.full(4, 1e-3, np.float16).astype(np.float32)})}
+    values.update(step.initial_state())
+    history = []
+    for x, t in batches:
+        feeds = {"x": x, step.label: t, step.learning_rate: np.array(LR, np.float32), **values}
+        outputs = dict(zip([step.loss, *step.new_weights, *step.new_state], run(feeds)))
+        weights = step.unpack_weights(outputs)
+        values = {**step.weight_inputs(weights)}
+        values.update({s: outputs[n] for s, n in zip(step.state, step.new_state)})
+        scale = values.get("loss_scale")
+        growth = values.get("loss_scale_growth")
+        history.append(
+            (
+                weights["w"],
+                None if scale is None else float(scale[0]),
+                None if growth is None else int(growth[0]),
+            )
+        )
+    return history
+
+
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
+def test_dynamic_scaling_matches_torch_grad_scaler(layout):
+    scaling = LossScaling(growth_interval=3)
+    step = make_train_step(
+        _half_product(), learning_rate=LearningRateSGD(), layout=layout, loss_scale=scaling
+    )
+    evaluator = ReferenceEvaluator(step.model)
+    batches = _batches()
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = _onnx_steps(step, batches, lambda feeds: evaluator.run(None, feeds))
+    expected = _torch_steps(batches, {"init_scale": 2.0**16, "growth_interval": 3})
+    for k, ((w, scale, growth), (w_ref, scale_ref, growth_ref)) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(w, w_ref, rtol=1e-6, err_msg=f"step {k}")
+        assert (scale, growth) == (scale_ref, growth_ref), f"step {k}"
+    scales = [s for _, s, _ in got]
+    assert scales == [2.0**16, 2.0**16, 2.0**15, 2.0**15, 2.0**15, 2.0**16, 2.0**16]
+    assert not np.array_equal(got[0][0], np.full(4, 1e-3, np.float16).astype(np.float32))
+
+
+def test_without_scaling_the_float16_gradient_flushes_to_zero():
+    step = make_train_step(_half_product(), learning_rate=LearningRateSGD(), loss_scale=None)
+    assert "loss_scale" not in step.state
+    evaluator = ReferenceEvaluator(step.model)
+    batches = _batches()[:1]
+    got = _onnx_steps(step, batches, lambda feeds: evaluator.run(None, feeds))
+    expected = _torch_steps(batches, None)
+    start = np.full(4, 1e-3, np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got[0][0], start)
+    np.testing.assert_array_equal(expected[0][0], start)
+
+
+def _ort_run(model):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return lambda feeds: session.run(None, feeds)
+
+
+def test_a_skipped_step_leaves_weights_and_adam_state_bit_equal():
+    step = make_train_step(
+        _half_product(), learning_rate=LearningRateAdam(), loss_scale=LossScaling(growth_interval=2)
+    )
+    run = _ort_run(step.model)
+    rng = np.random.default_rng(1)
+    values = {"w": np.full(4, 0.5, np.float32), **step.initial_state()}
+    names = [step.loss, *step.new_weights, *step.new_state]
+    inputs = [*step.weights, *step.state]
+    scales = []
+    for k in range(5):
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        if k == 2:
+            x[1, 2] = np.inf
+        feeds = {"x": x, step.label: np.zeros((3, 4), np.float32), step.learning_rate: 0.1}
+        feeds[step.learning_rate] = np.array(0.1, np.float32)
+        outputs = dict(zip(names, run({**feeds, **values})))
+        new = {i: outputs[n] for i, n in zip(inputs, names[1:])}
+        if k == 2:
+            for name in ("w", *step.state[:-2]):
+                np.testing.assert_array_equal(new[name], values[name], err_msg=name)
+                assert new[name].tobytes() == values[name].tobytes()
+        else:
+            assert not np.array_equal(new["w"], values["w"])
+        scales.append((float(new["loss_scale"][0]), int(new["loss_scale_growth"][0])))
+        values = new
+    assert scales == [(2.0**16, 1), (2.0**17, 0), (2.0**16, 0), (2.0**16, 1), (2.0**17, 0)]
+
+
+def test_static_scale_skips_non_finite_steps_without_state():
+    step = make_train_step(_half_product(), learning_rate=LearningRateSGD(), loss_scale=1024.0)
+    assert step.state == ()
+    run = _ort_run(step.model)
+    w = np.full(4, 0.5, np.float32)
+    x = np.ones((1, 4), np.float32)
+    t = np.zeros((1, 4), np.float32)
+    feeds = {"x": x, step.label: t, step.learning_rate: np.array(0.1, np.float32), "w": w}
+    loss, new = run(feeds)
+    np.testing.assert_allclose(new, w - 0.1 * 2 * 0.5, rtol=1e-6)
+    np.testing.assert_allclose(loss, 4 * 0.25, rtol=1e-6)
+    _, skipped = run({**feeds, "x": np.full((1, 4), np.nan, np.float32)})
+    assert skipped.tobytes() == w.tobytes()
+
+
+def test_auto_scales_float16_models_only():
+    assert "loss_scale" in make_train_step(_half_product()).state
+    assert make_train_step(_half_product(float32=True)).state == ()
+    assert make_train_step(_half_product(), loss_scale=None).state == ()
+    with pytest.raises(ValueError, match="loss_scale must be one of"):
+        make_train_step(_half_product(), loss_scale="static")
+    with pytest.raises(ValueError, match="growth_interval"):
+        make_train_step(_half_product(), loss_scale=LossScaling(growth_interval=0))
+
+
+def test_master_weights_are_float32_and_merge_back_to_float16(tmp_path):
+    from onnxgrad.training import (
+        Checkpoint,
+        generate_artifacts,
+        load_train_step,
+        merge_checkpoint,
+        save_checkpoint,
+    )
+
+    rng = np.random.default_rng(3)
+    model = _half_product(w=(rng.standard_normal(4) * 0.5).astype(np.float16))
+    art = generate_artifacts(model, optimizer="adam", learning_rate=0.05, folder=tmp_path / "a")
+    step = load_train_step(tmp_path / "a")
+    assert art.checkpoint.weights["w"].dtype == np.float32
+    assert art.checkpoint.optimizer_state["loss_scale"].tolist() == [2.0**16]
+    run = _ort_run(step.model)
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    target = x * np.array([1.0, -1.0, 0.5, 2.0], np.float32)
+    losses = []
+    for _ in range(40):
+        feeds = {"x": x, "label": target, "learning_rate": np.array(0.05, np.float32)}
+        loss, *new = run({**feeds, **values})
+        values = dict(zip([*step.weights, *step.state], new))
+        losses.append(float(loss))
+    assert losses[-1] < 0.1 * losses[0]
+    trained = Checkpoint({"w": values["w"]}, {s: values[s] for s in step.state})
+    save_checkpoint(trained, tmp_path / "trained.json")
+    merged = merge_checkpoint(tmp_path / "a", tmp_path / "trained.json")
+    stored = numpy_helper.to_array(merged.graph.initializer[0])
+    assert stored.dtype == np.float16
+    np.testing.assert_array_equal(stored, values["w"].astype(np.float16))
