@@ -222,3 +222,94 @@ def test_master_weights_are_float32_and_merge_back_to_float16(tmp_path):
     stored = numpy_helper.to_array(merged.graph.initializer[0])
     assert stored.dtype == np.float16
     np.testing.assert_array_equal(stored, values["w"].astype(np.float16))
+
+
+def _half_mlp(weights: dict[str, np.ndarray], elem: int):
+    """``y = float32(tanh(float16(x) w1 + b1) w2)`` with weights of type ``elem``."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["xh"], to=elem),
+            helper.make_node("MatMul", ["xh", "w1"], ["h"]),
+            helper.make_node("Add", ["h", "b1"], ["hb"]),
+            helper.make_node("Tanh", ["hb"], ["a"]),
+            helper.make_node("MatMul", ["a", "w2"], ["yh"]),
+            helper.make_node("Cast", ["yh"], ["y"], to=TensorProto.FLOAT),
+        ],
+        "half_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _finite_differences(model, feeds: dict, weights: dict, eps: float) -> dict:
+    """Central differences of the summed squared error, the model run by onnxruntime with
+    weights perturbed by ``eps`` (exact in float16 on the 2^-10 grid of the weights)."""
+    from onnxgrad.training import make_predict_model
+
+    run = _ort_run(make_predict_model(model, list(weights)))
+
+    def loss(values):
+        y = run({"x": feeds["x"], **values})[0].astype(np.float64)
+        return float(np.sum((y - feeds["label"]) ** 2))
+
+    result = {}
+    for name, value in weights.items():
+        gradient = np.zeros(value.shape)
+        for index in np.ndindex(value.shape):
+            shifted = []
+            for sign in (1, -1):
+                moved = value.copy()
+                moved[index] += sign * eps
+                assert float(moved[index]) == float(value[index]) + sign * eps
+                shifted.append(loss({**weights, name: moved}))
+            gradient[index] = (shifted[0] - shifted[1]) / (2 * eps)
+        result[name] = gradient
+    return result
+
+
+def test_master_weight_gradients_agree_with_float16_and_float32_models():
+    """The train step's gradient of a float16 model (master weights, float16 arithmetic in
+    the reference evaluator, or as onnxruntime runs it) against central differences of the
+    float16 model and against the float32 model's gradient."""
+    from onnxgrad.training import SquareLearningLoss
+    from onnxgrad.training.composition import loss_gradient, make_loss_model
+
+    rng = np.random.default_rng(4)
+
+    def grid(*shape):
+        return (np.round(rng.standard_normal(shape) * 0.5 * 1024) / 1024).astype(np.float16)
+
+    weights = {"w1": grid(6, 5), "b1": grid(5), "w2": grid(5, 2)}
+    names = list(weights)
+    feeds = {
+        "x": rng.standard_normal((8, 6)).astype(np.float32),
+        "label": rng.standard_normal((8, 2)).astype(np.float32),
+    }
+    half = _half_mlp(weights, TensorProto.FLOAT16)
+    full = _half_mlp({k: v.astype(np.float32) for k, v in weights.items()}, TensorProto.FLOAT)
+
+    def gradient(model, evaluate):
+        lm = make_loss_model(model, SquareLearningLoss(), weights=names, label_name="label")
+        graph = loss_gradient(lm)
+        assert [i.type.tensor_type.elem_type for i in graph.graph.input if i.name in names] == [
+            TensorProto.FLOAT
+        ] * 3
+        values = {**feeds, **{k: v.astype(np.float32) for k, v in weights.items()}}
+        outputs = evaluate(graph)(values)
+        return {k: np.asarray(v, np.float64) for k, v in zip(names, outputs)}
+
+    def reference(graph):
+        evaluator = ReferenceEvaluator(graph)
+        return lambda values: evaluator.run(None, values)
+
+    in_half = gradient(half, reference)
+    by_ort = gradient(half, _ort_run)
+    in_float32 = gradient(full, _ort_run)
+    fd = _finite_differences(half, feeds, weights, eps=2.0**-8)
+    for name in names:
+        scale = np.abs(fd[name]).max()
+        assert np.abs(in_half[name] - fd[name]).max() / scale < 5e-3, name  # 5.6e-4
+        assert np.abs(by_ort[name] - fd[name]).max() / scale < 2e-4, name  # 1.9e-5
+        assert np.abs(in_half[name] - in_float32[name]).max() / scale < 1e-2, name  # 5.5e-4
