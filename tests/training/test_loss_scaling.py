@@ -18,8 +18,6 @@ from onnx.reference import ReferenceEvaluator
 from onnxgrad.training import LearningRateAdam, LearningRateSGD, make_train_step
 from onnxgrad.training.loss_scaling import LossScaling
 
-torch = pytest.importorskip("torch")
-
 LR = 0.5
 
 
@@ -56,6 +54,7 @@ def _batches(n: int = 4):
 def _torch_steps(batches, scaler_kwargs):
     """PyTorch's GradScaler and SGD on the same model: float32 master weights, float16
     arithmetic. Returns the weights, scale and growth count after each step."""
+    torch = pytest.importorskip("torch")
     w = torch.nn.Parameter(torch.full((4,), 1e-3, dtype=torch.float16).float())
     opt = torch.optim.SGD([w], lr=LR)
     scaler = torch.amp.GradScaler("cpu", **scaler_kwargs) if scaler_kwargs is not None else None
