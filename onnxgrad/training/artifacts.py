@@ -129,7 +129,7 @@ def generate_artifacts(
     :param data: ``(X, y)`` written as ``data.json`` for the JavaScript example
     :param loss_scale: loss scaling of :func:`make_train_step` (default ``'auto'``: dynamic,
         its scale and count of finite steps part of the optimizer state, for a model
-        computing in float16 or bfloat16; :mod:`onnxgrad.training.loss_scaling`)
+        computing in float16; :mod:`onnxgrad.training.loss_scaling`)
     """
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)

@@ -152,7 +152,7 @@ def make_train_step(
     ``loss_scale``: ``'dynamic'`` scales the loss before the backward and skips steps whose
     gradients are not finite (:mod:`onnxgrad.training.loss_scaling`), a number is a static
     scale, ``None`` none; ``'auto'`` (default) is ``'dynamic'`` for a model computing in
-    float16 or bfloat16, else ``None``.
+    float16, else ``None``.
     """
     learning_rate = checked_learning_rate(learning_rate)
     lm = make_loss_model(

@@ -1,4 +1,4 @@
-"""Loss scaling inside the train-step graph, for gradients computed in float16 or bfloat16.
+"""Loss scaling inside the train-step graph, for gradients computed in float16.
 
 A float16 backward loses the small gradients: below ``2^-24`` they flush to zero. The step
 therefore differentiates ``S * loss`` instead of ``loss``, whose gradients are ``S`` times
@@ -38,11 +38,11 @@ from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import default_opset, finalize_model, subgraphs
 from onnxgrad.training._builder import StepBuilder, rename_values
-from onnxgrad.training.master_weights import LOW_PRECISION
 from onnxgrad.training.train_step import StateSlot, TrainStep
 
 #: the state suffixes of dynamic scaling: the scale ``S`` and the count of finite steps
 SCALE, GROWTH = "loss_scale", "loss_scale_growth"
+FLOAT16 = TensorProto.FLOAT16
 LOSS_SCALES = ("auto", "dynamic", None, "a positive number", "a LossScaling")
 
 
@@ -72,14 +72,15 @@ class LossScaling:
 
 def resolve_loss_scale(loss_scale, model: ModelProto) -> LossScaling | None:
     """The scaling ``loss_scale`` asks for: ``'auto'`` is ``'dynamic'`` when ``model`` (the
-    loss model) computes in float16 or bfloat16 (:func:`computes_in_low_precision`), else
-    ``None``; ``'dynamic'``: :class:`LossScaling` defaults; a number: that static scale;
+    loss model) computes in float16 (:func:`computes_in_float16`), else ``None`` (bfloat16
+    has float32's exponent range: its gradients neither underflow nor overflow sooner);
+    ``'dynamic'``: :class:`LossScaling` defaults; a number: that static scale;
     ``None``: no scaling."""
     if loss_scale is None:
         return None
     if isinstance(loss_scale, str):
         if loss_scale == "auto":
-            return LossScaling() if computes_in_low_precision(model) else None
+            return LossScaling() if computes_in_float16(model) else None
         if loss_scale == "dynamic":
             return LossScaling()
     elif isinstance(loss_scale, LossScaling):
@@ -94,25 +95,25 @@ def resolve_loss_scale(loss_scale, model: ModelProto) -> LossScaling | None:
     raise ValueError(f"loss_scale must be one of {list(LOSS_SCALES)}, got {loss_scale!r}")
 
 
-def computes_in_low_precision(model: ModelProto) -> bool:
-    """Whether ``model`` holds a float16 or bfloat16 tensor: an initializer, an input, an
-    output, a typed value, a ``Constant`` or the target of a ``Cast``, in any graph."""
-    return _low_precision_graph(model.graph)
+def computes_in_float16(model: ModelProto) -> bool:
+    """Whether ``model`` holds a float16 tensor: an initializer, an input, an output, a
+    typed value, a ``Constant`` or the target of a ``Cast``, in any graph."""
+    return _float16_graph(model.graph)
 
 
-def _low_precision_graph(graph) -> bool:
-    if any(t.data_type in LOW_PRECISION for t in graph.initializer):
+def _float16_graph(graph) -> bool:
+    if any(t.data_type == FLOAT16 for t in graph.initializer):
         return True
     infos = (*graph.input, *graph.output, *graph.value_info)
-    if any(i.type.tensor_type.elem_type in LOW_PRECISION for i in infos):
+    if any(i.type.tensor_type.elem_type == FLOAT16 for i in infos):
         return True
     for node in graph.node:
         for attr in node.attribute:
-            if attr.name == "to" and attr.i in LOW_PRECISION:
+            if attr.name == "to" and attr.i == FLOAT16:
                 return True
-            if attr.name == "value" and attr.t.data_type in LOW_PRECISION:
+            if attr.name == "value" and attr.t.data_type == FLOAT16:
                 return True
-        if any(_low_precision_graph(g) for g in subgraphs(node)):
+        if any(_float16_graph(g) for g in subgraphs(node)):
             return True
     return False
 
@@ -225,7 +226,7 @@ __all__ = [
     "GROWTH",
     "SCALE",
     "LossScaling",
-    "computes_in_low_precision",
+    "computes_in_float16",
     "guard_update",
     "resolve_loss_scale",
     "scale_loss",

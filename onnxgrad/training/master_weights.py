@@ -20,6 +20,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import NameScope, all_names, np_dtype, subgraphs
+from onnxgrad.normalize.bfloat16 import bfloat16_in_float32
 
 #: element types whose trained weights get float32 master weights
 LOW_PRECISION = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
@@ -28,7 +29,9 @@ LOW_PRECISION = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 def with_master_weights(model: ModelProto, weights: Sequence[str]) -> ModelProto:
     """Rewrite ``model`` (a private loss model whose first output is the loss) in place: every
     float16 or bfloat16 initializer of ``weights`` becomes a float32 master weight read
-    through a ``Cast`` back to its type; a float16 or bfloat16 loss is cast to float32."""
+    through a ``Cast`` back to its type; a float16 or bfloat16 loss is cast to float32. The
+    loss's own bfloat16 operators compute in float32 as the model's
+    (:mod:`onnxgrad.normalize.bfloat16`)."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     low = [w for w in weights if w in initializers and initializers[w].data_type in LOW_PRECISION]
@@ -53,7 +56,7 @@ def with_master_weights(model: ModelProto, weights: Sequence[str]) -> ModelProto
         graph.node.extend(nodes)
     if low:
         _float32_loss(graph, names)
-    return model
+    return bfloat16_in_float32(model)
 
 
 def as_master(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
