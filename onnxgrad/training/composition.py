@@ -241,9 +241,11 @@ def make_eval_step(
 
 
 def make_predict_model(model: ModelLike, weights: Sequence[str] | None = None) -> ModelProto:
-    """``model`` with the trained ``weights`` turned into inputs (after its own inputs)."""
+    """``model`` with the trained ``weights`` turned into inputs (after its own inputs),
+    float32 for float16 or bfloat16 weights (the master weights of the train step)."""
     model = load_model(model)
-    return weights_as_inputs(model, resolve_weights(model, weights))
+    weights = resolve_weights(model, weights)
+    return weights_as_inputs(with_master_weights(model, weights, loss=False), weights)
 
 
 def weights_as_inputs(model: ModelLike, weights: Sequence[str]) -> ModelProto:

@@ -63,6 +63,7 @@ from onnxgrad.training.feeds import (
 from onnxgrad.training.invariants import check_still_a_distribution, probabilities_error
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
+from onnxgrad.training.master_weights import as_master, as_stored
 from onnxgrad.training.penalties import (
     BaseLearningPenalty,
     NoLearningPenalty,
@@ -694,7 +695,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         included; see :func:`onnxgrad.lower_ml_operators`)."""
         self._check_fitted()
         base = self.model_onnx if model is None else model
-        return trained_model(base, self.runner_.get_weights())
+        return trained_model(base, as_stored(base, self.runner_.get_weights()))
 
     def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
         """Save every graph the estimator runs into ``folder``; returns their paths by role."""
@@ -924,11 +925,13 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
 
 def _initializers(model: ModelProto, names) -> dict[str, np.ndarray]:
     wanted = set(names)
-    return {
-        init.name: onnx.numpy_helper.to_array(init)
-        for init in model.graph.initializer
-        if init.name in wanted
-    }
+    return as_master(
+        {
+            init.name: onnx.numpy_helper.to_array(init)
+            for init in model.graph.initializer
+            if init.name in wanted
+        }
+    )
 
 
 def _first_float_output(model: ModelProto) -> str | None:

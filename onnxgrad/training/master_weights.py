@@ -19,18 +19,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, all_names, np_dtype, subgraphs
+from onnxgrad._onnx_utils import ModelLike, NameScope, all_names, load_model, np_dtype, subgraphs
 from onnxgrad.normalize.bfloat16 import bfloat16_in_float32
 
 #: element types whose trained weights get float32 master weights
 LOW_PRECISION = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 
 
-def with_master_weights(model: ModelProto, weights: Sequence[str]) -> ModelProto:
-    """Rewrite ``model`` (a private loss model whose first output is the loss) in place: every
-    float16 or bfloat16 initializer of ``weights`` becomes a float32 master weight read
-    through a ``Cast`` back to its type; a float16 or bfloat16 loss is cast to float32. The
-    loss's own bfloat16 operators compute in float32 as the model's
+def with_master_weights(model: ModelProto, weights: Sequence[str], loss: bool = True) -> ModelProto:
+    """Rewrite ``model`` (private) in place: every float16 or bfloat16 initializer of
+    ``weights`` becomes a float32 master weight read through a ``Cast`` back to its type.
+    With ``loss`` (the first output is the loss): a float16 or bfloat16 loss is cast to
+    float32, and the loss's own bfloat16 operators compute in float32 as the model's
     (:mod:`onnxgrad.normalize.bfloat16`)."""
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
@@ -54,6 +54,8 @@ def with_master_weights(model: ModelProto, weights: Sequence[str]) -> ModelProto
         nodes = casts + list(graph.node)
         del graph.node[:]
         graph.node.extend(nodes)
+    if not loss:
+        return model
     if low:
         _float32_loss(graph, names)
     return bfloat16_in_float32(model)
@@ -68,9 +70,12 @@ def as_master(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def as_stored(model: ModelProto, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def as_stored(model: ModelLike, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``weights`` with every float32 master weight of a float16 or bfloat16 initializer of
-    ``model`` rounded to that type (round to nearest even); the others unchanged."""
+    ``model`` (or its path) rounded to that type (round to nearest even); the others
+    unchanged."""
+    if not isinstance(model, ModelProto):
+        model = load_model(model)
     types = {init.name: init.data_type for init in model.graph.initializer}
     result = {}
     for name, value in weights.items():

@@ -244,13 +244,15 @@ def _half_mlp(weights: dict[str, np.ndarray], elem: int):
 
 def _finite_differences(model, feeds: dict, weights: dict, eps: float) -> dict:
     """Central differences of the summed squared error, the model run by onnxruntime with
-    weights perturbed by ``eps`` (exact in float16 on the 2^-10 grid of the weights)."""
+    weights perturbed by ``eps`` (exact in float16 on the 2^-10 grid of the weights; the
+    prediction model reads them as float32, cast to float16 exactly)."""
     from onnxgrad.training import make_predict_model
 
     run = _ort_run(make_predict_model(model, list(weights)))
 
     def loss(values):
-        y = run({"x": feeds["x"], **values})[0].astype(np.float64)
+        y = run({"x": feeds["x"], **{k: v.astype(np.float32) for k, v in values.items()}})[0]
+        y = y.astype(np.float64)
         return float(np.sum((y - feeds["label"]) ** 2))
 
     result = {}
@@ -312,3 +314,33 @@ def test_master_weight_gradients_agree_with_float16_and_float32_models():
         assert np.abs(in_half[name] - fd[name]).max() / scale < 5e-3, name  # 5.6e-4
         assert np.abs(by_ort[name] - fd[name]).max() / scale < 2e-4, name  # 1.9e-5
         assert np.abs(in_half[name] - in_float32[name]).max() / scale < 1e-2, name  # 5.5e-4
+
+
+def test_estimator_trains_a_float16_model_on_master_weights():
+    from onnxgrad.training import LearningRateSGD, OrtGradientForwardBackwardOptimizer
+
+    rng = np.random.default_rng(5)
+    model = _half_mlp(
+        {
+            "w1": (rng.standard_normal((6, 5)) * 0.5).astype(np.float16),
+            "b1": np.zeros(5, np.float16),
+            "w2": (rng.standard_normal((5, 2)) * 0.5).astype(np.float16),
+        },
+        TensorProto.FLOAT16,
+    )
+    x = rng.standard_normal((64, 6)).astype(np.float32)
+    y = np.tanh(x[:, :2]).astype(np.float32)
+    est = OrtGradientForwardBackwardOptimizer(
+        model, max_iter=10, learning_rate=LearningRateSGD(eta0=5e-3), random_state=0
+    )
+    est.fit(x, y)
+    assert est.train_losses_[-1] < 0.5 * est.train_losses_[0]
+    assert est.runner_.step.state[-2:] == ("loss_scale", "loss_scale_growth")
+    trained = est.get_trained_onnx()
+    stored = {i.name: numpy_helper.to_array(i) for i in trained.graph.initializer}
+    weights = est.runner_.get_weights()
+    for name, value in weights.items():
+        assert value.dtype == np.float32
+        np.testing.assert_array_equal(stored[name], value.astype(np.float16))
+    predicted = _ort_run(trained)({"x": x[:4]})[0]
+    np.testing.assert_allclose(predicted, est.predict(x[:4]), atol=5e-3)
