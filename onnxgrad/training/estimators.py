@@ -351,11 +351,12 @@ class BaseOrtOptimizer(EstimatorMixin):
         is split around the gradients' all-reduce (:mod:`onnxgrad.training.distributed`), its
         update on all weights end to end.
         """
+        scaling = {}
         if data_parallel():
             key, build, layout = "split", make_split_step, "flat"
         else:
             layout = default_layout(model, graphs.evaluation.weights, device.kind)
-            key, build = layout, make_train_step
+            key, build, scaling = layout, make_train_step, {"loss_scale": self.loss_scale}
         if key not in graphs.steps:
             graphs.steps[key] = build(
                 model,
@@ -365,6 +366,7 @@ class BaseOrtOptimizer(EstimatorMixin):
                 backend=self.backend,
                 layout=layout,
                 **graphs.step_options,
+                **scaling,
             )
         return graphs.steps[key]
 
@@ -747,6 +749,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         early stopping (see :meth:`fit`); off by default
     :param enable_logging: log the loss and the learning rate of every epoch (INFO, logger
         ``onnxgrad.training``)
+    :param loss_scale: loss scaling of the train step (:func:`make_train_step`; default
+        ``'auto'``: dynamic for a model computing in float16; one process only, the split
+        step of data-parallel training does not scale)
     """
 
     def __init__(
@@ -774,7 +779,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         n_iter_no_change=10,
         tol=1e-4,
         enable_logging=False,
+        loss_scale="auto",
     ):
+        self.loss_scale = loss_scale
         self.enable_logging = enable_logging
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -859,7 +866,9 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         tol=1e-4,
         saved_gradient=None,
         enable_logging=False,
+        loss_scale="auto",
     ):
+        self.loss_scale = loss_scale
         self.saved_gradient = saved_gradient
         self.enable_logging = enable_logging
         self.model_onnx = model_onnx

@@ -344,3 +344,5 @@ def test_estimator_trains_a_float16_model_on_master_weights():
         np.testing.assert_array_equal(stored[name], value.astype(np.float16))
     predicted = _ort_run(trained)({"x": x[:4]})[0]
     np.testing.assert_allclose(predicted, est.predict(x[:4]), atol=5e-3)
+    est.set_params(loss_scale=None).fit(x, y)
+    assert "loss_scale" not in est.runner_.step.state
