@@ -346,3 +346,31 @@ def test_estimator_trains_a_float16_model_on_master_weights():
     np.testing.assert_allclose(predicted, est.predict(x[:4]), atol=5e-3)
     est.set_params(loss_scale=None).fit(x, y)
     assert "loss_scale" not in est.runner_.step.state
+
+
+@pytest.mark.parametrize("layout", ["per_weight", "flat"])
+def test_training_runner_skips_a_non_finite_batch_in_its_buffers(layout):
+    """The runner's ping-pong and in-place buffers keep a skipped step's weights and state."""
+    from onnxgrad.training import OrtDataLoader, TrainingRunner, check_device
+
+    step = make_train_step(
+        _half_product(), learning_rate=LearningRateAdam(), layout=layout, loss_scale="dynamic"
+    )
+    runner = TrainingRunner(step, check_device("cpu"), {"w": np.full(4, 0.5, np.float32)})
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    finite = OrtDataLoader(x, np.zeros((6, 4), np.float32), batch_size=3, random_state=0)
+    x_bad = x.copy()
+    x_bad[:, 0] = np.inf
+    bad = OrtDataLoader(x_bad, np.zeros((6, 4), np.float32), batch_size=3, random_state=0)
+    runner.run_epoch(finite, 0.1)
+    before = {**runner.get_weights(), **runner.get_state()}
+    assert before["loss_scale_growth"].tolist() == [2]
+    runner.run_epoch(bad, 0.1)
+    after = {**runner.get_weights(), **runner.get_state()}
+    for name in ("w", *step.state[:-2]):
+        assert after[name].tobytes() == before[name].tobytes(), name
+    assert after["loss_scale"].tolist() == [2.0**14]
+    assert after["loss_scale_growth"].tolist() == [0]
+    runner.run_epoch(finite, 0.1)
+    assert not np.array_equal(runner.get_weights()["w"], before["w"])
