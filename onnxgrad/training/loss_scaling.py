@@ -1,6 +1,7 @@
 """Loss scaling inside the train-step graph, for gradients computed in float16.
 
-A float16 backward loses the small gradients: below ``2^-24`` they flush to zero. The step
+A float16 backward loses the small gradients (below ``2^-24`` they flush to zero) and
+overflows above 65504 to infinity. The step
 therefore differentiates ``S * loss`` instead of ``loss``, whose gradients are ``S`` times
 larger, and divides them by ``S`` in the optimizer's precision (float32 with master weights,
 :mod:`onnxgrad.training.master_weights`)::

@@ -56,8 +56,7 @@ def with_master_weights(model: ModelProto, weights: Sequence[str], loss: bool = 
         graph.node.extend(nodes)
     if not loss:
         return model
-    if low:
-        _float32_loss(graph, names)
+    _float32_loss(graph, names)
     return bfloat16_in_float32(model)
 
 

@@ -374,3 +374,34 @@ def test_training_runner_skips_a_non_finite_batch_in_its_buffers(layout):
     assert after["loss_scale_growth"].tolist() == [0]
     runner.run_epoch(finite, 0.1)
     assert not np.array_equal(runner.get_weights()["w"], before["w"])
+
+
+def test_lora_on_a_model_with_float16_inputs_and_outputs(tmp_path):
+    """float32 adapters and a float16 loss: the loss is cast to float32, the adapters' type."""
+    from onnxgrad import add_lora
+    from onnxgrad.training import generate_artifacts, load_train_step
+
+    rng = np.random.default_rng(6)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "half_io",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [None, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [None, 3])],
+        [numpy_helper.from_array((rng.standard_normal((8, 3)) * 0.5).astype(np.float16), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    art = generate_artifacts(add_lora(model, rank=2), learning_rate=0.05, folder=tmp_path)
+    step = load_train_step(tmp_path)
+    assert step.state[-2:] == ("loss_scale", "loss_scale_growth")
+    run = _ort_run(step.model)
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    x = rng.standard_normal((16, 8)).astype(np.float16)
+    target = (x @ rng.standard_normal((8, 3)).astype(np.float16)).astype(np.float16)
+    losses = []
+    for _ in range(30):
+        feeds = {"x": x, "label": target, "learning_rate": np.array(0.05, np.float32)}
+        loss, *new = run({**feeds, **values})
+        values = dict(zip([*step.weights, *step.state], new))
+        losses.append(loss)
+    assert losses[0].dtype == np.float32
+    assert losses[-1] < 0.8 * losses[0]
