@@ -55,6 +55,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "LearningRateSGD",
         "LearningRateSGDNesterov",
         "LossModel",
+        "LossScaling",
         "NegLogLearningLoss",
         "NoLearningPenalty",
         "OrtDataLoader",

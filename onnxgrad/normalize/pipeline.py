@@ -14,6 +14,7 @@ from onnx import ModelProto
 
 from onnxgrad._onnx_utils import ModelLike, load_model
 from onnxgrad.normalize import (
+    bfloat16,
     constants,
     contrib,
     dims,
@@ -53,6 +54,11 @@ PASSES: tuple[Pass, ...] = (
     Pass("contrib_lowering", contrib.lowered_contrib, "no fused com.microsoft transformer op"),
     Pass(
         "quantized_lowering", quantized.lowered_quantized, "quantized ops over dequantized weights"
+    ),
+    Pass(
+        "bfloat16_compute",
+        bfloat16.bfloat16_in_float32,
+        "bfloat16 operators compute in float32, results rounded to bfloat16",
     ),
     Pass(
         "declared_shapes",

@@ -46,6 +46,7 @@ from onnxgrad.training.learning_rate import (
     LearningRateSGDNesterov,
     learning_rate_from_name,
 )
+from onnxgrad.training.loss_scaling import LossScaling
 from onnxgrad.training.losses import (
     AbsoluteLearningLoss,
     BaseLearningLoss,
@@ -84,6 +85,7 @@ __all__ = [
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "LossModel",
+    "LossScaling",
     "NegLogLearningLoss",
     "NoLearningPenalty",
     "OrtDataLoader",

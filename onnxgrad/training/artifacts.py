@@ -63,6 +63,7 @@ from onnxgrad.training.checkpoint import (
 from onnxgrad.training.composition import LossModel, make_eval_step, make_train_step
 from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from_name
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
+from onnxgrad.training.master_weights import as_master, as_stored
 from onnxgrad.training.train_step import StateSlot, TrainStep
 
 TRAINING_MODEL = "training_model.onnx"
@@ -106,6 +107,7 @@ def generate_artifacts(
     output: str | None = None,
     folder: str | os.PathLike | None = None,
     data: tuple[np.ndarray, np.ndarray] | None = None,
+    loss_scale: str | float | None = "auto",
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -125,6 +127,9 @@ def generate_artifacts(
         replaced as a whole if it holds an earlier run's artifacts; ``folder`` is another
         name for it)
     :param data: ``(X, y)`` written as ``data.json`` for the JavaScript example
+    :param loss_scale: loss scaling of :func:`make_train_step` (default ``'auto'``: dynamic,
+        its scale and count of finite steps part of the optimizer state, for a model
+        computing in float16; :mod:`onnxgrad.training.loss_scaling`)
     """
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)
@@ -133,12 +138,17 @@ def generate_artifacts(
     optimizer_object = _optimizer(optimizer, learning_rate)
     lr = float(learning_rate if learning_rate is not None else optimizer_object.eta0)
     step = make_train_step(
-        model, weights, loss=loss_object, learning_rate=optimizer_object, output=output
+        model,
+        weights,
+        loss=loss_object,
+        learning_rate=optimizer_object,
+        output=output,
+        loss_scale=loss_scale,
     )
     evaluation = make_eval_step(model, weights, loss=loss_object, output=output)
     initial = get_train_initializer(model)
     checkpoint = Checkpoint(
-        weights={w: initial[w][0] for w in step.weights},
+        weights=as_master({w: initial[w][0] for w in step.weights}),
         optimizer_state=step.initial_state(),
     )
     manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, model)
@@ -232,7 +242,8 @@ def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tup
 def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLike) -> ModelProto:
     """The deployable model: ``model`` (the inference model, or an artifact folder) with
     the weights of ``checkpoint`` (or the path of its ``.json``), low-rank adapters merged
-    into their weights (:func:`onnxgrad.graph.lora.merge_lora`). A model given in its own
+    into their weights (:func:`onnxgrad.graph.lora.merge_lora`), float32 master weights
+    rounded to their float16 or bfloat16 initializers. A model given in its own
     form (a converted model with ``ai.onnx.ml`` operators, weights held by ``Constant``
     nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
     trained = None
@@ -243,6 +254,7 @@ def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLik
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
     model = load_model(model)
+    checkpoint = Checkpoint(as_stored(model, checkpoint.weights), checkpoint.optimizer_state)
     if trained is not None and set(checkpoint.weights) != trained:
         raise ValueError(
             f"the checkpoint holds weights {sorted(checkpoint.weights)}, the artifacts train "

@@ -32,7 +32,15 @@ from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
 from onnxgrad.training._weights import no_weight_error, weights_reaching
 from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
+from onnxgrad.training.loss_scaling import (
+    LossScaling,
+    guard_update,
+    resolve_loss_scale,
+    scale_loss,
+    unscale_gradients,
+)
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
+from onnxgrad.training.master_weights import with_master_weights
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
 from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
 
@@ -77,7 +85,8 @@ def make_loss_model(
 
     The model is first made regular by :func:`onnxgrad.normalize.normalized_model`
     (``ai.onnx.ml`` operators lowered, opset 13 at least, weights stored as constants
-    promoted to initializers).
+    promoted to initializers). Trained float16 and bfloat16 weights become float32 master
+    weights (:mod:`onnxgrad.training.master_weights`).
     """
     model = normalized_model(model)
     named = weights is not None
@@ -100,6 +109,7 @@ def make_loss_model(
         weights = weights_reaching(model, output, weights)
     fixed = _fixed_inputs(features, fixed_inputs)
     features = tuple(n for n in features if n not in fixed)
+    result = with_master_weights(result, weights)
     _check_weight_types(result, weights)
     _share_batch_dim(result, [*features, label, weight_name])
     if penalty is not None:
@@ -129,6 +139,7 @@ def make_train_step(
     backend: str = "onnx",
     layout: str = "per_weight",
     fixed_inputs: Sequence[str] = (),
+    loss_scale: str | float | LossScaling | None = "auto",
 ) -> TrainStep:
     """One ONNX graph running a whole optimisation step on a batch.
 
@@ -137,6 +148,11 @@ def make_train_step(
     ``learning_rate`` (default :class:`LearningRateSGD`): ``W', S' = update(W, G, S, lr)``,
     per weight tensor or on all of them end to end (``layout``, see
     :mod:`onnxgrad.training.train_step`).
+
+    ``loss_scale``: ``'dynamic'`` scales the loss before the backward and skips steps whose
+    gradients are not finite (:mod:`onnxgrad.training.loss_scaling`), a number is a static
+    scale, ``None`` none; ``'auto'`` (default) is ``'dynamic'`` for a model computing in
+    float16, else ``None``.
     """
     learning_rate = checked_learning_rate(learning_rate)
     lm = make_loss_model(
@@ -150,14 +166,19 @@ def make_train_step(
         weight_name=weight_name,
         fixed_inputs=fixed_inputs,
     )
+    scaling = resolve_loss_scale(loss_scale, lm.model)
+    scale = scale_loss(lm.model, lm.loss, scaling) if scaling else None
     gradient = loss_gradient(lm, backend)
+    if scaling:
+        unscale_gradients(gradient, len(lm.weights), scale)
     roles = {
         "features": lm.features,
         "label": lm.label,
         "sample_weight": lm.sample_weight,
         "fixed": lm.fixed,
     }
-    return append_update(gradient, roles, lm.weights, learning_rate, layout)
+    step = append_update(gradient, roles, lm.weights, learning_rate, layout)
+    return guard_update(step, scaling, scale) if scaling else step
 
 
 def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearningRate:
@@ -220,9 +241,11 @@ def make_eval_step(
 
 
 def make_predict_model(model: ModelLike, weights: Sequence[str] | None = None) -> ModelProto:
-    """``model`` with the trained ``weights`` turned into inputs (after its own inputs)."""
+    """``model`` with the trained ``weights`` turned into inputs (after its own inputs),
+    float32 for float16 or bfloat16 weights (the master weights of the train step)."""
     model = load_model(model)
-    return weights_as_inputs(model, resolve_weights(model, weights))
+    weights = resolve_weights(model, weights)
+    return weights_as_inputs(with_master_weights(model, weights, loss=False), weights)
 
 
 def weights_as_inputs(model: ModelLike, weights: Sequence[str]) -> ModelProto:

@@ -63,6 +63,7 @@ from onnxgrad.training.feeds import (
 from onnxgrad.training.invariants import check_still_a_distribution, probabilities_error
 from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
+from onnxgrad.training.master_weights import as_master, as_stored
 from onnxgrad.training.penalties import (
     BaseLearningPenalty,
     NoLearningPenalty,
@@ -350,11 +351,12 @@ class BaseOrtOptimizer(EstimatorMixin):
         is split around the gradients' all-reduce (:mod:`onnxgrad.training.distributed`), its
         update on all weights end to end.
         """
+        scaling = {}
         if data_parallel():
             key, build, layout = "split", make_split_step, "flat"
         else:
             layout = default_layout(model, graphs.evaluation.weights, device.kind)
-            key, build = layout, make_train_step
+            key, build, scaling = layout, make_train_step, {"loss_scale": self.loss_scale}
         if key not in graphs.steps:
             graphs.steps[key] = build(
                 model,
@@ -364,6 +366,7 @@ class BaseOrtOptimizer(EstimatorMixin):
                 backend=self.backend,
                 layout=layout,
                 **graphs.step_options,
+                **scaling,
             )
         return graphs.steps[key]
 
@@ -694,7 +697,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         included; see :func:`onnxgrad.lower_ml_operators`)."""
         self._check_fitted()
         base = self.model_onnx if model is None else model
-        return trained_model(base, self.runner_.get_weights())
+        return trained_model(base, as_stored(base, self.runner_.get_weights()))
 
     def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
         """Save every graph the estimator runs into ``folder``; returns their paths by role."""
@@ -746,6 +749,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         early stopping (see :meth:`fit`); off by default
     :param enable_logging: log the loss and the learning rate of every epoch (INFO, logger
         ``onnxgrad.training``)
+    :param loss_scale: loss scaling of the train step (:func:`make_train_step`; default
+        ``'auto'``: dynamic for a model computing in float16; one process only, the split
+        step of data-parallel training does not scale)
     """
 
     def __init__(
@@ -773,7 +779,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         n_iter_no_change=10,
         tol=1e-4,
         enable_logging=False,
+        loss_scale="auto",
     ):
+        self.loss_scale = loss_scale
         self.enable_logging = enable_logging
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -858,7 +866,9 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         tol=1e-4,
         saved_gradient=None,
         enable_logging=False,
+        loss_scale="auto",
     ):
+        self.loss_scale = loss_scale
         self.saved_gradient = saved_gradient
         self.enable_logging = enable_logging
         self.model_onnx = model_onnx
@@ -924,11 +934,13 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
 
 def _initializers(model: ModelProto, names) -> dict[str, np.ndarray]:
     wanted = set(names)
-    return {
-        init.name: onnx.numpy_helper.to_array(init)
-        for init in model.graph.initializer
-        if init.name in wanted
-    }
+    return as_master(
+        {
+            init.name: onnx.numpy_helper.to_array(init)
+            for init in model.graph.initializer
+            if init.name in wanted
+        }
+    )
 
 
 def _first_float_output(model: ModelProto) -> str | None:

@@ -183,7 +183,8 @@ def append_update(
     learning_rate: BaseLearningRate,
     layout: str,
 ) -> TrainStep:
-    """Append the optimizer's update to a gradient graph (outputs: gradients, then loss).
+    """Append the optimizer's update to a gradient graph (outputs: gradients, then loss,
+    then any others, kept last).
 
     ``roles`` holds ``features``, ``label``, ``sample_weight`` (and optionally ``fixed``) of
     the data inputs.
@@ -217,8 +218,9 @@ def append_update(
         new_infos.append(
             helper.make_tensor_value_info(renames[value], _type_of(key, slots, elem_type), shape)
         )
+    extra = outputs[len(weights) + 1 :]
     del graph.output[:]
-    graph.output.extend([loss_info, *new_infos])
+    graph.output.extend([loss_info, *new_infos, *extra])
     for name in (flat_weights, *slots, lr):
         if name is not None:
             _move_input_to_end(graph, name)
