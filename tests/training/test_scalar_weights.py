@@ -84,7 +84,7 @@ def test_fit_matches_numpy_gradient_descent():
 
 def test_state_round_trips_and_fits_again():
     X, y = data()
-    est = estimator(scalar_weight_model(), learning_rate="Adam").fit(X, y)
+    est = estimator(scalar_weight_model(), learning_rate="Adam", random_state=0).fit(X, y)
     full = est.get_full_state()
     est.set_state(full)
     assert all(np.array_equal(v, est.get_full_state()[k]) for k, v in full.items())
