@@ -1,0 +1,241 @@
+"""The files onnxruntime-genai's model builder makes of a tiny random Llama-like model
+(offline, fp32 and int4: ``GroupQueryAttention`` with past/present key-value caches and
+rotary embedding, ``SkipSimplifiedLayerNormalization``, ``MatMulNBits``) differentiate and
+LoRA-fine-tune, and the trained adapters load with onnxruntime-genai's adapter API.
+
+Runs where onnxruntime-genai imports (it needs onnxruntime >= 1.31) beside PyTorch and
+transformers (the builder loads the model with them): ``dev.py test``'s ``.venv-genai``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxgrad import add_lora, onnx_derivative
+from onnxgrad.graph.lora_runtime import runtime_adapter_model
+from onnxgrad.normalize import normalized_model
+from tests.derivative.fd import numerical_vjp
+from tests.normalize.kernels import run
+
+pytestmark = pytest.mark.slow
+og = pytest.importorskip("onnxruntime_genai")
+
+VOCAB, HIDDEN, LAYERS, KV_HEADS, HEAD = 96, 64, 2, 2, 16
+PAST = [f"past_key_values.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
+
+
+def _tiny_llama(folder: Path) -> None:
+    """A random LlamaForCausalLM and a word-level tokenizer, saved as a local checkpoint
+    (the vocabulary differs from every layer width: the builder takes a Linear of the
+    vocabulary's width for the LM head)."""
+    import tokenizers
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    words = tokenizers.models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3")
+    tokenizer = tokenizers.Tokenizer(words)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="t1", eos_token="t2", unk_token="t3", pad_token="t0"
+    )
+    fast.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """``precision -> folder`` of the builder's output, made once."""
+    folder = tmp_path_factory.mktemp("genai")
+    source = folder / "hf"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _tiny_llama(source)
+    made = {}
+
+    def get(precision: str) -> Path:
+        if precision not in made:
+            out = folder / precision
+            env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+            command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", source]
+            command += ["-o", out, "-p", precision, "-e", "cpu", "-c", folder / "cache"]
+            done = subprocess.run(
+                [str(c) for c in command], env=env, capture_output=True, text=True, check=False
+            )
+            assert done.returncode == 0, done.stderr[-2000:]
+            made[precision] = out
+        return made[precision]
+
+    return get
+
+
+def _session(model: onnx.ModelProto | Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    source = str(model) if isinstance(model, Path) else model.SerializeToString()
+    return ort.InferenceSession(source, options, ["CPUExecutionProvider"])
+
+
+def _feeds(batch: int, length: int, past: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {
+        "input_ids": rng.integers(0, VOCAB, (batch, length)).astype(np.int64),
+        "attention_mask": np.ones((batch, past + length), np.int64),
+    }
+    for name in PAST:
+        feeds[name] = rng.standard_normal((batch, KV_HEADS, past, HEAD)).astype(np.float32)
+    return feeds
+
+
+def _float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with ``MatMulNBits``'s ``accuracy_level`` 0: the builder asks for 4, int8
+    quantization of the activations inside the kernel, which the lowering reads as the
+    identity (a kernel precision hint, not part of the weights)."""
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            if attribute.name == "accuracy_level":
+                attribute.i = 0
+    return model
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_builder_output_lowers_and_differentiates(built, precision):
+    model = _float_activations(onnx.load(built(precision) / "model.onnx"))
+    ops = {node.op_type for node in model.graph.node}
+    assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
+    assert ("MatMulNBits" in ops) == (precision == "int4")
+    feeds = _feeds(batch=1, length=3, past=2)  # the kernel wants batch 1 for a prompt after a past
+    weight = "model.layers.1.post_attention_layernorm.weight"
+    reference = _with_weight_input(model, weight)
+    session = _session(reference)
+    initial = {i.name: i for i in model.graph.initializer}[weight]
+    point = {**feeds, weight: onnx.numpy_helper.to_array(initial)}
+    expected = session.run(None, point)
+    for got, want in zip(run(normalized_model(model), feeds), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    rng = np.random.default_rng(1)
+    seeds = [rng.standard_normal(value.shape).astype(np.float32) for value in expected]
+    names = [o.name for o in session.get_outputs()]
+    targets = ["past_key_values.0.key", "past_key_values.1.value"]
+    gradient = onnx_derivative(model, inputs=targets, weights=[weight])
+    values = {**point, **{f"{n}_grad": s for n, s in zip(names, seeds, strict=True)}}
+    declared = [i.name for i in gradient.graph.input]
+    outputs = run(gradient, {k: values[k] for k in declared})
+    got = dict(zip([o.name for o in gradient.graph.output], outputs, strict=True))
+
+    def function(changed):
+        cast = {k: np.asarray(v, np.float32) for k, v in changed.items()}
+        return [v.astype(np.float64) for v in session.run(None, {**point, **cast})]
+
+    varied = {k: point[k] for k in [*targets, weight]}
+    wanted = numerical_vjp(function, varied, list(varied), seeds, eps=1e-2)
+    for name in [*targets, weight]:
+        difference = np.abs(got[f"{name}_grad"] - wanted[name]).max()
+        assert difference < 2e-3 * np.abs(wanted[name]).max(), name
+
+
+def _with_weight_input(model: onnx.ModelProto, weight: str) -> onnx.ModelProto:
+    """A copy of ``model`` that reads ``weight`` as an input (its initializer the default)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    init = {i.name: i for i in copy.graph.initializer}[weight]
+    copy.graph.input.append(
+        onnx.helper.make_tensor_value_info(weight, init.data_type, list(init.dims))
+    )
+    return copy
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_lora_of_builder_output_runs_as_genai_adapter(built, precision, tmp_path):
+    """add_lora, generate_artifacts and plain onnxruntime steps lower the loss; the trained
+    adapters, written as an .onnx_adapter over the builder's model, make onnxruntime-genai
+    compute the trained model's logits (and the base model's without them)."""
+    from onnxgrad.training import (
+        Checkpoint,
+        generate_artifacts,
+        load_train_step,
+        merge_checkpoint,
+    )
+    from onnxgrad.training.onnx_adapter import save_onnx_adapter
+
+    folder = built(precision)
+    model = onnx.load(folder / "model.onnx")
+    feeds = _feeds(batch=2, length=4, past=0)
+    base_logits = _session(model).run(["logits"], feeds)[0]
+    target = base_logits + np.random.default_rng(2).standard_normal(base_logits.shape)
+    adapted = add_lora(model, rank=4)
+    art = generate_artifacts(adapted, optimizer="adam", artifact_directory=tmp_path / "art")
+    trained = _train(art, load_train_step(tmp_path / "art"), feeds, target.astype(np.float32))
+
+    deployed = tmp_path / "deployed"
+    deployed.mkdir()
+    for item in folder.iterdir():
+        if not item.name.startswith("model.onnx"):
+            (deployed / item.name).write_bytes(item.read_bytes())
+    base = runtime_adapter_model(model, adapted)
+    onnx.save(base, deployed / "model.onnx", save_as_external_data=True, location="model.data")
+    save_onnx_adapter(trained, deployed / "trained.onnx_adapter")
+
+    merged = merge_checkpoint(tmp_path / "art", Checkpoint(trained, {}))
+    prompt = feeds["input_ids"][:1]
+    prompt_feeds = {k: v[:1] for k, v in feeds.items()}
+    want = _session(merged).run(["logits"], prompt_feeds)[0]
+    genai = og.Model(str(deployed))
+    adapters = og.Adapters(genai)
+    adapters.load(str(deployed / "trained.onnx_adapter"), "trained")
+    with_adapter = _genai_logits(genai, prompt, adapters)
+    without = _genai_logits(genai, prompt, None)
+    assert np.abs(want - base_logits[:1]).max() > 0.5  # training moved the logits
+    # int4: the kernel's int8 activations (accuracy_level 4) against the lowering's floats
+    tolerance = 1e-4 if precision == "fp32" else 2e-2
+    np.testing.assert_allclose(with_adapter, want, atol=tolerance * np.abs(want).max())
+    np.testing.assert_allclose(without, base_logits[:1], atol=1e-5)
+
+
+def _train(art, step, feeds, target, steps: int = 10) -> dict[str, np.ndarray]:
+    session = _session(Path(art.path("training_model.onnx")))
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    declared = {i.name for i in session.get_inputs()}
+    losses = []
+    for _ in range(steps):
+        batch = {**feeds, "label": target, "learning_rate": np.array(0.01, np.float32), **values}
+        loss, *new = session.run(
+            [step.loss, *step.new_weights, *step.new_state],
+            {k: v for k, v in batch.items() if k in declared},
+        )
+        losses.append(float(loss))
+        values = dict(zip([*step.weights, *step.state], new, strict=True))
+    assert losses[-1] < 0.7 * losses[0], losses
+    return {w: values[w] for w in step.weights}
+
+
+def _genai_logits(model, prompt: np.ndarray, adapters) -> np.ndarray:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16)
+    generator = og.Generator(model, params)
+    if adapters is not None:
+        generator.set_active_adapter(adapters, "trained")
+    generator.append_tokens(prompt.astype(np.int32))
+    return generator.get_output("logits")
