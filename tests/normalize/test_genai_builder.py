@@ -8,10 +8,6 @@ transformers (the builder loads the model with them): ``dev.py test``'s ``.venv-
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,67 +18,26 @@ from onnxgrad import add_lora, onnx_derivative
 from onnxgrad.graph.lora_runtime import runtime_adapter_model
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import numerical_vjp
+from tests.normalize.genai_builder import KV_HEADS, LAYERS, VOCAB, build, save_tiny_llama
 from tests.normalize.kernels import run
 
 pytestmark = pytest.mark.slow
 og = pytest.importorskip("onnxruntime_genai")
 
-VOCAB, HIDDEN, LAYERS, KV_HEADS, HEAD = 96, 64, 2, 2, 16
+HIDDEN, HEAD = 64, 16
 PAST = [f"past_key_values.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
-
-
-def _tiny_llama(folder: Path) -> None:
-    """A random LlamaForCausalLM and a word-level tokenizer, saved as a local checkpoint
-    (the vocabulary differs from every layer width: the builder takes a Linear of the
-    vocabulary's width for the LM head)."""
-    import tokenizers
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=KV_HEADS,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    words = tokenizers.models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3")
-    tokenizer = tokenizers.Tokenizer(words)
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="t1", eos_token="t2", unk_token="t3", pad_token="t0"
-    )
-    fast.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``precision -> folder`` of the builder's output, made once."""
     folder = tmp_path_factory.mktemp("genai")
-    source = folder / "hf"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _tiny_llama(source)
+    save_tiny_llama(folder / "hf", hidden=HIDDEN)
     made = {}
 
     def get(precision: str) -> Path:
         if precision not in made:
-            out = folder / precision
-            env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-            command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", source]
-            command += ["-o", out, "-p", precision, "-e", "cpu", "-c", folder / "cache"]
-            done = subprocess.run(
-                [str(c) for c in command], env=env, capture_output=True, text=True, check=False
-            )
-            assert done.returncode == 0, done.stderr[-2000:]
-            made[precision] = out
+            made[precision] = build(folder / "hf", folder / precision, precision)
         return made[precision]
 
     return get
