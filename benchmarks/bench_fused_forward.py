@@ -13,8 +13,8 @@ fuse the lowered graph again):
 
     python benchmarks/bench_fused_forward.py [--runs 30] [--sizes tiny,big]
 
-Sessions are timed in turn (round robin, median of ``--runs``), so a load on the shared
-machine touches them alike.
+Sessions are timed in turn (round robin, median of ``--runs``) in CPU time of the process,
+so a load on the shared machine touches them alike.
 """
 
 from __future__ import annotations
@@ -58,15 +58,16 @@ def _session(model: onnx.ModelProto | str):
 
 
 def _medians(calls: dict[str, object], runs: int) -> dict[str, float]:
-    """``{name: median seconds}`` of the zero-argument ``calls``, timed in turn."""
+    """``{name: median seconds}`` of the zero-argument ``calls``, timed in turn, in CPU time
+    of this process (one thread: what other jobs on the machine take is not counted)."""
     for call in calls.values():
         call()
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(runs):
         for name, call in calls.items():
-            start = time.perf_counter()
+            start = time.process_time()
             call()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(time.process_time() - start)
     return {name: float(np.median(values)) for name, values in times.items()}
 
 
