@@ -12,6 +12,8 @@ that Python has wheels for: onnxruntime-training-cpu (both derivative backends) 
 3.11, the current inference onnxruntime on 3.12 and later. ``test`` also sets up a second
 environment of the other kind, with the newest Python 3.12+ found on the machine (or a 3.10
 or 3.11 when ``.venv`` is the inference one), so every change is tested on both runtimes.
+The tests needing onnxruntime-genai (current onnxruntime and PyTorch together) run in
+``.venv-genai`` beside a training ``.venv``.
 Installation is skipped when pyproject.toml has not changed since the last one.
 """
 

@@ -230,7 +230,8 @@ def lower_group_query_attention(lw: Lowerer) -> None:
         scores = lw.op("Add", scores, lw.to_compute(lw.input(10), t))
     hidden = lw.op("Or", lw.unsqueeze(_causal(lw, q, k_all), [0, 1]), _beyond_seqlens(lw, k_all))
     lowest = lw.const(np.finfo(np_dtype(ct)).min, ct)
-    scores = lw.op("Where", hidden, lowest, scores)
+    bias = lw.op("Where", hidden, lowest, lw.const(0.0, ct))  # (B, 1, S, T), added: cheaper
+    scores = lw.op("Add", scores, bias)
     lw.finish(_merged(lw, _attend(lw, scores, v_all)), t)
 
 
