@@ -64,7 +64,9 @@ def _run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
 def test_branches_compute_the_adapted_weights():
     deployed, w1, w2 = _deployed()
     adapted = add_lora(deployed, rank=2, alpha=3.0)
+    before = (deployed.SerializeToString(), adapted.SerializeToString())
     base = runtime_adapter_model(deployed, adapted)
+    assert (deployed.SerializeToString(), adapted.SerializeToString()) == before
     assert {n.op_type for n in base.graph.node} >= {"MatMulNBits"}
     x = RNG.standard_normal((3, K)).astype(np.float32)
     np.testing.assert_allclose(_run(base, {"x": x}), x @ w1 @ w2.T, rtol=1e-4, atol=1e-4)

@@ -104,8 +104,10 @@ def test_builder_output_lowers_and_differentiates(built, precision):
         cast = {k: np.asarray(v, np.float32) for k, v in changed.items()}
         return [v.astype(np.float64) for v in session.run(None, {**point, **cast})]
 
-    varied = {k: point[k] for k in [*targets, weight]}
-    wanted = numerical_vjp(function, varied, list(varied), seeds, eps=1e-2)
+    varied = {k: point[k] for k in [*targets, weight]}  # a large step: float32 logits' rounding
+    # over the small weight gradient dominates below 1e-2 (errors 1.5e-2, 1.8e-3, 6e-4 at
+    # steps 1e-3, 1e-2, 3e-2)
+    wanted = numerical_vjp(function, varied, list(varied), seeds, eps=3e-2)
     for name in [*targets, weight]:
         difference = np.abs(got[f"{name}_grad"] - wanted[name]).max()
         assert difference < 2e-3 * np.abs(wanted[name]).max(), name
