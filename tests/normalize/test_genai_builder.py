@@ -196,3 +196,18 @@ def _genai_logits(model, prompt: np.ndarray, adapters) -> np.ndarray:
         generator.set_active_adapter(adapters, "trained")
     generator.append_tokens(prompt.astype(np.int32))
     return generator.get_output("logits")
+
+
+def test_info_reads_the_builder_file(built, tmp_path):
+    """``onnxgrad info`` on the file as written (its declared constant shapes are wrong,
+    which onnx's strict check refuses and onnxruntime ignores)."""
+    from tests.cli.helpers import run_in_process
+
+    path = built("int4") / "model.onnx"
+    result = run_in_process("info", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for line in (
+        "com.microsoft::GroupQueryAttention x2: lowered to standard ONNX and trained",
+        "com.microsoft::MatMulNBits x11: lowered over its dequantized weight",
+    ):
+        assert line in result.stdout
