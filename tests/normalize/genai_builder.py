@@ -49,12 +49,15 @@ def save_tiny_llama(folder: Path, hidden: int = 64, heads: int = 4) -> None:
         fast.save_pretrained(folder)
 
 
-def build(source: Path, out: Path, precision: str) -> Path:
+def build(source: Path, out: Path, precision: str, *options: str) -> Path:
     """``python -m onnxruntime_genai.models.builder`` on the checkpoint ``source``, for the
-    CPU, offline; ``RuntimeError`` with the end of its output when it fails."""
+    CPU, offline, with the builder's ``--extra_options`` ``options`` (``key=value``);
+    ``RuntimeError`` with the end of its output when it fails."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", source, "-o", out]
     command += ["-p", precision, "-e", "cpu", "-c", out.parent / "cache"]
+    if options:
+        command += ["--extra_options", *options]
     done = subprocess.run(
         [str(c) for c in command], env=env, capture_output=True, text=True, check=False
     )

@@ -1,7 +1,8 @@
 """The files onnxruntime-genai's model builder makes of a tiny random Llama-like model
-(offline, fp32 and int4: ``GroupQueryAttention`` with past/present key-value caches and
-rotary embedding, ``SkipSimplifiedLayerNormalization``, ``MatMulNBits``) differentiate and
-LoRA-fine-tune, and the trained adapters load with onnxruntime-genai's adapter API.
+(offline; fp32, int4, and fp32 reading input embeddings; ``GroupQueryAttention`` with
+past/present key-value caches and rotary embedding, ``SkipSimplifiedLayerNormalization``,
+``MatMulNBits``) differentiate and LoRA-fine-tune, and the trained adapters load with
+onnxruntime-genai's adapter API.
 
 Runs where onnxruntime-genai imports (it needs onnxruntime >= 1.31) beside PyTorch and
 transformers (the builder loads the model with them): ``dev.py test``'s ``.venv-genai``."""
@@ -30,15 +31,18 @@ PAST = [f"past_key_values.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "va
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """``precision -> folder`` of the builder's output, made once."""
+    """``form -> folder`` of the builder's output, made once."""
     folder = tmp_path_factory.mktemp("genai")
     save_tiny_llama(folder / "hf", hidden=HIDDEN)
     made = {}
 
-    def get(precision: str) -> Path:
-        if precision not in made:
-            made[precision] = build(folder / "hf", folder / precision, precision)
-        return made[precision]
+    def get(form: str) -> Path:
+        """``fp32``, ``int4``, or ``embeds`` (fp32 reading ``inputs_embeds``)."""
+        if form not in made:
+            options = ["exclude_embeds=true"] if form == "embeds" else []
+            precision = "fp32" if form == "embeds" else form
+            made[form] = build(folder / "hf", folder / form, precision, *options)
+        return made[form]
 
     return get
 
@@ -52,12 +56,15 @@ def _session(model: onnx.ModelProto | Path):
     return ort.InferenceSession(source, options, ["CPUExecutionProvider"])
 
 
-def _feeds(batch: int, length: int, past: int, seed: int = 0) -> dict[str, np.ndarray]:
+def _feeds(
+    batch: int, length: int, past: int, seed: int = 0, embeds: bool = False
+) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    feeds = {
-        "input_ids": rng.integers(0, VOCAB, (batch, length)).astype(np.int64),
-        "attention_mask": np.ones((batch, past + length), np.int64),
-    }
+    feeds = {"attention_mask": np.ones((batch, past + length), np.int64)}
+    if embeds:
+        feeds["inputs_embeds"] = rng.standard_normal((batch, length, HIDDEN)).astype(np.float32)
+    else:
+        feeds["input_ids"] = rng.integers(0, VOCAB, (batch, length)).astype(np.int64)
     for name in PAST:
         feeds[name] = rng.standard_normal((batch, KV_HEADS, past, HEAD)).astype(np.float32)
     return feeds
@@ -74,13 +81,14 @@ def _float_activations(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_builder_output_lowers_and_differentiates(built, precision):
-    model = _float_activations(onnx.load(built(precision) / "model.onnx"))
+@pytest.mark.parametrize("form", ["fp32", "int4", "embeds"])
+def test_builder_output_lowers_and_differentiates(built, form):
+    model = _float_activations(onnx.load(built(form) / "model.onnx"))
     ops = {node.op_type for node in model.graph.node}
     assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
-    assert ("MatMulNBits" in ops) == (precision == "int4")
-    feeds = _feeds(batch=1, length=3, past=2)  # the kernel wants batch 1 for a prompt after a past
+    assert ("MatMulNBits" in ops) == (form == "int4")
+    # the kernel wants batch 1 for a prompt after a past
+    feeds = _feeds(batch=1, length=3, past=2, embeds=form == "embeds")
     weight = "model.layers.1.post_attention_layernorm.weight"
     reference = _with_weight_input(model, weight)
     session = _session(reference)
@@ -93,8 +101,12 @@ def test_builder_output_lowers_and_differentiates(built, precision):
     rng = np.random.default_rng(1)
     seeds = [rng.standard_normal(value.shape).astype(np.float32) for value in expected]
     names = [o.name for o in session.get_outputs()]
-    targets = ["past_key_values.0.key", "past_key_values.1.value"]
-    gradient = onnx_derivative(model, inputs=targets, weights=[weight])
+    # a norm weight's gradient too, but under unit-scale embeddings it is small against the
+    # float32 rounding of the logits
+    first = "inputs_embeds" if form == "embeds" else "past_key_values.0.key"
+    weights = [] if form == "embeds" else [weight]
+    targets = [first, "past_key_values.1.value"]
+    gradient = onnx_derivative(model, inputs=targets, weights=weights)
     values = {**point, **{f"{n}_grad": s for n, s in zip(names, seeds, strict=True)}}
     declared = [i.name for i in gradient.graph.input]
     outputs = run(gradient, {k: values[k] for k in declared})
@@ -104,11 +116,11 @@ def test_builder_output_lowers_and_differentiates(built, precision):
         cast = {k: np.asarray(v, np.float32) for k, v in changed.items()}
         return [v.astype(np.float64) for v in session.run(None, {**point, **cast})]
 
-    varied = {k: point[k] for k in [*targets, weight]}  # a large step: float32 logits' rounding
-    # over the small weight gradient dominates below 1e-2 (errors 1.5e-2, 1.8e-3, 6e-4 at
-    # steps 1e-3, 1e-2, 3e-2)
+    # a large step: below 1e-2 the rounding of the logits dominates the weight's small
+    # gradient (errors 1.5e-2, 1.8e-3, 6e-4 at steps 1e-3, 1e-2, 3e-2)
+    varied = {k: point[k] for k in [*targets, *weights]}
     wanted = numerical_vjp(function, varied, list(varied), seeds, eps=3e-2)
-    for name in [*targets, weight]:
+    for name in varied:
         difference = np.abs(got[f"{name}_grad"] - wanted[name]).max()
         assert difference < 2e-3 * np.abs(wanted[name]).max(), name
 
