@@ -6,10 +6,11 @@ adapter matrix as a graph input that also has an initializer of the same name (i
 default), and the runtime feeds an adapter file's tensors under those names.
 
 :func:`runtime_adapter_model` writes that base from the model as deployed (its fused and
-quantized operators kept, so the runtime runs it as fast as before) and the adapters of the
+quantized operators kept) and the adapters of the
 model :func:`onnxgrad.graph.lora.add_lora` made of it. Each adapted product
 ``y = x W`` (a ``MatMul`` weight ``W`` of shape ``K x N``, or the ``K x N`` weight a
-``MatMulNBits`` node dequantizes from its codes) gets the branch
+``MatMulNBits`` node dequantizes from its codes; each product of a weight read twice) gets the
+branch
 
     y' = y + s (x A) B = x (W + s A B),
 
@@ -60,20 +61,16 @@ def runtime_adapter_model(deployed: ModelLike, adapted: ModelLike) -> ModelProto
     taken = all_names(graph)
     new_nodes: dict[str, list] = {}
     for adapter in adapters:
-        node = readers.get(adapter["weight"])
-        if node is None:
-            raise ValueError(
-                f"adapter of {adapter['weight']!r}: the deployed model has no MatMul or "
-                "MatMulNBits reading that weight"
-            )
+        nodes = _readers_of(readers, adapter["weight"], model)
         clash = sorted({adapter["a"], adapter["b"]} & taken)
         if clash:
             raise ValueError(f"adapter of {adapter['weight']!r}: {clash} already name values")
         for key in ("a", "b"):
             _add_overridable(graph, values[adapter[key]])
-        new_nodes.setdefault(node.name, []).extend(
-            _branch(graph, node, adapter, values, names, node_names)
-        )
+        for node in nodes:
+            new_nodes.setdefault(node.name, []).extend(
+                _branch(graph, node, adapter, values, names, node_names)
+            )
     ordered = []
     for node in graph.node:
         ordered.append(node)
@@ -83,24 +80,35 @@ def runtime_adapter_model(deployed: ModelLike, adapted: ModelLike) -> ModelProto
     return finalize_model(model, check=False)
 
 
-def _weight_readers(model: ModelProto) -> dict:
-    """``{weight initializer: the MatMul/MatMulNBits node reading it}``, nodes named."""
+def _weight_readers(model: ModelProto) -> dict[str, list]:
+    """``{weight initializer: the MatMul/MatMulNBits nodes reading it}``, nodes named."""
     initializers = {init.name for init in model.graph.initializer}
-    found = {}
+    found: dict[str, list] = {}
     names = NameScope(n.name for n in model.graph.node if n.name)
     for node in model.graph.node:
         index = BRANCHED_OPS.get((normalize_domain(node.domain), node.op_type))
         if index is None or index >= len(node.input) or node.input[index] not in initializers:
             continue
-        if node.input[index] in found:
-            raise ValueError(
-                f"weight {node.input[index]!r} is read by two nodes, "
-                f"{found[node.input[index]].name!r} and {node.name!r}: one branch cannot serve both"
-            )
         if not node.name:
             node.name = names.unique(f"{node.op_type}_{node.output[0]}")
-        found[node.input[index]] = node
+        found.setdefault(node.input[index], []).append(node)
     return found
+
+
+def _readers_of(readers: dict[str, list], weight: str, model: ModelProto) -> list:
+    """The nodes whose products adapt ``weight`` (one branch each, sharing ``A`` and ``B``);
+    ``ValueError`` naming the weight when there is none or it is a ``MatMul`` weight that is
+    not a matrix."""
+    nodes = readers.get(weight, [])
+    if not nodes:
+        raise ValueError(
+            f"adapter of {weight!r}: the deployed model has no MatMul or MatMulNBits reading "
+            "that weight"
+        )
+    dims = next(i.dims for i in model.graph.initializer if i.name == weight)
+    if nodes[0].op_type == "MatMul" and len(dims) != 2:
+        raise ValueError(f"adapter of {weight!r}: a MatMul weight of shape {list(dims)}, not 2-D")
+    return nodes
 
 
 def _add_overridable(graph, value: TensorProto) -> None:

@@ -109,3 +109,25 @@ def test_onnx_adapter_round_trip(tmp_path):
     assert sorted(read) == ["a", "b"]
     for name, value in values.items():
         np.testing.assert_array_equal(read[name], value)
+
+
+def test_a_weight_read_twice_gets_a_branch_at_each_product():
+    w = RNG.standard_normal((K, K)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, K])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    deployed = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    base = runtime_adapter_model(deployed, add_lora(deployed, rank=2))
+    a, b = RNG.standard_normal((K, 2)).astype("f"), RNG.standard_normal((2, K)).astype("f")
+    x = RNG.standard_normal((3, K)).astype(np.float32)
+    adapted = w + a @ b
+    got = _run(base, {"x": x, "w_lora_A": a, "w_lora_B": b})
+    np.testing.assert_allclose(got, x @ adapted @ adapted, rtol=1e-4, atol=1e-2)
