@@ -12,6 +12,8 @@ that Python has wheels for: onnxruntime-training-cpu (both derivative backends) 
 3.11, the current inference onnxruntime on 3.12 and later. ``test`` also sets up a second
 environment of the other kind, with the newest Python 3.12+ found on the machine (or a 3.10
 or 3.11 when ``.venv`` is the inference one), so every change is tested on both runtimes.
+The tests needing onnxruntime-genai (current onnxruntime and PyTorch together) run in
+``.venv-genai`` beside a training ``.venv``.
 Installation is skipped when pyproject.toml has not changed since the last one.
 """
 
@@ -33,6 +35,8 @@ VENV = ROOT / ".venv"
 SUPPORTED_PYTHON = ((3, 10), (3, 14))
 #: the last Python with onnxruntime-training wheels (the ``training`` extra).
 LAST_TRAINING_PYTHON = (3, 11)
+#: the tests that need onnxruntime-genai, run alone in its own environment
+GENAI_TESTS = ["tests/normalize/test_genai_builder.py"]
 #: pip's lines worth showing while it works (the rest is noise on a first install).
 PIP_PROGRESS = re.compile(r"^(Collecting|Installing collected|Successfully installed|ERROR)")
 
@@ -120,14 +124,19 @@ def _create_venv(env_dir: Path, base_python: str, version: tuple[int, int]) -> N
 
 
 def ensure_env(
-    env_dir: Path, base_python: str, version: tuple[int, int], with_torch: bool = False
+    env_dir: Path,
+    base_python: str,
+    version: tuple[int, int],
+    with_torch: bool = False,
+    extra: str | None = None,
 ) -> Path:
     """A venv at ``env_dir`` made from ``base_python`` with onnxgrad (editable), its ``dev``
-    extra and the onnxruntime flavour of its Python; re-installed when pyproject.toml changes."""
+    extra and ``extra`` (default: the onnxruntime flavour of its Python); re-installed when
+    pyproject.toml changes."""
     python = _python(env_dir)
     if not _usable(python, version):
         _create_venv(env_dir, base_python, version)
-    extra = _runtime_extra(version)
+    extra = extra or _runtime_extra(version)
     stamp = env_dir / ".onnxgrad-stamp"
     text = f"{version}\n{extra}\n{(ROOT / 'pyproject.toml').read_text()}"
     digest = hashlib.sha256(text.encode()).hexdigest()
@@ -167,6 +176,25 @@ def ensure_torch(python: Path) -> None:
         )
         if rc != 0:
             _say("warning: PyTorch could not be installed; the torch tests will skip.")
+
+
+def ensure_genai_env(main: Path) -> Path | None:
+    """An environment with onnxruntime-genai, which needs the current onnxruntime (never
+    installed over the training build) and, for its model builder, PyTorch: ``main`` when it
+    is the inference one (it has PyTorch), else ``.venv-genai`` of the same Python. ``None``
+    (its tests skip) when the install fails."""
+    version = sys.version_info[:2]
+    if _runtime_extra(version) == "training":
+        try:
+            return ensure_env(ROOT / ".venv-genai", sys.executable, version, True, "cpu,genai")
+        except SystemExit:
+            _say("warning: onnxruntime-genai could not be set up; its tests will not run")
+            return None
+    probe = [str(main), "-c", "import onnxruntime_genai"]
+    if subprocess.call(probe, stderr=subprocess.DEVNULL, cwd=ROOT) == 0:
+        return main
+    rc = _pip(main, "-e", ".[genai]", what="onnxruntime-genai (tests only)", check=False)
+    return main if rc == 0 else None
 
 
 def _candidate_pythons() -> list[str]:
@@ -246,12 +274,16 @@ def cmd_test(args: list[str]) -> int:
     ensure_js_env()
     _run(_bin(main, "ruff"), "check", ".")
     _run(_bin(main, "ruff"), "format", "--check", ".")
+    genai = ensure_genai_env(main)
     inference = other if _runtime_extra(second[1]) == "cpu" else main
+    runs = [(VENV.name, main, args), (other_dir.name, other, args)]
+    if genai is not None and genai != main:
+        runs.append((genai.parent.parent.name, genai, [*GENAI_TESTS, *args]))
     results = []
-    for name, python in ((VENV.name, main), (other_dir.name, other)):
+    for name, python, chosen in runs:
         description = _environment_text(python)
         _say(f"tests in {name}: {description}")
-        rc = _pytest(python, inference, args)
+        rc = _pytest(python, inference, chosen)
         results.append((name, description, rc))
     _say("environments:")
     for name, description, rc in results:

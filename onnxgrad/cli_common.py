@@ -85,8 +85,10 @@ def read_model(path: str) -> ModelProto:
     model = load_model(path)
     try:
         check_structure(model)  # names the node or value at fault; sorts the nodes
-        with runtime_ops_as_contrib(model):  # onnxruntime's default-domain extras
-            check_model(weightless_view(model), full_check=True)  # past 2 GiB too, no copy
+        view = weightless_view(model)  # past 2 GiB too, no copy
+        del view.graph.value_info[:]  # hints onnxruntime re-infers (genai's builder errs)
+        with runtime_ops_as_contrib(view):  # onnxruntime's default-domain extras
+            check_model(view, full_check=True)
     except (ValueError, ValidationError, InferenceError) as exc:
         raise CommandError(f"{path!r} is not a valid ONNX model: {one_line(exc)}") from None
     return model

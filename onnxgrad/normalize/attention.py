@@ -230,7 +230,8 @@ def lower_group_query_attention(lw: Lowerer) -> None:
         scores = lw.op("Add", scores, lw.to_compute(lw.input(10), t))
     hidden = lw.op("Or", lw.unsqueeze(_causal(lw, q, k_all), [0, 1]), _beyond_seqlens(lw, k_all))
     lowest = lw.const(np.finfo(np_dtype(ct)).min, ct)
-    scores = lw.op("Where", hidden, lowest, scores)
+    bias = lw.op("Where", hidden, lowest, lw.const(0.0, ct))  # (B, 1, S, T), added: cheaper
+    scores = lw.op("Add", scores, bias)
     lw.finish(_merged(lw, _attend(lw, scores, v_all)), t)
 
 
@@ -239,15 +240,22 @@ def _gqa_qkv(lw, t, heads, kv_heads):
     if key:
         parts = [lw.to_compute(name, t) for name in (query, key, value)]
     else:
-        packed = lw.to_compute(query, t)
-        width = (lw.dims(query) or [None])[-1]
-        if not width:
-            raise lw.error("packed query/key/value needs a static hidden size")
-        size = width // (heads + 2 * kv_heads)
-        bounds = [0, heads * size, (heads + kv_heads) * size, width]
-        parts = [lw.slice_last(packed, bounds[i], bounds[i + 1]) for i in range(3)]
+        parts = _unpacked_qkv(lw, lw.to_compute(query, t), heads, kv_heads)
     counts = (heads, kv_heads, kv_heads)
     return tuple(_heads(lw, x, n) for x, n in zip(parts, counts, strict=True))
+
+
+def _unpacked_qkv(lw: Lowerer, packed: str, heads: int, kv_heads: int) -> list[str]:
+    """``packed`` ``(B, S, (n + 2 n_kv) h)`` split into query, key and value: by static
+    bounds when the width is known, else by sizes computed from its shape."""
+    width = (lw.dims(packed) or [None])[-1]
+    if width:
+        size = width // (heads + 2 * kv_heads)
+        bounds = [0, heads * size, (heads + kv_heads) * size, width]
+        return [lw.slice_last(packed, bounds[i], bounds[i + 1]) for i in range(3)]
+    unit = lw.op("Div", _length(lw, packed, -1), lw.ints([heads + 2 * kv_heads]))
+    sizes = lw.op("Mul", unit, lw.ints([heads, kv_heads, kv_heads]))
+    return lw.ops("Split", [packed, sizes], 3, axis=-1)
 
 
 def _gqa_rotary(lw, q, k, ct):

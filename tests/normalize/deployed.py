@@ -24,8 +24,8 @@ def export_bert(path: Path) -> None:
         hidden_size=HIDDEN,
         num_hidden_layers=2,
         num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=16,
+        intermediate_size=2 * HIDDEN,
+        max_position_embeddings=max(16, 2 * SEQ),
         num_labels=3,
     )
     model = transformers.BertForSequenceClassification(config).eval()
@@ -50,11 +50,11 @@ def export_llama(path: Path) -> None:
     config = transformers.LlamaConfig(
         vocab_size=50,
         hidden_size=HIDDEN,
-        intermediate_size=64,
+        intermediate_size=2 * HIDDEN,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=32,
+        max_position_embeddings=max(32, 2 * SEQ),
         attn_implementation="eager",
     )
     model = transformers.LlamaForCausalLM(config).eval()

@@ -191,3 +191,30 @@ def test_group_query_attention_first_prompt_padded_on_the_right():
     want, got = kernel_outputs(model, feeds), lowered_outputs(model, feeds)
     for b, rows in expected_rows:
         np.testing.assert_allclose(got[0][b, rows], want[0][b, rows], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("past", [0, pytest.param(2, marks=OLD_GQA_PAST)])
+def test_group_query_attention_packed_of_undeclared_width(past):
+    """onnxruntime-genai's builder packs query, key and value into one input whose width
+    no shape inference gives (its producer is a fused operator): split at run time."""
+    heads, kv_heads = 2 * N, N
+    batch = 1 if past else B
+    inputs = [
+        ("q", _r(batch, S, (heads + 2 * kv_heads) * HEAD)),
+        None,
+        None,
+        ("pk", _r(batch, kv_heads, past, HEAD)),
+        ("pv", _r(batch, kv_heads, past, HEAD)),
+        ("seqlens", np.full(batch, past + S - 1, dtype=np.int32)),
+        ("total", np.array(past + S, dtype=np.int32)),
+    ]
+    model, feeds = one_node_model(
+        "GroupQueryAttention",
+        inputs,
+        n_outputs=3,
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        scale=0.3,
+    )
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "packed"
+    assert_lowering_matches(model, feeds, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,133 @@
+"""runtime_adapter_model: the deployed model (a float MatMul and a 4-bit MatMulNBits kept
+as they are) with LoRA branches whose matrices are overridable inputs; checked with numpy
+against ``x (W + s A B)``, onnxruntime feeding the adapter by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad import add_lora
+from onnxgrad.graph.lora_runtime import runtime_adapter_model
+from onnxgrad.training.onnx_adapter import load_onnx_adapter, save_onnx_adapter
+
+K, N, BLOCK = 32, 6, 16
+RNG = np.random.default_rng(0)
+
+
+def _deployed() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """``y = (x W1) W2^T`` with ``W2`` stored as MatMulNBits codes; returns the model and
+    the two float weights (``W2`` dequantized with numpy)."""
+    w1 = RNG.standard_normal((K, K)).astype(np.float32)
+    codes = RNG.integers(0, 16, (N, K)).astype(np.uint8)
+    scales = (RNG.random(N * K // BLOCK) * 0.1).astype(np.float32)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(N, K // BLOCK, BLOCK // 2)
+    w2 = (codes.astype(np.float32) - 8).reshape(N, K // BLOCK, BLOCK)
+    w2 = (w2 * scales.reshape(N, K // BLOCK, 1)).reshape(N, K)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+        helper.make_node(
+            "MatMulNBits",
+            ["h", "q", "s"],
+            ["y"],
+            name="second",
+            domain="com.microsoft",
+            K=K,
+            N=N,
+            bits=4,
+            block_size=BLOCK,
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "deployed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(packed, "q"),
+            numpy_helper.from_array(scales, "s"),
+        ],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8), w1, w2
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(["y"], feeds)[0]
+
+
+def test_branches_compute_the_adapted_weights():
+    deployed, w1, w2 = _deployed()
+    adapted = add_lora(deployed, rank=2, alpha=3.0)
+    before = (deployed.SerializeToString(), adapted.SerializeToString())
+    base = runtime_adapter_model(deployed, adapted)
+    assert (deployed.SerializeToString(), adapted.SerializeToString()) == before
+    assert {n.op_type for n in base.graph.node} >= {"MatMulNBits"}
+    x = RNG.standard_normal((3, K)).astype(np.float32)
+    np.testing.assert_allclose(_run(base, {"x": x}), x @ w1 @ w2.T, rtol=1e-4, atol=1e-4)
+
+    trained = {
+        name: RNG.standard_normal(shape).astype(np.float32)
+        for name, shape in [
+            ("w1_lora_A", (K, 2)),
+            ("w1_lora_B", (2, K)),
+            ("q_lora_A", (K, 2)),
+            ("q_lora_B", (2, N)),
+        ]
+    }
+    s = 3.0 / 2
+    first = w1 + s * trained["w1_lora_A"] @ trained["w1_lora_B"]
+    second = w2.T + s * trained["q_lora_A"] @ trained["q_lora_B"]
+    got = _run(base, {"x": x, **trained})
+    np.testing.assert_allclose(got, x @ first @ second, rtol=1e-4, atol=1e-3)
+
+
+def test_an_adapter_the_deployed_model_does_not_read_is_named():
+    deployed, _, _ = _deployed()
+    adapted = add_lora(deployed, rank=2)
+    other = onnx.ModelProto()
+    other.CopyFrom(deployed)
+    other.graph.node[0].input[1] = "w1_renamed"
+    other.graph.initializer[0].name = "w1_renamed"
+    with pytest.raises(ValueError, match=r"'w1'.*no MatMul or MatMulNBits"):
+        runtime_adapter_model(other, adapted)
+
+
+def test_onnx_adapter_round_trip(tmp_path):
+    values = {"a": RNG.standard_normal((4, 2)).astype(np.float32), "b": np.zeros((2, 3), "f")}
+    if not hasattr(ort, "AdapterFormat"):
+        with pytest.raises(RuntimeError, match="no AdapterFormat"):
+            save_onnx_adapter(values, tmp_path / "x.onnx_adapter")
+        return
+    path = save_onnx_adapter(values, tmp_path / "x.onnx_adapter")
+    read = load_onnx_adapter(path)
+    assert sorted(read) == ["a", "b"]
+    for name, value in values.items():
+        np.testing.assert_array_equal(read[name], value)
+
+
+def test_a_weight_read_twice_gets_a_branch_at_each_product():
+    w = RNG.standard_normal((K, K)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, K])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    deployed = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    base = runtime_adapter_model(deployed, add_lora(deployed, rank=2))
+    a, b = RNG.standard_normal((K, 2)).astype("f"), RNG.standard_normal((2, K)).astype("f")
+    x = RNG.standard_normal((3, K)).astype(np.float32)
+    adapted = w + a @ b
+    got = _run(base, {"x": x, "w_lora_A": a, "w_lora_B": b})
+    np.testing.assert_allclose(got, x @ adapted @ adapted, rtol=1e-4, atol=1e-2)
