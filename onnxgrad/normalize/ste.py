@@ -15,7 +15,8 @@ the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``F
 ``|x| \ge 2^p`` (every such float is an integer). Below ``2^{-76}`` (zero excepted) and at
 infinities the term is zero: no gradient there.
 
-- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale gets the term above.
+- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale becomes ``(q - z) s``
+  written out plus the term above: no pair is left, so normalising again adds nothing.
 - ``DynamicQuantizeLinear``'s scale, a function of ``x``'s range, is held constant.
 - ``Cast(MatMulInteger(DynamicQuantizeLinear(x), B))`` and its ``ConvInteger`` twin, as
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
@@ -80,37 +81,58 @@ def straight_through(lw: Lowerer, x: str, scale: str, zero: str, zero_type: int)
 
 
 def lower_fake_quantized(lw: Lowerer) -> None:
-    """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value gets the
-    straight-through term; any other is kept as it is."""
+    """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value becomes
+    ``(q - z) s`` written out (the same value: ``q - z`` is exact in float, one rounding of
+    the product, as the kernel) plus the straight-through term; any other is kept as it is.
+    The lowered pair holds no ``DequantizeLinear``, so normalising again leaves it alone
+    (a second term would double the pair's derivative, compounding over a deep model)."""
     node = lw.node
     source = lw.producers.get(node.input[0])
-    if not _is_per_tensor_quantize(lw, source):
+    if not _is_per_tensor_quantize(lw, source) or not _one_element(lw, node.input[1]):
         lw.builder.graph.node.append(node)
         return
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    value = lw.op("DequantizeLinear", *node.input, **attrs)
-    x, scale, zero = (source.input[i] if i < len(source.input) else "" for i in range(3))
-    term = straight_through(lw, x, scale, zero, _zero_type(lw, zero))
-    lw.op("Add", value, _like(lw, term, x, value), out=node.output[0])
+    x, scale, zero = _inputs(node)
+    scale, zero = _scalar(lw, scale), _scalar(lw, zero)
+    t = lw.elem(scale)
+    code = lw.cast(x, t)
+    if zero:
+        code = lw.op("Sub", code, lw.cast(zero, t))
+    value = lw.op("Mul", code, scale)
+    source_x, source_scale, source_zero = _inputs(source)
+    term = straight_through(lw, source_x, source_scale, source_zero, _zero_type(lw, source_zero))
+    if lw.elem(source_x) != t:
+        term = lw.cast(term, t)
+    wanted = lw.attr("output_dtype", 0) or t
+    if wanted == t:
+        lw.op("Add", value, term, out=lw.output(0))
+    else:
+        lw.cast(lw.op("Add", value, term), wanted, out=lw.output(0))
 
 
-def _like(lw: Lowerer, term: str, x: str, value: str) -> str:
-    """``term`` (typed as ``x``) cast to the element type of ``value`` where that differs."""
-    wanted = lw.types.get(value)
-    if wanted is None or wanted.tensor_type.elem_type == lw.elem(x):
-        return term
-    return lw.cast(term, wanted.tensor_type.elem_type)
+def _inputs(node: NodeProto) -> tuple[str, str, str]:
+    """``(x, scale, zero point)`` of a ``QuantizeLinear`` or ``DequantizeLinear``."""
+    return tuple(node.input[i] if i < len(node.input) else "" for i in range(3))
+
+
+def _one_element(lw: Lowerer, name: str) -> bool:
+    dims = lw.dims(name)
+    return dims is not None and int(np.prod(dims or [1])) == 1
+
+
+def _scalar(lw: Lowerer, name: str) -> str:
+    """``name`` itself, or its one element as a scalar where it is a 1-D tensor."""
+    if not name or not lw.dims(name):
+        return name
+    return lw.op("Reshape", name, lw.ints([]))
 
 
 def _is_per_tensor_quantize(lw: Lowerer, source: NodeProto | None) -> bool:
     if source is None or source.op_type != "QuantizeLinear" or source.domain not in ("", "ai.onnx"):
         return False
-    x = source.input[0]
+    x, scale, zero = _inputs(source)
     if x not in lw.types or lw.elem(x) not in (TensorProto.FLOAT, TensorProto.DOUBLE):
         return False
-    dims = lw.dims(source.input[1])
-    zero = source.input[2] if len(source.input) > 2 else ""
-    return dims is not None and int(np.prod(dims or [1])) == 1 and _zero_type(lw, zero) in _RANGES
+    return _one_element(lw, scale) and _zero_type(lw, zero) in _RANGES
 
 
 def _zero_type(lw: Lowerer, zero: str) -> int:

@@ -102,3 +102,35 @@ def test_stop_gradient_is_exact(value):
     np.testing.assert_array_equal(
         run(normalized_model(model), {"x": x})[0], run(model, {"x": x})[0]
     )
+
+
+def test_normalising_twice_keeps_one_estimator_per_pair():
+    """A lowered pair is no pair any more: normalising again neither adds nodes nor a second
+    straight-through term (which doubled each pair's derivative: 2^depth over a deep model)."""
+    scale = np.float32(0.05)
+    nodes, previous = [], "x"
+    for i in range(3):
+        nodes += [
+            helper.make_node("QuantizeLinear", [previous, "s"], [f"q{i}"]),
+            helper.make_node("DequantizeLinear", [f"q{i}", "s"], [f"d{i}"]),
+        ]
+        previous = f"d{i}"
+    nodes.append(helper.make_node("Identity", [previous], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40])],
+        [numpy_helper.from_array(np.array(scale), "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    once = normalized_model(model)
+    twice = normalized_model(once)
+    assert len(twice.graph.node) == len(once.graph.node)
+    x = (RNG.standard_normal(40) * 5).astype(np.float32)
+    np.testing.assert_array_equal(run(twice, {"x": x})[0], run(model, {"x": x})[0])
+    seed = RNG.standard_normal(40).astype(np.float32)
+    got = run(onnx_derivative(twice, inputs=["x"], weights=[]), {"x": x, "y_grad": seed})[0]
+    inside = (np.round(x / scale) >= 0) & (np.round(x / scale) <= 255)
+    assert 0 < inside.mean() < 1
+    np.testing.assert_array_equal(got, seed * inside)
