@@ -85,8 +85,14 @@ def test_quantize_dequantize_pair(zero_type):
     np.testing.assert_array_equal(got, seed * mask)
 
 
-@pytest.mark.parametrize("value", [0.0, 1e-30, -3.5e-20, 1.2345678, -7e5, 3e8, 1e30, -np.inf])
-def test_stop_gradient_is_exact(value):
+@pytest.mark.parametrize(
+    "value", [0.0, 1e-30, -3.5e-20, 1.2345678, -7e5, 3e8, 1e30, -1e4, -3.4e38, -np.inf]
+)
+@pytest.mark.parametrize("scale", [1e-3, 1.3344406e36])
+def test_stop_gradient_is_exact(value, scale):
+    """Values as the kernels'; the derivative is the in-range mask, finite even where
+    ``x 2^100`` overflows (an attention mask of -3.4e38 quantized with a scale of 1.3e36, as
+    onnxruntime calibrates the tiny Llama's, is in range)."""
     graph = helper.make_graph(
         [
             helper.make_node("QuantizeLinear", ["x", "s"], ["q"]),
@@ -95,13 +101,18 @@ def test_stop_gradient_is_exact(value):
         "qdq",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-        [numpy_helper.from_array(np.array(np.float32(1e-3)), "s")],
+        [numpy_helper.from_array(np.array(np.float32(scale)), "s")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     x = np.array([value], dtype=np.float32)
     np.testing.assert_array_equal(
         run(normalized_model(model), {"x": x})[0], run(model, {"x": x})[0]
     )
+    seed = np.array([1.5], dtype=np.float32)
+    got = run(onnx_derivative(model, inputs=["x"], weights=[]), {"x": x, "y_grad": seed})[0]
+    code = np.round(x.astype(np.float64) / np.float32(scale))
+    inside = np.isfinite(x) & (code >= 0) & (code <= 255) & ~((x != 0) & (np.abs(x) < 2.0**-76))
+    np.testing.assert_array_equal(got, seed * inside)
 
 
 def test_normalising_twice_keeps_one_estimator_per_pair():
