@@ -187,7 +187,7 @@ def _requantize_dequantized(model: ModelProto, inits, adapter: dict, delta) -> N
     zero_name = _initializer_behind(model, node.input[2]) if len(node.input) > 2 else ""
     if scale_name is None or zero_name is None:
         raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
-    _check_private(model, node, weight, [scale_name, zero_name])
+    _check_private(model, node, weight, [weight, scale_name, zero_name])
     codes = numpy_helper.to_array(inits[weight])
     scale = numpy_helper.to_array(inits[scale_name])
     info = np.iinfo(codes.dtype)
@@ -251,11 +251,11 @@ def _initializer_behind(model: ModelProto, name: str) -> str | None:
 
 def _check_private(model: ModelProto, dequantize, weight: str, names) -> None:
     """``ValueError`` where another node than ``dequantize`` (or a reshape feeding it)
-    reads the weight's scale or zero point: re-quantizing would change that node too."""
+    reads the weight, its scale or its zero point: re-quantizing would change it too."""
     feeding = set(dequantize.input)
     for node in model.graph.node:
         reshaping = node.op_type in ("Reshape", "Identity") and feeding & set(node.output)
-        if node is dequantize or reshaping:
+        if list(node.output) == list(dequantize.output) or reshaping:
             continue
         shared = sorted(set(names) & set(node.input) - {""})
         if shared:

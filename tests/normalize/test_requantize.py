@@ -166,3 +166,22 @@ def test_quantized_must_be_keep_or_requantize():
     adapted, _ = _trained(_dequantize_linear(8, 3, False, True))
     with pytest.raises(ValueError, match="'keep' or 'requantize'"):
         merge_lora(adapted, quantized="fold")
+
+
+def test_a_scale_shared_with_another_weight_is_refused():
+    k, n = 8, 3
+    inits = {
+        "q": RNG.integers(-128, 128, (k, n)).astype(np.int8),
+        "p": RNG.integers(-128, 128, (n, n)).astype(np.int8),
+        "qs": np.array(0.01, np.float32),
+    }
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "qs"], ["w"]),
+        helper.make_node("DequantizeLinear", ["p", "qs"], ["v"]),
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("MatMul", ["h", "v"], ["y"]),
+    ]
+    adapted = add_lora(_model(nodes, inits, k, n, [("", 17)]), weights=["q"], rank=1)
+    with pytest.raises(ValueError, match=r"weight 'q'.*\['qs'\] are also read by"):
+        merge_lora(adapted, quantized="requantize")
+    assert lora_adapters(merge_lora(adapted))  # kept separate, as by default
