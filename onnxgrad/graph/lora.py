@@ -184,6 +184,8 @@ def _check_adapter(adapter: object, initializers: dict) -> None:
         for k, t in keys.items()
     ):
         raise ValueError(f"the model's LoRA metadata holds a malformed adapter: {adapter!r:.200}")
+    if not isinstance(adapter.get("value", ""), str):
+        raise ValueError(f"adapter of {adapter['weight']!r}: 'value' must be a name")
     nodes = adapter.get("nodes")
     if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
         raise ValueError(f"adapter of {adapter['weight']!r}: 'nodes' must be a list of names")

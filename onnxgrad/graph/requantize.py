@@ -71,10 +71,10 @@ def requantize(model: ModelProto, merged: list[tuple[dict, np.ndarray]]) -> None
     prune_graph(model.graph, keep_inputs=True)
 
 
-def quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, lo_hi, scale_dtype):
+def _quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, code_range, scale_dtype):
     """``(codes, scales, zero points)`` of ``w`` (groups along axis 0, float64) with
     ``zero`` (one per group) kept where ``fixed`` (module docstring)."""
-    q_min, q_max = lo_hi
+    q_min, q_max = code_range
     flat = w.reshape(len(w), -1)
     lo = np.minimum(flat.min(axis=1), 0.0)
     hi = np.maximum(flat.max(axis=1), 0.0)
@@ -94,9 +94,7 @@ def quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, lo_hi, scale_d
 
 
 def _requantize_nbits(inits, weight: str, record: dict, delta: np.ndarray) -> None:
-    attrs, inputs = record["attributes"], record["inputs"]
-    bits, block, k, n = (attrs.get(key) for key in ("bits", "block_size", "K", "N"))
-    bits = bits or 4
+    inputs, (bits, block, k, n) = _checked_record(record, weight, inits)
     blocks = -(-k // block)
     if delta.shape != (k, n):
         raise ValueError(f"MatMulNBits weight {weight!r}: an update {delta.shape}, not {(k, n)}")
@@ -123,7 +121,7 @@ def _requantize_nbits(inits, weight: str, record: dict, delta: np.ndarray) -> No
     groups = merged.reshape(n * blocks, block)
     fixed = not zero_name or bool(np.all(zero == middle))
     scale_dtype = numpy_helper.to_array(scale_init).dtype
-    new_codes, new_scales, new_zero = quantize_groups(
+    new_codes, new_scales, new_zero = _quantize_groups(
         groups, zero.reshape(-1), fixed, (0, (1 << bits) - 1), scale_dtype
     )
     _replace(inits, weight, _pack(new_codes.reshape(n, -1), bits, packed.dims))
@@ -132,6 +130,29 @@ def _requantize_nbits(inits, weight: str, record: dict, delta: np.ndarray) -> No
         zero_rows = np.zeros((n, -(-blocks * bits // 8) * (8 // bits)), dtype=np.uint8)
         zero_rows[:, :blocks] = new_zero.reshape(n, blocks)
         _replace(inits, zero_name, _pack(zero_rows, bits, inits[zero_name].dims))
+
+
+def _checked_record(record: object, weight: str, inits) -> tuple[list[str], tuple]:
+    """``(inputs, (bits, block_size, K, N))`` of a ``MatMulNBits`` record read from the
+    model's metadata, checked against the initializers (``ValueError`` naming the weight)."""
+    inputs = record.get("inputs") if isinstance(record, dict) else None
+    attrs = record.get("attributes") if isinstance(record, dict) else None
+    if (
+        isinstance(inputs, list)
+        and isinstance(attrs, dict)
+        and 3 <= len(inputs) <= 6
+        and all(isinstance(name, str) for name in inputs)
+        and inputs[1] == weight
+        and all(name in inits for name in inputs[2:4] if name)
+    ):
+        sizes = (attrs.get("bits", 4), attrs.get("block_size"), attrs.get("K"), attrs.get("N"))
+        if sizes[0] in (2, 4, 8) and all(type(v) is int and v > 0 for v in sizes):
+            bits, block, k, n = sizes
+            blocks = -(-k // block)
+            packed, scales = (int(np.prod(inits[name].dims)) for name in (weight, inputs[2]))
+            if packed * 8 == n * blocks * block * bits and scales == n * blocks:
+                return inputs, sizes
+    raise ValueError(f"the LoRA metadata's MatMulNBits record of weight {weight!r} is malformed")
 
 
 def _unpack(packed: np.ndarray, bits: int, shape) -> np.ndarray:
@@ -206,7 +227,7 @@ def _requantize_dequantized(model: ModelProto, inits, adapter: dict, delta) -> N
     values = values + (np.moveaxis(update, axis, 0) if per_axis else update[None])
     middle = 0 if info.min < 0 else (info.max + 1) // 2
     fixed = not zero_name or bool(np.all(zero == middle))
-    new_codes, new_scale, new_zero = quantize_groups(
+    new_codes, new_scale, new_zero = _quantize_groups(
         values, zero_groups, fixed, (info.min, info.max), scale.dtype
     )
     new_codes = np.moveaxis(new_codes, 0, axis) if per_axis else new_codes[0]

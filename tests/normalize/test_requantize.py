@@ -185,3 +185,11 @@ def test_a_scale_shared_with_another_weight_is_refused():
     with pytest.raises(ValueError, match=r"weight 'q'.*\['qs'\] are also read by"):
         merge_lora(adapted, quantized="requantize")
     assert lora_adapters(merge_lora(adapted))  # kept separate, as by default
+
+
+def test_a_malformed_matmul_nbits_record_is_refused():
+    adapted, _ = _trained(_nbits(32, 6, 16, False))
+    (prop,) = [p for p in adapted.metadata_props if p.key == "onnxgrad.lora"]
+    prop.value = prop.value.replace('"bits": 4', '"bits": 2')
+    with pytest.raises(ValueError, match="MatMulNBits record of weight 'w' is malformed"):
+        merge_lora(adapted, quantized="requantize")
