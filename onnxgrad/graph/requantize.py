@@ -238,15 +238,16 @@ def _requantize_dequantized(model: ModelProto, inits, adapter: dict, delta) -> N
 
 
 def _dequantize_of(model: ModelProto, value: str, weight: str):
-    """The ``DequantizeLinear`` reading ``weight`` that ``value`` is computed from through
-    :data:`_LAYOUT` operators, and the composed permutation (``None`` for none)."""
+    """The ``DequantizeLinear`` reading ``weight`` that ``value`` (2-D, so a ``Transpose``
+    without ``perm`` swaps its axes) is computed from through :data:`_LAYOUT` operators, and
+    the composed permutation (``None`` for none)."""
     producers = {out: node for node in model.graph.node for out in node.output}
     perm = None
     node = producers.get(value)
     while node is not None and node.op_type in _LAYOUT and not normalize_domain(node.domain):
         if node.op_type == "Transpose":
-            step = next(a.ints for a in node.attribute if a.name == "perm")
-            perm = list(step) if perm is None else [step[i] for i in perm]
+            step = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+            perm = step if perm is None else [step[i] for i in perm]
         node = producers.get(node.input[0])
     if node is None or node.op_type != "DequantizeLinear" or node.input[0] != weight:
         raise ValueError(

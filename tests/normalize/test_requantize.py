@@ -193,3 +193,30 @@ def test_a_malformed_matmul_nbits_record_is_refused():
     prop.value = prop.value.replace('"bits": 4', '"bits": 2')
     with pytest.raises(ValueError, match="MatMulNBits record of weight 'w' is malformed"):
         merge_lora(adapted, quantized="requantize")
+
+
+def test_a_weight_stored_transposed_is_requantized_in_its_storage_layout():
+    """``DequantizeLinear(q [N, K], axis=0) -> Transpose -> MatMul``: the update, shaped as
+    the ``[K, N]`` value, is read back in ``q``'s layout, per row of ``q``."""
+    k, n = 12, 4
+    scale = (RNG.random(n) * 0.02 + 0.005).astype(np.float32)
+    inits = {
+        "q": RNG.integers(-128, 128, (n, k)).astype(np.int8),
+        "qs": scale,
+        "qz": np.zeros(n, np.int8),
+    }
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "qs", "qz"], ["wt"], axis=0),
+        helper.make_node("Transpose", ["wt"], ["w"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+    ]
+    model = _model(nodes, inits, k, n, [("", 17)])
+    adapted, update = _trained(model)
+    merged = merge_lora(adapted, quantized="requantize")
+    after = {i.name: numpy_helper.to_array(i) for i in merged.graph.initializer}
+    base = (inits["q"].astype(np.float64) * scale[:, None]).T
+    weight = (after["q"].astype(np.float64) * after["qs"][:, None]).T
+    step = np.broadcast_to(after["qs"][None, :], weight.shape)
+    assert np.all(np.abs(weight - (base + update)) <= 0.5 * step + 1e-7)
+    x = RNG.standard_normal((3, k)).astype(np.float32)
+    np.testing.assert_allclose(run(merged, {"x": x})[0], x @ weight, rtol=1e-4, atol=1e-4)
