@@ -59,7 +59,9 @@ def requantize(model: ModelProto, merged: list[tuple[dict, np.ndarray]]) -> None
     """Fold each ``(adapter, delta)`` of ``merged`` (``delta = s A B`` shaped as the
     adapter's dequantized value, the adapter's nodes already removed and its readers reading
     that value) into its quantized base, in place: the integer weight, its scales and zero
-    points replaced, a ``MatMulNBits`` raised back; nodes left unused are removed."""
+    points replaced, a ``MatMulNBits`` raised back; nodes left unused are removed (first
+    too: a parameter only a dead node also reads is the weight's own)."""
+    prune_graph(model.graph, keep_inputs=True)
     inits = {init.name: init for init in model.graph.initializer}
     for adapter, delta in merged:
         record = adapter.get("quantized")
