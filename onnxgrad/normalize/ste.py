@@ -15,8 +15,9 @@ the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``F
 ``|x| \ge 2^p`` (every such float is an integer). Below ``2^{-76}`` (zero excepted) and at
 infinities the term is zero: no gradient there.
 
-- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale becomes ``(q - z) s``
-  written out plus the term above: no pair is left, so normalising again adds nothing.
+- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale becomes
+  ``DequantizeLinear(int32(q) - int32(z), s)`` plus the term above: no pair is left, so
+  normalising again adds nothing.
 - ``DynamicQuantizeLinear``'s scale, a function of ``x``'s range, is held constant.
 - ``Cast(MatMulInteger(DynamicQuantizeLinear(x), B))`` and its ``ConvInteger`` twin, as
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
@@ -82,10 +83,11 @@ def straight_through(lw: Lowerer, x: str, scale: str, zero: str, zero_type: int)
 
 def lower_fake_quantized(lw: Lowerer) -> None:
     """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value becomes
-    ``(q - z) s`` written out (the same value: ``q - z`` is exact in float, one rounding of
-    the product, as the kernel) plus the straight-through term; any other is kept as it is.
-    The lowered pair holds no ``DequantizeLinear``, so normalising again leaves it alone
-    (a second term would double the pair's derivative, compounding over a deep model)."""
+    the ``DequantizeLinear`` of the int32 difference ``q - z`` (the same value, one rounding
+    of ``(q - z) s`` as the kernel; the scale still a quantization parameter, never offered
+    for training) plus the straight-through term; any other is kept as it is. The lowered
+    pair is no pair any more, so normalising again leaves it alone (a second term would
+    double the pair's derivative, compounding over a deep model)."""
     node = lw.node
     source = lw.producers.get(node.input[0])
     if not _is_per_tensor_quantize(lw, source) or not _one_element(lw, node.input[1]):
@@ -94,10 +96,10 @@ def lower_fake_quantized(lw: Lowerer) -> None:
     x, scale, zero = _inputs(node)
     scale, zero = _scalar(lw, scale), _scalar(lw, zero)
     t = lw.elem(scale)
-    code = lw.cast(x, t)
+    code = lw.cast(x, TensorProto.INT32)
     if zero:
-        code = lw.op("Sub", code, lw.cast(zero, t))
-    value = lw.op("Mul", code, scale)
+        code = lw.op("Sub", code, lw.cast(zero, TensorProto.INT32))
+    value = lw.op("DequantizeLinear", code, scale)
     source_x, source_scale, source_zero = _inputs(source)
     term = straight_through(lw, source_x, source_scale, source_zero, _zero_type(lw, source_zero))
     if lw.elem(source_x) != t:

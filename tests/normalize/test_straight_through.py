@@ -145,3 +145,29 @@ def test_normalising_twice_keeps_one_estimator_per_pair():
     inside = (np.round(x / scale) >= 0) & (np.round(x / scale) <= 255)
     assert 0 < inside.mean() < 1
     np.testing.assert_array_equal(got, seed * inside)
+
+
+def test_a_pair_s_scale_is_no_trainable_weight():
+    """Lowered, a pair still reads its scale as a quantization parameter: a float weight
+    quantized by the pair (as static quantization writes norm weights) is offered for
+    training, its scale and zero point are not."""
+    from onnxgrad import get_train_initializer
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["w", "s", "z"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+            helper.make_node("Mul", ["x", "d"], ["y"]),
+        ],
+        "qdq_weight",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+        [
+            numpy_helper.from_array(RNG.standard_normal(4).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array(np.float32(0.05)), "s"),
+            numpy_helper.from_array(np.array(np.uint8(128)), "z"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert "s" not in get_train_initializer(model)
+    assert "s" not in get_train_initializer(normalized_model(model))
