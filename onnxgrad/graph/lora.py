@@ -15,7 +15,8 @@ into ``W`` and removes them: the result has the original graph and the adapted o
 
 Quantized weights (``MatMulNBits``, ``QLinearMatMul``, QDQ) get float adapters over their
 frozen dequantized value (QLoRA, :mod:`onnxgrad.graph.qlora`); :func:`merge_lora` keeps
-those adapters separate.
+those adapters separate or, asked to, folds them and re-quantizes the base in its own
+format (:mod:`onnxgrad.graph.requantize`).
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
 """
@@ -41,6 +42,7 @@ from onnxgrad._onnx_utils import (
     subgraphs,
 )
 from onnxgrad.graph.qlora import dequantized_weights, lowered_if_quantized
+from onnxgrad.graph.requantize import quantized_formats, requantize
 
 LORA_METADATA = "onnxgrad.lora"
 #: the operators whose weight input (index 1, or 0 and 1 for Gemm) can get an adapter
@@ -60,7 +62,9 @@ def add_lora(
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     """
-    model = lowered_if_quantized(load_model(model))
+    model = load_model(model)
+    formats = quantized_formats(model)
+    model = lowered_if_quantized(model)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
@@ -99,6 +103,8 @@ def add_lora(
             read, shape, elem = quantized[weight]
             base = TensorProto(name=weight, dims=shape, data_type=elem)
         nodes, adapter = _adapter(base, int(rank), scale, rng, names, node_names, graph, read)
+        if weight in formats:
+            adapter["quantized"] = formats[weight]
         new_nodes.extend(nodes)
         adapters.append(adapter)
         _rewire(graph, read, adapter["output"], skip=set(adapter["nodes"]))
@@ -120,11 +126,17 @@ def lora_adapters(model: ModelProto) -> list[dict]:
     return []
 
 
-def merge_lora(model: ModelLike) -> ModelProto:
+def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
     """A copy of ``model`` whose adapters are folded into their weights,
-    ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed. The
-    adapters of quantized weights stay as they are, over the untouched quantized base
-    (folding them would re-quantize it)."""
+    ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed.
+
+    ``quantized`` says what becomes of the adapters of quantized weights: ``"keep"`` leaves
+    them as they are, over the untouched quantized base (a small adapter beside the
+    original codes); ``"requantize"`` folds them too and quantizes ``W + s A B`` again in
+    the base's format (same bits, blocks, axis, symmetric or not:
+    :mod:`onnxgrad.graph.requantize`), each value within half a quantization step."""
+    if quantized not in ("keep", "requantize"):
+        raise ValueError(f"quantized must be 'keep' or 'requantize', got {quantized!r}")
     model = load_model(model)
     adapters = lora_adapters(model)
     if not adapters:
@@ -132,27 +144,33 @@ def merge_lora(model: ModelLike) -> ModelProto:
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
-    separate = [a for a in adapters if "value" in a]
-    adapters = [a for a in adapters if "value" not in a]
-    for adapter in adapters:
+    folded = adapters if quantized == "requantize" else [a for a in adapters if "value" not in a]
+    requantized = []
+    for adapter in folded:
         _check_adapter(adapter, initializers)
         if adapter["output"] in outputs:
             raise ValueError(f"adapter output {adapter['output']!r} is a graph output")
-        base = numpy_helper.to_array(initializers[adapter["weight"]])
         a = numpy_helper.to_array(initializers[adapter["a"]]).astype(np.float64)
         b = numpy_helper.to_array(initializers[adapter["b"]]).astype(np.float64)
-        merged = base.astype(np.float64) + adapter["scale"] * (a @ b).reshape(base.shape)
-        initializers[adapter["weight"]].CopyFrom(
-            numpy_helper.from_array(merged.astype(base.dtype), name=adapter["weight"])
-        )
+        update = adapter["scale"] * (a @ b)
+        if "value" in adapter:
+            requantized.append((adapter, update))
+        else:
+            base = numpy_helper.to_array(initializers[adapter["weight"]])
+            merged = base.astype(np.float64) + update.reshape(base.shape)
+            initializers[adapter["weight"]].CopyFrom(
+                numpy_helper.from_array(merged.astype(base.dtype), name=adapter["weight"])
+            )
         removed = set(adapter["nodes"])
         kept = [n for n in graph.node if n.name not in removed]
         del graph.node[:]
         graph.node.extend(kept)
-        _rewire(graph, adapter["output"], adapter["weight"], skip=set())
+        _rewire(graph, adapter["output"], adapter.get("value", adapter["weight"]), skip=set())
         for name in (adapter["a"], adapter["b"]):
             graph.initializer.remove(initializers.pop(name))
-    _set_adapters(model, separate)
+    if requantized:
+        requantize(model, requantized)
+    _set_adapters(model, [a for a in adapters if a not in folded])
     return finalize_model(model)
 
 
@@ -166,6 +184,8 @@ def _check_adapter(adapter: object, initializers: dict) -> None:
         for k, t in keys.items()
     ):
         raise ValueError(f"the model's LoRA metadata holds a malformed adapter: {adapter!r:.200}")
+    if not isinstance(adapter.get("value", ""), str):
+        raise ValueError(f"adapter of {adapter['weight']!r}: 'value' must be a name")
     nodes = adapter.get("nodes")
     if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
         raise ValueError(f"adapter of {adapter['weight']!r}: 'nodes' must be a list of names")
@@ -174,6 +194,8 @@ def _check_adapter(adapter: object, initializers: dict) -> None:
         raise ValueError(f"adapter of {adapter['weight']!r}: no initializer {missing}")
     weight, a, b = (list(initializers[adapter[k]].dims) for k in ("weight", "a", "b"))
     rows, cols = (weight[0], math.prod(weight[1:])) if weight else (0, 0)
+    if "value" in adapter and len(a) == 2:  # the update has the dequantized value's shape
+        rows, cols = a[0], b[-1] if b else 0
     if len(a) != 2 or len(b) != 2 or a[1] != b[0] or (a[0], b[1]) != (rows, cols):
         raise ValueError(
             f"adapter of {adapter['weight']!r} {weight}: A {adapter['a']!r} {a} @ B "

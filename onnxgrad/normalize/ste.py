@@ -15,7 +15,8 @@ the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``F
 ``|x| \ge 2^p`` (every such float is an integer). Below ``2^{-76}`` (zero excepted) and at
 infinities the term is zero: no gradient there.
 
-- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale gets the term above.
+- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale becomes the same pair
+  over ``sg(x)`` plus the term above: normalising again adds nothing.
 - ``DynamicQuantizeLinear``'s scale, a function of ``x``'s range, is held constant.
 - ``Cast(MatMulInteger(DynamicQuantizeLinear(x), B))`` and its ``ConvInteger`` twin, as
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
@@ -57,9 +58,11 @@ def _unsplit(lw: Lowerer, x: str, t: int) -> str:
     return lw.op("Or", tiny, lw.op("IsInf", x))
 
 
-def straight_through(lw: Lowerer, x: str, scale: str, zero: str, zero_type: int) -> str:
+def straight_through(
+    lw: Lowerer, x: str, scale: str, zero: str, zero_type: int, held: str = ""
+) -> str:
     """``[q_min <= round(x/s) + z <= q_max] (x - sg(x))``: zero, with the estimator's
-    derivative."""
+    derivative (``held``: ``sg(x)`` already built, for a float32 or float64 ``x``)."""
     t = lw.elem(x)
     ct = TensorProto.DOUBLE if t == TensorProto.DOUBLE else TensorProto.FLOAT
     xc = x if ct == t else lw.cast(x, ct)
@@ -73,25 +76,33 @@ def straight_through(lw: Lowerer, x: str, scale: str, zero: str, zero_type: int)
         lw.op("GreaterOrEqual", code, lw.const(lo, ct)),
         lw.op("LessOrEqual", code, lw.const(hi, ct)),
     )
-    residual = lw.op("Sub", xc, stop_gradient(lw, xc, ct))
+    residual = lw.op("Sub", xc, held or stop_gradient(lw, xc, ct))
     term = lw.op("Where", _unsplit(lw, xc, ct), lw.const(0.0, ct), residual)
     term = lw.op("Mul", term, lw.cast(inside, ct))
     return term if ct == t else lw.cast(term, t)
 
 
 def lower_fake_quantized(lw: Lowerer) -> None:
-    """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value gets the
-    straight-through term; any other is kept as it is."""
+    """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value ``x``
+    becomes the same pair over ``sg(x)`` plus the straight-through term; any other is kept
+    as it is. ``sg(x) = x`` wherever the term is exact (module docstring; elsewhere the
+    codes agree for any scale above ``2^{-75}``), and the pair over it has no derivative, so
+    normalising again adds nothing to the gradient (a second term over ``x`` itself doubled
+    each pair's derivative, compounding over a deep model) and, recognised, no node."""
     node = lw.node
     source = lw.producers.get(node.input[0])
-    if not _is_per_tensor_quantize(lw, source):
+    if not _is_per_tensor_quantize(lw, source) or _is_held(lw, source.input[0]):
         lw.builder.graph.node.append(node)
         return
+    x, scale, zero = _inputs(source)
+    held = stop_gradient(lw, x, lw.elem(x))
+    attrs = {a.name: helper.get_attribute_value(a) for a in source.attribute}
+    code = lw.op("QuantizeLinear", *[held, *source.input[1:]], **attrs)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    value = lw.op("DequantizeLinear", *node.input, **attrs)
-    x, scale, zero = (source.input[i] if i < len(source.input) else "" for i in range(3))
-    term = straight_through(lw, x, scale, zero, _zero_type(lw, zero))
+    value = lw.op("DequantizeLinear", code, *node.input[1:], **attrs)
+    term = straight_through(lw, x, scale, zero, _zero_type(lw, zero), held=held)
     lw.op("Add", value, _like(lw, term, x, value), out=node.output[0])
+    lw.superseded.add(id(source))
 
 
 def _like(lw: Lowerer, term: str, x: str, value: str) -> str:
@@ -102,15 +113,39 @@ def _like(lw: Lowerer, term: str, x: str, value: str) -> str:
     return lw.cast(term, wanted.tensor_type.elem_type)
 
 
+def _is_held(lw: Lowerer, name: str) -> bool:
+    """Whether ``name`` is a :func:`stop_gradient` output (``Where(|x| >= 2^p, Floor(x),
+    Floor(x 2^k) / 2^k)``): the pair over it was lowered already."""
+    where = lw.producers.get(name)
+    if where is None or where.op_type != "Where" or len(where.input) != 3:
+        return False
+    floor, fine = (lw.producers.get(where.input[i]) for i in (1, 2))
+    return (
+        floor is not None
+        and floor.op_type == "Floor"
+        and fine is not None
+        and fine.op_type == "Div"
+        and getattr(lw.producers.get(fine.input[0]), "op_type", None) == "Floor"
+    )
+
+
+def _inputs(node: NodeProto) -> tuple[str, str, str]:
+    """``(x, scale, zero point)`` of a ``QuantizeLinear`` or ``DequantizeLinear``."""
+    return tuple(node.input[i] if i < len(node.input) else "" for i in range(3))
+
+
+def _one_element(lw: Lowerer, name: str) -> bool:
+    dims = lw.dims(name)
+    return dims is not None and int(np.prod(dims or [1])) == 1
+
+
 def _is_per_tensor_quantize(lw: Lowerer, source: NodeProto | None) -> bool:
     if source is None or source.op_type != "QuantizeLinear" or source.domain not in ("", "ai.onnx"):
         return False
-    x = source.input[0]
+    x, scale, zero = _inputs(source)
     if x not in lw.types or lw.elem(x) not in (TensorProto.FLOAT, TensorProto.DOUBLE):
         return False
-    dims = lw.dims(source.input[1])
-    zero = source.input[2] if len(source.input) > 2 else ""
-    return dims is not None and int(np.prod(dims or [1])) == 1 and _zero_type(lw, zero) in _RANGES
+    return _one_element(lw, scale) and _zero_type(lw, zero) in _RANGES
 
 
 def _zero_type(lw: Lowerer, zero: str) -> int:

@@ -239,11 +239,15 @@ def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tup
     return shape
 
 
-def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLike) -> ModelProto:
+def merge_checkpoint(
+    model: ModelLike, checkpoint: Checkpoint | str | os.PathLike, quantized: str = "keep"
+) -> ModelProto:
     """The deployable model: ``model`` (the inference model, or an artifact folder) with
     the weights of ``checkpoint`` (or the path of its ``.json``), low-rank adapters merged
-    into their weights (:func:`onnxgrad.graph.lora.merge_lora`), float32 master weights
-    rounded to their float16 or bfloat16 initializers. A model given in its own
+    into their weights (:func:`onnxgrad.graph.lora.merge_lora`; ``quantized="keep"`` leaves
+    the adapters of quantized weights beside their base, ``"requantize"`` folds them and
+    quantizes the base again in its own format), float32 master weights rounded to their
+    float16 or bfloat16 initializers. A model given in its own
     form (a converted model with ``ai.onnx.ml`` operators, weights held by ``Constant``
     nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
     trained = None
@@ -261,10 +265,11 @@ def merge_checkpoint(model: ModelLike, checkpoint: Checkpoint | str | os.PathLik
             f"{sorted(trained)}: a checkpoint of other artifacts?"
         )
     if needs_lowering(model) or constant_weights(model) & set(checkpoint.weights):
-        return merge_lora(trained_model(model, checkpoint.weights))  # named as normalised
+        trained = trained_model(model, checkpoint.weights)  # named as normalised
+        return merge_lora(trained, quantized=quantized)
     _check_matches(checkpoint, model)
     merged = replace_initializers_into_onnx(model, checkpoint.weights)
-    return merge_lora(merged)
+    return merge_lora(merged, quantized=quantized)
 
 
 def _check_matches(checkpoint: Checkpoint, model: ModelProto) -> None:

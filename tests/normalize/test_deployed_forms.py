@@ -100,10 +100,13 @@ def test_input_gradient_of_deployed_form(forms, kind, form):
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
-@pytest.mark.parametrize("form", ["float32", "opt1", "opt2", "float16", "int8"])
+@pytest.mark.parametrize("form", ["float32", "opt1", "opt2", "float16", "int8", "qdq"])
 def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     """add_lora, generate_artifacts, then plain onnxruntime steps: the loss falls, and the
-    merged checkpoint runs (int8: its adapters kept over the untouched int8 weights)."""
+    merged checkpoint runs (int8: its adapters kept over the untouched int8 weights; int8 and
+    QDQ: also merged with re-quantization). Static quantization clamps each output to its
+    calibrated range (the tiny BERT's logits to +-0.024), so the QDQ form's target moves by a
+    fraction of the output's magnitude, not by an absolute amount it could not reach."""
     import onnxruntime as ort
 
     from onnxgrad import add_lora
@@ -119,9 +122,9 @@ def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     art = generate_artifacts(add_lora(model, rank=4), optimizer="adam", artifact_directory=tmp_path)
     step = load_train_step(tmp_path)
     feeds = deployed.feeds(kind)
-    target = run(model, feeds)[0] + np.random.default_rng(2).standard_normal((1,)).astype(
-        np.float32
-    )
+    outputs = run(model, feeds)[0]
+    shift = np.random.default_rng(2).standard_normal((1,)).astype(np.float32)
+    target = outputs + (shift * np.abs(outputs).max() if form == "qdq" else shift)
     session = ort.InferenceSession(
         str(art.path("training_model.onnx")), providers=["CPUExecutionProvider"]
     )
@@ -143,6 +146,13 @@ def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     assert np.isfinite(run(merged, feeds)[0]).all()
     if form == "int8":  # the adapters stay separate, over the untouched int8 weights
         _assert_integer_weights_kept(model, merged)
+    if form in ("int8", "qdq"):  # the adapters folded, the int8 weights quantized again
+        requantized = merge_checkpoint(tmp_path, tmp_path / "trained.json", "requantize")
+        assert not any(i.name.endswith("_lora_A") for i in requantized.graph.initializer)
+        got, want = run(requantized, feeds)[0], run(merged, feeds)[0]
+        moved = np.abs(outputs - target).max()
+        np.testing.assert_allclose(got, want, rtol=0, atol=0.25 * moved)
+        assert np.sum((got - target) ** 2) < 0.9 * np.sum((outputs - target) ** 2)
 
 
 def _assert_integer_weights_kept(model: onnx.ModelProto, merged: onnx.ModelProto) -> None:

@@ -120,7 +120,8 @@ def test_adapters_over_a_frozen_quantized_weight(make):
 
 def test_qlora_artifacts_train_in_plain_onnxruntime_steps(tmp_path):
     """generate_artifacts trains only the adapters of a 4-bit model; plain onnxruntime steps
-    lower the loss; merge_checkpoint keeps the adapters over the untouched 4-bit base."""
+    lower the loss; merge_checkpoint keeps the adapters over the untouched 4-bit base or,
+    with "requantize", folds them into a MatMulNBits node again."""
     import onnxruntime as ort
 
     from onnxgrad.training import (
@@ -156,3 +157,7 @@ def test_qlora_artifacts_train_in_plain_onnxruntime_steps(tmp_path):
     assert packed.data_type == TensorProto.UINT8
     before = np.mean((run(model, {"x": x})[0] - target) ** 2)
     assert np.mean((run(merged, {"x": x})[0] - target) ** 2) < 0.5 * before
+    requantized = merge_checkpoint(art.directory, tmp_path / "trained.json", "requantize")
+    assert [n.op_type for n in requantized.graph.node] == ["MatMulNBits"]
+    # quantized again at 4 bits: the gain survives, up to the new rounding of W + s A B
+    assert np.mean((run(requantized, {"x": x})[0] - target) ** 2) < 0.6 * before
