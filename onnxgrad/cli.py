@@ -307,7 +307,7 @@ def _dry_build_failures(model: ModelProto) -> list[str]:
     failures = []
     for what, build in (
         ("gradient", lambda: derive_in_place(copy_message(model))),
-        ("train step", lambda: make_train_step(model)),
+        ("train step", lambda: make_train_step.normalized(copy_message(model))),
     ):
         try:
             build()

@@ -38,8 +38,15 @@ from onnx import ModelProto
 
 from onnxgrad._files import save_model, write_atomically
 from onnxgrad._folders import replace_folder
-from onnxgrad._onnx_utils import ModelLike, first_float_output, load_model, np_dtype
-from onnxgrad.graph import get_train_initializer, replace_initializers_into_onnx
+from onnxgrad._onnx_utils import (
+    ModelLike,
+    copy_message,
+    first_float_output,
+    load_model,
+    np_dtype,
+)
+from onnxgrad.graph import replace_initializers_into_onnx
+from onnxgrad.graph.initializers import normalized_train_initializers, train_initializer_names
 from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
@@ -137,16 +144,18 @@ def generate_artifacts(
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)
     lr = float(learning_rate if learning_rate is not None else optimizer_object.eta0)
-    step = make_train_step(
-        model,
+    step = make_train_step.normalized(
+        copy_message(model),
         weights,
         loss=loss_object,
         learning_rate=optimizer_object,
         output=output,
         loss_scale=loss_scale,
     )
-    evaluation = make_eval_step(model, weights, loss=loss_object, output=output)
-    initial = get_train_initializer(model)
+    evaluation = make_eval_step.normalized(
+        copy_message(model), weights, loss=loss_object, output=output
+    )
+    initial = normalized_train_initializers(model)
     checkpoint = Checkpoint(
         weights=as_master({w: initial[w][0] for w in step.weights}),
         optimizer_state=step.initial_state(),
@@ -321,7 +330,7 @@ def _trained_weights(model, requires_grad, frozen_params, output) -> list[str]:
     if adapters:
         candidates = [name for a in adapters for name in (a["a"], a["b"])]
     else:
-        candidates = list(get_train_initializer(model))
+        candidates = train_initializer_names(model)
     if not candidates:
         raise no_weight_error(model)
     weights = [w for w in candidates if w not in set(frozen)]

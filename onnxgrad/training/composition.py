@@ -27,7 +27,7 @@ from onnxgrad.derivative import DerivativeOptions
 from onnxgrad.derivative.api import derive_in_place, graph_inputs
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph.initializers import train_initializer_names
-from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize import normalizing
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
 from onnxgrad.training._weights import no_weight_error, weights_reaching
@@ -58,6 +58,7 @@ class LossModel(DataRoles):
     fixed: tuple[str, ...] = ()
 
 
+@normalizing
 def make_loss_model(
     model: ModelLike,
     loss: BaseLearningLoss | None = None,
@@ -88,7 +89,6 @@ def make_loss_model(
     promoted to initializers). Trained float16 and bfloat16 weights become float32 master
     weights (:mod:`onnxgrad.training.master_weights`).
     """
-    model = normalized_model(model)
     named = weights is not None
     weights = resolve_weights(model, weights)
     features = tuple(graph_inputs(model))
@@ -125,6 +125,7 @@ def make_loss_model(
     )
 
 
+@normalizing
 def make_train_step(
     model: ModelLike,
     weights: Sequence[str] | None = None,
@@ -155,7 +156,7 @@ def make_train_step(
     float16, else ``None``.
     """
     learning_rate = checked_learning_rate(learning_rate)
-    lm = make_loss_model(
+    lm = make_loss_model.normalized(
         model,
         loss,
         weights=weights,
@@ -204,6 +205,7 @@ def loss_gradient(lm: LossModel, backend: str = "onnx") -> ModelProto:
     )
 
 
+@normalizing
 def make_eval_step(
     model: ModelLike,
     weights: Sequence[str] | None = None,
@@ -218,7 +220,7 @@ def make_eval_step(
 ) -> LossModel:
     """The loss of a batch (plus ``penalty``, none by default), without update; the
     weights are inputs."""
-    lm = make_loss_model(
+    lm = make_loss_model.normalized(
         model,
         loss,
         weights=weights,

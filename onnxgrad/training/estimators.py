@@ -22,7 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import first_float_output, np_dtype
+from onnxgrad._onnx_utils import copy_message, first_float_output, np_dtype
 from onnxgrad.derivative.api import graph_inputs
 from onnxgrad.exceptions import ConvergenceError, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
@@ -338,8 +338,11 @@ class BaseOrtOptimizer(EstimatorMixin):
             graphs = self._build_graphs(model, with_weight, fixed)
             graphs.objective = graphs.evaluation
             if not isinstance(graphs.penalty, NoLearningPenalty):
-                graphs.objective = make_eval_step(
-                    model, graphs.evaluation.weights, penalty=graphs.penalty, **graphs.step_options
+                graphs.objective = make_eval_step.normalized(
+                    copy_message(model),
+                    graphs.evaluation.weights,
+                    penalty=graphs.penalty,
+                    **graphs.step_options,
                 )
             self._graphs_cache = (key, self.model_onnx, graphs)
         return self._graphs_cache[2]
@@ -358,8 +361,8 @@ class BaseOrtOptimizer(EstimatorMixin):
             layout = default_layout(model, graphs.evaluation.weights, device.kind)
             key, build, scaling = layout, make_train_step, {"loss_scale": self.loss_scale}
         if key not in graphs.steps:
-            graphs.steps[key] = build(
-                model,
+            graphs.steps[key] = build.normalized(
+                copy_message(model),
                 graphs.evaluation.weights,
                 learning_rate=graphs.learning_rate,
                 penalty=graphs.penalty,
@@ -815,7 +818,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
             "loss_output_name": self.loss_output_name,
             "weight_name": (self.weight_name or "weight") if with_weight else None,
         }
-        evaluation = make_eval_step(model, self.weights_to_train, **options)
+        evaluation = make_eval_step.normalized(
+            copy_message(model), self.weights_to_train, **options
+        )
         return _Graphs(
             learning_rate=select_learning_rate(self.learning_rate).init_learning_rate(),
             penalty=select_learning_penalty(self.learning_penalty),
@@ -911,7 +916,9 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
             "label_name": self.label_name,
             "weight_name": self.sample_weight_name if has_weight else None,
         }
-        evaluation = make_eval_step(model, self.weights_to_train, **options)
+        evaluation = make_eval_step.normalized(
+            copy_message(model), self.weights_to_train, **options
+        )
         if self.saved_gradient is not None:
             save_loss_gradient(model, evaluation, self.saved_gradient, self.backend)
         predictions = [o.name for o in model.graph.output if o.name != self.loss_output_name]

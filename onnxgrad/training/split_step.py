@@ -20,6 +20,7 @@ from onnx import ModelProto, helper
 
 from onnxgrad._onnx_utils import ModelLike, default_opset, finalize_model, np_dtype
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+from onnxgrad.normalize import normalizing
 from onnxgrad.training._builder import StepBuilder, inline_model
 from onnxgrad.training.composition import (
     LossModel,
@@ -59,6 +60,7 @@ class SplitStep(TrainStep):
         )
 
 
+@normalizing
 def make_split_step(
     model: ModelLike,
     weights: Sequence[str] | None = None,
@@ -79,7 +81,7 @@ def make_split_step(
     if layout != "flat":
         raise ValueError(f"a split step updates the flat weight vector, not layout {layout!r}")
     learning_rate = checked_learning_rate(learning_rate)
-    lm = make_loss_model(
+    lm = make_loss_model.normalized(
         model,
         loss,
         weights=weights,

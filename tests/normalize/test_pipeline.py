@@ -10,7 +10,12 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from onnxgrad import generate_artifacts, get_train_initializer, onnx_derivative
+from onnxgrad import (
+    OrtGradientForwardBackwardOptimizer,
+    generate_artifacts,
+    get_train_initializer,
+    onnx_derivative,
+)
 from onnxgrad.normalize import PASSES, normalized_model
 from onnxgrad.training.composition import make_train_step
 from onnxgrad.training.losses import SquareLearningLoss
@@ -110,6 +115,30 @@ def test_normalising_twice_changes_nothing():
         once = normalized_model(build())
         twice = normalized_model(once)
         assert twice.SerializeToString() == once.SerializeToString(), build.__name__
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        lambda model, folder: generate_artifacts(model, artifact_directory=folder),
+        lambda model, folder: make_train_step(model, loss=SquareLearningLoss()),
+        lambda model, folder: OrtGradientForwardBackwardOptimizer(model, max_iter=1).fit(
+            RNG.normal(size=(4, 3, 5, 5)).astype(np.float32),
+            RNG.normal(size=(4, 2)).astype(np.float32),
+        ),
+    ],
+    ids=["generate_artifacts", "make_train_step", "estimator_fit"],
+)
+def test_an_entry_point_normalises_once(entry, tmp_path, monkeypatch):
+    """The entry points built on others (the train step on the loss model, the artifacts on
+    the train and eval steps, the estimator on all of them) run the pipeline once."""
+    from onnxgrad.normalize import pipeline
+
+    runs = []
+    normalize = pipeline.normalize_in_place
+    monkeypatch.setattr(pipeline, "normalize_in_place", lambda m: runs.append(1) or normalize(m))
+    entry(models.paddle_like(), tmp_path / "artifacts")
+    assert len(runs) == 1
 
 
 def test_weights_inside_if_branches_are_promoted_and_differentiated():
