@@ -12,8 +12,8 @@ that Python has wheels for: onnxruntime-training-cpu (both derivative backends) 
 3.11, the current inference onnxruntime on 3.12 and later. ``test`` also sets up a second
 environment of the other kind, with the newest Python 3.12+ found on the machine (or a 3.10
 or 3.11 when ``.venv`` is the inference one), so every change is tested on both runtimes.
-The tests needing onnxruntime-genai (current onnxruntime and PyTorch together) run in
-``.venv-genai`` beside a training ``.venv``.
+The tests needing the current onnxruntime and PyTorch together (onnxruntime-genai's builder,
+the 4-bit deployed forms) run in ``.venv-genai`` beside a training ``.venv``.
 Installation is skipped when pyproject.toml has not changed since the last one.
 """
 
@@ -35,8 +35,10 @@ VENV = ROOT / ".venv"
 SUPPORTED_PYTHON = ((3, 10), (3, 14))
 #: the last Python with onnxruntime-training wheels (the ``training`` extra).
 LAST_TRAINING_PYTHON = (3, 11)
-#: the tests that need onnxruntime-genai, run alone in its own environment
-GENAI_TESTS = ["tests/normalize/test_genai_builder.py"]
+#: the tests that need PyTorch and the current onnxruntime together, run alone in
+#: ``.venv-genai`` beside a training ``.venv``: onnxruntime-genai's model builder, and the
+#: deployed forms whose tools the training build lacks (the 4-bit ``MatMulNBits`` quantizer)
+GENAI_TESTS = ["tests/normalize/test_genai_builder.py", "tests/normalize/test_deployed_forms.py"]
 #: pip's lines worth showing while it works (the rest is noise on a first install).
 PIP_PROGRESS = re.compile(r"^(Collecting|Installing collected|Successfully installed|ERROR)")
 
