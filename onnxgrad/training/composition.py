@@ -129,6 +129,7 @@ def make_train_step(
     backend: str = "onnx",
     layout: str = "per_weight",
     fixed_inputs: Sequence[str] = (),
+    recompute: str | Sequence[str] | None = None,
 ) -> TrainStep:
     """One ONNX graph running a whole optimisation step on a batch.
 
@@ -136,7 +137,8 @@ def make_train_step(
     ``G = dloss/dW`` by :func:`onnxgrad.onnx_derivative` (``backend``), then the update of
     ``learning_rate`` (default :class:`LearningRateSGD`): ``W', S' = update(W, G, S, lr)``,
     per weight tensor or on all of them end to end (``layout``, see
-    :mod:`onnxgrad.training.train_step`).
+    :mod:`onnxgrad.training.train_step`). ``recompute``: forward values the backward
+    recomputes (see :func:`onnxgrad.onnx_derivative`).
     """
     learning_rate = checked_learning_rate(learning_rate)
     lm = make_loss_model(
@@ -150,7 +152,7 @@ def make_train_step(
         weight_name=weight_name,
         fixed_inputs=fixed_inputs,
     )
-    gradient = loss_gradient(lm, backend)
+    gradient = loss_gradient(lm, backend, recompute)
     roles = {
         "features": lm.features,
         "label": lm.label,
@@ -169,7 +171,7 @@ def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearnin
     return learning_rate
 
 
-def loss_gradient(lm: LossModel, backend: str = "onnx") -> ModelProto:
+def loss_gradient(lm: LossModel, backend: str = "onnx", recompute=None) -> ModelProto:
     """``dloss/dW`` of a loss model (private and normalised, so derived in place) with
     respect to its weights: the gradient graph of the train step."""
     return derive_in_place(
@@ -180,6 +182,7 @@ def loss_gradient(lm: LossModel, backend: str = "onnx") -> ModelProto:
         loss=lm.loss,
         label=lm.label,
         backend=backend,
+        recompute=recompute,
     )
 
 
