@@ -106,6 +106,7 @@ def generate_artifacts(
     output: str | None = None,
     folder: str | os.PathLike | None = None,
     data: tuple[np.ndarray, np.ndarray] | None = None,
+    recompute: str | Sequence[str] | None = None,
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -125,6 +126,8 @@ def generate_artifacts(
         replaced as a whole if it holds an earlier run's artifacts; ``folder`` is another
         name for it)
     :param data: ``(X, y)`` written as ``data.json`` for the JavaScript example
+    :param recompute: forward values the train step's backward recomputes (``"auto"`` or
+        block patterns, see :func:`onnxgrad.onnx_derivative`)
     """
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)
@@ -133,8 +136,9 @@ def generate_artifacts(
     optimizer_object = _optimizer(optimizer, learning_rate)
     lr = float(learning_rate if learning_rate is not None else optimizer_object.eta0)
     step = make_train_step(
-        model, weights, loss=loss_object, learning_rate=optimizer_object, output=output
-    )
+        model, weights, loss=loss_object, learning_rate=optimizer_object, output=output,
+        recompute=recompute,
+    )  # fmt: skip
     evaluation = make_eval_step(model, weights, loss=loss_object, output=output)
     initial = get_train_initializer(model)
     checkpoint = Checkpoint(
