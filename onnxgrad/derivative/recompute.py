@@ -9,9 +9,11 @@ of a value ``v`` by a copy ``v'`` of its producing nodes, fed by *anchors*: valu
 backward keeps anyway (or graph inputs, weights, constants). ``v`` then dies in the forward;
 ``v'`` lives only while the backward of its group runs.
 
-Ordering. onnxruntime runs nodes in its own topological order (a depth-first walk back from
-the graph's leaves), so a copy whose inputs are all forward values may run at any point
-after the forward, even before the backward starts, and bring the peak back. Each group is
+Ordering. onnxruntime runs nodes in a topological order of its own, not the graph's (its
+profiler shows the weight transposes of the backward run first), so a copy whose inputs
+are all forward values runs as soon as they exist, during the forward, and brings the peak
+back; with graph optimisations on, its common-subexpression elimination even merges the
+copy into the forward node (docs/benchmarks.md measures both). Each group is
 therefore *gated*: every anchor ``a`` a copy reads is read through
 ``Reshape(a, Concat(Shape(a), Cast(Slice(Flatten(g), 0, 0))))``, the same tensor (an
 alias in onnxruntime, no copy), whose shape input depends on a backward value ``g`` computed
@@ -27,7 +29,9 @@ Choices (``recompute=``):
   a match belongs to the block named by the matched text (``r"layers\\.\\d+"`` makes one
   block per Llama layer). A block's values read outside the block (its outputs) stay saved;
   every other value of the block that the backward reads is recomputed from the block's
-  inputs, one block at a time;
+  inputs, one block at a time. A node that cannot be copied (a random op, one holding a
+  subgraph, another domain's) keeps its outputs saved, and so does a value a backward
+  subgraph reads implicitly;
 * ``"auto"``: cheap values, chosen greedily by size (below).
 
 The ``"auto"`` cost model. For a saved value ``v`` of ``n_v`` elements, its recompute chain
@@ -57,7 +61,13 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import GraphProto, NodeProto, helper
 
-from onnxgrad._onnx_utils import NameScope, all_names, replace_repeated, subgraphs
+from onnxgrad._onnx_utils import (
+    NameScope,
+    all_names,
+    normalize_domain,
+    replace_repeated,
+    subgraphs,
+)
 from onnxgrad.derivative.autodiff.cleanup import NONDETERMINISTIC
 from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import node_inputs
@@ -166,7 +176,11 @@ def _backward_reads(forward: list[NodeProto], backward: list[NodeProto]) -> dict
 
 
 def _recomputable(node: NodeProto) -> bool:
-    return not node.domain and node.op_type not in NONDETERMINISTIC and not subgraphs(node)
+    return (
+        not normalize_domain(node.domain)
+        and node.op_type not in NONDETERMINISTIC
+        and not subgraphs(node)
+    )
 
 
 # -- blocks --------------------------------------------------------------------------------
@@ -232,7 +246,7 @@ def _closure(targets, producers, internal) -> set[int]:
 # -- auto ----------------------------------------------------------------------------------
 def _auto_groups(graph, forward, reads, types) -> list[Group]:
     producers = {o: n for n in forward for o in n.output if o}
-    saved = {name for name, explicit in reads.items()}
+    saved = set(reads)
     pinned = {name for name, explicit in reads.items() if not explicit}
     order = {name: i for i, name in enumerate(producers)}
     candidates = sorted(
