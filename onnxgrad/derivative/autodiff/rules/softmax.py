@@ -15,11 +15,8 @@ is all zeros (``max g = min g = 0``), so such a row gets the gradient 0 (as
 derivative. A NaN of ``y`` on a row with some nonzero ``g`` (a NaN or ``+inf`` in ``x``)
 propagates. The rule reads ``y`` and ``g`` only, never ``x``, so the forward does not keep
 the scores alive for the backward (in attention, the scores beside the probabilities); the
-guard costs a ``ReduceMax`` and a ``ReduceMin`` of ``g`` and a ``Where`` over the result, in
-every float type (``IsInf`` has float16 only from opset 20). The guard also zeroes the row
-sums, so that it is computed before ``g - sum`` and ``g`` dies there instead of waiting for
-the final ``Where`` (no copy of ``y`` either): one full-size tensor fewer at the peak of an
-attention backward.
+guard costs a ``ReduceMax`` and a ``ReduceMin`` of ``g`` and a ``Where`` over ``y``, in every
+float type (``IsInf`` has float16 only from opset 20).
 """
 
 from __future__ import annotations
@@ -47,8 +44,10 @@ def softmax_grad(b, node, grads, needs):
         b.op("Equal", b.reduce("ReduceMax", g, axes, keepdims=True), zero),
         b.op("Equal", b.reduce("ReduceMin", g, axes, keepdims=True), zero),
     )
-    total = b.op("Where", silent, zero, b.reduce_sum(b.mul(g, y), axes, keepdims=True))
-    return [b.op("Where", silent, zero, b.mul(y, b.op("Sub", g, total)))]
+    y = b.op("Where", silent, zero, y)
+    gy = b.mul(g, y)
+    total = b.reduce_sum(gy, axes, keepdims=True)
+    return [b.op("Sub", gy, b.mul(y, total))]
 
 
 @register("LogSoftmax", since=11)
