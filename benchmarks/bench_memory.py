@@ -18,8 +18,13 @@ steps alone, counted above the resident memory after the imports and the data. W
 ``--malloc both`` every case runs again under ``MALLOC_MMAP_THRESHOLD_=131072``, which keeps
 glibc from growing its heap for large blocks (steadier figures, and PyTorch's lower).
 
+``--recompute auto`` or ``blocks`` builds onnxgrad's step with values recomputed in the
+backward (:mod:`onnxgrad.derivative.recompute`): ``blocks`` checkpoints each residual stage
+of resnet18 and each layer of the transformer and the Llama (:data:`BLOCKS`).
+
     python benchmarks/bench_memory.py [--size small|issue] [--models resnet18,llama]
-        [--malloc default|mmap|both] [--steps 3] [--json out.json]
+        [--malloc default|mmap|both] [--steps 3] [--recompute none|auto|blocks]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ CONFIGS = {
         "issue": {"batch": 8, "tokens": 128, "vocab": 2000, "hidden": 256, "layers": 8},
     },
 }
+
+#: model -> the block pattern of ``--recompute blocks`` (node names, or the exporter's namespace)
+BLOCKS = {"resnet18": r"inner\.\d+/", "transformer": r"layers\.\d+", "llama": r"layers\.\d+"}
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -227,7 +235,9 @@ def make_trainer(framework: str, name: str, folder: Path, x, label, lr: float):
             layout = "flat"
         else:
             layout = default_layout(model, get_train_initializer(model), "cpu")
-    train_step = make_train_step(model, loss=None, learning_rate=optimizer, layout=layout)
+    train_step = make_train_step(
+        model, loss=None, learning_rate=optimizer, layout=layout, **_recompute(name)
+    )
     weights = {
         i.name: onnx.numpy_helper.to_array(i)
         for i in model.graph.initializer
@@ -291,6 +301,13 @@ def _trim_heap() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _recompute(name: str) -> dict:
+    choice = os.environ.get("BENCH_RECOMPUTE", "none")
+    if choice == "none":
+        return {}
+    return {"recompute": "auto" if choice == "auto" else [BLOCKS[name]]}
 
 
 def _layout() -> str:
@@ -382,6 +399,12 @@ def main(argv=None) -> list[dict]:
         default="auto",
         help="the train step's update layout (auto: the estimators' choice on the CPU)",
     )
+    parser.add_argument(
+        "--recompute",
+        choices=["none", "auto", "blocks"],
+        default="none",
+        help="values onnxgrad's backward recomputes: none, cheap ones (auto), each block's",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", nargs=4, metavar=("FRAMEWORK", "MODEL", "FOLDER", "STEPS"))
     args = parser.parse_args(argv)
@@ -396,6 +419,7 @@ def main(argv=None) -> list[dict]:
         return []
     os.environ["BENCH_SESSION_OPTIONS"] = ",".join(args.session_option)
     os.environ["BENCH_LAYOUT"] = args.layout
+    os.environ["BENCH_RECOMPUTE"] = args.recompute
     print(machine())
     variants = {"default": [False], "mmap": [True], "both": [False, True]}[args.malloc]
     rows = []
@@ -408,6 +432,7 @@ def main(argv=None) -> list[dict]:
             weights_mib = (folder / "model.onnx").stat().st_size / 2**20
             for mmap in variants:
                 row = {"model": name, "config": config, "mmap": mmap, "model_mib": weights_mib}
+                row["recompute"] = args.recompute
                 for framework in ("torch", "onnxgrad"):
                     row[framework] = run_case(framework, name, folder, args.steps, mmap)
                 rows.append(row)
@@ -420,6 +445,7 @@ def main(argv=None) -> list[dict]:
 def _print_row(row: dict) -> None:
     t, o = row["torch"], row["onnxgrad"]
     head = f"{row['model']:11s} {'mmap' if row['mmap'] else 'default':7s}"
+    head += f" recompute={row.get('recompute', 'none')}"
     if "error" in t or "error" in o:
         print(f"{head} error: torch {t.get('error')}, onnxgrad {o.get('error')}")
         return

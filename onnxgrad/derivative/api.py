@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from onnx import ModelProto
 
@@ -23,6 +23,7 @@ from onnxgrad._onnx_utils import (
     supported_ir_version,
 )
 from onnxgrad.derivative.options import DerivativeOptions, check_options
+from onnxgrad.derivative.recompute import check_recompute
 from onnxgrad.normalize import normalized_model
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
@@ -44,6 +45,8 @@ class DerivativeRequest:
     label: str | None = None
     #: the outputs whose gradient is seeded (``<output>_grad`` inputs, ones or the loss)
     outputs: tuple[str, ...] = ()
+    #: forward values rebuilt in the backward (:mod:`onnxgrad.derivative.recompute`)
+    recompute: object = None
 
 
 def onnx_derivative(
@@ -55,6 +58,7 @@ def onnx_derivative(
     label: str | None = None,
     backend: str = "onnx",
     outputs: Sequence[str] | None = None,
+    recompute: str | Sequence[str] | None = None,
 ) -> ModelProto:
     """The gradient graph of ``model`` with respect to weights and/or inputs.
 
@@ -84,10 +88,23 @@ def onnx_derivative(
         An integer (or other non-float) output is never differentiated: it has no gradient
         input. ``KeepOutputs`` still returns every output. With ``Loss``, the loss is the
         one output differentiated.
+    :param recompute: forward values the backward recomputes instead of keeping them from
+        the forward (less memory, more time; ``backend="onnx"`` only): ``"auto"`` (cheap
+        values such as attention probabilities), or a list of regular expressions naming
+        blocks to checkpoint, e.g. ``[r"layers\\.\\d+"]`` (see
+        :mod:`onnxgrad.derivative.recompute`).
     """
     _check_arguments(options, backend)
     return derive_in_place(
-        normalized_model(model), weights, inputs, options, loss, label, backend, outputs=outputs
+        normalized_model(model),
+        weights,
+        inputs,
+        options,
+        loss,
+        label,
+        backend,
+        outputs=outputs,
+        recompute=recompute,
     )
 
 
@@ -100,6 +117,7 @@ def derive_in_place(
     label: str | None = None,
     backend: str = "onnx",
     outputs: Sequence[str] | None = None,
+    recompute: str | Sequence[str] | None = None,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
@@ -107,8 +125,17 @@ def derive_in_place(
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label, outputs)
+    request = with_recompute(request, recompute, backend)
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
+
+
+def with_recompute(request: DerivativeRequest, recompute, backend: str) -> DerivativeRequest:
+    """``request`` with a checked ``recompute`` choice."""
+    if recompute is not None and backend != "onnx":
+        raise ValueError(f"recompute={recompute!r} needs backend='onnx', not {backend!r}")
+    check_recompute(recompute)
+    return replace(request, recompute=recompute)
 
 
 def _check_arguments(options: DerivativeOptions | int, backend: str) -> DerivativeOptions:

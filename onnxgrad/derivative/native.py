@@ -34,6 +34,7 @@ from onnxgrad.derivative.autodiff.value_types import (
     value_info,
 )
 from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.derivative.recompute import name_forward_nodes, recompute_in_backward
 from onnxgrad.graph._builder import mark_structural_constants
 from onnxgrad.graph.select import prune_graph
 
@@ -67,7 +68,9 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
+    forward_names = name_forward_nodes(graph, engine.emitter.node_names, request.recompute)
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
+    recompute_in_backward(model.graph, forward_names, types, request.recompute)
     mark_structural_constants(model.graph)
     try:
         return finalize_model(model)

@@ -115,6 +115,7 @@ def generate_artifacts(
     folder: str | os.PathLike | None = None,
     data: tuple[np.ndarray, np.ndarray] | None = None,
     loss_scale: str | float | None = "auto",
+    recompute: str | Sequence[str] | None = None,
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -137,6 +138,8 @@ def generate_artifacts(
     :param loss_scale: loss scaling of :func:`make_train_step` (default ``'auto'``: dynamic,
         its scale and count of finite steps part of the optimizer state, for a model
         computing in float16; :mod:`onnxgrad.training.loss_scaling`)
+    :param recompute: forward values the train step's backward recomputes (``"auto"`` or
+        block patterns, see :func:`onnxgrad.onnx_derivative`)
     """
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)
@@ -151,6 +154,7 @@ def generate_artifacts(
         learning_rate=optimizer_object,
         output=output,
         loss_scale=loss_scale,
+        recompute=recompute,
     )
     evaluation = make_eval_step.normalized(
         copy_message(model), weights, loss=loss_object, output=output

@@ -141,6 +141,7 @@ def make_train_step(
     layout: str = "per_weight",
     fixed_inputs: Sequence[str] = (),
     loss_scale: str | float | LossScaling | None = "auto",
+    recompute: str | Sequence[str] | None = None,
 ) -> TrainStep:
     """One ONNX graph running a whole optimisation step on a batch.
 
@@ -153,7 +154,8 @@ def make_train_step(
     ``loss_scale``: ``'dynamic'`` scales the loss before the backward and skips steps whose
     gradients are not finite (:mod:`onnxgrad.training.loss_scaling`), a number is a static
     scale, ``None`` none; ``'auto'`` (default) is ``'dynamic'`` for a model computing in
-    float16, else ``None``.
+    float16, else ``None``. ``recompute``: forward values the backward recomputes (see
+    :func:`onnxgrad.onnx_derivative`).
     """
     learning_rate = checked_learning_rate(learning_rate)
     lm = make_loss_model.normalized(
@@ -169,7 +171,7 @@ def make_train_step(
     )
     scaling = resolve_loss_scale(loss_scale, lm.model)
     scale = scale_loss(lm.model, lm.loss, scaling) if scaling else None
-    gradient = loss_gradient(lm, backend)
+    gradient = loss_gradient(lm, backend, recompute)
     if scaling:
         unscale_gradients(gradient, len(lm.weights), scale)
     roles = {
@@ -191,7 +193,7 @@ def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearnin
     return learning_rate
 
 
-def loss_gradient(lm: LossModel, backend: str = "onnx") -> ModelProto:
+def loss_gradient(lm: LossModel, backend: str = "onnx", recompute=None) -> ModelProto:
     """``dloss/dW`` of a loss model (private and normalised, so derived in place) with
     respect to its weights: the gradient graph of the train step."""
     return derive_in_place(
@@ -202,6 +204,7 @@ def loss_gradient(lm: LossModel, backend: str = "onnx") -> ModelProto:
         loss=lm.loss,
         label=lm.label,
         backend=backend,
+        recompute=recompute,
     )
 
 
