@@ -100,13 +100,14 @@ def test_input_gradient_of_deployed_form(forms, kind, form):
 
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
-@pytest.mark.parametrize("form", ["float32", "opt1", "opt2", "float16", "int8", "qdq"])
+@pytest.mark.parametrize("form", deployed.FORMS)
 def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     """add_lora, generate_artifacts, then plain onnxruntime steps: the loss falls, and the
-    merged checkpoint runs (int8: its adapters kept over the untouched int8 weights; int8 and
-    QDQ: also merged with re-quantization). Static quantization clamps each output to its
-    calibrated range (the tiny BERT's logits to +-0.024), so the QDQ form's target moves by a
-    fraction of the output's magnitude, not by an absolute amount it could not reach."""
+    merged checkpoint runs (int8: its adapters kept over the untouched int8 weights; int8,
+    QDQ and 4-bit: also merged with re-quantization in the base's own format). Static
+    quantization clamps each output to its calibrated range (the tiny BERT's logits to
+    +-0.024), so the QDQ form's target moves by a fraction of the output's magnitude, not by
+    an absolute amount it could not reach."""
     import onnxruntime as ort
 
     from onnxgrad import add_lora
@@ -146,7 +147,7 @@ def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     assert np.isfinite(run(merged, feeds)[0]).all()
     if form == "int8":  # the adapters stay separate, over the untouched int8 weights
         _assert_integer_weights_kept(model, merged)
-    if form in ("int8", "qdq"):  # the adapters folded, the int8 weights quantized again
+    if form in ("int8", "qdq", "int4"):  # the adapters folded, the base quantized again
         requantized = merge_checkpoint(tmp_path, tmp_path / "trained.json", "requantize")
         assert not any(i.name.endswith("_lora_A") for i in requantized.graph.initializer)
         got, want = run(requantized, feeds)[0], run(merged, feeds)[0]
