@@ -16,6 +16,14 @@ LM; see docs/benchmarks.md):
   506). Where glibc returns large blocks to the system (``MALLOC_MMAP_THRESHOLD_=131072``),
   ``enable_cpu_mem_arena=False`` saves 10-15% more (115, 277 and 460 MiB against 135, 314
   and 505), at the same step time;
+* ``enable_mem_reuse = False``: onnxruntime 1.19's memory-reuse planner is quadratic in the
+  graph's size (it scans every freed buffer for each new value): the Llama-like gradient
+  (hidden 64, 16 and 32 layers, 3,065 and 6,025 nodes) took 0.40 and 1.55 s to create with
+  no graph optimisation, 0.08 and 0.22 without reuse, and the fused step 2.7 s against 1.0 at
+  32 layers. Without the memory pattern the arena already hands freed blocks to later values,
+  so the step's peak stays the same (the 4-layer Llama: 121 MiB against 123) at the same step
+  time; onnxruntime 1.32 creates the sessions in the same time either way
+  (``benchmarks/bench_session_creation.py``);
 * the execution order stays ``DEFAULT``: ``PRIORITY_BASED`` raised resnet18's peak by 16%,
   and ``MEMORY_EFFICIENT`` is refused outside onnxruntime's training build.
 
@@ -30,7 +38,7 @@ from typing import Any
 import onnxruntime as ort
 
 #: attribute of ``onnxruntime.SessionOptions`` -> value for training sessions
-TRAINING_SESSION_OPTIONS: dict[str, Any] = {"enable_mem_pattern": False}
+TRAINING_SESSION_OPTIONS: dict[str, Any] = {"enable_mem_pattern": False, "enable_mem_reuse": False}
 
 
 def training_session_options(

@@ -20,6 +20,8 @@ def test_defaults_and_overrides():
     assert not training_session_options(enable_cpu_mem_arena=False).enable_cpu_mem_arena
     assert options.intra_op_num_threads == 2
     assert training_session_options(enable_mem_pattern=True).enable_mem_pattern
+    assert not options.enable_mem_reuse
+    assert training_session_options(enable_mem_reuse=True).enable_mem_reuse
     with pytest.raises(ValueError, match="no option 'enable_memory_pattern'"):
         training_session_options(enable_memory_pattern=False)
 
@@ -31,6 +33,8 @@ def test_runner_uses_them_unless_given_its_own():
     cpu = check_device("cpu")
     runner = TrainingRunner(step, cpu, weights)
     assert not runner.session.get_session_options().enable_mem_pattern
+    assert not runner.session.get_session_options().enable_mem_reuse
     mine = ort.SessionOptions()
     runner = TrainingRunner(step, cpu, weights, session_options=mine)
     assert runner.session.get_session_options().enable_mem_pattern
+    assert runner.session.get_session_options().enable_mem_reuse
