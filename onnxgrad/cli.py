@@ -56,7 +56,7 @@ def _import_libraries() -> None:
     global save_model, write_atomically, write_bytes, derive_in_place
     global real_inputs, subgraphs, import_onnxruntime, set_logger_severity
     global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
-    global add_loss_output, normalized_train_initializers, onnx_simple_text_plot
+    global add_loss_output, get_train_initializer, onnx_simple_text_plot
     global plot_onnxs, tensor_text, to_dot, type_text
     import numpy  # noqa: F401  (loaded here, where an interrupt waits for the imports)
     from google.protobuf.message import Error as ProtobufError
@@ -71,8 +71,7 @@ def _import_libraries() -> None:
     from onnxgrad.derivative.api import derive_in_place
     from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
     from onnxgrad.exceptions import ConvergenceError
-    from onnxgrad.graph import add_loss_output, onnx_simple_text_plot
-    from onnxgrad.graph.initializers import normalized_train_initializers
+    from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
     from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
 
     try:
@@ -253,7 +252,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         f", producer {original.producer_name}" if original.producer_name else ""
     )
     model = normalized(original, args.model)  # rewrites ``original`` in place
-    weights = normalized_train_initializers(model)
+    weights = get_train_initializer.normalized(model)  # reads the model, changes nothing
     graph = model.graph
     inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, TensorProto, numpy_helper
 
+from onnxgrad._entries import normalizing
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
@@ -20,6 +21,7 @@ from onnxgrad.graph._differentiable import differentiable_values, model_opsets, 
 from onnxgrad.graph.weight_roles import weight_initializers
 
 
+@normalizing
 def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, TensorProto]]:
     """The initializers worth training: ``{name: (array, TensorProto)}`` in graph order.
 
@@ -40,14 +42,6 @@ def get_train_initializer(model: ModelLike) -> dict[str, tuple[np.ndarray, Tenso
     (:func:`onnxgrad.lower_ml_operators`). The arrays are writable copies; the TensorProtos
     belong to that private normalised copy.
     """
-    from onnxgrad.normalize import normalized_model  # it lowers with onnxgrad.graph
-
-    return normalized_train_initializers(normalized_model(model))
-
-
-def normalized_train_initializers(model: ModelProto) -> dict[str, tuple[np.ndarray, TensorProto]]:
-    """:func:`get_train_initializer` of a model already normalised
-    (:func:`onnxgrad.normalize.normalized_model`): its TensorProtos, the arrays copies."""
     names = set(train_initializer_names(model))
     return {
         init.name: (numpy_helper.to_array(init).copy(), init)

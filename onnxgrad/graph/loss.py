@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
 
+from onnxgrad._entries import normalizing
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
@@ -16,7 +17,6 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     first_float_output,
-    load_model,
     np_dtype,
 )
 from onnxgrad.graph._builder import GraphBuilder
@@ -38,6 +38,7 @@ from onnxgrad.graph.loss_table import (
 from onnxgrad.graph.select import prune_graph
 
 
+@normalizing
 def add_loss_output(
     model: ModelLike,
     score_name: str = "squared_error",
@@ -89,35 +90,6 @@ def add_loss_output(
     13 at least, ``ai.onnx.ml`` operators lowered: a ZipMap's probability tensor becomes the
     output ``probabilities``); the nodes are standard ONNX ops in the form the opset defines.
     """
-    from onnxgrad.normalize import normalized_model  # it lowers with onnxgrad.graph
-
-    return loss_added(
-        normalized_model(model),
-        score_name,
-        loss_name,
-        label_name,
-        weight_name,
-        penalty,
-        output_index,
-        reduction,
-        **kwargs,
-    )
-
-
-def loss_added(
-    model: ModelProto,
-    score_name: str = "squared_error",
-    loss_name: str = "loss",
-    label_name: str = "label",
-    weight_name: str | None = None,
-    penalty: Mapping[str, float | Mapping[str, float]] | None = None,
-    output_index: int | str | None = None,
-    reduction: str = DEFAULT_REDUCTION,
-    **kwargs: Any,
-) -> ModelProto:
-    """:func:`add_loss_output` of a model already normalised
-    (:func:`onnxgrad.normalize.normalized_model`), which it leaves unchanged."""
-    model = load_model(model)
     opset = default_opset(model)
     spec = resolve_loss(score_name)
     options = spec.checked_options(kwargs)

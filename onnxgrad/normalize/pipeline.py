@@ -7,10 +7,8 @@ a model that needs nothing from it as it is, so normalising twice gives the same
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from onnx import ModelProto
 
@@ -27,8 +25,6 @@ from onnxgrad.normalize import (
     shapes,
     structure,
 )
-
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -93,19 +89,3 @@ def normalize_in_place(model: ModelProto) -> ModelProto:
     for step in PASSES:
         model = step.run(model)
     return model
-
-
-def normalizing(core: Callable[..., R]) -> Callable[..., R]:
-    """The public entry of ``core(model, ...)``: ``model`` (a ModelProto or a path) goes
-    through :func:`normalized_model` first, so the pipeline runs once per call, at the entry.
-
-    ``core`` stays reachable as ``entry.normalized`` for code that already holds a normalised
-    model: it takes that model over (it may rewrite it), so a caller still using it passes a
-    copy."""
-
-    @functools.wraps(core)
-    def entry(model: ModelLike, *args, **kwargs) -> R:
-        return core(normalized_model(model), *args, **kwargs)
-
-    entry.normalized = core
-    return entry

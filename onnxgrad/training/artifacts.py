@@ -46,7 +46,7 @@ from onnxgrad._onnx_utils import (
     np_dtype,
 )
 from onnxgrad.graph import replace_initializers_into_onnx
-from onnxgrad.graph.initializers import normalized_train_initializers, train_initializer_names
+from onnxgrad.graph.initializers import get_train_initializer, train_initializer_names
 from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
@@ -159,7 +159,7 @@ def generate_artifacts(
     evaluation = make_eval_step.normalized(
         copy_message(model), weights, loss=loss_object, output=output
     )
-    initial = normalized_train_initializers(model)
+    initial = get_train_initializer.normalized(model)  # reads the model, changes nothing
     checkpoint = Checkpoint(
         weights=as_master({w: initial[w][0] for w in step.weights}),
         optimizer_state=step.initial_state(),

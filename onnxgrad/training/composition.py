@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from onnx import ModelProto, TensorProto, helper
 
+from onnxgrad._entries import normalizing
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
@@ -27,7 +28,6 @@ from onnxgrad.derivative import DerivativeOptions
 from onnxgrad.derivative.api import derive_in_place, graph_inputs
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph.initializers import train_initializer_names
-from onnxgrad.normalize import normalizing
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
 from onnxgrad.training._weights import no_weight_error, weights_reaching

@@ -12,9 +12,8 @@ from typing import Any
 
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import finalize_model
-from onnxgrad.graph import select_model_inputs_outputs
-from onnxgrad.graph.loss import loss_added
+from onnxgrad._onnx_utils import copy_message, finalize_model
+from onnxgrad.graph import add_loss_output, select_model_inputs_outputs
 from onnxgrad.graph.loss_table import (
     DEFAULT_REDUCTION,
     LossSpec,
@@ -83,8 +82,8 @@ class BaseLearningLoss(ParamsMixin):
 
         ``label_name`` (and ``weight_name``) become inputs; the model's other outputs go.
         """
-        model = loss_added(
-            model,
+        model = add_loss_output.normalized(
+            copy_message(model),
             score_name=self.loss_name,
             loss_name=loss_name,
             label_name=label_name,

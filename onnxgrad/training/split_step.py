@@ -18,9 +18,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 from onnx import ModelProto, helper
 
+from onnxgrad._entries import normalizing
 from onnxgrad._onnx_utils import ModelLike, default_opset, finalize_model, np_dtype
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
-from onnxgrad.normalize import normalizing
 from onnxgrad.training._builder import StepBuilder, inline_model
 from onnxgrad.training.composition import (
     LossModel,
