@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxgrad._files import write_atomically
 from onnxgrad.training.checkpoint import Checkpoint
 
 
@@ -52,7 +53,7 @@ def save_onnx_adapter(
         }
     )
     path = Path(path)
-    adapter.export_adapter(str(path))
+    write_atomically(path, adapter.export_adapter)  # never a partial file at ``path``
     return path
 
 
