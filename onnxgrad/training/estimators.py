@@ -354,12 +354,13 @@ class BaseOrtOptimizer(EstimatorMixin):
         is split around the gradients' all-reduce (:mod:`onnxgrad.training.distributed`), its
         update on all weights end to end.
         """
-        scaling = {}
+        scaling = {"recompute": self.recompute}
         if data_parallel():
             key, build, layout = "split", make_split_step, "flat"
         else:
             layout = default_layout(model, graphs.evaluation.weights, device.kind)
-            key, build, scaling = layout, make_train_step, {"loss_scale": self.loss_scale}
+            key, build = layout, make_train_step
+            scaling["loss_scale"] = self.loss_scale
         if key not in graphs.steps:
             graphs.steps[key] = build.normalized(
                 copy_message(model),
@@ -755,6 +756,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
     :param loss_scale: loss scaling of the train step (:func:`make_train_step`; default
         ``'auto'``: dynamic for a model computing in float16; one process only, the split
         step of data-parallel training does not scale)
+    :param recompute: forward values the train step's backward recomputes instead of keeping
+        them (``'auto'``, or regular expressions naming blocks to checkpoint, e.g.
+        ``[r"layers\\.\\d+"]``; :mod:`onnxgrad.derivative.recompute`); ``None``: none
     """
 
     def __init__(
@@ -783,8 +787,10 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         tol=1e-4,
         enable_logging=False,
         loss_scale="auto",
+        recompute=None,
     ):
         self.loss_scale = loss_scale
+        self.recompute = recompute
         self.enable_logging = enable_logging
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -872,8 +878,10 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         saved_gradient=None,
         enable_logging=False,
         loss_scale="auto",
+        recompute=None,
     ):
         self.loss_scale = loss_scale
+        self.recompute = recompute
         self.saved_gradient = saved_gradient
         self.enable_logging = enable_logging
         self.model_onnx = model_onnx

@@ -75,6 +75,7 @@ def make_split_step(
     backend: str = "onnx",
     layout: str = "flat",
     fixed_inputs: Sequence[str] = (),
+    recompute: str | Sequence[str] | None = None,
 ) -> SplitStep:
     """The train step of :func:`~onnxgrad.training.make_train_step` (same arguments) split
     into a gradient graph and an update graph; the update runs on the flat weight vector."""
@@ -91,7 +92,7 @@ def make_split_step(
         weight_name=weight_name,
         fixed_inputs=fixed_inputs,
     )
-    gradient = loss_gradient(lm, backend)
+    gradient = loss_gradient(lm, backend, recompute)
     typed = {i.name: i for i in gradient.graph.input}
     elem_type = gradient.graph.output[len(lm.weights)].type.tensor_type.elem_type
     shapes = {w: tuple(d.dim_value for d in typed[w].type.tensor_type.shape.dim) for w in typed}

@@ -155,6 +155,47 @@ def test_artifacts_train_step_recomputes(tmp_path):
     assert {n.op_type for n in copies} >= {"MatMul", "Tanh"}
 
 
+@pytest.mark.parametrize(
+    "estimator", ["OrtGradientForwardBackwardOptimizer", "OrtGradientOptimizer"]
+)
+def test_estimators_train_with_recomputation(estimator):
+    """``recompute`` of the estimators reaches their train step, whose weights then equal
+    the plain step's."""
+    import onnxgrad
+    from onnxgrad import add_loss_output
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h"], name="h"),
+            helper.make_node("Tanh", ["h"], ["t"], name="t"),
+            helper.make_node("MatMul", ["t", "W2"], ["y"], name="y"),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [
+            numpy_helper.from_array(RNG.standard_normal((3, 5)).astype(np.float32), "W1"),
+            numpy_helper.from_array(RNG.standard_normal((5, 1)).astype(np.float32), "W2"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    weights = {}
+    if estimator == "OrtGradientOptimizer":
+        model, weights = add_loss_output(model), {"weights_to_train": ["W1", "W2"]}
+    X = RNG.standard_normal((40, 3)).astype(np.float32)
+    y = np.tanh(X.sum(axis=1, keepdims=True)).astype(np.float32)
+    fitted = {}
+    for recompute in (None, "auto"):
+        options = {"max_iter": 3, "batch_size": 8, "random_state": 0, "learning_rate": 1e-2}
+        est = getattr(onnxgrad, estimator)(model, recompute=recompute, **options, **weights)
+        est.fit(X, y)
+        copies = [n for n in est.runner_.step.model.graph.node if n.name.startswith("recompute/")]
+        assert bool(copies) == (recompute == "auto")
+        fitted[recompute] = est.get_state()
+    for name, value in fitted[None].items():
+        np.testing.assert_allclose(fitted["auto"][name], value, rtol=1e-6, atol=1e-7)
+
+
 # -- networks exported by PyTorch -------------------------------------------------------------
 torch = pytest.importorskip("torch")
 
