@@ -131,7 +131,26 @@ def torch_module(torch, name: str, config: dict):
         def forward(self, x, label):
             return F.cross_entropy(self.inner(x), label.reshape(-1))
 
-    return WithLoss()
+    return _untied(torch, WithLoss())
+
+
+def _untied(torch, module):
+    """``module`` with its parameters made distinct: a constant one (norm scales of ones,
+    biases of zeros) or one equal to another (``nn.TransformerEncoder`` clones its first
+    layer) moves by a little noise. The exporter merges equal initializers, so the ONNX model
+    would otherwise train one tied tensor where PyTorch trains several, and the losses after
+    the first step would differ."""
+    generator = torch.Generator().manual_seed(1)
+    seen = set()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            flat = parameter.reshape(-1)
+            key = (tuple(parameter.shape), flat.numpy().tobytes())
+            if key in seen or (flat.numel() > 1 and bool((flat == flat[0]).all())):
+                noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+                parameter.add_(1e-2 * noise)
+            seen.add((tuple(parameter.shape), flat.numpy().tobytes()))
+    return module
 
 
 def make_data(name: str, config: dict) -> tuple[np.ndarray, np.ndarray]:
