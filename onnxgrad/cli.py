@@ -270,6 +270,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         *deployed_operator_lines(deployed, model),
         f"trainable initializers ({len(weights)}, {size} values):",
         *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
+        *_shared_weight_lines(model, weights),
         f"other initializers ({len(constants)}):",
         *_table((init.name, tensor_text(init)) for init in constants),
         f"ops ({len(graph.node)} nodes):",
@@ -280,6 +281,20 @@ def cmd_info(args: argparse.Namespace) -> None:
         *([f"  {line}" for line in stops] or ["  nothing: the gradient and the train step build"]),
     ]
     print("\n".join(lines))
+
+
+def _shared_weight_lines(model: ModelProto, weights) -> list[str]:
+    """The trainable initializers more than one node reads: they are trained as one tensor.
+    Exporters tie weights on purpose (embeddings and output head) but also merge equal ones
+    (PyTorch's exporter: norm scales all ones, layers cloned before training), which trains
+    one tensor where the source model had several."""
+    readers = Counter(
+        name for node in _all_nodes(model.graph) for name in set(node.input) if name in weights
+    )
+    shared = [(name, f"read by {n} nodes") for name, n in readers.items() if n > 1]
+    if not shared:
+        return []
+    return [f"shared trainable initializers ({len(shared)}, each trained as one):", *_table(shared)]
 
 
 def _normalisation_lines(opset: int, promoted: int, model: ModelProto) -> list[str]:

@@ -81,6 +81,32 @@ def test_info_names_ops_without_native_rule(workdir):
     assert missing == ["com.example::Frobnicate (opset 1)"]
 
 
+def test_info_names_shared_weights(workdir):
+    """A weight two nodes read (the PyTorch exporter merges equal initializers) is trained as
+    one tensor: info says so."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "scale"], ["a"]),
+            helper.make_node("Tanh", ["a"], ["t"]),
+            helper.make_node("Mul", ["t", "scale"], ["b"]),
+            helper.make_node("Add", ["b", "bias"], ["y"]),
+        ],
+        "tied",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+        [
+            numpy_helper.from_array(np.ones(3, dtype=np.float32), "scale"),
+            numpy_helper.from_array(np.zeros(3, dtype=np.float32), "bias"),
+        ],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), workdir / "t.onnx")
+    result = run_in_process("info", "t.onnx", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert _sections(result.stdout)["shared trainable initializers"] == ["scale  read by 2 nodes"]
+    plain = run_in_process("info", "seed004.onnx", cwd=workdir)
+    assert "shared trainable initializers" not in plain.stdout
+
+
 def test_text_prints_every_node_in_order(workdir):
     result = run_onnxgrad("text", "seed004.onnx", cwd=workdir)
     assert result.returncode == 0, result.stderr
