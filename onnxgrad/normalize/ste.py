@@ -152,11 +152,21 @@ def _zero_type(lw: Lowerer, zero: str) -> int:
     return lw.elem(zero) if zero else TensorProto.UINT8
 
 
+#: doc_string of the ``DynamicQuantizeLinear`` :func:`lower_dynamic_quantize` emits, which
+#: normalising again keeps as it is
+HELD_SCALE = "onnxgrad: scale held constant to the gradient"
+
+
 def lower_dynamic_quantize(lw: Lowerer) -> None:
     """``DynamicQuantizeLinear`` whose scale is held constant to the gradient (the
-    estimator's convention: quantization parameters are not differentiated)."""
+    estimator's convention: quantization parameters are not differentiated); the node
+    emitted is marked :data:`HELD_SCALE`, so a second normalisation adds nothing."""
     node = lw.node
+    if node.doc_string == HELD_SCALE:
+        lw.builder.graph.node.append(node)
+        return
     code, scale, zero = lw.ops("DynamicQuantizeLinear", [node.input[0]], 3)
+    lw.builder.graph.node[-1].doc_string = HELD_SCALE
     lw.op("Identity", code, out=node.output[0])
     if len(node.output) > 1 and node.output[1]:
         lw.op("Identity", stop_gradient(lw, scale, TensorProto.FLOAT), out=node.output[1])

@@ -101,6 +101,16 @@ def test_input_gradient_of_deployed_form(forms, kind, form):
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 @pytest.mark.parametrize("form", deployed.FORMS)
+def test_normalising_a_deployed_form_twice_changes_nothing(forms, kind, form):
+    """``add_lora`` then ``generate_artifacts`` normalise in turn: the second pass must find
+    every lowered operator lowered (an extra straight-through term would double a derivative,
+    an extra stop-gradient grow the graph)."""
+    once = normalized_model(onnx.load(forms(kind, form)))
+    assert normalized_model(once).SerializeToString() == once.SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+@pytest.mark.parametrize("form", deployed.FORMS)
 def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     """add_lora, generate_artifacts, then plain onnxruntime steps: the loss falls, and the
     merged checkpoint runs (int8: its adapters kept over the untouched int8 weights; int8,
