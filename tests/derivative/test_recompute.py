@@ -130,10 +130,8 @@ def test_choices_are_checked():
         onnx_derivative(model, recompute="auto", backend="ort")
 
 
-def test_artifacts_train_step_recomputes(tmp_path):
-    from onnxgrad.training.artifacts import generate_artifacts
-
-    w1, w2 = RNG.standard_normal((3, 5)), RNG.standard_normal((5, 1))
+def _tanh_mlp() -> onnx.ModelProto:
+    """``y = tanh(x W1) W2`` in float32, a free batch axis."""
     graph = helper.make_graph(
         [
             helper.make_node("MatMul", ["x", "W1"], ["h"], name="h"),
@@ -144,11 +142,17 @@ def test_artifacts_train_step_recomputes(tmp_path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
         [
-            numpy_helper.from_array(w1.astype(np.float32), "W1"),
-            numpy_helper.from_array(w2.astype(np.float32), "W2"),
+            numpy_helper.from_array(RNG.standard_normal((3, 5)).astype(np.float32), "W1"),
+            numpy_helper.from_array(RNG.standard_normal((5, 1)).astype(np.float32), "W2"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_artifacts_train_step_recomputes(tmp_path):
+    from onnxgrad.training.artifacts import generate_artifacts
+
+    model = _tanh_mlp()
     artifacts = generate_artifacts(model, artifact_directory=tmp_path, recompute="auto")
     step = onnx.load(artifacts.path("training_model.onnx"))
     copies = [n for n in step.graph.node if n.name.startswith("recompute/t/")]
@@ -164,21 +168,7 @@ def test_estimators_train_with_recomputation(estimator):
     import onnxgrad
     from onnxgrad import add_loss_output
 
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "W1"], ["h"], name="h"),
-            helper.make_node("Tanh", ["h"], ["t"], name="t"),
-            helper.make_node("MatMul", ["t", "W2"], ["y"], name="y"),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
-        [
-            numpy_helper.from_array(RNG.standard_normal((3, 5)).astype(np.float32), "W1"),
-            numpy_helper.from_array(RNG.standard_normal((5, 1)).astype(np.float32), "W2"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = _tanh_mlp()
     weights = {}
     if estimator == "OrtGradientOptimizer":
         model, weights = add_loss_output(model), {"weights_to_train": ["W1", "W2"]}
