@@ -326,7 +326,7 @@ def _recompute(name: str) -> dict:
     choice = os.environ.get("BENCH_RECOMPUTE", "none")
     if choice == "none":
         return {}
-    return {"recompute": "auto" if choice == "auto" else [BLOCKS[name]]}
+    return {"recompute": choice if choice in ("auto", "attention") else [BLOCKS[name]]}
 
 
 def _layout() -> str:
@@ -420,9 +420,10 @@ def main(argv=None) -> list[dict]:
     )
     parser.add_argument(
         "--recompute",
-        choices=["none", "auto", "blocks"],
+        choices=["none", "auto", "attention", "blocks"],
         default="none",
-        help="values onnxgrad's backward recomputes: none, cheap ones (auto), each block's",
+        help="values onnxgrad's backward recomputes: none, cheap ones and attention in tiles "
+        "(auto), attention in tiles only (attention), each block's (blocks)",
     )
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", nargs=4, metavar=("FRAMEWORK", "MODEL", "FOLDER", "STEPS"))

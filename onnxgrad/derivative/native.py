@@ -24,9 +24,10 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative._naming import free_gradient_names, kept_outputs
 from onnxgrad.derivative.api import DerivativeRequest, graph_inputs
+from onnxgrad.derivative.autodiff.attention_tiles import expand_tiled_attention, fuse_attention
 from onnxgrad.derivative.autodiff.cleanup import clean_graph
 from onnxgrad.derivative.autodiff.engine import Engine
-from onnxgrad.derivative.autodiff.forward_rewrites import pool_before_relu
+from onnxgrad.derivative.autodiff.forward_rewrites import gathers_as_split, pool_before_relu
 from onnxgrad.derivative.autodiff.value_types import (
     ValueType,
     constant_tensors,
@@ -34,7 +35,11 @@ from onnxgrad.derivative.autodiff.value_types import (
     value_info,
 )
 from onnxgrad.derivative.options import DerivativeOptions
-from onnxgrad.derivative.recompute import name_forward_nodes, recompute_in_backward
+from onnxgrad.derivative.recompute import (
+    name_forward_nodes,
+    recompute_in_backward,
+    tiles_attention,
+)
 from onnxgrad.graph._builder import mark_structural_constants
 from onnxgrad.graph.select import prune_graph
 
@@ -49,9 +54,12 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     pool_before_relu(model.graph)
     types = infer_value_types(model)
     graph = model.graph
+    gathers_as_split(graph, types, opset)
     scope = NameScope(all_names(graph))
     for name in (f"{x}_grad" for x in sources):
         scope.reserve(name)
+    if tiles_attention(request.recompute):
+        fuse_attention(graph, types, sources, opset)
 
     engine = Engine.for_graph(
         graph,
@@ -68,6 +76,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
+    expand_tiled_attention(graph, types, scope, engine.emitter.node_names)
     forward_names = name_forward_nodes(graph, engine.emitter.node_names, request.recompute)
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
     recompute_in_backward(model.graph, forward_names, types, request.recompute)

@@ -72,6 +72,8 @@ from onnxgrad.derivative.autodiff.cleanup import NONDETERMINISTIC
 from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import node_inputs
 
+#: the named choices of ``recompute=`` (besides block patterns)
+CHOICES = ("auto", "attention")
 #: largest recompute chain ``"auto"`` builds, in nodes
 MAX_CHAIN = 8
 #: ``kappa``: operations of recomputation ``"auto"`` pays for one element freed
@@ -107,12 +109,14 @@ class Group:
 
 
 def check_recompute(recompute) -> str | tuple[re.Pattern, ...] | None:
-    """``None``, ``"auto"`` or block patterns (compiled), else a ``ValueError``/``TypeError``."""
-    if recompute is None or recompute == "auto":
+    """``None``, ``"auto"``, ``"attention"`` or block patterns (compiled), else a
+    ``ValueError``/``TypeError``."""
+    if recompute is None or recompute in CHOICES:
         return recompute
     if isinstance(recompute, str) or not isinstance(recompute, Sequence):
         raise TypeError(
-            f"recompute must be None, 'auto' or a list of block patterns, got {recompute!r}"
+            "recompute must be None, 'auto', 'attention' or a list of block patterns, "
+            f"got {recompute!r}"
         )
     patterns = []
     for pattern in recompute:
@@ -127,10 +131,15 @@ def check_recompute(recompute) -> str | tuple[re.Pattern, ...] | None:
     return tuple(patterns)
 
 
+def tiles_attention(recompute) -> bool:
+    """Whether ``recompute`` computes attention in tiles (``"attention"`` and ``"auto"``)."""
+    return recompute in CHOICES
+
+
 def name_forward_nodes(graph: GraphProto, names: NameScope, recompute) -> set[str]:
     """The names of ``graph``'s nodes (the forward), naming the unnamed ones first with
-    names free in ``names``; nothing when ``recompute`` is ``None``."""
-    if recompute is None:
+    names free in ``names``; nothing when no value is to be recomputed."""
+    if recompute is None or recompute == "attention":
         return set()
     for node in graph.node:
         if not node.name:
@@ -148,7 +157,7 @@ def recompute_in_backward(
     backward, in topological order) so that the backward recomputes the chosen values
     (see the module docstring); returns the groups recomputed."""
     recompute = check_recompute(recompute)
-    if recompute is None:
+    if recompute is None or recompute == "attention":
         return []
     nodes = list(graph.node)
     forward = [n for n in nodes if n.name in forward_names]

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from onnx import FunctionProto, GraphProto, NodeProto, TensorProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain
+from onnxgrad.derivative.autodiff.activity import active_values
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView
 from onnxgrad.derivative.autodiff.functions import FunctionExpansionError, function_rule
 from onnxgrad.derivative.autodiff.registry import (
@@ -81,13 +82,7 @@ class Engine:
 
     def _active_values(self, sources: Iterable[str]) -> set[str]:
         """Values depending differentiably on a source."""
-        active = set(sources)
-        for node in self.nodes:
-            if has_zero_gradient(node.domain, node.op_type):
-                continue
-            if any(name in active for name in node_inputs(node)):
-                active.update(o for o in node.output if o and self._is_float(o))
-        return active
+        return active_values(self.nodes, sources, self._is_float)
 
     def _nodes_on_path(self, active: set[str], seeds: dict[str, str]) -> list[NodeProto]:
         """Nodes with an active output from which a seed is reachable (a node whose needed

@@ -1,0 +1,25 @@
+"""Which values of a graph a gradient can flow through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from onnx import NodeProto
+
+from onnxgrad.derivative.autodiff.registry import has_zero_gradient
+from onnxgrad.graph._scopes import node_inputs
+
+
+def active_values(
+    nodes: Iterable[NodeProto], sources: Iterable[str], is_float: Callable[[str], bool]
+) -> set[str]:
+    """The values depending differentiably on a source: ``sources``, then every float output
+    of a node that reads an active value, unless the node passes no gradient (Shape,
+    comparisons, Floor...). ``nodes`` are in topological order."""
+    active = set(sources)
+    for node in nodes:
+        if has_zero_gradient(node.domain, node.op_type):
+            continue
+        if any(name in active for name in node_inputs(node)):
+            active.update(o for o in node.output if o and is_float(o))
+    return active
