@@ -34,6 +34,7 @@ from onnxgrad.derivative.autodiff.value_types import (
     infer_value_types,
     value_info,
 )
+from onnxgrad.derivative.late_backward import delay_early_backward
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.derivative.recompute import (
     name_forward_nodes,
@@ -77,9 +78,10 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
     expand_tiled_attention(graph, types, scope, engine.emitter.node_names)
-    forward_names = name_forward_nodes(graph, engine.emitter.node_names, request.recompute)
+    forward_names = name_forward_nodes(graph, engine.emitter.node_names)
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
     recompute_in_backward(model.graph, forward_names, types, request.recompute)
+    delay_early_backward(model.graph, forward_names, seeds.values())
     mark_structural_constants(model.graph)
     try:
         return finalize_model(model)

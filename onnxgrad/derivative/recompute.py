@@ -63,13 +63,13 @@ from onnx import GraphProto, NodeProto, helper
 
 from onnxgrad._onnx_utils import (
     NameScope,
-    all_names,
     normalize_domain,
     replace_repeated,
     subgraphs,
 )
 from onnxgrad.derivative.autodiff.cleanup import NONDETERMINISTIC
 from onnxgrad.derivative.autodiff.value_types import ValueType
+from onnxgrad.derivative.gating import Gates, backward_depths, deepest_before
 from onnxgrad.graph._scopes import node_inputs
 
 #: the named choices of ``recompute=`` (besides block patterns)
@@ -136,11 +136,9 @@ def tiles_attention(recompute) -> bool:
     return recompute in CHOICES
 
 
-def name_forward_nodes(graph: GraphProto, names: NameScope, recompute) -> set[str]:
+def name_forward_nodes(graph: GraphProto, names: NameScope) -> set[str]:
     """The names of ``graph``'s nodes (the forward), naming the unnamed ones first with
-    names free in ``names``; nothing when no value is to be recomputed."""
-    if recompute is None or recompute == "attention":
-        return set()
+    names free in ``names``."""
     for node in graph.node:
         if not node.name:
             node.name = names.unique(f"{node.op_type}_fwd")
@@ -328,15 +326,14 @@ class _Rewriter:
 
     def __init__(self, graph: GraphProto, backward: list[NodeProto]):
         self.backward = backward
-        self.values = NameScope(all_names(graph))
-        self.node_names = NameScope(n.name for n in graph.node)
-        self.depth = _backward_depths(backward)
+        self.gates = Gates(graph)
+        self.depth = backward_depths(backward)
 
     def apply(self, groups: list[Group]) -> list[NodeProto]:
         inserted: dict[int, list[NodeProto]] = {}
         for group in groups:
             first = self._first_reader(group)
-            gate = self._gate(first)
+            gate = deepest_before(self.backward, self.depth, first)
             if gate is None:
                 continue
             inserted.setdefault(first, []).extend(self._copy(group, gate))
@@ -350,20 +347,9 @@ class _Rewriter:
         targets = set(group.targets)
         return next(i for i, n in enumerate(self.backward) if targets.intersection(n.input))
 
-    def _gate(self, first: int) -> str | None:
-        """The deepest backward value computed before node ``first`` (the latest on ties),
-        if some chain of at least 2 backward nodes leads to it (a shallower one may be a
-        constant, which onnxruntime would fold, gate and all)."""
-        best, best_depth = None, 1
-        for node in self.backward[:first]:
-            for output in node.output:
-                if output and self.depth[output] >= max(best_depth, 2):
-                    best, best_depth = output, self.depth[output]
-        return best
-
     def _copy(self, group: Group, gate: str) -> list[NodeProto]:
         prefix = f"recompute/{group.name}/"
-        new, token = self._token(gate, prefix)
+        new, token = self.gates.token(gate, prefix)
         renamed: dict[str, str] = {}
         gated: dict[str, str] = {}
         produced = {o for n in group.nodes for o in n.output}
@@ -374,12 +360,18 @@ class _Rewriter:
                     inputs.append(renamed.get(name, name))
                     continue
                 if name not in gated:
-                    gated[name] = self._gated(name, token, prefix, new)
+                    nodes, gated[name] = self.gates.gated(name, token, prefix)
+                    new.extend(nodes)
                 inputs.append(gated[name])
-            outputs = [self.values.unique(f"{o}_recomputed") if o else "" for o in node.output]
+            outputs = [
+                self.gates.values.unique(f"{o}_recomputed") if o else "" for o in node.output
+            ]
             renamed.update(zip(node.output, outputs))
             copy = helper.make_node(
-                node.op_type, inputs, outputs, name=self.node_names.unique(prefix + node.name)
+                node.op_type,
+                inputs,
+                outputs,
+                name=self.gates.node_names.unique(prefix + node.name),
             )
             copy.attribute.extend(node.attribute)
             new.append(copy)
@@ -388,46 +380,3 @@ class _Rewriter:
                 if name in group.targets:
                     node.input[i] = renamed[name]
         return new
-
-    def _token(self, gate: str, prefix: str) -> tuple[list[NodeProto], str]:
-        """An empty int64 tensor computed from ``gate``."""
-        flat, empty, token = (self.values.unique(f"{prefix}{s}") for s in ("flat", "empty", "tok"))
-        minus_one, zero = (self.values.unique(f"{prefix}{s}") for s in ("minus_one", "zero"))
-        nodes = [
-            _constant(minus_one, [-1], self.node_names, prefix),
-            _constant(zero, [0], self.node_names, prefix),
-            self._node("Reshape", [gate, minus_one], flat, prefix),
-            self._node("Slice", [flat, zero, zero], empty, prefix),
-            self._node("Cast", [empty], token, prefix, to=7),
-        ]
-        return nodes, token
-
-    def _gated(self, name: str, token: str, prefix: str, new: list[NodeProto]) -> str:
-        shape, target, gated = (
-            self.values.unique(f"{name}_{s}") for s in ("shape", "tshape", "gated")
-        )
-        new.append(self._node("Shape", [name], shape, prefix))
-        new.append(self._node("Concat", [shape, token], target, prefix, axis=0))
-        new.append(self._node("Reshape", [name, target], gated, prefix))
-        return gated
-
-    def _node(self, op_type: str, inputs, output: str, prefix: str, **attrs) -> NodeProto:
-        name = self.node_names.unique(f"{prefix}{op_type}")
-        return helper.make_node(op_type, inputs, [output], name=name, **attrs)
-
-
-def _constant(name: str, values, node_names: NameScope, prefix: str) -> NodeProto:
-    tensor = helper.make_tensor(name, 7, [len(values)], values)
-    return helper.make_node(
-        "Constant", [], [name], name=node_names.unique(f"{prefix}Constant"), value=tensor
-    )
-
-
-def _backward_depths(backward: list[NodeProto]) -> dict[str, int]:
-    """Backward value -> length of the longest chain of backward nodes computing it."""
-    depth: dict[str, int] = {}
-    for node in backward:
-        d = 1 + max((depth.get(i, 0) for i in node.input), default=0)
-        for output in node.output:
-            depth[output] = d
-    return depth
