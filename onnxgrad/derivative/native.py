@@ -81,7 +81,8 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     forward_names = name_forward_nodes(graph, engine.emitter.node_names)
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
     recompute_in_backward(model.graph, forward_names, types, request.recompute)
-    delay_early_backward(model.graph, forward_names, seeds.values())
+    if request.recompute is not None:
+        delay_early_backward(model.graph, forward_names, seeds.values())
     mark_structural_constants(model.graph)
     try:
         return finalize_model(model)

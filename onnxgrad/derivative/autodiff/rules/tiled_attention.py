@@ -3,8 +3,8 @@
 
 A ``Loop`` over the same tiles as the forward: tile ``r`` runs the core again on
 :math:`Q_r` (and the masks' rows ``r``) and differentiates that copy with the engine's rules,
-seeded with :math:`dO_r`; :math:`dQ_r` are concatenated, the contributions to
-:math:`dK_t` and :math:`dV` summed.
+seeded with :math:`dO_r`; :math:`dQ_r` are written into their rows of :math:`dQ`, the
+contributions to :math:`dK_t` and :math:`dV` summed.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def tiled_attention_grad(b, node, grads, needs):
         raise NotImplementedError(
             f"{OP_TYPE} node {node.name!r}: a mask of the attention needs a gradient"
         )
-    body, budget = fused_parts(node)
+    body, budget, min_rows = fused_parts(node)
     nodes = Nodes(b.names, b.node_names, b.prefix)
-    plan = tile_plan(nodes, q, kt, budget)
+    plan = tile_plan(nodes, q, kt, budget, min_rows)
     wanted = [x for x, need in zip((q, kt, v), needs[:3]) if need]
-    inits = [_initial_gradient(nodes, x, x == q, b.dtype(x)) for x in wanted]
+    inits = [_initial_gradient(nodes, x, b.dtype(x)) for x in wanted]
     formal = [i.name for i in body.input]
 
     def fill(inner: Nodes, iteration: str, states: list[str]) -> list[str]:
@@ -57,32 +57,29 @@ def tiled_attention_grad(b, node, grads, needs):
         inner.nodes.extend(copies)
         inner.nodes.extend(backward)
         return [
-            _accumulate(inner, state, gradients[source], source, x == q)
+            _accumulate(inner, tile, state, gradients[source], x == q)
             for state, source, x in zip(states, sources, wanted)
         ]
 
-    types = [b.dtype(x) for x in wanted]
+    types = [b.value_type(x) for x in wanted]
     finals = loop(nodes, plan.trips, inits, fill, types, f"{b.prefix}Loop")
     b.emit_nodes(nodes.nodes)
     result = dict(zip(wanted, finals))
     return [result.get(q), result.get(kt), result.get(v)] + [None] * len(masks)
 
 
-def _initial_gradient(nodes: Nodes, x: str, is_query: bool, elem_type: int) -> str:
-    """No row yet for ``Q`` (its gradient is concatenated), zeros for ``Kt`` and ``V``."""
-    if is_query:
-        none = nodes.const([0])
-        return nodes.op("Slice", x, none, none, nodes.const([-2]))
+def _initial_gradient(nodes: Nodes, x: str, elem_type: int) -> str:
     zero = numpy_helper.from_array(np.zeros(1, dtype=np_dtype(elem_type)))
     return nodes.op("ConstantOfShape", nodes.op("Shape", x), value=zero)
 
 
-def _accumulate(nodes: Nodes, state: str, gradient: str | None, source: str, is_query: bool):
+def _accumulate(nodes: Nodes, tile, state: str, gradient: str | None, is_query: bool) -> str:
+    """``dQ`` takes the tile's rows, ``dKt`` and ``dV`` sum the tiles' contributions."""
+    if gradient is None:
+        return state
     if is_query:
-        if gradient is None:
-            gradient = nodes.op("Sub", source, source)
-        return nodes.op("Concat", state, gradient, axis=-2)
-    return state if gradient is None else nodes.op("Add", state, gradient)
+        return tile.written(nodes, state, gradient)
+    return nodes.op("Add", state, gradient)
 
 
 def _declared_rows(b, rows: str, like: str) -> str:
