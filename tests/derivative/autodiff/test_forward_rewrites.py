@@ -103,3 +103,60 @@ def test_pool_before_relu_leaves_what_others_read():
     assert pool_before_relu(plain.graph) == 2
     assert [n.op_type for n in plain.graph.node] == ["MaxPool", "MaxPool", "Relu", "Mul"]
     onnx.checker.check_model(plain, full_check=True)
+
+
+# -- Gathers of every slice as one Split ---------------------------------------------------------
+def unbind_model(indices=(0, 1, 2), opset: int = 18) -> onnx.ModelProto:
+    """``loss = sum(q * k + v)``, ``q, k, v`` Gathers of ``Reshape(x W, [0, 3, 4])`` along
+    axis 1 (PyTorch's unbind of a packed projection), at the constant scalar ``indices``."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["packed"]),
+        helper.make_node("Reshape", ["packed", "shape"], ["parts"]),
+    ]
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((5, 12)), "W"),
+        onnx.numpy_helper.from_array(np.array([0, 3, 4], np.int64), "shape"),
+    ]
+    picked = []
+    for position, index in enumerate(indices):
+        inits.append(onnx.numpy_helper.from_array(np.array(index, np.int64), f"i{position}"))
+        nodes.append(
+            helper.make_node("Gather", ["parts", f"i{position}"], [f"g{position}"], axis=1)
+        )
+        picked.append(f"g{position}")
+    nodes.append(helper.make_node("Mul", picked[:2], ["qk"]))
+    nodes.append(helper.make_node("Add", ["qk", picked[-1]], ["s"]))
+    nodes.append(helper.make_node("ReduceSum", ["s"], ["loss"], keepdims=0))
+    graph = helper.make_graph(
+        nodes,
+        "unbind",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["batch", 5])],
+        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("indices", [(0, 1, 2), (2, -2, 0), (0, 2, 0)])
+def test_gathers_of_every_slice_become_a_split(indices, opset):
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxgrad.derivative import DerivativeOptions
+    from tests.derivative.fd import onnx_numerical_vjp
+
+    model = unbind_model(indices, opset)
+    gradient = onnx_derivative(model, ["W"], ["x"], DerivativeOptions.Loss, loss="loss")
+    ops = [n.op_type for n in gradient.graph.node]
+    every_slice = sorted(i % 3 for i in indices) == [0, 1, 2]
+    assert ("Split" in ops) == every_slice
+    feeds = {
+        "x": np.random.default_rng(1).standard_normal((4, 5)),
+        "W": onnx.numpy_helper.to_array(model.graph.initializer[0]),
+    }
+    names = [o.name for o in gradient.graph.output]
+    result = dict(zip(names, ReferenceEvaluator(gradient).run(None, feeds)))
+    expected = onnx_numerical_vjp(model, feeds, ["x", "W"])
+    for name, value in expected.items():
+        np.testing.assert_allclose(result[f"{name}_grad"], value, rtol=1e-7, atol=1e-9)

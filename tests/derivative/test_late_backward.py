@@ -1,0 +1,111 @@
+"""Backward nodes computed from forward values only wait for the output gradient.
+
+Property checked on the gradient graphs of a LayerNorm MLP and of an attention block: every
+backward node with a float output depends on the seed ``loss_grad`` (only shape
+computations may run before it), and the gradients equal those of the graph without the
+pass (onnxruntime) and float64 finite differences.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxgrad import onnx_derivative
+from onnxgrad.derivative import DerivativeOptions
+from tests.derivative.fd import onnx_numerical_vjp, run_onnxruntime
+from tests.derivative.test_attention_tiles import WEIGHTS, attention_model
+
+FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE}
+
+
+def layer_norm_mlp(dtype=np.float64) -> onnx.ModelProto:
+    """``loss = sum(LayerNorm(tanh(x W1)) W2)``: LayerNorm's gradient recomputes the
+    normalised input from forward values, and the MatMuls' from transposed weights."""
+    rng = np.random.default_rng(0)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 6)).astype(dtype), "W1"),
+        numpy_helper.from_array(rng.standard_normal((6, 2)).astype(dtype), "W2"),
+        numpy_helper.from_array((1 + rng.random(6)).astype(dtype), "gamma"),
+        numpy_helper.from_array(rng.standard_normal(6).astype(dtype), "beta"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="h"),
+        helper.make_node("Tanh", ["h"], ["t"], name="t"),
+        helper.make_node("LayerNormalization", ["t", "gamma", "beta"], ["n"], name="n", axis=-1),
+        helper.make_node("MatMul", ["n", "W2"], ["y"], name="y"),
+        helper.make_node("ReduceSum", ["y"], ["loss"], name="loss", keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ln_mlp",
+        [helper.make_tensor_value_info("x", elem, ["batch", 4])],
+        [helper.make_tensor_value_info("loss", elem, [])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _float_backward_nodes_independent_of(gradient, forward, seed) -> list[str]:
+    inferred = onnx.shape_inference.infer_shapes(gradient)
+    elem = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
+    elem.update({o.name: o.type.tensor_type.elem_type for o in inferred.graph.output})
+    depends = {seed}
+    early = []
+    for node in gradient.graph.node:
+        if depends.intersection(node.input):
+            depends.update(node.output)
+        elif (
+            node.name not in forward
+            and node.op_type != "Constant"
+            and any(elem.get(o) in FLOATS for o in node.output)
+        ):
+            early.append(f"{node.op_type} {node.name}")
+    return early
+
+
+def _gradients(model, weights, recompute):
+    return onnx_derivative(model, weights, ["x"], DerivativeOptions.Zero, recompute=recompute)
+
+
+def test_layer_norm_backward_waits_for_the_gradient():
+    model = layer_norm_mlp()
+    weights = ["W1", "W2", "gamma", "beta"]
+    plain = _gradients(model, weights, None)
+    delayed = _gradients(model, weights, "attention")
+    forward = {n.name for n in model.graph.node}
+    assert _float_backward_nodes_independent_of(plain, forward, "loss_grad")
+    assert not _float_backward_nodes_independent_of(delayed, forward, "loss_grad")
+    feeds = {
+        "x": np.random.default_rng(1).standard_normal((3, 4)),
+        "loss_grad": np.array(1.5),
+        **{i.name: numpy_helper.to_array(i) for i in model.graph.initializer},
+    }
+    names = [o.name for o in delayed.graph.output]
+    result = dict(zip(names, ReferenceEvaluator(delayed).run(None, feeds)))
+    expected = onnx_numerical_vjp(model, feeds, ["x", *weights], seeds=[np.array(1.5)])
+    for name, value in expected.items():
+        np.testing.assert_allclose(result[f"{name}_grad"], value, rtol=1e-6, atol=1e-8)
+
+
+def test_attention_backward_waits_for_the_gradient_in_onnxruntime():
+    model = attention_model("causal", np.float32)
+    for index, node in enumerate(model.graph.node):
+        node.name = node.name or f"forward{index}"
+    delayed = _gradients(model, WEIGHTS, "attention")
+    forward = {n.name for n in model.graph.node}
+    forward |= {n.name for n in delayed.graph.node if n.name.startswith("attention/softmax")}
+    assert not _float_backward_nodes_independent_of(delayed, forward, "loss_grad")
+    x = np.random.default_rng(2).standard_normal((2, 5, 6)).astype(np.float32)
+    feeds = {
+        "x": x,
+        "loss_grad": np.array(0.5, np.float32),
+        **{i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in WEIGHTS},
+    }
+    plain = run_onnxruntime(_gradients(model, WEIGHTS, None), feeds)
+    result = run_onnxruntime(delayed, feeds)
+    for name, value in plain.items():
+        np.testing.assert_allclose(result[name], value, rtol=1e-5, atol=1e-6)
