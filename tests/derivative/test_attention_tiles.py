@@ -114,6 +114,12 @@ def _gradient(model, recompute="attention", weights=WEIGHTS):
     )
 
 
+@pytest.fixture(autouse=True)
+def tile_small_scores(monkeypatch):
+    """The test models' 5 x 5 scores are tiled (the default leaves scores this small)."""
+    monkeypatch.setattr(attention_tiles, "MIN_SCORES", 1)
+
+
 @pytest.fixture
 def tile_budget(monkeypatch):
     """Sets the score elements a tile holds (rows = budget // (batch * heads * seq))."""
@@ -167,6 +173,43 @@ def test_scores_and_probabilities_stay_inside_the_loops():
     bodies = [n.attribute[0].g for n in loops]
     assert all({"Softmax", "MatMul"} <= {n.op_type for n in body.node} for body in bodies)
     onnx.checker.check_model(gradient, full_check=True)
+
+
+def test_small_static_scores_are_not_tiled(monkeypatch):
+    """Below ``MIN_SCORES`` elements a head (both sizes static) the loop costs more time
+    than it saves memory; with a symbolic sequence the core is tiled."""
+    monkeypatch.setattr(attention_tiles, "MIN_SCORES", SEQ * SEQ + 1)
+    model = attention_model("causal", np.float32)
+    assert "Loop" not in {n.op_type for n in _gradient(model).graph.node}
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "sequence"
+    model.graph.ClearField("value_info")
+    for init in model.graph.initializer:
+        if init.name == "mask":  # a mask of the sequence's size, read from x
+            model.graph.initializer.remove(init)
+            break
+    model.graph.node.insert(
+        0, helper.make_node("ConstantOfShape", ["mask_shape"], ["mask"], name="zero_mask")
+    )
+    model.graph.node.insert(0, helper.make_node("Shape", ["x"], ["x_shape"], name="x_shape"))
+    model.graph.node.insert(
+        1,
+        helper.make_node(
+            "Concat", ["ones", "x_shape_seq", "x_shape_seq"], ["mask_shape"], axis=0, name="cat"
+        ),
+    )
+    model.graph.node.insert(
+        1,
+        helper.make_node("Slice", ["x_shape", "one", "two"], ["x_shape_seq"], name="seq_len"),
+    )
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([1, 1], np.int64), "ones"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array([2], np.int64), "two"),
+        ]
+    )
+    gradient = _gradient(model)
+    assert [n.op_type for n in gradient.graph.node].count("Loop") == 2
 
 
 def test_plain_and_block_choices_do_not_tile():

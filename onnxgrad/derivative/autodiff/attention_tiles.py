@@ -29,8 +29,8 @@ Before differentiation, :func:`fuse_attention` replaces each core by one
 nodes as its ``body``), whose gradient rule builds the backward loop; after it,
 :func:`expand_tiled_attention` turns the remaining nodes into their forward loops, so the
 result holds standard operators only. A core is left alone when a mask needs a gradient
-(a trained position bias), when ranks are unknown or differ, or when a value inside it is
-read elsewhere.
+(a trained position bias), when ranks are unknown or differ, when a value inside it is
+read elsewhere, or when one head's scores are known to be small (:data:`MIN_SCORES`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ OP_TYPE = "TiledAttention"
 TILE_ELEMENTS = 1 << 18
 #: fewest rows of a tile, whatever the budget (each iteration costs ~20 small kernels)
 MIN_TILE_ROWS = 16
+#: smallest score matrix of one head (query rows x keys, when both are static) worth tiling:
+#: at sequence 16 a loop made the transformer classifier's step 9 % slower for no memory
+MIN_SCORES = 128 * 128
 #: elementwise ops allowed between the score product and the softmax
 SCORE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Tanh", "Neg"})
 
@@ -173,6 +176,8 @@ def _core_at(softmax, types, active, readers, producer, private) -> _Core | None
     q, kt, v = node.input[0], node.input[1], out.input[1]
     if not _rank_checked(types, q, kt, v, out.output[0], softmax, masks):
         return None
+    if _small_scores(types, q, kt):
+        return None
     if any(m in active for m in masks) or len({q, kt, v, *masks}) != 3 + len(masks):
         return None
     return _Core([node, *reversed(chain), softmax, out], q, kt, v, masks, out.output[0])
@@ -209,6 +214,12 @@ def _rank_checked(types, q, kt, v, o, softmax, masks) -> bool:
     if axis not in (-1, rank - 1):
         return False
     return all((r := _rank(types, m)) is not None and r <= rank for m in masks)
+
+
+def _small_scores(types, q: str, kt: str) -> bool:
+    """Whether one head's scores are known to hold fewer than :data:`MIN_SCORES` elements."""
+    rows, keys = types[q].shape[-2], types[kt].shape[-1]
+    return isinstance(rows, int) and isinstance(keys, int) and rows * keys < MIN_SCORES
 
 
 def _rank(types, name: str) -> int | None:
