@@ -89,10 +89,13 @@ def onnx_derivative(
         input. ``KeepOutputs`` still returns every output. With ``Loss``, the loss is the
         one output differentiated.
     :param recompute: forward values the backward recomputes instead of keeping them from
-        the forward (less memory, more time; ``backend="onnx"`` only): ``"auto"`` (cheap
-        values such as attention probabilities), or a list of regular expressions naming
-        blocks to checkpoint, e.g. ``[r"layers\\.\\d+"]`` (see
-        :mod:`onnxgrad.derivative.recompute`).
+        the forward (less memory; ``backend="onnx"`` only): ``"attention"`` (attentions whose
+        scores may be large computed in tiles of query rows, forward and backward, and
+        backward work that reads forward values only made to wait for the gradient),
+        ``"auto"`` (that, and cheap values recomputed), or a list of regular expressions
+        naming blocks to checkpoint, e.g. ``[r"layers\\.\\d+"]`` (see
+        :mod:`onnxgrad.derivative.recompute`); ``None`` (default here; the training entries
+        default to ``"attention"``): the backward as the rules build it.
     """
     _check_arguments(options, backend)
     return derive_in_place(

@@ -14,13 +14,9 @@ profiler shows the weight transposes of the backward run first), so a copy whose
 are all forward values runs as soon as they exist, during the forward, and brings the peak
 back; with graph optimisations on, its common-subexpression elimination even merges the
 copy into the forward node (docs/benchmarks.md measures both). Each group is
-therefore *gated*: every anchor ``a`` a copy reads is read through
-``Reshape(a, Concat(Shape(a), Cast(Slice(Flatten(g), 0, 0))))``, the same tensor (an
-alias in onnxruntime, no copy), whose shape input depends on a backward value ``g`` computed
-just before the group's first backward reader: an empty int64 tensor taken from ``g``,
-which no constant folding can remove. ``g`` is the backward value of greatest depth (the
-longest chain of backward nodes behind it) among those computed before that reader, i.e.
-the gradient that reached the group.
+therefore *gated* (:mod:`~onnxgrad.derivative.gating`): every anchor a copy reads is read
+through an alias whose shape depends on the gradient that reached the group's first
+backward reader.
 
 Choices (``recompute=``):
 
@@ -32,7 +28,11 @@ Choices (``recompute=``):
   inputs, one block at a time. A node that cannot be copied (a random op, one holding a
   subgraph, another domain's) keeps its outputs saved, and so does a value a backward
   subgraph reads implicitly;
-* ``"auto"``: cheap values, chosen greedily by size (below).
+* ``"attention"``: no value of this module; attention cores are computed in tiles
+  (:mod:`~onnxgrad.derivative.autodiff.attention_tiles`) and backward work that reads
+  forward values only waits for the gradient (:mod:`~onnxgrad.derivative.late_backward`);
+* ``"auto"``: the same, and cheap values, chosen greedily by size (below): the attention
+  probabilities of a core left untiled, elementwise chains.
 
 The ``"auto"`` cost model. For a saved value ``v`` of ``n_v`` elements, its recompute chain
 ``C(v)`` is found walking back from ``v`` through producers until every input is an anchor:
@@ -74,6 +74,10 @@ from onnxgrad.graph._scopes import node_inputs
 
 #: the named choices of ``recompute=`` (besides block patterns)
 CHOICES = ("auto", "attention")
+#: the choice of the training entries (``make_train_step``, ``generate_artifacts``, the
+#: estimators) when they are given none: at the same step time (0.99-1.03x), the transformer
+#: classifier at sequence 256 peaks at 44 MiB instead of 135 (docs/benchmarks.md)
+TRAINING_RECOMPUTE = "attention"
 #: largest recompute chain ``"auto"`` builds, in nodes
 MAX_CHAIN = 8
 #: ``kappa``: operations of recomputation ``"auto"`` pays for one element freed

@@ -45,6 +45,7 @@ from onnxgrad._onnx_utils import (
     load_model,
     np_dtype,
 )
+from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph import replace_initializers_into_onnx
 from onnxgrad.graph.initializers import get_train_initializer, train_initializer_names
 from onnxgrad.graph.lora import lora_adapters, merge_lora
@@ -115,7 +116,7 @@ def generate_artifacts(
     folder: str | os.PathLike | None = None,
     data: tuple[np.ndarray, np.ndarray] | None = None,
     loss_scale: str | float | None = "auto",
-    recompute: str | Sequence[str] | None = None,
+    recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -138,8 +139,9 @@ def generate_artifacts(
     :param loss_scale: loss scaling of :func:`make_train_step` (default ``'auto'``: dynamic,
         its scale and count of finite steps part of the optimizer state, for a model
         computing in float16; :mod:`onnxgrad.training.loss_scaling`)
-    :param recompute: forward values the train step's backward recomputes (``"auto"`` or
-        block patterns, see :func:`onnxgrad.onnx_derivative`)
+    :param recompute: forward values the train step's backward recomputes (default
+        ``"attention"``: large attentions in tiles; ``"auto"``, block patterns or ``None``,
+        see :func:`onnxgrad.onnx_derivative`)
     """
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)

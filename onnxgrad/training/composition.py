@@ -26,6 +26,7 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative import DerivativeOptions
 from onnxgrad.derivative.api import derive_in_place, graph_inputs
+from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph.initializers import train_initializer_names
 from onnxgrad.training._builder import StepBuilder, rename_values
@@ -141,7 +142,7 @@ def make_train_step(
     layout: str = "per_weight",
     fixed_inputs: Sequence[str] = (),
     loss_scale: str | float | LossScaling | None = "auto",
-    recompute: str | Sequence[str] | None = None,
+    recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
 ) -> TrainStep:
     """One ONNX graph running a whole optimisation step on a batch.
 
@@ -155,7 +156,8 @@ def make_train_step(
     gradients are not finite (:mod:`onnxgrad.training.loss_scaling`), a number is a static
     scale, ``None`` none; ``'auto'`` (default) is ``'dynamic'`` for a model computing in
     float16, else ``None``. ``recompute``: forward values the backward recomputes (see
-    :func:`onnxgrad.onnx_derivative`).
+    :func:`onnxgrad.onnx_derivative`; default ``'attention'``: large attentions in tiles,
+    with ``backend='onnx'``).
     """
     learning_rate = checked_learning_rate(learning_rate)
     lm = make_loss_model.normalized(
@@ -195,7 +197,11 @@ def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearnin
 
 def loss_gradient(lm: LossModel, backend: str = "onnx", recompute=None) -> ModelProto:
     """``dloss/dW`` of a loss model (private and normalised, so derived in place) with
-    respect to its weights: the gradient graph of the train step."""
+    respect to its weights: the gradient graph of the train step. The training entries'
+    default ``recompute`` applies to ``backend='onnx'`` (onnxruntime-training builds its
+    own graph)."""
+    if backend != "onnx" and recompute == TRAINING_RECOMPUTE:
+        recompute = None
     return derive_in_place(
         lm.model,
         weights=list(lm.weights),

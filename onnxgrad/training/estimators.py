@@ -24,6 +24,7 @@ from onnx import ModelProto
 
 from onnxgrad._onnx_utils import copy_message, first_float_output, np_dtype
 from onnxgrad.derivative.api import graph_inputs
+from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.exceptions import ConvergenceError, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph._scores import n_classes_of
@@ -757,8 +758,9 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         ``'auto'``: dynamic for a model computing in float16; one process only, the split
         step of data-parallel training does not scale)
     :param recompute: forward values the train step's backward recomputes instead of keeping
-        them (``'auto'``, or regular expressions naming blocks to checkpoint, e.g.
-        ``[r"layers\\.\\d+"]``; :mod:`onnxgrad.derivative.recompute`); ``None``: none
+        them (default ``'attention'``: attentions with large scores in tiles; ``'auto'``,
+        or regular expressions naming blocks to checkpoint, e.g. ``[r"layers\\.\\d+"]``;
+        :mod:`onnxgrad.derivative.recompute`); ``None``: none
     """
 
     def __init__(
@@ -787,7 +789,7 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         tol=1e-4,
         enable_logging=False,
         loss_scale="auto",
-        recompute=None,
+        recompute=TRAINING_RECOMPUTE,
     ):
         self.loss_scale = loss_scale
         self.recompute = recompute
@@ -878,7 +880,7 @@ class OrtGradientOptimizer(BaseOrtOptimizer):
         saved_gradient=None,
         enable_logging=False,
         loss_scale="auto",
-        recompute=None,
+        recompute=TRAINING_RECOMPUTE,
     ):
         self.loss_scale = loss_scale
         self.recompute = recompute

@@ -21,6 +21,7 @@ from onnx import ModelProto, helper
 from onnxgrad._entries import normalizing
 from onnxgrad._onnx_utils import ModelLike, default_opset, finalize_model, np_dtype
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.training._builder import StepBuilder, inline_model
 from onnxgrad.training.composition import (
     LossModel,
@@ -75,7 +76,7 @@ def make_split_step(
     backend: str = "onnx",
     layout: str = "flat",
     fixed_inputs: Sequence[str] = (),
-    recompute: str | Sequence[str] | None = None,
+    recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
 ) -> SplitStep:
     """The train step of :func:`~onnxgrad.training.make_train_step` (same arguments) split
     into a gradient graph and an update graph; the update runs on the flat weight vector."""
