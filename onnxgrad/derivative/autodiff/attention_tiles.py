@@ -41,9 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, normalize_domain, np_dtype
+from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain, np_dtype, subgraphs
 from onnxgrad.derivative.autodiff.activity import active_values
 from onnxgrad.derivative.autodiff.value_types import ValueType
+from onnxgrad.graph._scopes import free_names
 
 #: domain of the ``TiledAttention`` node that lives between fusion and expansion only
 DOMAIN = "onnxgrad.internal"
@@ -96,7 +97,7 @@ def fuse_attention(
 
     def is_float(name: str) -> bool:
         value = types.get(name)
-        return value is None or value.elem_type in _FLOATS
+        return value is None or value.elem_type in FLOAT_TYPES
 
     active = active_values(graph.node, sources, is_float)
     cores = _find_cores(graph, types, active)
@@ -113,14 +114,6 @@ def fuse_attention(
     del graph.node[:]
     graph.node.extend(kept)
     return len(cores)
-
-
-_FLOATS = {
-    TensorProto.FLOAT,
-    TensorProto.DOUBLE,
-    TensorProto.FLOAT16,
-    TensorProto.BFLOAT16,
-}
 
 
 def _find_cores(graph: GraphProto, types: Mapping[str, ValueType], active: set[str]):
@@ -239,9 +232,6 @@ def _is_default(node: NodeProto, *op_types: str) -> bool:
 
 
 def _subgraph_reads(graph: GraphProto) -> set[str]:
-    from onnxgrad._onnx_utils import subgraphs
-    from onnxgrad.graph._scopes import free_names
-
     return {name for node in graph.node for sub in subgraphs(node) for name in free_names(sub)}
 
 
@@ -281,14 +271,10 @@ class Nodes:
         return self.scope.unique(f"{self.prefix}{base}")
 
     def op(self, op_type: str, *inputs: str, **attrs) -> str:
-        (output,) = self.ops(op_type, *inputs, outputs=1, **attrs)
-        return output
-
-    def ops(self, op_type: str, *inputs: str, outputs: int, **attrs) -> list[str]:
-        names = [self.fresh(f"{op_type}_out") for _ in range(outputs)]
+        output = self.fresh(f"{op_type}_out")
         node_name = self.node_names.unique(f"{self.prefix}{op_type}")
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=node_name, **attrs))
-        return names
+        self.nodes.append(helper.make_node(op_type, inputs, [output], name=node_name, **attrs))
+        return output
 
     def const(self, value, dtype=np.int64) -> str:
         tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
