@@ -78,11 +78,12 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
     expand_tiled_attention(graph, types, scope, engine.emitter.node_names)
-    forward_names = name_forward_nodes(graph, engine.emitter.node_names)
+    forward_names = (
+        name_forward_nodes(graph, engine.emitter.node_names) if request.recompute else set()
+    )
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
-    recompute_in_backward(model.graph, forward_names, types, request.recompute)
-    if request.recompute is not None:
-        delay_early_backward(model.graph, forward_names, seeds.values())
+    if request.recompute:
+        _lighten_backward(model.graph, forward_names, types, request.recompute, seeds)
     mark_structural_constants(model.graph)
     try:
         return finalize_model(model)
@@ -92,6 +93,13 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
             f"the gradient graph fails onnx's check ({message}): do the model's declared "
             "types and shapes agree with what its graph computes?"
         ) from exc
+
+
+def _lighten_backward(graph, forward_names, types, recompute, seeds) -> None:
+    """Values recomputed in the backward (``recompute``), then backward work on forward
+    values only delayed until the gradient reaches it."""
+    recompute_in_backward(graph, forward_names, types, recompute)
+    delay_early_backward(graph, forward_names, seeds.values())
 
 
 def _rewrite_in_place(
