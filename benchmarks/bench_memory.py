@@ -18,12 +18,15 @@ steps alone, counted above the resident memory after the imports and the data. W
 ``--malloc both`` every case runs again under ``MALLOC_MMAP_THRESHOLD_=131072``, which keeps
 glibc from growing its heap for large blocks (steadier figures, and PyTorch's lower).
 
-``--recompute auto`` or ``blocks`` builds onnxgrad's step with values recomputed in the
-backward (:mod:`onnxgrad.derivative.recompute`): ``blocks`` checkpoints each residual stage
-of resnet18 and each layer of the transformer and the Llama (:data:`BLOCKS`).
+``--recompute`` chooses what onnxgrad's step recomputes in the backward
+(:mod:`onnxgrad.derivative.recompute`): ``default`` is ``make_train_step``'s default
+(``attention`` since it has one), ``none`` nothing, ``attention`` large attentions in tiles,
+``auto`` that and cheap values, ``blocks`` checkpoints each residual stage of resnet18 and
+each layer of the transformer and the Llama (:data:`BLOCKS`).
 
     python benchmarks/bench_memory.py [--size small|issue] [--models resnet18,llama]
-        [--malloc default|mmap|both] [--steps 3] [--recompute none|auto|blocks]
+        [--malloc default|mmap|both] [--steps 3]
+        [--recompute default|none|attention|auto|blocks]
         [--json out.json]
 """
 
@@ -323,9 +326,18 @@ def _trim_heap() -> None:
 
 
 def _recompute(name: str) -> dict:
-    choice = os.environ.get("BENCH_RECOMPUTE", "none")
-    if choice == "none":
+    """``make_train_step``'s ``recompute`` for ``--recompute`` (nothing for ``default``, and
+    for ``none`` with an onnxgrad that has no such parameter)."""
+    import inspect
+
+    from onnxgrad.training.composition import make_train_step
+
+    choice = os.environ.get("BENCH_RECOMPUTE", "default")
+    if choice == "default":
         return {}
+    if choice == "none":
+        known = inspect.signature(make_train_step).parameters
+        return {"recompute": None} if "recompute" in known else {}
     return {"recompute": choice if choice in ("auto", "attention") else [BLOCKS[name]]}
 
 
@@ -420,10 +432,10 @@ def main(argv=None) -> list[dict]:
     )
     parser.add_argument(
         "--recompute",
-        choices=["none", "auto", "attention", "blocks"],
-        default="none",
-        help="values onnxgrad's backward recomputes: none, cheap ones and attention in tiles "
-        "(auto), attention in tiles only (attention), each block's (blocks)",
+        choices=["default", "none", "auto", "attention", "blocks"],
+        default="default",
+        help="values onnxgrad's backward recomputes: make_train_step's default, none, "
+        "attention in tiles (attention), that and cheap values (auto), each block's (blocks)",
     )
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", nargs=4, metavar=("FRAMEWORK", "MODEL", "FOLDER", "STEPS"))
