@@ -35,6 +35,7 @@ from onnxgrad.derivative.autodiff.value_types import (
     value_info,
 )
 from onnxgrad.derivative.late_backward import delay_early_backward
+from onnxgrad.derivative.leaf_order import readiest_leaves_last
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.derivative.recompute import (
     name_forward_nodes,
@@ -84,6 +85,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
     if request.recompute:
         _lighten_backward(model.graph, forward_names, types, request.recompute, seeds)
+    readiest_leaves_last(model.graph)
     mark_structural_constants(model.graph)
     try:
         return finalize_model(model)
