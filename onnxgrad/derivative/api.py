@@ -47,6 +47,9 @@ class DerivativeRequest:
     outputs: tuple[str, ...] = ()
     #: forward values rebuilt in the backward (:mod:`onnxgrad.derivative.recompute`)
     recompute: object = None
+    #: leaves in the order onnxruntime should run them (:mod:`onnxgrad.derivative.leaf_order`):
+    #: for a graph run as it is, not one a train step appends its update to
+    order_leaves: bool = True
 
 
 def onnx_derivative(
@@ -121,14 +124,16 @@ def derive_in_place(
     backend: str = "onnx",
     outputs: Sequence[str] | None = None,
     recompute: str | Sequence[str] | None = None,
+    order_leaves: bool = True,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
-    the command and the train step use it so that no weight is copied."""
+    the command and the train step use it so that no weight is copied (``order_leaves``:
+    see :class:`DerivativeRequest`)."""
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label, outputs)
-    request = with_recompute(request, recompute, backend)
+    request = replace(with_recompute(request, recompute, backend), order_leaves=order_leaves)
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
 

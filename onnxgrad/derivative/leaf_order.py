@@ -13,7 +13,11 @@ in onnxruntime's order peaked at 26.0 MiB of tensors instead of 19.1 with the or
 
 :func:`readiest_leaves_last` moves the leaves to the end of the graph, the one that can run
 earliest (the shortest chain of nodes behind it) last, so the walk computes each weight's
-gradient as soon as the backward reaches it. Only positions change.
+gradient as soon as the backward reaches it. Only positions change. Applied to gradient graphs
+run as they are (``onnx_derivative``, the command, the data-parallel step's gradient); a
+fused train step keeps the engine's order, since its update's leaves come in weight order
+(the last layer's last, so already first) and weight gradients moved to the end would only
+lengthen onnxruntime 1.19's topological sorts.
 """
 
 from __future__ import annotations

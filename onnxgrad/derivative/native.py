@@ -85,7 +85,8 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
     if request.recompute:
         _lighten_backward(model.graph, forward_names, types, request.recompute, seeds)
-    readiest_leaves_last(model.graph)
+    if request.order_leaves:
+        readiest_leaves_last(model.graph)
     mark_structural_constants(model.graph)
     try:
         return finalize_model(model)

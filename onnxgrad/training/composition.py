@@ -173,7 +173,7 @@ def make_train_step(
     )
     scaling = resolve_loss_scale(loss_scale, lm.model)
     scale = scale_loss(lm.model, lm.loss, scaling) if scaling else None
-    gradient = loss_gradient(lm, backend, recompute)
+    gradient = loss_gradient(lm, backend, recompute, order_leaves=False)
     if scaling:
         unscale_gradients(gradient, len(lm.weights), scale)
     roles = {
@@ -195,11 +195,15 @@ def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearnin
     return learning_rate
 
 
-def loss_gradient(lm: LossModel, backend: str = "onnx", recompute=None) -> ModelProto:
+def loss_gradient(
+    lm: LossModel, backend: str = "onnx", recompute=None, order_leaves: bool = True
+) -> ModelProto:
     """``dloss/dW`` of a loss model (private and normalised, so derived in place) with
     respect to its weights: the gradient graph of the train step. The training entries'
     default ``recompute`` applies to ``backend='onnx'`` (onnxruntime-training builds its
-    own graph)."""
+    own graph). ``order_leaves=False`` for a gradient an update is appended to (the
+    update's leaves then decide onnxruntime's order, and weight gradients moved to the end
+    would only lengthen onnxruntime 1.19's sorts)."""
     if backend != "onnx" and recompute == TRAINING_RECOMPUTE:
         recompute = None
     return derive_in_place(
@@ -211,6 +215,7 @@ def loss_gradient(lm: LossModel, backend: str = "onnx", recompute=None) -> Model
         label=lm.label,
         backend=backend,
         recompute=recompute,
+        order_leaves=order_leaves,
     )
 
 
