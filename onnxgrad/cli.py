@@ -32,12 +32,14 @@ from onnxgrad.cli_common import (
     CommandError,
     OneLineParser,
     add_loss_options,
+    add_recompute_options,
     check_destination,
     normalized,
     number,
     one_line,
     positive_int,
     read_model,
+    recompute_option,
     reduction_option,
     subcommand,
 )
@@ -513,6 +515,7 @@ def cmd_derivative(args: argparse.Namespace) -> None:
         label=args.label,
         backend=args.backend,
         outputs=args.outputs,
+        recompute=recompute_option(args),
     )
     inputs = [i.name for i in gradient.graph.input]
     outputs = [o.name for o in gradient.graph.output]
@@ -717,3 +720,4 @@ def _add_derivative(commands) -> None:
         default="onnx",
         help="onnx: native engine, standard ops only (default); ort: onnxruntime-training",
     )
+    add_recompute_options(sub, "none")

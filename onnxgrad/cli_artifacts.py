@@ -10,10 +10,12 @@ from onnxgrad.cli_common import (
     CommandError,
     add_loss_options,
     add_optimizer_option,
+    add_recompute_options,
     positive_float,
     positive_int,
     read_model,
     read_training_data,
+    recompute_option,
     subcommand,
 )
 
@@ -45,6 +47,7 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
         learning_rate=args.lr,
         artifact_directory=folder,
         data=data,
+        recompute=recompute_option(args),
     )
     step = artifacts.train_step
     print(
@@ -87,6 +90,7 @@ def add_artifacts(commands) -> None:
         "--lr", type=positive_float, help="learning rate (default: 0.01, 0.001 for adam)"
     )
     sub.add_argument("--train", nargs="+", metavar="NAME", help="initializers to train only")
+    add_recompute_options(sub, "attention")
     sub.add_argument(
         "--freeze", nargs="+", metavar="NAME", help="initializers kept constant (folded)"
     )

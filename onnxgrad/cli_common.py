@@ -205,6 +205,31 @@ def add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
     )
 
 
+def add_recompute_options(sub: argparse.ArgumentParser, default: str) -> None:
+    """``--recompute MODE`` and ``--checkpoint PATTERN...`` (``recompute=`` of the library)."""
+    sub.add_argument(
+        "--recompute",
+        choices=("none", "attention", "auto"),
+        default=default,
+        help="forward values the backward recomputes: attention (large attentions in tiles), "
+        "auto (that and cheap values) or none (default: %(default)s)",
+    )
+    sub.add_argument(
+        "--checkpoint-blocks",
+        nargs="+",
+        metavar="PATTERN",
+        help="checkpoint these blocks instead (regular expressions on node names or on the "
+        "exporter's module paths, e.g. 'layers\\.\\d+'): the backward recomputes each",
+    )
+
+
+def recompute_option(args: argparse.Namespace) -> str | list[str] | None:
+    """``recompute=`` of ``--recompute`` and ``--checkpoint-blocks``."""
+    if args.checkpoint_blocks:
+        return list(args.checkpoint_blocks)
+    return None if args.recompute == "none" else args.recompute
+
+
 def reduction_option(args: argparse.Namespace) -> dict[str, str]:
     """The ``reduction`` keyword of ``--reduction``, none when not given."""
     return {} if args.reduction is None else {"reduction": args.reduction}

@@ -12,12 +12,14 @@ from onnxgrad.cli_common import (
     CommandError,
     add_loss_options,
     add_optimizer_option,
+    add_recompute_options,
     check_destination,
     number,
     positive_float,
     positive_int,
     read_model,
     read_training_data,
+    recompute_option,
     subcommand,
 )
 from onnxgrad.cli_feeds import add_feed_option, read_feeds, with_feeds
@@ -66,6 +68,7 @@ def _train(args: argparse.Namespace) -> None:
         warm_start=True,
         verbose=1,
         intra_op_num_threads=threads_per_rank(),
+        recompute=recompute_option(args),
     )
     (X, y), validation = _split(X, y, args.val_fraction, np.random.default_rng(args.seed))
     estimator.initialize(X, y, feeds=feeds)
@@ -239,6 +242,7 @@ def add_train(commands) -> None:
     add_feed_option(sub)
     sub.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
     sub.add_argument("--seed", type=int, default=0, help="seed of the batch shuffling")
+    add_recompute_options(sub, "attention")
     sub.add_argument(
         "--checkpoint",
         metavar="FILE.json",

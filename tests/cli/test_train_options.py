@@ -102,3 +102,35 @@ def test_train_and_add_loss_accept_the_same_names(workdir, name):
     train(workdir, "--epochs", "1", "--loss", name)
     result = run_in_process("add-loss", "lr.onnx", "-o", "l.onnx", "--score", name, cwd=workdir)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("option", [("--recompute", "none"), ("--recompute", "auto")])
+def test_recompute_choices_train_the_same_weights(workdir, option):
+    """``--recompute`` changes what the backward keeps, never the weights (the default,
+    ``attention``, has no attention to tile here)."""
+    _, default = train(workdir, "--epochs", "3")
+    _, chosen = train(workdir, "--epochs", "3", *option)
+    for name, value in default.items():
+        np.testing.assert_allclose(chosen[name], value, rtol=1e-6)
+
+
+def test_derivative_tiles_an_attention_on_request(tmp_path):
+    from tests.derivative.test_attention_tiles import attention_model
+
+    model = attention_model("causal", np.float32)
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "sequence"
+    model.graph.ClearField("value_info")
+    model.graph.initializer.remove(next(i for i in model.graph.initializer if i.name == "mask"))
+    model.graph.node.remove(next(n for n in model.graph.node if "mask" in n.input))
+    next(n for n in model.graph.node if n.op_type == "Softmax").input[0] = "s1"
+    save(model, tmp_path / "attention.onnx")
+    loops = {}
+    for mode in ("none", "attention"):
+        result = run_in_process(
+            "derivative", "attention.onnx", "-o", f"{mode}.onnx", "--recompute", mode,
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        ops = [n.op_type for n in onnx.load(tmp_path / f"{mode}.onnx").graph.node]
+        loops[mode] = ops.count("Loop")
+    assert loops == {"none": 0, "attention": 2}
