@@ -39,6 +39,7 @@ from onnx import AttributeProto, ModelProto, NodeProto
 def producers(nodes: Sequence[NodeProto]) -> list[set[int]]:
     """For each node, the positions of the nodes computing what it reads (its inputs and
     the names read inside its subgraphs)."""
+    nodes = list(nodes)
     made_by = {name: i for i, node in enumerate(nodes) for name in node.output if name}
     sources = []
     for i, node in enumerate(nodes):
@@ -80,14 +81,23 @@ def ready_order(sources: Sequence[set[int]]) -> list[int]:
 
 
 def put_in_ready_order(model: ModelProto) -> ModelProto:
-    """``model``, the nodes of its main graph rearranged in place by :func:`ready_order`."""
-    graph = model.graph
-    nodes = list(graph.node)
+    """``model``, the nodes of its main graph sorted in place into :func:`ready_order`.
+
+    The nodes are sorted, not removed and added again: protobuf (upb) would keep the storage
+    of the removed nodes as long as the model lives (3.7 MiB on the 16-layer Llama step).
+    """
+    nodes = model.graph.node
     order = ready_order(producers(nodes))
-    if order != list(range(len(nodes))):
-        del graph.node[:]
-        graph.node.extend(nodes[i] for i in order)
+    if order != list(range(len(order))):
+        rank = {_identity(nodes[i]): position for position, i in enumerate(order)}
+        nodes.sort(key=lambda node: rank[_identity(node)])
     return model
+
+
+def _identity(node: NodeProto) -> tuple:
+    """What tells nodes apart: their outputs (unique in a graph, unless all empty), else
+    what they read and their type (nodes alike in all of it can trade places)."""
+    return (tuple(node.output), tuple(node.input), node.name, node.domain, node.op_type)
 
 
 def _reads(node: NodeProto) -> Iterator[str]:

@@ -1,10 +1,10 @@
-"""The ready order of :mod:`onnxgrad.training.node_order`: a topological order with short
-waits, computing what the graph as built computes (a deep train step trains the same)."""
+"""Training runners load their step in the ready order of :mod:`onnxgrad.training.node_order`
+(a topological order with short waits), with the caller's session options untouched, and a
+deep step trains as the step as built."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import numpy as np
 import onnxruntime as ort
@@ -18,6 +18,7 @@ from onnxgrad.training import (
     TrainingRunner,
     make_train_step,
 )
+from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.devices import check_device
 from onnxgrad.training.node_order import producers, put_in_ready_order, ready_order, waiting
 
@@ -137,10 +138,25 @@ def test_a_deep_step_waits_less_in_ready_order():
     )
 
 
+def test_the_runner_loads_its_step_in_ready_order_with_the_callers_options():
+    model, weights = _deep_mlp(8)
+    step = make_train_step(model, learning_rate=LearningRateAdam())
+    built = with_batch_indices(step, TrainingRunner.indices_name).graph.node
+    assert not _in_ready_order(built)
+    mine = ort.SessionOptions()
+    runner = TrainingRunner(step, check_device("cpu"), weights, session_options=mine)
+    assert _in_ready_order(runner.model.graph.node)
+    options = runner.session.get_session_options()
+    assert options.enable_mem_pattern
+    assert options.enable_mem_reuse
+    ours = TrainingRunner(step, check_device("cpu"), weights).session.get_session_options()
+    assert not ours.enable_mem_pattern
+
+
 @pytest.mark.parametrize("layout", ["per_weight", "flat"])
 def test_a_deep_step_in_ready_order_trains_as_the_step_as_built(layout):
-    """Three Adam steps of a 24-layer MLP through the runner, its step rearranged: the losses
-    and weights of a plain onnxruntime session on the step as built, fed by hand."""
+    """Three Adam steps of a 24-layer MLP through the runner (its step rearranged): the
+    losses and weights of a plain onnxruntime session on the step as built, fed by hand."""
     model, weights = _deep_mlp(24)
     rng = np.random.default_rng(1)
     X = rng.standard_normal((16, 6)).astype(np.float32)
@@ -148,9 +164,9 @@ def test_a_deep_step_in_ready_order_trains_as_the_step_as_built(layout):
     step = make_train_step(model, learning_rate=LearningRateAdam(), layout=layout)
     lr = 1e-2
 
-    ordered = dataclasses.replace(step, model=put_in_ready_order(copy.deepcopy(step.model)))
     assert not _in_ready_order(step.model.graph.node)
-    runner = TrainingRunner(ordered, check_device("cpu"), weights)
+    runner = TrainingRunner(step, check_device("cpu"), weights)
+    assert _in_ready_order(runner.model.graph.node)
     loader = OrtDataLoader(X, y, batch_size=len(X), random_iter=False)
     losses = [float(runner.run_epoch(loader, lr)[0]) for _ in range(3)]
 
