@@ -5,6 +5,7 @@ deep step trains as the step as built."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import onnxruntime as ort
@@ -17,6 +18,7 @@ from onnxgrad.training import (
     OrtDataLoader,
     TrainingRunner,
     make_train_step,
+    node_order,
 )
 from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.devices import check_device
@@ -138,25 +140,43 @@ def test_a_deep_step_waits_less_in_ready_order():
     )
 
 
-def test_the_runner_loads_its_step_in_ready_order_with_the_callers_options():
-    model, weights = _deep_mlp(8)
+def test_the_versions_whose_sorts_walk_ready_lists():
+    assert node_order.sorts_walk_ready_lists("1.19.2")
+    assert node_order.sorts_walk_ready_lists("1.17.1")
+    assert not node_order.sorts_walk_ready_lists("1.17.0")
+    assert not node_order.sorts_walk_ready_lists("1.32.0")
+
+
+def test_the_runner_keeps_a_shallow_step_as_built_with_the_callers_options():
+    model, weights = _deep_mlp(4)
     step = make_train_step(model, learning_rate=LearningRateAdam())
     built = with_batch_indices(step, TrainingRunner.indices_name).graph.node
-    assert not _in_ready_order(built)
+    assert waiting(producers(built)) < node_order.WAITING_BUDGET
     mine = ort.SessionOptions()
     runner = TrainingRunner(step, check_device("cpu"), weights, session_options=mine)
-    assert _in_ready_order(runner.model.graph.node)
+    assert [n.SerializeToString() for n in runner.model.graph.node] == [
+        n.SerializeToString() for n in built
+    ]
     options = runner.session.get_session_options()
     assert options.enable_mem_pattern
     assert options.enable_mem_reuse
-    ours = TrainingRunner(step, check_device("cpu"), weights).session.get_session_options()
-    assert not ours.enable_mem_pattern
+
+
+def test_the_runner_loads_a_deep_step_in_ready_order_where_onnxruntime_walks_lists():
+    """96 layers updated per weight: ``W`` = 1.1 million cells as built."""
+    model, weights = _deep_mlp(96)
+    step = make_train_step(model, learning_rate=LearningRateAdam())
+    built = with_batch_indices(step, TrainingRunner.indices_name).graph.node
+    assert waiting(producers(built)) > node_order.WAITING_BUDGET
+    runner = TrainingRunner(step, check_device("cpu"), weights)
+    assert _in_ready_order(runner.model.graph.node) == node_order.sorts_walk_ready_lists()
+    assert not runner.session.get_session_options().enable_mem_pattern
 
 
 @pytest.mark.parametrize("layout", ["per_weight", "flat"])
 def test_a_deep_step_in_ready_order_trains_as_the_step_as_built(layout):
-    """Three Adam steps of a 24-layer MLP through the runner (its step rearranged): the
-    losses and weights of a plain onnxruntime session on the step as built, fed by hand."""
+    """Three Adam steps of a 24-layer MLP rearranged, through the runner: the losses and
+    weights of a plain onnxruntime session on the step as built, fed by hand."""
     model, weights = _deep_mlp(24)
     rng = np.random.default_rng(1)
     X = rng.standard_normal((16, 6)).astype(np.float32)
@@ -164,9 +184,9 @@ def test_a_deep_step_in_ready_order_trains_as_the_step_as_built(layout):
     step = make_train_step(model, learning_rate=LearningRateAdam(), layout=layout)
     lr = 1e-2
 
+    ordered = dataclasses.replace(step, model=put_in_ready_order(copy.deepcopy(step.model)))
     assert not _in_ready_order(step.model.graph.node)
-    runner = TrainingRunner(step, check_device("cpu"), weights)
-    assert _in_ready_order(runner.model.graph.node)
+    runner = TrainingRunner(ordered, check_device("cpu"), weights)
     loader = OrtDataLoader(X, y, batch_size=len(X), random_iter=False)
     losses = [float(runner.run_epoch(loader, lr)[0]) for _ in range(3)]
 
