@@ -50,7 +50,6 @@ from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader
 from onnxgrad.training.devices import Device
 from onnxgrad.training.feeds import FixedFeeds
-from onnxgrad.training.node_order import order_for_onnxruntime
 from onnxgrad.training.runner import (
     StepBuffers,
     TrainingRunner,
@@ -264,9 +263,7 @@ class DistributedRunner:
         self.step = step
         self.device = device
         self.check_every = int(check_every)
-        self.model = order_for_onnxruntime(
-            with_batch_indices(step.gradient_model, self.indices_name)
-        )
+        self.model = with_batch_indices(step.gradient_model, self.indices_name)
         self.session = make_session(self.model, device, session_options)
         self.update_session = make_session(step.model, device, session_options)
         weights = _checked_values(weights, _weight_types(step), "weight")

@@ -20,32 +20,20 @@ walks grow with depth squared.
 first ready first out, ties in the original order); onnxruntime's sort then emits the nodes in
 this order and walks 4 to 7 cells per node on the same graphs: the 64-layer step's session
 takes 2.8 s instead of 4.5, the flat-updated MLP's grows x2 per doubling of depth instead of
-x3.4 (docs/benchmarks.md). The values computed are the same; onnxruntime's ``DEFAULT``
-execution order (a depth-first walk back from the outputs) breaks its ties by position, so
-the step's memory peak can move: the same after 3 steps on the Llama-like steps (16 and 32
-layers), +1.3% on resnet18 (batch 16). The runners call :func:`order_for_onnxruntime`, which
-rearranges only where the sorts walk long lists: onnxruntime 1.17.1 to 1.19
-(:data:`READY_LIST_VERSIONS`) and ``W`` above :data:`WAITING_BUDGET` (not resnet18's 72,000
-cells, but the 16-layer Llama step's 858,000).
+x3.4 (docs/benchmarks.md). The values computed are the same, but onnxruntime's ``DEFAULT``
+execution order (a depth-first walk back from the outputs) breaks its ties by position: the
+32-layer Llama step runs 4-5% slower rearranged (50.2 against 48.3 ms, one thread), resnet18
+peaks 1.3% higher; onnxruntime 1.32 creates the sessions no faster. So the runners load the
+graphs as built, and this module measures an order (:func:`waiting`) and rearranges a graph
+(:func:`put_in_ready_order`) where session creation on onnxruntime 1.19 matters more.
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-import onnxruntime as ort
 from onnx import AttributeProto, ModelProto, NodeProto
-
-#: ``[first, end)`` of the onnxruntime versions whose sorts walk a ready list: from 1.17.1
-#: (the list came with microsoft/onnxruntime#19475), measured on 1.19.2; 1.32.0 creates the
-#: sessions no faster in ready order, the versions between are not measured
-READY_LIST_VERSIONS = ((1, 17, 1), (1, 20))
-
-#: ``W`` above which the runners rearrange a graph: about 0.1 s of session creation (95
-#: sorts, about 2 ns a cell), where :func:`ready_order` takes about 10 us a node in Python
-WAITING_BUDGET = 1 << 19
 
 
 def producers(nodes: Sequence[NodeProto]) -> list[set[int]]:
@@ -92,22 +80,6 @@ def ready_order(sources: Sequence[set[int]]) -> list[int]:
     return order
 
 
-def sorts_walk_ready_lists(version: str = ort.__version__) -> bool:
-    """Whether onnxruntime ``version`` is in :data:`READY_LIST_VERSIONS`."""
-    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-    first, end = READY_LIST_VERSIONS
-    return first <= numbers < end
-
-
-def order_for_onnxruntime(model: ModelProto) -> ModelProto:
-    """``model`` put in ready order (in place) where that pays: the installed onnxruntime
-    walks ready lists and the order as built makes it walk more than :data:`WAITING_BUDGET`
-    cells a sort."""
-    if sorts_walk_ready_lists() and waiting(producers(model.graph.node)) > WAITING_BUDGET:
-        put_in_ready_order(model)
-    return model
-
-
 def put_in_ready_order(model: ModelProto) -> ModelProto:
     """``model``, the nodes of its main graph sorted in place into :func:`ready_order`.
 
@@ -140,13 +112,4 @@ def _reads(node: NodeProto) -> Iterator[str]:
                 yield from _reads(inner)
 
 
-__all__ = [
-    "READY_LIST_VERSIONS",
-    "WAITING_BUDGET",
-    "order_for_onnxruntime",
-    "producers",
-    "put_in_ready_order",
-    "ready_order",
-    "sorts_walk_ready_lists",
-    "waiting",
-]
+__all__ = ["producers", "put_in_ready_order", "ready_order", "waiting"]

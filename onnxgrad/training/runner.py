@@ -29,7 +29,6 @@ from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.data import OrtDataLoader, to_ortvalue
 from onnxgrad.training.devices import Device
 from onnxgrad.training.feeds import FixedFeeds
-from onnxgrad.training.node_order import order_for_onnxruntime
 from onnxgrad.training.session_options import training_session_options
 from onnxgrad.training.train_step import TrainStep
 
@@ -163,7 +162,7 @@ class TrainingRunner:
         self.step = step
         self.device = device
         self.feeds = FixedFeeds(step, device, feeds)
-        self.model = order_for_onnxruntime(with_batch_indices(step, self.indices_name))
+        self.model = with_batch_indices(step, self.indices_name)
         self.session = make_session(self.model, device, session_options)
         weights = _checked_values(weights, _weight_types(step), "weight")
         state = _checked_values(

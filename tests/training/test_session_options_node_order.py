@@ -1,6 +1,6 @@
-"""Training runners load their step in the ready order of :mod:`onnxgrad.training.node_order`
-(a topological order with short waits), with the caller's session options untouched, and a
-deep step trains as the step as built."""
+"""The ready order of :mod:`onnxgrad.training.node_order`: a topological order with short
+waits for onnxruntime 1.19's sorts, computing what the graph as built computes (a deep train
+step rearranged trains as the step as built)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ from onnxgrad.training import (
     OrtDataLoader,
     TrainingRunner,
     make_train_step,
-    node_order,
 )
-from onnxgrad.training.composition import with_batch_indices
 from onnxgrad.training.devices import check_device
 from onnxgrad.training.node_order import producers, put_in_ready_order, ready_order, waiting
 
@@ -138,39 +136,6 @@ def test_a_deep_step_waits_less_in_ready_order():
     assert sorted(n.SerializeToString() for n in ordered) == sorted(
         n.SerializeToString() for n in built
     )
-
-
-def test_the_versions_whose_sorts_walk_ready_lists():
-    assert node_order.sorts_walk_ready_lists("1.19.2")
-    assert node_order.sorts_walk_ready_lists("1.17.1")
-    assert not node_order.sorts_walk_ready_lists("1.17.0")
-    assert not node_order.sorts_walk_ready_lists("1.32.0")
-
-
-def test_the_runner_keeps_a_shallow_step_as_built_with_the_callers_options():
-    model, weights = _deep_mlp(4)
-    step = make_train_step(model, learning_rate=LearningRateAdam())
-    built = with_batch_indices(step, TrainingRunner.indices_name).graph.node
-    assert waiting(producers(built)) < node_order.WAITING_BUDGET
-    mine = ort.SessionOptions()
-    runner = TrainingRunner(step, check_device("cpu"), weights, session_options=mine)
-    assert [n.SerializeToString() for n in runner.model.graph.node] == [
-        n.SerializeToString() for n in built
-    ]
-    options = runner.session.get_session_options()
-    assert options.enable_mem_pattern
-    assert options.enable_mem_reuse
-
-
-def test_the_runner_loads_a_deep_step_in_ready_order_where_onnxruntime_walks_lists():
-    """96 layers updated per weight: ``W`` = 1.1 million cells as built."""
-    model, weights = _deep_mlp(96)
-    step = make_train_step(model, learning_rate=LearningRateAdam())
-    built = with_batch_indices(step, TrainingRunner.indices_name).graph.node
-    assert waiting(producers(built)) > node_order.WAITING_BUDGET
-    runner = TrainingRunner(step, check_device("cpu"), weights)
-    assert _in_ready_order(runner.model.graph.node) == node_order.sorts_walk_ready_lists()
-    assert not runner.session.get_session_options().enable_mem_pattern
 
 
 @pytest.mark.parametrize("layout", ["per_weight", "flat"])
