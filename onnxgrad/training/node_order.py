@@ -18,14 +18,15 @@ walks grow with depth squared.
 
 :func:`ready_order` places each node as soon as its inputs are computed (Kahn's algorithm,
 first ready first out, ties in the original order); onnxruntime's sort then emits the nodes in
-this order and walks 4 to 7 cells per node on the same graphs: the 64-layer step's session
-takes 2.8 s instead of 4.5, the flat-updated MLP's grows x2 per doubling of depth instead of
-x3.4 (docs/benchmarks.md). The values computed are the same, but onnxruntime's ``DEFAULT``
-execution order (a depth-first walk back from the outputs) breaks its ties by position: the
-32-layer Llama step runs 4-5% slower rearranged (50.2 against 48.3 ms, one thread), resnet18
-peaks 1.3% higher; onnxruntime 1.32 creates the sessions no faster. So the runners load the
-graphs as built, and this module measures an order (:func:`waiting`) and rearranges a graph
-(:func:`put_in_ready_order`) where session creation on onnxruntime 1.19 matters more.
+this order and walks 4.7, 6.6, 10.7 cells per node on the same graphs: the 64-layer step's
+session takes 2.8 s instead of 4.5, the flat-updated MLP's grows x2 per doubling of depth
+instead of x3.4 (docs/benchmarks.md). The values computed are the same, but onnxruntime's
+``DEFAULT`` execution order (a depth-first walk back from the outputs) breaks its ties by
+position: the 32-layer Llama step runs 4-5% slower rearranged (50.2 against 48.3 ms, one
+thread), resnet18 peaks 1.3% higher; onnxruntime 1.32 creates the sessions no faster. So the
+runners load the graphs as built, and this module measures an order (:func:`waiting`) and
+rearranges a graph (:func:`put_in_ready_order`) where session creation on onnxruntime 1.19
+matters more.
 """
 
 from __future__ import annotations
