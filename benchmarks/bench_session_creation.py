@@ -11,7 +11,12 @@ onnxruntime and onnxgrad's source) and every option set of ``--options``:
 * ``ort``: onnxruntime's defaults;
 * either followed by ``+name=value`` overrides of ``SessionOptions`` attributes
   (``graph_optimization_level=ORT_DISABLE_ALL``, ``enable_mem_reuse=0``), e.g.
-  ``onnxgrad+enable_mem_reuse=1``.
+  ``onnxgrad+enable_mem_reuse=1``, or ``+disabled_optimizers=Name:Name``: graph transformers
+  the session skips (``InferenceSession(disabled_optimizers=...)``).
+
+``--orders``: ``original`` times the graphs as built, ``ready`` with their nodes rearranged by
+:func:`onnxgrad.training.node_order.put_in_ready_order` (fewer cells walked by onnxruntime
+1.19's topological sorts).
 
 Models: ``mlp`` (MatMul, Add, Relu per layer, hidden 128, written directly) and ``llama``
 (the Llama-like LM of ``bench_memory.py`` at hidden 64, exported by PyTorch: slow, about 6 min
@@ -19,7 +24,8 @@ for 64 layers, so ``--folder`` keeps the built graphs for later runs).
 
     python benchmarks/bench_session_creation.py [--models mlp,llama] [--depths 8,16,32,64]
         [--graphs forward,gradient,step_flat,step_per_weight] [--options onnxgrad,ort]
-        [--python PATH ...] [--repeat 3] [--folder DIR] [--json out.json]
+        [--orders original,ready] [--python PATH ...] [--repeat 3] [--folder DIR]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -106,16 +112,35 @@ def build(name: str, depth: int, folder: Path) -> dict[str, Path]:
     return paths
 
 
+def reordered(path: Path, order: str) -> Path:
+    """``path`` itself (``original``) or a copy in ready order (built once)."""
+    if order == "original":
+        return path
+    if order != "ready":
+        raise ValueError(f"unknown node order {order!r}: original or ready")
+    ready = path.with_name(f"{path.stem}-ready.onnx")
+    if not ready.exists():
+        import onnx
+
+        from onnxgrad.training.node_order import put_in_ready_order
+
+        onnx.save(put_in_ready_order(onnx.load(path)), ready)
+    return ready
+
+
 # -- timing (child) ----------------------------------------------------------------------------
 def session_options(spec: str):
-    """``SessionOptions`` of an option set (``onnxgrad`` or ``ort``, then ``+name=value``)."""
+    """``(SessionOptions, disabled optimizers)`` of an option set (``onnxgrad`` or ``ort``,
+    then ``+name=value``)."""
     import onnxruntime as ort
 
     base, *overrides = spec.split("+")
-    values = {}
+    values, disabled = {}, []
     for item in overrides:
         key, value = item.split("=")
-        if key == "graph_optimization_level":
+        if key == "disabled_optimizers":
+            disabled += value.split(":")
+        elif key == "graph_optimization_level":
             values[key] = getattr(ort.GraphOptimizationLevel, value)
         elif key == "execution_order":
             values[key] = getattr(ort.ExecutionOrder, value)
@@ -133,16 +158,17 @@ def session_options(spec: str):
     else:
         raise ValueError(f"unknown option set {spec!r}: onnxgrad or ort, then +name=value")
     options.inter_op_num_threads = 1
-    return options
+    return options, disabled
 
 
 def child(path: str, spec: str) -> dict:
     import onnxruntime as ort
 
-    options = session_options(spec)
+    options, disabled = session_options(spec)
+    extra = {"disabled_optimizers": disabled} if disabled else {}
     data = Path(path).read_bytes()
     wall, cpu = time.perf_counter(), time.process_time()
-    ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(data, options, providers=["CPUExecutionProvider"], **extra)
     return {"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}
 
 
@@ -168,7 +194,8 @@ def print_row(row: dict, depths: list[int]) -> None:
     ratios = " ".join(f"x{b / a:.1f}" for a, b in itertools.pairwise(times))
     cells = " ".join(f"{1e3 * t:8.0f}" for t in times)
     print(
-        f"ort {row['onnxruntime']:7s} {row['model']:5s} {row['graph']:15s} {row['options']:32s}"
+        f"ort {row['onnxruntime']:7s} {row['model']:5s} {row['graph']:15s}"
+        f" {row.get('order', 'original'):8s} {row['options']:32s}"
         f" {cells} ms  per doubling {ratios}",
         flush=True,
     )
@@ -180,6 +207,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--depths", default="8,16,32,64")
     parser.add_argument("--graphs", default=",".join(GRAPHS))
     parser.add_argument("--options", default="onnxgrad,ort")
+    parser.add_argument("--orders", default="original,ready")
     parser.add_argument("--python", action="append", default=[])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--folder", default=None, help="keep the built graphs here")
@@ -199,21 +227,22 @@ def main(argv=None) -> list[dict]:
             paths = {d: build(name, d, folder) for d in depths}
             for python in pythons:
                 version = ort_version(python)
-                for graph in args.graphs.split(","):
-                    for spec in args.options.split(","):
-                        seconds = {
-                            str(d): measure(python, paths[d][graph], spec, args.repeat)
-                            for d in depths
-                        }
-                        row = {
-                            "onnxruntime": version,
-                            "model": name,
-                            "graph": graph,
-                            "options": spec,
-                            "seconds": seconds,
-                        }
-                        rows.append(row)
-                        print_row(row, depths)
+                cases = itertools.product(
+                    args.graphs.split(","), args.orders.split(","), args.options.split(",")
+                )
+                for graph, order, spec in cases:
+                    files = {d: reordered(paths[d][graph], order) for d in depths}
+                    seconds = {str(d): measure(python, files[d], spec, args.repeat) for d in depths}
+                    row = {
+                        "onnxruntime": version,
+                        "model": name,
+                        "graph": graph,
+                        "order": order,
+                        "options": spec,
+                        "seconds": seconds,
+                    }
+                    rows.append(row)
+                    print_row(row, depths)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return rows

@@ -302,9 +302,9 @@ def with_batch_indices(step: TrainStep, indices_name: str = "batch_indices") -> 
     gathers = []
     for name, batch in renamed.items():
         gathers.append(helper.make_node("Gather", [name, indices], [batch], axis=0, name=batch))
-    nodes = gathers + list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(gathers)
+    batches = set(renamed.values())
+    graph.node.sort(key=lambda node: not batches.intersection(node.output))
     return finalize_model(model)
 
 
