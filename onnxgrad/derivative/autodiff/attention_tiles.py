@@ -327,8 +327,8 @@ class TileRows:
         return nodes.op("Concat", before, rows, after, axis=-2)
 
     def rows_of_mask(self, nodes: Nodes, mask: str, mask_type: ValueType | None) -> str:
-        """The tile's rows of a mask broadcast against the scores (axis -2 the query rows
-        when the mask has one of more than one row)."""
+        """The tile's rows of a mask broadcast against the scores (its axis -2 is the
+        query rows', sliced when it has more than one row)."""
         shape = None if mask_type is None else mask_type.shape
         if shape is not None and (len(shape) < 2 or shape[-2] == 1):
             return mask

@@ -75,8 +75,8 @@ def _initial_gradient(nodes: Nodes, x: str, elem_type: int) -> str:
 
 def _accumulate(nodes: Nodes, tile, state: str, gradient: str | None, is_query: bool) -> str:
     """``dQ`` takes the tile's rows, ``dKt`` and ``dV`` sum the tiles' contributions."""
-    if gradient is None:
-        return state
+    if gradient is None:  # no contribution (the state passes through the body)
+        return nodes.op("Identity", state)
     if is_query:
         return tile.written(nodes, state, gradient)
     return nodes.op("Add", state, gradient)
