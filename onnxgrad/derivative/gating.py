@@ -54,18 +54,28 @@ class Gates:
         self.values = NameScope(all_names(graph))
         self.node_names = NameScope(n.name for n in graph.node)
 
-    def token(self, gate: str, prefix: str) -> tuple[list[NodeProto], str]:
-        """An empty int64 tensor computed from ``gate``."""
+    def token(
+        self, gate: str, prefix: str, bounds: tuple[str, str] | None = None
+    ) -> tuple[list[NodeProto], str]:
+        """An empty int64 tensor computed from ``gate`` (``bounds``: the int64 constants
+        ``[-1]`` and ``[0]`` it needs, made by :meth:`bounds` when not given)."""
+        nodes = []
+        if bounds is None:
+            nodes, bounds = self.bounds(prefix)
+        minus_one, zero = bounds
         flat, empty, token = (self.values.unique(f"{prefix}{s}") for s in ("flat", "empty", "tok"))
-        minus_one, zero = (self.values.unique(f"{prefix}{s}") for s in ("minus_one", "zero"))
-        nodes = [
-            self.constant(minus_one, [-1], prefix),
-            self.constant(zero, [0], prefix),
+        nodes += [
             self.node("Reshape", [gate, minus_one], flat, prefix),
             self.node("Slice", [flat, zero, zero], empty, prefix),
             self.node("Cast", [empty], token, prefix, to=7),
         ]
         return nodes, token
+
+    def bounds(self, prefix: str) -> tuple[list[NodeProto], tuple[str, str]]:
+        """The constants ``[-1]`` and ``[0]`` of :meth:`token`, and their nodes."""
+        minus_one, zero = (self.values.unique(f"{prefix}{s}") for s in ("minus_one", "zero"))
+        nodes = [self.constant(minus_one, [-1], prefix), self.constant(zero, [0], prefix)]
+        return nodes, (minus_one, zero)
 
     def gated(self, name: str, token: str, prefix: str) -> tuple[list[NodeProto], str]:
         """``name`` read after the value behind ``token``: the nodes, and the alias."""
