@@ -1,7 +1,8 @@
 """The JavaScript example trains onnxgrad's artifacts in Node (onnxruntime-node) and in
 headless Chromium (onnxruntime-web, WASM) exactly as Python's runner does.
 
-For a skl2onnx MLPRegressor (Adam) and a small CNN exported by torch (momentum), the loss
+For a skl2onnx MLPRegressor (Adam), a small CNN exported by torch (momentum) and an
+attention over 128 tokens whose train step computes the attention in tiles (Adam), the loss
 of every step equals the Python :class:`TrainingRunner`'s within float32 tolerance, the
 first one equals the squared error (summed over the batch) of scikit-learn's / torch's own
 prediction, and the trained checkpoint each runtime writes, merged back into the model,
@@ -120,11 +121,57 @@ def _cnn_case():
     return onnx.load_from_string(buffer.getvalue()), "momentum", X, y, first
 
 
-@pytest.fixture(scope="module", params=["mlp", "cnn"])
+def _attention_case():
+    """A one-head attention over 128 tokens, mean-pooled into 2 outputs: its scores (128 x
+    128) are large enough for the train step to compute them in tiles (``Loop``s)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    tokens, width, rng = 128, 8, np.random.default_rng(5)
+    weights = {
+        name: (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+        for name, shape in {"Wq": (4, width), "Wk": (4, width), "Wv": (4, width)}.items()
+    }
+    weights["Wo"] = (rng.standard_normal((width, 2)) / np.sqrt(width)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"]),
+        helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "Wv"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["o"]),
+        helper.make_node("ReduceMean", ["o", "tokens_axis"], ["pooled"], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "Wo"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(value, name) for name, value in weights.items()]
+    inits.append(numpy_helper.from_array(np.array(width**-0.5, np.float32), "scale"))
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "tokens_axis"))
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", tokens, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    X = rng.standard_normal((32, tokens, 4)).astype(np.float32)
+    y = rng.standard_normal((32, 2)).astype(np.float32)
+    first = float(np.sum((_predict(model, "x", X[:BATCH]) - y[:BATCH]) ** 2))
+    return model, "adam", X, y, first
+
+
+CASES = {"mlp": _mlp_case, "cnn": _cnn_case, "attention": _attention_case}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
-    model, optimizer, X, y, first = _mlp_case() if request.param == "mlp" else _cnn_case()
+    model, optimizer, X, y, first = CASES[request.param]()
     folder = tmp_path_factory.mktemp(request.param)
     art = generate_artifacts(model, optimizer=optimizer, learning_rate=0.01, folder=folder)
+    if request.param == "attention":  # the default recompute="attention" tiled it
+        ops = [n.op_type for n in art.train_step.model.graph.node]
+        assert ops.count("Loop") == 2 and "Softmax" not in ops
     feature, label = art.train_step.features[0], art.train_step.label
     save_tensors({feature: X, label: y}, folder / "data.json")
     runner = TrainingRunner(
