@@ -101,3 +101,23 @@ def tanh_mlp_loss_model(n_features: int = 3, hidden: int = 4, dtype=np.float64, 
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     return model, weights
+
+
+def cast_mlp_model(weights: dict, elem: int, io: int = TensorProto.FLOAT) -> ModelProto:
+    """``y = tanh(x w1 + b1) w2`` computed in element type ``elem`` between two Casts, inputs
+    and outputs of type ``io``; ``weights`` holds ``w1`` [6, h], ``b1`` [h], ``w2`` [h, 2]."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["xh"], to=elem),
+            helper.make_node("MatMul", ["xh", "w1"], ["h"]),
+            helper.make_node("Add", ["h", "b1"], ["hb"]),
+            helper.make_node("Tanh", ["hb"], ["a"]),
+            helper.make_node("MatMul", ["a", "w2"], ["yh"]),
+            helper.make_node("Cast", ["yh"], ["y"], to=io),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", io, [None, 6])],
+        [helper.make_tensor_value_info("y", io, [None, 2])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

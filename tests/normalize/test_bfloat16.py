@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.bfloat16 import bfloat16_in_float32
 from onnxgrad.training import SquareLearningLoss, generate_artifacts, load_train_step
 from onnxgrad.training.composition import loss_gradient, make_loss_model
+from tests.models import cast_mlp_model
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
@@ -33,21 +34,7 @@ def _mlp(elem: int, float_io: bool = True):
     weights = {
         k: v.astype(np.float32) if elem == TensorProto.FLOAT else v for k, v in WEIGHTS.items()
     }
-    graph = helper.make_graph(
-        [
-            helper.make_node("Cast", ["x"], ["xh"], to=elem),
-            helper.make_node("MatMul", ["xh", "w1"], ["h"]),
-            helper.make_node("Add", ["h", "b1"], ["hb"]),
-            helper.make_node("Tanh", ["hb"], ["a"]),
-            helper.make_node("MatMul", ["a", "w2"], ["yh"]),
-            helper.make_node("Cast", ["yh"], ["y"], to=io),
-        ],
-        "mlp",
-        [helper.make_tensor_value_info("x", io, [None, 6])],
-        [helper.make_tensor_value_info("y", io, [None, 2])],
-        [numpy_helper.from_array(v, k) for k, v in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return cast_mlp_model(weights, elem, io)
 
 
 def _session(model):

@@ -17,6 +17,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxgrad.training import LearningRateAdam, LearningRateSGD, make_train_step
 from onnxgrad.training.loss_scaling import LossScaling
+from tests.models import cast_mlp_model
 
 LR = 0.5
 
@@ -223,25 +224,6 @@ def test_master_weights_are_float32_and_merge_back_to_float16(tmp_path):
     np.testing.assert_array_equal(stored, values["w"].astype(np.float16))
 
 
-def _half_mlp(weights: dict[str, np.ndarray], elem: int):
-    """``y = float32(tanh(float16(x) w1 + b1) w2)`` with weights of type ``elem``."""
-    graph = helper.make_graph(
-        [
-            helper.make_node("Cast", ["x"], ["xh"], to=elem),
-            helper.make_node("MatMul", ["xh", "w1"], ["h"]),
-            helper.make_node("Add", ["h", "b1"], ["hb"]),
-            helper.make_node("Tanh", ["hb"], ["a"]),
-            helper.make_node("MatMul", ["a", "w2"], ["yh"]),
-            helper.make_node("Cast", ["yh"], ["y"], to=TensorProto.FLOAT),
-        ],
-        "half_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
-        [numpy_helper.from_array(v, k) for k, v in weights.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
 def _finite_differences(model, feeds: dict, weights: dict, eps: float) -> dict:
     """Central differences of the summed squared error, the model run by onnxruntime with
     weights perturbed by ``eps`` (exact in float16 on the 2^-10 grid of the weights; the
@@ -288,8 +270,8 @@ def test_master_weight_gradients_agree_with_float16_and_float32_models():
         "x": rng.standard_normal((8, 6)).astype(np.float32),
         "label": rng.standard_normal((8, 2)).astype(np.float32),
     }
-    half = _half_mlp(weights, TensorProto.FLOAT16)
-    full = _half_mlp({k: v.astype(np.float32) for k, v in weights.items()}, TensorProto.FLOAT)
+    half = cast_mlp_model(weights, TensorProto.FLOAT16)
+    full = cast_mlp_model({k: v.astype(np.float32) for k, v in weights.items()}, TensorProto.FLOAT)
 
     def gradient(model, evaluate):
         lm = make_loss_model(model, SquareLearningLoss(), weights=names, label_name="label")
@@ -320,7 +302,7 @@ def test_estimator_trains_a_float16_model_on_master_weights():
     from onnxgrad.training import LearningRateSGD, OrtGradientForwardBackwardOptimizer
 
     rng = np.random.default_rng(5)
-    model = _half_mlp(
+    model = cast_mlp_model(
         {
             "w1": (rng.standard_normal((6, 5)) * 0.5).astype(np.float16),
             "b1": np.zeros(5, np.float16),
