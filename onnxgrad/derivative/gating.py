@@ -35,16 +35,18 @@ def backward_depths(backward: Sequence[NodeProto], skip: Iterable[int] = ()) -> 
     return depth
 
 
-def deepest_before(backward: Sequence[NodeProto], depth: dict[str, int], first: int) -> str | None:
-    """The deepest backward value computed before node ``first`` (the latest on ties), if
-    some chain of at least 2 backward nodes leads to it (a shallower one may be a constant,
-    which onnxruntime would fold, gate and all)."""
-    best, best_depth = None, 1
-    for node in backward[:first]:
+def deepest_before(backward: Sequence[NodeProto], depth: dict[str, int]) -> list[str | None]:
+    """For each position ``first`` (0 to ``len(backward)``), the deepest backward value
+    computed before node ``first`` (the latest on ties), if some chain of at least 2
+    backward nodes leads to it (a shallower one may be a constant, which onnxruntime would
+    fold, gate and all); one pass for all positions."""
+    best, best_depth, answers = None, 1, [None]
+    for node in backward:
         for output in node.output:
             if output and depth.get(output, 0) >= max(best_depth, 2):
                 best, best_depth = output, depth[output]
-    return best
+        answers.append(best)
+    return answers
 
 
 class Gates:

@@ -54,6 +54,7 @@ def delay_early_backward(graph: GraphProto, forward_names: set[str], seeds: Iter
         return 0
     first_late = _first_late_readers(backward, late, tainted)
     depth = backward_depths(backward, skip=[i for i in range(len(backward)) if i not in late])
+    gate_before = deepest_before(backward, depth)
     gates = _SharedGates(Gates(graph), backward)
     produced_tainted = {o for i in tainted for o in backward[i].output}
     inserted: dict[int, list[NodeProto]] = {}
@@ -62,7 +63,7 @@ def delay_early_backward(graph: GraphProto, forward_names: set[str], seeds: Iter
         node = backward[index]
         first = first_late[index]
         if not produced_tainted.intersection(node.input):
-            gated += gates.gate(node, deepest_before(backward, depth, first), inserted, first)
+            gated += gates.gate(node, gate_before[first], inserted, first)
         inserted.setdefault(first, []).append(node)
     ordered = []
     for index, node in enumerate(backward):

@@ -75,8 +75,8 @@ from onnxgrad.graph._scopes import node_inputs
 #: the named choices of ``recompute=`` (besides block patterns)
 CHOICES = ("auto", "attention")
 #: the choice of the training entries (``make_train_step``, ``generate_artifacts``, the
-#: estimators) when they are given none: at the same step time (0.99-1.03x), the transformer
-#: classifier at sequence 256 peaks at 44 MiB instead of 135 (docs/benchmarks.md)
+#: estimators) when they are given none: at the same step time (0.96x), the transformer
+#: classifier at sequence 256 peaks at 40 MiB instead of 110 (docs/benchmarks.md)
 TRAINING_RECOMPUTE = "attention"
 #: largest recompute chain ``"auto"`` builds, in nodes
 MAX_CHAIN = 8
@@ -331,13 +331,13 @@ class _Rewriter:
     def __init__(self, graph: GraphProto, backward: list[NodeProto]):
         self.backward = backward
         self.gates = Gates(graph)
-        self.depth = backward_depths(backward)
+        self.gate_before = deepest_before(backward, backward_depths(backward))
 
     def apply(self, groups: list[Group]) -> list[NodeProto]:
         inserted: dict[int, list[NodeProto]] = {}
         for group in groups:
             first = self._first_reader(group)
-            gate = deepest_before(self.backward, self.depth, first)
+            gate = self.gate_before[first]
             if gate is None:
                 continue
             inserted.setdefault(first, []).extend(self._copy(group, gate))
