@@ -215,6 +215,11 @@ def normalize_domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
 
 
+def is_default_op(node: onnx.NodeProto, *op_types: str) -> bool:
+    """Whether ``node`` is one of ``op_types`` of the default ONNX domain."""
+    return node.op_type in op_types and not normalize_domain(node.domain)
+
+
 def reduce_axes_are_input(op_type: str, opset: int) -> bool:
     """Whether ``op_type`` (a Reduce* op) takes its axes as an input at ``opset``: from 13
     for ReduceSum, from 18 for the others; an attribute before."""

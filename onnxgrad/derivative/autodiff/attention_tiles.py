@@ -41,8 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain, np_dtype, subgraphs
+from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, is_default_op, np_dtype, subgraphs
 from onnxgrad.derivative.autodiff.activity import active_values
+from onnxgrad.derivative.autodiff.builder import NodeView
 from onnxgrad.derivative.autodiff.value_types import ValueType
 from onnxgrad.graph._scopes import free_names
 
@@ -131,7 +132,7 @@ def _find_cores(graph: GraphProto, types: Mapping[str, ValueType], active: set[s
 
     cores = []
     for softmax in graph.node:
-        if not _is_default(softmax, "Softmax") or len(softmax.output) != 1:
+        if not is_default_op(softmax, "Softmax") or len(softmax.output) != 1:
             continue
         core = _core_at(softmax, types, active, readers, producer, private)
         if core is not None:
@@ -147,7 +148,7 @@ def _core_at(softmax, types, active, readers, producer, private) -> _Core | None
     if len(after) != 1 or after[0] is None or not private(p, after[0]):
         return None
     out = after[0]
-    if not _is_default(out, "MatMul") or out.input[0] != p:
+    if not is_default_op(out, "MatMul") or out.input[0] != p:
         return None
     leads = _ScoreChains(producer)
     chain, masks, value, reader = [], [], softmax.input[0], softmax
@@ -155,9 +156,9 @@ def _core_at(softmax, types, active, readers, producer, private) -> _Core | None
         node = producer.get(value)
         if node is None or not private(value, reader):
             return None
-        if _is_default(node, "MatMul"):
+        if is_default_op(node, "MatMul"):
             break
-        if not _is_default(node, *SCORE_OPS) or len(node.output) != 1:
+        if not is_default_op(node, *SCORE_OPS) or len(node.output) != 1:
             return None
         inputs = [i for i in node.input if i]
         upstream = [i for i in inputs if leads(i)]
@@ -188,10 +189,10 @@ class _ScoreChains:
             node = self.producer.get(name)
             if node is None or depth > 32:
                 result = False
-            elif _is_default(node, "MatMul"):
+            elif is_default_op(node, "MatMul"):
                 result = True
             else:
-                result = _is_default(node, *SCORE_OPS) and any(
+                result = is_default_op(node, *SCORE_OPS) and any(
                     self(i, depth + 1) for i in node.input if i
                 )
             self.known[name] = result
@@ -203,7 +204,7 @@ def _rank_checked(types, q, kt, v, o, softmax, masks) -> bool:
     if None in ranks or len(set(ranks)) != 1 or ranks[0] < 2:
         return False
     rank = ranks[0]
-    axis = _attr(softmax, "axis", -1)
+    axis = NodeView(softmax, 0).attr("axis", -1)
     if axis not in (-1, rank - 1):
         return False
     return all((r := _rank(types, m)) is not None and r <= rank for m in masks)
@@ -218,17 +219,6 @@ def _small_scores(types, q: str, kt: str) -> bool:
 def _rank(types, name: str) -> int | None:
     value = types.get(name)
     return None if value is None or value.shape is None else len(value.shape)
-
-
-def _attr(node: NodeProto, name: str, default):
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
-
-
-def _is_default(node: NodeProto, *op_types: str) -> bool:
-    return node.op_type in op_types and not normalize_domain(node.domain)
 
 
 def _subgraph_reads(graph: GraphProto) -> set[str]:
@@ -449,11 +439,11 @@ def expand_tiled_attention(
 def fused_parts(node) -> tuple[GraphProto, int, int]:
     """The body, the tile budget and the fewest rows of a tile of a ``TiledAttention`` node
     (a NodeProto or a view)."""
-    proto = getattr(node, "proto", node)
+    view = node if isinstance(node, NodeView) else NodeView(node, 0)
     return (
-        _attr(proto, "body", None),
-        _attr(proto, "tile_elements", TILE_ELEMENTS),
-        _attr(proto, "min_rows", MIN_TILE_ROWS),
+        view.attr("body"),
+        view.attr("tile_elements", TILE_ELEMENTS),
+        view.attr("min_rows", MIN_TILE_ROWS),
     )
 
 

@@ -19,7 +19,7 @@ from collections import Counter
 import numpy as np
 from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, all_names, normalize_domain
+from onnxgrad._onnx_utils import NameScope, all_names, is_default_op
 from onnxgrad.graph._scopes import node_inputs
 
 #: largest axis whose slices :func:`gathers_as_split` turns into a Split
@@ -36,11 +36,11 @@ def pool_before_relu(graph: GraphProto) -> int:
     scope = NameScope(all_names(graph))
     swapped = 0
     for index, pool in enumerate(graph.node):
-        if not _is_default(pool, "MaxPool") or len([o for o in pool.output if o]) != 1:
+        if not is_default_op(pool, "MaxPool") or len([o for o in pool.output if o]) != 1:
             continue
         source = producer.get(pool.input[0])
         relu = graph.node[source] if source is not None else None
-        if relu is None or not _is_default(relu, "Relu") or readers[relu.output[0]] != 1:
+        if relu is None or not is_default_op(relu, "Relu") or readers[relu.output[0]] != 1:
             continue
         pooled = scope.unique(f"{pool.output[0]}_before_relu")
         x, y = relu.input[0], pool.output[0]
@@ -50,10 +50,6 @@ def pool_before_relu(graph: GraphProto) -> int:
         producer[pooled], producer[y] = source, index
         swapped += 1
     return swapped
-
-
-def _is_default(node: NodeProto, op_type: str) -> bool:
-    return node.op_type == op_type and not normalize_domain(node.domain)
 
 
 def _swap(graph: GraphProto, first: int, second: int) -> None:
@@ -116,7 +112,7 @@ def _int_constants(graph: GraphProto) -> dict[str, int]:
     """Scalar integer constants of ``graph`` (initializers and ``Constant`` outputs)."""
     tensors = {t.name: t for t in graph.initializer}
     for node in graph.node:
-        if _is_default(node, "Constant") and node.attribute[0].name == "value":
+        if is_default_op(node, "Constant") and node.attribute[0].name == "value":
             tensors[node.output[0]] = node.attribute[0].t
     values = {}
     for name, tensor in tensors.items():
@@ -128,7 +124,7 @@ def _int_constants(graph: GraphProto) -> dict[str, int]:
 def _unbind_slice(node: NodeProto, types: dict, constants: dict[str, int]):
     """``((data, axis), position)`` of a Gather of one constant scalar index along an axis
     of static size, else ``None``."""
-    if not _is_default(node, "Gather") or node.input[1] not in constants:
+    if not is_default_op(node, "Gather") or node.input[1] not in constants:
         return None
     value = types.get(node.input[0])
     if value is None or value.shape is None:
