@@ -206,7 +206,7 @@ def add_loss_options(sub: argparse.ArgumentParser, flag: str) -> None:
 
 
 def add_recompute_options(sub: argparse.ArgumentParser, default: str) -> None:
-    """``--recompute MODE`` and ``--checkpoint PATTERN...`` (``recompute=`` of the library)."""
+    """``--recompute MODE`` and ``--checkpoint-blocks PATTERN...`` (``recompute=``)."""
     sub.add_argument(
         "--recompute",
         choices=("none", "attention", "auto"),
