@@ -25,6 +25,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from onnxgrad._onnx_utils import default_opset, finalize_model, np_dtype
 from onnxgrad.derivative.autodiff.cleanup import clean_graph
+from onnxgrad.derivative.leaf_order import readiness_order
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import tensor_dims
 from onnxgrad.training.learning_rate import BaseLearningRate
@@ -262,12 +263,12 @@ def _emit_per_weight(b, learning_rate, weights, grads, shapes, lr, elem_type):
     shared = {slot.suffix: name for name, slot in slots.items() if slot.shared}
     feeds, new_shared = learning_rate.emit_shared(b, lr, shared, elem_type)
     new_weights, new_state = {}, {shared[k]: v for k, v in new_shared.items()}
-    for w in weights:
+    for w in _by_readiness(b, weights, grads):
         new_w, new_s = learning_rate.emit_update(b, w, grads[w], per_weight[w], feeds, elem_type)
         new_weights[w] = _keep_shape(b, new_w, shapes[w])
         for suffix, name in per_weight[w].items():
             new_state[name] = _keep_shape(b, new_s[suffix], shapes[w])
-    return slots, {**new_weights, **{k: new_state[k] for k in slots}}
+    return slots, {**{w: new_weights[w] for w in weights}, **{k: new_state[k] for k in slots}}
 
 
 def _emit_flat(b, learning_rate, weights, grads, flat_weights, size, lr, elem_type):
@@ -282,7 +283,8 @@ def _emit_flat(b, learning_rate, weights, grads, flat_weights, size, lr, elem_ty
             slots[name] = StateSlot(spec.suffix, None, False, (size,), spec.initial, elem_type)
     shared = {slot.suffix: name for name, slot in slots.items() if slot.shared}
     feeds, new_shared = learning_rate.emit_shared(b, lr, shared, elem_type)
-    flat_grads = _concat_flat(b, [grads[w] for w in weights])
+    ready = [grads[w] for w in _by_readiness(b, weights, grads)]
+    flat_grads = _concat_flat(b, [grads[w] for w in weights], ready)
     new_w, new_s = learning_rate.emit_update(
         b, flat_weights, flat_grads, flat_state, feeds, elem_type
     )
@@ -301,9 +303,20 @@ def _shared_slots(b, learning_rate, elem_type) -> dict[str, StateSlot]:
     return slots
 
 
-def _concat_flat(b: StepBuilder, names: list[str]) -> str:
+def _by_readiness(b: StepBuilder, weights: Sequence[str], grads: Mapping[str, str]) -> list[str]:
+    """``weights`` in the order to emit their update nodes: the readiest gradient last
+    (:func:`~onnxgrad.derivative.leaf_order.readiness_order`), so that onnxruntime runs each
+    weight's gradient and update as soon as the backward reaches it."""
+    weight_of = {grads[w]: w for w in weights}
+    return [weight_of[g] for g in readiness_order(b.graph, [grads[w] for w in weights])]
+
+
+def _concat_flat(b: StepBuilder, names: list[str], order: Sequence[str]) -> str:
+    """``Concat`` of the flattened ``names`` (in their order), the pieces emitted in
+    ``order``."""
     shape = b.const(np.array([-1], dtype=np.int64), TensorProto.INT64, "flat_shape")
-    pieces = [b.op("Reshape", name, shape) for name in names]
+    flat = {name: b.op("Reshape", name, shape) for name in order}
+    pieces = [flat[name] for name in names]
     return pieces[0] if len(pieces) == 1 else b.op("Concat", *pieces, axis=0)
 
 

@@ -6,13 +6,15 @@
   computations may run before it), and the gradients equal those of the graph without the
   pass (onnxruntime) and float64 finite differences.
 * Weight gradients run as soon as the backward reaches them (always): checked on the
-  graph's leaf order and on onnxruntime's profile.
+  graph's leaf order and on onnxruntime's profile, for gradient graphs and for train steps
+  of both layouts whose weights come in any order.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -115,44 +117,44 @@ def test_attention_backward_waits_for_the_gradient_in_onnxruntime():
         np.testing.assert_allclose(result[name], value, rtol=1e-5, atol=1e-6)
 
 
-def test_weight_gradients_are_leaves_in_order_of_readiness():
-    """onnxruntime walks back from the leaf of highest position first: the weight nearest
-    the loss must be last, so its gradient runs as soon as the backward reaches it (checked
-    on onnxruntime's profile: each layer's weight gradient runs before the next layer's
-    input gradient)."""
-    import json
-
-    import onnxruntime as ort
-
+def tanh_mlp(layers: int = 4, reduce: bool = True) -> onnx.ModelProto:
+    """``loss = sum(tanh(... tanh(x W0) ... W{layers-1}))`` in float64 (without the sum,
+    output ``y``, if not ``reduce``)."""
     rng = np.random.default_rng(0)
-    sizes = [4, 8, 8, 8, 2]
+    sizes = [4] + [8] * (layers - 1) + [2]
     inits, nodes, last = [], [], "x"
-    for k in range(4):
+    for k in range(layers):
         inits.append(numpy_helper.from_array(rng.standard_normal(sizes[k : k + 2]), f"W{k}"))
         nodes += [
             helper.make_node("MatMul", [last, f"W{k}"], [f"h{k}"], name=f"h{k}"),
             helper.make_node("Tanh", [f"h{k}"], [f"t{k}"], name=f"t{k}"),
         ]
         last = f"t{k}"
-    nodes.append(helper.make_node("ReduceSum", [last], ["loss"], name="loss", keepdims=0))
+    if reduce:
+        nodes.append(helper.make_node("ReduceSum", [last], ["loss"], name="loss", keepdims=0))
+        output = helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])
+    else:
+        nodes.append(helper.make_node("Identity", [last], ["y"], name="y"))
+        output = helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["batch", 2])
     graph = helper.make_graph(
         nodes,
         "mlp",
         [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["batch", 4])],
-        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+        [output],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    weights = [f"W{k}" for k in range(4)]
-    gradient = onnx_derivative(model, weights, ["x"], DerivativeOptions.Loss, loss="loss")
-    producer = {o: n.name for n in gradient.graph.node for o in n.output}
-    positions = {n.name: i for i, n in enumerate(gradient.graph.node)}
-    order = [positions[producer[f"{w}_grad"]] for w in weights]
-    assert order == sorted(order)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _onnxruntime_order(model: onnx.ModelProto, feeds: dict) -> dict[str, int]:
+    """Node name -> rank in which onnxruntime ran it (its profile)."""
+    import json
+
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.enable_profiling = True
-    session = ort.InferenceSession(gradient.SerializeToString(), options)
-    feeds = {"x": rng.standard_normal((3, 4)), **{i.name: numpy_helper.to_array(i) for i in inits}}
+    session = ort.InferenceSession(model.SerializeToString(), options)
     session.run(None, feeds)
     with open(session.end_profiling()) as profile:
         ran = [
@@ -160,6 +162,75 @@ def test_weight_gradients_are_leaves_in_order_of_readiness():
             for e in json.load(profile)
             if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
         ]
-    when = {name: i for i, name in enumerate(ran)}
-    for k in range(1, 4):  # dW_k is computed before the gradient reaching layer k - 1 is used
-        assert when[producer[f"W{k}_grad"]] < when[producer[f"W{k - 1}_grad"]]
+    return {name: i for i, name in enumerate(ran)}
+
+
+def _each_gradient_before_the_next_layers(model, when: dict[str, int], layers: int) -> None:
+    """dW_k runs before dW_{k-1}: the gradient reaching layer k - 1 (which dW_{k-1} needs)
+    does not run first and keep dW_k's inputs alive."""
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    for k in range(1, layers):
+        assert when[producer[f"W{k}_grad"]] < when[producer[f"W{k - 1}_grad"]], k
+
+
+def test_weight_gradients_are_leaves_in_order_of_readiness():
+    """onnxruntime walks back from the leaf of highest position first: the weight nearest
+    the loss must be last, so its gradient runs as soon as the backward reaches it (checked
+    on onnxruntime's profile: each layer's weight gradient runs before the next layer's
+    input gradient)."""
+    model = tanh_mlp()
+    weights = [f"W{k}" for k in range(4)]
+    gradient = onnx_derivative(model, weights, ["x"], DerivativeOptions.Loss, loss="loss")
+    producer = {o: n.name for n in gradient.graph.node for o in n.output}
+    positions = {n.name: i for i, n in enumerate(gradient.graph.node)}
+    order = [positions[producer[f"{w}_grad"]] for w in weights]
+    assert order == sorted(order)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((3, 4))}
+    feeds |= {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    when = _onnxruntime_order(gradient, feeds)
+    _each_gradient_before_the_next_layers(gradient, when, 4)
+
+
+@pytest.mark.parametrize("recompute", [None, "attention"])
+@pytest.mark.parametrize("layout", ["flat", "per_weight"])
+@pytest.mark.parametrize("weight_order", ["forward", "backward", "shuffled"])
+def test_train_step_runs_each_weight_gradient_when_reached(layout, weight_order, recompute):
+    """The update reads every gradient: emitted in the weights' order, the walk reached the
+    first listed weight's gradient first and, through it, the whole backward (the flat
+    layout's ``Concat`` of every gradient, the per-weight updates alike); emitted in order
+    of readiness, each weight's gradient runs when the backward reaches its layer whatever
+    the weights' order (with ``recompute='attention'``, the late backward's gates also
+    order them). The step's results do not depend on that order."""
+    from onnxgrad.training import make_train_step
+    from onnxgrad.training.learning_rate import LearningRateAdam
+
+    layers = 5
+    model = tanh_mlp(layers, reduce=False)
+    weights = {
+        "forward": [f"W{k}" for k in range(layers)],
+        "backward": [f"W{k}" for k in reversed(range(layers))],
+        "shuffled": ["W2", "W0", "W4", "W1", "W3"],
+    }[weight_order]
+    step = make_train_step(
+        model, weights, learning_rate=LearningRateAdam(), layout=layout, recompute=recompute
+    )
+    initial = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    rng = np.random.default_rng(3)
+    x, label = rng.standard_normal((3, 4)), rng.standard_normal((3, 2))
+    when = _onnxruntime_order(step.model, _step_feeds(step, initial, x, label))
+    _each_gradient_before_the_next_layers(step.model, when, layers)
+    reference = make_train_step(model, learning_rate=LearningRateAdam())
+    expected = _new_weights(reference, _step_feeds(reference, initial, x, label))
+    for name, value in _new_weights(step, _step_feeds(step, initial, x, label)).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-12)
+
+
+def _step_feeds(step, weights: dict, x: np.ndarray, label: np.ndarray) -> dict:
+    feeds = {"x": x, step.label: label, "learning_rate": np.array(0.01), **step.initial_state()}
+    return feeds | step.weight_inputs({w: weights[w] for w in step.weights})
+
+
+def _new_weights(step, feeds: dict) -> dict[str, np.ndarray]:
+    outputs = run_onnxruntime(step.model, {i.name: feeds[i.name] for i in step.model.graph.input})
+    return step.unpack_weights(outputs)
