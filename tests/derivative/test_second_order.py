@@ -80,3 +80,47 @@ def test_second_derivative_has_unique_node_names_and_loads(options):
     names = [n.name for n in second.graph.node if n.name]
     assert len(names) == len(set(names))
     onnxruntime.InferenceSession(second.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("ignore_index", [None, -1])
+def test_cross_entropy_gradient_differentiates_again(opset, ignore_index):
+    """The logits' gradient of SoftmaxCrossEntropyLoss (a ``ScatterElements`` at the labels
+    from opset 16, a one-hot product below; labels ignored outside the classes): its
+    Hessian-vector product equals finite differences of the gradient."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal((3, 5))
+    attrs = {} if ignore_index is None else {"ignore_index": ignore_index}
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["logits"]),
+            helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "label"], ["loss"], **attrs),
+        ],
+        "ce",
+        [
+            helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", 3]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+        ],
+        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    grad_model = onnx_derivative(model, weights=["W"], inputs=[], options=DerivativeOptions.Loss)
+    ops = {n.op_type for n in grad_model.graph.node}
+    assert ("ScatterElements" in ops) == (opset >= 16)
+    hvp_model = onnx_derivative(grad_model, weights=[], inputs=["W"])
+    label = np.array([0, 4, 2, 1, 3, 0] if ignore_index is None else [0, -1, 2, 1, -1, 4])
+    data = {"X": rng.standard_normal((6, 3)), "label": label}
+    direction = rng.standard_normal(weight.shape)
+    feeds = {**data, "W": weight, "W_grad_grad": direction, "loss_grad": np.zeros(())}
+    (hvp,) = ReferenceEvaluator(hvp_model).run(None, feeds)
+    eps = 1e-5
+    g_plus = _gradient(grad_model, data, {"W": weight + eps * direction})["W_grad"]
+    g_minus = _gradient(grad_model, data, {"W": weight - eps * direction})["W_grad"]
+    np.testing.assert_allclose(hvp, (g_plus - g_minus) / (2 * eps), rtol=1e-6, atol=1e-8)
+    session = onnxruntime.InferenceSession(
+        hvp_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    np.testing.assert_allclose(session.run(None, feeds)[0], hvp, rtol=1e-9, atol=1e-12)

@@ -8,8 +8,10 @@ the incoming gradient spread to samples as :math:`c_i = g_i` (``none``), :math:`
 or :math:`g / \sum_i w_i` (``mean``):
 
 * NegativeLogLikelihoodLoss: :math:`\bar x = -t\, c w`;
-* SoftmaxCrossEntropyLoss: :math:`\bar s = (\operatorname{softmax}(s) - t)\, c w`, plus
-  :math:`g_{lp} - p \sum_c g_{lp}` when its ``log_prob`` output carries a gradient.
+* SoftmaxCrossEntropyLoss: :math:`\bar s = \operatorname{softmax}(s)\, c w - t\, c w`
+  (from opset 16 the second term is subtracted at the labels' positions, without a one-hot
+  tensor), plus :math:`g_{lp} - p \sum_c g_{lp}` when its ``log_prob`` output carries a
+  gradient.
 
 Labels are integers. The class weights :math:`W` get, with :math:`l_i = -lp_{i, y_i}` the
 unweighted loss of sample :math:`i` (:math:`lp` the log-probabilities) and :math:`k_i` 0
@@ -19,6 +21,8 @@ where :math:`y_i` is ignored, 1 elsewhere,
 """
 
 from __future__ import annotations
+
+from functools import cached_property
 
 import numpy as np
 from onnx import TensorProto
@@ -43,7 +47,7 @@ def softmax_cross_entropy_grad(b, node, grads, needs):
     parts, g_weights = [], None
     if g is not None:
         labels = _Labels(b, node, scores)
-        parts.append(b.mul(b.op("Sub", probabilities, labels.one_hot), labels.spread(g)))
+        parts.append(labels.minus_one_hot_times(probabilities, labels.spread(g)))
         if len(needs) > 2 and needs[2]:
             log_prob = log_prob or b.op("LogSoftmax", scores, axis=1)
             g_weights = labels.weights_grad(g, log_prob)
@@ -74,20 +78,41 @@ class _Labels:
         self.b, self.node, self.scores = b, node, scores
         self.labels, weights = node.inputs[1], node.input(2)
         self.rank = b.rank(scores)
-        labels_1 = b.unsqueeze(self.labels, [1])
-        classes = _classes(b, self.labels, scores, self.rank)
-        self.one_hot = b.op("Cast", b.op("Equal", labels_1, classes), to=b.dtype(scores))
-        self.kept = None
+        self.labels_1 = b.unsqueeze(self.labels, [1])
+        self.kept = self.ignored = None
         ignore_index = node.attr("ignore_index")
         if ignore_index is not None:
-            ignored = b.op("Equal", labels_1, b.const(ignore_index, like=self.labels))
-            self.kept = b.op("Cast", b.op("Not", ignored), to=b.dtype(scores))
+            self.ignored = b.op("Equal", self.labels_1, b.const(ignore_index, like=self.labels))
+            self.kept = b.op("Cast", b.op("Not", self.ignored), to=b.dtype(scores))
         self.sample = None
         if weights is not None:
             class_weights = _along_channels(b, cast_like(b, weights, scores), scores, self.rank)
             self.sample = b.reduce_sum(b.mul(self.one_hot, class_weights), [1], keepdims=True)
         if self.kept is not None:
             self.sample = self.kept if self.sample is None else b.mul(self.sample, self.kept)
+
+    @cached_property
+    def one_hot(self) -> str:
+        """The labels one-hot along axis 1, typed like the scores (a tensor of their size)."""
+        b = self.b
+        classes = _classes(b, self.labels, self.scores, self.rank)
+        return b.op("Cast", b.op("Equal", self.labels_1, classes), to=b.dtype(self.scores))
+
+    def minus_one_hot_times(self, p: str, c: str) -> str:
+        """``(p - t) c`` (``p`` shaped like the scores, ``c`` broadcastable to the labels
+        with axis 1 kept). Opset >= 16: ``p c`` with ``c`` subtracted where the labels
+        point (``ScatterElements``, ``reduction='add'``), so that no one-hot tensor of the
+        scores' size is made: a language model's logits gradient holds two tensors of their
+        size at once instead of three. Ignored labels (which may lie outside the classes)
+        point to class 0, where ``c`` is 0."""
+        b = self.b
+        if self.node.opset < 16:
+            return b.mul(b.op("Sub", p, self.one_hot), c)
+        index = self.labels_1
+        if self.ignored is not None:
+            index = b.op("Where", self.ignored, b.const(0, like=self.labels), index)
+        updates = b.op("Expand", b.neg(c), b.op("Shape", index))
+        return b.op("ScatterElements", b.mul(p, c), index, updates, axis=1, reduction="add")
 
     def spread(self, g: str) -> str:
         """``c w``, broadcastable to the scores."""
