@@ -79,14 +79,18 @@ class Gates:
         nodes = [self.constant(minus_one, [-1], prefix), self.constant(zero, [0], prefix)]
         return nodes, (minus_one, zero)
 
-    def gated(self, name: str, token: str, prefix: str) -> tuple[list[NodeProto], str]:
-        """``name`` read after the value behind ``token``: the nodes, and the alias."""
+    def gated(
+        self, name: str, token: str | Sequence[str], prefix: str
+    ) -> tuple[list[NodeProto], str]:
+        """``name`` read after the values behind ``token`` (one or several): the nodes, and
+        the alias."""
+        tokens = [token] if isinstance(token, str) else list(token)
         shape, target, gated = (
             self.values.unique(f"{name}_{s}") for s in ("shape", "tshape", "gated")
         )
         nodes = [
             self.node("Shape", [name], shape, prefix),
-            self.node("Concat", [shape, token], target, prefix, axis=0),
+            self.node("Concat", [shape, *tokens], target, prefix, axis=0),
             self.node("Reshape", [name, target], gated, prefix),
         ]
         return nodes, gated

@@ -7,16 +7,21 @@ producer or one of its ancestors (onnxruntime runs those first, whatever order i
 and when the producer itself reads the input it must do so element by element at the
 output's position (an elementwise operator whose input has the output's shape: reading
 ``x[i]`` before writing ``y[i]`` is what onnxruntime's own in-place reuse relies on for these
-kernels). Anything else (a reader outside the producer's ancestry, as the backward of a
-``MatMul`` reading its weight to pass the gradient on, a producer that reshapes or
-broadcasts) keeps two buffers.
+kernels). A view of the input (``Reshape``, ``Squeeze``... onnxruntime makes them without a
+copy) is the input: its readers count as the input's. Anything else (a reader outside the
+producer's ancestry, as the backward of a ``MatMul`` reading its weight to pass the gradient
+on when nothing orders it before the update, a producer that reshapes or broadcasts) keeps
+two buffers; :mod:`~onnxgrad.training.update_gates` orders the backward's reads of the
+weights before their updates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from onnx import ModelProto
+from onnx import ModelProto, NodeProto
+
+from onnxgrad.derivative.late_backward import ALIASES
 
 #: operators whose output ``i`` depends on input ``i`` only (same shape, no broadcasting)
 ELEMENTWISE = frozenset(
@@ -35,35 +40,61 @@ def in_place_inputs(model: ModelProto, updates: Mapping[str, str]) -> set[str]:
     producer = {o: node for node in graph.node for o in node.output}
     readers: dict[str, list] = {}
     for node in graph.node:
-        for name in set(_inputs(node)):
+        for name in set(node_reads(node)):
             readers.setdefault(name, []).append(node)
     safe = set()
     for name, output in updates.items():
         node = producer.get(output)
-        if node is None or not _reads_elementwise(node, name):
+        buffer, views = buffer_readers(name, readers)
+        if node is None or not reads_elementwise(node, name, views):
             continue
-        others = [r for r in readers.get(name, []) if r is not node]
-        if not others or all(id(r) in _ancestors(node, producer) for r in others):
+        others = [r for r in buffer if r is not node]
+        if not others or all(id(r) in ancestors(node, producer) for r in others):
             safe.add(name)
     return safe
 
 
-def _reads_elementwise(node, name: str) -> bool:
-    """Whether ``node`` may write its output over ``name``: it does not read it, or reads
-    it elementwise (its output has the shape of ``name``'s buffer, so ``name`` is read at
-    the positions written)."""
-    if name not in set(_inputs(node)):
+def buffer_readers(
+    name: str, readers: Mapping[str, Sequence[NodeProto]]
+) -> tuple[list[NodeProto], set[str]]:
+    """The nodes reading the buffer of ``name`` (``readers``: value -> the nodes reading
+    it): its readers and those of its views, the outputs of :data:`ALIASES` nodes reading
+    it as their data (transitively), which onnxruntime makes without a copy; and the names
+    of ``name`` and its views."""
+    views, found, seen, stack = {name}, [], set(), [name]
+    while stack:
+        value = stack.pop()
+        for node in readers.get(value, ()):
+            if id(node) not in seen:
+                seen.add(id(node))
+                found.append(node)
+            aliased = node.op_type in ALIASES and node.domain in ("", "ai.onnx")
+            if aliased and node.input[0] == value:
+                fresh = [o for o in node.output if o and o not in views]
+                views.update(fresh)
+                stack.extend(fresh)
+    return found, views
+
+
+def reads_elementwise(node, name: str, views: Iterable[str] = ()) -> bool:
+    """Whether ``node`` may write its output over ``name``: it reads neither ``name`` nor
+    one of its ``views``, or reads ``name`` itself elementwise (its output has the shape of
+    ``name``'s buffer, so ``name`` is read at the positions written)."""
+    reads = set(node_reads(node))
+    if reads.intersection(views) - {name}:
+        return False
+    if name not in reads:
         return True
     return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE
 
 
-def _ancestors(node, producer: Mapping[str, object]) -> set[int]:
+def ancestors(node, producer: Mapping[str, object]) -> set[int]:
     """The ids of the nodes ``node`` depends on (through its inputs, transitively)."""
     seen: set[int] = set()
     stack = [node]
     while stack:
         current = stack.pop()
-        for name in _inputs(current):
+        for name in node_reads(current):
             parent = producer.get(name)
             if parent is not None and id(parent) not in seen:
                 seen.add(id(parent))
@@ -71,7 +102,7 @@ def _ancestors(node, producer: Mapping[str, object]) -> set[int]:
     return seen
 
 
-def _inputs(node) -> Iterable[str]:
+def node_reads(node) -> Iterable[str]:
     """The node's inputs and the outer values its subgraphs read."""
     yield from (n for n in node.input if n)
     for attribute in node.attribute:
@@ -80,4 +111,11 @@ def _inputs(node) -> Iterable[str]:
                 yield from (n for n in inner.input if n)
 
 
-__all__ = ["ELEMENTWISE", "in_place_inputs"]
+__all__ = [
+    "ELEMENTWISE",
+    "ancestors",
+    "buffer_readers",
+    "in_place_inputs",
+    "node_reads",
+    "reads_elementwise",
+]

@@ -44,6 +44,7 @@ from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.master_weights import with_master_weights
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
 from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
+from onnxgrad.training.update_gates import with_gated_updates
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,8 @@ def make_train_step(
         "fixed": lm.fixed,
     }
     step = append_update(gradient, roles, lm.weights, learning_rate, layout)
-    return guard_update(step, scaling, scale) if scaling else step
+    step = guard_update(step, scaling, scale) if scaling else step
+    return with_gated_updates(step)
 
 
 def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearningRate:

@@ -3,8 +3,9 @@
 Weights and optimizer state live in two sets of device buffers used in turn (ping-pong):
 step ``k`` reads set ``k % 2`` and writes the other one, so nothing is copied back to the
 host between steps. A value whose update can be written over it (see
-:mod:`~onnxgrad.training._in_place`: optimizer state, and weights that only their update and
-the forward read) has one buffer, shared by both sets. The data set is on the device too;
+:mod:`~onnxgrad.training._in_place`: optimizer state, and the weights of a per-weight update,
+which waits for the backward's reads of them, :mod:`~onnxgrad.training.update_gates`) has
+one buffer, shared by both sets. The data set is on the device too;
 each step only names its rows (:func:`~onnxgrad.training.composition.with_batch_indices`).
 Every binding of an epoch is prepared once, so the hot loop is one ``run_with_iobinding``
 call per batch.

@@ -4,6 +4,7 @@ ending where the step graph fed its own outputs (one buffer per value, no bindin
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -48,7 +49,8 @@ def test_readers_must_run_before_the_write():
 
 def mlp(n_features=4, hidden=5, generator=rng):
     """``y = relu(X W1 + b1) W2``: the backward reads ``W2`` (to pass the gradient to the
-    hidden layer), never ``W1`` (``X`` needs no gradient) nor ``b1``."""
+    hidden layer, a ``Transpose`` and a ``MatMul`` onnxruntime fuses), never ``W1`` (``X``
+    needs no gradient) nor ``b1``."""
     weights = {
         "W1": generator.standard_normal((n_features, hidden)).astype(np.float32),
         "b1": generator.standard_normal(hidden).astype(np.float32),
@@ -106,8 +108,8 @@ def test_runner_sharing_buffers_equals_the_graph_fed_back(layout, optimizer):
     step = make_train_step(model, learning_rate=lr, layout=layout)
     shared = in_place(step)
     assert set(step.state) <= shared
-    if layout == "per_weight":
-        assert {"W1", "b1"} <= shared and "W2" not in shared
+    if layout == "per_weight":  # W2, read by the backward, through the update's gate
+        assert set(step.weights) <= shared
     X = generator.standard_normal((6, 4)).astype(np.float32)
     y = generator.standard_normal((6, 1)).astype(np.float32)
     runner = TrainingRunner(step, check_device("cpu"), weights)
@@ -164,3 +166,100 @@ def test_train_initializer_names_equal_get_train_initializer():
     assert (
         train_initializer_names(model) == list(get_train_initializer(model)) == ["W1", "b1", "W2"]
     )
+
+
+def token_mlp(generator=rng):
+    """``y = relu(X W1) W2`` on ``X`` of shape ``[N, T, 4]``: the backward's ``dY W2^T`` is a
+    ``Transpose`` of ``W2`` and a batched ``MatMul``, which onnxruntime fuses into one
+    ``FusedMatMul`` reading ``W2`` itself, where the ``MatMul`` was."""
+    weights = {
+        "W1": generator.standard_normal((4, 5)).astype(np.float32),
+        "W2": generator.standard_normal((5, 1)).astype(np.float32),
+    }
+    node = helper.make_node
+    nodes = [
+        node("MatMul", ["X", "W1"], ["h"]),
+        node("Relu", ["h"], ["r"]),
+        node("MatMul", ["r", "W2"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "token_mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3, 1])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), weights
+
+
+def cnn(generator=rng):
+    """``y = Gemm(Flatten(relu(Conv(relu(Conv(X, K1)), K2))), W, b, transB=1)``: the
+    backward reads ``K2`` (a transposed convolution) and ``W`` (a transposed ``Gemm``)."""
+    weights = {
+        "K1": generator.standard_normal((3, 1, 3, 3)).astype(np.float32),
+        "K2": generator.standard_normal((2, 3, 3, 3)).astype(np.float32),
+        "W": generator.standard_normal((1, 2 * 4 * 4)).astype(np.float32),
+        "b": generator.standard_normal(1).astype(np.float32),
+    }
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["X", "K1"], ["c1"], pads=[1, 1, 1, 1]),
+        node("Relu", ["c1"], ["r1"]),
+        node("Conv", ["r1", "K2"], ["c2"], pads=[1, 1, 1, 1]),
+        node("Relu", ["c2"], ["r2"]),
+        node("Flatten", ["r2"], ["f"]),
+        node("Gemm", ["f", "W", "b"], ["Y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 1, 4, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), weights
+
+
+@pytest.mark.parametrize("build", [mlp, token_mlp, cnn])
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_every_weight_in_place_in_the_graph_onnxruntime_runs(build, optimizer, tmp_path):
+    """The update of each weight waits for the backward's reads of it (gates,
+    :mod:`onnxgrad.training.update_gates`), so every weight has one buffer; and it still
+    does in the graph onnxruntime runs after its fusions (the transposed weight folded into
+    a ``FusedMatMul`` reading the weight itself): every node reading a weight's buffer
+    there is an ancestor of the node writing its new value."""
+    model, _ = build(generator=np.random.default_rng(2))
+    lr = LearningRateAdam() if optimizer == "adam" else LearningRateSGDNesterov()
+    step = make_train_step(model, learning_rate=lr, layout="per_weight")
+    assert set(step.weights) <= in_place(step)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(
+        step.model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    optimized = onnx.load(tmp_path / "optimized.onnx")
+    fused = {n.op_type for n in optimized.graph.node if n.domain.startswith("com.microsoft")}
+    assert fused >= {
+        "FusedMatMul" if build is token_mlp else "FusedConv" if build is cnn else "FusedGemm"
+    }
+    updates = dict(zip(step.weights, step.new_weights))
+    assert in_place_inputs(optimized, updates) == set(step.weights)
+
+
+def test_cnn_sharing_every_weight_buffer_equals_the_graph_fed_back():
+    """Five momentum steps of the CNN, every weight written over itself, against the step
+    graph fed its own outputs."""
+    generator = np.random.default_rng(4)
+    model, weights = cnn(generator=generator)
+    step = make_train_step(model, learning_rate=LearningRateSGDNesterov(), layout="per_weight")
+    X = generator.standard_normal((6, 1, 4, 4)).astype(np.float32)
+    y = generator.standard_normal((6, 1)).astype(np.float32)
+    runner = TrainingRunner(step, check_device("cpu"), weights)
+    first, second = runner._sets
+    assert all(first.values[w] is second.values[w] for w in step.weights)
+    loader = OrtDataLoader(X, y, batch_size=6, random_state=0)
+    for _ in range(5):
+        runner.run_epoch(loader, 0.001)
+    values, _ = reference(step, X, y, weights, 0.001, 5)
+    for name, value in runner.get_weights().items():
+        np.testing.assert_allclose(value, values[name], rtol=1e-5, atol=1e-6, err_msg=name)
