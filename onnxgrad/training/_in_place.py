@@ -36,22 +36,48 @@ ELEMENTWISE = frozenset(
 def in_place_inputs(model: ModelProto, updates: Mapping[str, str]) -> set[str]:
     """The inputs of ``updates`` (input -> the output holding its new value, bound to a
     buffer of the input's shape) whose output can be written over the input."""
-    graph = model.graph
-    producer = {o: node for node in graph.node for o in node.output}
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in set(node_reads(node)):
-            readers.setdefault(name, []).append(node)
-    safe = set()
-    for name, output in updates.items():
-        node = producer.get(output)
-        buffer, views = buffer_readers(name, readers)
-        if node is None or not reads_elementwise(node, name, views):
-            continue
-        others = [r for r in buffer if r is not node]
-        if not others or all(id(r) in ancestors(node, producer) for r in others):
-            safe.add(name)
-    return safe
+    flow = BufferFlow(model.graph.node, updates)
+    return {name for name, output in updates.items() if flow.writable(name, output)}
+
+
+class BufferFlow:
+    """The nodes of a topologically sorted graph reading the buffers of some of its inputs,
+    and which of them run before a given node: one pass keeps, for every node, the set of
+    those readers among its ancestors (a bit each), instead of a walk per question."""
+
+    def __init__(self, nodes: Iterable[NodeProto], inputs: Iterable[str]):
+        self.nodes = list(nodes)
+        self.producer = {o: node for node in self.nodes for o in node.output if o}
+        self.readers: dict[str, list[NodeProto]] = {}
+        for node in self.nodes:
+            for name in set(node_reads(node)):
+                self.readers.setdefault(name, []).append(node)
+        self.buffers = {name: buffer_readers(name, self.readers) for name in inputs}
+        watched = {id(n): n for found, _ in self.buffers.values() for n in found}
+        self._bit = {key: 1 << k for k, key in enumerate(watched)}
+        self._before: dict[int, int] = {}
+        for node in self.nodes:
+            mask = 0
+            for name in set(node_reads(node)):
+                parent = self.producer.get(name)
+                if parent is not None:
+                    key = id(parent)
+                    mask |= self._before.get(key, 0) | self._bit.get(key, 0)
+            self._before[id(node)] = mask
+
+    def late_readers(self, name: str, writer: NodeProto) -> list[NodeProto]:
+        """The nodes reading ``name``'s buffer, other than ``writer``, that ``writer`` does
+        not depend on (a graph out of order makes more of them, never fewer)."""
+        before = self._before.get(id(writer), 0)
+        found, _ = self.buffers[name]
+        return [r for r in found if r is not writer and not before & self._bit[id(r)]]
+
+    def writable(self, name: str, output: str) -> bool:
+        """Whether ``output`` can be written over the input ``name``'s buffer."""
+        writer = self.producer.get(output)
+        if writer is None or not reads_elementwise(writer, name, self.buffers[name][1]):
+            return False
+        return not self.late_readers(name, writer)
 
 
 def buffer_readers(
@@ -88,20 +114,6 @@ def reads_elementwise(node, name: str, views: Iterable[str] = ()) -> bool:
     return node.domain in ("", "ai.onnx") and node.op_type in ELEMENTWISE
 
 
-def ancestors(node, producer: Mapping[str, object]) -> set[int]:
-    """The ids of the nodes ``node`` depends on (through its inputs, transitively)."""
-    seen: set[int] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        for name in node_reads(current):
-            parent = producer.get(name)
-            if parent is not None and id(parent) not in seen:
-                seen.add(id(parent))
-                stack.append(parent)
-    return seen
-
-
 def node_reads(node) -> Iterable[str]:
     """The node's inputs and the outer values its subgraphs read."""
     yield from (n for n in node.input if n)
@@ -113,7 +125,7 @@ def node_reads(node) -> Iterable[str]:
 
 __all__ = [
     "ELEMENTWISE",
-    "ancestors",
+    "BufferFlow",
     "buffer_readers",
     "in_place_inputs",
     "node_reads",

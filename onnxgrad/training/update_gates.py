@@ -25,18 +25,13 @@ returning large blocks), the same losses, the same step time.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from onnx import GraphProto, NodeProto
 
 from onnxgrad._onnx_utils import finalize_model, replace_repeated
 from onnxgrad.derivative.gating import Gates
-from onnxgrad.training._in_place import (
-    ancestors,
-    buffer_readers,
-    node_reads,
-    reads_elementwise,
-)
+from onnxgrad.training._in_place import BufferFlow, reads_elementwise
 from onnxgrad.training.train_step import TrainStep
 
 PREFIX = "update_gate/"
@@ -61,15 +56,13 @@ def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
     docstring); returns the inputs gated. Left as they are: a producer that cannot write
     over the input anyway (it reads it other than element by element), and one whose
     gate's values come after it in the graph's order or depend on it (a cycle)."""
-    flow = _Flow(graph)
+    flow = _Flow(graph.node, updates)
     gates, inserted, gated = Gates(graph), {}, []
     for name, output in updates.items():
         writer = flow.producer.get(output)
-        buffer, views = buffer_readers(name, flow.readers)
-        if writer is None or not reads_elementwise(writer, name, views):
+        if writer is None or not reads_elementwise(writer, name, flow.buffers[name][1]):
             continue
-        before = ancestors(writer, flow.producer)
-        late = [r for r in buffer if r is not writer and id(r) not in before]
+        late = flow.late_readers(name, writer)
         if not late:
             continue
         waits = flow.last_of(flow.with_consumers(late))
@@ -86,17 +79,13 @@ def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
     return gated
 
 
-class _Flow:
-    """Producers, readers and positions of a graph's nodes."""
+class _Flow(BufferFlow):
+    """:class:`~onnxgrad.training._in_place.BufferFlow` with the nodes' consumers and
+    positions."""
 
-    def __init__(self, graph: GraphProto):
-        self.nodes = list(graph.node)
-        self.producer = {o: node for node in self.nodes for o in node.output if o}
+    def __init__(self, nodes: Iterable[NodeProto], inputs: Iterable[str]):
+        super().__init__(nodes, inputs)
         self.position = {id(node): i for i, node in enumerate(self.nodes)}
-        self.readers: dict[str, list[NodeProto]] = {}
-        for node in self.nodes:
-            for name in set(node_reads(node)):
-                self.readers.setdefault(name, []).append(node)
 
     def consumers(self, node: NodeProto) -> list[NodeProto]:
         return [r for o in node.output if o for r in self.readers.get(o, ())]
