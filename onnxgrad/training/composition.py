@@ -42,6 +42,7 @@ from onnxgrad.training.loss_scaling import (
 )
 from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
 from onnxgrad.training.master_weights import with_master_weights
+from onnxgrad.training.node_order import place_after_producers
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
 from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
 from onnxgrad.training.update_gates import with_gated_updates
@@ -183,9 +184,13 @@ def make_train_step(
         "sample_weight": lm.sample_weight,
         "fixed": lm.fixed,
     }
+    backward = {o for node in gradient.graph.node for o in node.output}
     step = append_update(gradient, roles, lm.weights, learning_rate, layout)
     step = guard_update(step, scaling, scale) if scaling else step
-    return with_gated_updates(step)
+    step = with_gated_updates(step)
+    if layout == "per_weight":  # the flat update's pieces keep the order of readiness
+        place_after_producers(step.model.graph, lambda node: not backward.intersection(node.output))
+    return step
 
 
 def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearningRate:

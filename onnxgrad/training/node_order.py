@@ -27,14 +27,24 @@ thread), resnet18 peaks 1.3% higher; onnxruntime 1.32 creates the sessions no fa
 runners load the graphs as built, and this module measures an order (:func:`waiting`) and
 rearranges a graph (:func:`put_in_ready_order`) where session creation on onnxruntime 1.19
 matters more.
+
+The per-weight train step takes the part that leaves the execution order alone
+(:func:`place_after_producers`): the update's nodes other than its leaves come right after
+what they read (Adam's ``(1 - beta) g`` after the gradient, ``beta m`` first), its leaves
+stay last in the order of readiness that onnxruntime's walk starts from. Inside the backward
+nothing moves, and onnxruntime runs the update's nodes when the walk from their leaf reaches
+them, wherever they are. (Positions still break ties between the producers of one node: the
+flat update's ``Concat`` of every gradient keeps its pieces in the order of readiness.)
+A per-weight Adam step of a 128-layer MLP: W 2.7 -> 1.1 million cells, session 1.8 -> 1.1 s;
+the 8-layer Llama-like step 1.12 -> 0.90 s, the same losses, step time and peak.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from onnx import AttributeProto, ModelProto, NodeProto
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
 
 
 def producers(nodes: Sequence[NodeProto]) -> list[set[int]]:
@@ -95,6 +105,59 @@ def put_in_ready_order(model: ModelProto) -> ModelProto:
     return model
 
 
+def after_producers(sources: Sequence[set[int]], movable: Iterable[int]) -> list[int]:
+    """Positions in an order where each node of ``movable`` comes right after the last of
+    its producers (those reading none first), the others keeping their order (``sources``
+    from :func:`producers`, in a topological order)."""
+    moving = set(movable)
+    waits = {i: set(sources[i]) for i in moving}
+    readers: dict[int, list[int]] = {}
+    for i in sorted(moving):
+        for source in waits[i]:
+            readers.setdefault(source, []).append(i)
+    order: list[int] = []
+    placed: set[int] = set()
+    for i in sorted(moving):
+        if not waits[i]:
+            _place(i, order, placed, waits, readers)
+    for i in range(len(sources)):
+        if i not in moving:
+            _place(i, order, placed, waits, readers)
+    return order
+
+
+def _place(first, order, placed, waits, readers) -> None:
+    """Append ``first`` to ``order``, then every node of ``readers`` it leaves with
+    nothing to wait for, depth first."""
+    if first in placed:
+        return
+    order.append(first)
+    placed.add(first)
+    stack = [first]
+    while stack:
+        done = stack.pop()
+        for reader in readers.get(done, ()):
+            waits[reader].discard(done)
+            if not waits[reader] and reader not in placed:
+                order.append(reader)
+                placed.add(reader)
+                stack.append(reader)
+
+
+def place_after_producers(graph: GraphProto, movable: Callable[[NodeProto], bool]) -> None:
+    """Sort ``graph``'s nodes in place: those ``movable`` says and that another node reads
+    right after the last of their producers (:func:`after_producers`); the leaves where
+    they are, since onnxruntime's default execution order starts from them by position."""
+    nodes = graph.node
+    sources = producers(nodes)
+    read = {source for found in sources for source in found}
+    chosen = [i for i, node in enumerate(nodes) if i in read and movable(node)]
+    order = after_producers(sources, chosen)
+    if order != list(range(len(order))):
+        rank = {_identity(nodes[i]): position for position, i in enumerate(order)}
+        nodes.sort(key=lambda node: rank[_identity(node)])
+
+
 def _identity(node: NodeProto) -> tuple:
     """What tells nodes apart: their outputs (unique in a graph, unless all empty), else
     what they read and their type (nodes alike in all of it can trade places)."""
@@ -113,4 +176,11 @@ def _reads(node: NodeProto) -> Iterator[str]:
                 yield from _reads(inner)
 
 
-__all__ = ["producers", "put_in_ready_order", "ready_order", "waiting"]
+__all__ = [
+    "after_producers",
+    "place_after_producers",
+    "producers",
+    "put_in_ready_order",
+    "ready_order",
+    "waiting",
+]

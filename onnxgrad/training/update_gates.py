@@ -58,6 +58,7 @@ def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
     gate's values come after it in the graph's order or depend on it (a cycle)."""
     flow = _Flow(graph.node, updates)
     gates, inserted, gated = Gates(graph), {}, []
+    constants, bounds = gates.bounds(PREFIX)
     for name, output in updates.items():
         writer = flow.producer.get(output)
         if writer is None or not reads_elementwise(writer, name, flow.buffers[name][1]):
@@ -68,10 +69,11 @@ def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
         waits = flow.last_of(flow.with_consumers(late))
         if not flow.can_wait(writer, waits):
             continue
-        inserted.setdefault(id(writer), []).extend(_gate_writer(gates, writer, name, waits))
+        made = _gate_writer(gates, writer, name, waits, bounds)
+        inserted.setdefault(id(writer), []).extend(made)
         gated.append(name)
     if inserted:
-        order = []
+        order = constants
         for node in graph.node:
             order.extend(inserted.get(id(node), ()))
             order.append(node)
@@ -123,10 +125,12 @@ class _Flow(BufferFlow):
         return not any(id(n) in later for n in waits)
 
 
-def _gate_writer(gates: Gates, writer: NodeProto, name: str, waits: Sequence[NodeProto]) -> list:
-    """The nodes making ``writer`` read its inputs other than ``name`` after ``waits``."""
-    nodes, bounds = gates.bounds(PREFIX)
-    tokens = []
+def _gate_writer(
+    gates: Gates, writer: NodeProto, name: str, waits: Sequence[NodeProto], bounds: tuple
+) -> list:
+    """The nodes making ``writer`` read its inputs other than ``name`` after ``waits``
+    (``bounds``: the constants of :meth:`~onnxgrad.derivative.gating.Gates.token`)."""
+    nodes, tokens = [], []
     for node in waits:
         made, token = gates.token(next(o for o in node.output if o), PREFIX, bounds)
         nodes += made
