@@ -38,6 +38,8 @@ PREFIX = "update_gate/"
 #: operators passing a tensor on without computing with it, which optimizers fold into
 #: their consumers (a transposed weight read by a ``MatMul``, a view, a cast)
 PASS_ON = frozenset({"Transpose", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+#: prefixes of the operators whose outputs may be sequences or optionals, not tensors
+NOT_TENSORS = ("Sequence", "SplitToSequence", "Optional")
 
 
 def with_gated_updates(step: TrainStep) -> TrainStep:
@@ -112,9 +114,11 @@ class _Flow(BufferFlow):
         return [n for n in nodes if not any(id(c) in inside for c in self.consumers(n))]
 
     def can_wait(self, writer: NodeProto, waits: Sequence[NodeProto]) -> bool:
-        """Whether ``writer`` may read values of ``waits``: they come before it in the graph
-        and none of them depends on it (no cycle)."""
+        """Whether ``writer`` may read values of ``waits``: they come before it in the graph,
+        give tensors (a token is a slice of one) and none of them depends on it (no cycle)."""
         if any(self.position[id(n)] > self.position[id(writer)] for n in waits):
+            return False
+        if any(n.op_type.startswith(NOT_TENSORS) for n in waits):
             return False
         later, stack = set(), [writer]
         while stack:
