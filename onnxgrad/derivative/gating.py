@@ -73,6 +73,34 @@ class Gates:
         ]
         return nodes, token
 
+    def data_token(
+        self, gate: str, prefix: str, bounds: tuple[str, str] | None = None
+    ) -> tuple[list[NodeProto], str]:
+        """An empty int64 tensor computed from ``gate`` whose length only its values tell
+        (``Less(x, x)`` counted, 0 for every ``x``), so that no optimizer can prove it empty
+        and fold the gated shape, dependency and all, into a constant. For gates whose
+        removal would be wrong, not only slower (a weight written in place)."""
+        nodes = []
+        if bounds is None:
+            nodes, bounds = self.bounds(prefix)
+        minus_one, zero = bounds
+        one = self.values.unique(f"{prefix}one")
+        names = ("flat", "first", "real", "same", "count", "counted", "tok")
+        flat, first, real, same, count, counted, token = (
+            self.values.unique(f"{prefix}{s}") for s in names
+        )
+        nodes += [
+            self.constant(one, [1], prefix),
+            self.node("Reshape", [gate, minus_one], flat, prefix),
+            self.node("Slice", [flat, zero, one], first, prefix),
+            self.node("Cast", [first], real, prefix, to=1),
+            self.node("Less", [real, real], same, prefix),
+            self.node("Cast", [same], count, prefix, to=7),
+            self.node("ReduceSum", [count], counted, prefix, keepdims=1),
+            self.node("Slice", [counted, zero, counted], token, prefix),
+        ]
+        return nodes, token
+
     def bounds(self, prefix: str) -> tuple[list[NodeProto], tuple[str, str]]:
         """The constants ``[-1]`` and ``[0]`` of :meth:`token`, and their nodes."""
         minus_one, zero = (self.values.unique(f"{prefix}{s}") for s in ("minus_one", "zero"))

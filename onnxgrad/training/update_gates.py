@@ -15,8 +15,14 @@ of those (for a layer's weight, the gradient the backward passes to the layer be
 token from the readers alone would not do: onnxruntime's fusions move a read of the weight
 into a reader's consumer (a ``Transpose`` of the weight and the ``MatMul`` after it become
 one ``FusedMatMul`` reading the weight where the ``MatMul`` was, the ``Transpose`` kept for
-the token), and a fused node computes its parts' outputs, so the update waits for it. The
-update runs when the backward passes the layer, as before; the values are the same.
+the token), and a fused node computes its parts' outputs, so the update waits for it.
+onnxruntime 1.32 fuses a gate placed before a ``Reshape`` (a rank-0 weight's update ends in
+one) with it, dropping the dependency (a 0-d weight trained wrong): the node computing the
+viewed data is gated instead. And since a token empty by its static shape would let an
+optimizer fold the gate's shape into a constant, these tokens are empty only by their values
+(:meth:`~onnxgrad.derivative.gating.Gates.data_token`; a precaution: no onnxruntime tried
+does it alone). The update runs when the backward passes the layer, as before; the values
+are the same.
 Measured: all 42 weights of resnet18 and 75 of the 8-layer Llama-like LM in place (22 and
 1 before), steps 322 -> 279 and 344 -> 327 MiB (``benchmarks/bench_memory.py``, glibc
 returning large blocks), the same losses, the same step time.
@@ -31,6 +37,7 @@ from onnx import GraphProto, NodeProto
 
 from onnxgrad._onnx_utils import finalize_model, replace_repeated
 from onnxgrad.derivative.gating import Gates
+from onnxgrad.derivative.late_backward import ALIASES
 from onnxgrad.training._in_place import BufferFlow, reads_elementwise
 from onnxgrad.training.train_step import TrainStep
 
@@ -59,8 +66,11 @@ def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
     over the input anyway (it reads it other than element by element), and one whose
     gate's values come after it in the graph's order or depend on it (a cycle)."""
     flow = _Flow(graph.node, updates)
-    gates, inserted, gated = Gates(graph), {}, []
+    gates, gated = Gates(graph), []
     constants, bounds = gates.bounds(PREFIX)
+    tokens: dict[str, str] = {}  # value -> its token, shared by the updates waiting for it
+    before: dict[int, list[NodeProto]] = {}  # node -> the gates to insert before it
+    after: dict[int, list[NodeProto]] = {}  # node -> the tokens to insert after it
     for name, output in updates.items():
         writer = flow.producer.get(output)
         if writer is None or not reads_elementwise(writer, name, flow.buffers[name][1]):
@@ -69,16 +79,24 @@ def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
         if not late:
             continue
         waits = flow.last_of(flow.with_consumers(late))
-        if not flow.can_wait(writer, waits):
+        target = flow.computing(writer)
+        if not flow.can_wait(target, waits):
             continue
-        made = _gate_writer(gates, writer, name, waits, bounds)
-        inserted.setdefault(id(writer), []).extend(made)
+        chosen = []
+        for node in waits:
+            value = next(o for o in node.output if o)
+            if value not in tokens:
+                made, tokens[value] = gates.data_token(value, PREFIX, bounds)
+                after.setdefault(id(node), []).extend(made)
+            chosen.append(tokens[value])
+        before.setdefault(id(target), []).extend(_gate_inputs(gates, target, name, chosen))
         gated.append(name)
-    if inserted:
+    if gated:
         order = constants
         for node in graph.node:
-            order.extend(inserted.get(id(node), ()))
+            order.extend(before.get(id(node), ()))
             order.append(node)
+            order.extend(after.get(id(node), ()))
         replace_repeated(graph.node, order)
     return gated
 
@@ -90,6 +108,20 @@ class _Flow(BufferFlow):
     def __init__(self, nodes: Iterable[NodeProto], inputs: Iterable[str]):
         super().__init__(nodes, inputs)
         self.position = {id(node): i for i, node in enumerate(self.nodes)}
+
+    def computing(self, writer: NodeProto) -> NodeProto:
+        """``writer``, or the node computing what it views when it is a view
+        (:data:`~onnxgrad.derivative.late_backward.ALIASES`, a rank-0 weight's update ends
+        in a ``Reshape``): a gate on a view's data would be a ``Reshape`` before a
+        ``Reshape``, which onnxruntime 1.32 fuses into one, dropping the gate; the node
+        computing the data runs before the view anyway."""
+        node = writer
+        while node.op_type in ALIASES and node.domain in ("", "ai.onnx"):
+            source = self.producer.get(node.input[0])
+            if source is None:
+                break
+            node = source
+        return node
 
     def consumers(self, node: NodeProto) -> list[NodeProto]:
         return [r for o in node.output if o for r in self.readers.get(o, ())]
@@ -129,16 +161,10 @@ class _Flow(BufferFlow):
         return not any(id(n) in later for n in waits)
 
 
-def _gate_writer(
-    gates: Gates, writer: NodeProto, name: str, waits: Sequence[NodeProto], bounds: tuple
-) -> list:
-    """The nodes making ``writer`` read its inputs other than ``name`` after ``waits``
-    (``bounds``: the constants of :meth:`~onnxgrad.derivative.gating.Gates.token`)."""
-    nodes, tokens = [], []
-    for node in waits:
-        made, token = gates.token(next(o for o in node.output if o), PREFIX, bounds)
-        nodes += made
-        tokens.append(token)
+def _gate_inputs(gates: Gates, writer: NodeProto, name: str, tokens: Sequence[str]) -> list:
+    """The nodes making ``writer`` read its inputs other than ``name`` after the values
+    behind ``tokens`` (:meth:`~onnxgrad.derivative.gating.Gates.data_token`)."""
+    nodes = []
     for index, value in enumerate(writer.input):
         if value and value != name:
             made, alias = gates.gated(value, tokens, PREFIX)
