@@ -7,6 +7,7 @@ the runner executes can be inspected, saved and run by any onnxruntime.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ from onnxgrad.training.master_weights import with_master_weights
 from onnxgrad.training.node_order import place_after_producers
 from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
 from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
-from onnxgrad.training.update_gates import with_gated_updates
+from onnxgrad.training.update_gates import gate_updates
 
 
 @dataclass(frozen=True)
@@ -184,13 +185,25 @@ def make_train_step(
         "sample_weight": lm.sample_weight,
         "fixed": lm.fixed,
     }
-    backward = {o for node in gradient.graph.node for o in node.output}
+    gradient_values = {o for node in gradient.graph.node for o in node.output}
     step = append_update(gradient, roles, lm.weights, learning_rate, layout)
     step = guard_update(step, scaling, scale) if scaling else step
-    step = with_gated_updates(step)
-    if layout == "per_weight":  # the flat update's pieces keep the order of readiness
-        place_after_producers(step.model.graph, lambda node: not backward.intersection(node.output))
-    return step
+    return _arranged_per_weight_update(step, gradient_values)
+
+
+def _arranged_per_weight_update(step: TrainStep, gradient_values: set[str]) -> TrainStep:
+    """A per-weight update made writable in place (each weight's update waits for the
+    backward's reads of it, :mod:`~onnxgrad.training.update_gates`) and its nodes other than
+    its leaves placed right after what they read
+    (:func:`~onnxgrad.training.node_order.place_after_producers`), then checked once. The
+    flat layout is left as it is: its weights are views of one vector only the update reads,
+    and its ``Concat`` keeps its pieces in the order of readiness."""
+    if step.layout != "per_weight":
+        return step
+    graph = step.model.graph
+    gate_updates(graph, dict(zip(step.weights, step.new_weights)))
+    place_after_producers(graph, lambda node: not gradient_values.intersection(node.output))
+    return dataclasses.replace(step, model=finalize_model(step.model))
 
 
 def checked_learning_rate(learning_rate: BaseLearningRate | None) -> BaseLearningRate:

@@ -30,16 +30,14 @@ returning large blocks), the same losses, the same step time.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from onnx import GraphProto, NodeProto
 
-from onnxgrad._onnx_utils import finalize_model, replace_repeated
+from onnxgrad._onnx_utils import replace_repeated
 from onnxgrad.derivative.gating import Gates
 from onnxgrad.derivative.late_backward import ALIASES
 from onnxgrad.training._in_place import BufferFlow, reads_elementwise
-from onnxgrad.training.train_step import TrainStep
 
 PREFIX = "update_gate/"
 #: operators passing a tensor on without computing with it, which optimizers fold into
@@ -47,16 +45,6 @@ PREFIX = "update_gate/"
 PASS_ON = frozenset({"Transpose", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 #: prefixes of the operators whose outputs may be sequences or optionals, not tensors
 NOT_TENSORS = ("Sequence", "SplitToSequence", "Optional")
-
-
-def with_gated_updates(step: TrainStep) -> TrainStep:
-    """``step`` with its weight updates gated (:func:`gate_updates`), per-weight layout; the
-    flat layout's weights are views of one vector, which only the update reads."""
-    if step.layout != "per_weight":
-        return step
-    if not gate_updates(step.model.graph, dict(zip(step.weights, step.new_weights))):
-        return step
-    return dataclasses.replace(step, model=finalize_model(step.model))
 
 
 def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
@@ -173,4 +161,4 @@ def _gate_inputs(gates: Gates, writer: NodeProto, name: str, tokens: Sequence[st
     return nodes
 
 
-__all__ = ["gate_updates", "with_gated_updates"]
+__all__ = ["gate_updates"]
