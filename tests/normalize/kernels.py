@@ -43,8 +43,8 @@ def one_node_model(
             helper.make_tensor_value_info(name, elem_type(value.dtype), value.shape)
         )
     outs = [f"y{i}" for i in range(n_outputs)]
-    first = next(v.dtype for e in inputs if e is not None for v in [e[1]] if v.dtype.kind == "f")
-    types = [elem_type(t) for t in out_types] or [elem_type(first)] * n_outputs
+    floats = (v.dtype for e in inputs if e is not None for v in [e[1]] if v.dtype.kind == "f")
+    types = [elem_type(t) for t in out_types] or [elem_type(next(floats))] * n_outputs
     node = helper.make_node(op, names, outs, domain=domain, **attrs)
     graph = helper.make_graph(
         [node],
