@@ -75,6 +75,17 @@ def dynamic_quantize(x) -> tuple[np.ndarray, np.float32, int]:
     return codes.astype(np.uint8), scale, zero
 
 
+def dynamic_quantized_matmul(x, weight, scale, zero=0) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` quantized by ``DynamicQuantizeLinear`` times an integer ``weight``, as
+    ``MatMulInteger`` and ``DynamicQuantizeMatMul`` specify it, scaled once:
+    ``(q_x - z_x) s_x (weight - zero) scale`` in float64; and the error onnxruntime's u8s8
+    kernel may add to it on a CPU without VNNI, in the same units."""
+    codes, x_scale, x_zero = dynamic_quantize(x)
+    unit = np.float64(x_scale) * np.asarray(scale, np.float64)
+    product = exact_matmul(codes, weight, x_zero, zero) * unit
+    return product, saturation_slack(codes, weight) * unit
+
+
 def requantize(accumulator, multiplier, zero) -> np.ndarray:
     """The uint8 codes ``sat(round(accumulator * multiplier) + zero)`` of a ``QLinear*``
     output, rounding half to even."""

@@ -15,7 +15,7 @@ from onnxgrad import add_lora, get_train_initializer, merge_lora, onnx_derivativ
 from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import numerical_vjp
-from tests.normalize.integer_products import dynamic_quantize, exact_matmul, saturation_slack
+from tests.normalize.integer_products import dynamic_quantize, dynamic_quantized_matmul
 from tests.normalize.kernels import assert_within, run
 
 RNG = np.random.default_rng(20)
@@ -122,12 +122,10 @@ def _specified_output(model: onnx.ModelProto, x: np.ndarray) -> tuple[np.ndarray
     arithmetic (``(q_x - z_x)(q - z)``, scaled once, plus the bias), and the error
     onnxruntime's u8s8 kernel may add to it on a CPU without VNNI (zero for a uint8 weight)."""
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    codes, scale, zero = dynamic_quantize(x)
-    weight = inits["w_quantized"]
-    unit = np.float64(scale) * inits["w_scale"]
-    product = exact_matmul(codes, weight, zero, inits["w_zero_point"]) * unit
+    weight = [inits[f"w_{part}"] for part in ("quantized", "scale", "zero_point")]
+    product, slack = dynamic_quantized_matmul(x, *weight)
     bias = next((inits[n] for n in ("b", "bias") if n in inits), 0)
-    return product + bias, saturation_slack(codes, weight) * unit
+    return product + bias, slack
 
 
 @pytest.mark.parametrize("form", list(FORMS))

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad import onnx_derivative
 from onnxgrad.normalize import normalized_model
-from tests.normalize.integer_products import dynamic_quantize, exact_matmul, saturation_slack
+from tests.normalize.integer_products import dynamic_quantized_matmul
 from tests.normalize.kernels import assert_within, run
 
 RNG = np.random.default_rng(4)
@@ -50,12 +50,11 @@ def test_dynamic_int8_linear(tmp_path):
     assert "MatMulInteger" not in {n.op_type for n in lowered.graph.node}
     # the specification in exact integers; onnxruntime's u8s8 kernel within its CPU's error
     inits = {i.name: numpy_helper.to_array(i) for i in quantized.graph.initializer}
-    codes, scale, zero = dynamic_quantize(x)
-    weight, unit = inits["w_quantized"], np.float64(scale) * inits["w_scale"]
-    spec = exact_matmul(codes, weight, zero, inits["w_zero_point"]) * unit + inits["b"]
+    weight = [inits[f"w_{part}"] for part in ("quantized", "scale", "zero_point")]
+    product, slack = dynamic_quantized_matmul(x, *weight)
+    spec = product + inits["b"]
     tolerance = 1e-5 + 1e-5 * np.abs(spec)
     assert_within(run(lowered, {"x": x})[0], spec, tolerance, "the lowering")
-    slack = saturation_slack(codes, weight) * unit
     assert_within(run(quantized, {"x": x})[0], spec, tolerance + slack, "onnxruntime's kernels")
     seed = RNG.standard_normal((4, 3)).astype(np.float32)
     gradient = onnx_derivative(quantized, inputs=["x"], weights=[])
