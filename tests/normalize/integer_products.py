@@ -20,6 +20,8 @@ import platform
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
 
@@ -107,6 +109,36 @@ def conv_patches(x, kernel: tuple[int, int], pads: int, fill) -> np.ndarray:
 def weights_by_patch(w) -> np.ndarray:
     """An OIHW weight as the ``(KH * KW * C, O)`` matrix that multiplies ``conv_patches``."""
     return np.asarray(w).transpose(2, 3, 1, 0).reshape(-1, np.shape(w)[0])
+
+
+#: the products whose weight (input 1) and its zero point (input 3) may be int8
+_INTEGER_PRODUCTS = {"MatMulInteger": 3, "DynamicQuantizeMatMul": 3}
+
+
+def with_exact_integer_products(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose int8 weights of ``MatMulInteger`` and
+    ``DynamicQuantizeMatMul`` are stored as uint8, codes and zero point shifted by 128: the
+    same products, which onnxruntime sums exactly on every CPU (uint8 x uint8 kernels have
+    16-bit operands), a reference for the lowering where the model's own u8s8 kernels
+    saturate."""
+    copy = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = copy.graph
+    stored = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:
+        zero_at = _INTEGER_PRODUCTS.get(node.op_type)
+        weight = stored.get(node.input[1]) if zero_at is not None else None
+        if weight is None or weight.dtype != np.int8:
+            continue
+        inputs = [*node.input, *[""] * (zero_at + 1 - len(node.input))]
+        zero = stored[inputs[zero_at]] if inputs[zero_at] else np.zeros((), np.int8)
+        for index, value in ((1, weight), (zero_at, zero)):
+            name = f"{node.name or node.output[0]}_uint8_{index}"
+            shifted = (value.astype(np.int16) + 128).astype(np.uint8)
+            graph.initializer.append(numpy_helper.from_array(shifted, name))
+            inputs[index] = name
+        del node.input[:]
+        node.input.extend(inputs)
+    return copy
 
 
 def cpu_flags() -> set[str]:

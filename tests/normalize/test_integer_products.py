@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 from tests.normalize.integer_products import (
     conv_patches,
+    dynamic_quantized_matmul,
     exact_matmul,
     int16_saturated_matmul,
     requantize,
     saturation_slack,
     u8s8_kernel_path,
     weights_by_patch,
+    with_exact_integer_products,
 )
 from tests.normalize.kernels import one_node_model, run
 
@@ -58,6 +61,50 @@ def test_matmul_integer_is_the_model_of_this_cpu(m, k, n, weight_stored):
     got = run(model, feeds)[0].astype(np.int64)
     exact, saturated = exact_matmul(a, b, 7, b_zero), int16_saturated_matmul(a, b, 7, b_zero)
     _expect_this_cpus_sums(got, exact, saturated, saturation_slack(a, b))
+
+
+def test_matmul_integer_of_two_uint8_is_exact_on_every_cpu():
+    """uint8 x uint8 products (16-bit operands, ``vpmaddwd``) are summed exactly, also where
+    the same codes as int8 would saturate."""
+    a, b = _saturating_codes(3, 9, 6)
+    b = (b.astype(np.int16) + 128).astype(np.uint8)
+    model, feeds = one_node_model(
+        "MatMulInteger",
+        [("a", a), ("b", b), ("az", np.array(3, np.uint8)), ("bz", np.array(128, np.uint8))],
+        domain="",
+        out_types=(np.int32,),
+        initializers=("b", "az", "bz"),
+    )
+    assert (saturation_slack(a, (b.astype(np.int16) - 128).astype(np.int8)) > 0).any()
+    np.testing.assert_array_equal(run(model, feeds)[0], exact_matmul(a, b, 3, 128))
+
+
+@pytest.mark.parametrize("op", ["MatMulInteger", "DynamicQuantizeMatMul"])
+def test_int8_weights_stored_as_uint8_sum_exactly(op):
+    """``with_exact_integer_products``: the same products over uint8 codes, exact on every CPU
+    (the zero point given per column, or absent)."""
+    a, b = _saturating_codes(4, 10, 6)
+    if op == "MatMulInteger":
+        zero = RNG.integers(-5, 5, 6, dtype=np.int8)
+        inputs = [("a", a), ("b", b), ("az", np.array(9, np.uint8)), ("bz", zero)]
+        model, feeds = one_node_model(
+            op, inputs, domain="", out_types=(np.int32,), initializers=("b", "az", "bz")
+        )
+        expected = exact_matmul(a, b, 9, zero)
+    else:
+        x = RNG.standard_normal(a.shape).astype(np.float32)
+        scale = (RNG.random(6) * 0.1 + 0.01).astype(np.float32)
+        model, feeds = one_node_model(
+            op, [("x", x), ("b", b), ("s", scale)], initializers=("b", "s")
+        )
+        expected, slack = dynamic_quantized_matmul(x, b, scale)
+        assert (slack > 0).any()
+    exact = with_exact_integer_products(model)
+    types = {i.name: i.data_type for i in exact.graph.initializer}
+    assert [types[exact.graph.node[0].input[i]] for i in (1, 3)] == [TensorProto.UINT8] * 2
+    np.testing.assert_allclose(run(exact, feeds)[0], expected, rtol=1e-6, atol=1e-6)
+    if u8s8_kernel_path() == "exact":
+        np.testing.assert_array_equal(run(exact, feeds)[0], run(model, feeds)[0])
 
 
 def test_qlinear_conv_sums_rows_columns_channels():
