@@ -43,8 +43,8 @@ def one_node_model(
             helper.make_tensor_value_info(name, elem_type(value.dtype), value.shape)
         )
     outs = [f"y{i}" for i in range(n_outputs)]
-    first = next(v.dtype for e in inputs if e is not None for v in [e[1]] if v.dtype.kind == "f")
-    types = [elem_type(t) for t in out_types] or [elem_type(first)] * n_outputs
+    floats = (v.dtype for e in inputs if e is not None for v in [e[1]] if v.dtype.kind == "f")
+    types = [elem_type(t) for t in out_types] or [elem_type(next(floats))] * n_outputs
     node = helper.make_node(op, names, outs, domain=domain, **attrs)
     graph = helper.make_graph(
         [node],
@@ -117,6 +117,29 @@ def assert_lowering_matches(model, feeds, rtol=1e-5, atol=1e-5, outputs=None) ->
             atol=atol,
             err_msg=str(index),
         )
+
+
+def assert_within(actual: np.ndarray, spec: np.ndarray, tolerance, who: str) -> None:
+    """``|actual - spec| <= tolerance`` elementwise (``tolerance`` broadcast), naming the worst
+    element."""
+    tolerance = np.broadcast_to(np.asarray(tolerance, np.float64), np.shape(spec))
+    excess = np.abs(np.asarray(actual, np.float64) - spec) - tolerance
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess[worst] <= 0, (
+        f"{who}: {actual[worst]} at {worst}, the specification {spec[worst]} +- {tolerance[worst]}"
+    )
+
+
+def assert_lowering_and_kernel_match_spec(model, feeds, spec, tolerance, kernel_slack) -> None:
+    """The first output of the lowering within ``tolerance`` of ``spec`` (the operator's
+    specification computed with numpy), and onnxruntime's kernel's within ``tolerance +
+    kernel_slack``: the error its u8s8 CPU path can add (``integer_products``), zero where no
+    pair of products saturates int16."""
+    kernel = kernel_outputs(model, feeds)[0]
+    lowered = lowered_outputs(model, feeds)[0]
+    assert lowered.dtype == kernel.dtype and lowered.shape == kernel.shape == np.shape(spec)
+    assert_within(lowered, spec, tolerance, "the lowering")
+    assert_within(kernel, spec, np.asarray(tolerance) + kernel_slack, "onnxruntime's kernel")
 
 
 FLOAT16 = TensorProto.FLOAT16

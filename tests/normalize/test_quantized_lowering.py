@@ -1,12 +1,27 @@
 """onnxruntime's quantized operators, lowered over dequantized weights, against onnxruntime's
-own kernels on random inputs."""
+own kernels on random inputs; the integer products against their specification computed with
+numpy, and onnxruntime's kernels within the error of their CPU path (``integer_products``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tests.normalize.kernels import assert_lowering_matches, one_node_model
+from tests.normalize.integer_products import (
+    INT16_MAX,
+    conv_patches,
+    dynamic_quantized_matmul,
+    exact_matmul,
+    requantize,
+    saturation_slack,
+    weights_by_patch,
+)
+from tests.normalize.kernels import (
+    assert_lowering_and_kernel_match_spec,
+    assert_lowering_matches,
+    lowered_outputs,
+    one_node_model,
+)
 
 RNG = np.random.default_rng(2)
 
@@ -56,27 +71,33 @@ def test_matmul_nbits(k, block, bits, zero_points, dtype):
 @pytest.mark.parametrize("with_zero_point", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_dynamic_quantize_matmul(per_column, with_zero_point, with_bias):
+    """``(q_a - z_a) s_a (B - z) s + bias`` with ``q_a, s_a, z_a`` the input's dynamic
+    quantization: the lowering to float32 rounding, the kernel within its int16 saturation."""
     k, n = 8, 5
     a = RNG.standard_normal((3, k)).astype(np.float32)
     b = RNG.integers(-128, 128, (k, n), dtype=np.int8)
     shape = (n,) if per_column else ()
     scale = (RNG.random(shape) * 0.1 + 0.01).astype(np.float32)
     zero = RNG.integers(-5, 5, shape, dtype=np.int8)
+    bias = RNG.standard_normal(n).astype(np.float32)
     inputs = [
         ("a", a),
         ("b", b),
         ("s", scale),
         ("z", zero) if with_zero_point else None,
-        ("bias", RNG.standard_normal(n).astype(np.float32)) if with_bias else None,
+        ("bias", bias) if with_bias else None,
     ]
     model, feeds = one_node_model("DynamicQuantizeMatMul", inputs, initializers=("b", "s", "z"))
-    assert_lowering_matches(model, feeds, rtol=1e-4, atol=1e-4)
+    product, slack = dynamic_quantized_matmul(a, b, scale, zero if with_zero_point else 0)
+    spec = product + (bias if with_bias else 0)
+    tolerance = 1e-5 + 1e-5 * np.abs(spec)
+    assert_lowering_and_kernel_match_spec(model, feeds, spec, tolerance, slack)
 
 
 @pytest.mark.parametrize("per_column", [False, True])
 def test_qlinear_matmul(per_column):
     """The kernel requantizes in integers, the lowering in floats: a tie may round to the
-    next code."""
+    next code of the specification's."""
     m, k, n = 3, 8, 4
     a = RNG.integers(0, 256, (m, k), dtype=np.uint8)
     b = RNG.integers(-128, 128, (k, n), dtype=np.int8)
@@ -95,7 +116,10 @@ def test_qlinear_matmul(per_column):
     model, feeds = one_node_model(
         "QLinearMatMul", inputs, domain="", out_types=(np.uint8,), initializers=("b", "bs", "bz")
     )
-    assert_lowering_matches(model, feeds, rtol=0, atol=1)
+    multiplier = 0.02 * b_scale.astype(np.float64) / 0.05
+    spec = requantize(exact_matmul(a, b, 128, b_zero), multiplier, 120)
+    slack = saturation_slack(a, b) * multiplier
+    assert_lowering_and_kernel_match_spec(model, feeds, spec, 1, slack)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -124,7 +148,12 @@ def test_qlinear_conv(per_channel, with_bias):
         initializers=("w", "ws", "wz", "bias"),
         pads=[1, 1, 1, 1],
     )
-    assert_lowering_matches(model, feeds, rtol=0, atol=1)
+    patches, weights = conv_patches(x, (3, 3), 1, fill=128), weights_by_patch(w)
+    accumulator = exact_matmul(patches, weights, 128) + (inputs[-1][1] if with_bias else 0)
+    multiplier = 0.02 * w_scale.astype(np.float64) / 0.3
+    spec = requantize(accumulator, multiplier, 100).transpose(0, 3, 1, 2)
+    slack = (saturation_slack(patches, weights) * multiplier).transpose(0, 3, 1, 2)
+    assert_lowering_and_kernel_match_spec(model, feeds, spec, 1, slack)
 
 
 @pytest.mark.parametrize("op", ["QuantizeLinear", "DequantizeLinear"])
@@ -185,13 +214,32 @@ def test_nbits_quantizer_output_differentiates():
     np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-2)
 
 
+def _numpy_lstm(x, w, r, b):
+    """ONNX's LSTM, one direction, no peepholes, from zero states, in float64: ``W`` of shape
+    ``(size, 4 hidden)`` (gates i, o, f, c), ``R`` of ``(hidden, 4 hidden)``, ``b = Wb + Rb``;
+    returns Y ``(seq, 1, batch, hidden)``, Y_h and Y_c."""
+    sigmoid = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    h = c = np.zeros((x.shape[1], r.shape[0]))
+    outputs = []
+    for step in x.astype(np.float64):
+        i, o, f, g = np.split(step @ w + h @ r + b, 4, axis=-1)
+        c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+        h = sigmoid(o) * np.tanh(c)
+        outputs.append(h)
+    return np.stack(outputs)[:, None], h[None], c[None]
+
+
 @pytest.mark.parametrize("per_gate", [False, True])
 def test_dynamic_quantize_lstm(per_gate):
-    """The kernel quantizes its input and state at each step, the lowering keeps them float:
-    outputs agree to the activations' quantization error (under 1e-2 here)."""
+    """The lowering is ONNX's LSTM over the dequantized weights (numpy's, to float32
+    rounding). The kernel quantizes its input and state at each step, the lowering keeps them
+    float: outputs agree to the activations' quantization error (under 1e-2 here). Weight codes
+    within +-64 keep every pair of uint8 x int8 products under int16's 32767 (2 * 255 * 64 =
+    32640), so the kernel's sums are exact on every CPU, with VNNI or without."""
     seq, batch, size, hidden = 4, 2, 5, 3
-    w = RNG.integers(-128, 128, (1, size, 4 * hidden), dtype=np.int8)
-    r = RNG.integers(-128, 128, (1, hidden, 4 * hidden), dtype=np.int8)
+    w = RNG.integers(-64, 65, (1, size, 4 * hidden), dtype=np.int8)
+    r = RNG.integers(-64, 65, (1, hidden, 4 * hidden), dtype=np.int8)
+    assert 2 * 255 * int(max(np.abs(w).max(), np.abs(r).max())) <= INT16_MAX
     shape = (1, 4 * hidden) if per_gate else (1,)
     scale = lambda: (RNG.random(shape) * 0.004 + 0.002).astype(np.float32)  # noqa: E731
     inputs = [
@@ -215,4 +263,14 @@ def test_dynamic_quantize_lstm(per_gate):
         initializers=("w", "r", "b", "ws", "wz", "rs", "rz"),
         hidden_size=hidden,
     )
+    values = dict(entry for entry in inputs if entry is not None)
+    biases = values["b"][0].astype(np.float64)
+    spec = _numpy_lstm(
+        values["x"],
+        w[0] * values["ws"][0].astype(np.float64),
+        r[0] * values["rs"][0].astype(np.float64),
+        biases[: 4 * hidden] + biases[4 * hidden :],
+    )
+    for got, want in zip(lowered_outputs(model, feeds), spec, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert_lowering_matches(model, feeds, rtol=0, atol=1.5e-2)
