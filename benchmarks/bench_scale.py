@@ -5,7 +5,9 @@ For each big model (a chain of 4096x4096 float32 MatMuls: 16 of them weigh 1 GiB
 a child process whose peak resident memory the parent reads from ``wait4``'s rusage:
 
 * ``api``: ``onnx.load`` then ``onnx_derivative(model)``; the time is the derivative's, the
-  peak includes the loaded model;
+  peak includes the loaded model; ``step`` and ``artifacts`` the same for
+  ``make_train_step(model)`` and ``generate_artifacts(model)`` (Adam: its state is written
+  into the checkpoint);
 * ``cli``: ``onnxgrad derivative model.onnx -o grad.onnx`` end to end (read, check, derive,
   write).
 
@@ -88,16 +90,28 @@ def write_matmul_chain(path: Path, count: int, external: bool) -> None:
     save_model(model, path)
 
 
-def child_api(model_path: str) -> dict:
+def child_api(model_path: str, entry: str) -> dict:
+    """``onnx.load`` then ``entry`` of the loaded model: ``derivative`` (onnx_derivative),
+    ``step`` (make_train_step) or ``artifacts`` (generate_artifacts, Adam, into a
+    temporary folder); the time is the entry's, the peak includes the loaded model."""
     import onnx
 
     from onnxgrad import onnx_derivative
+    from onnxgrad.training import generate_artifacts, make_train_step
 
     model = onnx.load(model_path)
     start = time.perf_counter()
-    grad = onnx_derivative(model)
+    if entry == "derivative":
+        nodes = len(onnx_derivative(model).graph.node)
+    elif entry == "step":
+        nodes = len(make_train_step(model).model.graph.node)
+    else:
+        with tempfile.TemporaryDirectory(prefix="onnxgrad-artifacts-") as folder:
+            nodes = len(
+                generate_artifacts(model, artifact_directory=folder).train_step.model.graph.node
+            )
     seconds = time.perf_counter() - start
-    return {"derivative_s": seconds, "gradient_nodes": len(grad.graph.node)}
+    return {"derivative_s": seconds, "gradient_nodes": nodes}
 
 
 def child_chain(repeat: int) -> dict:
@@ -205,9 +219,10 @@ def measure_big(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
         writer.join()
     size_gib = count * SIDE * SIDE * 4 / GIB
     rows = []
-    for mode in ("api", "cli"):
-        if mode == "api":
-            command = [sys.executable, __file__, "--child-api", str(model_path)]
+    for mode in ("api", "step", "artifacts", "cli"):
+        if mode != "cli":
+            entry = "derivative" if mode == "api" else mode
+            command = [sys.executable, __file__, "--child-api", str(model_path), "--entry", entry]
         else:
             output = workdir / f"grad_{count}.onnx"
             command = [sys.executable, "-m", "onnxgrad", "derivative", str(model_path)]
@@ -230,10 +245,11 @@ def main() -> None:
     parser.add_argument("--max-rss-gib", type=float, default=16.0)
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child-api", help=argparse.SUPPRESS)
+    parser.add_argument("--entry", default="derivative", help=argparse.SUPPRESS)
     parser.add_argument("--child-chain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_api:
-        print(json.dumps(child_api(args.child_api)))
+        print(json.dumps(child_api(args.child_api, args.entry)))
         return
     if args.child_chain:
         print(json.dumps(child_chain(args.repeat)))
@@ -257,7 +273,7 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict]:
             for row in measure_big(name, workdir, args.max_rss_gib):
                 rows.append(row)
                 print(
-                    f"{row['model']:24s} {row['mode']:4s} derivative {row['derivative_s']:7.2f} s"
+                    f"{row['model']:24s} {row['mode']:9s} time {row['derivative_s']:7.2f} s"
                     f"  peak RSS {row['peak_rss_gib']:6.2f} GiB"
                     f" ({row['peak_over_model']:.2f}x the model)"
                     + (f"  FAILED: {row['error']}" if "error" in row else ""),

@@ -21,7 +21,7 @@ from onnx import ModelProto, TensorProto
 from onnx.numpy_helper import to_array
 
 from onnxgrad._leftovers import held, remove_leftovers
-from onnxgrad._onnx_utils import tensor_nbytes
+from onnxgrad._onnx_utils import serialized_size, tensor_nbytes, without_initializers
 
 #: Permissions of a new file before the umask, as ``open`` gives them.
 NEW_FILE_MODE = 0o666
@@ -126,8 +126,8 @@ def save_model(model: ModelProto, path: str | os.PathLike) -> None:
     initializers go to ``<name>.data`` beside ``path`` (beside the link when ``path`` is
     one: runtimes look for it there) as external data, written first, so the model never
     points at a missing file."""
-    if model.ByteSize() < PROTOBUF_LIMIT:
-        write_bytes(path, model.SerializeToString())
+    if serialized_size(model) < PROTOBUF_LIMIT:
+        write_atomically(path, lambda temporary: _write_in_pieces(model, temporary))
         return
     if _is_special(resolved(path)):
         raise ValueError(
@@ -141,6 +141,19 @@ def save_model(model: ModelProto, path: str | os.PathLike) -> None:
     write_bytes(given, header.SerializeToString())
 
 
+def _write_in_pieces(model: ModelProto, path: str) -> None:
+    """Serialise ``model`` into ``path`` one initializer at a time: the model without its
+    initializers, then for each a model holding only it. Parsing concatenated messages merges
+    them (repeated fields appended in order), so the file reads back as ``model``; memory
+    holds one initializer's bytes at a time instead of the whole model's."""
+    with open(path, "wb") as file:
+        file.write(_without_any_initializer(model).SerializeToString())
+        for init in model.graph.initializer:
+            piece = ModelProto()
+            piece.graph.initializer.add().CopyFrom(init)
+            file.write(piece.SerializeToString())
+
+
 def _is_big(init: TensorProto) -> bool:
     return init.data_location != TensorProto.EXTERNAL and tensor_nbytes(init) >= EXTERNAL_THRESHOLD
 
@@ -148,13 +161,7 @@ def _is_big(init: TensorProto) -> bool:
 def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
     """A copy of ``model`` whose big initializers point into ``location`` (no data copied):
     at offsets aligned to 4 KiB, in graph order, as :func:`_write_weights` writes them."""
-    header = ModelProto()
-    for field, value in model.ListFields():
-        if field.name != "graph":
-            _set(header, field.name, value)
-    for field, value in model.graph.ListFields():
-        if field.name != "initializer":
-            _set(header.graph, field.name, value)
+    header = _without_any_initializer(model)
     offset = 0
     for init in model.graph.initializer:
         copy = header.graph.initializer.add()
@@ -171,13 +178,8 @@ def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
     return header
 
 
-def _set(target, name: str, value) -> None:
-    if hasattr(value, "extend"):
-        getattr(target, name).extend(value)
-    elif hasattr(value, "CopyFrom"):
-        getattr(target, name).CopyFrom(value)
-    else:
-        setattr(target, name, value)
+def _without_any_initializer(model: ModelProto) -> ModelProto:
+    return without_initializers(model, (init.name for init in model.graph.initializer))
 
 
 def _write_weights(model: ModelProto, path: str) -> None:

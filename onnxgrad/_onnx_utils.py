@@ -40,7 +40,7 @@ def load_model(model: ModelLike) -> ModelProto:
     a ModelProto whose external data was not loaded is a ``ValueError`` naming the tensor.
     """
     if isinstance(model, ModelProto):
-        _check_external_data_loaded(model)
+        check_external_data_loaded(model)
         copy = ModelProto()
         copy.CopyFrom(model)
         return copy
@@ -68,7 +68,7 @@ def _load_file(path: str) -> ModelProto:
     return loaded
 
 
-def _check_external_data_loaded(model: ModelProto) -> None:
+def check_external_data_loaded(model: ModelProto) -> None:
     """Refuse tensors whose data is still in an external file: resolving it against the
     current folder could silently read an unrelated file of the same name."""
     for init in model.graph.initializer:
@@ -255,14 +255,8 @@ def weightless_view(model: ModelProto) -> ModelProto:
     shape: shape inference and the checker give the same answers at a fraction of the
     cost, past protobuf's 2 GiB limit too. Small ones (shapes, axes) stay: inference reads
     their values."""
-    view = ModelProto()
-    for field, value in model.ListFields():
-        if field.name != "graph":
-            _copy_field(view, field, value)
     graph = model.graph
-    for field, value in graph.ListFields():
-        if field.name != "initializer":
-            _copy_field(view.graph, field, value)
+    view = without_initializers(model, (init.name for init in graph.initializer))
     declared = {i.name for i in graph.input}
     for init in graph.initializer:
         if tensor_nbytes(init) <= WEIGHTLESS_THRESHOLD and not _is_external(init):
@@ -273,6 +267,42 @@ def weightless_view(model: ModelProto) -> ModelProto:
             )
     view.ir_version = supported_ir_version(model)
     return view
+
+
+def serialized_size(model: ModelProto) -> int:
+    """The size of ``model`` serialised, within a few bytes, computed one initializer at a
+    time (protobuf's own ``ByteSize`` serialises the whole message to measure it: a
+    model-sized allocation)."""
+    header = without_initializers(model, (init.name for init in model.graph.initializer))
+    size = header.ByteSize()
+    for init in model.graph.initializer:
+        length = init.ByteSize()
+        size += 1 + _varint_size(length) + length  # the field's tag, length and message
+    return size + 8  # the graph's length prefix may grow with its content
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def without_initializers(model: ModelProto, names: Iterable[str] = ()) -> ModelProto:
+    """A copy of ``model`` without the main-graph initializers ``names``, made without copying
+    their data.
+
+    Rewriting a message in place never frees what it drops (protobuf keeps it in the
+    message's arena until the whole message goes): a model whose weights were removed in
+    place still holds them. With ``names`` empty this is the compact copy of such a model.
+    """
+    dropped = set(names)
+    copy = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(copy, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(copy.graph, field, value)
+    copy.graph.initializer.extend(i for i in model.graph.initializer if i.name not in dropped)
+    return copy
 
 
 def _copy_field(target, field, value) -> None:

@@ -11,7 +11,7 @@ carries a gradient. A subgraph's outer-scope reads count as inputs of the node h
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto
@@ -113,10 +113,14 @@ def output_is_differentiable(node: NodeProto, index: int, opsets: Mapping[str, i
 
 
 def differentiable_values(
-    graph: GraphProto, opsets: Mapping[str, int], types: Mapping[str, int]
+    graph: GraphProto,
+    opsets: Mapping[str, int],
+    types: Mapping[str, int],
+    outputs: Iterable[str] | None = None,
 ) -> set[str]:
-    """Names from which a small change reaches an output of ``graph`` through differentiable
-    edges, outer-scope names read by its subgraphs included.
+    """Names from which a small change reaches an output of ``graph`` (or one of
+    ``outputs``, values of the graph) through differentiable edges, outer-scope names read by
+    its subgraphs included.
 
     Nodes are visited in reverse topological order (the order the checker enforces).
     """
@@ -124,7 +128,8 @@ def differentiable_values(
     def is_float(name: str) -> bool:
         return types.get(name, onnx.TensorProto.FLOAT) in FLOAT_TYPES
 
-    live = {o.name for o in graph.output if is_float(o.name)}
+    roots = [o.name for o in graph.output] if outputs is None else outputs
+    live = {name for name in roots if is_float(name)}
     for node in reversed(graph.node):
         if not any(
             out in live and output_is_differentiable(node, i, opsets)

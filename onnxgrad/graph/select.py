@@ -53,7 +53,16 @@ def select_model_inputs_outputs(
     Raises ``ValueError`` naming an unknown name, or an output that cannot be computed from
     the chosen inputs.
     """
-    model = load_model(model)
+    return select_in_place(load_model(model), outputs, inputs)
+
+
+def select_in_place(
+    model: ModelProto,
+    outputs: Sequence[str] | str | None = None,
+    inputs: Sequence[str] | str | None = None,
+) -> ModelProto:
+    """:func:`select_model_inputs_outputs` of a model the caller owns: rewritten in place,
+    no copy of its weights."""
     graph = model.graph
     input_names = _names(inputs, "inputs")
     output_names = _names(outputs, "outputs")

@@ -15,8 +15,7 @@ import numpy as np
 from onnx import GraphProto, ModelProto, TensorProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, subgraphs
-from onnxgrad.graph import select_model_inputs_outputs
-from onnxgrad.graph.initializers import train_initializer_names
+from onnxgrad.graph._differentiable import differentiable_values, model_opsets, value_elem_types
 
 
 def weights_reaching(model: ModelProto, output: str, weights: Sequence[str]) -> tuple[str, ...]:
@@ -24,8 +23,9 @@ def weights_reaching(model: ModelProto, output: str, weights: Sequence[str]) -> 
     edges; ``ValueError`` when none does."""
     if len(model.graph.output) == 1 and model.graph.output[0].name == output:
         return tuple(weights)
-    part = select_model_inputs_outputs(model, outputs=[output])  # keeps the nodes' order
-    reaching = set(train_initializer_names(part))
+    reaching = differentiable_values(
+        model.graph, model_opsets(model), value_elem_types(model), outputs=[output]
+    )
     kept = tuple(w for w in weights if w in reaching)
     if not kept:
         raise ValueError(

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxgrad._arrays import c_contiguous
-from onnxgrad._files import write_atomically, write_bytes
+from onnxgrad._files import write_atomically
 from onnxgrad._untrusted import MAX_MANIFEST_BYTES, confined_file, open_regular, read_bounded
 
 FORMAT = "onnxgrad.tensors"
@@ -98,13 +98,10 @@ def save_tensors(
     if path.suffix != ".json":
         raise ValueError(f"a tensor file is named by its .json manifest, got {str(path)!r}")
     data_path = path.with_suffix(".bin")
-    entries, chunks, offset = [], [], 0
-    for name, value in tensors.items():
-        array = _checked_array(name, value)
-        padding = -offset % ALIGNMENT
-        chunks.append(b"\0" * padding)
-        offset += padding
-        raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+    arrays = {name: _little_endian(_checked_array(name, value)) for name, value in tensors.items()}
+    entries, offset = [], 0
+    for name, array in arrays.items():
+        offset += -offset % ALIGNMENT
         entries.append(
             {
                 "name": name,
@@ -112,11 +109,10 @@ def save_tensors(
                 "dtype": array.dtype.name,
                 "shape": list(array.shape),
                 "offset": offset,
-                "nbytes": len(raw),
+                "nbytes": array.nbytes,
             }
         )
-        chunks.append(raw)
-        offset += len(raw)
+        offset += array.nbytes
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -124,8 +120,25 @@ def save_tensors(
         "data": data_path.name,
         "tensors": entries,
     }
-    write_bytes(data_path, b"".join(chunks))
+    write_atomically(data_path, lambda tmp: _write_arrays(tmp, arrays.values()))
     write_atomically(path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    """``array`` contiguous and little-endian (itself when it already is: no copy)."""
+    return np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+
+
+def _write_arrays(path: str, arrays) -> None:
+    """Write ``arrays`` one after the other into ``path``, each at an offset multiple of
+    :data:`ALIGNMENT`, straight from their buffers (no copy of the whole data in memory)."""
+    offset = 0
+    with open(path, "wb") as file:
+        for array in arrays:
+            padding = -offset % ALIGNMENT
+            file.write(b"\0" * padding)
+            file.write(array.reshape(-1).view(np.uint8).data)
+            offset += padding + array.nbytes
 
 
 def load_tensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:

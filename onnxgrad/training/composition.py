@@ -19,17 +19,20 @@ from onnxgrad._onnx_utils import (
     ModelLike,
     NameScope,
     all_names,
+    check_external_data_loaded,
     default_opset,
     finalize_model,
     first_float_output,
     load_model,
     np_dtype,
+    tensor_nbytes,
+    without_initializers,
 )
 from onnxgrad.derivative import DerivativeOptions
 from onnxgrad.derivative.api import derive_in_place, graph_inputs
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
-from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph.initializers import train_initializer_names
+from onnxgrad.graph.select import select_in_place
 from onnxgrad.training._builder import StepBuilder, rename_values
 from onnxgrad.training._inputs import check_batch_axis
 from onnxgrad.training._weights import no_weight_error, weights_reaching
@@ -98,9 +101,12 @@ def make_loss_model(
     features = tuple(graph_inputs(model))
     if loss is None:
         label = label_name or "label"
+        output = loss_output_name
+        _check_existing_loss(model, loss_output_name, label, weight_name)
+        if not named:
+            weights = weights_reaching(model, output, weights)
         result = _existing_loss(model, loss_output_name, label, weight_name)
         features = tuple(n for n in features if n not in (label, weight_name))
-        output = loss_output_name
     else:
         if not isinstance(loss, BaseLearningLoss):
             raise TypeError(f"loss must be a learning loss object or None, got {loss!r}")
@@ -108,9 +114,9 @@ def make_loss_model(
         label = label_name or used.unique("label")
         loss_name = used.unique(loss_output_name)
         output = output or _first_float_output(model)
-        result = loss.build(model, output, loss_name, label, weight_name)
-    if not named:
-        weights = weights_reaching(model, output, weights)
+        if not named:
+            weights = weights_reaching(model, output, weights)
+        result = loss.build(model, output, loss_name, label, weight_name)  # takes `model` over
     fixed = _fixed_inputs(features, fixed_inputs)
     features = tuple(n for n in features if n not in fixed)
     result = with_master_weights(result, weights)
@@ -176,7 +182,8 @@ def make_train_step(
     )
     scaling = resolve_loss_scale(loss_scale, lm.model)
     scale = scale_loss(lm.model, lm.loss, scaling) if scaling else None
-    gradient = loss_gradient(lm, backend, recompute, order_leaves=False)
+    trained_bytes = _initializer_bytes(lm.model, lm.weights)
+    gradient = _compacted(loss_gradient(lm, backend, recompute, order_leaves=False), trained_bytes)
     if scaling:
         unscale_gradients(gradient, len(lm.weights), scale)
     roles = {
@@ -189,6 +196,23 @@ def make_train_step(
     step = append_update(gradient, roles, lm.weights, learning_rate, layout)
     step = guard_update(step, scaling, scale) if scaling else step
     return _arranged_per_weight_update(step, gradient_values)
+
+
+def _initializer_bytes(model: ModelProto, names: Sequence[str] | None = None) -> int:
+    """The data size of the main-graph initializers ``names`` (default: all)."""
+    chosen = None if names is None else set(names)
+    return sum(
+        tensor_nbytes(i) for i in model.graph.initializer if chosen is None or i.name in chosen
+    )
+
+
+def _compacted(model: ModelProto, dropped_bytes: int) -> ModelProto:
+    """``model`` copied without the data its in-place rewrites dropped (``dropped_bytes``,
+    the trained weights turned into inputs, which its arena still holds) when that frees
+    more than the copy of what it keeps costs; else ``model`` itself."""
+    if dropped_bytes <= _initializer_bytes(model):
+        return model
+    return without_initializers(model)
 
 
 def _arranged_per_weight_update(step: TrainStep, gradient_values: set[str]) -> TrainStep:
@@ -285,20 +309,24 @@ def make_predict_model(model: ModelLike, weights: Sequence[str] | None = None) -
 
 
 def weights_as_inputs(model: ModelLike, weights: Sequence[str]) -> ModelProto:
-    """A copy of ``model`` where the initializers ``weights`` are graph inputs instead."""
-    model = load_model(model)
-    graph = model.graph
-    initializers = {init.name: init for init in graph.initializer}
+    """A copy of ``model`` where the initializers ``weights`` are graph inputs instead (their
+    data is not copied)."""
+    if not isinstance(model, ModelProto):
+        model = load_model(model)
+    check_external_data_loaded(model)
+    initializers = {init.name: init for init in model.graph.initializer}
     unknown = [w for w in weights if w not in initializers]
     if unknown:
         raise ValueError(f"unknown weights {unknown}: they are not initializers of the model")
-    listed = {i.name for i in graph.input}
+    result = without_initializers(model, weights)
+    listed = {i.name for i in result.graph.input}
     for name in weights:
         init = initializers[name]
         if name not in listed:
-            graph.input.append(helper.make_tensor_value_info(name, init.data_type, init.dims))
-        graph.initializer.remove(init)
-    return finalize_model(model)
+            result.graph.input.append(
+                helper.make_tensor_value_info(name, init.data_type, init.dims)
+            )
+    return finalize_model(result)
 
 
 def with_batch_indices(step: TrainStep, indices_name: str = "batch_indices") -> ModelProto:
@@ -394,9 +422,10 @@ def _first_float_output(model: ModelProto) -> str:
     )
 
 
-def _existing_loss(
+def _check_existing_loss(
     model: ModelProto, loss_name: str, label: str, weight_name: str | None
-) -> ModelProto:
+) -> None:
+    """``ValueError`` unless ``model`` has a float output ``loss_name`` and the inputs named."""
     outputs = [o.name for o in model.graph.output]
     if loss_name not in outputs:
         raise ValueError(
@@ -410,7 +439,15 @@ def _existing_loss(
     info = next(o for o in model.graph.output if o.name == loss_name)
     if info.type.tensor_type.elem_type not in FLOAT_TYPES:
         raise ValueError(f"loss output {loss_name!r} is not a float tensor")
-    selected = select_model_inputs_outputs(model, outputs=[loss_name])
+
+
+def _existing_loss(
+    model: ModelProto, loss_name: str, label: str, weight_name: str | None
+) -> ModelProto:
+    """``model`` (taken over) reduced to its loss output ``loss_name``, checked by
+    :func:`_check_existing_loss`, its inputs kept in their order."""
+    inputs = graph_inputs(model)
+    selected = select_in_place(model, outputs=[loss_name])
     kept = {i.name for i in selected.graph.input}
     for name in (label, weight_name):
         if name is not None and name not in kept:

@@ -12,14 +12,15 @@ from typing import Any
 
 from onnx import ModelProto
 
-from onnxgrad._onnx_utils import copy_message, finalize_model
-from onnxgrad.graph import add_loss_output, select_model_inputs_outputs
+from onnxgrad._onnx_utils import finalize_model
+from onnxgrad.graph import add_loss_output
 from onnxgrad.graph.loss_table import (
     DEFAULT_REDUCTION,
     LossSpec,
     check_reduction,
     resolve_loss,
 )
+from onnxgrad.graph.select import select_in_place
 from onnxgrad.training._params import ParamsMixin
 
 
@@ -81,9 +82,10 @@ class BaseLearningLoss(ParamsMixin):
         scalar output ``loss_name``, the loss of ``output``.
 
         ``label_name`` (and ``weight_name``) become inputs; the model's other outputs go.
+        ``model`` is taken over (rewritten, not copied: its weights are not duplicated).
         """
         model = add_loss_output.normalized(
-            copy_message(model),
+            model,
             score_name=self.loss_name,
             loss_name=loss_name,
             label_name=label_name,
@@ -92,7 +94,7 @@ class BaseLearningLoss(ParamsMixin):
             reduction=check_reduction(self.reduction),
             **self.score_options(),
         )
-        model = select_model_inputs_outputs(model, outputs=[loss_name])
+        model = select_in_place(model, outputs=[loss_name])
         return finalize_model(model)
 
 

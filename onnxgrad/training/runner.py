@@ -23,7 +23,7 @@ from onnx import ModelProto
 
 from onnxgrad import _files
 from onnxgrad._arrays import c_contiguous
-from onnxgrad._onnx_utils import default_opset, np_dtype
+from onnxgrad._onnx_utils import default_opset, np_dtype, serialized_size
 from onnxgrad.training._in_place import in_place_inputs
 from onnxgrad.training._inputs import check_tensor, host_array, tensor_dims
 from onnxgrad.training.composition import with_batch_indices
@@ -42,7 +42,7 @@ def make_session(
     through a temporary file with external data."""
     options = options or training_session_options()
     try:
-        if model.ByteSize() < _files.PROTOBUF_LIMIT:
+        if serialized_size(model) < _files.PROTOBUF_LIMIT:
             return ort.InferenceSession(
                 model.SerializeToString(), options, providers=device.providers
             )

@@ -133,9 +133,10 @@ class TrainStep(DataRoles):
         return inputs
 
     def initial_state(self) -> dict[str, np.ndarray]:
-        """Fresh optimizer state by input name (zeros, step counts...)."""
+        """Fresh optimizer state by input name (zeros, step counts...). Zeros are allocated
+        lazily (``np.zeros``): a state only saved takes no memory until it is written."""
         return {
-            name: np.full(slot.shape, slot.initial, dtype=np_dtype(slot.elem_type))
+            name: _filled(slot.shape, slot.initial, slot.elem_type)
             for name, slot in self.state_slots.items()
         }
 
@@ -175,6 +176,11 @@ class TrainStep(DataRoles):
                     [np.asarray(named[f"{w}_{slot.suffix}"]).ravel() for w in self.weights]
                 )
         return state
+
+
+def _filled(shape, value: float, elem_type: int) -> np.ndarray:
+    dtype = np_dtype(elem_type)
+    return np.zeros(shape, dtype) if value == 0 else np.full(shape, value, dtype)
 
 
 def append_update(
