@@ -10,7 +10,10 @@ one folder:
   the graph. A runtime trains by calling it in a loop and feeding each new weight and state
   back to its input;
 * ``eval_model.onnx``: the loss of a batch, the trained weights as inputs;
-* ``inference_model.onnx``: the user's model (same inputs and outputs), initial weights;
+* ``inference_model.onnx``: the user's model as given (same inputs, outputs and operators:
+  fused, float16, quantized and converter forms kept, low-rank adapters beside their
+  weights), initial weights: nothing that exists for training (lowered operators,
+  straight-through terms, stop-gradients) reaches it;
 * ``checkpoint.json`` + ``checkpoint.bin``: the initial weights and optimizer state
   (:mod:`onnxgrad.training.checkpoint`, readable without onnx or numpy);
 * ``artifacts.json``: which input receives which output, the learning rate, the roles, and
@@ -144,7 +147,8 @@ def generate_artifacts(
         see :func:`onnxgrad.onnx_derivative`)
     """
     directory = _directory(artifact_directory, folder)
-    model = normalized_model(model)
+    deployed = load_model(model)
+    model = normalized_model(deployed)
     weights = _trained_weights(model, requires_grad, frozen_params, output)
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)
@@ -171,7 +175,7 @@ def generate_artifacts(
     def fill(folder: Path) -> None:
         save_model(step.model, folder / TRAINING_MODEL)
         save_model(evaluation.model, folder / EVAL_MODEL)
-        save_model(model, folder / INFERENCE_MODEL)
+        save_model(deployed, folder / INFERENCE_MODEL)
         save_checkpoint(checkpoint, folder / CHECKPOINT)
         if data is not None:
             _save_data(step, *data, folder / DATA)
@@ -179,7 +183,7 @@ def generate_artifacts(
         _write_json(folder / MANIFEST, manifest)
 
     replace_folder(directory, fill, KNOWN_FILES)
-    return TrainingArtifacts(directory, step, evaluation, model, checkpoint, lr)
+    return TrainingArtifacts(directory, step, evaluation, deployed, checkpoint, lr)
 
 
 def _save_data(step: TrainStep, X: np.ndarray, y: np.ndarray, path: Path) -> None:
