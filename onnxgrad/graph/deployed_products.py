@@ -199,12 +199,29 @@ def _integer_product(node: NodeProto, context) -> Product | None:
     if last is None:
         return None
     while (following := _only_reader(last.output[0], readers, "Mul")) is not None:
+        other = [name for name in following.input if name != last.output[0]]
+        if len(other) != 1 or not _is_scale(other[0], source.output[1], inits, producers):
+            break
         last = following
     if last.op_type != "Mul":
         return None
     dims = tuple(inits[node.input[1]].dims)
     kind, x = "MatMulInteger", source.input[0]
     return Product(node.input[1], kind, last, x, dims, TensorProto.FLOAT, node.name)
+
+
+def _is_scale(name: str, activation_scale: str, inits, producers, depth: int = 0) -> bool:
+    """Whether ``name`` is a scale of the product: an initializer, the activation's
+    dynamic scale, or a ``Mul`` of such (never a value computed from the data)."""
+    if name in inits or name == activation_scale:
+        return True
+    node = producers.get(name)
+    return (
+        depth < 4
+        and node is not None
+        and node.op_type == "Mul"
+        and all(_is_scale(i, activation_scale, inits, producers, depth + 1) for i in node.input)
+    )
 
 
 def _qlinear_product(node: NodeProto, context) -> Product | None:
