@@ -55,6 +55,7 @@ from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.constants import constant_weights
+from onnxgrad.normalize.ste import quantized_activations as rounding
 from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training._artifact_manifest import (
     FORMAT,
@@ -120,6 +121,7 @@ def generate_artifacts(
     data: tuple[np.ndarray, np.ndarray] | None = None,
     loss_scale: str | float | None = "auto",
     recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
+    quantized_activations: str = "straight_through",
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -145,10 +147,13 @@ def generate_artifacts(
     :param recompute: forward values the train step's backward recomputes (default
         ``"attention"``: large attentions in tiles; ``"auto"``, block patterns or ``None``,
         see :func:`onnxgrad.onnx_derivative`)
+    :param quantized_activations: ``"straight_through"`` (default) or ``"exact"``, as
+        :func:`onnxgrad.onnx_derivative`
     """
     directory = _directory(artifact_directory, folder)
     deployed = load_model(model)
-    model = normalized_model(deployed)
+    with rounding(quantized_activations):
+        model = normalized_model(deployed)
     weights = _trained_weights(model, requires_grad, frozen_params, output)
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)
