@@ -55,6 +55,8 @@ class Product:
     reader: str = ""
     transposed: bool = False
     alpha: float = 1.0
+    #: QDQ: the permutation between the codes and the ``K x N`` weight (``None``: none)
+    perm: tuple[int, ...] | None = None
 
     @property
     def y(self) -> str:
@@ -141,7 +143,17 @@ def _matmul(node: NodeProto, context) -> Product | None:
     shape = tuple(dims[i] for i in perm) if perm else dims
     scale = dequantize.input[1]
     kind = "DequantizeLinear"
-    return _made(dequantize.input[0], kind, node, node.input[0], shape, inits, scale, dequantize)
+    return _made(
+        dequantize.input[0],
+        kind,
+        node,
+        node.input[0],
+        shape,
+        inits,
+        scale,
+        dequantize,
+        perm=tuple(perm) if perm else None,
+    )
 
 
 def dequantize_behind(value: str, producers) -> tuple[NodeProto | None, list[int] | None]:

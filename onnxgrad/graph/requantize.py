@@ -31,7 +31,7 @@ import numpy as np
 from onnx import ModelProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES
-from onnxgrad.graph.deployed_products import Product, dequantize_behind, weight_products
+from onnxgrad.graph.deployed_products import Product, weight_products
 
 
 def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]]) -> None:
@@ -215,9 +215,8 @@ def _replace(inits, name: str, value: np.ndarray) -> None:
 def _requantize_dequantized(model: ModelProto, inits, product: Product, delta) -> None:
     """The base read by ``DequantizeLinear(q, scale[, zero])``, per tensor or per axis,
     through the layout operators between it and the ``MatMul``."""
-    weight = product.weight
-    producers = {out: node for node in model.graph.node for out in node.output}
-    node, perm = dequantize_behind(product.node.input[1], producers)
+    weight, perm = product.weight, product.perm
+    node = next(n for n in model.graph.node if n.name == product.reader)
     if any(a.name == "block_size" and a.i for a in node.attribute):
         raise ValueError(f"weight {weight!r}: blocked DequantizeLinear is not re-quantized")
     scale_name = _initializer_behind(model, node.input[1])
