@@ -63,25 +63,13 @@ def _forms(folder: Path, kinds, forms, hidden: int) -> dict[tuple[str, str], Pat
     return made
 
 
-def _trained(adapted):
-    from onnxgrad.graph.initializers import replace_initializers_into_onnx
-    from onnxgrad.graph.lora import lora_adapters
-
-    rng = np.random.default_rng(1)
-    shapes = {i.name: tuple(i.dims) for i in adapted.graph.initializer}
-    values = {
-        a["b"]: (rng.standard_normal(shapes[a["b"]]) * 0.05).astype(np.float32)
-        for a in lora_adapters(adapted)
-    }
-    return replace_initializers_into_onnx(adapted, values)
-
-
 def _returned(model) -> dict:
     """The models that come back, by name (a refusal as its message)."""
     from onnxgrad import add_lora, merge_lora
     from onnxgrad.graph.lora_runtime import runtime_adapter_model
+    from tests.normalize.deployed import trained_adapters
 
-    adapted = _trained(add_lora(model, rank=RANK))
+    adapted = trained_adapters(add_lora(model, rank=RANK))
     found = {"adapted": adapted}
     for name, make in (
         ("keep", lambda: merge_lora(adapted)),

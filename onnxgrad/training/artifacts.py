@@ -175,7 +175,7 @@ def generate_artifacts(
         weights=as_master({w: initial[w][0] for w in step.weights}),
         optimizer_state=step.initial_state(),
     )
-    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, model)
+    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, model, deployed)
 
     def fill(folder: Path) -> None:
         save_model(step.model, folder / TRAINING_MODEL)
@@ -366,9 +366,11 @@ def _optimizer(optimizer, learning_rate) -> BaseLearningRate:
     return learning_rate_from_name(optimizer, eta0=learning_rate, schedule="constant")
 
 
-def _manifest(step, evaluation, lr, loss, optimizer, model) -> dict:
+def _manifest(step, evaluation, lr, loss, optimizer, model, deployed) -> dict:
+    """``artifacts.json`` (``model``: the normalised model, ``deployed``: the inference
+    model, as given)."""
     lr_type = next(i for i in step.model.graph.input if i.name == step.learning_rate)
-    outputs = [o.name for o in model.graph.output]
+    outputs = [o.name for o in deployed.graph.output]
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -412,7 +414,9 @@ def _manifest(step, evaluation, lr, loss, optimizer, model) -> dict:
             "loss": evaluation.loss,
         },
         "inference": {
-            "inputs": [i.name for i in model.graph.input if i.name not in _initializers(model)],
+            "inputs": [
+                i.name for i in deployed.graph.input if i.name not in _initializers(deployed)
+            ],
             "outputs": outputs,
         },
         "lora": lora_adapters(model),

@@ -201,3 +201,18 @@ def assert_deployed_form(deployed: onnx.ModelProto, got: onnx.ModelProto, beside
     extra = have - want
     assert all(not d and op in BRANCH_OPS for d, op in extra), f"not an adapter's: {dict(extra)}"
     assert extra, "no adapter branch"
+
+
+def trained_adapters(adapted: onnx.ModelProto) -> onnx.ModelProto:
+    """``adapted`` (``add_lora``'s output) with every ``B`` moved off zero, as training does
+    (``N(0, 0.05^2)``, seeded)."""
+    from onnxgrad.graph.initializers import replace_initializers_into_onnx
+    from onnxgrad.graph.lora import lora_adapters
+
+    rng = np.random.default_rng(1)
+    shapes = {i.name: tuple(i.dims) for i in adapted.graph.initializer}
+    values = {
+        a["b"]: (rng.standard_normal(shapes[a["b"]]) * 0.05).astype(np.float32)
+        for a in lora_adapters(adapted)
+    }
+    return replace_initializers_into_onnx(adapted, values)

@@ -14,8 +14,6 @@ import pytest
 
 from onnxgrad import add_lora, merge_lora
 from onnxgrad._onnx_utils import checker_knows
-from onnxgrad.graph.initializers import replace_initializers_into_onnx
-from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.graph.lora_runtime import runtime_adapter_model
 from onnxgrad.normalize import normalized_model
 from tests.normalize import deployed
@@ -26,17 +24,6 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 QUANTIZED = ("int8", "qdq", "int4")
-
-
-def _trained(adapted: onnx.ModelProto) -> onnx.ModelProto:
-    """``adapted`` with every ``B`` moved off zero, as training does."""
-    rng = np.random.default_rng(1)
-    shapes = {i.name: tuple(i.dims) for i in adapted.graph.initializer}
-    values = {
-        a["b"]: (rng.standard_normal(shapes[a["b"]]) * 0.05).astype(np.float32)
-        for a in lora_adapters(adapted)
-    }
-    return replace_initializers_into_onnx(adapted, values)
 
 
 def _check(model: onnx.ModelProto) -> None:
@@ -51,7 +38,7 @@ def test_what_comes_back_keeps_the_deployed_form(forms, kind, form):
     quantized = form in QUANTIZED
     adapted = add_lora(model, rank=4)
     deployed.assert_deployed_form(model, adapted, beside=True)
-    trained = _trained(adapted)
+    trained = deployed.trained_adapters(adapted)
     feeds = deployed.feeds(kind)
     before = run(model, feeds)[0]
     reference = run(normalized_model(trained), feeds)[0]  # the training graph
