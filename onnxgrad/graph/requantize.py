@@ -82,13 +82,15 @@ def _integer_product_scale(model: ModelProto, product: Product) -> str:
     an input of a ``Mul`` of the chain, or of the ``Mul`` computing the scales' product."""
     inits = {init.name: init for init in model.graph.initializer}
     producers = {out: node for node in model.graph.node for out in node.output}
-    chain, node = [], product.node
-    while node is not None and node.name != product.reader:
-        chain.append(node)
-        node = producers.get(node.input[0])
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    node = next(n for n in model.graph.node if n.name == product.reader)
     found = set()
-    for mul in (n for n in chain if n.op_type == "Mul"):
-        for name in mul.input[1:]:
+    while node.name != product.node.name and len(readers.get(node.output[0], [])) == 1:
+        value, node = node.output[0], readers[node.output[0]][0]
+        for name in (n for n in node.input if n != value) if node.op_type == "Mul" else ():
             source = producers.get(name)
             candidates = [name] if name in inits else list(source.input) if source else []
             found |= {c for c in candidates if c in inits and inits[c].data_type in FLOAT_TYPES}
@@ -248,14 +250,15 @@ def _requantize_codes(inits, weight: str, scale_name: str, zero_name: str, axis:
     values = (groups - zero_groups.reshape(shape)) * scale_groups.reshape(shape)
     values = values + (np.moveaxis(update, axis, 0) if per_axis else update[None])
     middle = 0 if info.min < 0 else (info.max + 1) // 2
-    fixed = not zero_name or bool(np.all(zero == middle))
+    # a zero point shared by groups with scales of their own stays as it is
+    fixed = not zero_name or bool(np.all(zero == middle)) or zero.size < count
     new_codes, new_scale, new_zero = _quantize_groups(
         values, zero_groups, fixed, (info.min, info.max), scale.dtype
     )
     new_codes = np.moveaxis(new_codes, 0, axis) if per_axis else new_codes[0]
     _replace(inits, weight, new_codes)
     _replace(inits, scale_name, new_scale.reshape(scale.shape))
-    if zero_name:
+    if zero_name and not fixed:
         _replace(inits, zero_name, new_zero.reshape(zero.shape))
 
 

@@ -174,6 +174,14 @@ def test_lora_over_a_frozen_int8_weight(tmp_path, form):
     kept = {i.name: i for i in merged.graph.initializer}["w_quantized"]
     assert kept.SerializeToString() == inits["w_quantized"].SerializeToString()
     np.testing.assert_array_equal(run(merged, {"x": x})[0], run(trained, {"x": x})[0])
+    # folded and quantized again in the product's own format: the deployed operators, and
+    # the product of x_hat and the new codes within the activation's and new codes' rounding
+    requantized = merge_lora(trained, quantized="requantize")
+    assert sorted(n.op_type for n in requantized.graph.node) == sorted(
+        n.op_type for n in model.graph.node
+    )
+    effect = np.abs(expected - run(model, {"x": x})[0]).max()
+    np.testing.assert_allclose(run(requantized, {"x": x})[0], expected, rtol=0, atol=0.1 * effect)
 
 
 def _with_values(model, values):
