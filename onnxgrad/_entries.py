@@ -19,17 +19,24 @@ R = TypeVar("R")
 
 def normalizing(core: Callable[..., R]) -> Callable[..., R]:
     """The public entry of ``core(model, ...)``: ``model`` (a ModelProto or a path) goes
-    through :func:`~onnxgrad.normalize.normalized_model` first.
+    through :func:`~onnxgrad.normalize.normalized_model` first, its quantized activations
+    differentiated as ``quantized_activations=`` says (:mod:`onnxgrad.normalize.ste`:
+    ``"straight_through"``, the default, or ``"exact"``).
 
     ``core`` stays reachable as ``entry.normalized`` for code that already holds a normalised
     model: it takes that model over (it may rewrite it), so a caller still using it passes a
     copy."""
 
     @functools.wraps(core)
-    def entry(model: ModelLike, *args, **kwargs) -> R:
+    def entry(
+        model: ModelLike, *args, quantized_activations: str = "straight_through", **kwargs
+    ) -> R:
         from onnxgrad.normalize import normalized_model  # the pipeline lowers with onnxgrad.graph
+        from onnxgrad.normalize.ste import quantized_activations as rounding
 
-        return core(normalized_model(model), *args, **kwargs)
+        with rounding(quantized_activations):
+            normalized = normalized_model(model)
+        return core(normalized, *args, **kwargs)
 
     entry.normalized = core
     return entry

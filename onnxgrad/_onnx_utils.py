@@ -111,6 +111,13 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     return model
 
 
+def checker_knows(model: ModelProto) -> bool:
+    """Whether onnx's checker can judge ``model``: it refuses the operators onnxruntime's
+    tools write in the default domain (``SimplifiedLayerNormalization``), which deployed
+    files hold and a rewrite of them keeps."""
+    return all(onnx.defs.has(n.op_type) for n in model.graph.node if not normalize_domain(n.domain))
+
+
 def supported_ir_version(model: ModelProto) -> int:
     """The model's IR version clamped to ``[lowest, MAX_IR_VERSION]``, where ``lowest`` (at
     least 4) is the first IR version that allows the opsets the model imports: opsets beyond

@@ -245,6 +245,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     from onnxgrad.graph.ml_lowering import lowerable_nodes
     from onnxgrad.normalize.constants import constant_weights
     from onnxgrad.normalize.report import deployed_operator_lines, deployed_operators
+    from onnxgrad.normalize.ste import quantized_activations
 
     lowered = lowerable_nodes(original)
     deployed = deployed_operators(original)
@@ -253,7 +254,9 @@ def cmd_info(args: argparse.Namespace) -> None:
     header = f"  ir_version {original.ir_version}, opsets {opsets or 'none'}" + (
         f", producer {original.producer_name}" if original.producer_name else ""
     )
-    model = normalized(original, args.model)  # rewrites ``original`` in place
+    mode = args.quantized_activations
+    with quantized_activations(mode):
+        model = normalized(original, args.model)  # rewrites ``original`` in place
     weights = get_train_initializer.normalized(model)  # reads the model, changes nothing
     graph = model.graph
     inputs = real_inputs(model)
@@ -269,7 +272,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         *_table((o.name, type_text(o.type)) for o in graph.output),
         *_normalisation_lines(opset, promoted, model),
         *_lowering_lines(lowered),
-        *deployed_operator_lines(deployed, model),
+        *deployed_operator_lines(deployed, model, mode),
         f"trainable initializers ({len(weights)}, {size} values):",
         *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
         *_shared_weight_lines(model, weights),
@@ -374,14 +377,24 @@ def _op_counts(model: ModelProto) -> str:
 
 
 def _ops_without_rule(model: ModelProto) -> list[str]:
-    """Ops that neither have a native gradient rule at the model's opset nor are constant."""
+    """Ops that neither have a native gradient rule at the model's opset nor are constant,
+    nor give only non-float values (a ``QuantizeLinear``: no gradient flows back through
+    integers, so the engine never asks for its rule)."""
+    from onnx import TensorProto
+
+    from onnxgrad._onnx_utils import FLOAT_TYPES
+    from onnxgrad.graph._differentiable import value_elem_types
+
     opsets = {
         ("" if op.domain == "ai.onnx" else op.domain): op.version for op in model.opset_import
     }
+    types = value_elem_types(model)
     missing = set()
     for node in _all_nodes(model.graph):
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = opsets.get(domain, 0)
+        if all(types.get(out, TensorProto.FLOAT) not in FLOAT_TYPES for out in node.output):
+            continue
         if find_rule(domain, node.op_type, opset) is None and not has_zero_gradient(
             domain, node.op_type
         ):
@@ -616,6 +629,13 @@ def _add_info(commands) -> None:
         "onnxgrad info model.onnx",
     )
     sub.add_argument("model", help="ONNX file")
+    sub.add_argument(
+        "--quantized-activations",
+        choices=("straight_through", "exact"),  # onnxgrad.normalize.ste, not imported to parse
+        default="straight_through",
+        help="how rounded activations are differentiated: the straight-through estimator "
+        "(default, for training) or 'exact', the derivative of the file itself (rounding held)",
+    )
 
 
 def _add_text(commands) -> None:

@@ -25,6 +25,7 @@ from onnxgrad._onnx_utils import (
 from onnxgrad.derivative.options import DerivativeOptions, check_options
 from onnxgrad.derivative.recompute import check_recompute
 from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize.ste import quantized_activations as rounding
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
 BACKENDS = {
@@ -62,6 +63,7 @@ def onnx_derivative(
     backend: str = "onnx",
     outputs: Sequence[str] | None = None,
     recompute: str | Sequence[str] | None = None,
+    quantized_activations: str = "straight_through",
 ) -> ModelProto:
     """The gradient graph of ``model`` with respect to weights and/or inputs.
 
@@ -99,10 +101,17 @@ def onnx_derivative(
         naming blocks to checkpoint, e.g. ``[r"layers\\.\\d+"]`` (see
         :mod:`onnxgrad.derivative.recompute`); ``None`` (default here; the training entries
         default to ``"attention"``): the backward as the rules build it.
+    :param quantized_activations: how rounded activations (QDQ pairs,
+        ``DynamicQuantizeLinear``) are differentiated: ``"straight_through"`` (default, for
+        training: the estimator, identity inside the quantization range) or ``"exact"`` (for
+        analysis: the derivative of the file itself, rounding held, dynamic scales still
+        differentiated; :mod:`onnxgrad.normalize.ste`).
     """
     _check_arguments(options, backend)
+    with rounding(quantized_activations):
+        normalized = normalized_model(model)
     return derive_in_place(
-        normalized_model(model),
+        normalized,
         weights,
         inputs,
         options,

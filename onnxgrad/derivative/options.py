@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from enum import IntFlag
 
+from onnxgrad.normalize.ste import QUANTIZED_ACTIVATIONS
+
+__all__ = ["QUANTIZED_ACTIVATIONS", "DerivativeOptions", "check_options"]
+
 
 class DerivativeOptions(IntFlag):
     """Flags of :func:`onnxgrad.onnx_derivative` (onnxcustom's names).
@@ -20,6 +24,11 @@ class DerivativeOptions(IntFlag):
     * ``KeepYieldOp``: ORT backend only, the raw graph with its ``YieldOp`` placeholders.
     * ``Loss``: the model already ends in a scalar loss (``loss=`` names it, ``label=`` the
       label input); the result returns the gradients and the loss.
+
+    Quantized activations are no flag: ``quantized_activations=`` of
+    :func:`onnxgrad.onnx_derivative` (and of the training entries) chooses between the
+    straight-through estimator (``"straight_through"``, default) and the derivative of the
+    deployed file itself (``"exact"``), :data:`QUANTIZED_ACTIVATIONS`.
     """
 
     Zero = 0

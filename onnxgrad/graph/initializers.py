@@ -13,6 +13,7 @@ from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
     all_names,
+    checker_knows,
     finalize_model,
     load_model,
     np_dtype,
@@ -104,7 +105,7 @@ def replace_initializers_into_onnx(model: ModelLike, values: Mapping[str, Any]) 
                 f"weight {name!r}: the new value has shape {array.shape}, the initializer {shape}"
             )
         old.CopyFrom(numpy_helper.from_array(array, name=name))
-    return finalize_model(model)
+    return finalize_model(model, check=checker_knows(model))
 
 
 def add_initializer(model: ModelLike, name: str, value: Any) -> ModelProto:

@@ -13,10 +13,17 @@ formula covers a ``MatMul`` weight (``K x N``), a ``Gemm`` one (transposed or no
 convolution kernel (``C_out x C_in/g x k1 x k2``). :func:`merge_lora` folds trained adapters
 into ``W`` and removes them: the result has the original graph and the adapted outputs.
 
-Quantized weights (``MatMulNBits``, ``QLinearMatMul``, QDQ) get float adapters over their
-frozen dequantized value (QLoRA, :mod:`onnxgrad.graph.qlora`); :func:`merge_lora` keeps
-those adapters separate or, asked to, folds them and re-quantizes the base in its own
-format (:mod:`onnxgrad.graph.requantize`).
+The model keeps the form it was deployed in (fused ``com.microsoft`` operators, float16,
+integer products, QDQ, 4-bit): nothing is lowered. A quantized weight (the integer codes ``q``
+of a ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul`` or
+QDQ ``MatMul``, :mod:`onnxgrad.graph.deployed_products`) stays frozen and gets a float
+adapter beside its product (QLoRA):
+
+    y' = y + s (x A) B = x (W + s A B),   W = (q - z) s_q  (K x N)
+
+named after ``q``. :func:`merge_lora` keeps those adapters beside the untouched codes or,
+asked to, folds them and re-quantizes the base in its own format
+(:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the deployed operators.
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
 """
@@ -30,23 +37,31 @@ from collections.abc import Sequence
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._model_checks import check_structure
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
     NameScope,
     all_names,
+    checker_knows,
     finalize_model,
     load_model,
+    normalize_domain,
     np_dtype,
     subgraphs,
 )
-from onnxgrad.graph.qlora import dequantized_weights, lowered_if_quantized
-from onnxgrad.graph.requantize import quantized_formats, requantize
+from onnxgrad.graph.deployed_products import (
+    add_branch,
+    insert_after,
+    remove_branch,
+    weight_products,
+)
+from onnxgrad.graph.requantize import requantize_products
 
 LORA_METADATA = "onnxgrad.lora"
 #: the operators whose weight input (index 1, or 0 and 1 for Gemm) can get an adapter
 ADAPTED_OPS = {"MatMul": (1,), "Gemm": (0, 1), "Conv": (1,)}
+#: fused onnxruntime operators whose float weight input can get an adapter
+FUSED_ADAPTED_OPS = {("com.microsoft", "Attention"): (1,)}
 
 
 def add_lora(
@@ -63,16 +78,42 @@ def add_lora(
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     """
     model = load_model(model)
-    formats = quantized_formats(model)
-    model = lowered_if_quantized(model)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    targets = _adaptable_weights(model, initializers)
-    quantized = dequantized_weights(model)
-    targets |= set(quantized)
+    quantized = _quantized_products(model)
+    targets = _adaptable_weights(model, initializers) | set(quantized)
+    chosen = _chosen(model, weights, targets, initializers)
+    rng = np.random.default_rng(seed)
+    names = NameScope(all_names(graph))
+    node_names = NameScope(n.name for n in graph.node if n.name)
+    new_nodes, adapters, branches = [], list(lora_adapters(model)), {}
+    for weight in chosen:
+        if weight in quantized:
+            adapter = _beside(
+                weight, quantized[weight], int(rank), scale, rng, names, node_names, graph
+            )
+            for node_name, nodes in adapter.pop("_branches").items():
+                branches.setdefault(node_name, []).extend(nodes)
+        else:
+            nodes, adapter = _adapter(
+                initializers[weight], int(rank), scale, rng, names, node_names, graph
+            )
+            new_nodes.extend(nodes)
+            _rewire(graph, weight, adapter["output"], skip=set(adapter["nodes"]))
+        adapters.append(adapter)
+    insert_after(graph, branches)
+    nodes = new_nodes + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _set_adapters(model, adapters)
+    return finalize_model(model, check=checker_knows(model))
+
+
+def _chosen(model, weights, targets: set[str], initializers) -> list[str]:
+    """The weights to adapt: ``weights`` checked, or every target without an adapter."""
     existing = lora_adapters(model)
     adapter_parts = {adapter[key] for adapter in existing for key in ("a", "b")}
     if weights is None:
@@ -80,41 +121,67 @@ def add_lora(
         chosen = sorted(set(targets) - adapted)
         if not chosen:
             raise ValueError("the model has no MatMul, Gemm or Conv weight to adapt")
-    else:
-        if isinstance(weights, str):
-            raise TypeError(f"weights must be a list of names, not the string {weights!r}")
-        chosen = list(weights)
-        parts = sorted(set(chosen) & adapter_parts)
-        if parts:
-            raise ValueError(f"{parts} are adapters of an earlier add_lora, not weights to adapt")
-        again = sorted(set(chosen) & {a["weight"] for a in existing})
-        if again:
-            raise ValueError(f"weights {again} already have an adapter")
-        for name in chosen:
-            _check_target(name, initializers, targets)
-    rng = np.random.default_rng(seed)
-    names = NameScope(all_names(graph))
-    node_names = NameScope(n.name for n in graph.node if n.name)
-    new_nodes, adapters = [], list(existing)
-    for weight in chosen:
-        base = initializers[weight]
-        read = weight
-        if weight in quantized:
-            read, shape, elem = quantized[weight]
-            base = TensorProto(name=weight, dims=shape, data_type=elem)
-        nodes, adapter = _adapter(base, int(rank), scale, rng, names, node_names, graph, read)
-        if weight in formats:
-            adapter["quantized"] = formats[weight]
-        new_nodes.extend(nodes)
-        adapters.append(adapter)
-        _rewire(graph, read, adapter["output"], skip=set(adapter["nodes"]))
-    nodes = new_nodes + list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    if quantized:
-        check_structure(model)  # an adapter of a dequantized value follows its producer
-    _set_adapters(model, adapters)
-    return finalize_model(model)
+        return chosen
+    if isinstance(weights, str):
+        raise TypeError(f"weights must be a list of names, not the string {weights!r}")
+    chosen = list(weights)
+    parts = sorted(set(chosen) & adapter_parts)
+    if parts:
+        raise ValueError(f"{parts} are adapters of an earlier add_lora, not weights to adapt")
+    again = sorted(set(chosen) & {a["weight"] for a in existing})
+    if again:
+        raise ValueError(f"weights {again} already have an adapter")
+    for name in chosen:
+        _check_target(name, initializers, targets)
+    return chosen
+
+
+def _quantized_products(model: ModelProto) -> dict[str, list]:
+    """``{integer codes: their products}`` for the quantized weights read only by
+    recognised products of one ``K x N`` shape."""
+    products_of = weight_products(model)  # names the unnamed nodes
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
+    found = {}
+    for weight, products in products_of.items():
+        if (
+            products[0].quantized
+            and len({p.shape for p in products}) == 1
+            and readers.get(weight, set()) <= {p.reader for p in products}
+        ):
+            found[weight] = products
+    return found
+
+
+def _beside(weight, products, rank, scale, rng, names, node_names, graph) -> dict:
+    """A float adapter ``A [K, r]``, ``B [r, N]`` of the quantized ``weight``, a branch
+    ``s (x A) B`` beside each of its ``products``, and its record (``_branches``: the nodes
+    to insert after each product's node)."""
+    k, n = products[0].shape
+    a = names.unique(f"{weight}_lora_A")
+    b = names.unique(f"{weight}_lora_B")
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(
+                (rng.standard_normal((k, rank)) / np.sqrt(k)).astype(np.float32), name=a
+            ),
+            numpy_helper.from_array(np.zeros((rank, n), dtype=np.float32), name=b),
+        ]
+    )
+    branches = {p.node.name: add_branch(graph, p, a, b, scale, names, node_names) for p in products}
+    return {
+        "weight": weight,
+        "a": a,
+        "b": b,
+        "scale": scale,
+        "shape": [k, n],
+        "quantized": products[0].kind,
+        "sums": [nodes[-1].name for nodes in branches.values()],
+        "nodes": [node.name for nodes in branches.values() for node in nodes],
+        "_branches": branches,
+    }
 
 
 def lora_adapters(model: ModelProto) -> list[dict]:
@@ -131,10 +198,11 @@ def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
     ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed.
 
     ``quantized`` says what becomes of the adapters of quantized weights: ``"keep"`` leaves
-    them as they are, over the untouched quantized base (a small adapter beside the
-    original codes); ``"requantize"`` folds them too and quantizes ``W + s A B`` again in
+    them beside the untouched codes (the deployed operators and a small float branch
+    ``s (x A) B``); ``"requantize"`` folds them too and quantizes ``W + s A B`` again in
     the base's format (same bits, blocks, axis, symmetric or not:
-    :mod:`onnxgrad.graph.requantize`), each value within half a quantization step."""
+    :mod:`onnxgrad.graph.requantize`), each value within half a quantization step: the
+    result has exactly the deployed model's operators."""
     if quantized not in ("keep", "requantize"):
         raise ValueError(f"quantized must be 'keep' or 'requantize', got {quantized!r}")
     model = load_model(model)
@@ -144,58 +212,70 @@ def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     outputs = {o.name for o in graph.output}
-    folded = adapters if quantized == "requantize" else [a for a in adapters if "value" not in a]
+    folded = adapters if quantized == "requantize" else [a for a in adapters if "sums" not in a]
     requantized = []
     for adapter in folded:
         _check_adapter(adapter, initializers)
-        if adapter["output"] in outputs:
-            raise ValueError(f"adapter output {adapter['output']!r} is a graph output")
         a = numpy_helper.to_array(initializers[adapter["a"]]).astype(np.float64)
         b = numpy_helper.to_array(initializers[adapter["b"]]).astype(np.float64)
         update = adapter["scale"] * (a @ b)
-        if "value" in adapter:
-            requantized.append((adapter, update))
+        if "sums" in adapter:
+            remove_branch(graph, adapter["nodes"], adapter["sums"])
+            requantized.append((adapter["weight"], update))
         else:
+            if adapter["output"] in outputs:
+                raise ValueError(f"adapter output {adapter['output']!r} is a graph output")
             base = numpy_helper.to_array(initializers[adapter["weight"]])
             merged = base.astype(np.float64) + update.reshape(base.shape)
             initializers[adapter["weight"]].CopyFrom(
                 numpy_helper.from_array(merged.astype(base.dtype), name=adapter["weight"])
             )
-        removed = set(adapter["nodes"])
-        kept = [n for n in graph.node if n.name not in removed]
-        del graph.node[:]
-        graph.node.extend(kept)
-        _rewire(graph, adapter["output"], adapter.get("value", adapter["weight"]), skip=set())
+            removed = set(adapter["nodes"])
+            kept = [n for n in graph.node if n.name not in removed]
+            del graph.node[:]
+            graph.node.extend(kept)
+            _rewire(graph, adapter["output"], adapter["weight"], skip=set())
         for name in (adapter["a"], adapter["b"]):
             graph.initializer.remove(initializers.pop(name))
     if requantized:
-        requantize(model, requantized)
+        requantize_products(model, requantized)
     _set_adapters(model, [a for a in adapters if a not in folded])
-    return finalize_model(model)
+    return finalize_model(model, check=checker_knows(model))
 
 
 def _check_adapter(adapter: object, initializers: dict) -> None:
     """``ValueError`` unless ``adapter`` (read from the model's metadata) names a weight ``W``
     and adapters ``A [rows, r]``, ``B [r, cols]`` with ``rows * cols`` the size of ``W``,
     checked on the declared dims before anything is computed."""
-    keys = {"weight": str, "a": str, "b": str, "output": str, "scale": (int, float)}
+    keys = {"weight": str, "a": str, "b": str, "scale": (int, float)}
+    beside = isinstance(adapter, dict) and "sums" in adapter
+    keys.update({"sums": list, "shape": list} if beside else {"output": str})
     if not isinstance(adapter, dict) or not all(
         isinstance(adapter.get(k), t) and not isinstance(adapter.get(k), bool)
         for k, t in keys.items()
     ):
         raise ValueError(f"the model's LoRA metadata holds a malformed adapter: {adapter!r:.200}")
-    if not isinstance(adapter.get("value", ""), str):
-        raise ValueError(f"adapter of {adapter['weight']!r}: 'value' must be a name")
-    nodes = adapter.get("nodes")
-    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
-        raise ValueError(f"adapter of {adapter['weight']!r}: 'nodes' must be a list of names")
+    if "value" in adapter:
+        raise ValueError(
+            f"adapter of {adapter['weight']!r} was added to a lowered copy of a quantized "
+            "model by an earlier onnxgrad: call add_lora on the deployed model again"
+        )
+    for key in ("nodes", "sums") if beside else ("nodes",):
+        if not isinstance(adapter.get(key), list) or not all(
+            isinstance(n, str) for n in adapter[key]
+        ):
+            raise ValueError(f"adapter of {adapter['weight']!r}: {key!r} must be a list of names")
+    if beside and not (
+        len(adapter["shape"]) == 2 and all(type(d) is int and d > 0 for d in adapter["shape"])
+    ):
+        raise ValueError(f"adapter of {adapter['weight']!r}: 'shape' must be [K, N]")
     missing = [adapter[k] for k in ("weight", "a", "b") if adapter[k] not in initializers]
     if missing:
         raise ValueError(f"adapter of {adapter['weight']!r}: no initializer {missing}")
     weight, a, b = (list(initializers[adapter[k]].dims) for k in ("weight", "a", "b"))
     rows, cols = (weight[0], math.prod(weight[1:])) if weight else (0, 0)
-    if "value" in adapter and len(a) == 2:  # the update has the dequantized value's shape
-        rows, cols = a[0], b[-1] if b else 0
+    if beside:  # the update has the product's K x N shape
+        rows, cols = adapter["shape"]
     if len(a) != 2 or len(b) != 2 or a[1] != b[0] or (a[0], b[1]) != (rows, cols):
         raise ValueError(
             f"adapter of {adapter['weight']!r} {weight}: A {adapter['a']!r} {a} @ B "
@@ -206,7 +286,9 @@ def _check_adapter(adapter: object, initializers: dict) -> None:
 def _adaptable_weights(model: ModelProto, initializers) -> set[str]:
     found = set()
     for node in model.graph.node:
-        for index in ADAPTED_OPS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ():
+        domain = normalize_domain(node.domain)
+        indices = ADAPTED_OPS.get(node.op_type, ()) if not domain else ()
+        for index in indices or FUSED_ADAPTED_OPS.get((domain, node.op_type), ()):
             if index < len(node.input) and node.input[index] in initializers:
                 init = initializers[node.input[index]]
                 if init.data_type in FLOAT_TYPES and len(init.dims) >= 2:
@@ -224,9 +306,9 @@ def _check_target(name: str, initializers, targets: set[str]) -> None:
         )
 
 
-def _adapter(init, rank, scale, rng, names, node_names, graph, read=None):
-    """The nodes computing ``W + s reshape(A @ B)`` and the adapter's record; ``W`` is
-    ``read`` (a dequantized value) when given, else the initializer ``init``."""
+def _adapter(init, rank, scale, rng, names, node_names, graph):
+    """The nodes computing ``W + s reshape(A @ B)`` over the float initializer ``init`` and
+    the adapter's record."""
     shape = tuple(init.dims)
     rows, cols = shape[0], int(np.prod(shape[1:], dtype=np.int64))
     dtype = np_dtype(init.data_type)
@@ -278,10 +360,9 @@ def _adapter(init, rank, scale, rng, names, node_names, graph, read=None):
         reshaped = names.unique(f"{init.name}_lora_reshaped")
         nodes.append(node("Reshape", [delta, value["shape"]], reshaped))
         delta = reshaped
-    nodes.append(node("Add", [read or init.name, delta], output))
+    nodes.append(node("Add", [init.name, delta], output))
     record = {
         "weight": init.name,
-        **({"value": read} if read and read != init.name else {}),
         "a": a,
         "b": b,
         "scale": scale,

@@ -12,15 +12,17 @@ the same code width, the same groups sharing a scale, the same kind of zero poin
 
 then ``c = clip(round(w / s) + z, q_min, q_max)``: every value within half a step of ``W'``.
 
-Two bases:
+The base is found in the deployed graph (:mod:`onnxgrad.graph.deployed_products`):
 
-- ``MatMulNBits`` (recorded by ``add_lora`` from the original node, see
-  :func:`quantized_formats`): groups are the blocks of ``block_size`` codes of each of the
-  ``N`` rows of ``W'^T`` (``K`` padded with zeros), codes packed ``8/bits`` to a byte, least
-  significant first, zero points likewise per row; the ``MatMul`` over the lowered
-  dequantization becomes the ``MatMulNBits`` node again.
-- A ``DequantizeLinear`` of an integer initializer (QDQ weights, ``QLinearMatMul``'s weight
-  once lowered): one group per tensor or one per index of ``axis``, as its scale.
+- ``MatMulNBits``: groups are the blocks of ``block_size`` codes of each of the ``N`` rows
+  of ``W'^T`` (``K`` padded with zeros), codes packed ``8/bits`` to a byte, least
+  significant first, zero points likewise per row;
+- a ``DequantizeLinear`` of an integer initializer (QDQ weights), ``MatMulInteger``
+  (``quantize_dynamic``: the weight's scale is the initializer multiplied into the
+  product), ``DynamicQuantizeMatMul`` and ``QLinearMatMul``: one group per tensor or one
+  per column, as the scale.
+
+Only initializers change: the result has the deployed model's nodes.
 """
 
 from __future__ import annotations
@@ -28,49 +30,82 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import normalize_domain
-from onnxgrad.graph.select import prune_graph
-
-MS = "com.microsoft"
-#: operators between a dequantized weight and the MatMul reading it that re-quantization
-#: inverts (Transpose by its permutation, the others are the identity on values)
-_LAYOUT = frozenset({"Transpose", "Identity", "Cast"})
+from onnxgrad._onnx_utils import FLOAT_TYPES
+from onnxgrad.graph.deployed_products import Product, weight_products
 
 
-def quantized_formats(model: ModelProto) -> dict[str, dict]:
-    """``{packed weight: record}`` of the ``MatMulNBits`` nodes of ``model`` (before
-    normalisation lowers them): op, input names and integer attributes, JSON-ready."""
-    inits = {init.name for init in model.graph.initializer}
-    found = {}
-    for node in model.graph.node:
-        if (normalize_domain(node.domain), node.op_type) != (MS, "MatMulNBits"):
-            continue
-        if len(node.input) > 1 and node.input[1] in inits:
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            found[node.input[1]] = {
-                "op": "MatMulNBits",
-                "inputs": list(node.input),
-                "attributes": {k: v for k, v in attrs.items() if isinstance(v, int)},
-            }
-    return found
-
-
-def requantize(model: ModelProto, merged: list[tuple[dict, np.ndarray]]) -> None:
-    """Fold each ``(adapter, delta)`` of ``merged`` (``delta = s A B`` shaped as the
-    adapter's dequantized value, the adapter's nodes already removed and its readers reading
-    that value) into its quantized base, in place: the integer weight, its scales and zero
-    points replaced, a ``MatMulNBits`` raised back; nodes left unused are removed (first
-    too: a parameter only a dead node also reads is the weight's own)."""
-    prune_graph(model.graph, keep_inputs=True)
+def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]]) -> None:
+    """Fold each ``(weight, delta)`` of ``merged`` (``delta = s A B``, ``K x N``, the
+    adapter's branch already removed) into the quantized base of ``weight``, in place:
+    its codes, scales and zero points replaced (module docstring)."""
+    products = weight_products(model)
     inits = {init.name: init for init in model.graph.initializer}
-    for adapter, delta in merged:
-        record = adapter.get("quantized")
-        if record and record.get("op") == "MatMulNBits":
-            _requantize_nbits(inits, adapter["weight"], record, delta)
-            _raise_nbits(model, adapter, record)
+    for weight, delta in merged:
+        found = products.get(weight)
+        if not found or not found[0].quantized:
+            raise ValueError(f"weight {weight!r}: the model has no quantized product reading it")
+        product = found[0]
+        if product.kind == "MatMulNBits":
+            _requantize_nbits(inits, weight, _nbits_record(product), delta)
+        elif product.kind == "DequantizeLinear":
+            _requantize_dequantized(model, inits, product, delta)
         else:
-            _requantize_dequantized(model, inits, adapter, delta)
-    prune_graph(model.graph, keep_inputs=True)
+            scale, zero = _product_parameters(model, product)
+            readers = [product.reader, *_scale_readers(model, product, scale)]
+            _check_private(model, readers, weight, [weight, scale, zero])
+            _requantize_codes(inits, weight, scale, zero, 1, delta)
+
+
+def _nbits_record(product: Product) -> dict:
+    node = product.node
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {
+        "inputs": list(node.input),
+        "attributes": {k: v for k, v in attrs.items() if isinstance(v, int)},
+    }
+
+
+def _product_parameters(model: ModelProto, product: Product) -> tuple[str, str]:
+    """``(scale, zero point)`` initializers of an integer product's weight (``''``: no
+    zero point)."""
+    reader = next(n for n in model.graph.node if n.name == product.reader)
+    inputs = list(reader.input) + [""] * 6
+    if product.kind == "DynamicQuantizeMatMul":
+        return inputs[2], inputs[3]
+    if product.kind == "QLinearMatMul":
+        return inputs[4], inputs[5]
+    return _integer_product_scale(model, product), inputs[3]
+
+
+def _integer_product_scale(model: ModelProto, product: Product) -> str:
+    """The float initializer ``quantize_dynamic`` multiplies into ``Cast(MatMulInteger)``:
+    an input of a ``Mul`` of the chain, or of the ``Mul`` computing the scales' product."""
+    inits = {init.name: init for init in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    node = next(n for n in model.graph.node if n.name == product.reader)
+    found = set()
+    while node.name != product.node.name and len(readers.get(node.output[0], [])) == 1:
+        value, node = node.output[0], readers[node.output[0]][0]
+        for name in (n for n in node.input if n != value) if node.op_type == "Mul" else ():
+            source = producers.get(name)
+            candidates = [name] if name in inits else list(source.input) if source else []
+            found |= {c for c in candidates if c in inits and inits[c].data_type in FLOAT_TYPES}
+    if len(found) != 1:
+        raise ValueError(
+            f"weight {product.weight!r}: its scale is not one initializer of the Mul after "
+            f"its MatMulInteger (found {sorted(found)}); it cannot be re-quantized"
+        )
+    return found.pop()
+
+
+def _scale_readers(model: ModelProto, product: Product, scale: str) -> list[str]:
+    """The first ``Mul`` reading ``scale``: the product's own (any other reader makes
+    :func:`_check_private` refuse)."""
+    return [n.name for n in model.graph.node if scale in n.input and n.op_type == "Mul"][:1]
 
 
 def _quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, code_range, scale_dtype):
@@ -135,8 +170,8 @@ def _requantize_nbits(inits, weight: str, record: dict, delta: np.ndarray) -> No
 
 
 def _checked_record(record: object, weight: str, inits) -> tuple[list[str], tuple]:
-    """``(inputs, (bits, block_size, K, N))`` of a ``MatMulNBits`` record read from the
-    model's metadata, checked against the initializers (``ValueError`` naming the weight)."""
+    """``(inputs, (bits, block_size, K, N))`` of a ``MatMulNBits`` node's record, checked
+    against the initializers (``ValueError`` naming the weight)."""
     inputs = record.get("inputs") if isinstance(record, dict) else None
     attrs = record.get("attributes") if isinstance(record, dict) else None
     if (
@@ -154,7 +189,10 @@ def _checked_record(record: object, weight: str, inits) -> tuple[list[str], tupl
             packed, scales = (int(np.prod(inits[name].dims)) for name in (weight, inputs[2]))
             if packed * 8 == n * blocks * block * bits and scales == n * blocks:
                 return inputs, sizes
-    raise ValueError(f"the LoRA metadata's MatMulNBits record of weight {weight!r} is malformed")
+    raise ValueError(
+        f"the MatMulNBits node reading weight {weight!r} disagrees with its codes and scales "
+        "(bits, block_size, K, N)"
+    )
 
 
 def _unpack(packed: np.ndarray, bits: int, shape) -> np.ndarray:
@@ -176,87 +214,52 @@ def _replace(inits, name: str, value: np.ndarray) -> None:
     init.CopyFrom(numpy_helper.from_array(np.asarray(value).astype(dtype), name=name))
 
 
-def _raise_nbits(model: ModelProto, adapter: dict, record: dict) -> None:
-    """Each ``MatMul(a, value)`` becomes the recorded ``MatMulNBits(a, B, scales[, zero
-    points])`` (a bias stays the lowering's ``Add``)."""
-    graph = model.graph
-    value = adapter["value"]
-    inputs = record["inputs"][1:4]
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    for index, node in enumerate(graph.node):
-        if node.op_type != "MatMul" or normalize_domain(node.domain) or node.input[1] != value:
-            continue
-        raised = helper.make_node(
-            "MatMulNBits",
-            [node.input[0], *inputs],
-            list(node.output),
-            name=node.name,
-            domain=MS,
-            **record["attributes"],
-        )
-        graph.node[index].CopyFrom(raised)
-    if not any(normalize_domain(o.domain) == MS for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(MS, 1))
-
-
-def _requantize_dequantized(model: ModelProto, inits, adapter: dict, delta) -> None:
-    """The base read by ``DequantizeLinear(q, scale[, zero])``, per tensor or per axis."""
-    weight = adapter["weight"]
-    node, perm = _dequantize_of(model, adapter["value"], weight)
+def _requantize_dequantized(model: ModelProto, inits, product: Product, delta) -> None:
+    """The base read by ``DequantizeLinear(q, scale[, zero])``, per tensor or per axis,
+    through the layout operators between it and the ``MatMul``."""
+    weight, perm = product.weight, product.perm
+    node = next(n for n in model.graph.node if n.name == product.reader)
     if any(a.name == "block_size" and a.i for a in node.attribute):
         raise ValueError(f"weight {weight!r}: blocked DequantizeLinear is not re-quantized")
     scale_name = _initializer_behind(model, node.input[1])
     zero_name = _initializer_behind(model, node.input[2]) if len(node.input) > 2 else ""
     if scale_name is None or zero_name is None:
         raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
-    _check_private(model, node, weight, [weight, scale_name, zero_name])
+    _check_private(model, [node.name], weight, [weight, scale_name, zero_name])
+    rank = len(inits[weight].dims)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % rank
+    update = np.transpose(delta, np.argsort(perm)) if perm else delta
+    _requantize_codes(inits, weight, scale_name, zero_name, axis, update)
+
+
+def _requantize_codes(inits, weight: str, scale_name: str, zero_name: str, axis: int, update):
+    """``codes <- quantize((codes - zero) scale + update)`` with one group per tensor or,
+    for a scale of several values, per index of ``axis`` (``update`` in the codes' layout)."""
     codes = numpy_helper.to_array(inits[weight])
     scale = numpy_helper.to_array(inits[scale_name])
+    if update.shape != codes.shape:
+        raise ValueError(f"weight {weight!r} {list(codes.shape)}: an update {update.shape}")
     info = np.iinfo(codes.dtype)
     zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros((), codes.dtype)
     per_axis = scale.size > 1
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % codes.ndim
     groups = np.moveaxis(codes, axis, 0) if per_axis else codes[None]
     count = len(groups)
     zero_groups = np.broadcast_to(zero.reshape(-1), (count,)).astype(np.float64)
     scale_groups = np.broadcast_to(scale.reshape(-1), (count,)).astype(np.float64)
     shape = (count,) + (1,) * (groups.ndim - 1)
     values = (groups - zero_groups.reshape(shape)) * scale_groups.reshape(shape)
-    update = np.transpose(delta, np.argsort(perm)) if perm else delta
-    if update.shape != codes.shape:
-        raise ValueError(f"weight {weight!r} {list(codes.shape)}: an update {delta.shape}")
     values = values + (np.moveaxis(update, axis, 0) if per_axis else update[None])
     middle = 0 if info.min < 0 else (info.max + 1) // 2
-    fixed = not zero_name or bool(np.all(zero == middle))
+    # a zero point shared by groups with scales of their own stays as it is
+    fixed = not zero_name or bool(np.all(zero == middle)) or zero.size < count
     new_codes, new_scale, new_zero = _quantize_groups(
         values, zero_groups, fixed, (info.min, info.max), scale.dtype
     )
     new_codes = np.moveaxis(new_codes, 0, axis) if per_axis else new_codes[0]
     _replace(inits, weight, new_codes)
     _replace(inits, scale_name, new_scale.reshape(scale.shape))
-    if zero_name:
+    if zero_name and not fixed:
         _replace(inits, zero_name, new_zero.reshape(zero.shape))
-
-
-def _dequantize_of(model: ModelProto, value: str, weight: str):
-    """The ``DequantizeLinear`` reading ``weight`` that ``value`` (2-D, so a ``Transpose``
-    without ``perm`` swaps its axes) is computed from through :data:`_LAYOUT` operators, and
-    the composed permutation (``None`` for none)."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-    perm = None
-    node = producers.get(value)
-    while node is not None and node.op_type in _LAYOUT and not normalize_domain(node.domain):
-        if node.op_type == "Transpose":
-            step = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
-            perm = step if perm is None else [step[i] for i in perm]
-        node = producers.get(node.input[0])
-    if node is None or node.op_type != "DequantizeLinear" or node.input[0] != weight:
-        raise ValueError(
-            f"weight {weight!r}: its dequantized value {value!r} is not a DequantizeLinear "
-            "of it through Transpose/Identity/Cast; it cannot be re-quantized"
-        )
-    return node, perm
 
 
 def _initializer_behind(model: ModelProto, name: str) -> str | None:
@@ -273,13 +276,14 @@ def _initializer_behind(model: ModelProto, name: str) -> str | None:
     return name
 
 
-def _check_private(model: ModelProto, dequantize, weight: str, names) -> None:
-    """``ValueError`` where another node than ``dequantize`` (or a reshape feeding it)
-    reads the weight, its scale or its zero point: re-quantizing would change it too."""
-    feeding = set(dequantize.input)
+def _check_private(model: ModelProto, owners: list[str], weight: str, names) -> None:
+    """``ValueError`` where another node than ``owners`` (or a reshape feeding one) reads
+    the weight, its scale or its zero point: re-quantizing would change it too."""
+    owned = [n for n in model.graph.node if n.name in owners]
+    feeding = {name for n in owned for name in n.input}
     for node in model.graph.node:
         reshaping = node.op_type in ("Reshape", "Identity") and feeding & set(node.output)
-        if list(node.output) == list(dequantize.output) or reshaping:
+        if node.name in owners or reshaping:
             continue
         shared = sorted(set(names) & set(node.input) - {""})
         if shared:

@@ -25,7 +25,12 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad.normalize.lowering import Lowerer, lower_nodes
-from onnxgrad.normalize.ste import straight_through
+from onnxgrad.normalize.ste import (
+    dequantized_codes,
+    dynamic_scale,
+    rounding_held,
+    straight_through,
+)
 
 
 def dynamic_round_trip(lw: Lowerer, x: str) -> str:
@@ -34,12 +39,17 @@ def dynamic_round_trip(lw: Lowerer, x: str) -> str:
     code, scale, zero = lw.ops("DynamicQuantizeLinear", [x], 3)
     lw.types[scale] = helper.make_tensor_type_proto(TensorProto.FLOAT, [])
     lw.types[zero] = helper.make_tensor_type_proto(TensorProto.UINT8, [])
+    if rounding_held():
+        scale = dynamic_scale(lw, x)
     return dequantized_round_trip(lw, x, code, scale, zero)
 
 
 def dequantized_round_trip(lw: Lowerer, x: str, code: str, scale: str, zero: str) -> str:
     """``(code - zero) scale`` (``DynamicQuantizeLinear``'s outputs for ``x``) with the
-    straight-through term: its value, and the derivative 1 with respect to ``x``."""
+    straight-through term: its value, and the derivative 1 with respect to ``x`` (where
+    rounding is held, the derivative through ``scale`` only)."""
+    if rounding_held():
+        return dequantized_codes(lw, code, scale, zero)
     value = lw.op("DequantizeLinear", code, scale, zero)
     return lw.op("Add", value, straight_through(lw, x, scale, zero, TensorProto.UINT8))
 

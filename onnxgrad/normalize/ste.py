@@ -22,15 +22,78 @@ infinities the term is zero: no gradient there.
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
   ``(q - z) + mask (x - sg(x))/s`` and ``B - z_B``: the same value up to float rounding of
   the accumulation, the integer weight still frozen.
+
+The estimator is the default, for training. ``quantized_activations="exact"`` (on
+:func:`onnxgrad.onnx_derivative`, ``make_train_step``, ``generate_artifacts`` and every
+entry that normalises, :func:`quantized_activations`) asks instead for the derivative of the
+deployed file itself, for analysis: the piece through the point, rounding held. A static
+``QuantizeLinear``/``DequantizeLinear`` pair is kept as it is (its derivative is zero: the
+codes are constant around the point and the scale is a constant); a
+``DynamicQuantizeLinear``'s codes and zero point are held but its scale is computed
+``s = (max(0, max x) - min(0, min x)) / 255`` with differentiable operators, so
+``\hat x = (q - z) s`` has the derivative ``(q - z)\, \partial s / \partial x``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad.normalize.lowering import Lowerer
+
+#: the values of ``quantized_activations=``: the straight-through estimator (default) or the
+#: derivative of the deployed file, rounding held
+STRAIGHT_THROUGH, EXACT = "straight_through", "exact"
+QUANTIZED_ACTIVATIONS = (STRAIGHT_THROUGH, EXACT)
+_MODE: ContextVar[str] = ContextVar("onnxgrad_quantized_activations", default=STRAIGHT_THROUGH)
+
+
+def check_quantized_activations(mode: object) -> str:
+    """``mode`` when it is one of :data:`QUANTIZED_ACTIVATIONS`, else ``ValueError``."""
+    if not isinstance(mode, str) or mode not in QUANTIZED_ACTIVATIONS:
+        raise ValueError(
+            f"quantized_activations must be one of {list(QUANTIZED_ACTIVATIONS)}, got {mode!r}"
+        )
+    return mode
+
+
+@contextmanager
+def quantized_activations(mode: str) -> Iterator[None]:
+    """Normalisation inside the block differentiates quantized activations by ``mode``."""
+    token = _MODE.set(check_quantized_activations(mode))
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def rounding_held() -> bool:
+    """Whether the current normalisation gives the derivative of the file itself."""
+    return _MODE.get() == EXACT
+
+
+def dynamic_scale(lw: Lowerer, x: str) -> str:
+    """``DynamicQuantizeLinear``'s scale of a float32 ``x`` with differentiable operators:
+    ``(max(0, max x) - min(0, min x)) / 255``."""
+    zero = lw.const(0.0, TensorProto.FLOAT)
+    high = lw.op("Max", lw.op("ReduceMax", x, keepdims=0), zero)
+    low = lw.op("Min", lw.op("ReduceMin", x, keepdims=0), zero)
+    return lw.op("Div", lw.op("Sub", high, low), lw.const(255.0, TensorProto.FLOAT))
+
+
+def dequantized_codes(lw: Lowerer, code: str, scale: str, zero: str) -> str:
+    """``(code - zero) scale`` in float32 with standard operators (differentiable in
+    ``scale``)."""
+    unit = lw.cast(code, TensorProto.FLOAT)
+    if zero:
+        unit = lw.op("Sub", unit, lw.cast(zero, TensorProto.FLOAT))
+    return lw.op("Mul", unit, scale)
+
 
 #: ``(scale exponent k, mantissa bits p)`` of the stop-gradient per float type
 _SG_BITS = {TensorProto.FLOAT: (100, 24), TensorProto.DOUBLE: (900, 53)}
@@ -91,7 +154,7 @@ def lower_fake_quantized(lw: Lowerer) -> None:
     each pair's derivative, compounding over a deep model) and, recognised, no node."""
     node = lw.node
     source = lw.producers.get(node.input[0])
-    if not _is_per_tensor_quantize(lw, source) or _is_held(lw, source.input[0]):
+    if rounding_held() or not _is_per_tensor_quantize(lw, source) or _is_held(lw, source.input[0]):
         lw.builder.graph.node.append(node)
         return
     x, scale, zero = _inputs(source)
@@ -159,7 +222,8 @@ HELD_SCALE = "onnxgrad: scale held constant to the gradient"
 
 def lower_dynamic_quantize(lw: Lowerer) -> None:
     """``DynamicQuantizeLinear`` whose scale is held constant to the gradient (the
-    estimator's convention: quantization parameters are not differentiated); the node
+    estimator's convention: quantization parameters are not differentiated), or computed
+    from ``x`` by :func:`dynamic_scale` where rounding is held (:data:`EXACT`); the node
     emitted is marked :data:`HELD_SCALE`, so a second normalisation adds nothing."""
     node = lw.node
     if node.doc_string == HELD_SCALE:
@@ -169,7 +233,11 @@ def lower_dynamic_quantize(lw: Lowerer) -> None:
     lw.builder.graph.node[-1].doc_string = HELD_SCALE
     lw.op("Identity", code, out=node.output[0])
     if len(node.output) > 1 and node.output[1]:
-        lw.op("Identity", stop_gradient(lw, scale, TensorProto.FLOAT), out=node.output[1])
+        if rounding_held():
+            scale = dynamic_scale(lw, node.input[0])
+        else:
+            scale = stop_gradient(lw, scale, TensorProto.FLOAT)
+        lw.op("Identity", scale, out=node.output[1])
     if len(node.output) > 2 and node.output[2]:
         lw.op("Identity", zero, out=node.output[2])
 
@@ -187,8 +255,9 @@ def lower_integer_product_cast(lw: Lowerer) -> None:
     ct = TensorProto.FLOAT
     x, (code, scale, zero) = dynamic.input[0], dynamic.output
     unit = lw.op("Sub", lw.cast(code, ct), lw.cast(zero, ct))
-    term = straight_through(lw, x, scale, zero, TensorProto.UINT8)
-    unit = lw.op("Add", unit, lw.op("Div", term, scale))
+    if not rounding_held():
+        term = straight_through(lw, x, scale, zero, TensorProto.UINT8)
+        unit = lw.op("Add", unit, lw.op("Div", term, scale))
     weight = lw.cast(product.input[1], ct)
     if len(product.input) > 3 and product.input[3]:
         weight = lw.op("Sub", weight, _weight_zero(lw, product))

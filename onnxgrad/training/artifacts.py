@@ -10,7 +10,10 @@ one folder:
   the graph. A runtime trains by calling it in a loop and feeding each new weight and state
   back to its input;
 * ``eval_model.onnx``: the loss of a batch, the trained weights as inputs;
-* ``inference_model.onnx``: the user's model (same inputs and outputs), initial weights;
+* ``inference_model.onnx``: the user's model as given (same inputs, outputs and operators:
+  fused, float16, quantized and converter forms kept, low-rank adapters beside their
+  weights), initial weights: nothing that exists for training (lowered operators,
+  straight-through terms, stop-gradients) reaches it;
 * ``checkpoint.json`` + ``checkpoint.bin``: the initial weights and optimizer state
   (:mod:`onnxgrad.training.checkpoint`, readable without onnx or numpy);
 * ``artifacts.json``: which input receives which output, the learning rate, the roles, and
@@ -52,6 +55,7 @@ from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.constants import constant_weights
+from onnxgrad.normalize.ste import quantized_activations as rounding
 from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training._artifact_manifest import (
     FORMAT,
@@ -117,6 +121,7 @@ def generate_artifacts(
     data: tuple[np.ndarray, np.ndarray] | None = None,
     loss_scale: str | float | None = "auto",
     recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
+    quantized_activations: str = "straight_through",
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -142,9 +147,13 @@ def generate_artifacts(
     :param recompute: forward values the train step's backward recomputes (default
         ``"attention"``: large attentions in tiles; ``"auto"``, block patterns or ``None``,
         see :func:`onnxgrad.onnx_derivative`)
+    :param quantized_activations: ``"straight_through"`` (default) or ``"exact"``, as
+        :func:`onnxgrad.onnx_derivative`
     """
     directory = _directory(artifact_directory, folder)
-    model = normalized_model(model)
+    deployed = load_model(model)
+    with rounding(quantized_activations):
+        model = normalized_model(deployed)
     weights = _trained_weights(model, requires_grad, frozen_params, output)
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)
@@ -166,12 +175,12 @@ def generate_artifacts(
         weights=as_master({w: initial[w][0] for w in step.weights}),
         optimizer_state=step.initial_state(),
     )
-    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, model)
+    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, model, deployed)
 
     def fill(folder: Path) -> None:
         save_model(step.model, folder / TRAINING_MODEL)
         save_model(evaluation.model, folder / EVAL_MODEL)
-        save_model(model, folder / INFERENCE_MODEL)
+        save_model(deployed, folder / INFERENCE_MODEL)
         save_checkpoint(checkpoint, folder / CHECKPOINT)
         if data is not None:
             _save_data(step, *data, folder / DATA)
@@ -179,7 +188,7 @@ def generate_artifacts(
         _write_json(folder / MANIFEST, manifest)
 
     replace_folder(directory, fill, KNOWN_FILES)
-    return TrainingArtifacts(directory, step, evaluation, model, checkpoint, lr)
+    return TrainingArtifacts(directory, step, evaluation, deployed, checkpoint, lr)
 
 
 def _save_data(step: TrainStep, X: np.ndarray, y: np.ndarray, path: Path) -> None:
@@ -357,9 +366,11 @@ def _optimizer(optimizer, learning_rate) -> BaseLearningRate:
     return learning_rate_from_name(optimizer, eta0=learning_rate, schedule="constant")
 
 
-def _manifest(step, evaluation, lr, loss, optimizer, model) -> dict:
+def _manifest(step, evaluation, lr, loss, optimizer, model, deployed) -> dict:
+    """``artifacts.json`` (``model``: the normalised model, ``deployed``: the inference
+    model, as given)."""
     lr_type = next(i for i in step.model.graph.input if i.name == step.learning_rate)
-    outputs = [o.name for o in model.graph.output]
+    outputs = [o.name for o in deployed.graph.output]
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -403,7 +414,9 @@ def _manifest(step, evaluation, lr, loss, optimizer, model) -> dict:
             "loss": evaluation.loss,
         },
         "inference": {
-            "inputs": [i.name for i in model.graph.input if i.name not in _initializers(model)],
+            "inputs": [
+                i.name for i in deployed.graph.input if i.name not in _initializers(deployed)
+            ],
             "outputs": outputs,
         },
         "lora": lora_adapters(model),

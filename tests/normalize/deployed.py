@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +175,44 @@ def _quantize_static(source: Path, target: Path, kind: str) -> None:
             return next(self.batches, None)
 
     quantize_static(source, target, Reader(), quant_format=QuantFormat.QDQ)
+
+
+#: the operators of an adapter kept beside its base: ``y + s (x A) B`` (casts to float16,
+#: transposes of a weight stored transposed) or ``W + s reshape(A B)`` over a float weight
+BRANCH_OPS = frozenset({"MatMul", "Add", "Mul", "Constant", "Cast", "Transpose", "Reshape"})
+
+
+def operators(model: onnx.ModelProto) -> Counter:
+    """``{(domain, op_type): count}`` of the main graph."""
+    return Counter(
+        (n.domain if n.domain not in ("", "ai.onnx") else "", n.op_type) for n in model.graph.node
+    )
+
+
+def assert_deployed_form(deployed: onnx.ModelProto, got: onnx.ModelProto, beside: bool) -> None:
+    """``got`` holds every operator of ``deployed`` (as many times) plus, where adapters
+    stay ``beside`` their base, only the default-domain operators of :data:`BRANCH_OPS`;
+    nothing that exists for training (``Floor``, ``Round``, ``Where``...)."""
+    want, have = operators(deployed), operators(got)
+    if not beside:
+        assert have == want, {k: have[k] - want[k] for k in want | have if have[k] != want[k]}
+        return
+    assert not want - have, f"deployed operators lost: {dict(want - have)}"
+    extra = have - want
+    assert all(not d and op in BRANCH_OPS for d, op in extra), f"not an adapter's: {dict(extra)}"
+    assert extra, "no adapter branch"
+
+
+def trained_adapters(adapted: onnx.ModelProto) -> onnx.ModelProto:
+    """``adapted`` (``add_lora``'s output) with every ``B`` moved off zero, as training does
+    (``N(0, 0.05^2)``, seeded)."""
+    from onnxgrad.graph.initializers import replace_initializers_into_onnx
+    from onnxgrad.graph.lora import lora_adapters
+
+    rng = np.random.default_rng(1)
+    shapes = {i.name: tuple(i.dims) for i in adapted.graph.initializer}
+    values = {
+        a["b"]: (rng.standard_normal(shapes[a["b"]]) * 0.05).astype(np.float32)
+        for a in lora_adapters(adapted)
+    }
+    return replace_initializers_into_onnx(adapted, values)

@@ -24,29 +24,6 @@ pytest.importorskip("transformers")
 FD_FORMS = ("float32", "opt1", "opt2", "int4")
 
 
-@pytest.fixture(scope="module")
-def forms(tmp_path_factory):
-    """``(kind, form) -> path``, made once per session."""
-    folder = tmp_path_factory.mktemp("deployed")
-    made: dict[tuple[str, str], object] = {}
-
-    def get(kind: str, form: str):
-        if (kind, form) not in made:
-            source = folder / f"{kind}.onnx"
-            if not source.exists():
-                getattr(deployed, f"export_{kind}")(source)
-            try:
-                made[kind, form] = deployed.make_form(source, form, kind, folder)
-            except ImportError as exc:  # a tool whose kernel this onnxruntime build lacks
-                made[kind, form] = exc
-        found = made[kind, form]
-        if isinstance(found, ImportError):
-            pytest.skip(f"this onnxruntime cannot make the {form} form: {found}")
-        return found
-
-    return get
-
-
 def _input_gradient(model: onnx.ModelProto, feeds, seed) -> np.ndarray:
     gradient = onnx_derivative(model, inputs=["inputs_embeds"], weights=[])
     declared = {i.name for i in gradient.graph.input}
@@ -120,7 +97,8 @@ def test_normalising_a_deployed_form_twice_changes_nothing(forms, kind, form):
 def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     """add_lora, generate_artifacts, then plain onnxruntime steps: the loss falls, and the
     merged checkpoint runs (int8: its adapters kept over the untouched int8 weights; int8,
-    QDQ and 4-bit: also merged with re-quantization in the base's own format). Static
+    QDQ and 4-bit: also merged with re-quantization in the base's own format). The
+    artifacts' inference model and the merged ones hold the deployed file's operators. Static
     quantization clamps each output to its calibrated range (the tiny BERT's logits to
     +-0.024), so the QDQ form's target moves by a fraction of the output's magnitude, not by
     an absolute amount it could not reach."""
@@ -137,6 +115,8 @@ def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
 
     model = onnx.load(forms(kind, form))
     art = generate_artifacts(add_lora(model, rank=4), optimizer="adam", artifact_directory=tmp_path)
+    inference = onnx.load(art.path("inference_model.onnx"))
+    deployed.assert_deployed_form(model, inference, beside=True)
     step = load_train_step(tmp_path)
     feeds = deployed.feeds(kind)
     outputs = run(model, feeds)[0]
@@ -160,12 +140,14 @@ def test_lora_fine_tuning_of_deployed_form(forms, kind, form, tmp_path):
     trained = Checkpoint({w: values[w] for w in step.weights}, {s: values[s] for s in step.state})
     save_checkpoint(trained, tmp_path / "trained.json")
     merged = merge_checkpoint(tmp_path, tmp_path / "trained.json")
+    deployed.assert_deployed_form(model, merged, beside=form in ("int8", "qdq", "int4"))
     assert np.isfinite(run(merged, feeds)[0]).all()
     if form == "int8":  # the adapters stay separate, over the untouched int8 weights
         _assert_integer_weights_kept(model, merged)
     if form in ("int8", "qdq", "int4"):  # the adapters folded, the base quantized again
         requantized = merge_checkpoint(tmp_path, tmp_path / "trained.json", "requantize")
         assert not any(i.name.endswith("_lora_A") for i in requantized.graph.initializer)
+        deployed.assert_deployed_form(model, requantized, beside=False)
         got, want = run(requantized, feeds)[0], run(merged, feeds)[0]
         moved = np.abs(outputs - target).max()
         np.testing.assert_allclose(got, want, rtol=0, atol=0.25 * moved)

@@ -159,13 +159,14 @@ def test_lora_over_a_frozen_int8_weight(tmp_path, form):
     inits = {i.name: i for i in adapted.graph.initializer}
     assert inits["w_quantized"].data_type in (TensorProto.INT8, TensorProto.UINT8)
     x = (RNG.standard_normal((2, 3, K)) * 3).astype(np.float32)
-    spec, _ = _specified_output(model, x)
-    np.testing.assert_allclose(run(adapted, {"x": x})[0], spec, rtol=1e-5, atol=1e-5)
+    # the adapted model runs the deployed integer kernel itself: equal on every CPU
+    np.testing.assert_allclose(run(adapted, {"x": x})[0], run(model, {"x": x})[0], atol=1e-5)
 
     a = numpy_helper.to_array(inits[adapter["a"]])
     b = RNG.standard_normal((2, N)).astype(np.float32)
     trained = _with_values(adapted, {adapter["b"]: b})
-    expected = spec + _dynamic_round_trip(x) @ (a @ b)
+    # a float branch beside the untouched integer product: it reads x itself
+    expected = run(model, {"x": x})[0] + x @ (a @ b)
     np.testing.assert_allclose(run(trained, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
 
     seed = RNG.standard_normal(expected.shape).astype(np.float32)
@@ -186,6 +187,14 @@ def test_lora_over_a_frozen_int8_weight(tmp_path, form):
     kept = {i.name: i for i in merged.graph.initializer}["w_quantized"]
     assert kept.SerializeToString() == inits["w_quantized"].SerializeToString()
     np.testing.assert_array_equal(run(merged, {"x": x})[0], run(trained, {"x": x})[0])
+    # folded and quantized again in the product's own format: the deployed operators, and
+    # the product of x_hat and the new codes within the activation's and new codes' rounding
+    requantized = merge_lora(trained, quantized="requantize")
+    assert sorted(n.op_type for n in requantized.graph.node) == sorted(
+        n.op_type for n in model.graph.node
+    )
+    effect = np.abs(expected - run(model, {"x": x})[0]).max()
+    np.testing.assert_allclose(run(requantized, {"x": x})[0], expected, rtol=0, atol=0.1 * effect)
 
 
 def _with_values(model, values):
@@ -230,3 +239,51 @@ def test_product_of_two_dynamically_quantized_activations():
     x_hat, w_hat = (_dynamic_round_trip(feeds[k]) for k in ("x", "w"))
     np.testing.assert_allclose(got["x_grad"], seed @ w_hat.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["w_grad"], x_hat.T @ seed, rtol=1e-5, atol=1e-5)
+
+
+def test_adapters_sit_at_their_own_product_in_a_gated_int8_block(tmp_path):
+    """``(x W1) * (x W2)`` quantized by ``quantize_dynamic``: the output ``Mul`` of the
+    second product reads data, so it is no scale of that product; each adapter's branch is
+    added to its own product, not to the gate (checked against numpy), and folding it with
+    re-quantization gives the same values within the new quantization step."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    weights = {f"w{i}": RNG.standard_normal((K, N)).astype(np.float32) for i in (1, 2)}
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h1"]),
+            helper.make_node("MatMul", ["x", "w2"], ["h2"]),
+            helper.make_node("Mul", ["h1", "h2"], ["y"]),
+        ],
+        "gated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "int8.onnx", weight_type=QuantType.QInt8)
+    model = onnx.load(tmp_path / "int8.onnx")
+    adapted = add_lora(model, rank=2)
+    inits = {i.name: numpy_helper.to_array(i) for i in adapted.graph.initializer}
+    adapters = lora_adapters(adapted)
+    update = {a["b"]: RNG.standard_normal((2, N)).astype(np.float32) for a in adapters}
+    trained = _with_values(adapted, update)
+    x = RNG.standard_normal((4, K)).astype(np.float32)
+    x_hat = _dynamic_round_trip(x).astype(np.float64)
+    products = []
+    for adapter in sorted(lora_adapters(trained), key=lambda a: a["weight"]):
+        base = adapter["weight"].removesuffix("_quantized")
+        codes, scale = inits[adapter["weight"]], inits[f"{base}_scale"]
+        dequantized = (codes.astype(np.float64) - inits[f"{base}_zero_point"]) * scale
+        low_rank = inits[adapter["a"]] @ update[adapter["b"]] * adapter["scale"]
+        products.append(x_hat @ dequantized + x @ low_rank)
+    expected = products[0] * products[1]
+    np.testing.assert_allclose(run(trained, {"x": x})[0], expected, rtol=1e-4, atol=1e-3)
+    requantized = merge_lora(trained, quantized="requantize")
+    assert sorted(n.op_type for n in requantized.graph.node) == sorted(
+        n.op_type for n in model.graph.node
+    )
+    effect = np.abs(expected - run(model, {"x": x})[0]).max()
+    got = run(requantized, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=0.1 * effect)

@@ -136,6 +136,10 @@ def test_adapters_over_a_frozen_quantized_weight(make):
     merged = merge_lora(trained)
     assert lora_adapters(merged) == [adapter]
     np.testing.assert_array_equal(run(merged, {"x": x})[0], run(trained, {"x": x})[0])
+    # folded and quantized again: the deployed operators (the values: test_requantize.py)
+    requantized = merge_lora(trained, quantized="requantize")
+    assert [n.op_type for n in requantized.graph.node] == [n.op_type for n in model.graph.node]
+    assert not lora_adapters(requantized)
 
 
 def test_qlora_artifacts_train_in_plain_onnxruntime_steps(tmp_path):

@@ -187,11 +187,12 @@ def test_a_scale_shared_with_another_weight_is_refused():
     assert lora_adapters(merge_lora(adapted))  # kept separate, as by default
 
 
-def test_a_malformed_matmul_nbits_record_is_refused():
+def test_a_matmul_nbits_node_disagreeing_with_its_codes_is_refused():
     adapted, _ = _trained(_nbits(32, 6, 16, False))
-    (prop,) = [p for p in adapted.metadata_props if p.key == "onnxgrad.lora"]
-    prop.value = prop.value.replace('"bits": 4', '"bits": 2')
-    with pytest.raises(ValueError, match="MatMulNBits record of weight 'w' is malformed"):
+    (node,) = [n for n in adapted.graph.node if n.op_type == "MatMulNBits"]
+    (bits,) = [a for a in node.attribute if a.name == "bits"]
+    bits.i = 2  # the packed codes hold 4-bit values
+    with pytest.raises(ValueError, match="MatMulNBits node reading weight 'w' disagrees"):
         merge_lora(adapted, quantized="requantize")
 
 

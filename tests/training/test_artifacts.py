@@ -209,3 +209,27 @@ def test_bad_arguments(mlp, tmp_path):
     checkpoint = Checkpoint({"nope": np.ones(1, np.float32)})
     with pytest.raises(ValueError, match=r"\['nope'\] are not initializers"):
         merge_checkpoint(mlp.onnx, checkpoint)
+
+
+def test_the_inference_model_is_the_model_as_given(tmp_path):
+    """A converted classifier with its ZipMap: the inference model keeps its ``ai.onnx.ml``
+    operators and outputs (the train step trains their lowered copy), the manifest lists those
+    outputs, and the merged checkpoint keeps them too (its weights in the lowered operators,
+    ZipMap kept)."""
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((30, 3)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    model = to_onnx(LogisticRegression().fit(X, y), X[:1], target_opset=15)
+    artifacts = generate_artifacts(model, loss="squared_error", artifact_directory=tmp_path)
+    inference = onnx.load(tmp_path / "inference_model.onnx")
+    operators = [(n.domain, n.op_type) for n in model.graph.node]
+    assert [(n.domain, n.op_type) for n in inference.graph.node] == operators
+    manifest = json.loads((tmp_path / "artifacts.json").read_text())
+    assert manifest["inference"]["outputs"] == [o.name for o in model.graph.output]
+    moved = {k: v + 0.5 for k, v in artifacts.checkpoint.weights.items()}
+    merged = merge_checkpoint(tmp_path, Checkpoint(moved, {}))
+    assert [o.name for o in merged.graph.output] == [o.name for o in model.graph.output]
+    assert merged.graph.node[-1].op_type == "ZipMap"

@@ -1,0 +1,178 @@
+"""What comes back from LoRA fine-tuning against the deployed file it came from: operators and
+inference time, one thread, batch 64 x 16, in each form onnxruntime's tools make of a small
+Llama and a small BERT (transformers' config classes, exported by torch.onnx).
+
+For each form (float32, onnxruntime's transformer optimizer at levels 1 and 2, float16 by
+onnxconverter-common, int8 ``quantize_dynamic``, QDQ ``quantize_static``, 4-bit
+``MatMulNBits``) it times, side by side in one process, the deployed file and:
+
+- ``adapted``: ``add_lora``'s output, which is also the artifacts' ``inference_model.onnx``
+  (``generate_artifacts`` saves the model as given);
+- ``keep``: ``merge_lora`` of the trained adapters (``merge_checkpoint(..., "keep")``):
+  folded into float weights, kept beside a quantized base;
+- ``requantize``: folded everywhere, quantized bases quantized again in their own format;
+- ``runtime``: ``runtime_adapter_model(deployed, adapted)``, the adapters as graph inputs.
+
+The adapters are trained stand-ins (``B`` random, so no branch is skipped). Each model runs
+in its own ``InferenceSession`` at onnxruntime's default optimization level, one intra-op
+thread (so the caller's thread computes: its CPU time is measured, wall time being too noisy
+on a shared machine); the rounds interleave the models and the median of each is reported
+with its ratio
+to the deployed file and the adapters' share of the weight products' FLOPs
+(``r (K + N) / (K N)`` summed over the adapted products). ``python
+benchmarks/bench_round_trip.py [FOLDER] [--rounds R]``; run in the environment with
+onnxruntime >= 1.20 (its 4-bit quantizer), torch and transformers (``--hidden`` sets the
+width, default 128, ``--kinds llama`` one model).
+
+Measured (this 2-core shared machine, onnxruntime 1.32, CPU time of the one calling thread,
+median of 15 rounds): every merged form (``keep`` over float weights, ``requantize``
+everywhere) has exactly the deployed operators and runs in 0.97-1.01x the deployed file's
+time; adapters kept beside a quantized base cost 1.19-1.21x (4-bit), 1.34-1.39x (int8),
+1.32-1.36x (QDQ) at width 128, rank 8, where the adapters are 11% of the weight products'
+FLOPs but float FLOPs against integer kernels; see docs/deployed-models.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, SEQ, BATCH, RANK = 128, 16, 64, 8
+FORMS = ("float32", "opt1", "opt2", "float16", "int8", "qdq", "int4")
+
+
+def _forms(folder: Path, kinds, forms, hidden: int) -> dict[tuple[str, str], Path]:
+    from tests.normalize import deployed
+
+    deployed.HIDDEN, deployed.SEQ, deployed.BATCH = hidden, SEQ, BATCH
+    made = {}
+    for kind in kinds:
+        source = folder / f"{kind}.onnx"
+        if not source.exists():
+            getattr(deployed, f"export_{kind}")(source)
+        for form in [f for f in deployed.FORMS if f in forms]:
+            try:
+                made[kind, form] = deployed.make_form(source, form, kind, folder)
+            except ImportError as exc:
+                print(f"{kind} {form}: not made ({exc})")
+    return made
+
+
+def _returned(model) -> dict:
+    """The models that come back, by name (a refusal as its message)."""
+    from onnxgrad import add_lora, merge_lora
+    from onnxgrad.graph.lora_runtime import runtime_adapter_model
+    from tests.normalize.deployed import trained_adapters
+
+    adapted = trained_adapters(add_lora(model, rank=RANK))
+    found = {"adapted": adapted}
+    for name, make in (
+        ("keep", lambda: merge_lora(adapted)),
+        ("requantize", lambda: merge_lora(adapted, quantized="requantize")),
+        ("runtime", lambda: runtime_adapter_model(model, adapted)),
+    ):
+        try:
+            found[name] = make()
+        except ValueError as exc:
+            found[name] = str(exc)
+    return found
+
+
+def _adapter_share(model, adapted) -> float:
+    """Adapter FLOPs over the deployed weight products' FLOPs, ``r (K + N)`` against ``K N``
+    for each adapted product."""
+    from onnxgrad.graph.deployed_products import weight_products
+    from onnxgrad.graph.lora import lora_adapters
+
+    products = weight_products(model)
+    base = sum(p.shape[0] * p.shape[1] for ps in products.values() for p in ps)
+    extra = sum(
+        RANK * sum(p.shape) for a in lora_adapters(adapted) for p in products.get(a["weight"], [])
+    )
+    return extra / base if base else 0.0
+
+
+def _session(model):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _times(models: dict, feeds: dict, rounds: int) -> dict[str, float]:
+    sessions = {name: _session(m) for name, m in models.items()}
+    for session in sessions.values():
+        for _ in range(3):
+            session.run(None, feeds)
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            start = time.thread_time()
+            session.run(None, feeds)
+            samples[name].append(time.thread_time() - start)
+    return {name: float(np.median(v)) * 1e3 for name, v in samples.items()}
+
+
+def _extra_operators(model, returned) -> str:
+    def count(m):
+        return Counter(n.op_type for n in m.graph.node)
+
+    want, have = count(model), count(returned)
+    lost, added = want - have, have - want
+    parts = [f"-{op}x{n}" for op, n in sorted(lost.items())]
+    parts += [f"+{op}x{n}" for op, n in sorted(added.items())]
+    return " ".join(parts) or "same"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder", nargs="?")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--hidden", type=int, default=HIDDEN)
+    parser.add_argument("--kinds", default="llama,bert")
+    parser.add_argument("--forms", default=",".join(FORMS))
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import onnx
+
+    from tests.normalize import deployed
+
+    folder = Path(args.folder or tempfile.mkdtemp())
+    folder.mkdir(parents=True, exist_ok=True)
+    print(
+        "| model | form | deployed nodes, ms | what comes back | nodes | operators vs deployed "
+        "| ms | ratio | adapter FLOP share |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (kind, form), path in _forms(
+        folder, args.kinds.split(","), args.forms.split(","), args.hidden
+    ).items():
+        model = onnx.load(path)
+        returned = _returned(model)
+        runnable = {k: v for k, v in returned.items() if not isinstance(v, str)}
+        times = _times({"deployed": model, **runnable}, deployed.feeds(kind), args.rounds)
+        share = _adapter_share(model, returned["adapted"])
+        head = f"| {kind} | {form} | {len(model.graph.node)}, {times['deployed']:.2f} "
+        for name, result in returned.items():
+            if isinstance(result, str):
+                print(f"{head}| {name} | refused: {result[:80]} | | | | |")
+                continue
+            ratio = times[name] / times["deployed"]
+            print(
+                f"{head}| {name} | {len(result.graph.node)} | {_extra_operators(model, result)} "
+                f"| {times[name]:.2f} | {ratio:.3f} | {share:.3f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+r"""Where a deployed model computes ``y = x W``: the float values around each weight's product.
+
+A model meant for inference keeps the operators the deployed file had (float, fused,
+float16, ``quantize_dynamic``'s integer products, QDQ, 4-bit ``MatMulNBits``), so the
+trained weights are written back into that form rather than into the normalised, lowered
+graph training differentiates. Each :class:`Product` names, for one node reading a weight,
+the float input ``x`` and the node whose first output is the float product ``y``:
+
+- ``MatMul(x, W)``, ``Gemm(x, W)`` (``W`` float), ``MatMulNBits(x, codes)``,
+  ``DynamicQuantizeMatMul(x, codes)``: ``y`` is the node's output;
+- ``MatMul(x, DequantizeLinear(q))`` through ``Transpose``/``Identity``/``Cast`` (QDQ):
+  ``y`` is the ``MatMul``'s output, ``x`` its (dequantized) activation;
+- ``MatMulInteger(DynamicQuantizeLinear(x), q)`` followed by ``Cast`` and the ``Mul`` by
+  the scales (``quantize_dynamic``): ``y`` is the last ``Mul``'s output;
+- ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
+  ``DequantizeLinear``'s output.
+
+A low-rank adapter kept beside such a product adds ``s (x A) B`` to ``y``
+(:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain, np_dtype
+
+MS = "com.microsoft"
+#: operators a QDQ weight passes through between its DequantizeLinear and the MatMul
+LAYOUT_OPS = frozenset({"Transpose", "Identity", "Cast"})
+_INTEGER_TYPES = frozenset(
+    {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4}
+)
+
+
+@dataclass(frozen=True)
+class Product:
+    """One product ``y = x W`` of the deployed model reading ``weight``.
+
+    ``kind`` is the operator ``reader`` reading the weight (``MatMul``, ``Gemm``,
+    ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul`` or
+    ``DequantizeLinear`` for QDQ), ``node`` the one writing ``y``, ``shape`` the ``(K, N)``
+    of ``W`` as the product uses it, ``transposed`` whether the weight is stored ``N x K``
+    (``Gemm`` with ``transB``), ``alpha`` ``Gemm``'s factor."""
+
+    weight: str
+    kind: str
+    node: NodeProto
+    x: str
+    shape: tuple[int, int]
+    elem_type: int
+    reader: str = ""
+    transposed: bool = False
+    alpha: float = 1.0
+    #: QDQ: the permutation between the codes and the ``K x N`` weight (``None``: none)
+    perm: tuple[int, ...] | None = None
+
+    @property
+    def y(self) -> str:
+        return self.node.output[0]
+
+    @property
+    def quantized(self) -> bool:
+        return self.kind not in ("MatMul", "Gemm")
+
+
+def weight_products(model: ModelProto) -> dict[str, list[Product]]:
+    """``{weight initializer: its products}`` of ``model``'s main graph (module docstring),
+    in node order; nodes without a name are named."""
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, list[NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    names = NameScope(n.name for n in graph.node if n.name)
+    for node in graph.node:
+        if not node.name:
+            node.name = names.unique(f"{node.op_type}_{node.output[0]}")
+    context = (inits, producers, readers)
+    found: dict[str, list[Product]] = {}
+    for node in graph.node:
+        product = _product(node, context)
+        if product is not None:
+            found.setdefault(product.weight, []).append(product)
+    return found
+
+
+def _product(node: NodeProto, context) -> Product | None:
+    inits = context[0]
+    key = (normalize_domain(node.domain), node.op_type)
+    if key == ("", "MatMul") and len(node.input) == 2:
+        return _matmul(node, context)
+    if key == ("", "Gemm") and len(node.input) >= 2:
+        return _gemm(node, inits)
+    if key == (MS, "MatMulNBits") and node.input[1] in inits:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        shape = (int(attrs.get("K", 0)), int(attrs.get("N", 0)))
+        return _made(node.input[1], "MatMulNBits", node, node.input[0], shape, inits, node.input[2])
+    if key == (MS, "DynamicQuantizeMatMul") and _integer_matrix(node.input[1], inits):
+        dims = tuple(inits[node.input[1]].dims)
+        return _made(node.input[1], node.op_type, node, node.input[0], dims, inits, node.input[2])
+    if key == ("", "MatMulInteger") and _integer_matrix(node.input[1], inits):
+        return _integer_product(node, context)
+    if key == ("", "QLinearMatMul") and _integer_matrix(node.input[3], inits):
+        return _qlinear_product(node, context)
+    return None
+
+
+def _made(weight, kind, node, x, shape, inits, typed, reader=None, **extra) -> Product | None:
+    """A product whose float type is ``typed``'s (an initializer), when ``shape`` is a
+    static ``K x N``; ``reader`` (default ``node``) reads the weight."""
+    if len(shape) != 2 or not all(int(d) > 0 for d in shape):
+        return None
+    elem = inits[typed].data_type if typed in inits else TensorProto.FLOAT
+    if elem not in FLOAT_TYPES:
+        return None
+    shape = (int(shape[0]), int(shape[1]))
+    return Product(weight, kind, node, x, shape, elem, (reader or node).name, **extra)
+
+
+def _integer_matrix(name: str, inits) -> bool:
+    init = inits.get(name)
+    return init is not None and init.data_type in _INTEGER_TYPES and len(init.dims) == 2
+
+
+def _matmul(node: NodeProto, context) -> Product | None:
+    inits, producers, _ = context
+    weight = node.input[1]
+    if weight in inits:
+        init = inits[weight]
+        if init.data_type in FLOAT_TYPES and len(init.dims) == 2:
+            return _made(weight, "MatMul", node, node.input[0], tuple(init.dims), inits, weight)
+        return None
+    dequantize, perm = dequantize_behind(weight, producers)
+    if dequantize is None or not _integer_matrix(dequantize.input[0], inits):
+        return None
+    dims = tuple(inits[dequantize.input[0]].dims)
+    shape = tuple(dims[i] for i in perm) if perm else dims
+    scale = dequantize.input[1]
+    kind = "DequantizeLinear"
+    return _made(
+        dequantize.input[0],
+        kind,
+        node,
+        node.input[0],
+        shape,
+        inits,
+        scale,
+        dequantize,
+        perm=tuple(perm) if perm else None,
+    )
+
+
+def dequantize_behind(value: str, producers) -> tuple[NodeProto | None, list[int] | None]:
+    """The ``DequantizeLinear`` ``value`` (2-D) is computed from through :data:`LAYOUT_OPS`
+    and the composed permutation (``None`` for none)."""
+    perm = None
+    node = producers.get(value)
+    while node is not None and node.op_type in LAYOUT_OPS and not normalize_domain(node.domain):
+        if node.op_type == "Transpose":
+            step = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+            perm = step if perm is None else [step[i] for i in perm]
+        node = producers.get(node.input[0])
+    if node is None or node.op_type != "DequantizeLinear":
+        return None, None
+    return node, perm
+
+
+def _gemm(node: NodeProto, inits) -> Product | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    weight = node.input[1]
+    if attrs.get("transA", 0) or weight not in inits or len(inits[weight].dims) != 2:
+        return None
+    transposed = bool(attrs.get("transB", 0))
+    dims = tuple(inits[weight].dims)
+    shape = dims[::-1] if transposed else dims
+    alpha = float(attrs.get("alpha", 1.0))
+    return _made(
+        weight,
+        "Gemm",
+        node,
+        node.input[0],
+        shape,
+        inits,
+        weight,
+        transposed=transposed,
+        alpha=alpha,
+    )
+
+
+def _only_reader(name: str, readers, op_type: str) -> NodeProto | None:
+    found = readers.get(name, [])
+    if len(found) == 1 and found[0].op_type == op_type and not normalize_domain(found[0].domain):
+        return found[0]
+    return None
+
+
+def _integer_product(node: NodeProto, context) -> Product | None:
+    """``quantize_dynamic``'s ``Cast(MatMulInteger(DynamicQuantizeLinear(x), q))`` times the
+    scales: ``y`` is the last ``Mul`` of the chain."""
+    inits, producers, readers = context
+    source = producers.get(node.input[0])
+    if source is None or source.op_type != "DynamicQuantizeLinear":
+        return None
+    last = _only_reader(node.output[0], readers, "Cast")
+    if last is None:
+        return None
+    while (following := _only_reader(last.output[0], readers, "Mul")) is not None:
+        other = [name for name in following.input if name != last.output[0]]
+        if len(other) != 1 or not _is_scale(other[0], source.output[1], inits, producers):
+            break
+        last = following
+    if last.op_type != "Mul":
+        return None
+    dims = tuple(inits[node.input[1]].dims)
+    kind, x = "MatMulInteger", source.input[0]
+    return Product(node.input[1], kind, last, x, dims, TensorProto.FLOAT, node.name)
+
+
+def _is_scale(name: str, activation_scale: str, inits, producers, depth: int = 0) -> bool:
+    """Whether ``name`` is a scale of the product: an initializer, the activation's
+    dynamic scale, or a ``Mul`` of such (never a value computed from the data)."""
+    if name in inits or name == activation_scale:
+        return True
+    node = producers.get(name)
+    return (
+        depth < 4
+        and node is not None
+        and node.op_type == "Mul"
+        and all(_is_scale(i, activation_scale, inits, producers, depth + 1) for i in node.input)
+    )
+
+
+def _qlinear_product(node: NodeProto, context) -> Product | None:
+    inits, producers, readers = context
+    source = producers.get(node.input[0])
+    result = _only_reader(node.output[0], readers, "DequantizeLinear")
+    if source is None or source.op_type != "QuantizeLinear" or result is None:
+        return None
+    dims = tuple(inits[node.input[3]].dims)
+    x, scale = source.input[0], node.input[1]
+    return _made(node.input[3], "QLinearMatMul", result, x, dims, inits, scale, node)
+
+
+def add_branch(
+    graph, product: Product, a: str, b: str, scale: float, names: NameScope, node_names: NameScope
+) -> list[NodeProto]:
+    r"""The nodes of ``y + s \alpha (x A) B`` (``A``, ``B`` float32 names of shapes
+    ``K x r``, ``r x N``; ``(x B^T) A^T`` for a weight stored transposed): ``product``'s
+    node now writes ``<y>_without_lora`` and the sum takes ``y``'s name, so its readers and a
+    graph output get the sum. The caller inserts the nodes right after ``product.node``."""
+    base = product.weight
+    nodes: list[NodeProto] = []
+
+    def add(op, inputs, **attrs):
+        out = names.unique(f"{base}_lora_{op}")
+        name = node_names.unique(f"{base}_lora_{op}")
+        nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
+        return out
+
+    if product.elem_type != TensorProto.FLOAT:
+        a, b = add("Cast", [a], to=product.elem_type), add("Cast", [b], to=product.elem_type)
+    if product.transposed:
+        a, b = add("Transpose", [b], perm=[1, 0]), add("Transpose", [a], perm=[1, 0])
+    delta = add("MatMul", [add("MatMul", [product.x, a]), b])
+    factor = scale * product.alpha
+    if factor != 1:
+        value = numpy_helper.from_array(np.asarray(factor, dtype=np_dtype(product.elem_type)))
+        delta = add("Mul", [delta, add("Constant", [], value=value)])
+    y = product.node.output[0]
+    product.node.output[0] = names.unique(f"{y}_without_lora")
+    add_name = node_names.unique(f"{base}_lora_Add")
+    nodes.append(helper.make_node("Add", [product.node.output[0], delta], [y], name=add_name))
+    return nodes
+
+
+def insert_after(graph, new_nodes: dict[str, list[NodeProto]]) -> None:
+    """Insert ``new_nodes[name]`` right after the node called ``name`` (order kept)."""
+    ordered = []
+    for node in graph.node:
+        ordered.append(node)
+        ordered.extend(new_nodes.get(node.name, []))
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def remove_branch(graph, nodes: list[str], sums: list[str]) -> None:
+    """Remove the branch nodes ``nodes`` whose sums write ``sums``: each product writes its
+    own output again."""
+    removed = set(nodes)
+    by_name = {node.name: node for node in graph.node}
+    renamed = {}
+    for name in sums:
+        add = by_name.get(name)
+        if add is None or add.op_type != "Add":
+            raise ValueError(f"the adapter's branch sum {name!r} is no Add node of the model")
+        renamed[add.input[0]] = add.output[0]
+    kept = [node for node in graph.node if node.name not in removed]
+    for node in kept:
+        for i, out in enumerate(node.output):
+            if out in renamed:
+                node.output[i] = renamed[out]
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+__all__ = ["Product", "add_branch", "insert_after", "remove_branch", "weight_products"]

@@ -1,0 +1,61 @@
+"""What comes back ships like what went in: for each form onnxruntime's tools make of a tiny
+Llama and a tiny BERT, the adapted model, the merged ones (``keep`` and ``requantize``) and
+the runtime adapter model hold the deployed file's operators (plus the adapters' own branch
+where it stays beside a quantized base, nothing that exists for training), pass onnx's
+checker where it knows their operators, and predict what the training graph (the normalised
+adapted model, with the same trained adapters) predicts: to float rounding where adapters
+are kept or folded into float weights, within the re-quantization error otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxgrad import add_lora, merge_lora
+from onnxgrad._onnx_utils import checker_knows
+from onnxgrad.graph.lora_runtime import runtime_adapter_model
+from onnxgrad.normalize import normalized_model
+from tests.normalize import deployed
+from tests.normalize.kernels import run
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+QUANTIZED = ("int8", "qdq", "int4")
+
+
+def _check(model: onnx.ModelProto) -> None:
+    if checker_knows(model):
+        onnx.checker.check_model(model, full_check=True)
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+@pytest.mark.parametrize("form", deployed.FORMS)
+def test_what_comes_back_keeps_the_deployed_form(forms, kind, form):
+    model = onnx.load(forms(kind, form))
+    quantized = form in QUANTIZED
+    adapted = add_lora(model, rank=4)
+    deployed.assert_deployed_form(model, adapted, beside=True)
+    trained = deployed.trained_adapters(adapted)
+    feeds = deployed.feeds(kind)
+    before = run(model, feeds)[0]
+    reference = run(normalized_model(trained), feeds)[0]  # the training graph
+    effect = np.abs(reference - before).max()
+    assert effect > 0
+    exact = 5e-3 * effect if form == "float16" else 1e-5 * effect + 1e-6
+
+    keep = merge_lora(trained)
+    deployed.assert_deployed_form(model, keep, beside=quantized)
+    requantized = merge_lora(trained, quantized="requantize")
+    deployed.assert_deployed_form(model, requantized, beside=False)
+    served = runtime_adapter_model(model, trained)
+    deployed.assert_deployed_form(model, served, beside=True)
+    for result in (adapted, keep, requantized):
+        _check(result)
+
+    for result in (trained, keep, served):
+        np.testing.assert_allclose(run(result, feeds)[0], reference, rtol=0, atol=exact)
+    tolerance = 0.25 * effect if quantized else exact
+    np.testing.assert_allclose(run(requantized, feeds)[0], reference, rtol=0, atol=tolerance)
