@@ -51,13 +51,15 @@ ORT_LOG_SEVERITY = 4
 RUNTIME_COMMANDS = ("onnxgrad train", "onnxgrad demo", "onnxgrad artifacts")
 
 
-def _import_libraries() -> None:
+def _import_libraries(args: argparse.Namespace) -> None:
     """Import what the subcommands use, once the arguments are parsed: ``onnxgrad --help``
-    and usage errors answer without loading numpy, onnx or onnxruntime."""
+    and usage errors answer without loading numpy, onnx or onnxruntime, and the commands
+    that run no model (``info``, ``text``, ``add-loss``, ``derivative``) load neither
+    onnxruntime nor onnxscript (``tests/test_import.py``)."""
     global ProtobufError, ModelProto, ValidationError, InferenceError, ort_state
     global save_model, write_atomically, write_bytes, derive_in_place
     global real_inputs, subgraphs, import_onnxruntime, set_logger_severity
-    global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
+    global DerivativeOptions, find_rule, has_zero_gradient, ConvergenceError
     global add_loss_output, get_train_initializer, onnx_simple_text_plot
     global plot_onnxs, tensor_text, to_dot, type_text
     import numpy  # noqa: F401  (loaded here, where an interrupt waits for the imports)
@@ -69,21 +71,29 @@ def _import_libraries() -> None:
     from onnxgrad._files import save_model, write_atomically, write_bytes
     from onnxgrad._onnx_utils import real_inputs, subgraphs
     from onnxgrad._runtime import import_onnxruntime, set_logger_severity
-    from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+    from onnxgrad.derivative import DerivativeOptions
     from onnxgrad.derivative.api import derive_in_place
     from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
     from onnxgrad.exceptions import ConvergenceError
     from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
     from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
 
+    ort_state = _onnxruntime_errors(args)
+
+
+def _onnxruntime_errors(args: argparse.Namespace):
+    """onnxruntime's error classes, imported when the command runs models, else None."""
+    if args.prog not in RUNTIME_COMMANDS and getattr(args, "backend", "onnx") != "ort":
+        return None
     try:
         import_onnxruntime()
-    except ImportError:  # the rewrites and the native derivative need no onnxruntime
-        ort_state = None
-        return
-    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+    except ImportError:
+        if args.prog in RUNTIME_COMMANDS:
+            raise  # the ImportError that says what to install
+        return None  # derivative --backend ort says what it needs itself
+    from onnxruntime.capi import onnxruntime_pybind11_state
 
-    import onnxgrad.training  # noqa: F401  (the training commands' modules, loaded here too)
+    return onnxruntime_pybind11_state
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -149,9 +159,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return USAGE_ERROR
     try:
         with importing():
-            _import_libraries()
-            if ort_state is None and args.prog in RUNTIME_COMMANDS:
-                import_onnxruntime()  # raises the ImportError that says what to install
+            _import_libraries(args)
     except KeyboardInterrupt:
         _fail(args.prog, "interrupted")
         return 130
@@ -316,20 +324,39 @@ def _normalisation_lines(opset: int, promoted: int, model: ModelProto) -> list[s
 
 def _dry_build_failures(model: ModelProto) -> list[str]:
     """Why the gradient (every float input and trainable weight) or the default train step
-    (squared error on the first float output, every trainable weight) cannot be built."""
+    (squared error on the first float output, every trainable weight) cannot be built.
+
+    The train step is built with :func:`_plain_sgd`, whose update is written out instead of
+    inlined from the authored graph: the authored updates are fixed graphs, tested on their
+    own (tests/functions), and building them loads onnxscript, seconds for a small model."""
     from onnxgrad._onnx_utils import copy_message
     from onnxgrad.training.composition import make_train_step
 
     failures = []
     for what, build in (
         ("gradient", lambda: derive_in_place(copy_message(model))),
-        ("train step", lambda: make_train_step.normalized(copy_message(model))),
+        (
+            "train step",
+            lambda: make_train_step.normalized(copy_message(model), learning_rate=_plain_sgd()),
+        ),
     ):
         try:
             build()
         except Exception as exc:
             failures.append(f"{what}: {type(exc).__name__}: {one_line(exc)}")
     return failures
+
+
+def _plain_sgd():
+    """:class:`~onnxgrad.training.learning_rate.LearningRateSGD` whose update
+    ``w <- w + alpha g`` (``alpha = -lr``, the authored ``axpy``) is two plain nodes."""
+    from onnxgrad.training.learning_rate import LearningRateSGD
+
+    class PlainSGD(LearningRateSGD):
+        def emit_update(self, b, weight, grad, state, feeds, elem_type):
+            return b.op("Add", b.op("Mul", feeds["alpha"], grad), weight), {}
+
+    return PlainSGD()
 
 
 def _lowering_lines(lowered) -> list[str]:
