@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from onnxgrad._interrupt import finishing
+from onnxgrad._progress import draws_bars
 from onnxgrad.cli_common import (
     CommandError,
     add_loss_options,
@@ -54,6 +55,7 @@ def _train(args: argparse.Namespace) -> None:
     X, y = read_training_data(args.data, model)
     X, feeds = with_feeds(model, X, read_feeds(args.feed))
     l1, l2 = parse_penalty(args.penalty)
+    bar = draws_bars()  # else one line per epoch, printed as it ends
     estimator = OrtGradientForwardBackwardOptimizer(
         model,
         weights_to_train=args.weights,
@@ -66,7 +68,7 @@ def _train(args: argparse.Namespace) -> None:
         random_state=args.seed,
         validation_every=1,
         warm_start=True,
-        verbose=1,
+        verbose=int(bar),
         intra_op_num_threads=threads_per_rank(),
         recompute=recompute_option(args),
     )
@@ -80,13 +82,15 @@ def _train(args: argparse.Namespace) -> None:
         saver = checkpoint_epochs(estimator, args.checkpoint, {"start": start})
         start = saver.restore(estimator)["start"] if args.resume else start
     estimator.max_iter = args.epochs - estimator.n_iter_
+    epoch_lines = _EpochLines(estimator, args.epochs, validation is not None)
+    if not bar:
+        epoch_lines.print_new()  # the epochs a resumed run restored
+        estimator.epoch_callbacks = [*estimator.__dict__.get("epoch_callbacks", ()), epoch_lines]
     if estimator.max_iter > 0:
         validating = {} if validation is None else dict(zip(("X_val", "y_val"), validation))
         estimator.fit(X, y, feeds=feeds, **validating)
+    epoch_lines.print_new()
     val = estimator.validation_losses_ if validation is not None else []
-    for epoch, loss in enumerate(estimator.train_losses_, start=1):
-        shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
-        print(f"epoch {epoch:3d}/{args.epochs}  loss {loss:.6g}{shown}")
     if curve is not None:
         written = write_curve(curve, start, estimator.train_losses_, val)
         print(f"wrote {written}")
@@ -94,6 +98,26 @@ def _train(args: argparse.Namespace) -> None:
         with finishing():
             save_model(estimator.get_trained_onnx(), destination)
             print(f"wrote {destination}")
+
+
+class _EpochLines:
+    """Prints ``epoch 3/10  loss 0.25  validation 0.3`` for each epoch the estimator ends:
+    called after every epoch (an ``epoch_callbacks`` entry) or once after training."""
+
+    def __init__(self, estimator, epochs: int, validating: bool):
+        self._estimator, self._epochs, self._validating = estimator, epochs, validating
+        self._printed = 0
+
+    def __call__(self, estimator) -> None:
+        self.print_new()
+
+    def print_new(self) -> None:
+        losses = self._estimator.train_losses_
+        val = self._estimator.validation_losses_ if self._validating else []
+        for epoch in range(self._printed + 1, len(losses) + 1):
+            shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
+            print(f"epoch {epoch:3d}/{self._epochs}  loss {losses[epoch - 1]:.6g}{shown}")
+        self._printed = len(losses)
 
 
 def _lr(args: argparse.Namespace) -> float | None:
