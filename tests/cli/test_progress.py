@@ -10,8 +10,8 @@ import select
 import struct
 import subprocess
 import sys
-import termios
 import tempfile
+import termios
 from pathlib import Path
 
 import numpy as np
