@@ -42,6 +42,7 @@ from onnxgrad.cli_common import (
     recompute_option,
     reduction_option,
     subcommand,
+    warnings_as_lines,
 )
 
 JOB_FAILED = 1
@@ -177,7 +178,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        status = args.run(args) or 0
+        with warnings_as_lines(args.prog):
+            status = args.run(args) or 0
         sys.stdout.flush()
         return status
     except BrokenPipeError as exc:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from onnxgrad._interrupt import finishing
@@ -16,6 +17,7 @@ from onnxgrad.cli_common import (
     add_recompute_options,
     check_destination,
     number,
+    one_line,
     positive_float,
     positive_int,
     read_model,
@@ -55,6 +57,7 @@ def _train(args: argparse.Namespace) -> None:
     X, y = read_training_data(args.data, model)
     X, feeds = with_feeds(model, X, read_feeds(args.feed))
     l1, l2 = parse_penalty(args.penalty)
+    loss = select_learning_loss(args.loss, args.reduction)
     bar = draws_bars()  # else one line per epoch, printed as it ends
     estimator = OrtGradientForwardBackwardOptimizer(
         model,
@@ -62,7 +65,7 @@ def _train(args: argparse.Namespace) -> None:
         max_iter=args.epochs,
         batch_size=args.batch_size,
         learning_rate=learning_rate_from_name(args.optimizer, eta0=_lr(args), schedule="constant"),
-        learning_loss=select_learning_loss(args.loss, args.reduction),
+        learning_loss=loss,
         learning_penalty=ElasticLearningPenalty(l1=l1, l2=l2) if l1 or l2 else None,
         device=args.device,
         random_state=args.seed,
@@ -73,7 +76,8 @@ def _train(args: argparse.Namespace) -> None:
         recompute=recompute_option(args),
     )
     (X, y), validation = _split(X, y, args.val_fraction, np.random.default_rng(args.seed))
-    estimator.initialize(X, y, feeds=feeds)
+    with _class_label_hint(loss, y):
+        estimator.initialize(X, y, feeds=feeds)
     weights = ", ".join(estimator.runner_.step.weights)
     print(f"training {weights} on {len(X)} rows" + _val_rows(validation))
     start = estimator.objective(X, y)
@@ -118,6 +122,23 @@ class _EpochLines:
             shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
             print(f"epoch {epoch:3d}/{self._epochs}  loss {losses[epoch - 1]:.6g}{shown}")
         self._printed = len(losses)
+
+
+@contextlib.contextmanager
+def _class_label_hint(loss, y):
+    """A ``ValueError`` raised while ``y`` holds class labels (integers, booleans or strings)
+    and ``loss`` is a regression loss becomes a ``CommandError`` naming the classification
+    losses: the shapes differ because each label is one number, not one per output column."""
+    try:
+        yield
+    except ValueError as exc:
+        if loss.classification or y.dtype.kind not in "iubUSO":
+            raise
+        raise CommandError(
+            f"{one_line(exc)}; y holds class labels ({y.dtype}) and --loss {loss.loss_name} "
+            "compares numbers: train a classifier with --loss cross_entropy_logits (an output "
+            "of logits) or --loss cross_entropy (probabilities)"
+        ) from None
 
 
 def _lr(args: argparse.Namespace) -> float | None:
