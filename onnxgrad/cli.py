@@ -259,10 +259,10 @@ def cmd_info(args: argparse.Namespace) -> None:
     lowered = lowerable_nodes(original)
     deployed = deployed_operators(original)
     opset, promoted = _default_opset(original), len(constant_weights(original))
-    opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in original.opset_import)
-    header = f"  ir_version {original.ir_version}, opsets {opsets or 'none'}" + (
+    header = f"  ir_version {original.ir_version}, opsets {_opsets_text(original)}" + (
         f", producer {original.producer_name}" if original.producer_name else ""
     )
+    file_outputs = [(o.name, type_text(o.type)) for o in original.graph.output]
     model = normalized(original, args.model)  # rewrites ``original`` in place
     weights = get_train_initializer.normalized(model)  # reads the model, changes nothing
     graph = model.graph
@@ -275,10 +275,11 @@ def cmd_info(args: argparse.Namespace) -> None:
         header,
         f"inputs ({len(inputs)}):",
         *_table((i.name, type_text(i.type)) for i in inputs),
-        f"outputs ({len(graph.output)}):",
-        *_table((o.name, type_text(o.type)) for o in graph.output),
+        f"outputs ({len(file_outputs)}):",
+        *_table(file_outputs),
+        *_training_output_lines(file_outputs, model),
         *_normalisation_lines(opset, promoted, model),
-        *_lowering_lines(lowered),
+        *_converter_lines(lowered, model),
         *deployed_operator_lines(deployed, model),
         f"trainable initializers ({len(weights)}, {size} values):",
         *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
@@ -361,15 +362,52 @@ def _plain_sgd():
     return PlainSGD()
 
 
-def _lowering_lines(lowered) -> list[str]:
+def _opsets_text(model: ModelProto) -> str:
+    """``ai.onnx 15, ai.onnx.ml 1``: each domain once (``''`` and ``'ai.onnx'`` are one)."""
+    versions: dict[str, list[int]] = {}
+    for op in model.opset_import:
+        found = versions.setdefault(op.domain if op.domain not in ("", "ai.onnx") else "", [])
+        if op.version not in found:
+            found.append(op.version)
+    texts = [f"{d or 'ai.onnx'} {' and '.join(map(str, v))}" for d, v in versions.items()]
+    return ", ".join(texts) or "none"
+
+
+def _training_output_lines(file_outputs, model: ModelProto) -> list[str]:
+    """The outputs training sees, when normalisation changed them (a ZipMap's list of
+    dictionaries becomes its probability tensor)."""
+    outputs = [(o.name, type_text(o.type)) for o in model.graph.output]
+    if outputs == list(file_outputs):
+        return []
+    return [
+        "outputs for training (the model lowered; train puts its loss on the first float one):",
+        *_table(outputs),
+    ]
+
+
+#: what the lowering does with a converter operator, beyond "standard ONNX, same outputs"
+_CONVERTER_NOTES = {
+    "ZipMap": "not trained: training reads the probability tensor before it, and the "
+    "trained model keeps the ZipMap and the file's outputs",
+}
+
+
+def _converter_lines(lowered, model: ModelProto) -> list[str]:
+    """One line per ai.onnx.ml operator type of the file: what happens to it."""
     if not lowered:
         return []
     counts = Counter(node.op_type for node in lowered)
-    ops = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
     return [
-        "lowered for training (onnxgrad.lower_ml_operators): ai.onnx.ml operators become "
-        "standard ONNX, their parameters the weights below:",
-        *_wrapped(ops),
+        "converter operators (ai.onnx.ml), lowered for training (onnxgrad.lower_ml_operators):",
+        *(
+            f"  ai.onnx.ml::{op} x{n}: "
+            + _CONVERTER_NOTES.get(
+                op,
+                "replaced by standard ONNX computing the same values (its parameters, if "
+                "any, become the initializers below)",
+            )
+            for op, n in sorted(counts.items())
+        ),
     ]
 
 
