@@ -50,16 +50,9 @@ RUNTIME_FLAVOURS = {
     "training": "onnxruntime-training-cpu",
     "training-cuda": "onnxruntime-training",
 }
-#: every wheel that installs the ``onnxruntime`` folder (onnxgrad._runtime.FLAVOURS)
-ALL_FLAVOURS = (
-    *RUNTIME_FLAVOURS.values(),
-    "onnxruntime-directml",
-    "onnxruntime-openvino",
-    "onnxruntime-qnn",
-    "onnxruntime-rocm",
-    "onnxruntime-migraphx",
-    "onnxruntime-webgpu",
-)
+#: every wheel that installs the ``onnxruntime`` folder (read from onnxgrad/_runtime.py, which
+#: imports only the standard library, so dev.py needs nothing installed)
+ALL_FLAVOURS = runpy.run_path(str(ROOT / "onnxgrad" / "_runtime.py"))["FLAVOURS"]
 #: the extras ``dev.py extras`` added to ``.venv``, one a line
 EXTRAS_FILE = ".onnxgrad-extras"
 #: pip's lines worth showing while it works (the rest is noise on a first install).

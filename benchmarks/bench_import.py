@@ -1,5 +1,5 @@
 """Start-up cost: ``import onnxgrad``, ``onnxgrad --help`` and the commands that read a model
-(``info``, ``text``, ``derivative``, ``add-loss`` on a 3-node model), each in a fresh
+(``info``, ``text``, ``derivative``, ``add-loss`` on a small linear model), each in a fresh
 interpreter.
 
     python benchmarks/bench_import.py [--repeat 7] [--source FOLDER]
@@ -50,28 +50,15 @@ def commands(folder: Path) -> dict[str, str]:
 
 
 def _small_model(folder: Path) -> Path:
-    """``Y = Relu(X @ W + B)``, 3 nodes."""
+    """``Y = X W + b``: the linear model of the tests, 3 features and 2 outputs."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper, save
+    from onnx import save
 
-    weights = [
-        numpy_helper.from_array(np.ones((3, 2), np.float32), "W"),
-        numpy_helper.from_array(np.zeros(2, np.float32), "B"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["X", "W"], ["h"]),
-        helper.make_node("Add", ["h", "B"], ["a"]),
-        helper.make_node("Relu", ["a"], ["Y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "small",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2])],
-        weights,
-    )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.models import linear_regression_model
+
     path = folder / "small.onnx"
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    save(linear_regression_model(np.ones((2, 3)), np.zeros(2)), str(path))
     return path
 
 

@@ -74,27 +74,14 @@ def test_public_names_are_importable():
 
 
 def _small_model(folder) -> str:
-    """``Y = Relu(X @ W + B)``: three nodes, two weights."""
+    """``Y = X W + b``: a linear model of 3 features and 2 outputs."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper, save
+    from onnx import save
 
-    weights = [
-        numpy_helper.from_array(np.ones((3, 2), np.float32), "W"),
-        numpy_helper.from_array(np.zeros(2, np.float32), "B"),
-    ]
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["X", "W"], ["h"]),
-            helper.make_node("Add", ["h", "B"], ["a"]),
-            helper.make_node("Relu", ["a"], ["Y"]),
-        ],
-        "small",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2])],
-        weights,
-    )
+    from tests.models import linear_regression_model
+
     path = str(folder / "small.onnx")
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    save(linear_regression_model(np.ones((2, 3)), np.zeros(2)), path)
     return path
 
 
