@@ -172,8 +172,8 @@ def ensure_env(
             python,
             "-e",
             f".[dev,{extra}]",
-            what=f"onnxgrad with its dev tools and the '{extra}' onnxruntime into "
-            f"{env_dir.name} (a few minutes the first time)",
+            what=f"onnxgrad with its dev tools and the extras {extra} (the first one picks "
+            f"the onnxruntime) into {env_dir.name} (a few minutes the first time)",
         )
         problems = environment_problems(_probe(python), extra, ROOT)
         if problems:
