@@ -69,3 +69,15 @@ def test_saving_into_a_missing_folder_names_the_folder(tmp_path):
     assert info.value.filename == str(missing)
     assert ".tmp" not in str(info.value) and "no such folder" in str(info.value)
     assert not tmp_path.joinpath("not_there").exists()
+
+
+def test_the_readme_states_the_statuses_the_command_gives():
+    """2 for a bad input (tests/cli/test_errors.py), 1 for a diverged training."""
+    from pathlib import Path
+
+    from onnxgrad.cli import JOB_FAILED
+    from onnxgrad.cli_common import USAGE_ERROR
+
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert f"one line on standard error with exit status {USAGE_ERROR}" in readme
+    assert f"`training diverged: ...`, and exit status {JOB_FAILED}" in readme
