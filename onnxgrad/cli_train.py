@@ -266,8 +266,9 @@ def add_train(commands) -> None:
     sub.add_argument(
         "--lr",
         type=positive_float,
-        help="constant learning rate (default: 0.01 / batch size on the summed loss, the "
-        "global batch of all ranks, 0.01 with --reduction mean, 0.003 for adam)",
+        help="constant learning rate (default: 0.003 for adam; for sgd, momentum and nesterov "
+        "0.01 / batch size on the summed loss, the global batch of all ranks, 0.01 with "
+        "--reduction mean)",
     )
     add_loss_options(sub, "--loss")
     sub.add_argument(
