@@ -2,6 +2,7 @@
 """Set up onnxgrad on a fresh machine and run its main jobs.
 
     python3 dev.py demo     # create .venv, install onnxgrad, run `onnxgrad demo`
+    python3 dev.py extras distributed   # add extras to .venv, keeping its onnxruntime
     python3 dev.py test     # set up two environments, lint, run the tests in both
     python3 dev.py docs     # build the documentation into docs/_build
     python3 dev.py bench    # run the benchmarks
@@ -14,7 +15,10 @@ environment of the other kind, with the newest Python 3.12+ found on the machine
 or 3.11 when ``.venv`` is the inference one), so every change is tested on both runtimes.
 The tests needing the current onnxruntime and PyTorch together (onnxruntime-genai's builder,
 the 4-bit deployed forms) run in ``.venv-genai`` beside a training ``.venv``.
-Installation is skipped when pyproject.toml has not changed since the last one.
+Installation is skipped when pyproject.toml has not changed since the last one, unless the
+environment is broken: another onnxruntime flavour installed over its own (a ``pip install
+".[cpu,...]"`` in the training ``.venv``), an onnxruntime that does not import, or onnxgrad
+no longer installed editable from this checkout; dev.py says what it found and repairs it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,18 @@ LAST_TRAINING_PYTHON = (3, 11)
 #: ``.venv-genai`` beside a training ``.venv``: onnxruntime-genai's model builder, and the
 #: deployed forms whose tools the training build lacks (the 4-bit ``MatMulNBits`` quantizer)
 GENAI_TESTS = ["tests/normalize/test_genai_builder.py", "tests/normalize/test_deployed_forms.py"]
+#: the onnxruntime wheel each runtime extra installs (all share the ``onnxruntime`` folder)
+RUNTIME_FLAVOURS = {
+    "cpu": "onnxruntime",
+    "gpu": "onnxruntime-gpu",
+    "training": "onnxruntime-training-cpu",
+    "training-cuda": "onnxruntime-training",
+}
+#: every wheel that installs the ``onnxruntime`` folder (read from onnxgrad/_runtime.py, which
+#: imports only the standard library, so dev.py needs nothing installed)
+ALL_FLAVOURS = runpy.run_path(str(ROOT / "onnxgrad" / "_runtime.py"))["FLAVOURS"]
+#: the extras ``dev.py extras`` added to ``.venv``, one a line
+EXTRAS_FILE = ".onnxgrad-extras"
 #: pip's lines worth showing while it works (the rest is noise on a first install).
 PIP_PROGRESS = re.compile(r"^(Collecting|Installing collected|Successfully installed|ERROR)")
 
@@ -136,25 +152,108 @@ def ensure_env(
     extra and ``extra`` (default: the onnxruntime flavour of its Python); re-installed when
     pyproject.toml changes."""
     python = _python(env_dir)
+    added = added_extras(env_dir)
     if not _usable(python, version):
         _create_venv(env_dir, base_python, version)
-    extra = extra or _runtime_extra(version)
+        if added:
+            (env_dir / EXTRAS_FILE).write_text("\n".join(added) + "\n")
+    extra = ",".join([extra or _runtime_extra(version), *added])
     stamp = env_dir / ".onnxgrad-stamp"
     text = f"{version}\n{extra}\n{(ROOT / 'pyproject.toml').read_text()}"
     digest = hashlib.sha256(text.encode()).hexdigest()
+    if stamp.exists():
+        problems = environment_problems(_probe(python), extra, ROOT)
+        if problems:
+            _repair(python, env_dir, problems)
+            stamp.unlink()
     if not stamp.exists() or stamp.read_text() != digest:
         _pip(python, "-q", "--upgrade", "pip", what=f"the newest pip into {env_dir.name}")
         _pip(
             python,
             "-e",
             f".[dev,{extra}]",
-            what=f"onnxgrad with its dev tools and the '{extra}' onnxruntime into "
-            f"{env_dir.name} (a few minutes the first time)",
+            what=f"onnxgrad with its dev tools and the extras {extra} (the first one picks "
+            f"the onnxruntime) into {env_dir.name} (a few minutes the first time)",
         )
+        problems = environment_problems(_probe(python), extra, ROOT)
+        if problems:
+            _say(f"error: {env_dir.name} is still broken after installing: {'; '.join(problems)}")
+            sys.exit(1)
         stamp.write_text(digest)
     if with_torch:
         ensure_torch(python)
     return python
+
+
+#: What :func:`environment_problems` needs to know of an environment, printed as JSON by its
+#: interpreter (standard library only; onnxruntime imported without onnxruntime.training,
+#: which would load PyTorch).
+PROBE = f"""
+import json, sys, importlib.metadata as metadata
+names = {{(d.metadata["Name"] or "").lower().replace("_", "-"): d.version
+         for d in metadata.distributions()}}
+try:
+    direct = json.loads(metadata.distribution("onnxgrad").read_text("direct_url.json") or "{{}}")
+except metadata.PackageNotFoundError:
+    direct = None
+sys.modules["onnxruntime.training"] = None
+try:
+    import onnxruntime
+    imports = ""
+except Exception as exc:
+    imports = f"{{type(exc).__name__}}: {{exc}}"
+flavours = sorted(name for name in names if name in {ALL_FLAVOURS!r})
+print(json.dumps({{"flavours": flavours, "onnxgrad": direct, "import_error": imports}}))
+"""
+
+
+def _probe(python: Path) -> dict:
+    import json
+
+    out = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, cwd="/")
+    if out.returncode != 0:
+        return {"flavours": [], "onnxgrad": None, "import_error": out.stderr.strip()[-300:]}
+    return json.loads(out.stdout)
+
+
+def environment_problems(probe: dict, extra: str, root: Path) -> list[str]:
+    """What is wrong with an environment dev.py installed with ``extra`` (its first name the
+    runtime extra), from :data:`PROBE`'s answer: [] when nothing is."""
+    expected = RUNTIME_FLAVOURS.get(extra.split(",")[0])
+    problems = []
+    others = [name for name in probe["flavours"] if name != expected]
+    if others:
+        problems.append(f"{', '.join(others)} installed beside or over {expected}")
+    elif expected not in probe["flavours"]:
+        problems.append(f"{expected} is not installed")
+    elif probe["import_error"]:
+        problems.append(f"onnxruntime does not import ({probe['import_error']})")
+    direct = probe["onnxgrad"]
+    if direct is None:
+        problems.append("onnxgrad is not installed")
+    else:
+        editable = direct.get("dir_info", {}).get("editable", False)
+        where = direct.get("url", "").removeprefix("file://")
+        if not editable or Path(where).resolve() != root.resolve():
+            problems.append(
+                f"onnxgrad is installed from {where or 'a wheel'}, not editable from {root}"
+            )
+    return problems
+
+
+def _repair(python: Path, env_dir: Path, problems: list[str]) -> None:
+    """Uninstall every onnxruntime flavour (several share one folder, so the survivor's files
+    may be gone); the reinstall that follows puts back the right one and onnxgrad, editable."""
+    _say(f"{env_dir.name} is broken: {'; '.join(problems)}. Repairing it.")
+    flavours = _probe(python)["flavours"]
+    if flavours:
+        _run(python, "-m", "pip", "uninstall", "-y", *flavours)
+
+
+def added_extras(env_dir: Path) -> list[str]:
+    """The extras ``dev.py extras`` added to the environment."""
+    path = env_dir / EXTRAS_FILE
+    return path.read_text().split() if path.exists() else []
 
 
 def ensure_dev_env(with_torch: bool = False) -> Path:
@@ -247,6 +346,39 @@ def _bin(python: Path, name: str) -> Path:
     return python.parent / name
 
 
+def _declared_extras() -> list[str]:
+    """The optional-dependency groups of pyproject.toml."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return re.findall(r"^([A-Za-z0-9_-]+)\s*=", section, re.MULTILINE)
+
+
+def cmd_extras(args: list[str]) -> int:
+    """Add extras (``distributed``, ``torch``, ``genai``...) to ``.venv``, which keeps the
+    onnxruntime dev.py chose for it; they stay through later re-installs."""
+    declared = _declared_extras()
+    unknown = [name for name in args if name not in declared]
+    runtimes = [name for name in args if name in RUNTIME_FLAVOURS]
+    if not args or unknown or runtimes:
+        choices = [name for name in declared if name not in RUNTIME_FLAVOURS]
+        problem = (
+            f"{', '.join(runtimes)}: .venv's onnxruntime is the one dev.py chose "
+            f"({_runtime_extra(sys.version_info[:2])}); use an environment of your own for another"
+            if runtimes
+            else f"unknown extras {unknown}"
+            if unknown
+            else "name the extras to add"
+        )
+        print(f"error: {problem}; extras: {', '.join(choices)}", file=sys.stderr)
+        return 2
+    VENV.mkdir(exist_ok=True)
+    extras = list(dict.fromkeys([*added_extras(VENV), *args]))
+    (VENV / EXTRAS_FILE).write_text("\n".join(extras) + "\n")
+    ensure_dev_env()
+    _say(f".venv has onnxgrad with the extras {', '.join(extras)}")
+    return 0
+
+
 def cmd_demo(args: list[str]) -> int:
     python = ensure_dev_env()
     return _run(_bin(python, "onnxgrad"), "demo", *args, check=False)
@@ -306,7 +438,13 @@ def cmd_bench(args: list[str]) -> int:
     return rc
 
 
-COMMANDS = {"demo": cmd_demo, "test": cmd_test, "docs": cmd_docs, "bench": cmd_bench}
+COMMANDS = {
+    "demo": cmd_demo,
+    "extras": cmd_extras,
+    "test": cmd_test,
+    "docs": cmd_docs,
+    "bench": cmd_bench,
+}
 
 
 def main(argv: list[str]) -> int:

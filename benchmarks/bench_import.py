@@ -1,11 +1,15 @@
-"""Start-up cost: ``import onnxgrad`` and ``onnxgrad --help``, each in a fresh interpreter.
+"""Start-up cost: ``import onnxgrad``, ``onnxgrad --help`` and the commands that read a model
+(``info``, ``text``, ``derivative``, ``add-loss`` on a small linear model), each in a fresh
+interpreter.
 
     python benchmarks/bench_import.py [--repeat 7] [--source FOLDER]
 
 For each command: the median wall time over ``--repeat`` runs (and the spread), the number of
 modules loaded, whether a heavy library was loaded, and the five slowest imports by
-cumulative time (``python -X importtime``). ``--source`` measures another checkout of
-onnxgrad (an older commit, say) with this interpreter, for before/after tables.
+cumulative time (``python -X importtime``). The floor is ``import numpy, onnx``, which every
+model-reading command needs. Bytecode is written and reused (``PYTHONDONTWRITEBYTECODE``
+unset), as for an installed package. ``--source`` measures another checkout of onnxgrad (an
+older commit, say) with this interpreter, for before/after tables.
 """
 
 from __future__ import annotations
@@ -15,17 +19,49 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 HEAVY = ("onnxruntime", "onnxscript", "networkx", "matplotlib", "torch", "sympy", "numpy", "onnx")
-COMMANDS = {
-    "import onnxgrad": "import onnxgrad",
-    "onnxgrad --help": (
-        "import sys\nsys.argv = ['onnxgrad', '--help']\nsys.stdout = open('/dev/null', 'w')\n"
+
+
+def _command(*argv: str) -> str:
+    """``onnxgrad ARGV`` as ``python -m onnxgrad`` runs it, standard output discarded."""
+    return (
+        f"import sys\nsys.argv = ['onnxgrad', *{list(argv)!r}]\n"
+        "sys.stdout = open('/dev/null', 'w')\n"
         "from onnxgrad.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass"
-    ),
-}
+    )
+
+
+def commands(folder: Path) -> dict[str, str]:
+    """Name -> code of each command measured, the model written in ``folder``."""
+    model = str(_small_model(folder))
+    return {
+        "import numpy, onnx": "import numpy, onnx",
+        "import onnxgrad": "import onnxgrad",
+        "onnxgrad --help": _command("--help"),
+        "onnxgrad info": _command("info", model),
+        "onnxgrad text": _command("text", model),
+        "onnxgrad derivative": _command("derivative", model, "-o", str(folder / "grad.onnx")),
+        "onnxgrad add-loss": _command("add-loss", model, "-o", str(folder / "loss.onnx")),
+    }
+
+
+def _small_model(folder: Path) -> Path:
+    """``Y = X W + b``: the linear model of the tests, 3 features and 2 outputs."""
+    import numpy as np
+    from onnx import save
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.models import linear_regression_model
+
+    path = folder / "small.onnx"
+    save(linear_regression_model(np.ones((2, 3)), np.zeros(2)), str(path))
+    return path
+
+
 PROBE = "\nimport sys\nsys.stderr.write('MODULES ' + ' '.join(sys.modules) + '\\n')"
 
 
@@ -77,18 +113,24 @@ def main() -> None:
     parser.add_argument("--source", default=str(Path(__file__).resolve().parents[1]))
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=args.source)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     print(f"Python {sys.version.split()[0]}, onnxgrad from {args.source}")
     baseline = measure("pass", env, args.repeat)["median_s"]
     print(f"bare interpreter: {baseline:.3f} s")
-    for name, code in COMMANDS.items():
-        result = measure(code, env, args.repeat)
-        print(
-            f"{name:16} {result['median_s']:.3f} s median "
-            f"({result['min_s']:.3f}-{result['max_s']:.3f}), {result['modules']} modules, "
-            f"heavy: {', '.join(result['heavy']) or 'none'}"
-        )
-        for module, seconds in result["slowest"]:
-            print(f"    {seconds:7.3f} s  {module}")
+    with tempfile.TemporaryDirectory() as folder:
+        for name, code in commands(Path(folder)).items():
+            _run(code, env)  # writes the bytecode, as installing a package does
+            _report(name, measure(code, env, args.repeat))
+
+
+def _report(name: str, result: dict) -> None:
+    print(
+        f"{name:20} {result['median_s']:.3f} s median "
+        f"({result['min_s']:.3f}-{result['max_s']:.3f}), {result['modules']} modules, "
+        f"heavy: {', '.join(result['heavy']) or 'none'}"
+    )
+    for module, seconds in result["slowest"]:
+        print(f"    {seconds:7.3f} s  {module}")
 
 
 if __name__ == "__main__":

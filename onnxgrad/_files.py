@@ -97,7 +97,14 @@ def _open_special(destination: Path):
 
 
 def _create_temporary(destination: Path) -> Path:
-    """A new empty file next to ``destination``, created as ``open`` would (umask applied)."""
+    """A new empty file next to ``destination``, created as ``open`` would (umask applied);
+    ``FileNotFoundError`` names the folder when it does not exist (not the temporary)."""
+    if not destination.parent.is_dir():
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"no such folder to write {destination.name!r} into",
+            str(destination.parent),
+        )
     for _ in range(_NAME_ATTEMPTS):
         temporary = destination.with_name(f".{destination.name}.{secrets.token_hex(6)}.tmp")
         try:

@@ -57,7 +57,8 @@ def _mixed_install_error(flavours: list[tuple[str, str]]) -> ImportError:
     return ImportError(
         f"{names} are installed over one 'onnxruntime' folder, which breaks both; keep one: "
         f"pip uninstall -y {' '.join(name for name, _ in flavours)}, then reinstall the one "
-        f"you want (for example {INSTALL_CPU})"
+        f"you want (for example {INSTALL_CPU}); in the .venv of onnxgrad's dev.py, "
+        "python3 dev.py demo does both"
     )
 
 

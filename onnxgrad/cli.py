@@ -42,6 +42,7 @@ from onnxgrad.cli_common import (
     recompute_option,
     reduction_option,
     subcommand,
+    warnings_as_lines,
 )
 
 JOB_FAILED = 1
@@ -51,13 +52,15 @@ ORT_LOG_SEVERITY = 4
 RUNTIME_COMMANDS = ("onnxgrad train", "onnxgrad demo", "onnxgrad artifacts")
 
 
-def _import_libraries() -> None:
+def _import_libraries(args: argparse.Namespace) -> None:
     """Import what the subcommands use, once the arguments are parsed: ``onnxgrad --help``
-    and usage errors answer without loading numpy, onnx or onnxruntime."""
+    and usage errors answer without loading numpy, onnx or onnxruntime, and the commands
+    that run no model (``info``, ``text``, ``add-loss``, ``derivative``) load neither
+    onnxruntime nor onnxscript (``tests/test_import.py``)."""
     global ProtobufError, ModelProto, ValidationError, InferenceError, ort_state
     global save_model, write_atomically, write_bytes, derive_in_place
     global real_inputs, subgraphs, import_onnxruntime, set_logger_severity
-    global DerivativeOptions, onnx_derivative, find_rule, has_zero_gradient, ConvergenceError
+    global DerivativeOptions, find_rule, has_zero_gradient, ConvergenceError
     global add_loss_output, get_train_initializer, onnx_simple_text_plot
     global plot_onnxs, tensor_text, to_dot, type_text
     import numpy  # noqa: F401  (loaded here, where an interrupt waits for the imports)
@@ -69,21 +72,29 @@ def _import_libraries() -> None:
     from onnxgrad._files import save_model, write_atomically, write_bytes
     from onnxgrad._onnx_utils import real_inputs, subgraphs
     from onnxgrad._runtime import import_onnxruntime, set_logger_severity
-    from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+    from onnxgrad.derivative import DerivativeOptions
     from onnxgrad.derivative.api import derive_in_place
     from onnxgrad.derivative.autodiff.registry import find_rule, has_zero_gradient
     from onnxgrad.exceptions import ConvergenceError
     from onnxgrad.graph import add_loss_output, get_train_initializer, onnx_simple_text_plot
     from onnxgrad.plotting import plot_onnxs, tensor_text, to_dot, type_text
 
+    ort_state = _onnxruntime_errors(args)
+
+
+def _onnxruntime_errors(args: argparse.Namespace):
+    """onnxruntime's error classes, imported when the command runs models, else None."""
+    if args.prog not in RUNTIME_COMMANDS and getattr(args, "backend", "onnx") != "ort":
+        return None
     try:
         import_onnxruntime()
-    except ImportError:  # the rewrites and the native derivative need no onnxruntime
-        ort_state = None
-        return
-    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+    except ImportError:
+        if args.prog in RUNTIME_COMMANDS:
+            raise  # the ImportError that says what to install
+        return None  # derivative --backend ort says what it needs itself
+    from onnxruntime.capi import onnxruntime_pybind11_state
 
-    import onnxgrad.training  # noqa: F401  (the training commands' modules, loaded here too)
+    return onnxruntime_pybind11_state
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -149,9 +160,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return USAGE_ERROR
     try:
         with importing():
-            _import_libraries()
-            if ort_state is None and args.prog in RUNTIME_COMMANDS:
-                import_onnxruntime()  # raises the ImportError that says what to install
+            _import_libraries(args)
     except KeyboardInterrupt:
         _fail(args.prog, "interrupted")
         return 130
@@ -169,7 +178,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        status = args.run(args) or 0
+        with warnings_as_lines(args.prog):
+            status = args.run(args) or 0
         sys.stdout.flush()
         return status
     except BrokenPipeError as exc:
@@ -250,10 +260,10 @@ def cmd_info(args: argparse.Namespace) -> None:
     lowered = lowerable_nodes(original)
     deployed = deployed_operators(original)
     opset, promoted = _default_opset(original), len(constant_weights(original))
-    opsets = ", ".join(f"{op.domain or 'ai.onnx'} {op.version}" for op in original.opset_import)
-    header = f"  ir_version {original.ir_version}, opsets {opsets or 'none'}" + (
+    header = f"  ir_version {original.ir_version}, opsets {_opsets_text(original)}" + (
         f", producer {original.producer_name}" if original.producer_name else ""
     )
+    file_outputs = [(o.name, type_text(o.type)) for o in original.graph.output]
     mode = args.quantized_activations
     with quantized_activations(mode):
         model = normalized(original, args.model)  # rewrites ``original`` in place
@@ -268,10 +278,11 @@ def cmd_info(args: argparse.Namespace) -> None:
         header,
         f"inputs ({len(inputs)}):",
         *_table((i.name, type_text(i.type)) for i in inputs),
-        f"outputs ({len(graph.output)}):",
-        *_table((o.name, type_text(o.type)) for o in graph.output),
+        f"outputs ({len(file_outputs)}):",
+        *_table(file_outputs),
+        *_training_output_lines(file_outputs, model),
         *_normalisation_lines(opset, promoted, model),
-        *_lowering_lines(lowered),
+        *_converter_lines(lowered, model),
         *deployed_operator_lines(deployed, model, mode),
         f"trainable initializers ({len(weights)}, {size} values):",
         *_table((name, tensor_text(proto)) for name, (_, proto) in weights.items()),
@@ -319,14 +330,21 @@ def _normalisation_lines(opset: int, promoted: int, model: ModelProto) -> list[s
 
 def _dry_build_failures(model: ModelProto) -> list[str]:
     """Why the gradient (every float input and trainable weight) or the default train step
-    (squared error on the first float output, every trainable weight) cannot be built."""
+    (squared error on the first float output, every trainable weight) cannot be built.
+
+    The train step is built with :func:`_plain_sgd`, whose update is written out instead of
+    inlined from the authored graph: the authored updates are fixed graphs, tested on their
+    own (tests/functions), and building them loads onnxscript, seconds for a small model."""
     from onnxgrad._onnx_utils import copy_message
     from onnxgrad.training.composition import make_train_step
 
     failures = []
     for what, build in (
         ("gradient", lambda: derive_in_place(copy_message(model))),
-        ("train step", lambda: make_train_step.normalized(copy_message(model))),
+        (
+            "train step",
+            lambda: make_train_step.normalized(copy_message(model), learning_rate=_plain_sgd()),
+        ),
     ):
         try:
             build()
@@ -335,15 +353,64 @@ def _dry_build_failures(model: ModelProto) -> list[str]:
     return failures
 
 
-def _lowering_lines(lowered) -> list[str]:
+def _plain_sgd():
+    """:class:`~onnxgrad.training.learning_rate.LearningRateSGD` whose update
+    ``w <- w + alpha g`` (``alpha = -lr``, the authored ``axpy``) is two plain nodes."""
+    from onnxgrad.training.learning_rate import LearningRateSGD
+
+    class PlainSGD(LearningRateSGD):
+        def emit_update(self, b, weight, grad, state, feeds, elem_type):
+            return b.op("Add", b.op("Mul", feeds["alpha"], grad), weight), {}
+
+    return PlainSGD()
+
+
+def _opsets_text(model: ModelProto) -> str:
+    """``ai.onnx 15, ai.onnx.ml 1``: each domain once (``''`` and ``'ai.onnx'`` are one)."""
+    versions: dict[str, list[int]] = {}
+    for op in model.opset_import:
+        found = versions.setdefault(op.domain if op.domain not in ("", "ai.onnx") else "", [])
+        if op.version not in found:
+            found.append(op.version)
+    texts = [f"{d or 'ai.onnx'} {' and '.join(map(str, v))}" for d, v in versions.items()]
+    return ", ".join(texts) or "none"
+
+
+def _training_output_lines(file_outputs, model: ModelProto) -> list[str]:
+    """The outputs training sees, when normalisation changed them (a ZipMap's list of
+    dictionaries becomes its probability tensor)."""
+    outputs = [(o.name, type_text(o.type)) for o in model.graph.output]
+    if outputs == list(file_outputs):
+        return []
+    return [
+        "outputs for training (the model lowered; train puts its loss on the first float one):",
+        *_table(outputs),
+    ]
+
+
+#: what the lowering does with a converter operator, beyond "standard ONNX, same outputs"
+_CONVERTER_NOTES = {
+    "ZipMap": "not trained: training reads the probability tensor before it, and the "
+    "trained model keeps the ZipMap and the file's outputs",
+}
+
+
+def _converter_lines(lowered, model: ModelProto) -> list[str]:
+    """One line per ai.onnx.ml operator type of the file: what happens to it."""
     if not lowered:
         return []
     counts = Counter(node.op_type for node in lowered)
-    ops = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
     return [
-        "lowered for training (onnxgrad.lower_ml_operators): ai.onnx.ml operators become "
-        "standard ONNX, their parameters the weights below:",
-        *_wrapped(ops),
+        "converter operators (ai.onnx.ml), lowered for training (onnxgrad.lower_ml_operators):",
+        *(
+            f"  ai.onnx.ml::{op} x{n}: "
+            + _CONVERTER_NOTES.get(
+                op,
+                "replaced by standard ONNX computing the same values (its parameters, if "
+                "any, become the initializers below)",
+            )
+            for op, n in sorted(counts.items())
+        ),
     ]
 
 

@@ -83,9 +83,7 @@ def add_artifacts(commands) -> None:
         "replaced as a whole)",
     )
     add_loss_options(sub, "--loss")
-    add_optimizer_option(
-        sub, "adam", "the update fused into the train step; onnxgrad train's default is nesterov"
-    )
+    add_optimizer_option(sub, "adam", "the update fused into the train step")
     sub.add_argument(
         "--lr", type=positive_float, help="learning rate (default: 0.01, 0.001 for adam)"
     )

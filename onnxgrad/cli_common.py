@@ -8,10 +8,14 @@ without loading numpy, onnx or onnxruntime; the readers import what they use whe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import os
+import re
+import sys
 import textwrap
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -55,16 +59,44 @@ class OneLineParser(argparse.ArgumentParser):
 
 #: Python spellings in library messages -> the command line's
 _CLI_SPELLINGS = {"backend='ort'": "--backend ort", "backend='onnx'": "--backend onnx"}
+#: ``learning_loss='cross_entropy_logits'``, or ``use 'cross_entropy_logits'``: a loss name
+_LOSS_ADVICE = re.compile(r"(?:learning_loss=|(?<=use ))'([a-z_0-9]+)'")
+
+
+def cli_spelling(text: str) -> str:
+    """A library message's Python spellings (``backend='ort'``,
+    ``learning_loss='cross_entropy_logits'``) as the command line's options."""
+    for python, cli in _CLI_SPELLINGS.items():
+        text = text.replace(python, cli)
+    return _LOSS_ADVICE.sub(lambda m: f"--loss {m.group(1)}", text)
 
 
 def one_line(exc: BaseException) -> str:
     """``exc`` as one line, options spelled as on the command line."""
-    text = " ".join(str(exc).split())
-    for python, cli in _CLI_SPELLINGS.items():
-        text = text.replace(python, cli)
+    text = cli_spelling(" ".join(str(exc).split()))
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         text = f"{exc.filename}: {exc.strerror}"
     return text or type(exc).__name__
+
+
+@contextlib.contextmanager
+def warnings_as_lines(prog: str):
+    """Show the library's warnings as ``PROG: warning: ...`` lines on standard error, in
+    the command line's words, each advice once (Python shows a warning with its source line,
+    once per place that raises it)."""
+    shown: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = cli_spelling(" ".join(str(message).split()))
+        advice = text[text.rfind("use --") :] if "use --" in text else text
+        if advice not in shown:
+            shown.add(advice)
+            print(f"{prog}: warning: {text}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # the deduplication is ours, by advice
+        warnings.showwarning = show
+        yield
 
 
 def read_model(path: str) -> ModelProto:
@@ -178,6 +210,7 @@ def add_optimizer_option(sub: argparse.ArgumentParser, default: str, note: str) 
     """``--optimizer NAME`` of the learning-rate table (read when the choices are checked)."""
     sub.add_argument(
         "--optimizer",
+        type=str.lower,  # "SGD" as the estimators and the migration page write it
         choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
         metavar="NAME",
         default=default,

@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from onnxgrad._interrupt import finishing
+from onnxgrad._progress import draws_bars
 from onnxgrad.cli_common import (
     CommandError,
     add_loss_options,
@@ -15,6 +17,7 @@ from onnxgrad.cli_common import (
     add_recompute_options,
     check_destination,
     number,
+    one_line,
     positive_float,
     positive_int,
     read_model,
@@ -54,24 +57,27 @@ def _train(args: argparse.Namespace) -> None:
     X, y = read_training_data(args.data, model)
     X, feeds = with_feeds(model, X, read_feeds(args.feed))
     l1, l2 = parse_penalty(args.penalty)
+    loss = select_learning_loss(args.loss, args.reduction)
+    bar = draws_bars()  # else one line per epoch, printed as it ends
     estimator = OrtGradientForwardBackwardOptimizer(
         model,
         weights_to_train=args.weights,
         max_iter=args.epochs,
         batch_size=args.batch_size,
         learning_rate=learning_rate_from_name(args.optimizer, eta0=_lr(args), schedule="constant"),
-        learning_loss=select_learning_loss(args.loss, args.reduction),
+        learning_loss=loss,
         learning_penalty=ElasticLearningPenalty(l1=l1, l2=l2) if l1 or l2 else None,
         device=args.device,
         random_state=args.seed,
         validation_every=1,
         warm_start=True,
-        verbose=1,
+        verbose=int(bar),
         intra_op_num_threads=threads_per_rank(),
         recompute=recompute_option(args),
     )
     (X, y), validation = _split(X, y, args.val_fraction, np.random.default_rng(args.seed))
-    estimator.initialize(X, y, feeds=feeds)
+    with _class_label_hint(loss, y):
+        estimator.initialize(X, y, feeds=feeds)
     weights = ", ".join(estimator.runner_.step.weights)
     print(f"training {weights} on {len(X)} rows" + _val_rows(validation))
     start = estimator.objective(X, y)
@@ -80,13 +86,15 @@ def _train(args: argparse.Namespace) -> None:
         saver = checkpoint_epochs(estimator, args.checkpoint, {"start": start})
         start = saver.restore(estimator)["start"] if args.resume else start
     estimator.max_iter = args.epochs - estimator.n_iter_
+    epoch_lines = _EpochLines(estimator, args.epochs, validation is not None)
+    if not bar:
+        epoch_lines.print_new()  # the epochs a resumed run restored
+        estimator.epoch_callbacks = [*estimator.__dict__.get("epoch_callbacks", ()), epoch_lines]
     if estimator.max_iter > 0:
         validating = {} if validation is None else dict(zip(("X_val", "y_val"), validation))
         estimator.fit(X, y, feeds=feeds, **validating)
+    epoch_lines.print_new()
     val = estimator.validation_losses_ if validation is not None else []
-    for epoch, loss in enumerate(estimator.train_losses_, start=1):
-        shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
-        print(f"epoch {epoch:3d}/{args.epochs}  loss {loss:.6g}{shown}")
     if curve is not None:
         written = write_curve(curve, start, estimator.train_losses_, val)
         print(f"wrote {written}")
@@ -96,14 +104,60 @@ def _train(args: argparse.Namespace) -> None:
             print(f"wrote {destination}")
 
 
-def _lr(args: argparse.Namespace) -> float | None:
-    """``--lr``, by default 0.01 per row: ``0.01 / B`` on the loss summed over a global batch
-    of ``B = batch size * ranks`` rows (the default reduction), so that ranks train as one
-    process with the global batch; 0.01 on its mean; Adam's own default (it is scale-free)."""
+class _EpochLines:
+    """Prints ``epoch 3/10  loss 0.25  validation 0.3`` for each epoch the estimator ends:
+    called after every epoch (an ``epoch_callbacks`` entry) or once after training."""
+
+    def __init__(self, estimator, epochs: int, validating: bool):
+        self._estimator, self._epochs, self._validating = estimator, epochs, validating
+        self._printed = 0
+
+    def __call__(self, estimator) -> None:
+        self.print_new()
+
+    def print_new(self) -> None:
+        losses = self._estimator.train_losses_
+        val = self._estimator.validation_losses_ if self._validating else []
+        for epoch in range(self._printed + 1, len(losses) + 1):
+            shown = f"  validation {val[epoch - 1]:.6g}" if epoch <= len(val) else ""
+            print(f"epoch {epoch:3d}/{self._epochs}  loss {losses[epoch - 1]:.6g}{shown}")
+        self._printed = len(losses)
+
+
+@contextlib.contextmanager
+def _class_label_hint(loss, y):
+    """A ``ValueError`` raised while ``y`` holds class labels (integers, booleans or strings)
+    and ``loss`` is a regression loss becomes a ``CommandError`` naming the classification
+    losses: the shapes differ because each label is one number, not one per output column."""
+    try:
+        yield
+    except ValueError as exc:
+        if loss.classification or y.dtype.kind not in "iubUSO":
+            raise
+        raise CommandError(
+            f"{one_line(exc)}; y holds class labels ({y.dtype}) and --loss {loss.loss_name} "
+            "compares numbers: train a classifier with --loss cross_entropy_logits (an output "
+            "of logits) or --loss cross_entropy (probabilities)"
+        ) from None
+
+
+#: The command's optimizer and Adam's rate when none is named: the one candidate of
+#: benchmarks/bench_defaults.py that trains a CNN, an MLP regression, a 2-layer BERT and a
+#: converted classifier in 10 epochs (docs/getting-started.md has the table).
+DEFAULT_OPTIMIZER = "adam"
+DEFAULT_ADAM_LR = 0.003
+
+
+def _lr(args: argparse.Namespace) -> float:
+    """``--lr``; by default 0.003 for Adam (scale-free), else 0.01 per row: ``0.01 / B`` on
+    the loss summed over a global batch of ``B = batch size * ranks`` rows (the default
+    reduction), so that ranks train as one process with the global batch; 0.01 on its mean."""
     from onnxgrad.training.distributed import world_size
 
-    if args.lr is not None or args.optimizer.lower() == "adam":
+    if args.lr is not None:
         return args.lr
+    if args.optimizer == "adam":
+        return DEFAULT_ADAM_LR
     return 0.01 if args.reduction == "mean" else 0.01 / (args.batch_size * world_size())
 
 
@@ -206,14 +260,15 @@ def add_train(commands) -> None:
     sub.add_argument("--batch-size", type=positive_int, default=32, help="default: %(default)s")
     add_optimizer_option(
         sub,
-        "nesterov",
-        "momentum is classical momentum, nesterov Nesterov's; onnxgrad artifacts' default is adam",
+        DEFAULT_OPTIMIZER,
+        "momentum is classical momentum, nesterov Nesterov's",
     )
     sub.add_argument(
         "--lr",
         type=positive_float,
-        help="constant learning rate (default: 0.01 / batch size on the summed loss, the "
-        "global batch of all ranks, 0.01 with --reduction mean, 0.001 for adam)",
+        help="constant learning rate (default: 0.003 for adam; for sgd, momentum and nesterov "
+        "0.01 / batch size on the summed loss, the global batch of all ranks, 0.01 with "
+        "--reduction mean)",
     )
     add_loss_options(sub, "--loss")
     sub.add_argument(

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from onnxgrad._files import save_model, write_atomically
 from onnxgrad._onnx_utils import MAX_IR_VERSION
+from onnxgrad._progress import draws_bars
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.exceptions import ConvergenceError
 from onnxgrad.graph import add_loss_output, replace_initializers_into_onnx
@@ -240,7 +241,8 @@ def _train(
     optimizer.init_learning_rate()
     losses: list[float] = []
     seen = 0
-    with tqdm(range(1, epochs + 1), desc="training", unit="epoch", file=sys.stderr) as bar:
+    epoch_numbers = range(1, epochs + 1)
+    with tqdm(epoch_numbers, desc="training", unit="epoch", disable=not draws_bars()) as bar:
         for epoch in bar:
             optimizer.update_learning_rate(seen)
             batch_losses = runner.run_epoch(loader, optimizer.value)

@@ -380,9 +380,16 @@ def _outer_names(graph: GraphProto) -> set[str]:
 
 
 def type_text(type_proto: TypeProto) -> str:
-    """``float32 [N, 2]``: element type and shape (``?`` for unknown dimensions)."""
-    if not type_proto.HasField("tensor_type"):
-        return type_proto.WhichOneof("value") or "?"
+    """``float32 [N, 2]``: element type and shape (``?`` for unknown dimensions); a
+    sequence or a map as ``seq(map(int64, float32))`` (a ZipMap's output)."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "sequence_type":
+        return f"seq({type_text(type_proto.sequence_type.elem_type)})"
+    if kind == "map_type":
+        key = dtype_name(type_proto.map_type.key_type)
+        return f"map({key}, {type_text(type_proto.map_type.value_type)})"
+    if kind != "tensor_type":
+        return kind or "?"
     tensor = type_proto.tensor_type
     dtype = dtype_name(tensor.elem_type)
     if not tensor.HasField("shape"):

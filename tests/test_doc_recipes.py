@@ -159,3 +159,10 @@ def test_page_runs_as_written(page, tmp_path):
                     _run_shell(code, tmp_path, where)
                 else:
                     _run_commands(commands, where)
+
+
+def test_getting_started_lists_every_notebook():
+    listed = set(
+        re.findall(r"^\* `(\d\d_\w+)`", (ROOT / "docs" / "getting-started.md").read_text(), re.M)
+    )
+    assert listed == {path.stem for path in (ROOT / "notebooks").glob("*.ipynb")}

@@ -71,3 +71,53 @@ def test_public_names_are_importable():
         assert name in onnxgrad.__all__
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         onnxgrad.not_a_name  # noqa: B018
+
+
+def _small_model(folder) -> str:
+    """``Y = X W + b``: a linear model of 3 features and 2 outputs."""
+    import numpy as np
+    from onnx import save
+
+    from tests.models import linear_regression_model
+
+    path = str(folder / "small.onnx")
+    save(linear_regression_model(np.ones((2, 3)), np.zeros(2)), path)
+    return path
+
+
+#: What the commands that run no model must not load: a runtime, the authored graphs'
+#: onnxscript (and the onnx_ir and sympy it pulls), a progress bar, pictures, PyTorch.
+NOT_FOR_MODEL_READING = (
+    "onnxruntime",
+    "onnxscript",
+    "onnx_ir",
+    "sympy",
+    "tqdm",
+    "networkx",
+    "matplotlib",
+    "torch",
+)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["info", "{model}"],
+        ["text", "{model}"],
+        ["derivative", "{model}", "-o", "{out}/grad.onnx"],
+        ["derivative", "{model}", "-o", "{out}/grad.onnx", "--weights", "--fill-grad"],
+        ["add-loss", "{model}", "-o", "{out}/loss.onnx"],
+        ["add-loss", "{model}", "-o", "{out}/loss.onnx", "--score", "l1"],
+    ],
+    ids=["info", "text", "derivative", "derivative-fill-grad", "add-loss", "add-loss-l1"],
+)
+def test_model_reading_commands_load_no_runtime_and_no_onnxscript(tmp_path, command):
+    model = _small_model(tmp_path)
+    argv = [part.format(model=model, out=tmp_path) for part in command]
+    code = (
+        "import contextlib, io, sys\nfrom onnxgrad.cli import main\n"
+        f"with contextlib.redirect_stdout(io.StringIO()):\n    status = main({argv!r})\n"
+        "assert status == 0, status\n"
+    )
+    loaded = _modules_loaded_by(code)
+    assert not [name for name in NOT_FOR_MODEL_READING if name in loaded]

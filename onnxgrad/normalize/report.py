@@ -17,6 +17,8 @@ FROZEN_WEIGHTS = frozenset(
     {"MatMulNBits", "QLinearMatMul", "QLinearConv", "DynamicQuantizeMatMul", "MatMulInteger",
      "ConvInteger", "DynamicQuantizeLSTM"}
 )  # fmt: skip
+#: the converters' operators (scikit-learn's...), lowered by onnxgrad.graph.ml_lowering
+CONVERTER_DOMAIN = "ai.onnx.ml"
 #: activation quantization: the straight-through estimator or rounding held
 STRAIGHT_THROUGH = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 
@@ -49,11 +51,12 @@ def operator_status(
 
 def deployed_operators(original: ModelProto) -> Counter:
     """``{(domain, op_type): count}`` of the deployed (fused or quantized) operators of a
-    model as it was given (before normalisation rewrites it)."""
+    model as it was given (before normalisation rewrites it); the converters' ``ai.onnx.ml``
+    operators are not among them (``info`` lists them on their own)."""
     return Counter(
         (normalize_domain(n.domain), n.op_type)
         for n in original.graph.node
-        if normalize_domain(n.domain)
+        if normalize_domain(n.domain) not in ("", CONVERTER_DOMAIN)
         or n.op_type in FROZEN_WEIGHTS | STRAIGHT_THROUGH
         or ("", n.op_type) in CONTRIB_LOWERINGS
     )

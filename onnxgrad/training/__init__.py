@@ -8,111 +8,81 @@
 * :mod:`~onnxgrad.training.estimators` wraps both in ``fit``/``score`` estimators;
 * :mod:`~onnxgrad.training.artifacts` writes a train step, its checkpoint and the models
   around it for inference-only runtimes (on-device training).
+
+``import onnxgrad.training`` loads none of its modules: each public name is imported from
+its module on first use (PEP 562), after :func:`~onnxgrad._runtime.import_onnxruntime` (so
+that the training wheel's import does not load PyTorch), and the composition of a train step
+(:mod:`~onnxgrad.training.composition`) can be imported without onnxruntime.
 """
 
-# ruff: noqa: E402
-from onnxgrad._runtime import import_onnxruntime
+from __future__ import annotations
 
-import_onnxruntime()  # first, so that the training wheel's import does not load PyTorch
+import importlib
 
-from onnxgrad.training.artifacts import (
-    TrainingArtifacts,
-    generate_artifacts,
-    load_train_step,
-    merge_checkpoint,
-)
-from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from onnxgrad.training.classifier import OrtGradientClassifier
-from onnxgrad.training.composition import (
-    LossModel,
-    make_eval_step,
-    make_loss_model,
-    make_predict_model,
-    make_train_step,
-    weights_as_inputs,
-    with_batch_indices,
-)
-from onnxgrad.training.data import OrtDataLoader
-from onnxgrad.training.devices import Device, check_device, parse_device
-from onnxgrad.training.estimators import (
-    BaseOrtOptimizer,
-    OrtGradientForwardBackwardOptimizer,
-    OrtGradientOptimizer,
-)
-from onnxgrad.training.learning_rate import (
-    BaseLearningRate,
-    LearningRateAdam,
-    LearningRateSGD,
-    LearningRateSGDNesterov,
-    learning_rate_from_name,
-)
-from onnxgrad.training.loss_scaling import LossScaling
-from onnxgrad.training.losses import (
-    AbsoluteLearningLoss,
-    BaseLearningLoss,
-    CrossEntropyLearningLoss,
-    ElasticLearningLoss,
-    NegLogLearningLoss,
-    SquareLearningLoss,
-)
-from onnxgrad.training.ort_devices import (
-    device_to_providers,
-    get_ort_device,
-    numpy_to_ort_value,
-    ort_device_to_string,
-)
-from onnxgrad.training.penalties import (
-    BaseLearningPenalty,
-    ElasticLearningPenalty,
-    NoLearningPenalty,
-)
-from onnxgrad.training.runner import GraphRunner, TrainingRunner
-from onnxgrad.training.train_step import StateSlot, TrainStep
+#: module (in this package) -> the public names it defines
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "artifacts": ("TrainingArtifacts", "generate_artifacts", "load_train_step", "merge_checkpoint"),
+    "checkpoint": ("Checkpoint", "load_checkpoint", "save_checkpoint"),
+    "classifier": ("OrtGradientClassifier",),
+    "composition": (
+        "LossModel",
+        "make_eval_step",
+        "make_loss_model",
+        "make_predict_model",
+        "make_train_step",
+        "weights_as_inputs",
+        "with_batch_indices",
+    ),
+    "data": ("OrtDataLoader",),
+    "devices": ("Device", "check_device", "parse_device"),
+    "estimators": (
+        "BaseOrtOptimizer",
+        "OrtGradientForwardBackwardOptimizer",
+        "OrtGradientOptimizer",
+    ),
+    "learning_rate": (
+        "BaseLearningRate",
+        "LearningRateAdam",
+        "LearningRateSGD",
+        "LearningRateSGDNesterov",
+        "learning_rate_from_name",
+    ),
+    "loss_scaling": ("LossScaling",),
+    "losses": (
+        "AbsoluteLearningLoss",
+        "BaseLearningLoss",
+        "CrossEntropyLearningLoss",
+        "ElasticLearningLoss",
+        "NegLogLearningLoss",
+        "SquareLearningLoss",
+    ),
+    "ort_devices": (
+        "device_to_providers",
+        "get_ort_device",
+        "numpy_to_ort_value",
+        "ort_device_to_string",
+    ),
+    "penalties": ("BaseLearningPenalty", "ElasticLearningPenalty", "NoLearningPenalty"),
+    "runner": ("GraphRunner", "TrainingRunner"),
+    "train_step": ("StateSlot", "TrainStep"),
+}
 
-__all__ = [
-    "AbsoluteLearningLoss",
-    "BaseLearningLoss",
-    "BaseLearningPenalty",
-    "BaseLearningRate",
-    "BaseOrtOptimizer",
-    "Checkpoint",
-    "CrossEntropyLearningLoss",
-    "Device",
-    "ElasticLearningLoss",
-    "ElasticLearningPenalty",
-    "GraphRunner",
-    "LearningRateAdam",
-    "LearningRateSGD",
-    "LearningRateSGDNesterov",
-    "LossModel",
-    "LossScaling",
-    "NegLogLearningLoss",
-    "NoLearningPenalty",
-    "OrtDataLoader",
-    "OrtGradientClassifier",
-    "OrtGradientForwardBackwardOptimizer",
-    "OrtGradientOptimizer",
-    "SquareLearningLoss",
-    "StateSlot",
-    "TrainStep",
-    "TrainingArtifacts",
-    "TrainingRunner",
-    "check_device",
-    "device_to_providers",
-    "generate_artifacts",
-    "get_ort_device",
-    "learning_rate_from_name",
-    "load_checkpoint",
-    "load_train_step",
-    "make_eval_step",
-    "make_loss_model",
-    "make_predict_model",
-    "make_train_step",
-    "merge_checkpoint",
-    "numpy_to_ort_value",
-    "ort_device_to_string",
-    "parse_device",
-    "save_checkpoint",
-    "weights_as_inputs",
-    "with_batch_indices",
-]
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnxgrad.training' has no attribute {name!r}")
+    from onnxgrad._runtime import import_onnxruntime
+
+    import_onnxruntime()
+    value = getattr(importlib.import_module(f"onnxgrad.training.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))

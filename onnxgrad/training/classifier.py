@@ -139,9 +139,11 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
 
     # -- prediction -------------------------------------------------------------------------
     def predict_proba(self, X, feeds=None) -> np.ndarray:
-        """Probabilities ``[N, C]``, column ``k`` for ``classes_[k]``: the output itself for
-        a probabilities loss, its softmax (sigmoid for one column) for a logits loss; a
-        single column ``p`` becomes ``[1 - p, p]``."""
+        """Probabilities ``[N, C]`` in float64, column ``k`` for ``classes_[k]``: the output
+        itself for a probabilities loss, its softmax (sigmoid for one column) for a logits
+        loss; a single column ``p`` becomes ``[1 - p, p]``. Rows the model computed as a
+        distribution (summing to 1 up to its rounding, :data:`ROUNDED_SUM`) are divided by
+        their float64 sum, so they sum to 1 within 1e-15 as scikit-learn's metrics expect."""
         self._check_fitted()
         return self._probabilities(X, feeds)
 
@@ -172,9 +174,24 @@ class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):
             p = 1 / (1 + np.exp(-values)) if logits else values
             return np.hstack([1 - p, p])
         if not logits:
-            return values
+            return _renormalised(values)
         shifted = np.exp(values - values.max(axis=1, keepdims=True))
         return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+#: How far from 1 the row sums of a float32 or float16 model's probabilities may be and still
+#: be a distribution up to rounding (a float16 softmax of a few classes is off by ~1e-3).
+ROUNDED_SUM = 1e-2
+
+
+def _renormalised(probabilities: np.ndarray) -> np.ndarray:
+    """``P / sum_k P[:, k]`` when every row of ``P`` is non-negative and sums to 1 within
+    :data:`ROUNDED_SUM`; any other output is returned unchanged (it is no distribution, and
+    fit has warned about it)."""
+    sums = probabilities.sum(axis=1, keepdims=True)
+    if probabilities.min(initial=0.0) < 0 or not np.all(np.abs(sums - 1) <= ROUNDED_SUM):
+        return probabilities
+    return probabilities / sums
 
 
 def _column_mismatch(classes: np.ndarray, output: str | None, columns: int) -> None:

@@ -23,6 +23,7 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import copy_message, first_float_output, np_dtype
+from onnxgrad._progress import epoch_progress
 from onnxgrad.derivative.api import graph_inputs
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.exceptions import ConvergenceError, not_fitted_error
@@ -472,7 +473,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         stopper = NoImprovement(self.tol, self.n_iter_no_change) if stopping else None
         best = None
         epochs = range(n_epochs)
-        bar = _progress_bar(epochs) if self.verbose and rank() == 0 else None
+        bar = epoch_progress(epochs) if self.verbose and n_epochs and rank() == 0 else None
         sizes = _batch_sizes(len(loader), loader.batch_size)
         for _ in bar if bar is not None else epochs:
             lr.update_learning_rate(self.t_)
@@ -736,7 +737,8 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         ``'Momentum'``, ``'Adam'`` or an optimizer object (:mod:`~onnxgrad.training.learning_rate`)
     :param device: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``
     :param warm_start: continue from the current weights, optimizer state and schedule
-    :param verbose: show a tqdm progress bar with the loss and the learning rate
+    :param verbose: show the loss and the learning rate at each epoch: a tqdm bar on a
+        terminal (or in a notebook), one line per epoch on standard error elsewhere
     :param validation_every: see :meth:`fit`
     :param learning_loss: a name of the loss table (``'squared_error'``, ``'absolute_error'``,
         ``'elastic'``, ``'log'``, ``'log_logits'``, ``'cross_entropy'``,
@@ -985,12 +987,6 @@ def _batch_sizes(n: int, batch_size: int) -> np.ndarray:
     sizes = np.full(-(-n // batch_size), batch_size)
     sizes[-1] = n - batch_size * (len(sizes) - 1)
     return sizes
-
-
-def _progress_bar(epochs):
-    from tqdm import tqdm
-
-    return tqdm(epochs)
 
 
 __all__ = ["BaseOrtOptimizer", "OrtGradientForwardBackwardOptimizer", "OrtGradientOptimizer"]

@@ -21,7 +21,6 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxgrad._onnx_utils import np_dtype
-from onnxgrad.functions import function_onnx_graph
 from onnxgrad.training._builder import StepBuilder, inline_model
 from onnxgrad.training._params import ParamsMixin
 
@@ -121,6 +120,8 @@ class BaseLearningRate(ParamsMixin):
         ``state`` maps this weight's state suffixes to names, ``feeds`` comes from
         :meth:`emit_shared`; every float tensor has the element type ``elem_type``.
         """
+        from onnxgrad.functions import function_onnx_graph  # onnxscript: loaded when built
+
         graph = function_onnx_graph(
             self.function_name, target_opset=b.opset, dtype=np_dtype(elem_type)
         )

@@ -151,3 +151,22 @@ def test_more_columns_than_classes_are_refused(data):
         est.fit(X, y)
     with pytest.raises(ValueError, match=match):
         est.partial_fit(X, y, classes=NAMES)
+
+
+def test_probabilities_of_a_float32_model_sum_to_one_in_float64(data):
+    """The converted model's float32 softmax rows are off 1 by ~1e-8, which makes
+    scikit-learn's log_loss warn; predict_proba renormalises them in float64."""
+    import warnings
+
+    X, y = data
+    reference = LogisticRegression(max_iter=200).fit(X, y)
+    onx = to_onnx(reference, X[:1].astype(np.float32), target_opset=15, options={"zipmap": False})
+    est = OrtGradientClassifier(onx, output="probabilities", max_iter=1, learning_rate=1e-9)
+    proba = est.fit(X, y).predict_proba(X)
+    assert proba.dtype == np.float64
+    assert np.abs(proba.sum(axis=1) - 1).max() <= 1e-15
+    np.testing.assert_allclose(proba, reference.predict_proba(X), rtol=1e-4, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        expected = log_loss(y, reference.predict_proba(X))
+        assert log_loss(y, proba) == pytest.approx(expected, rel=1e-4)
