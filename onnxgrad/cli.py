@@ -366,13 +366,14 @@ def _plain_sgd():
 
 
 def _opsets_text(model: ModelProto) -> str:
-    """``ai.onnx 15, ai.onnx.ml 1``: each domain once (``''`` and ``'ai.onnx'`` are one)."""
+    """``ai.onnx 15, ai.onnx.ml 1``: each domain once (``''`` and ``'ai.onnx'`` are one), the
+    default domain first, the others by name (converters list them in no fixed order)."""
     versions: dict[str, list[int]] = {}
     for op in model.opset_import:
         found = versions.setdefault(op.domain if op.domain not in ("", "ai.onnx") else "", [])
         if op.version not in found:
             found.append(op.version)
-    texts = [f"{d or 'ai.onnx'} {' and '.join(map(str, v))}" for d, v in versions.items()]
+    texts = [f"{d or 'ai.onnx'} {' and '.join(map(str, v))}" for d, v in sorted(versions.items())]
     return ", ".join(texts) or "none"
 
 
