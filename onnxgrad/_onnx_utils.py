@@ -18,6 +18,9 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
+from onnxgrad._external_data import all_tensors, load_external_data
+from onnxgrad._untrusted import read_bounded
+
 #: The highest IR version onnxruntime-training 1.19.2 loads.
 MAX_IR_VERSION = 10
 #: The highest default-domain opset onnxruntime-training 1.19.2 loads.
@@ -50,16 +53,24 @@ def load_model(model: ModelLike) -> ModelProto:
 
 
 def _load_file(path: str) -> ModelProto:
-    """The model of the file ``path``, its external data read by onnxgrad itself
+    """The model of the file ``path``, read once through a checked descriptor (a regular
+    file, below protobuf's 2 GiB), its external data read by onnxgrad itself
     (:mod:`onnxgrad._external_data`: confined to the model's folder)."""
-    from onnxgrad._external_data import load_external_data  # it imports this module
-
     if not os.path.exists(path):
         raise ValueError(f"model file {path!r} does not exist")
-    if not os.path.isfile(path):
-        raise ValueError(f"model file {path!r} is not a regular file")
+    return model_from_bytes(read_bounded(path, PROTOBUF_LIMIT, "model file"), path)
+
+
+#: The largest message protobuf parses.
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def model_from_bytes(data: bytes, path: str | os.PathLike) -> ModelProto:
+    """The model serialised in ``data`` (read from ``path``), its external data read from
+    the folder of ``path``; ``ValueError`` naming ``path`` when it is no ONNX model."""
+    path = os.fspath(path)
     try:
-        loaded = onnx.load(path, load_external_data=False)
+        loaded = onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf raises several types
         raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
     if not loaded.HasField("graph"):
@@ -71,11 +82,11 @@ def _load_file(path: str) -> ModelProto:
 def _check_external_data_loaded(model: ModelProto) -> None:
     """Refuse tensors whose data is still in an external file: resolving it against the
     current folder could silently read an unrelated file of the same name."""
-    for init in model.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
-            location = next((e.value for e in init.external_data if e.key == "location"), "?")
+    for tensor in all_tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
             raise ValueError(
-                f"initializer {init.name!r} keeps its data in the external file {location!r}, "
+                f"tensor {tensor.name!r} keeps its data in the external file {location!r}, "
                 "which this ModelProto does not hold (loaded with load_external_data=False?): "
                 "pass the model's path instead, or call "
                 "onnx.external_data_helper.load_external_data_for_model(model, folder) with "

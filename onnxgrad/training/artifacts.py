@@ -43,6 +43,7 @@ from onnxgrad._onnx_utils import (
     copy_message,
     first_float_output,
     load_model,
+    model_from_bytes,
     np_dtype,
 )
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
@@ -59,6 +60,7 @@ from onnxgrad.training._artifact_manifest import (
     VERSION,
     checked_train,
     file_digests,
+    read_artifacts,
     read_manifest,
 )
 from onnxgrad.training._weights import no_weight_error, weights_reaching
@@ -195,15 +197,18 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     """The :class:`TrainStep` of saved artifacts, to run ``training_model.onnx`` with the
     Python :class:`~onnxgrad.training.runner.TrainingRunner`.
 
-    The folder may come from elsewhere: its digests are checked (:func:`read_manifest`),
-    every field of ``train`` is type-checked, and the shapes it declares must be those of
-    the weights in its checkpoint (a state slot: its weight's, or one element when shared),
-    so no declared shape drives an allocation."""
+    The folder may come from elsewhere: every file is read once and its digest checked on
+    the bytes read, which are the bytes loaded (:func:`read_artifacts`); every field of
+    ``train`` is type-checked, and the shapes it declares must be those of the weights in
+    its checkpoint (a state slot: its weight's, or one element when shared) and of the
+    training model's inputs, so no declared shape drives an allocation."""
     directory = Path(artifact_directory)
-    manifest = read_manifest(directory)
+    manifest, files = read_artifacts(directory, _loaded_files)
     train = checked_train(manifest, directory / MANIFEST)
-    initial = load_checkpoint(directory / manifest["checkpoint"])
+    initial = load_checkpoint(directory / manifest["checkpoint"], files)
     weight_shapes = _checked_weight_shapes(train, initial, directory)
+    training_model = directory / manifest["training_model"]
+    model = model_from_bytes(files[manifest["training_model"]], training_model)
     slots = {
         s["input"]: StateSlot(
             suffix=s["suffix"],
@@ -215,8 +220,10 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
         )
         for s in train["state"]
     }
+    declared = {**weight_shapes, **{name: slot.shape for name, slot in slots.items()}}
+    _check_model_inputs(model, declared, training_model)
     return TrainStep(
-        model=load_model(directory / manifest["training_model"]),
+        model=model,
         features=tuple(train["features"]),
         label=train["label"],
         sample_weight=None,
@@ -240,6 +247,30 @@ def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) ->
             f"{str(directory / MANIFEST)!r} declares weights {shapes}, its checkpoint holds {saved}"
         )
     return shapes
+
+
+def _loaded_files(manifest: dict) -> set[str]:
+    """The files :func:`load_train_step` loads: the training model and the checkpoint."""
+    checkpoint = Path(manifest["checkpoint"])
+    return {manifest["training_model"], checkpoint.name, checkpoint.with_suffix(".bin").name}
+
+
+def _check_model_inputs(model: ModelProto, shapes: dict, path: Path) -> None:
+    """``ValueError`` naming a weight or state the training model has no input for, or whose
+    input's declared shape differs from the manifest's and checkpoint's."""
+    inputs = {i.name: i for i in model.graph.input}
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise ValueError(f"{str(path)!r} has no input {name!r}, which {MANIFEST} trains")
+        dims = inputs[name].type.tensor_type.shape.dim
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        if len(declared) != len(shape) or any(
+            d is not None and d != s for d, s in zip(declared, shape, strict=True)
+        ):
+            raise ValueError(
+                f"{str(path)!r}: input {name!r} is declared {declared}, {MANIFEST} and the "
+                f"checkpoint give {list(shape)}"
+            )
 
 
 def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tuple[int, ...]:
