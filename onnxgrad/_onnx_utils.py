@@ -10,6 +10,7 @@ initializers declared as inputs instead (same names, types and shapes, no data).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterable
@@ -122,6 +123,17 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     return model
 
 
+@contextlib.contextmanager
+def onnx_errors_as_value_errors():
+    """Within the block (or the function it decorates), onnx's checker and inference errors
+    are one-line ``ValueError`` (onnx's message names the operator and the node or value)."""
+    try:
+        yield
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        message = " ".join(str(exc).split())
+        raise ValueError(f"onnx refuses the model: {message}") from None
+
+
 def supported_ir_version(model: ModelProto) -> int:
     """The model's IR version clamped to ``[lowest, MAX_IR_VERSION]``, where ``lowest`` (at
     least 4) is the first IR version that allows the opsets the model imports: opsets beyond
@@ -150,7 +162,7 @@ def make_model_like(graph: onnx.GraphProto, template: ModelProto, **kwargs) -> M
 def all_names(graph: onnx.GraphProto) -> set[str]:
     """Every value name in the graph and its subgraphs (inputs, initializers, node outputs)."""
     names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    names |= {i.name for i in graph.sparse_initializer if i.values.name}
+    names |= {i.values.name for i in graph.sparse_initializer if i.values.name}
     names |= {o.name for o in graph.output}
     for node in graph.node:
         names.update(n for n in node.input if n)

@@ -45,6 +45,7 @@ from onnxgrad._onnx_utils import (
     load_model,
     model_from_bytes,
     np_dtype,
+    onnx_errors_as_value_errors,
 )
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph import replace_initializers_into_onnx
@@ -105,6 +106,7 @@ class TrainingArtifacts:
         return self.directory / name
 
 
+@onnx_errors_as_value_errors()
 def generate_artifacts(
     model: ModelLike,
     requires_grad: Sequence[str] | None = None,
@@ -285,6 +287,7 @@ def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tup
     return shape
 
 
+@onnx_errors_as_value_errors()
 def merge_checkpoint(
     model: ModelLike, checkpoint: Checkpoint | str | os.PathLike, quantized: str = "keep"
 ) -> ModelProto:
