@@ -124,6 +124,36 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
 
 
 @contextlib.contextmanager
+def protobuf_failures_as_memory_errors():
+    """Within the block (or the function it decorates), protobuf's ``EncodeError`` and
+    ``DecodeError`` (what it raises when it cannot allocate a message, e.g. "Arena alloc
+    failed", or when a message passes its 2 GiB limit) are a ``MemoryError`` saying so and
+    naming the process's address-space limit, when there is one."""
+    from google.protobuf.message import DecodeError, EncodeError
+
+    try:
+        yield
+    except (DecodeError, EncodeError) as exc:
+        raise MemoryError(
+            f"protobuf could not hold a model ({exc}): the process ran out of memory"
+            f"{_address_space_limit()} or a message passed protobuf's 2 GiB limit"
+        ) from None
+
+
+def _address_space_limit() -> str:
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return ""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return (
+        ""
+        if soft == resource.RLIM_INFINITY
+        else f" (its address space is limited to {soft / 2**30:.3g} GiB)"
+    )
+
+
+@contextlib.contextmanager
 def onnx_errors_as_value_errors():
     """Within the block (or the function it decorates), onnx's checker and inference errors
     are one-line ``ValueError`` (onnx's message names the operator and the node or value)."""

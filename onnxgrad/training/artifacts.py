@@ -46,6 +46,7 @@ from onnxgrad._onnx_utils import (
     model_from_bytes,
     np_dtype,
     onnx_errors_as_value_errors,
+    protobuf_failures_as_memory_errors,
 )
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph import replace_initializers_into_onnx
@@ -106,6 +107,7 @@ class TrainingArtifacts:
         return self.directory / name
 
 
+@protobuf_failures_as_memory_errors()
 @onnx_errors_as_value_errors()
 def generate_artifacts(
     model: ModelLike,
@@ -287,6 +289,7 @@ def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tup
     return shape
 
 
+@protobuf_failures_as_memory_errors()
 @onnx_errors_as_value_errors()
 def merge_checkpoint(
     model: ModelLike, checkpoint: Checkpoint | str | os.PathLike, quantized: str = "keep"
@@ -301,9 +304,10 @@ def merge_checkpoint(
     nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
     trained = None
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        manifest = read_manifest(model)
+        manifest, files = read_artifacts(model, lambda m: {m["inference_model"]})
         trained = {w["input"] for w in checked_train(manifest, model)["weights"]}
-        model = Path(model) / manifest["inference_model"]
+        name = manifest["inference_model"]
+        model = model_from_bytes(files[name], Path(model) / name)  # the bytes digested
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
     model = load_model(model)

@@ -233,3 +233,23 @@ def test_the_cycle_is_found_in_linear_time(reports):
 def test_the_ranks_are_refused_before_any_allocation(reports):
     for key in ("reshape-rank-1M", "computed-rank-12M"):
         assert reports[key]["seconds"] < 10, reports[key]
+
+
+def test_protobuf_running_out_of_memory_is_a_memory_error_saying_so(monkeypatch):
+    """A 200k-node chain ran the derivative out of a 4 GiB address space inside protobuf,
+    which says so as ``DecodeError: Arena alloc failed`` (or ``EncodeError``); the entry
+    points turn it into a MemoryError naming protobuf and the limit."""
+    from google.protobuf.message import DecodeError
+
+    from onnxgrad import onnx_derivative
+    from onnxgrad.derivative import api
+
+    def arena_failure(model):
+        raise DecodeError("Arena alloc failed")
+
+    monkeypatch.setattr(api, "normalized_model", arena_failure)
+    model = _model([helper.make_node("Mul", ["x", "w"], ["y"])], [_weight()])
+    with pytest.raises(
+        MemoryError, match=r"protobuf could not hold a model \(Arena alloc failed\)"
+    ):
+        onnx_derivative(model)
