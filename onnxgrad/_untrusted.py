@@ -56,17 +56,30 @@ def open_regular(path: str | os.PathLike, what: str) -> Iterator[tuple[BinaryIO,
     """``(file, size)`` of the regular file ``path`` opened for reading without blocking
     (a FIFO put in its place is refused, not waited on)."""
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+    opened = _checked_descriptor(descriptor, lambda info: _check_regular(info, path, what))
+    with opened as (file, info):
+        yield file, info.st_size
+
+
+@contextlib.contextmanager
+def _checked_descriptor(descriptor: int, check) -> Iterator[tuple[BinaryIO, os.stat_result]]:
+    """``(file, fstat)`` of the open ``descriptor`` once ``check(fstat)`` passes, made
+    blocking (it was opened without, so that a FIFO does not hang the open); closed after."""
     try:
         info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{what} {os.fspath(path)!r} is not a regular file ({_kind(info)})")
+        check(info)
         os.set_blocking(descriptor, True)
         file = os.fdopen(descriptor, "rb")
     except BaseException:
         os.close(descriptor)
         raise
     with file:
-        yield file, info.st_size
+        yield file, info
+
+
+def _check_regular(info: os.stat_result, path, what: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{what} {os.fspath(path)!r} is not a regular file ({_kind(info)})")
 
 
 def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
@@ -105,15 +118,10 @@ def open_confined(
         )
     components = os.path.relpath(real, real_folder).split(os.sep)
     descriptor = _open_beneath(real_folder, components, path, what, where)
-    try:
-        info = os.fstat(descriptor)
-        _check_single_regular(info, path, what, where)
-        os.set_blocking(descriptor, True)
-        file = os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
-    with file:
+    opened = _checked_descriptor(
+        descriptor, lambda info: _check_single_regular(info, path, what, where)
+    )
+    with opened as (file, info):
         yield file, info
 
 
@@ -151,8 +159,7 @@ def _open_beneath(folder: str, components: list[str], path: Path, what: str, whe
 
 
 def _check_single_regular(info: os.stat_result, path, what: str, where) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{what} {os.fspath(path)!r} is not a regular file ({_kind(info)})")
+    _check_regular(info, path, what)
     if info.st_nlink != 1:
         raise ValueError(
             f"{os.fspath(where)!r}: {what} {os.fspath(path)!r} has {info.st_nlink} hard links "
@@ -175,6 +182,7 @@ def identity(info: os.stat_result) -> tuple[int, int]:
 
 
 def sha256_hex(data: bytes) -> str:
+    """The SHA-256 of ``data``, in hex."""
     return hashlib.sha256(data).hexdigest()
 
 
