@@ -64,7 +64,7 @@ def directory_size(file, size: int, where: str) -> tuple[int, int]:
     if at < 0 or tail[at : at + 4] != _END or tail[-2:] != b"\0\0":
         at = tail.rfind(_END)
     if at < 0 or len(tail) - at < 22:
-        raise ValueError(f"{where!r} is not an .npz file (no zip end record)")
+        raise ValueError(f"{where!r} is not a readable .npz file (no zip end record)")
     count, listing = struct.unpack_from("<HI", tail, at + 10)
     locator = at - 20
     if locator >= 0 and tail[locator : locator + 4] == _END64_LOCATOR:
@@ -72,7 +72,7 @@ def directory_size(file, size: int, where: str) -> tuple[int, int]:
         file.seek(min(end64, size))
         record = file.read(56)
         if len(record) < 56 or record[:4] != b"PK\x06\x06":
-            raise ValueError(f"{where!r} is not an .npz file (no zip64 end record)")
+            raise ValueError(f"{where!r} is not a readable .npz file (no zip64 end record)")
         count64, listing64 = struct.unpack_from("<QQ", record, 32)
         count, listing = max(count, count64), max(listing, listing64)
     return count, listing

@@ -131,7 +131,10 @@ def _parts(name: str | Sequence[str]) -> list[str]:
 
 def _open_beneath(folder: str, components: list[str], path: Path, what: str, where) -> int:
     """A descriptor of ``folder/components``, opened from a descriptor of ``folder``, one
-    component at a time, following no link."""
+    component at a time, following no link (by its resolved path where the platform opens
+    nothing relative to a folder's descriptor)."""
+    if os.open not in os.supports_dir_fd:
+        return os.open(os.path.join(folder, *components), os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
         current = os.open(folder, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
     except FileNotFoundError:
