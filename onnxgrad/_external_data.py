@@ -23,9 +23,11 @@ read never exceeds the size of the files it comes from.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import io
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from onnx import AttributeProto, GraphProto, ModelProto, SparseTensorProto, TensorProto, helper
@@ -42,23 +44,44 @@ HALF_BYTE_TYPES = {
 _KEYS = ("location", "offset", "length", "checksum", "basepath")
 
 
-def load_external_data(model: ModelProto, folder: str | os.PathLike, source: str) -> None:
+def load_external_data(
+    model: ModelProto,
+    folder: str | os.PathLike,
+    source: str,
+    files: Mapping[str, bytes] | None = None,
+) -> None:
     """Read the external data of ``model`` (loaded from ``source``, in ``folder``) into its
-    tensors, in place (see the module docstring)."""
-    spans: dict[tuple[int, int], list[tuple[int, int, str]]] = {}
+    tensors, in place (see the module docstring). ``files`` gives, by file name, bytes the
+    caller has read and verified already (an artifact folder's): the data is then taken
+    from them only."""
+    spans: dict[object, list[tuple[int, int, str]]] = {}
     for tensor in all_tensors(model):
         if tensor.data_location == TensorProto.EXTERNAL:
-            _read_tensor(tensor, Path(folder), source, spans)
+            _read_tensor(tensor, Path(folder), source, spans, files)
 
 
-def _read_tensor(tensor: TensorProto, folder: Path, source: str, spans: dict) -> None:
+@contextlib.contextmanager
+def _opened(folder: Path, parts: list[str], what: str, source: str, files):
+    """``(file, size, identity)`` of the external data file ``parts``: from ``files`` when
+    given, else through a checked descriptor."""
+    if files is None:
+        with open_confined(folder, parts, what, source) as (file, info):
+            yield file, info.st_size, identity(info)
+        return
+    name = "/".join(parts)
+    if name not in files:
+        raise ValueError(f"{source!r}: {what} is in {name!r}, which was not read with it")
+    yield io.BytesIO(files[name]), len(files[name]), name
+
+
+def _read_tensor(tensor: TensorProto, folder: Path, source: str, spans: dict, files) -> None:
     """Read one tensor's bytes through one checked descriptor; ``spans`` holds, per file
     identity, the sorted byte ranges already read."""
     parts, offset, length = _location(tensor, source)
     what = f"the external data of tensor {tensor.name!r}"
-    with open_confined(folder, parts, what, source) as (file, info):
+    with _opened(folder, parts, what, source, files) as (file, size, key):
         if length is None:
-            length = max(info.st_size - offset, 0)
+            length = max(size - offset, 0)
         expected = _nbytes(tensor)
         if expected is not None and length != expected:
             raise ValueError(
@@ -67,9 +90,9 @@ def _read_tensor(tensor: TensorProto, folder: Path, source: str, spans: dict) ->
                 f"{length} bytes long"
             )
         path = folder.joinpath(*parts)
-        if offset + length > info.st_size:
-            raise ValueError(_too_short(tensor, path, offset, length, info.st_size, source))
-        _claim(spans.setdefault(identity(info), []), offset, length, tensor.name, path, source)
+        if offset + length > size:
+            raise ValueError(_too_short(tensor, path, offset, length, size, source))
+        _claim(spans.setdefault(key, []), offset, length, tensor.name, path, source)
         file.seek(offset)
         raw = file.read(length)
     if len(raw) != length:

@@ -66,9 +66,12 @@ def _load_file(path: str) -> ModelProto:
 PROTOBUF_LIMIT = 2**31 - 1
 
 
-def model_from_bytes(data: bytes, path: str | os.PathLike) -> ModelProto:
+def model_from_bytes(
+    data: bytes, path: str | os.PathLike, files: dict[str, bytes] | None = None
+) -> ModelProto:
     """The model serialised in ``data`` (read from ``path``), its external data read from
-    the folder of ``path``; ``ValueError`` naming ``path`` when it is no ONNX model."""
+    the folder of ``path`` (from ``files``, by name, when given: bytes already read and
+    verified); ``ValueError`` naming ``path`` when it is no ONNX model."""
     path = os.fspath(path)
     try:
         loaded = onnx.load_model_from_string(data)
@@ -76,7 +79,7 @@ def model_from_bytes(data: bytes, path: str | os.PathLike) -> ModelProto:
         raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
     if not loaded.HasField("graph"):
         raise ValueError(f"{path!r} is not a valid ONNX model: it has no graph")
-    load_external_data(loaded, os.path.dirname(path) or os.curdir, path)
+    load_external_data(loaded, os.path.dirname(path) or os.curdir, path, files)
     return loaded
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from onnx import ModelProto
 
-from onnxgrad._files import save_model, write_atomically
+from onnxgrad._files import is_data_file_of, save_model, write_atomically
 from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import (
     ModelLike,
@@ -212,7 +212,7 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     initial = load_checkpoint(directory / manifest["checkpoint"], files)
     weight_shapes = _checked_weight_shapes(train, initial, directory)
     training_model = directory / manifest["training_model"]
-    model = model_from_bytes(files[manifest["training_model"]], training_model)
+    model = model_from_bytes(files[manifest["training_model"]], training_model, files)
     slots = {
         s["input"]: StateSlot(
             suffix=s["suffix"],
@@ -254,9 +254,18 @@ def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) ->
 
 
 def _loaded_files(manifest: dict) -> set[str]:
-    """The files :func:`load_train_step` loads: the training model and the checkpoint."""
+    """The files :func:`load_train_step` loads: the training model with its external data,
+    and the checkpoint."""
     checkpoint = Path(manifest["checkpoint"])
-    return {manifest["training_model"], checkpoint.name, checkpoint.with_suffix(".bin").name}
+    model = _model_files(manifest, "training_model")
+    return {*model, checkpoint.name, checkpoint.with_suffix(".bin").name}
+
+
+def _model_files(manifest: dict, entry: str) -> set[str]:
+    """The listed files of the model ``manifest[entry]``: it and its external data."""
+    model = manifest[entry]
+    data = {n for n in manifest["files"] if is_data_file_of(n, model) or n == f"{model}.data"}
+    return {model, *data}
 
 
 def _check_model_inputs(model: ModelProto, shapes: dict, path: Path) -> None:
@@ -304,10 +313,10 @@ def merge_checkpoint(
     nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
     trained = None
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        manifest, files = read_artifacts(model, lambda m: {m["inference_model"]})
+        manifest, files = read_artifacts(model, lambda m: _model_files(m, "inference_model"))
         trained = {w["input"] for w in checked_train(manifest, model)["weights"]}
         name = manifest["inference_model"]
-        model = model_from_bytes(files[name], Path(model) / name)  # the bytes digested
+        model = model_from_bytes(files[name], Path(model) / name, files)  # the bytes digested
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
     model = load_model(model)

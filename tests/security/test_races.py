@@ -226,3 +226,27 @@ def test_a_big_save_killed_between_its_renames_leaves_the_old_model_whole(tmp_pa
     np.testing.assert_array_equal(loaded, np.full(64, 3.0, np.float32))
     data_files = sorted(p.name for p in tmp_path.iterdir() if p.name != "m.onnx")
     assert len(data_files) == 1, data_files  # the earlier saves' data files are removed
+
+
+def test_an_artifact_folder_past_the_limit_loads_its_data_from_the_digested_bytes(
+    tmp_path, monkeypatch
+):
+    """Models past the (lowered) 2 GiB limit keep external data files in the folder: the
+    loaders take them from the bytes whose digests were checked, and a data file changed
+    since is refused by name."""
+    from onnxgrad.training import load_checkpoint, merge_checkpoint
+
+    monkeypatch.setattr(_files, "PROTOBUF_LIMIT", 100)
+    monkeypatch.setattr(_files, "EXTERNAL_THRESHOLD", 8)
+    coefs = np.arange(40.0)
+    art = tmp_path / "art"
+    generate_artifacts(linear_regression_model(coefs, np.ones(1)), optimizer="sgd", folder=art)
+    assert any(p.name.startswith("inference_model.onnx.") for p in art.iterdir())
+    load_train_step(art)
+    merged = merge_checkpoint(art, load_checkpoint(art / "checkpoint.json"))
+    weights = {i.name: numpy_helper.to_array(i) for i in merged.graph.initializer}
+    np.testing.assert_array_equal(weights["coefs"].ravel(), coefs.astype(np.float32))
+    data = next(p for p in art.iterdir() if p.name.startswith("inference_model.onnx."))
+    data.write_bytes(b"\0" * data.stat().st_size)
+    with pytest.raises(ValueError, match=r"inference_model\.onnx\.[0-9a-f]{16}\.data.*digest"):
+        merge_checkpoint(art, load_checkpoint(art / "checkpoint.json"))
