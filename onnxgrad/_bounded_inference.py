@@ -21,7 +21,7 @@ from __future__ import annotations
 import onnx
 from onnx import GraphProto, ModelProto
 
-from onnxgrad._onnx_utils import normalize_domain, subgraphs
+from onnxgrad._onnx_utils import normalize_domain, onnx_errors_as_value_errors, subgraphs
 
 #: The operators with a data propagation function in onnx (1.16 to 1.23).
 PROPAGATING_OPS = frozenset(
@@ -34,11 +34,12 @@ MAX_PROPAGATED_VALUES = 2**16
 
 def infer_shapes_bounded(view: ModelProto) -> ModelProto:
     """``view`` with the types shape inference gives, data propagated within the bound
-    (see the module docstring); raises what onnx's inference raises."""
-    plain = onnx.shape_inference.infer_shapes(view)
-    if not _propagation_is_bounded(plain):
-        return plain
-    return onnx.shape_inference.infer_shapes(view, data_prop=True)
+    (see the module docstring); onnx's errors are one-line ``ValueError``."""
+    with onnx_errors_as_value_errors():
+        plain = onnx.shape_inference.infer_shapes(view)
+        if not _propagation_is_bounded(plain):
+            return plain
+        return onnx.shape_inference.infer_shapes(view, data_prop=True)
 
 
 def _propagation_is_bounded(inferred: ModelProto) -> bool:

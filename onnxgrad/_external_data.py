@@ -5,9 +5,16 @@ A model file may keep tensors in other files (``external_data``: ``location``, `
 
 * ``location`` is a relative path without ``..`` whose real path (links followed) lies in
   the model's folder;
-* it is a regular file with one link (a hard link could expose a file from elsewhere);
+* the file, opened once and checked on its descriptor
+  (:func:`onnxgrad._untrusted.open_confined`: no link followed after the check, a regular
+  file with one link, since a hard link could expose a file from elsewhere), is the file
+  read;
 * ``offset + length`` lies within the file and ``length`` is the tensor's size
-  (``prod(dims) * itemsize``), and no two tensors share bytes.
+  (``prod(dims) * itemsize``), and no two tensors share bytes of one file (the same file
+  by its identity, whatever name reaches it), checked before the bytes are read.
+
+Tensors anywhere in the model are read so: initializers, sparse initializers, and the
+tensor, sparse tensor and subgraph attributes of nodes and functions.
 
 Anything else is a ``ValueError`` naming the tensor, the file and the rule broken; the data
 read never exceeds the size of the files it comes from.
@@ -15,15 +22,17 @@ read never exceeds the size of the files it comes from.
 
 from __future__ import annotations
 
-import itertools
+import bisect
+import contextlib
+import io
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, helper
+from onnx import AttributeProto, GraphProto, ModelProto, SparseTensorProto, TensorProto, helper
 
-from onnxgrad._untrusted import check_regular, open_regular
+from onnxgrad._untrusted import identity, open_confined
 
 #: Element types packed two to a byte (and two to an int32_data value).
 HALF_BYTE_TYPES = {
@@ -35,39 +44,83 @@ HALF_BYTE_TYPES = {
 _KEYS = ("location", "offset", "length", "checksum", "basepath")
 
 
-def load_external_data(model: ModelProto, folder: str | os.PathLike, source: str) -> None:
+def load_external_data(
+    model: ModelProto,
+    folder: str | os.PathLike,
+    source: str,
+    files: Mapping[str, bytes] | None = None,
+) -> None:
     """Read the external data of ``model`` (loaded from ``source``, in ``folder``) into its
-    tensors, in place (see the module docstring)."""
-    external = [t for t in _all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
-    if not external:
+    tensors, in place (see the module docstring). ``files`` gives, by file name, bytes the
+    caller has read and verified already (an artifact folder's): the data is then taken
+    from them only."""
+    spans: dict[object, list[tuple[int, int, str]]] = {}
+    for tensor in all_tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            _read_tensor(tensor, Path(folder), source, spans, files)
+
+
+@contextlib.contextmanager
+def _opened(folder: Path, parts: list[str], what: str, source: str, files):
+    """``(file, size, identity)`` of the external data file ``parts``: from ``files`` when
+    given, else through a checked descriptor."""
+    if files is None:
+        with open_confined(folder, parts, what, source) as (file, info):
+            yield file, info.st_size, identity(info)
         return
-    spans: dict[str, list[tuple[int, int, str]]] = {}
-    plans = []
-    for tensor in external:
-        path, offset, length = _checked_location(tensor, Path(folder), source)
-        spans.setdefault(os.path.realpath(path), []).append((offset, offset + length, tensor.name))
-        plans.append((tensor, path, offset, length))
-    for file, ranges in spans.items():
-        ranges.sort()
-        for (_, end, first), (start, _, second) in itertools.pairwise(ranges):
-            if start < end:
-                raise ValueError(
-                    f"{source!r}: tensors {first!r} and {second!r} share bytes of {file!r}"
-                )
-    for tensor, path, offset, length in plans:
-        with open_regular(path, f"the external data of tensor {tensor.name!r}") as (file, size):
-            if offset + length > size:
-                raise ValueError(_too_short(tensor, path, offset, length, size, source))
-            file.seek(offset)
-            raw = file.read(length)
-        if len(raw) != length:
-            raise ValueError(_too_short(tensor, path, offset, length, len(raw) + offset, source))
-        tensor.raw_data = raw
-        del tensor.external_data[:]
-        tensor.data_location = TensorProto.DEFAULT
+    name = "/".join(parts)
+    if name not in files:
+        raise ValueError(f"{source!r}: {what} is in {name!r}, which was not read with it")
+    yield io.BytesIO(files[name]), len(files[name]), name
 
 
-def _checked_location(tensor: TensorProto, folder: Path, source: str) -> tuple[Path, int, int]:
+def _read_tensor(tensor: TensorProto, folder: Path, source: str, spans: dict, files) -> None:
+    """Read one tensor's bytes through one checked descriptor; ``spans`` holds, per file
+    identity, the sorted byte ranges already read."""
+    parts, offset, length = _location(tensor, source)
+    what = f"the external data of tensor {tensor.name!r}"
+    with _opened(folder, parts, what, source, files) as (file, size, key):
+        if length is None:
+            length = max(size - offset, 0)
+        expected = _nbytes(tensor)
+        if expected is not None and length != expected:
+            raise ValueError(
+                f"{source!r}: tensor {tensor.name!r} declares dims {list(tensor.dims)} "
+                f"({expected} bytes) but its external data in {'/'.join(parts)!r} is "
+                f"{length} bytes long"
+            )
+        path = folder.joinpath(*parts)
+        if offset + length > size:
+            raise ValueError(_too_short(tensor, path, offset, length, size, source))
+        _claim(spans.setdefault(key, []), offset, length, tensor.name, path, source)
+        file.seek(offset)
+        raw = file.read(length)
+    if len(raw) != length:
+        raise ValueError(_too_short(tensor, path, offset, length, len(raw) + offset, source))
+    tensor.raw_data = raw
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.DEFAULT
+
+
+def _claim(ranges: list, offset: int, length: int, name: str, path: Path, source: str) -> None:
+    """Add ``[offset, offset + length)`` to the sorted ``ranges`` of one file, ``ValueError``
+    when it overlaps one already there."""
+    if not length:
+        return
+    span = (offset, offset + length, name)
+    index = bisect.bisect_left(ranges, span)
+    for neighbour in ranges[max(index - 1, 0) : index + 1]:
+        if neighbour[0] < span[1] and span[0] < neighbour[1]:
+            raise ValueError(
+                f"{source!r}: tensors {neighbour[2]!r} and {name!r} share bytes of "
+                f"{os.fspath(path)!r}"
+            )
+    ranges.insert(index, span)
+
+
+def _location(tensor: TensorProto, source: str) -> tuple[list[str], int, int | None]:
+    """The path components, offset and length (None: to the end) of a tensor's external
+    data, from its entries alone."""
     label = f"{source!r}: tensor {tensor.name!r}"
     entries: dict[str, str] = {}
     for entry in tensor.external_data:
@@ -81,32 +134,8 @@ def _checked_location(tensor: TensorProto, folder: Path, source: str) -> tuple[P
             f"{label} keeps its data at {location!r}: external data must be a relative path "
             "inside the model's folder, without '..'"
         )
-    path = folder.joinpath(*[p for p in parts if p not in ("", ".")])
-    real, real_folder = os.path.realpath(path), os.path.realpath(folder)
-    if not real.startswith(real_folder.rstrip(os.sep) + os.sep):
-        raise ValueError(
-            f"{label} keeps its data in {location!r}, which resolves to {real!r}, outside "
-            f"the model's folder {real_folder!r}"
-        )
-    info = check_regular(path, f"the external data of tensor {tensor.name!r}")
-    if info.st_nlink > 1:
-        raise ValueError(
-            f"{label} keeps its data in {location!r}, a file with {info.st_nlink} hard links "
-            "(one of them may be outside the model's folder): copy it to a file of its own"
-        )
     offset, length = (_count(entries, key, label) for key in ("offset", "length"))
-    expected = _nbytes(tensor)
-    offset = offset or 0
-    if length is None:
-        length = max(info.st_size - offset, 0)
-    if expected is not None and length != expected:
-        raise ValueError(
-            f"{label} declares dims {list(tensor.dims)} ({expected} bytes) but its external "
-            f"data in {location!r} is {length} bytes long"
-        )
-    if offset + length > info.st_size:
-        raise ValueError(_too_short(tensor, path, offset, length, info.st_size, source))
-    return path, offset, length
+    return [p for p in parts if p not in ("", ".")], offset or 0, length
 
 
 def _count(entries: dict[str, str], key: str, label: str) -> int | None:
@@ -138,7 +167,7 @@ def _too_short(tensor, path, offset, length, size, source) -> str:
     )
 
 
-def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
+def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
     yield from _graph_tensors(model.graph)
     for function in model.functions:
         for node in function.node:
@@ -148,10 +177,14 @@ def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
 def _graph_tensors(graph: GraphProto) -> Iterator[TensorProto]:
     yield from graph.initializer
     for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
+        yield from _sparse_tensors(sparse)
     for node in graph.node:
         yield from _attribute_tensors(node.attribute)
+
+
+def _sparse_tensors(sparse: SparseTensorProto) -> Iterator[TensorProto]:
+    yield sparse.values
+    yield sparse.indices
 
 
 def _attribute_tensors(attributes) -> Iterator[TensorProto]:
@@ -160,6 +193,11 @@ def _attribute_tensors(attributes) -> Iterator[TensorProto]:
             yield attribute.t
         elif attribute.type == AttributeProto.TENSORS:
             yield from attribute.tensors
+        elif attribute.type == AttributeProto.SPARSE_TENSOR:
+            yield from _sparse_tensors(attribute.sparse_tensor)
+        elif attribute.type == AttributeProto.SPARSE_TENSORS:
+            for sparse in attribute.sparse_tensors:
+                yield from _sparse_tensors(sparse)
         elif attribute.type == AttributeProto.GRAPH:
             yield from _graph_tensors(attribute.g)
         elif attribute.type == AttributeProto.GRAPHS:

@@ -9,7 +9,9 @@ protobuf message (2 GiB) keep their weights as external data in ``<name>.data`` 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -31,6 +33,8 @@ PROTOBUF_LIMIT = 2**31 - 1
 #: Initializers at least this big go to the external data file.
 EXTERNAL_THRESHOLD = 1024
 _ALIGNMENT = 4096
+#: Hex digits of the data's SHA-256 in the name of a model's external data file.
+_DIGEST_DIGITS = 16
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -130,9 +134,9 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def save_model(model: ModelProto, path: str | os.PathLike) -> None:
     """Write ``model`` to ``path`` atomically; past protobuf's 2 GiB limit, its big
-    initializers go to ``<name>.data`` beside ``path`` (beside the link when ``path`` is
-    one: runtimes look for it there) as external data, written first, so the model never
-    points at a missing file."""
+    initializers go to ``<name>.<digest>.data`` beside ``path`` (beside the link when
+    ``path`` is one: runtimes look for it there) as external data, written first, so the
+    model never points at a missing file or at another save's data (module docstring)."""
     if serialized_size(model) < PROTOBUF_LIMIT:
         write_atomically(path, lambda temporary: _write_in_pieces(model, temporary))
         return
@@ -142,10 +146,43 @@ def save_model(model: ModelProto, path: str | os.PathLike) -> None:
             f"{str(path)!r} is not a regular file"
         )
     given = Path(path)  # runtimes resolve the data beside the path they open, link or not
-    location = f"{given.name}.data"
+    location = _write_weights_by_digest(model, given)
     header = _without_big_weights(model, location)
-    write_atomically(given.with_name(location), lambda tmp: _write_weights(model, tmp))
     write_bytes(given, header.SerializeToString())
+    _remove_earlier_data(given, location)
+
+
+def _write_weights_by_digest(model: ModelProto, given: Path) -> str:
+    """Write the big weights to a temporary file beside ``given``, then rename it after
+    its digest; the file name (relative to ``given``'s folder)."""
+    nominal = given.with_name(f"{given.name}.data")
+    temporary = _create_temporary(nominal)
+    try:
+        with held(temporary):
+            remove_leftovers(nominal)
+            digest = _write_weights(model, str(temporary))
+            location = f"{given.name}.{digest[:_DIGEST_DIGITS]}.data"
+            os.replace(temporary, given.with_name(location))
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return location
+
+
+def _remove_earlier_data(given: Path, location: str) -> None:
+    """Remove the data files earlier saves to ``given`` left (other digests)."""
+    for entry in os.scandir(given.parent):
+        if entry.name != location and is_data_file_of(entry.name, given.name):
+            Path(entry.path).unlink(missing_ok=True)
+
+
+def is_data_file_of(name: str, model_name: str) -> bool:
+    """Whether ``name`` is an external data file :func:`save_model` writes for a model
+    file named ``model_name``."""
+    return (
+        re.fullmatch(re.escape(model_name) + rf"\.[0-9a-f]{{{_DIGEST_DIGITS}}}\.data", name)
+        is not None
+    )
 
 
 def _write_in_pieces(model: ModelProto, path: str) -> None:
@@ -189,9 +226,14 @@ def _without_any_initializer(model: ModelProto) -> ModelProto:
     return without_initializers(model, (init.name for init in model.graph.initializer))
 
 
-def _write_weights(model: ModelProto, path: str) -> None:
+def _write_weights(model: ModelProto, path: str) -> str:
+    """Write the big initializers of ``model`` to ``path`` (4 KiB aligned); their SHA-256."""
+    digest = hashlib.sha256()
     with open(path, "wb") as data:
         for init in filter(_is_big, model.graph.initializer):
             raw = init.raw_data if init.HasField("raw_data") else to_array(init).tobytes()
-            data.write(raw)
-            data.write(b"\0" * (-len(raw) % _ALIGNMENT))
+            padding = b"\0" * (-len(raw) % _ALIGNMENT)
+            for chunk in (raw, padding):
+                data.write(chunk)
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -17,6 +17,7 @@ import stat
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from onnxgrad._files import is_data_file_of
 from onnxgrad._leftovers import held, remove_leftovers, temporary_pattern
 
 _ATTEMPTS = 100
@@ -28,8 +29,9 @@ def replace_folder(
     """Call ``fill(folder)`` on a new empty folder, then put it at ``destination``.
 
     An existing ``destination`` (a link to one is followed) is replaced only when every
-    entry in it is one of the ``known`` names (files this writer writes) or a hidden
-    temporary file: a folder holding anything else is a ``ValueError`` listing it.
+    entry in it is one of the ``known`` names (files this writer writes), the external data
+    file :func:`onnxgrad._files.save_model` writes for one of them, or a hidden temporary
+    file: a folder holding anything else is a ``ValueError`` listing it.
     Missing parent folders are created. Returns the folder written.
     """
     target = Path(os.path.realpath(destination))
@@ -59,7 +61,11 @@ def _replaceable_mode(target: Path, known: set[str]) -> int | None:
     if not stat.S_ISDIR(info.st_mode):
         raise ValueError(f"{str(target)!r} exists and is not a folder")
     foreign = sorted(
-        name for name in os.listdir(target) if name not in known and not _is_temporary(name)
+        name
+        for name in os.listdir(target)
+        if name not in known
+        and not _is_temporary(name)
+        and not any(is_data_file_of(name, model) for model in known)
     )
     if foreign:
         shown = ", ".join(map(repr, foreign[:5])) + (", ..." if len(foreign) > 5 else "")

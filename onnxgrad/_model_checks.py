@@ -18,6 +18,7 @@ import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
 from onnxgrad._external_data import HALF_BYTE_TYPES
+from onnxgrad._model_bounds import check_bounds
 from onnxgrad._onnx_utils import (
     normalize_domain,
     np_dtype,
@@ -31,6 +32,7 @@ def check_structure(model: ModelProto) -> None:
     imported = {normalize_domain(op.domain) for op in model.opset_import}
     imported |= {normalize_domain(f.domain) for f in model.functions}
     _check_graph(model.graph, imported, outer=set())
+    check_bounds(model)
 
 
 def check_with_onnx(model: ModelProto) -> None:
@@ -58,14 +60,16 @@ def _check_graph(graph: GraphProto, imported: set[str], outer: set[str]) -> None
     _check_dims(graph)
     for index, node in enumerate(graph.node):
         domain = normalize_domain(node.domain)
+        if not domain:
+            _check_branch_outputs(node, index)
         if domain not in imported:
             raise ValueError(
                 f"{describe_node(node, index)} is in domain "
                 f"{node.domain or 'ai.onnx (the default)'!r}, which the model does not "
                 "import (add it to opset_import)"
             )
+    _check_initializer_names(graph)
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {i.values.name for i in graph.sparse_initializer}
     order = topological_order(graph, defined, outer)
     if order != list(range(len(graph.node))):
         nodes = [graph.node[i] for i in order]
@@ -83,6 +87,40 @@ def _check_graph(graph: GraphProto, imported: set[str], outer: set[str]) -> None
     for node in graph.node:
         for sub in subgraphs(node):
             _check_graph(sub, imported, known)
+
+
+def _check_branch_outputs(node: NodeProto, index: int) -> None:
+    """``ValueError`` naming an ``If`` whose branches do not give one output per output of
+    the node, or a ``Loop`` whose body does not give the condition and one per output."""
+    graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+    if node.op_type == "If":
+        expected = {"then_branch": len(node.output), "else_branch": len(node.output)}
+    elif node.op_type == "Loop":
+        expected = {"body": 1 + len(node.output)}
+    else:
+        return
+    for name, count in expected.items():
+        if name in graphs and len(graphs[name].output) != count:
+            raise ValueError(
+                f"{describe_node(node, index)}: its {name} has {len(graphs[name].output)} "
+                f"outputs, the node needs {count}"
+            )
+
+
+def _check_initializer_names(graph: GraphProto) -> None:
+    """``ValueError`` naming an initializer given twice, or a sparse initializer (onnxgrad
+    trains and rewrites dense weights: store it dense, e.g. with
+    ``onnx.numpy_helper.from_array(dense, name)``)."""
+    for sparse in graph.sparse_initializer:
+        raise ValueError(
+            f"sparse initializer {sparse.values.name!r} (dims {list(sparse.dims)}) is not "
+            "supported: store it as a dense initializer"
+        )
+    seen = set()
+    for init in graph.initializer:
+        if init.name in seen:
+            raise ValueError(f"initializer {init.name!r} is given twice")
+        seen.add(init.name)
 
 
 def _check_dims(graph: GraphProto) -> None:
@@ -189,9 +227,14 @@ def topological_order(
                 heapq.heappush(ready, reader)
     if len(order) < len(nodes):
         cycle = _cycle(nodes, producer, waiting)
-        shown = " -> ".join(describe_node(nodes[i], i) for i in cycle)
-        raise ValueError(f"the graph has a cycle: {shown} -> back to the first")
+        shown = " -> ".join(describe_node(nodes[i], i) for i in cycle[:_SHOWN_CYCLE])
+        more = f" -> ... ({len(cycle)} nodes in all)" if len(cycle) > _SHOWN_CYCLE else ""
+        raise ValueError(f"the graph has a cycle: {shown}{more} -> back to the first")
     return order
+
+
+#: The nodes of a cycle an error shows.
+_SHOWN_CYCLE = 12
 
 
 def _cycle(nodes: list[NodeProto], producer: dict[str, int], waiting: list[int]) -> list[int]:
@@ -199,14 +242,16 @@ def _cycle(nodes: list[NodeProto], producer: dict[str, int], waiting: list[int])
     in the graph."""
     current = next(i for i, count in enumerate(waiting) if count)
     path: list[int] = []
-    while current not in path:
+    position: dict[int, int] = {}  # node -> its place in path: linear, however long the cycle
+    while current not in position:
+        position[current] = len(path)
         path.append(current)
         current = next(
             producer[name]
             for name in sorted(_reads(nodes[current]))
             if name in producer and waiting[producer[name]]
         )
-    cycle = path[path.index(current) :][::-1]
+    cycle = path[position[current] :][::-1]
     start = cycle.index(min(cycle))
     return cycle[start:] + cycle[:start]
 

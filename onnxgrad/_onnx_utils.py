@@ -10,6 +10,7 @@ initializers declared as inputs instead (same names, types and shapes, no data).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterable
@@ -17,6 +18,9 @@ from collections.abc import Iterable
 import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
+
+from onnxgrad._external_data import all_tensors, load_external_data
+from onnxgrad._untrusted import read_bounded
 
 #: The highest IR version onnxruntime-training 1.19.2 loads.
 MAX_IR_VERSION = 10
@@ -50,32 +54,43 @@ def load_model(model: ModelLike) -> ModelProto:
 
 
 def _load_file(path: str) -> ModelProto:
-    """The model of the file ``path``, its external data read by onnxgrad itself
+    """The model of the file ``path``, read once through a checked descriptor (a regular
+    file, below protobuf's 2 GiB), its external data read by onnxgrad itself
     (:mod:`onnxgrad._external_data`: confined to the model's folder)."""
-    from onnxgrad._external_data import load_external_data  # it imports this module
-
     if not os.path.exists(path):
         raise ValueError(f"model file {path!r} does not exist")
-    if not os.path.isfile(path):
-        raise ValueError(f"model file {path!r} is not a regular file")
+    return model_from_bytes(read_bounded(path, PROTOBUF_LIMIT, "model file"), path)
+
+
+#: The largest message protobuf parses.
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def model_from_bytes(
+    data: bytes, path: str | os.PathLike, files: dict[str, bytes] | None = None
+) -> ModelProto:
+    """The model serialised in ``data`` (read from ``path``), its external data read from
+    the folder of ``path`` (from ``files``, by name, when given: bytes already read and
+    verified); ``ValueError`` naming ``path`` when it is no ONNX model."""
+    path = os.fspath(path)
     try:
-        loaded = onnx.load(path, load_external_data=False)
+        loaded = onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf raises several types
         raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
     if not loaded.HasField("graph"):
         raise ValueError(f"{path!r} is not a valid ONNX model: it has no graph")
-    load_external_data(loaded, os.path.dirname(path) or os.curdir, path)
+    load_external_data(loaded, os.path.dirname(path) or os.curdir, path, files)
     return loaded
 
 
 def check_external_data_loaded(model: ModelProto) -> None:
     """Refuse tensors whose data is still in an external file: resolving it against the
     current folder could silently read an unrelated file of the same name."""
-    for init in model.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
-            location = next((e.value for e in init.external_data if e.key == "location"), "?")
+    for tensor in all_tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
             raise ValueError(
-                f"initializer {init.name!r} keeps its data in the external file {location!r}, "
+                f"tensor {tensor.name!r} keeps its data in the external file {location!r}, "
                 "which this ModelProto does not hold (loaded with load_external_data=False?): "
                 "pass the model's path instead, or call "
                 "onnx.external_data_helper.load_external_data_for_model(model, folder) with "
@@ -118,6 +133,47 @@ def checker_knows(model: ModelProto) -> bool:
     return all(onnx.defs.has(n.op_type) for n in model.graph.node if not normalize_domain(n.domain))
 
 
+@contextlib.contextmanager
+def protobuf_failures_as_memory_errors():
+    """Within the block (or the function it decorates), protobuf's ``EncodeError`` and
+    ``DecodeError`` (what it raises when it cannot allocate a message, e.g. "Arena alloc
+    failed", or when a message passes its 2 GiB limit) are a ``MemoryError`` saying so and
+    naming the process's address-space limit, when there is one."""
+    from google.protobuf.message import DecodeError, EncodeError
+
+    try:
+        yield
+    except (DecodeError, EncodeError) as exc:
+        raise MemoryError(
+            f"protobuf could not hold a model ({exc}): the process ran out of memory"
+            f"{_address_space_limit()} or a message passed protobuf's 2 GiB limit"
+        ) from None
+
+
+def _address_space_limit() -> str:
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return ""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return (
+        ""
+        if soft == resource.RLIM_INFINITY
+        else f" (its address space is limited to {soft / 2**30:.3g} GiB)"
+    )
+
+
+@contextlib.contextmanager
+def onnx_errors_as_value_errors():
+    """Within the block (or the function it decorates), onnx's checker and inference errors
+    are one-line ``ValueError`` (onnx's message names the operator and the node or value)."""
+    try:
+        yield
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        message = " ".join(str(exc).split())
+        raise ValueError(f"onnx refuses the model: {message}") from None
+
+
 def supported_ir_version(model: ModelProto) -> int:
     """The model's IR version clamped to ``[lowest, MAX_IR_VERSION]``, where ``lowest`` (at
     least 4) is the first IR version that allows the opsets the model imports: opsets beyond
@@ -146,7 +202,7 @@ def make_model_like(graph: onnx.GraphProto, template: ModelProto, **kwargs) -> M
 def all_names(graph: onnx.GraphProto) -> set[str]:
     """Every value name in the graph and its subgraphs (inputs, initializers, node outputs)."""
     names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    names |= {i.name for i in graph.sparse_initializer if i.values.name}
+    names |= {i.values.name for i in graph.sparse_initializer if i.values.name}
     names |= {o.name for o in graph.output}
     for node in graph.node:
         names.update(n for n in node.input if n)

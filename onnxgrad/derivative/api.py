@@ -19,6 +19,7 @@ from onnx import ModelProto
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
     ModelLike,
+    protobuf_failures_as_memory_errors,
     real_inputs,
     supported_ir_version,
 )
@@ -53,6 +54,7 @@ class DerivativeRequest:
     order_leaves: bool = True
 
 
+@protobuf_failures_as_memory_errors()
 def onnx_derivative(
     model: ModelLike,
     weights: Sequence[str] | None = None,

@@ -2,20 +2,26 @@
 
 The manifest lists under ``files`` each file of the folder with its SHA-256 digest and size.
 :func:`read_manifest` refuses a folder whose files differ from that list (a folder mixing two
-runs, a file changed or swapped since), naming the file, before anything else reads it.
+runs, a file changed or swapped since), naming the file. Each listed file is read once,
+through a checked descriptor (:func:`onnxgrad._untrusted.open_confined`), and its digest is
+that of the bytes read: :func:`read_artifacts` hands those very bytes to the loaders, so a
+folder regenerated while it is read gives the old files or the new ones, each checked, or
+an error, never a mix.
 :func:`checked_train` type-checks the ``train`` section :func:`load_train_step` builds on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from onnxgrad._untrusted import (
     MAX_MANIFEST_BYTES,
-    confined_file,
+    open_confined,
     plain_name,
     read_bounded,
     sha256_of,
@@ -28,6 +34,7 @@ VERSION = 2
 #: The entries naming a file the loaders read.
 FILE_ENTRIES = ("training_model", "eval_model", "inference_model", "checkpoint")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 2**20
 
 
 def file_digests(folder: Path, names) -> dict[str, dict]:
@@ -42,6 +49,15 @@ def file_digests(folder: Path, names) -> dict[str, dict]:
 def read_manifest(artifact_directory: str | os.PathLike) -> dict:
     """The ``artifacts.json`` of an artifact folder, once its fields and the digest of every
     file it lists are checked (``ValueError`` naming the file otherwise)."""
+    return read_artifacts(artifact_directory, lambda manifest: ())[0]
+
+
+def read_artifacts(
+    artifact_directory: str | os.PathLike, keep: Callable[[dict], Collection[str]]
+) -> tuple[dict, dict[str, bytes]]:
+    """``(manifest, {name: bytes})``: the checked manifest (:func:`read_manifest`) and the
+    bytes of the listed files ``keep(manifest)`` names, the very bytes whose digests were
+    checked."""
     folder = Path(artifact_directory)
     path = folder / MANIFEST
     if not path.is_file():
@@ -64,13 +80,20 @@ def read_manifest(artifact_directory: str | os.PathLike) -> dict:
         name = plain_name(manifest.get(entry), f"{entry!r}", path)
         if name not in files:
             raise ValueError(f"{str(path)!r}: {entry!r} names {name!r}, which 'files' lacks")
+    kept, wanted = {}, set(keep(manifest))
     for name, expected in files.items():
-        _check_file(folder, name, expected, path)
-    return manifest
+        data = _checked_file(folder, name, expected, path, name in wanted)
+        if data is not None:
+            kept[name] = data
+    return manifest, kept
 
 
-def _check_file(folder: Path, name: str, expected: object, manifest: Path) -> None:
-    file = confined_file(folder, name, "a listed file", manifest)
+def _checked_file(
+    folder: Path, name: str, expected: object, manifest: Path, keep: bool
+) -> bytes | None:
+    """Read ``name`` once and compare the digest of what was read with ``expected``; its
+    bytes when ``keep``."""
+    plain_name(name, "a listed file", manifest)
     if not (
         isinstance(expected, dict)
         and isinstance(expected.get("sha256"), str)
@@ -78,13 +101,23 @@ def _check_file(folder: Path, name: str, expected: object, manifest: Path) -> No
         and is_count(expected.get("bytes"))
     ):
         raise ValueError(f"{str(manifest)!r}: the digest of {name!r} is malformed")
-    digest, size = sha256_of(file, "a listed file")
-    if (digest, size) != (expected["sha256"], expected["bytes"]):
+    digest, size, chunks = hashlib.sha256(), 0, []
+    with open_confined(folder, name, "a listed file", manifest) as (file, info):
+        if info.st_size == expected["bytes"]:
+            while size <= expected["bytes"] and (chunk := file.read(_CHUNK)):
+                digest.update(chunk)
+                size += len(chunk)
+                if keep:
+                    chunks.append(chunk)
+        else:
+            size = info.st_size
+    if (digest.hexdigest(), size) != (expected["sha256"], expected["bytes"]):
         raise ValueError(
-            f"{str(file)!r} does not match its digest in {MANIFEST} ({size} bytes, "
+            f"{str(folder / name)!r} does not match its digest in {MANIFEST} ({size} bytes, "
             f"{expected['bytes']} listed): the folder mixes files of different runs or was "
             "changed since it was written; write it again"
         )
+    return b"".join(chunks) if keep else None
 
 
 def checked_train(manifest: dict, where: str | os.PathLike) -> dict:

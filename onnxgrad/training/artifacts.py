@@ -39,14 +39,17 @@ from pathlib import Path
 import numpy as np
 from onnx import ModelProto
 
-from onnxgrad._files import save_model, write_atomically
+from onnxgrad._files import is_data_file_of, save_model, write_atomically
 from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import (
     ModelLike,
     copy_message,
     first_float_output,
     load_model,
+    model_from_bytes,
     np_dtype,
+    onnx_errors_as_value_errors,
+    protobuf_failures_as_memory_errors,
 )
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph import replace_initializers_into_onnx
@@ -63,6 +66,7 @@ from onnxgrad.training._artifact_manifest import (
     VERSION,
     checked_train,
     file_digests,
+    read_artifacts,
     read_manifest,
 )
 from onnxgrad.training._weights import no_weight_error, weights_reaching
@@ -107,6 +111,8 @@ class TrainingArtifacts:
         return self.directory / name
 
 
+@protobuf_failures_as_memory_errors()
+@onnx_errors_as_value_errors()
 def generate_artifacts(
     model: ModelLike,
     requires_grad: Sequence[str] | None = None,
@@ -204,15 +210,18 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     """The :class:`TrainStep` of saved artifacts, to run ``training_model.onnx`` with the
     Python :class:`~onnxgrad.training.runner.TrainingRunner`.
 
-    The folder may come from elsewhere: its digests are checked (:func:`read_manifest`),
-    every field of ``train`` is type-checked, and the shapes it declares must be those of
-    the weights in its checkpoint (a state slot: its weight's, or one element when shared),
-    so no declared shape drives an allocation."""
+    The folder may come from elsewhere: every file is read once and its digest checked on
+    the bytes read, which are the bytes loaded (:func:`read_artifacts`); every field of
+    ``train`` is type-checked, and the shapes it declares must be those of the weights in
+    its checkpoint (a state slot: its weight's, or one element when shared) and of the
+    training model's inputs, so no declared shape drives an allocation."""
     directory = Path(artifact_directory)
-    manifest = read_manifest(directory)
+    manifest, files = read_artifacts(directory, _loaded_files)
     train = checked_train(manifest, directory / MANIFEST)
-    initial = load_checkpoint(directory / manifest["checkpoint"])
+    initial = load_checkpoint(directory / manifest["checkpoint"], files)
     weight_shapes = _checked_weight_shapes(train, initial, directory)
+    training_model = directory / manifest["training_model"]
+    model = model_from_bytes(files[manifest["training_model"]], training_model, files)
     slots = {
         s["input"]: StateSlot(
             suffix=s["suffix"],
@@ -224,8 +233,10 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
         )
         for s in train["state"]
     }
+    declared = {**weight_shapes, **{name: slot.shape for name, slot in slots.items()}}
+    _check_model_inputs(model, declared, training_model)
     return TrainStep(
-        model=load_model(directory / manifest["training_model"]),
+        model=model,
         features=tuple(train["features"]),
         label=train["label"],
         sample_weight=None,
@@ -251,6 +262,39 @@ def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) ->
     return shapes
 
 
+def _loaded_files(manifest: dict) -> set[str]:
+    """The files :func:`load_train_step` loads: the training model with its external data,
+    and the checkpoint."""
+    checkpoint = Path(manifest["checkpoint"])
+    model = _model_files(manifest, "training_model")
+    return {*model, checkpoint.name, checkpoint.with_suffix(".bin").name}
+
+
+def _model_files(manifest: dict, entry: str) -> set[str]:
+    """The listed files of the model ``manifest[entry]``: it and its external data."""
+    model = manifest[entry]
+    data = {n for n in manifest["files"] if is_data_file_of(n, model) or n == f"{model}.data"}
+    return {model, *data}
+
+
+def _check_model_inputs(model: ModelProto, shapes: dict, path: Path) -> None:
+    """``ValueError`` naming a weight or state the training model has no input for, or whose
+    input's declared shape differs from the manifest's and checkpoint's."""
+    inputs = {i.name: i for i in model.graph.input}
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise ValueError(f"{str(path)!r} has no input {name!r}, which {MANIFEST} trains")
+        dims = inputs[name].type.tensor_type.shape.dim
+        declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        if len(declared) != len(shape) or any(
+            d is not None and d != s for d, s in zip(declared, shape, strict=True)
+        ):
+            raise ValueError(
+                f"{str(path)!r}: input {name!r} is declared {declared}, {MANIFEST} and the "
+                f"checkpoint give {list(shape)}"
+            )
+
+
 def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tuple[int, ...]:
     shape = tuple(slot["shape"])
     shared = slot["shared"]
@@ -263,6 +307,8 @@ def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tup
     return shape
 
 
+@protobuf_failures_as_memory_errors()
+@onnx_errors_as_value_errors()
 def merge_checkpoint(
     model: ModelLike, checkpoint: Checkpoint | str | os.PathLike, quantized: str = "keep"
 ) -> ModelProto:
@@ -276,9 +322,10 @@ def merge_checkpoint(
     nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
     trained = None
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        manifest = read_manifest(model)
+        manifest, files = read_artifacts(model, lambda m: _model_files(m, "inference_model"))
         trained = {w["input"] for w in checked_train(manifest, model)["weights"]}
-        model = Path(model) / manifest["inference_model"]
+        name = manifest["inference_model"]
+        model = model_from_bytes(files[name], Path(model) / name, files)  # the bytes digested
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = load_checkpoint(checkpoint)
     model = load_model(model)

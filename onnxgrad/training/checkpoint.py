@@ -34,7 +34,13 @@ import numpy as np
 
 from onnxgrad._arrays import c_contiguous
 from onnxgrad._files import write_atomically
-from onnxgrad._untrusted import MAX_MANIFEST_BYTES, confined_file, open_regular, read_bounded
+from onnxgrad._untrusted import (
+    MAX_MANIFEST_BYTES,
+    as_file,
+    open_confined,
+    plain_name,
+    read_bounded,
+)
 
 FORMAT = "onnxgrad.tensors"
 VERSION = 1
@@ -46,6 +52,9 @@ DTYPES = {
 }
 #: The most dims a tensor of a tensor file has (numpy's limit of old).
 MAX_RANK = 32
+#: The most elements a tensor may count, its zero dims left out (so that numpy can make
+#: even an empty array of that shape).
+MAX_ELEMENTS = 2**48
 WEIGHTS = "weights"
 OPTIMIZER_STATE = "optimizer_state"
 
@@ -71,10 +80,12 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | os.PathLike) -> None:
     save_tensors({**checkpoint.weights, **checkpoint.optimizer_state}, path, groups)
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike, files: Mapping[str, bytes] | None = None
+) -> Checkpoint:
     """The checkpoint saved at ``path`` by :func:`save_checkpoint` (or by the JavaScript
-    example, which writes the same format)."""
-    tensors, groups = load_tensors(path)
+    example, which writes the same format); ``files`` as in :func:`load_tensors`."""
+    tensors, groups = load_tensors(path, files)
     unknown = sorted(n for n, g in groups.items() if g not in (WEIGHTS, OPTIMIZER_STATE))
     if unknown:
         raise ValueError(f"{os.fspath(path)!r}: tensors {unknown} are neither weights nor state")
@@ -141,18 +152,36 @@ def _write_arrays(path: str, arrays) -> None:
             offset += padding + array.nbytes
 
 
-def load_tensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def load_tensors(
+    path: str | os.PathLike, files: Mapping[str, bytes] | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """``({name: array}, {name: group})`` of the tensor file whose manifest is ``path``.
 
     The manifest may come from elsewhere (a browser, a device): it is read only below
     :data:`~onnxgrad._untrusted.MAX_MANIFEST_BYTES`, its data file must be a plain name of a
-    regular file in the manifest's folder, and every entry is checked
+    regular file with one link in the manifest's folder, opened once and checked on its
+    descriptor (:func:`~onnxgrad._untrusted.open_confined`), and every entry is checked
     (:func:`checked_entries`) against the data file's size before anything is allocated:
-    the arrays returned hold at most the bytes of the data file. ``ValueError`` names the
-    file, the entry and the rule broken.
+    the arrays returned hold at most the bytes of the data file. ``files`` gives the bytes
+    of both files by name when the caller has read (and verified) them already. ``ValueError``
+    names the file, the entry and the rule broken.
     """
     path = Path(path)
-    text = read_bounded(path, MAX_MANIFEST_BYTES, "the tensor manifest")
+    if files is None:
+        text = read_bounded(path, MAX_MANIFEST_BYTES, "the tensor manifest")
+    else:
+        text = files[path.name]
+    manifest = _parsed_manifest(text, path)
+    name = plain_name(manifest.get("data"), "the data file", path)
+    if files is not None:
+        if name not in files:
+            raise ValueError(f"{str(path)!r}: its data file {name!r} is not among the files read")
+        return _read_tensors(manifest, as_file(files[name]), len(files[name]), path)
+    with open_confined(path.parent, name, "the data file", path) as (data, info):
+        return _read_tensors(manifest, data, info.st_size, path)
+
+
+def _parsed_manifest(text: bytes, path: Path) -> dict:
     try:
         manifest = json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSON, UTF-8, too many digits
@@ -164,10 +193,13 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[s
             f"{str(path)!r}: unsupported version {manifest.get('version')!r} or byte order "
             f"{manifest.get('byte_order')!r} (this reader knows version {VERSION}, little)"
         )
-    data_path = confined_file(path.parent, manifest.get("data"), "the data file", path)
-    with open_regular(data_path, "the data file") as (data, size):
-        entries = checked_entries(manifest.get("tensors"), size, path)
-        tensors = {e.name: _read_entry(e, data, data_path) for e in entries}
+    return manifest
+
+
+def _read_tensors(manifest: dict, data, size: int, path: Path):
+    entries = checked_entries(manifest.get("tensors"), size, path)
+    data_path = path.with_name(manifest["data"])
+    tensors = {e.name: _read_entry(e, data, data_path) for e in entries}
     return tensors, {e.name: e.group for e in entries}
 
 
@@ -234,6 +266,11 @@ def _entry(entry: object, index: int, size: int, where: str) -> Entry:
         raise ValueError(
             f"{label} ({dtype} {_short(shape)}) needs {_short(expected)} bytes at offset "
             f"{offset}, the entry says {nbytes} and the data file has {size}"
+        )
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise ValueError(
+            f"{label} has shape {_short(shape)}: over {MAX_ELEMENTS} elements (zero dims "
+            "left out), more than any array holds"
         )
     return Entry(name, group, DTYPES[dtype], tuple(shape), offset, nbytes)
 
