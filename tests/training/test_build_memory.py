@@ -87,7 +87,8 @@ def growth(tmp_path_factory) -> dict[str, float]:
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc needed")
 @pytest.mark.parametrize("entry", ["onnx_derivative", "make_train_step", "save_model"])
 def test_a_build_holds_the_weights_once_more_at_most(growth, entry):
-    # the private normalised copy is one model's worth, the graphs built are small; a save
-    # holds a few tensors' bytes at a time (before: 3.0 and 2.0 models' worth)
-    limit = 0.6 if entry == "save_model" else 1.35
+    # the private normalised copy is one model's worth, the graphs built are small (a few
+    # tensors' worth of transients); a save holds a few tensors' bytes at a time (before:
+    # 3.0 and 2.0 models' worth, any whole extra copy passes 2.0)
+    limit = 0.6 if entry == "save_model" else 1.5
     assert growth[entry] < limit, growth
