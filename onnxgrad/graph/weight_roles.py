@@ -69,6 +69,8 @@ _PURE_MOVES = frozenset(
     {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
      "Expand", "Tile"}
 )  # fmt: skip
+#: elementwise maps of looked-up rows that keep them a table (rotary angles to cos/sin)
+_ROW_MAPS = frozenset({"Cos", "Sin"})
 #: ops rearranging their data input without other arithmetic than a sign
 _REARRANGES = _PURE_MOVES | {"Neg", "Concat", "Split", "Gather", "GatherElements"}
 #: contrib ops reading position tables: the indices of their cos/sin caches
@@ -145,6 +147,11 @@ class _Roles:
         self.any_data: set[str] = set(inputs)
         self.data = {n for n in inputs if self._is_float(n)}
         self.affine = set(self.data)
+        #: values depending on the data only through its shape (``Shape``, ``Size``)
+        self.shape_only: set[str] = set()
+        #: float values computed from the data's values without a float input (casts of
+        #: ids, bytes, masks, one-hot encodings, positions): data, not affine
+        self.index_data: set[str] = set()
         self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
         #: derived constants holding rows of a table (a lookup by constant indices)
         self.rows: set[str] = set()
@@ -195,6 +202,11 @@ class _Roles:
             for i, o in enumerate(node.output)
             if o and self._is_float(o) and output_is_differentiable(node, i, self.opsets)
         ]
+        if touches_data and self._reads_shape_only(node):
+            self.shape_only.update(o for o in node.output if o)
+        elif not data and not lookup and outputs:
+            data = self._index_values(node)
+            self.index_data.update(outputs if data else ())
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
@@ -209,7 +221,12 @@ class _Roles:
                 if held:
                     self.rescales.update(outputs)
             return
-        if lookup:
+        if not lookup and self._is_index_product(node, data):
+            lookup = True
+            tables = [self.sources[n] for _, n in constants]
+            self.looked_up.update((o, frozenset().union(*tables)) for o in outputs)
+            constants = []
+        elif lookup:
             self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
         weight_found = lookup
         for index, name in constants:
@@ -225,18 +242,53 @@ class _Roles:
                 weight_found = True
         self.any_data.update(o for o in node.output if o)
         self.data.update(outputs)
+        if not lookup and all(n in self.index_data for n in data if self._is_float(n)):
+            self.index_data.update(outputs)
         self._track_root(node, data, outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
 
+    def _reads_shape_only(self, node: NodeProto) -> bool:
+        """Whether the data reaches ``node``'s outputs through shapes only: a ``Shape`` or
+        ``Size`` of it, or values computed from such shapes and constants."""
+        if node.op_type in ("Shape", "Size"):
+            return True
+        read = [n for n in node.input if n in self.any_data]
+        return bool(read) and all(n in self.shape_only for n in read)
+
+    def _index_values(self, node: NodeProto) -> list[str]:
+        """The data values (ids, bytes, masks, positions, index data) a node without float
+        data computes its float outputs from: they make those outputs data. Statistics of
+        float data (``DynamicQuantizeLinear``'s scale) and shapes do not."""
+        return [
+            n
+            for n in node.input
+            if n in self.any_data
+            and n not in self.shape_only
+            and (not self._is_float(n) or n in self.index_data)
+        ]
+
+    def _is_index_product(self, node: NodeProto, data: list[str]) -> bool:
+        """A layer whose only data operand is index data (a one-hot encoding, positions)
+        with a constant operand is a lookup into that constant: one-hot rows times a kernel
+        are an embedding, positions times rotary frequencies a position table."""
+        return (
+            node.op_type in _LAYERS
+            and not normalize_domain(node.domain)
+            and bool(data)
+            and all(n in self.index_data for n in data)
+            and any(n in self.sources for n in node.input[:2])
+        )
+
     def _settle_lookups(self, node: NodeProto) -> None:
         """Rows looked up by data indices are an embedding (their table a weight) once used,
-        unless they only multiply other data (rotary cos/sin caches): moves pass them on."""
+        unless they only multiply other data (rotary cos/sin caches): moves, ``Cos``/``Sin``,
+        concatenations of rows and products by constants pass them on."""
         pending = [n for n in node.input if n in self.looked_up]
         if not pending:
             return
-        if node.op_type in _PURE_MOVES and node.input[0] in self.looked_up:
-            table = self.looked_up[node.input[0]]
+        if self._passes_rows_on(node, pending):
+            table = frozenset().union(*(self.looked_up[n] for n in pending))
             self.looked_up.update((o, table) for o in node.output if o)
             return
         others = [n for n in node.input if n in self.data and n not in self.looked_up]
@@ -244,6 +296,15 @@ class _Roles:
             return
         for name in pending:
             self.weights.update(self.looked_up[name])
+
+    def _passes_rows_on(self, node: NodeProto, pending: list[str]) -> bool:
+        if node.op_type in _PURE_MOVES or node.op_type in _ROW_MAPS:
+            return node.input[0] in self.looked_up
+        if node.op_type == "Concat":
+            return all(n in self.looked_up for n in node.input if n in self.data)
+        if node.op_type in _SCALES:
+            return not any(n in self.data for n in node.input if n not in pending)
+        return False
 
     def _is_table_factor(self, node: NodeProto, index: int, data: list[str]) -> bool:
         """A factor of ``Mul`` spanning several axes of one data operand: a weight unless the
