@@ -83,6 +83,8 @@ _QUANTIZED_BIASES = {
     "QAttention": frozenset({2}),
     "MatMulNBits": frozenset({5}),
 }
+#: at most this many nodes in a fake quantization (the straight-through form has ~25)
+_FAKE_QUANTIZATION_NODES = 64
 _QUANTIZED_PREFIXES = ("QLinear", "QOrdered", "Quantize", "Dequantize", "DynamicQuantize", "QGemm")
 
 
@@ -90,6 +92,74 @@ def weight_initializers(model: ModelProto, candidates: set[str]) -> set[str]:
     """The ``candidates`` (float initializers of a checked model, nodes in topological order)
     that play a parameter role (see the module docstring)."""
     return _Roles(model, candidates).weights
+
+
+def fake_quantized(graph) -> dict[str, tuple[str, list[NodeProto]]]:
+    """``{output: (x, nodes)}`` for each fake quantization of a value ``x``: a
+    ``DequantizeLinear(QuantizeLinear(x))`` pair, or the straight-through form normalisation
+    writes of it (``DequantizeLinear(QuantizeLinear(sg(x))) + m (x - sg(x))``, see
+    :mod:`onnxgrad.normalize.ste`); ``nodes`` computes ``output`` from ``x`` and constants."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    constants = {i.name for i in graph.initializer}
+    found = {}
+    for node in graph.node:
+        source = _rounded_source(node, producer)
+        if source is None:
+            continue
+        nodes = _nodes_between(node, source, producer, constants)
+        if nodes is not None:
+            found[node.output[0]] = (source, nodes)
+    return found
+
+
+def _rounded_source(node: NodeProto, producer: dict) -> str | None:
+    def op(name: str) -> NodeProto | None:
+        found = producer.get(name)
+        return found if found is not None and not normalize_domain(found.domain) else None
+
+    def quantized_from(name: str) -> str | None:
+        dq = op(name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return None
+        q = op(dq.input[0])
+        return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
+
+    if node.op_type == "DequantizeLinear" and not normalize_domain(node.domain):
+        return quantized_from(node.output[0])
+    if node.op_type != "Add" or len(node.input) != 2 or normalize_domain(node.domain):
+        return None
+    for first, second in (node.input, reversed(node.input)):
+        mul = op(second)
+        if quantized_from(first) is None or mul is None or mul.op_type != "Mul":
+            continue
+        names = list(mul.input)
+        for _ in range(3):  # the difference may sit under a guard (Where) or a Cast
+            found = [n for n in map(op, names) if n is not None]
+            subs = [n for n in found if n.op_type == "Sub"]
+            if subs:
+                return subs[0].input[0]
+            names = [i for n in found for i in n.input]
+    return None
+
+
+def _nodes_between(node: NodeProto, source: str, producer: dict, constants: set[str]):
+    """The few nodes computing ``node``'s output from ``source`` and ``constants`` (``None``
+    when another value, a graph input say, or a long computation reaches it)."""
+    nodes, stack, seen = [node], list(node.input), {source}
+    while stack:
+        name = stack.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        found = producer.get(name)
+        if found is None and name not in constants:
+            return None
+        if found is not None and found.op_type != "Constant":
+            nodes.append(found)
+            stack.extend(found.input)
+        if len(nodes) > _FAKE_QUANTIZATION_NODES:
+            return None
+    return nodes
 
 
 def _quantized_biases(op_type: str) -> frozenset[int] | None:
@@ -152,6 +222,9 @@ class _Roles:
         #: float values computed from the data's values without a float input (casts of
         #: ids, bytes, masks, one-hot encodings, positions): data, not affine
         self.index_data: set[str] = set()
+        #: values depending on the data through outputs its op schemas mark
+        #: non-differentiable (``DynamicQuantizeLinear``'s codes and scale, comparisons)
+        self.statistics: set[str] = set()
         self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
         #: derived constants holding rows of a table (a lookup by constant indices)
         self.rows: set[str] = set()
@@ -165,14 +238,31 @@ class _Roles:
         #: the value each data value is a rearrangement of (slices, signs, concatenations)
         self.root: dict[str, str] = {}
         self.weights: set[str] = set()
+        rounded = fake_quantized(model.graph)
+        inside = {id(n) for _, nodes in rounded.values() for n in nodes}
         for node in model.graph.node:
-            self._visit(node)
+            if node.output and node.output[0] in rounded:
+                self._alias(node.output[0], rounded[node.output[0]][0])
+            elif id(node) not in inside:
+                self._visit(node)
         for output in model.graph.output:
             self.weights.update(self.sources.get(output.name, ()))
             self.weights.update(self.looked_up.get(output.name, ()))
         for sources, _ in self.tabled.values():
             self.weights.update(sources)
         self.weights &= candidates
+
+    def _alias(self, name: str, source: str) -> None:
+        """``name`` holds ``source`` rounded (fake quantization): the same role."""
+        for group in (self.any_data, self.data, self.affine, self.shape_only, self.index_data,
+                      self.statistics, self.rows, self.rescales):  # fmt: skip
+            if source in group:
+                group.add(name)
+        for table in (self.sources, self.looked_up, self.tabled):
+            if source in table:
+                table[name] = table.pop(source) if table is not self.sources else table[source]
+        if source in self.data:
+            self.root[name] = self.root.get(source, source)
 
     def _is_float(self, name: str) -> bool:
         return self.types.get(name, onnx.TensorProto.FLOAT) in FLOAT_TYPES
@@ -204,9 +294,13 @@ class _Roles:
         ]
         if touches_data and self._reads_shape_only(node):
             self.shape_only.update(o for o in node.output if o)
-        elif not data and not lookup and outputs:
-            data = self._index_values(node)
-            self.index_data.update(outputs if data else ())
+        elif not data and not lookup and touches_data:
+            values = self._index_values(node)
+            if not values:
+                self.statistics.update(o for o in node.output if o)
+            elif outputs:
+                data = values
+                self.index_data.update(outputs)
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
@@ -242,6 +336,7 @@ class _Roles:
                 weight_found = True
         self.any_data.update(o for o in node.output if o)
         self.data.update(outputs)
+        self.statistics.update(o for o in node.output if o and o not in outputs)
         if not lookup and all(n in self.index_data for n in data if self._is_float(n)):
             self.index_data.update(outputs)
         self._track_root(node, data, outputs)
@@ -265,6 +360,7 @@ class _Roles:
             for n in node.input
             if n in self.any_data
             and n not in self.shape_only
+            and n not in self.statistics
             and (not self._is_float(n) or n in self.index_data)
         ]
 
