@@ -496,3 +496,102 @@ def test_t5_relative_attention_bias_is_a_weight(folding):
     found = _assert_weights_are_the_parameters(module, model)
     bias = module.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
     assert any(np.array_equal(v, bias.detach().numpy()) for v, _ in found.values())
+
+
+# -- the property on eleven architectures in their deployed forms ---------------------------
+
+
+def _architecture_cases():
+    from tests.graph.architectures import ARCHITECTURES, forms
+
+    return [(a, f) for a in ARCHITECTURES for f in forms(a)]
+
+
+def _file_values(model) -> dict[str, np.ndarray]:
+    """Every float initializer and ``Constant`` of the user's file, subgraphs included."""
+    from onnxgrad._onnx_utils import subgraphs
+
+    found = {}
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        found.update((i.name, numpy_helper.to_array(i)) for i in graph.initializer)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute[0].name == "value":
+                found[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+            graphs.extend(subgraphs(node))
+    return {k: v for k, v in found.items() if v.dtype.kind == "f"}
+
+
+def _is_block(big: np.ndarray, small: np.ndarray) -> bool:
+    """``small`` is a contiguous block of ``big`` along one axis (or equal to it)."""
+    if big.ndim != small.ndim:
+        return False
+    axes = [a for a in range(big.ndim) if big.shape[a] != small.shape[a]]
+    if len(axes) > 1:
+        return False
+    if not axes:
+        return np.array_equal(big, small)
+    axis, length = axes[0], small.shape[axes[0]]
+    return any(
+        np.array_equal(np.take(big, range(start, start + length), axis=axis), small)
+        for start in range(big.shape[axis] - length + 1)
+    )
+
+
+def _made_of_parameters(value: np.ndarray, params: list[np.ndarray]) -> bool:
+    """``value`` is a block of a parameter, holds one as a block (fused q/k/v projections,
+    position rows of a table) or is made of row blocks of parameters (a recurrent layer's
+    gates reordered by the exporter)."""
+    candidates = [q for p in params for q in (p, p.T)]
+    if any(_is_block(value, q) or _is_block(q, value) for q in candidates):
+        return True
+    rows = value.reshape(value.shape[1:]) if value.ndim > 1 and value.shape[0] == 1 else value
+    n = rows.shape[0]
+    for size in [d for d in range(2, n) if n % d == 0][:8]:
+        chunks = [rows[i : i + size] for i in range(0, n, size)]
+        if all(any(_is_block(p, c) for p in params) for c in chunks):
+            return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("architecture", "form"), _architecture_cases())
+def test_default_weights_of_every_deployed_form_are_the_parameters(architecture, form):
+    """Every float initializer or ``Constant`` of the file equal to a parameter of the
+    PyTorch module is a default weight; every other default weight is made of parameters
+    (fused or reordered by a tool), never a structural constant (an epsilon, a fill value,
+    GELU's coefficients, rotary frequencies, a quantization scale); each exists in the
+    user's file, and the gradient graph asks for no input the file lacks."""
+    import onnx
+
+    from onnxgrad import onnx_derivative
+    from tests.graph import architectures
+
+    try:
+        path = architectures.deployed(architecture, form)
+        params = architectures.parameters(architecture)
+    except ImportError as error:  # no torch here and no cached export, or no 4-bit quantizer
+        pytest.skip(f"{architecture} {form} cannot be made in this environment: {error}")
+    model = onnx.load(path)
+    values = _file_values(model)
+    equal = {
+        name
+        for name, value in values.items()
+        if any(np.array_equal(value, q.astype(value.dtype)) for p in params for q in (p, p.T))
+    }
+    found = get_train_initializer(model)
+    assert set(found) <= set(values)
+    assert sorted(equal - set(found)) == []
+    structural = [
+        (name, value.shape, value.ravel()[:3].tolist())
+        for name, (value, _) in found.items()
+        if name not in equal
+        and not _made_of_parameters(value, [p.astype(value.dtype) for p in params])
+    ]
+    assert structural == []
+    if found:
+        known = {i.name for i in model.graph.input} | set(values)
+        seeds = {f"{o.name}_grad" for o in model.graph.output}
+        asked = {i.name for i in onnx_derivative(model, inputs=[]).graph.input}
+        assert sorted(asked - known - seeds) == []
