@@ -439,10 +439,11 @@ def _interpolation_matrix(b, node, axis: int, position: int, copies: str | None)
     The identity ``I_{n_a}`` is viewed as ``[1, n_a, 1, n_a]`` and resized with scales
     ``[1, 1, 2, s_a]`` (or sizes ``[1, n_a, 2, m_a]``, ``m_a`` read from the output's shape
     rather than from a computed ``sizes`` whose value onnx's data propagation may lose;
-    ``roi`` ``[0, 0, 0, r_0, 1, 1, 1, r_1]``), then the first of the two rows of axis 2 is kept: axis 2 grows, so the output
-    shape always differs from the input's and onnxruntime samples the last axis even where
-    ``m_a = n_a`` (an ``[n_a, n_a]`` resize to the same shape is a mere copy there); a
-    size-1 axis resized reads its single element in every mode. Where ``copies`` holds,
+    ``roi`` ``[0, 0, 0, r_0, 1, 1, 1, r_1]``), then the first of the two rows of axis 2 is
+    kept: axis 2 grows, so the output shape always differs from the input's and onnxruntime
+    samples the last axis even where ``m_a = n_a`` (an ``[n_a, n_a]`` resize to the same
+    shape is a mere copy there); a size-1 axis resized reads its single element in every
+    mode. Where ``copies`` holds,
     ``s_a`` is 1 and the ``roi`` whole, so the matrix is the identity."""
     x = node.inputs[0]
     size = shape_parts(b, x, axis, axis + 1)[0]
