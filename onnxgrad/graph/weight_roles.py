@@ -24,7 +24,9 @@ when a derived constant holding it meets data in a parameter role:
   spanning several axes (an elementwise weight) unless its product is half of a rotation
   ``x T1 + r(x) T2``, ``r`` rearranging ``x`` (rotary cos/sin tables, computed or folded);
 * **shift**: a term of ``Add``, ``Sum``, ``Mean`` added to an affine value, or subtracted
-  from it by ``Sub`` (a bias); ``c - x`` is a complement (``1 - p``), never a bias.
+  from it by ``Sub`` (a bias), or spanning exactly one axis (a per-feature bias, TensorFlow's
+  folded ``beta - mean k`` included); ``c - x`` with ``c`` one number is a complement
+  (``1 - p``), never a bias.
 
 *Affine* values are float graph inputs, outputs of layers (``MatMul``, ``Gemm``, ``Conv``
 with a constant operand, a frozen or dequantized weight included), scaled or shifted affine
@@ -69,6 +71,9 @@ _PURE_MOVES = frozenset(
     {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
      "Expand", "Tile"}
 )  # fmt: skip
+#: ops broadcasting one number to a shape: a fill value, never a weight (TensorFlow's
+#: LayerNorm as a BatchNormalization over ones and zeros expanded to the batch)
+_FILLS = frozenset({"Expand", "Tile"})
 #: elementwise maps of looked-up rows that keep them a table (rotary angles to cos/sin)
 _ROW_MAPS = frozenset({"Cos", "Sin"})
 #: ops rearranging their data input without other arithmetic than a sign
@@ -222,8 +227,9 @@ class _Roles:
         #: float values computed from the data's values without a float input (casts of
         #: ids, bytes, masks, one-hot encodings, positions): data, not affine
         self.index_data: set[str] = set()
-        #: values depending on the data through outputs its op schemas mark
-        #: non-differentiable (``DynamicQuantizeLinear``'s codes and scale, comparisons)
+        #: values depending on the data through float outputs its op schemas mark
+        #: non-differentiable (``DynamicQuantizeLinear``'s scale); integer ones (codes,
+        #: comparisons, a float input cast to byte values) are index data
         self.statistics: set[str] = set()
         self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
         #: derived constants holding rows of a table (a lookup by constant indices)
@@ -296,17 +302,19 @@ class _Roles:
             self.shape_only.update(o for o in node.output if o)
         elif not data and not lookup and touches_data:
             values = self._index_values(node)
+            floats = [o for o in node.output if o and self._is_float(o)]
             if not values:
                 self.statistics.update(o for o in node.output if o)
-            elif outputs:
-                data = values
+            elif floats:  # OneHot's schema marks its output non-differentiable: still data
+                data, outputs = values, floats
                 self.index_data.update(outputs)
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
             from_rows = table or any(n in self.rows for _, n in constants)
+            fill = node.op_type in _FILLS and _is_single(self.shapes.get(node.input[0]))
             for out in outputs:
-                if held:
+                if held and not fill:
                     self.sources[out] = held
                 if held and from_rows:
                     self.rows.add(out)
@@ -336,7 +344,9 @@ class _Roles:
                 weight_found = True
         self.any_data.update(o for o in node.output if o)
         self.data.update(outputs)
-        self.statistics.update(o for o in node.output if o and o not in outputs)
+        self.statistics.update(
+            o for o in node.output if o and o not in outputs and self._is_float(o)
+        )
         if not lookup and all(n in self.index_data for n in data if self._is_float(n)):
             self.index_data.update(outputs)
         self._track_root(node, data, outputs)
@@ -460,6 +470,9 @@ class _Roles:
         if op in _SCALES:
             return self._is_scale(node, index, data)
         if op in _SHIFTS:
+            shape = self.shapes.get(node.input[index])
+            if _spans_one_axis(shape) and not _is_single(shape):
+                return True  # a per-feature bias: ``beta - mean k`` of a folded norm too
             complement = op == "Sub" and index == 0
             return not complement and any(n in self.affine for n in data)
         return True
