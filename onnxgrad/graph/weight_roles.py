@@ -6,11 +6,23 @@ structural constant: an epsilon, an attention scale, a mask or its fill value, a
 cos/sin table, the 1 of ``1 - p``, a quantization scale. The rule below tells them apart by
 the graph alone (never by names), as if constants were folded:
 
-*Data* is what carries a gradient from a float graph input (through differentiable edges),
-and what a lookup (``Gather*``) reads from a table with indices depending on a graph input.
-A value computed from initializers alone, or from them and integers (positions, shapes), is
-a *derived constant*; the initializers behind it share its role. An initializer is a weight
-when a derived constant holding it meets data in a parameter role:
+*Data* flows from every graph input whatever its type: what carries a gradient from a float
+graph input (through differentiable edges), what a lookup (``Gather*``) reads from a table
+with indices depending on a graph input (a quantized table included), and *index data*: the
+float values computed from the values of ids, bytes, masks or positions without a float
+input (``Cast``, ``OneHot``, ``Equal`` then ``Cast``, ``Where`` on a mask). Two reads of the
+data are not data: its *shape* (``Shape``, ``Size`` and what is computed from them and
+constants: positions ``Range(seq)``), and its *statistics* (the float outputs a schema marks
+non-differentiable, ``DynamicQuantizeLinear``'s scale, and what they compute). A layer whose
+only data operand is index data is a lookup into its constant operand (one-hot rows times a
+kernel are an embedding; positions times rotary frequencies a table, settled by use through
+``Cos``/``Sin``). A fake quantization of a value (a ``QuantizeLinear``/``DequantizeLinear``
+pair, or the straight-through form normalisation writes) has that value's role.
+
+A value computed from initializers alone, or from them and shapes, is a *derived constant*;
+the initializers behind it share its role, except one number broadcast to a shape
+(``Expand``, ``Tile``: a fill value). An initializer is a weight when a derived constant
+holding it meets data in a parameter role:
 
 * **layer**: an input of ``MatMul``, ``Gemm``, ``Conv``, a normalisation layer, ``Concat``
   or any op without a role below (custom and contrib ops included), a graph output;
