@@ -10,14 +10,15 @@ the graph alone (never by names), as if constants were folded:
 graph input (through differentiable edges), what a lookup (``Gather*``) reads from a table
 with indices depending on a graph input (a quantized table included), and *index data*: the
 float values computed from the values of ids, bytes, masks or positions without a float
-input (``Cast``, ``OneHot``, ``Equal`` then ``Cast``, ``Where`` on a mask). Two reads of the
-data are not data: its *shape* (``Shape``, ``Size`` and what is computed from them and
-constants: positions ``Range(seq)``), and its *statistics* (the float outputs a schema marks
-non-differentiable, ``DynamicQuantizeLinear``'s scale, and what they compute). A layer whose
-only data operand is index data is a lookup into its constant operand (one-hot rows times a
-kernel are an embedding; positions times rotary frequencies a table, settled by use through
-``Cos``/``Sin``). A fake quantization of a value (a ``QuantizeLinear``/``DequantizeLinear``
-pair, or the straight-through form normalisation writes) has that value's role.
+input (``Cast``, ``OneHot``, ``Equal`` then ``Cast``, ``Where`` on a mask), and the float
+outputs a schema marks non-differentiable (``STFT``'s spectrum). Two reads of the data are
+not data: its *shape* (``Shape``, ``Size`` and what is computed from them and constants:
+positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale and zero
+point, and what they compute). A layer whose only data operand is index data is a lookup
+into its constant operand (one-hot rows times a kernel are an embedding; positions times
+rotary frequencies a table, settled by use through ``Cos``/``Sin``). A fake quantization of
+a value (a ``QuantizeLinear``/``DequantizeLinear`` pair, or the straight-through form
+normalisation writes) has that value's role.
 
 A value computed from initializers alone, or from them and shapes, is a *derived constant*;
 the initializers behind it share its role, except one number broadcast to a shape
@@ -37,8 +38,9 @@ holding it meets data in a parameter role:
   ``x T1 + r(x) T2``, ``r`` rearranging ``x`` (rotary cos/sin tables, computed or folded);
 * **shift**: a term of ``Add``, ``Sum``, ``Mean`` added to an affine value, or subtracted
   from it by ``Sub`` (a bias), or spanning exactly one axis (a per-feature bias, TensorFlow's
-  folded ``beta - mean k`` included); ``c - x`` with ``c`` one number is a complement
-  (``1 - p``), never a bias.
+  folded ``beta - mean k`` included); one number added where the sum only feeds ``Log``,
+  ``Sqrt``, ``Reciprocal`` or a divisor is an epsilon (``log(W x + eps)``); ``c - x`` with
+  ``c`` one number is a complement (``1 - p``), never a bias.
 
 *Affine* values are float graph inputs, outputs of layers (``MatMul``, ``Gemm``, ``Conv``
 with a constant operand, a frozen or dequantized weight included), scaled or shifted affine
@@ -83,6 +85,10 @@ _PURE_MOVES = frozenset(
     {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
      "Expand", "Tile"}
 )  # fmt: skip
+#: ops whose non-differentiable float outputs summarise the data (not data themselves)
+_STATISTICS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
+#: transforms of the data's values whose schemas mark them non-differentiable
+_SPECTRAL = frozenset({"STFT", "DFT"})
 #: ops broadcasting one number to a shape: a fill value, never a weight (TensorFlow's
 #: LayerNorm as a BatchNormalization over ones and zeros expanded to the batch)
 _FILLS = frozenset({"Expand", "Tile"})
@@ -256,6 +262,11 @@ class _Roles:
         #: the value each data value is a rearrangement of (slices, signs, concatenations)
         self.root: dict[str, str] = {}
         self.weights: set[str] = set()
+        #: ``(op_type, input index)`` of each use of a value in the main graph
+        self.uses: dict[str, list[tuple[str, int]]] = {}
+        for node in model.graph.node:
+            for index, name in enumerate(node.input):
+                self.uses.setdefault(name, []).append((node.op_type, index))
         rounded = fake_quantized(model.graph)
         inside = {id(n) for _, nodes in rounded.values() for n in nodes}
         for node in model.graph.node:
@@ -356,14 +367,23 @@ class _Roles:
                 weight_found = True
         self.any_data.update(o for o in node.output if o)
         self.data.update(outputs)
-        self.statistics.update(
-            o for o in node.output if o and o not in outputs and self._is_float(o)
-        )
+        self._undifferentiated_outputs(node, outputs)
         if not lookup and all(n in self.index_data for n in data if self._is_float(n)):
             self.index_data.update(outputs)
         self._track_root(node, data, outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
+
+    def _undifferentiated_outputs(self, node: NodeProto, outputs: list[str]) -> None:
+        """Float outputs of data that a schema marks non-differentiable: statistics for a
+        dynamic quantization's scale and zero point, index data otherwise (``STFT``'s
+        spectrum is data though it has no gradient)."""
+        floats = [o for o in node.output if o and o not in outputs and self._is_float(o)]
+        if node.op_type in _STATISTICS:
+            self.statistics.update(floats)
+        else:
+            self.data.update(floats)
+            self.index_data.update(floats)
 
     def _reads_shape_only(self, node: NodeProto) -> bool:
         """Whether the data reaches ``node``'s outputs through shapes only: a ``Shape`` or
@@ -383,8 +403,13 @@ class _Roles:
             if n in self.any_data
             and n not in self.shape_only
             and n not in self.statistics
-            and (not self._is_float(n) or n in self.index_data)
+            and (not self._is_float(n) or n in self.index_data or self._read_as_data(node, n))
         ]
+
+    def _read_as_data(self, node: NodeProto, name: str) -> bool:
+        """Float data that a spectral transform reads where its schema gives no gradient
+        (``STFT``'s signal): still data (a ``CastLike`` target is read for its type only)."""
+        return name in self.data and node.op_type in _SPECTRAL
 
     def _is_index_product(self, node: NodeProto, data: list[str]) -> bool:
         """A layer whose only data operand is index data (a one-hot encoding, positions)
@@ -486,8 +511,25 @@ class _Roles:
             if _spans_one_axis(shape) and not _is_single(shape):
                 return True  # a per-feature bias: ``beta - mean k`` of a folded norm too
             complement = op == "Sub" and index == 0
-            return not complement and any(n in self.affine for n in data)
+            if complement:
+                return False
+            if _is_single(shape) and self._guards_a_singularity(node.output[0]):
+                return False  # an epsilon: log(W x + eps)
+            return any(n in self.affine for n in data)
         return True
+
+    def _one_feature_affine(self, data: list[str]) -> bool:
+        """Whether some data operand is an affine value of one feature (``[N, 1]``)."""
+        return any(n in self.affine and (s := self.shapes.get(n)) and s[-1] == 1 for n in data)
+
+    def _guards_a_singularity(self, name: str) -> bool:
+        """Whether every use of ``name`` is a ``Log``, ``Sqrt``, ``Reciprocal`` or a divisor:
+        a number added there keeps them away from 0."""
+        uses = self.uses.get(name, [])
+        return bool(uses) and all(
+            op in ("Log", "Sqrt", "Reciprocal") or (op == "Div" and index == 1)
+            for op, index in uses
+        )
 
     def _is_scale(self, node: NodeProto, index: int, data: list[str]) -> bool:
         if (node.op_type == "Div" and index != 1) or node.input[index] in self.rescales:
@@ -498,7 +540,7 @@ class _Roles:
             return True
         if not _is_single(shape):
             return False
-        return any(n in self.affine and (s := self.shapes.get(n)) and s[-1] == 1 for n in data)
+        return self._one_feature_affine(data)
 
     def _output_is_affine(self, node, data, weight_found: bool, lookup: bool) -> bool:
         op = node.op_type

@@ -595,3 +595,103 @@ def test_default_weights_of_every_deployed_form_are_the_parameters(architecture,
         seeds = {f"{o.name}_grad" for o in model.graph.output}
         asked = {i.name for i in onnx_derivative(model, inputs=[]).graph.input}
         assert sorted(asked - known - seeds) == []
+
+
+# -- data from every input: shipped-model patterns (tf2onnx's magika, onnx-asr) -------------
+
+
+def test_a_float_input_cast_to_codes_and_one_hot_is_data():
+    """magika standard_v1: float bytes cast to int, one-hot encoded (OneHot's schema calls
+    its output non-differentiable), then a dense layer and erf GELU: kernel and bias are the
+    weights, GELU's 0.5, 1 and 1/sqrt(2) are not (before: every constant was a weight)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Cast", ["x"], ["codes"], to=TensorProto.INT32),
+            node("OneHot", ["codes", "depth", "values"], ["hot"]),
+            node("MatMul", ["hot", "w"], ["h0"]),
+            node("Add", ["h0", "b"], ["h"]),
+            node("Mul", ["h", "inv_sqrt2"], ["hs"]),
+            node("Erf", ["hs"], ["e"]),
+            node("Add", ["one", "e"], ["e1"]),
+            node("Mul", ["half", "h"], ["hh"]),
+            node("Mul", ["hh", "e1"], ["y"]),
+        ],
+        {
+            "depth": np.array([5], np.int64),
+            "values": np.array([0.0, 1.0], np.float32),
+            "w": f32(5, 3),
+            "b": f32(3),
+            "inv_sqrt2": np.float32(0.70710677),
+            "one": np.float32(1),
+            "half": np.float32(0.5),
+        },
+        [("x", F, [None, 4])],
+        ["y"],
+    )
+    assert _weights(model) == ["w", "b"]
+
+
+def test_a_spectrum_is_data_and_a_log_guard_is_an_epsilon():
+    """onnx-asr's log-mel features: STFT (no gradient by its schema) of the waveform, power,
+    mel filterbank, ``log(mel + guard)``: the guard is no weight (before: it and every
+    constant after the STFT were)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Unsqueeze", ["x", "last"], ["signal"]),
+            node("STFT", ["signal", "hop", "window"], ["spectrum"], onesided=1),
+            node("ReduceSumSquare", ["spectrum", "last"], ["power"], keepdims=0),
+            node("MatMul", ["power", "mel"], ["m"]),
+            node("Add", ["m", "guard"], ["guarded"]),
+            node("Log", ["guarded"], ["logm"]),
+            node("Div", ["logm", "ln10"], ["y"]),
+        ],
+        {
+            "last": np.array([-1], np.int64),
+            "hop": np.array(4, np.int64),
+            "window": np.hanning(8).astype(np.float32),
+            "mel": np.abs(f32(5, 3)),
+            "guard": np.float32(1e-5),
+            "ln10": np.float32(2.3025851),
+        },
+        [("x", F, [2, 32])],
+        ["y"],
+    )
+    assert _weights(model) == ["mel"]
+
+
+def test_a_fill_broadcast_from_one_number_is_not_a_weight_a_folded_beta_is():
+    """TensorFlow's LayerNorm as tf2onnx writes it: a BatchNormalization over ones and zeros
+    expanded to the batch, then ``x k + (beta - mean k)``: gamma and beta are the weights,
+    the expanded 1 and 0 are not."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Shape", ["x"], ["s"]),
+            node("Gather", ["s", "zero"], ["n"]),
+            node("Expand", ["one", "n"], ["ones"]),
+            node("Expand", ["nought", "n"], ["zeros"]),
+            node("ReduceMean", ["x", "last"], ["mean"]),
+            node("Mul", ["mean", "gamma"], ["mk"]),
+            node("Sub", ["beta", "mk"], ["shift"]),
+            node("Mul", ["x", "gamma"], ["xk"]),
+            node("Add", ["xk", "shift"], ["z"]),
+            node("Unsqueeze", ["z", "last"], ["z4"]),
+            node("Unsqueeze", ["z4", "last"], ["z5"]),
+            node("BatchNormalization", ["z5", "ones", "zeros", "mu", "var"], ["y"]),
+        ],
+        {
+            "zero": np.array([1], np.int64),
+            "last": np.array([-1], np.int64),
+            "one": np.float32(1),
+            "nought": np.float32(0),
+            "gamma": f32(4),
+            "beta": f32(4) + 1,
+            "mu": np.zeros(8, np.float32),
+            "var": np.ones(8, np.float32),
+        },
+        [("x", F, [None, 8, 4])],
+        ["y"],
+    )
+    assert _weights(model) == ["gamma", "beta"]

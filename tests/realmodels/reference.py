@@ -56,6 +56,9 @@ class OneHot(OpRun):
         return (np.moveaxis(result, -1, -1 if axis is None else axis),)
 
 
+_FIXED_OPS = [BatchNormalization, GlobalMaxPool, OneHot]
+
+
 class Reference:
     """``run(feeds, weights)``: the float64 outputs of ``model`` with some weights replaced."""
 
@@ -73,7 +76,7 @@ class Reference:
                 self._slot(name).CopyFrom(
                     numpy_helper.from_array(np.asarray(value, np.float64), name)
                 )
-            evaluator = ReferenceEvaluator(self.model, new_ops=[BatchNormalization, GlobalMaxPool, OneHot])
+            evaluator = ReferenceEvaluator(self.model, new_ops=_FIXED_OPS)
             doubles = {
                 k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()
             }
