@@ -50,6 +50,9 @@ class DerivativeRequest:
     #: leaves in the order onnxruntime should run them (:mod:`onnxgrad.derivative.leaf_order`):
     #: for a graph run as it is, not one a train step appends its update to
     order_leaves: bool = True
+    #: a result where no seeded output depends on a source at all is zeros, not an error
+    #: (forward mode's transposition: a tangent the reverse graph never reads is 0)
+    structural_zeros: bool = False
 
 
 def onnx_derivative(
@@ -125,15 +128,20 @@ def derive_in_place(
     outputs: Sequence[str] | None = None,
     recompute: str | Sequence[str] | None = None,
     order_leaves: bool = True,
+    structural_zeros: bool = False,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
     the command and the train step use it so that no weight is copied (``order_leaves``:
-    see :class:`DerivativeRequest`)."""
+    ``structural_zeros``: see :class:`DerivativeRequest`)."""
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label, outputs)
-    request = replace(with_recompute(request, recompute, backend), order_leaves=order_leaves)
+    request = replace(
+        with_recompute(request, recompute, backend),
+        order_leaves=order_leaves,
+        structural_zeros=structural_zeros,
+    )
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
 

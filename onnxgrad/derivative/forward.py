@@ -6,17 +6,21 @@ a tangent ``\dot x``, is
 
 .. math:: \frac{\partial}{\partial \bar y} \langle J^\top \bar y, \dot x \rangle = J \dot x,
 
-the Jacobian-vector product, whatever ``\bar y`` is (zeros here). Every operator with a
-reverse rule, whose rule emits operators with rules themselves, thus gets tangents without
-a tangent rule. Applied to the gradient graph of a scalar loss it gives Hessian-vector
-products, ``H \dot x = J_{\nabla f} \dot x`` (forward-over-reverse).
+the Jacobian-vector product, whatever ``\bar y`` is where ``G`` is linear in it. A rule may
+read ``\bar y`` by value besides (Softmax tells the rows whose cotangent is all zero, which
+a masked attention row has, and gives them a zero gradient instead of NaN): ``G`` is linear
+only away from ``\bar y = 0`` there, so the cotangent fed is ones, never zeros. Every
+operator with a reverse rule, whose rule emits operators with rules themselves, thus gets
+tangents without a tangent rule. Applied to the gradient graph of a scalar loss it gives
+Hessian-vector products, ``H \dot x = J_{\nabla f} \dot x`` (forward-over-reverse).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onnx import ModelProto, ValueInfoProto, helper
+import numpy as np
+from onnx import ModelProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
@@ -25,6 +29,7 @@ from onnxgrad._onnx_utils import (
     all_names,
     copy_message,
     finalize_model,
+    np_dtype,
     replace_repeated,
 )
 from onnxgrad.derivative.api import derive_in_place
@@ -61,17 +66,26 @@ def _jvp(
     inputs: Sequence[str] | None,
     keep_outputs: bool = False,
 ) -> ModelProto:
-    """:func:`onnx_jvp` of a normalised model the caller owns."""
+    """:func:`onnx_jvp` of a normalised model the caller owns.
+
+    The reverse graph keeps the model's outputs (so that the transposed one computes them,
+    under the names it gave them, for the cotangents' shapes); the transposed graph keeps
+    them too, and differentiates the reverse gradients only."""
     originals = _private_output_names(model)
-    reverse = derive_in_place(copy_message(model), weights=weights, inputs=inputs)
-    sources = _gradient_sources(reverse)
     outputs = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
-    cotangents = [f"{o.name}_grad" for o in model.graph.output]
-    differentiated = [f"{o.name}_grad" for o in outputs]
-    transposed = derive_in_place(reverse, weights=[], inputs=differentiated)
-    result = _tangent_model(
-        model, transposed, sources, outputs, cotangents, keep_outputs, originals
-    )
+    reverse = derive_in_place(
+        copy_message(model), weights=weights, inputs=inputs,
+        options=DerivativeOptions.KeepOutputs,
+    )  # fmt: skip
+    sources = _gradient_sources(reverse)
+    reverse_inputs = {i.name for i in reverse.graph.input}
+    cotangents = {f"{o.name}_grad": o.name for o in model.graph.output}
+    cotangents = {c: o for c, o in cotangents.items() if c in reverse_inputs}
+    transposed = derive_in_place(
+        reverse, weights=[], inputs=list(cotangents), options=DerivativeOptions.KeepOutputs,
+        outputs=[f"{s}_grad" for s in sources], structural_zeros=True,
+    )  # fmt: skip
+    result = _tangent_model(transposed, sources, outputs, cotangents, keep_outputs, originals)
     rename_values(result.graph, originals)
     return finalize_model(result)
 
@@ -128,48 +142,43 @@ def _gradient_sources(reverse: ModelProto) -> list[str]:
 
 
 def _tangent_model(
-    model: ModelProto,
     transposed: ModelProto,
     sources: list[str],
     outputs: list[ValueInfoProto],
-    cotangents: list[str],
+    cotangents: dict[str, str],
     keep_outputs: bool,
     originals: dict[str, str],
 ) -> ModelProto:
-    """Rename the transposed graph's seeds and results to tangents, and feed zeros to the
-    cotangent inputs it may still read (for their shapes only)."""
+    """Rename the transposed graph's seeds and results to tangents, and feed ones to the
+    cotangent inputs ``{cotangent: output}`` it may still read (for their shapes, or a
+    rule's test of a zero cotangent: see the module's docstring)."""
     graph = transposed.graph
-    scope = NameScope(all_names(graph) | all_names(model.graph))
+    scope = NameScope(all_names(graph))
     renames = {f"{s}_grad_grad": scope.unique(f"{s}_tangent") for s in sources}
     renames |= {
         f"{o.name}_grad_grad": scope.unique(f"{originals.get(o.name, o.name)}_tangent")
         for o in outputs
     }
-    known = {o for node in graph.node for o in node.output}
-    nodes = [n for n in model.graph.node if known.isdisjoint(n.output)]
-    for cotangent, output in zip(cotangents, model.graph.output):
-        shape, zero = scope.unique(f"{output.name}_shape"), scope.unique(f"{cotangent}_zero")
-        nodes.append(helper.make_node("Shape", [output.name], [shape]))
-        nodes.append(helper.make_node("ConstantOfShape", [shape], [zero]))
-        nodes.append(helper.make_node("CastLike", [zero, output.name], [cotangent]))
-    new_nodes = nodes + list(graph.node)
-    replace_repeated(graph.node, _topological(new_nodes, graph))
-    replace_repeated(graph.input, [i for i in graph.input if i.name not in set(cotangents)])
-    known_inits = {i.name for i in graph.initializer}
-    graph.initializer.extend(i for i in model.graph.initializer if i.name not in known_inits)
+    declared = {i.name: i.type.tensor_type.elem_type for i in graph.input}
+    nodes = []
+    for cotangent, output in cotangents.items():
+        one = numpy_helper.from_array(np.array([1], dtype=np_dtype(declared[cotangent])))
+        shape = scope.unique(f"{output}_shape")
+        nodes.append(helper.make_node("Shape", [output], [shape]))
+        nodes.append(helper.make_node("ConstantOfShape", [shape], [cotangent], value=one))
+    replace_repeated(graph.input, [i for i in graph.input if i.name not in cotangents])
+    replace_repeated(graph.node, _topological(nodes + list(graph.node), graph))
+    kept = {o.name for o in outputs} if keep_outputs else set()
     tangents = [o for o in graph.output if o.name in renames]
-    if keep_outputs:
-        tangents += list(outputs)
-    replace_repeated(graph.output, tangents)
+    replace_repeated(graph.output, tangents + [o for o in graph.output if o.name in kept])
     prune_graph(graph, keep_inputs=True)
-    inputs = {i.name for i in graph.input}
-    replace_repeated(graph.initializer, [i for i in graph.initializer if i.name not in inputs])
     rename_values(graph, renames)
     return transposed
 
 
 def _topological(nodes: list, graph) -> list:
-    """``nodes`` ordered so that each comes after the producers of its inputs."""
+    """``nodes`` ordered so that each comes after the producers of its inputs (the graph's
+    inputs already exclude the cotangents that ``nodes`` now compute)."""
     from onnxgrad.graph._scopes import node_inputs
 
     available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
