@@ -24,6 +24,7 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative.options import DerivativeOptions, check_options
 from onnxgrad.derivative.recompute import check_recompute
+from onnxgrad.derivative.seeds import batch_seeds, check_seeds
 from onnxgrad.normalize import normalized_model
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
@@ -65,6 +66,7 @@ def onnx_derivative(
     backend: str = "onnx",
     outputs: Sequence[str] | None = None,
     recompute: str | Sequence[str] | None = None,
+    seeds: int | None = None,
 ) -> ModelProto:
     """The gradient graph of ``model`` with respect to weights and/or inputs.
 
@@ -102,10 +104,23 @@ def onnx_derivative(
         naming blocks to checkpoint, e.g. ``[r"layers\\.\\d+"]`` (see
         :mod:`onnxgrad.derivative.recompute`); ``None`` (default here; the training entries
         default to ``"attention"``): the backward as the rules build it.
+    :param seeds: ``k`` output gradients per run (``Zero`` and ``KeepOutputs`` only): every
+        ``<y>_grad`` input and ``<x>_grad`` output gets a leading axis of size ``k``, the
+        ``i``-th gradient being that of the ``i``-th seed
+        (:mod:`onnxgrad.derivative.seeds`); ``None``: one seed, no extra axis.
     """
-    _check_arguments(options, backend)
-    return derive_in_place(
-        normalized_model(model),
+    options = _check_arguments(options, backend)
+    seeds = check_seeds(seeds)
+    seeded = options & (DerivativeOptions.FillGrad | DerivativeOptions.Loss)
+    if seeds is not None and (backend != "onnx" or seeded):
+        raise ValueError(
+            "seeds= needs backend='onnx' and output gradients as inputs (options Zero or "
+            f"KeepOutputs), not backend={backend!r} with {options!r}"
+        )
+    model = normalized_model(model)
+    outputs_of_model = {o.name for o in model.graph.output}
+    result = derive_in_place(
+        model,
         weights,
         inputs,
         options,
@@ -115,6 +130,25 @@ def onnx_derivative(
         outputs=outputs,
         recompute=recompute,
     )
+    if seeds is None:
+        return result
+    return batch_seeds(result, *_seed_names(result, outputs_of_model), seeds)
+
+
+def _seed_names(gradient: ModelProto, model_outputs: set[str]) -> tuple[list[str], list[str]]:
+    """``(the <y>_grad inputs, the <x>_grad outputs)`` of a gradient graph."""
+    inputs = {i.name for i in gradient.graph.input}
+    seeds = [
+        i.name
+        for i in gradient.graph.input
+        if i.name.endswith("_grad") and i.name[: -len("_grad")] in model_outputs
+    ]
+    results = [
+        o.name
+        for o in gradient.graph.output
+        if o.name.endswith("_grad") and o.name[: -len("_grad")] in inputs
+    ]
+    return seeds, results
 
 
 def derive_in_place(

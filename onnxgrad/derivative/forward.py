@@ -34,6 +34,7 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative.api import derive_in_place
 from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.derivative.seeds import batch_seeds, check_seeds
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 from onnxgrad.normalize import normalized_model
@@ -44,6 +45,7 @@ def onnx_jvp(
     weights: Sequence[str] | None = (),
     inputs: Sequence[str] | None = None,
     keep_outputs: bool = False,
+    seeds: int | None = None,
 ) -> ModelProto:
     """The Jacobian-vector products of ``model`` as a standard ONNX graph.
 
@@ -56,8 +58,16 @@ def onnx_jvp(
         trainable weight, the default ``()`` none.
     :param inputs: graph inputs to differentiate; ``None`` means every float input.
     :param keep_outputs: also return the original outputs, after the tangents.
+    :param seeds: ``k`` tangents per run: every ``<x>_tangent`` input and ``<y>_tangent``
+        output gets a leading axis of size ``k``
+        (:mod:`onnxgrad.derivative.seeds`); ``None``: one tangent, no extra axis.
     """
-    return _jvp(normalized_model(model), weights, inputs, keep_outputs)
+    seeds = check_seeds(seeds)
+    return _batched(*_jvp(normalized_model(model), weights, inputs, keep_outputs), seeds)
+
+
+def _batched(model: ModelProto, seed_inputs, results, seeds: int | None) -> ModelProto:
+    return model if seeds is None else batch_seeds(model, seed_inputs, results, seeds)
 
 
 def _jvp(
@@ -65,8 +75,9 @@ def _jvp(
     weights: Sequence[str] | None,
     inputs: Sequence[str] | None,
     keep_outputs: bool = False,
-) -> ModelProto:
-    """:func:`onnx_jvp` of a normalised model the caller owns.
+) -> tuple[ModelProto, list[str], list[str]]:
+    """:func:`onnx_jvp` of a normalised model the caller owns, its tangent inputs and its
+    tangent outputs.
 
     The reverse graph keeps the model's outputs (so that the transposed one computes them,
     under the names it gave them, for the cotangents' shapes); the transposed graph keeps
@@ -85,9 +96,12 @@ def _jvp(
         reverse, weights=[], inputs=list(cotangents), options=DerivativeOptions.KeepOutputs,
         outputs=[f"{s}_grad" for s in sources], structural_zeros=True,
     )  # fmt: skip
-    result = _tangent_model(transposed, sources, outputs, cotangents, keep_outputs, originals)
+    tangents = _tangent_model(transposed, sources, outputs, cotangents, keep_outputs, originals)
+    result = transposed
     rename_values(result.graph, originals)
-    return finalize_model(result)
+    seed_inputs = [i.name for i in result.graph.input if i.name in tangents]
+    results = [o.name for o in result.graph.output if o.name in tangents]
+    return finalize_model(result), seed_inputs, results
 
 
 def _private_output_names(model: ModelProto) -> dict[str, str]:
@@ -112,6 +126,7 @@ def onnx_hvp(
     inputs: Sequence[str] | None = None,
     loss: str | None = None,
     label: str | None = None,
+    seeds: int | None = None,
 ) -> ModelProto:
     """Hessian-vector products of a scalar loss, by forward-over-reverse.
 
@@ -119,7 +134,8 @@ def onnx_hvp(
     per differentiated input or weight ``x``, and returns the tangents of the gradients,
     ``<x>_grad_tangent``: ``H v`` where ``H`` is the Hessian of the loss with respect to all
     of them together and ``v`` the stacked tangents. ``loss``/``label`` are those of
-    ``onnx_derivative(options=DerivativeOptions.Loss)``.
+    ``onnx_derivative(options=DerivativeOptions.Loss)``; ``seeds=k``: ``k`` tangents
+    per run, as for :func:`onnx_jvp`.
     """
     gradient = derive_in_place(
         normalized_model(model), weights=weights, inputs=inputs,
@@ -128,7 +144,7 @@ def onnx_hvp(
     sources = _gradient_sources(gradient)
     wanted = {f"{s}_grad" for s in sources}
     replace_repeated(gradient.graph.output, [o for o in gradient.graph.output if o.name in wanted])
-    return _jvp(gradient, weights=[], inputs=sources)
+    return _batched(*_jvp(gradient, weights=[], inputs=sources), check_seeds(seeds))
 
 
 def _gradient_sources(reverse: ModelProto) -> list[str]:
@@ -148,10 +164,11 @@ def _tangent_model(
     cotangents: dict[str, str],
     keep_outputs: bool,
     originals: dict[str, str],
-) -> ModelProto:
-    """Rename the transposed graph's seeds and results to tangents, and feed ones to the
-    cotangent inputs ``{cotangent: output}`` it may still read (for their shapes, or a
-    rule's test of a zero cotangent: see the module's docstring)."""
+) -> set[str]:
+    """Rename, in place, the transposed graph's seeds and results to tangents (returns
+    their names), and feed ones to the cotangent inputs ``{cotangent: output}`` it may
+    still read (for their shapes, or a rule's test of a zero cotangent: see the module's
+    docstring)."""
     graph = transposed.graph
     scope = NameScope(all_names(graph))
     renames = {f"{s}_grad_grad": scope.unique(f"{s}_tangent") for s in sources}
@@ -173,7 +190,7 @@ def _tangent_model(
     replace_repeated(graph.output, tangents + [o for o in graph.output if o.name in kept])
     prune_graph(graph, keep_inputs=True)
     rename_values(graph, renames)
-    return transposed
+    return set(renames.values())
 
 
 def _topological(nodes: list, graph) -> list:
