@@ -54,6 +54,8 @@ class DerivativeRequest:
     #: a result where no seeded output depends on a source at all is zeros, not an error
     #: (forward mode's transposition: a tangent the reverse graph never reads is 0)
     structural_zeros: bool = False
+    #: run onnx's full check on the result (off for an intermediate graph checked later)
+    checked: bool = True
 
 
 def onnx_derivative(
@@ -163,11 +165,12 @@ def derive_in_place(
     recompute: str | Sequence[str] | None = None,
     order_leaves: bool = True,
     structural_zeros: bool = False,
+    checked: bool = True,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
     the command and the train step use it so that no weight is copied (``order_leaves``:
-    ``structural_zeros``: see :class:`DerivativeRequest`)."""
+    ``structural_zeros``, ``checked``: see :class:`DerivativeRequest`)."""
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label, outputs)
@@ -175,6 +178,7 @@ def derive_in_place(
         with_recompute(request, recompute, backend),
         order_leaves=order_leaves,
         structural_zeros=structural_zeros,
+        checked=checked,
     )
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)

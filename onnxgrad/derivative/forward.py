@@ -86,7 +86,7 @@ def _jvp(
     outputs = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     reverse = derive_in_place(
         copy_message(model), weights=weights, inputs=inputs,
-        options=DerivativeOptions.KeepOutputs,
+        options=DerivativeOptions.KeepOutputs, order_leaves=False, checked=False,
     )  # fmt: skip
     sources = _gradient_sources(reverse)
     reverse_inputs = {i.name for i in reverse.graph.input}
@@ -94,7 +94,7 @@ def _jvp(
     cotangents = {c: o for c, o in cotangents.items() if c in reverse_inputs}
     transposed = derive_in_place(
         reverse, weights=[], inputs=list(cotangents), options=DerivativeOptions.KeepOutputs,
-        outputs=[f"{s}_grad" for s in sources], structural_zeros=True,
+        outputs=[f"{s}_grad" for s in sources], structural_zeros=True, checked=False,
     )  # fmt: skip
     tangents = _tangent_model(transposed, sources, outputs, cotangents, keep_outputs, originals)
     result = transposed

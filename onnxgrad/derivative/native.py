@@ -90,7 +90,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
         readiest_leaves_last(model.graph)
     mark_structural_constants(model.graph)
     try:
-        return finalize_model(model)
+        return finalize_model(model, check=request.checked)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         message = " ".join(str(exc).split())[:1000]
         raise ValueError(
