@@ -103,6 +103,15 @@ def models():
     return result
 
 
+def _named(model):
+    """``model`` with a name for every unnamed node: onnxruntime names the nodes its fusions
+    make after the nodes they replace and refuses two equal names (onnx-ad's Llama graphs
+    fail to load otherwise); the computation is unchanged."""
+    for index, node in enumerate(model.graph.node):
+        node.name = node.name or f"unnamed_{index}"
+    return model
+
+
 def _session(model):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
@@ -174,7 +183,7 @@ def compare(name: str, model, x: np.ndarray, seeds: int, repeat: int) -> list[di
     for mode in ("reverse", "forward", "batched"):
         libraries = [lib for lib in ("onnxgrad", "onnx-ad") if (mode, lib) in built]
         entries = {lib: built[(mode, lib)] for lib in libraries}
-        sessions = {lib: _session(graph) for lib, (graph, _) in entries.items()}
+        sessions = {lib: _session(_named(graph)) for lib, (graph, _) in entries.items()}
         seed = seed_array(mode, x, y, seeds, rng)
         feeds = {}
         for lib, session in sessions.items():
