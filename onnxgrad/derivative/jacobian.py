@@ -131,37 +131,37 @@ def _elem_types(model: ModelProto) -> dict[str, int]:
 
 def _forward_blocks(jvp: ModelProto, sources, outputs, shapes) -> ModelProto:
     """Identity columns as the tangents, ``J`` read back as ``[N, m] -> m x N`` blocks."""
-    types = _elem_types(jvp)
-    nodes = _Nodes(jvp.graph)
-    sizes = [math.prod(shapes[x]) for x in sources]
-    tangents = [f"{x}_tangent" for x in sources]
-    _seed_with_identity(nodes, tangents, [shapes[x] for x in sources], types[tangents[0]])
-    head, nodes.nodes = nodes.nodes, []
-    results = []
-    for y in outputs:
-        flat = nodes.op("Reshape", [f"{y}_tangent", nodes.ints([sum(sizes), -1])])
-        rows = nodes.op("Transpose", [flat], perm=[1, 0])
-        blocks = {f"d{y}_d{x}": ((*shapes[y], *shapes[x]), n) for x, n in zip(sources, sizes)}
-        results += _split_blocks(nodes, rows, 1, blocks, types[f"{y}_tangent"])
-    return _rewired(jvp, head, nodes.nodes, set(tangents), results)
+    return _blocks(jvp, (sources, "_tangent"), (outputs, "_tangent"), shapes, forward=True)
 
 
 def _reverse_blocks(gradient: ModelProto, sources, outputs, shapes) -> ModelProto:
     """Identity rows as the output gradients, ``J^T`` read back as ``[M, n]`` blocks."""
-    types = _elem_types(gradient)
-    nodes = _Nodes(gradient.graph)
-    sizes = [math.prod(shapes[y]) for y in outputs]
-    seeds = [f"{y}_grad" for y in outputs]
-    _seed_with_identity(nodes, seeds, [shapes[y] for y in outputs], types[seeds[0]])
+    return _blocks(gradient, (outputs, "_grad"), (sources, "_grad"), shapes, forward=False)
+
+
+def _blocks(model: ModelProto, seeded, read, shapes, forward: bool) -> ModelProto:
+    """``model`` with its seed inputs ``<v><suffix>`` (``v`` in ``seeded``) fed the identity,
+    and the stacked results ``<u><suffix>`` (``u`` in ``read``, ``K`` seeds by ``size(u)``)
+    cut into the blocks ``d<y>_d<x>`` (``J``'s layout: transposed first in forward mode)."""
+    (seeded, seed_suffix), (read, read_suffix) = seeded, read
+    types = _elem_types(model)
+    nodes = _Nodes(model.graph)
+    sizes = [math.prod(shapes[v]) for v in seeded]
+    seeds = [f"{v}{seed_suffix}" for v in seeded]
+    _seed_with_identity(nodes, seeds, [shapes[v] for v in seeded], types[seeds[0]])
     head, nodes.nodes = nodes.nodes, []
     results = []
-    for x in sources:
-        flat = nodes.op("Reshape", [f"{x}_grad", nodes.ints([sum(sizes), -1])])
-        blocks = {f"d{y}_d{x}": ((*shapes[y], *shapes[x]), m) for y, m in zip(outputs, sizes)}
-        results += _split_blocks(nodes, flat, 0, blocks, types[f"{x}_grad"])
+    for u in read:
+        stacked = nodes.op("Reshape", [f"{u}{read_suffix}", nodes.ints([sum(sizes), -1])])
+        if forward:
+            stacked = nodes.op("Transpose", [stacked], perm=[1, 0])
+        pairs = [(u, v) if forward else (v, u) for v in seeded]
+        blocks = {f"d{y}_d{x}": ((*shapes[y], *shapes[x]), n) for (y, x), n in zip(pairs, sizes)}
+        results += _split_blocks(nodes, stacked, int(forward), blocks, types[f"{u}{read_suffix}"])
     by_name = {r.name: r for r in results}
+    outputs, sources = (read, seeded) if forward else (seeded, read)
     ordered = [by_name[f"d{y}_d{x}"] for y in outputs for x in sources]
-    return _rewired(gradient, head, nodes.nodes, set(seeds), ordered)
+    return _rewired(model, head, nodes.nodes, set(seeds), ordered)
 
 
 def _seed_with_identity(nodes: _Nodes, names: list[str], shapes: list, elem_type: int) -> None:

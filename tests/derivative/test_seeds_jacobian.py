@@ -16,7 +16,6 @@ from onnx import TensorProto, helper
 from onnxgrad import DerivativeOptions, onnx_derivative, onnx_hvp, onnx_jacobian, onnx_jvp
 from tests.derivative.test_forward import _mlp, _run, _softmax_model, _with_weights
 
-torch = pytest.importorskip("torch")
 K = 3
 
 
@@ -76,23 +75,27 @@ def test_seeds_are_refused_where_the_gradient_has_no_seed_input():
         onnx_jvp(model, seeds=0)
 
 
-class _Net(torch.nn.Module):
+def _net(torch):
     """Two outputs of two inputs, through a Softmax."""
 
-    def __init__(self):
-        super().__init__()
-        self.first = torch.nn.Linear(3, 4)
-        self.second = torch.nn.Linear(4, 2)
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = torch.nn.Linear(3, 4)
+            self.second = torch.nn.Linear(4, 2)
 
-    def forward(self, x, z):
-        p = torch.softmax(self.second(torch.tanh(self.first(x))), -1) * z.sum()
-        return p, (x * x).sum(-1)
+        def forward(self, x, z):
+            p = torch.softmax(self.second(torch.tanh(self.first(x))), -1) * z.sum()
+            return p, (x * x).sum(-1)
+
+    return Net()
 
 
 @pytest.fixture(scope="module")
 def exported():
+    torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    net = _Net().double()
+    net = _net(torch).double()
     x, z = torch.randn(2, 3, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
     buffer = io.BytesIO()
     with warnings.catch_warnings():
@@ -101,12 +104,12 @@ def exported():
             net, (x, z), buffer, input_names=["x", "z"], output_names=["p", "q"],
             dynamo=False, opset_version=17, do_constant_folding=False,
         )  # fmt: skip
-    return net, onnx.load_from_string(buffer.getvalue()), x, z
+    return torch, net, onnx.load_from_string(buffer.getvalue()), x, z
 
 
 @pytest.mark.parametrize("mode", ["rev", "fwd", "auto"])
 def test_jacobian_equals_torch_func(exported, mode):
-    net, model, x, z = exported
+    torch, net, model, x, z = exported
     expected = torch.func.jacrev(net, argnums=(0, 1))(x, z)
     if mode == "fwd":
         expected = torch.func.jacfwd(net, argnums=(0, 1))(x, z)
@@ -120,7 +123,7 @@ def test_jacobian_equals_torch_func(exported, mode):
 
 def test_jacobian_of_the_gradient_equals_torch_hessian(exported):
     """The Jacobian of the gradient graph of ``<p, g_p> + <q, g_q>`` is its Hessian."""
-    net, model, x, z = exported
+    torch, net, model, x, z = exported
     gradient = onnx_derivative(model, weights=[], inputs=["x"])
     kept = [o for o in gradient.graph.output if o.name == "x_grad"]
     del gradient.graph.output[:]
