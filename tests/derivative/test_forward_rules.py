@@ -44,14 +44,23 @@ ORT_REFUSES = {
 }
 
 
-def _param(case):
-    if case.id in ORT_REFUSES:
-        mark = pytest.mark.xfail(reason=ORT_REFUSES[case.id], strict=True)
-        return pytest.param(case, id=case.id, marks=mark)
-    return pytest.param(case, id=case.id)
+def _params(cases) -> list:
+    """One parameter per case: the first of each operator and opset runs always, the other
+    variants (attributes, second order, edge values) are marked slow."""
+    seen, params = set(), []
+    for case in cases:
+        marks = [] if (key := (case.domain, case.op_type, case.opset)) not in seen else [SLOW]
+        seen.add(key)
+        if case.id in ORT_REFUSES:
+            marks.append(pytest.mark.xfail(reason=ORT_REFUSES[case.id], strict=True))
+        params.append(pytest.param(case, id=case.id, marks=marks))
+    return params
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("case", _params(CASES))
 def test_jvp_against_finite_differences(case):
     model, feeds = case_model(case, np.float64)
     wrt = case.differentiated
