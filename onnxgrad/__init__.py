@@ -38,7 +38,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "unreduced_onnx_loss",
     ),
     "onnxgrad.functions": ("function_onnx_graph", "get_supported_functions"),
-    "onnxgrad.derivative": ("DerivativeOptions", "onnx_derivative", "onnx_hvp", "onnx_jvp"),
+    "onnxgrad.derivative": (
+        "DerivativeOptions",
+        "onnx_derivative",
+        "onnx_hvp",
+        "onnx_jacobian",
+        "onnx_jvp",
+    ),
     "onnxgrad.training": (
         "AbsoluteLearningLoss",
         "BaseLearningLoss",

@@ -35,11 +35,20 @@ from onnx import AttributeProto, GraphProto, ModelProto, SparseTensorProto, Tens
 from onnxgrad._untrusted import identity, open_confined
 
 #: Element types packed two to a byte (and two to an int32_data value).
-HALF_BYTE_TYPES = {
-    getattr(TensorProto, name)
-    for name in ("INT4", "UINT4", "FLOAT4E2M1")
+#: element type -> elements packed in one byte (raw data) or one int32 value
+PACKED_TYPES = {
+    getattr(TensorProto, name): per_byte
+    for name, per_byte in (("INT4", 2), ("UINT4", 2), ("FLOAT4E2M1", 2), ("INT2", 4), ("UINT2", 4))
     if hasattr(TensorProto, name)
 }
+HALF_BYTE_TYPES = {t for t, per_byte in PACKED_TYPES.items() if per_byte == 2}
+
+
+def packed_count(data_type: int, elements: int) -> int | None:
+    """Bytes (or int32 values) holding ``elements`` of a sub-byte type, None for others."""
+    per_byte = PACKED_TYPES.get(data_type)
+    return None if per_byte is None else -(-elements // per_byte)
+
 
 _KEYS = ("location", "offset", "length", "checksum", "basepath")
 
@@ -152,8 +161,8 @@ def _nbytes(tensor: TensorProto) -> int | None:
     if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
         return None
     elements = math.prod(tensor.dims)
-    if tensor.data_type in HALF_BYTE_TYPES:
-        return -(-elements // 2)
+    if tensor.data_type in PACKED_TYPES:
+        return packed_count(tensor.data_type, elements)
     try:
         return elements * _np_dtype(tensor.data_type).itemsize
     except (KeyError, TypeError, ValueError):

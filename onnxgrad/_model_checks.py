@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
-from onnxgrad._external_data import HALF_BYTE_TYPES
+from onnxgrad._external_data import packed_count
 from onnxgrad._model_bounds import check_bounds
 from onnxgrad._onnx_utils import (
     normalize_domain,
@@ -153,14 +153,14 @@ def check_tensor_data(tensor: TensorProto, what: str) -> None:
     if tensor.data_location == TensorProto.EXTERNAL or tensor.data_type == TensorProto.UNDEFINED:
         return
     elements = math.prod(tensor.dims)
-    packed = tensor.data_type in HALF_BYTE_TYPES
+    packed = packed_count(tensor.data_type, elements)
     if tensor.HasField("raw_data"):
         unit, count, itemsize = "bytes", len(tensor.raw_data), _itemsize(tensor)
-        expected = -(-elements // 2) if packed else itemsize and elements * itemsize
+        expected = packed if packed is not None else itemsize and elements * itemsize
     else:
         field, per_element = _VALUE_FIELDS.get(tensor.data_type, ("int32_data", 1))
         unit, count = "values", len(getattr(tensor, field))
-        expected = -(-elements // 2) if packed else elements * per_element
+        expected = packed if packed is not None else elements * per_element
     if expected is not None and count != expected:  # None: an element type onnx cannot size
         raise ValueError(
             f"{what} {tensor.name!r} declares dims {list(tensor.dims)} ({elements} elements) "

@@ -25,6 +25,7 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative.options import DerivativeOptions, check_options
 from onnxgrad.derivative.recompute import check_recompute
+from onnxgrad.derivative.seeds import batch_seeds, check_seeds
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.ste import quantized_activations as rounding
 
@@ -52,6 +53,11 @@ class DerivativeRequest:
     #: leaves in the order onnxruntime should run them (:mod:`onnxgrad.derivative.leaf_order`):
     #: for a graph run as it is, not one a train step appends its update to
     order_leaves: bool = True
+    #: a result where no seeded output depends on a source at all is zeros, not an error
+    #: (forward mode's transposition: a tangent the reverse graph never reads is 0)
+    structural_zeros: bool = False
+    #: run onnx's full check on the result (off for an intermediate graph checked later)
+    checked: bool = True
 
 
 @protobuf_failures_as_memory_errors()
@@ -66,6 +72,7 @@ def onnx_derivative(
     outputs: Sequence[str] | None = None,
     recompute: str | Sequence[str] | None = None,
     quantized_activations: str = "straight_through",
+    seeds: int | None = None,
 ) -> ModelProto:
     """The gradient graph of ``model`` with respect to weights and/or inputs.
 
@@ -108,12 +115,24 @@ def onnx_derivative(
         training: the estimator, identity inside the quantization range) or ``"exact"`` (for
         analysis: the derivative of the file itself, rounding held, dynamic scales still
         differentiated; :mod:`onnxgrad.normalize.ste`).
+    :param seeds: ``k`` output gradients per run (``Zero`` and ``KeepOutputs`` only): every
+        ``<y>_grad`` input and ``<x>_grad`` output gets a leading axis of size ``k``, the
+        ``i``-th gradient being that of the ``i``-th seed
+        (:mod:`onnxgrad.derivative.seeds`); ``None``: one seed, no extra axis.
     """
-    _check_arguments(options, backend)
+    options = _check_arguments(options, backend)
+    seeds = check_seeds(seeds)
+    seeded = options & (DerivativeOptions.FillGrad | DerivativeOptions.Loss)
+    if seeds is not None and (backend != "onnx" or seeded):
+        raise ValueError(
+            "seeds= needs backend='onnx' and output gradients as inputs (options Zero or "
+            f"KeepOutputs), not backend={backend!r} with {options!r}"
+        )
     with rounding(quantized_activations):
-        normalized = normalized_model(model)
-    return derive_in_place(
-        normalized,
+        model = normalized_model(model)
+    outputs_of_model = {o.name for o in model.graph.output}
+    result = derive_in_place(
+        model,
         weights,
         inputs,
         options,
@@ -123,6 +142,25 @@ def onnx_derivative(
         outputs=outputs,
         recompute=recompute,
     )
+    if seeds is None:
+        return result
+    return batch_seeds(result, *_seed_names(result, outputs_of_model), seeds)
+
+
+def _seed_names(gradient: ModelProto, model_outputs: set[str]) -> tuple[list[str], list[str]]:
+    """``(the <y>_grad inputs, the <x>_grad outputs)`` of a gradient graph."""
+    inputs = {i.name for i in gradient.graph.input}
+    seeds = [
+        i.name
+        for i in gradient.graph.input
+        if i.name.endswith("_grad") and i.name[: -len("_grad")] in model_outputs
+    ]
+    results = [
+        o.name
+        for o in gradient.graph.output
+        if o.name.endswith("_grad") and o.name[: -len("_grad")] in inputs
+    ]
+    return seeds, results
 
 
 def derive_in_place(
@@ -136,15 +174,22 @@ def derive_in_place(
     outputs: Sequence[str] | None = None,
     recompute: str | Sequence[str] | None = None,
     order_leaves: bool = True,
+    structural_zeros: bool = False,
+    checked: bool = True,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
     the command and the train step use it so that no weight is copied (``order_leaves``:
-    see :class:`DerivativeRequest`)."""
+    ``structural_zeros``, ``checked``: see :class:`DerivativeRequest`)."""
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label, outputs)
-    request = replace(with_recompute(request, recompute, backend), order_leaves=order_leaves)
+    request = replace(
+        with_recompute(request, recompute, backend),
+        order_leaves=order_leaves,
+        structural_zeros=structural_zeros,
+        checked=checked,
+    )
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)
 

@@ -6,17 +6,21 @@ a tangent ``\dot x``, is
 
 .. math:: \frac{\partial}{\partial \bar y} \langle J^\top \bar y, \dot x \rangle = J \dot x,
 
-the Jacobian-vector product, whatever ``\bar y`` is (zeros here). Every operator with a
-reverse rule, whose rule emits operators with rules themselves, thus gets tangents without
-a tangent rule. Applied to the gradient graph of a scalar loss it gives Hessian-vector
-products, ``H \dot x = J_{\nabla f} \dot x`` (forward-over-reverse).
+the Jacobian-vector product, whatever ``\bar y`` is where ``G`` is linear in it. A rule may
+read ``\bar y`` by value besides (Softmax tells the rows whose cotangent is all zero, which
+a masked attention row has, and gives them a zero gradient instead of NaN): ``G`` is linear
+only away from ``\bar y = 0`` there, so the cotangent fed is ones, never zeros. Every
+operator with a reverse rule, whose rule emits operators with rules themselves, thus gets
+tangents without a tangent rule. Applied to the gradient graph of a scalar loss it gives
+Hessian-vector products, ``H \dot x = J_{\nabla f} \dot x`` (forward-over-reverse).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onnx import ModelProto, ValueInfoProto, helper
+import numpy as np
+from onnx import ModelProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
@@ -25,10 +29,12 @@ from onnxgrad._onnx_utils import (
     all_names,
     copy_message,
     finalize_model,
+    np_dtype,
     replace_repeated,
 )
 from onnxgrad.derivative.api import derive_in_place
 from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.derivative.seeds import batch_seeds, check_seeds
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 from onnxgrad.normalize import normalized_model
@@ -39,6 +45,7 @@ def onnx_jvp(
     weights: Sequence[str] | None = (),
     inputs: Sequence[str] | None = None,
     keep_outputs: bool = False,
+    seeds: int | None = None,
 ) -> ModelProto:
     """The Jacobian-vector products of ``model`` as a standard ONNX graph.
 
@@ -51,8 +58,16 @@ def onnx_jvp(
         trainable weight, the default ``()`` none.
     :param inputs: graph inputs to differentiate; ``None`` means every float input.
     :param keep_outputs: also return the original outputs, after the tangents.
+    :param seeds: ``k`` tangents per run: every ``<x>_tangent`` input and ``<y>_tangent``
+        output gets a leading axis of size ``k``
+        (:mod:`onnxgrad.derivative.seeds`); ``None``: one tangent, no extra axis.
     """
-    return _jvp(normalized_model(model), weights, inputs, keep_outputs)
+    seeds = check_seeds(seeds)
+    return _batched(*_jvp(normalized_model(model), weights, inputs, keep_outputs), seeds)
+
+
+def _batched(model: ModelProto, seed_inputs, results, seeds: int | None) -> ModelProto:
+    return model if seeds is None else batch_seeds(model, seed_inputs, results, seeds)
 
 
 def _jvp(
@@ -60,20 +75,33 @@ def _jvp(
     weights: Sequence[str] | None,
     inputs: Sequence[str] | None,
     keep_outputs: bool = False,
-) -> ModelProto:
-    """:func:`onnx_jvp` of a normalised model the caller owns."""
+) -> tuple[ModelProto, list[str], list[str]]:
+    """:func:`onnx_jvp` of a normalised model the caller owns, its tangent inputs and its
+    tangent outputs.
+
+    The reverse graph keeps the model's outputs (so that the transposed one computes them,
+    under the names it gave them, for the cotangents' shapes); the transposed graph keeps
+    them too, and differentiates the reverse gradients only."""
     originals = _private_output_names(model)
-    reverse = derive_in_place(copy_message(model), weights=weights, inputs=inputs)
-    sources = _gradient_sources(reverse)
     outputs = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
-    cotangents = [f"{o.name}_grad" for o in model.graph.output]
-    differentiated = [f"{o.name}_grad" for o in outputs]
-    transposed = derive_in_place(reverse, weights=[], inputs=differentiated)
-    result = _tangent_model(
-        model, transposed, sources, outputs, cotangents, keep_outputs, originals
-    )
+    reverse = derive_in_place(
+        copy_message(model), weights=weights, inputs=inputs,
+        options=DerivativeOptions.KeepOutputs, order_leaves=False, checked=False,
+    )  # fmt: skip
+    sources = _gradient_sources(reverse)
+    reverse_inputs = {i.name for i in reverse.graph.input}
+    cotangents = {f"{o.name}_grad": o.name for o in model.graph.output}
+    cotangents = {c: o for c, o in cotangents.items() if c in reverse_inputs}
+    transposed = derive_in_place(
+        reverse, weights=[], inputs=list(cotangents), options=DerivativeOptions.KeepOutputs,
+        outputs=[f"{s}_grad" for s in sources], structural_zeros=True, checked=False,
+    )  # fmt: skip
+    tangents = _tangent_model(transposed, sources, outputs, cotangents, keep_outputs, originals)
+    result = transposed
     rename_values(result.graph, originals)
-    return finalize_model(result)
+    seed_inputs = [i.name for i in result.graph.input if i.name in tangents]
+    results = [o.name for o in result.graph.output if o.name in tangents]
+    return finalize_model(result), seed_inputs, results
 
 
 def _private_output_names(model: ModelProto) -> dict[str, str]:
@@ -98,6 +126,7 @@ def onnx_hvp(
     inputs: Sequence[str] | None = None,
     loss: str | None = None,
     label: str | None = None,
+    seeds: int | None = None,
 ) -> ModelProto:
     """Hessian-vector products of a scalar loss, by forward-over-reverse.
 
@@ -105,7 +134,8 @@ def onnx_hvp(
     per differentiated input or weight ``x``, and returns the tangents of the gradients,
     ``<x>_grad_tangent``: ``H v`` where ``H`` is the Hessian of the loss with respect to all
     of them together and ``v`` the stacked tangents. ``loss``/``label`` are those of
-    ``onnx_derivative(options=DerivativeOptions.Loss)``.
+    ``onnx_derivative(options=DerivativeOptions.Loss)``; ``seeds=k``: ``k`` tangents
+    per run, as for :func:`onnx_jvp`.
     """
     gradient = derive_in_place(
         normalized_model(model), weights=weights, inputs=inputs,
@@ -114,7 +144,7 @@ def onnx_hvp(
     sources = _gradient_sources(gradient)
     wanted = {f"{s}_grad" for s in sources}
     replace_repeated(gradient.graph.output, [o for o in gradient.graph.output if o.name in wanted])
-    return _jvp(gradient, weights=[], inputs=sources)
+    return _batched(*_jvp(gradient, weights=[], inputs=sources), check_seeds(seeds))
 
 
 def _gradient_sources(reverse: ModelProto) -> list[str]:
@@ -128,48 +158,44 @@ def _gradient_sources(reverse: ModelProto) -> list[str]:
 
 
 def _tangent_model(
-    model: ModelProto,
     transposed: ModelProto,
     sources: list[str],
     outputs: list[ValueInfoProto],
-    cotangents: list[str],
+    cotangents: dict[str, str],
     keep_outputs: bool,
     originals: dict[str, str],
-) -> ModelProto:
-    """Rename the transposed graph's seeds and results to tangents, and feed zeros to the
-    cotangent inputs it may still read (for their shapes only)."""
+) -> set[str]:
+    """Rename, in place, the transposed graph's seeds and results to tangents (returns
+    their names), and feed ones to the cotangent inputs ``{cotangent: output}`` it may
+    still read (for their shapes, or a rule's test of a zero cotangent: see the module's
+    docstring)."""
     graph = transposed.graph
-    scope = NameScope(all_names(graph) | all_names(model.graph))
+    scope = NameScope(all_names(graph))
     renames = {f"{s}_grad_grad": scope.unique(f"{s}_tangent") for s in sources}
     renames |= {
         f"{o.name}_grad_grad": scope.unique(f"{originals.get(o.name, o.name)}_tangent")
         for o in outputs
     }
-    known = {o for node in graph.node for o in node.output}
-    nodes = [n for n in model.graph.node if known.isdisjoint(n.output)]
-    for cotangent, output in zip(cotangents, model.graph.output):
-        shape, zero = scope.unique(f"{output.name}_shape"), scope.unique(f"{cotangent}_zero")
-        nodes.append(helper.make_node("Shape", [output.name], [shape]))
-        nodes.append(helper.make_node("ConstantOfShape", [shape], [zero]))
-        nodes.append(helper.make_node("CastLike", [zero, output.name], [cotangent]))
-    new_nodes = nodes + list(graph.node)
-    replace_repeated(graph.node, _topological(new_nodes, graph))
-    replace_repeated(graph.input, [i for i in graph.input if i.name not in set(cotangents)])
-    known_inits = {i.name for i in graph.initializer}
-    graph.initializer.extend(i for i in model.graph.initializer if i.name not in known_inits)
+    declared = {i.name: i.type.tensor_type.elem_type for i in graph.input}
+    nodes = []
+    for cotangent, output in cotangents.items():
+        one = numpy_helper.from_array(np.array([1], dtype=np_dtype(declared[cotangent])))
+        shape = scope.unique(f"{output}_shape")
+        nodes.append(helper.make_node("Shape", [output], [shape]))
+        nodes.append(helper.make_node("ConstantOfShape", [shape], [cotangent], value=one))
+    replace_repeated(graph.input, [i for i in graph.input if i.name not in cotangents])
+    replace_repeated(graph.node, _topological(nodes + list(graph.node), graph))
+    kept = {o.name for o in outputs} if keep_outputs else set()
     tangents = [o for o in graph.output if o.name in renames]
-    if keep_outputs:
-        tangents += list(outputs)
-    replace_repeated(graph.output, tangents)
+    replace_repeated(graph.output, tangents + [o for o in graph.output if o.name in kept])
     prune_graph(graph, keep_inputs=True)
-    inputs = {i.name for i in graph.input}
-    replace_repeated(graph.initializer, [i for i in graph.initializer if i.name not in inputs])
     rename_values(graph, renames)
-    return transposed
+    return set(renames.values())
 
 
 def _topological(nodes: list, graph) -> list:
-    """``nodes`` ordered so that each comes after the producers of its inputs."""
+    """``nodes`` ordered so that each comes after the producers of its inputs (the graph's
+    inputs already exclude the cotangents that ``nodes`` now compute)."""
     from onnxgrad.graph._scopes import node_inputs
 
     available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}

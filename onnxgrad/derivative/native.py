@@ -74,7 +74,8 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     )
     seed_inputs, seeds = _seed_output_gradients(engine, request, types, original_names)
     gradients = engine.gradients(sources, seeds)
-    _check_some_gradient_flows(gradients)
+    if not request.structural_zeros and not engine.reaches_through_floats(sources, seeds):
+        _check_some_gradient_flows(gradients)
 
     grad_outputs, tail_nodes = _gradient_outputs(engine, gradients, types)
     check_default_domain_only(engine.emitted_nodes + tail_nodes)
@@ -89,7 +90,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
         readiest_leaves_last(model.graph)
     mark_structural_constants(model.graph)
     try:
-        return finalize_model(model)
+        return finalize_model(model, check=request.checked)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         message = " ".join(str(exc).split())[:1000]
         raise ValueError(
@@ -131,14 +132,15 @@ def _rewrite_in_place(
 
 
 def _check_some_gradient_flows(gradients: dict[str, str | None]) -> None:
-    """A gradient graph of zeros only is refused: no output depends differentiably on
-    any source (a nearest-neighbour model reaches its outputs through TopK's indices)."""
+    """A gradient graph of zeros only is refused where no output depends on a source
+    through float values (a nearest-neighbour model reaches its outputs through TopK's
+    indices). One reaching them through piecewise-constant float operators (Hardmax, Floor,
+    Sign...) has the derivative 0 wherever it has one, and gets it."""
     if gradients and all(g is None for g in gradients.values()):
         raise NotImplementedError(
             f"the model is not differentiable with respect to {sorted(gradients)}: no output "
-            "depends on them through a float path (only through indices, comparisons or "
-            "piecewise-constant ops such as TopK indices, ArgMax, Floor), every gradient "
-            "would be 0"
+            "depends on them through a float path (only through indices or comparisons, "
+            "such as TopK indices, ArgMax, Equal), every gradient would be 0"
         )
 
 

@@ -91,9 +91,37 @@ def test_jvp_against_finite_differences(weights):
     np.testing.assert_allclose(got["t"], _run(model, values)["t"], rtol=1e-12)
 
 
-def test_hvp_forward_over_reverse_equals_reverse_over_reverse_and_finite_differences():
+def _softmax_model(rng, loss: bool):
+    """``y = Softmax(x @ W)`` (a rule that reads its cotangent by value: the all-zero rows
+    of a masked attention), and ``loss = ReduceSumSquare(y * c)`` if asked."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("Softmax", ["m"], ["y"], axis=-1),
+    ]
+    outputs = [helper.make_tensor_value_info("y", DOUBLE, [2, 4])]
+    initializers = [numpy_helper.from_array(rng.standard_normal((3, 4)), "W")]
+    if loss:
+        nodes += [
+            helper.make_node("Mul", ["y", "c"], ["yc"]),
+            helper.make_node("ReduceSumSquare", ["yc"], ["loss"], keepdims=0),
+        ]
+        outputs = [helper.make_tensor_value_info("loss", DOUBLE, [])]
+        initializers.append(numpy_helper.from_array(rng.standard_normal(4), "c"))
+    graph = helper.make_graph(
+        nodes, "softmax", [helper.make_tensor_value_info("x", DOUBLE, [2, 3])], outputs
+    )
+    graph.initializer.extend(initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    values = {"x": rng.standard_normal((2, 3))}
+    values.update({i.name: numpy_helper.to_array(i) for i in initializers})
+    return model, values
+
+
+@pytest.mark.parametrize("make", [_mlp, _softmax_model], ids=["mlp", "softmax"])
+def test_hvp_forward_over_reverse_equals_reverse_over_reverse_and_finite_differences(make):
+    """Through a Softmax too (a rule that reads its cotangent by value)."""
     rng = np.random.default_rng(1)
-    model, values = _mlp(rng, loss=True)
+    model, values = make(rng, loss=True)
     hvp = onnx_hvp(model, weights=["W"], inputs=["x"])
     v = {"x": rng.standard_normal((2, 3)), "W": rng.standard_normal((3, 4))}
     got = _run(hvp, {**values, "x_tangent": v["x"], "W_tangent": v["W"]})
@@ -127,3 +155,57 @@ def test_jvp_of_an_operator_without_rule_names_it():
     model = helper.make_model(graph, opset_imports=opsets)
     with pytest.raises(NotImplementedError, match="Scaled"):
         onnx_jvp(model)
+
+
+def test_jvp_after_a_softmax_is_sorted_and_agrees_with_finite_differences():
+    rng = np.random.default_rng(2)
+    model, values = _softmax_model(rng, loss=False)
+    jvp = onnx_jvp(model, weights=["W"])
+    tangents = {"x": rng.standard_normal((2, 3)), "W": rng.standard_normal((3, 4))}
+    got = _run(jvp, {**values, "x_tangent": tangents["x"], "W_tangent": tangents["W"]})
+    plain = _with_weights(model, values)
+
+    def shifted(sign):
+        moved = {s: values[s] + sign * EPS * t for s, t in tangents.items()}
+        return _run(plain, {**values, **moved})
+
+    expected = (shifted(1)["y"] - shifted(-1)["y"]) / (2 * EPS)
+    assert np.abs(expected).max() > 1e-3
+    np.testing.assert_allclose(got["y_tangent"], expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("op_type", ["Hardmax", "Floor", "Sign"])
+def test_piecewise_constant_outputs_have_the_zero_derivative(op_type):
+    """``y = op(x) * 2``: float all along, constant almost everywhere: gradient and tangent 0."""
+    graph = helper.make_graph(
+        [
+            helper.make_node(op_type, ["x"], ["h"]),
+            helper.make_node("Add", ["h", "h"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", DOUBLE, [2, 3])],
+        [helper.make_tensor_value_info("y", DOUBLE, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(4).standard_normal((2, 3)) + 0.5
+    gradient = _run(onnx_derivative(model), {"x": x, "y_grad": np.ones((2, 3))})
+    np.testing.assert_array_equal(gradient["x_grad"], np.zeros((2, 3)))
+    tangent = _run(onnx_jvp(model), {"x": x, "x_tangent": np.ones((2, 3))})
+    np.testing.assert_array_equal(tangent["y_tangent"], np.zeros((2, 3)))
+
+
+def test_outputs_reached_through_indices_only_are_still_refused():
+    """An output reached only through ArgMax's integer indices has no float path: refused."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ArgMax", ["x"], ["i"], axis=1, keepdims=0),
+            helper.make_node("Gather", ["table", "i"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", DOUBLE, [2, 3])],
+        [helper.make_tensor_value_info("y", DOUBLE, [2])],
+        [numpy_helper.from_array(np.arange(3.0), "table")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(NotImplementedError, match="not differentiable with respect to"):
+        onnx_derivative(model, weights=[])

@@ -11,14 +11,18 @@ from onnxgrad.graph._scopes import node_inputs
 
 
 def active_values(
-    nodes: Iterable[NodeProto], sources: Iterable[str], is_float: Callable[[str], bool]
+    nodes: Iterable[NodeProto],
+    sources: Iterable[str],
+    is_float: Callable[[str], bool],
+    through_zero: bool = False,
 ) -> set[str]:
     """The values depending differentiably on a source: ``sources``, then every float output
     of a node that reads an active value, unless the node passes no gradient (Shape,
-    comparisons, Floor...). ``nodes`` are in topological order."""
+    comparisons, Floor...; ``through_zero``: those too, where their output is float).
+    ``nodes`` are in topological order."""
     active = set(sources)
     for node in nodes:
-        if has_zero_gradient(node.domain, node.op_type):
+        if not through_zero and has_zero_gradient(node.domain, node.op_type):
             continue
         if any(name in active for name in node_inputs(node)):
             active.update(o for o in node.output if o and is_float(o))

@@ -75,6 +75,12 @@ class Engine:
             self._backward(node, rule, active, contributions)
         return {x: self._accumulate(x, contributions.get(x, [])) for x in sources}
 
+    def reaches_through_floats(self, sources: Sequence[str], seeds: Mapping[str, str]) -> bool:
+        """Whether a seeded output depends on a source through float values, counting the
+        piecewise-constant operators (Hardmax, Floor, Sign...) whose derivative is 0."""
+        reached = active_values(self.nodes, sources, self._is_float, through_zero=True)
+        return not reached.isdisjoint(seeds)
+
     # -- analysis ---------------------------------------------------------------------------
     def _is_float(self, name: str) -> bool:
         value = self.types.get(name)

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
@@ -95,7 +95,6 @@ def _slice_grad_by_pad(b, node, g: str) -> str:
     """Unit steps: pad ``g`` by ``start`` before and ``size - end`` after each sliced axis,
     with ``start``/``end`` made non-negative and clamped to ``[0, size]`` like Slice does."""
     x = node.inputs[0]
-    rank = require_rank(b, x, node)
     starts, ends = to_int64(b, node.inputs[1]), to_int64(b, node.inputs[2])
     axes = node.input(3)
     if axes is None:
@@ -108,9 +107,16 @@ def _slice_grad_by_pad(b, node, g: str) -> str:
     before, after = start, b.op("Sub", sizes, end)
     if b.opset >= 18:
         return b.op("Pad", g, b.op("Concat", before, after, axis=0), None, axes)
-    zeros = b.ints([0] * rank)
+    rank = b.rank(x)
+    if rank is None:  # a value of the gradient graph differentiated again, say
+        zeros = b.op("ConstantOfShape", b.op("Shape", b.shape_of(x)), value=_INT64_ZERO)
+    else:
+        zeros = b.ints([0] * rank)
     full = [b.op("ScatterElements", zeros, axes, side, axis=0) for side in (before, after)]
     return b.op("Pad", g, b.op("Concat", *full, axis=0))
+
+
+_INT64_ZERO = numpy_helper.from_array(np.zeros(1, np.int64))
 
 
 def _clamped_bound(b, bound: str, sizes: str) -> str:
