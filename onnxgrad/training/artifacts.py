@@ -73,6 +73,7 @@ from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
 from onnxgrad.training.master_weights import as_master, as_stored
 from onnxgrad.training.train_step import StateSlot, TrainStep
+from onnxgrad.training.webgpu import check_target, check_webgpu_model, recompute_for
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -117,6 +118,7 @@ def generate_artifacts(
     data: tuple[np.ndarray, np.ndarray] | None = None,
     loss_scale: str | float | None = "auto",
     recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
+    target: str = "cpu",
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -142,7 +144,11 @@ def generate_artifacts(
     :param recompute: forward values the train step's backward recomputes (default
         ``"attention"``: large attentions in tiles; ``"auto"``, block patterns or ``None``,
         see :func:`onnxgrad.onnx_derivative`)
+    :param target: ``'cpu'`` or ``'webgpu'``: artifacts whose every node has a kernel in
+        onnxruntime-web's WebGPU provider (the attention untiled, no control flow;
+        :mod:`onnxgrad.training.webgpu`)
     """
+    recompute = recompute_for(check_target(target), recompute)
     directory = _directory(artifact_directory, folder)
     model = normalized_model(model)
     weights = _trained_weights(model, requires_grad, frozen_params, output)
@@ -161,6 +167,9 @@ def generate_artifacts(
     evaluation = make_eval_step.normalized(
         copy_message(model), weights, loss=loss_object, output=output
     )
+    if target == "webgpu":
+        for role, graph in (("train step", step.model), ("eval", evaluation.model)):
+            check_webgpu_model(graph, role)
     initial = get_train_initializer.normalized(model)  # reads the model, changes nothing
     checkpoint = Checkpoint(
         weights=as_master({w: initial[w][0] for w in step.weights}),
