@@ -73,7 +73,12 @@ from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
 from onnxgrad.training.master_weights import as_master, as_stored
 from onnxgrad.training.train_step import StateSlot, TrainStep
-from onnxgrad.training.webgpu import check_target, check_webgpu_model, recompute_for
+from onnxgrad.training.webgpu import (
+    check_target,
+    check_webgpu_model,
+    recompute_for,
+    sums_as_adds,
+)
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -169,6 +174,7 @@ def generate_artifacts(
     )
     if target == "webgpu":
         for role, graph in (("train step", step.model), ("eval", evaluation.model)):
+            sums_as_adds(graph.graph)
             check_webgpu_model(graph, role)
     initial = get_train_initializer.normalized(model)  # reads the model, changes nothing
     checkpoint = Checkpoint(

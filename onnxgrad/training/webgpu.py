@@ -6,7 +6,8 @@ onnxruntime's WebGPU provider has no kernel for the control-flow operators (``Lo
 tensor crossing the border is copied between the GPU and the CPU. The tiled attention
 (``recompute="attention"``) is made of ``Loop``s, so artifacts generated with
 ``target="webgpu"`` compute the attention untiled (plain ``MatMul``/``Softmax``, which
-have kernels) and any control-flow node left is an error naming it.
+have kernels), every ``Sum`` (no WebGPU kernel: the backward's gradient accumulations)
+becomes a chain of ``Add``s, and any control-flow node left is an error naming it.
 
 Placement is read from the session's verbose log (``Node placements`` of
 ``VerifyEachNodeIsAssignedToAnEp``). A node placed on the CPU counts as a *fallback* when
@@ -60,6 +61,45 @@ def check_webgpu_model(model: ModelProto, role: str) -> None:
                 f"{role}: node {node.name!r} ({node.op_type}) has no WebGPU kernel and would "
                 "run on the CPU; generate the artifacts with recompute=None for target='webgpu'"
             )
+
+
+def sums_as_adds(graph: onnx.GraphProto) -> None:
+    """Replace, in place and in order, every ``Sum(x1, ..., xn)`` of ``graph`` and of its
+    subgraphs by ``Add(...Add(Add(x1, x2), x3)..., xn)`` (same broadcasting; one input:
+    ``Identity``)."""
+    taken = {o for node in graph.node for o in node.output} | {n.name for n in graph.node}
+    nodes = []
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                sums_as_adds(attribute.g)
+        nodes.extend(_add_chain(node, taken) if node.op_type == "Sum" else [node])
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _add_chain(node: onnx.NodeProto, taken: set[str]) -> list[onnx.NodeProto]:
+    """The ``Add``s computing ``node`` (a ``Sum``), new names avoiding ``taken``."""
+    inputs, output = list(node.input), node.output[0]
+    if len(inputs) == 1:
+        return [onnx.helper.make_node("Identity", inputs, [output], name=node.name)]
+    chain, total = [], inputs[0]
+    for i, term in enumerate(inputs[1:], start=1):
+        last = i == len(inputs) - 1
+        result = output if last else _fresh(f"{output}_add{i}", taken)
+        name = _fresh(f"{node.name or output}_add{i}", taken)
+        chain.append(onnx.helper.make_node("Add", [total, term], [result], name=name))
+        total = result
+    return chain
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``... whichever is not in ``taken`` (then taken)."""
+    candidate, k = name, 2
+    while candidate in taken:
+        candidate, k = f"{name}_{k}", k + 1
+    taken.add(candidate)
+    return candidate
 
 
 @dataclass
