@@ -48,6 +48,7 @@ def cmd_artifacts(args: argparse.Namespace) -> None:
         artifact_directory=folder,
         data=data,
         recompute=recompute_option(args),
+        target=args.target,
     )
     step = artifacts.train_step
     print(
@@ -72,6 +73,8 @@ def add_artifacts(commands) -> None:
         onnxgrad artifacts model.onnx -o artifacts/ --optimizer sgd --lr 0.05 --data data.npz
         onnxgrad artifacts model.onnx -o artifacts/ --freeze W1 b1
         onnxgrad artifacts model.onnx -o artifacts/ --lora W1 W2 --lora-rank 4
+        onnxgrad artifacts model.onnx -o artifacts/ --target webgpu
+        onnxgrad artifacts model.onnx -o artifacts/ --target webgpu
         """,
     )
     sub.add_argument("model", help="ONNX file of a model that predicts (no loss output)")
@@ -106,4 +109,11 @@ def add_artifacts(commands) -> None:
         "--data",
         help=f".npz file with arrays X and y, written beside the artifacts as {DATA_FILE} "
         "for the JavaScript example",
+    )
+    sub.add_argument(
+        "--target",
+        choices=("cpu", "webgpu"),
+        default="cpu",
+        help="webgpu: only operators with a kernel in onnxruntime-web's WebGPU provider "
+        "(attention untiled, Sum as Adds; default: %(default)s)",
     )

@@ -2,6 +2,10 @@
 // for the training to end, print its JSON report; with --out, save the trained checkpoint.
 //
 //   node run-browser.mjs URL [--out FOLDER] [--chromium /usr/bin/chromium] [--timeout 120]
+//                            [--webgpu]
+//
+// --webgpu starts Chromium with WebGPU on (and, on a machine without a GPU, SwiftShader's
+// software Vulkan as its adapter); without it the GPU is off, as the WASM page wants.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,19 +18,25 @@ const { values, positionals } = parseArgs({
     out: { type: 'string' },
     chromium: { type: 'string', default: '/usr/bin/chromium' },
     timeout: { type: 'string', default: '120' },
+    webgpu: { type: 'boolean', default: false },
   },
 });
 if (positionals.length !== 1) {
   console.error('usage: node run-browser.mjs URL [--out FOLDER]');
   process.exit(2);
 }
+const WEBGPU_FLAGS = [
+  '--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-vulkan=swiftshader',
+  '--use-webgpu-adapter=swiftshader', '--use-angle=swiftshader',
+];
 const profile = mkdtempSync(join(tmpdir(), 'onnxgrad-chromium-'));
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: values.chromium,
   headless: true,
   args: [
-    '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--headless=new', '--no-sandbox', '--disable-quic', '--no-first-run',
     '--disable-background-networking', '--disable-component-update', '--disable-sync',
+    ...(values.webgpu ? WEBGPU_FLAGS : ['--disable-gpu']),
   ],
 });
 const messages = [];

@@ -81,6 +81,12 @@ from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
 from onnxgrad.training.master_weights import as_master, as_stored
 from onnxgrad.training.train_step import StateSlot, TrainStep
+from onnxgrad.training.webgpu import (
+    check_target,
+    check_webgpu_model,
+    recompute_for,
+    sums_as_adds,
+)
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -128,6 +134,7 @@ def generate_artifacts(
     loss_scale: str | float | None = "auto",
     recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
     quantized_activations: str = "straight_through",
+    target: str = "cpu",
 ) -> TrainingArtifacts:
     """Write the on-device training artifacts of ``model`` (see the module docstring).
 
@@ -155,9 +162,14 @@ def generate_artifacts(
         see :func:`onnxgrad.onnx_derivative`)
     :param quantized_activations: ``"straight_through"`` (default) or ``"exact"``, as
         :func:`onnxgrad.onnx_derivative`
+    :param target: ``'cpu'`` or ``'webgpu'``: artifacts whose every node has a kernel in
+        onnxruntime-web's WebGPU provider (the attention untiled, no control flow;
+        :mod:`onnxgrad.training.webgpu`)
     """
+    recompute = recompute_for(check_target(target), recompute)
     directory = _directory(artifact_directory, folder)
-    deployed = load_model(model)
+    # the inference model is the model as given: the caller's own message is only read
+    deployed = model if isinstance(model, ModelProto) else load_model(model)
     with rounding(quantized_activations):
         model = normalized_model(deployed)
     weights = _trained_weights(model, requires_grad, frozen_params, output)
@@ -173,15 +185,20 @@ def generate_artifacts(
         loss_scale=loss_scale,
         recompute=recompute,
     )
-    evaluation = make_eval_step.normalized(
-        copy_message(model), weights, loss=loss_object, output=output
-    )
     initial = get_train_initializer.normalized(model)  # reads the model, changes nothing
     checkpoint = Checkpoint(
         weights=as_master({w: initial[w][0] for w in step.weights}),
         optimizer_state=step.initial_state(),
     )
-    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, model, deployed)
+    del initial
+    adapters = lora_adapters(model)
+    # the normalised model's last use: the eval step takes it over (no copy of its weights)
+    evaluation = make_eval_step.normalized(model, weights, loss=loss_object, output=output)
+    if target == "webgpu":
+        for role, graph in (("train step", step.model), ("eval", evaluation.model)):
+            sums_as_adds(graph.graph)
+            check_webgpu_model(graph, role)
+    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, adapters, deployed)
 
     def fill(folder: Path) -> None:
         save_model(step.model, folder / TRAINING_MODEL)
@@ -413,9 +430,9 @@ def _optimizer(optimizer, learning_rate) -> BaseLearningRate:
     return learning_rate_from_name(optimizer, eta0=learning_rate, schedule="constant")
 
 
-def _manifest(step, evaluation, lr, loss, optimizer, model, deployed) -> dict:
-    """``artifacts.json`` (``model``: the normalised model, ``deployed``: the inference
-    model, as given)."""
+def _manifest(step, evaluation, lr, loss, optimizer, adapters, deployed) -> dict:
+    """``artifacts.json`` (``adapters``: the LoRA adapters of the normalised model,
+    ``deployed``: the inference model, as given)."""
     lr_type = next(i for i in step.model.graph.input if i.name == step.learning_rate)
     outputs = [o.name for o in deployed.graph.output]
     return {
@@ -466,7 +483,7 @@ def _manifest(step, evaluation, lr, loss, optimizer, model, deployed) -> dict:
             ],
             "outputs": outputs,
         },
-        "lora": lora_adapters(model),
+        "lora": adapters,
     }
 
 

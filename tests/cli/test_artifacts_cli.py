@@ -93,3 +93,10 @@ def test_data_for_a_model_with_two_inputs_is_refused_before_writing(workdir):
     result = run_onnxgrad("artifacts", "two.onnx", "-o", "art", "--data", "data.npz", cwd=workdir)
     assert_failed(result, 2, "--data feeds one input, the model has ['a', 'b']")
     assert not (workdir / "art").exists()
+
+
+def test_artifacts_target_webgpu(workdir):
+    result = run_onnxgrad("artifacts", "lr.onnx", "-o", "art", "--target", "webgpu", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    ops = {n.op_type for n in onnx.load(workdir / "art" / "training_model.onnx").graph.node}
+    assert not ops & {"Sum", "Loop", "Scan", "If"}, ops
