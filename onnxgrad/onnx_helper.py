@@ -23,7 +23,6 @@ _SUPPORTED_ELEM_TYPES = (
     TensorProto.FLOAT16,
     TensorProto.INT64,
     TensorProto.INT32,
-    TensorProto.BOOL,
 )
 _VAR_TYPES = {
     np.dtype(np.float32): "FloatTensorType",
@@ -61,9 +60,10 @@ def _elem_type_from_string(type_string: str) -> int:
     """``'tensor(float)'`` -> ``TensorProto.FLOAT``."""
     inner = type_string.removeprefix("tensor(").removesuffix(")")
     name = {"float": "FLOAT", "double": "DOUBLE", "float16": "FLOAT16"}.get(inner, inner.upper())
-    if name not in TensorProto.DataType.keys():
-        raise ValueError(f"unknown ONNX type string {type_string!r}")
-    return TensorProto.DataType.Value(name)
+    try:
+        return TensorProto.DataType.Value(name)
+    except ValueError as exc:
+        raise ValueError(f"unknown ONNX type string {type_string!r}") from exc
 
 
 def dtype_to_var_type(dtype) -> type:
