@@ -25,7 +25,7 @@ from onnx import ModelProto
 from onnxgrad._onnx_utils import copy_message, first_float_output, np_dtype
 from onnxgrad.derivative.api import graph_inputs
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
-from onnxgrad.exceptions import ConvergenceError, not_fitted_error
+from onnxgrad.exceptions import ConvergenceError, ConvergenceWarning, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph._scores import n_classes_of
 from onnxgrad.graph.loss_table import PROBABILITIES
@@ -572,7 +572,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         if self.exc:
             raise ConvergenceError(message)
         # the caller of fit or partial_fit: (partial_)fit -> _fit -> _train -> _diverged
-        warnings.warn(message, RuntimeWarning, stacklevel=5)
+        warnings.warn(message, ConvergenceWarning, stacklevel=5)
 
     # -- evaluation -------------------------------------------------------------------------
     def __sklearn_is_fitted__(self) -> bool:
