@@ -47,7 +47,10 @@ class ResolvedParam:
 
     def given(self, obj) -> Any:
         """The parameter as given to the constructor or ``set_params``."""
-        return obj.__dict__[f"_{self.name}_param"]
+        try:
+            return obj.__dict__[f"_{self.name}_param"]
+        except KeyError:
+            raise AttributeError(f"{type(obj).__name__!r} has no parameter {self.name!r}") from None
 
     def use(self, obj, value: Any) -> None:
         """Make ``value``, the object a fit trains with, what the attribute reads."""
