@@ -29,13 +29,7 @@ from onnxgrad.training.ort_devices import (
     ort_device_to_string,
 )
 from tests.models import linear_regression_model
-
-
-def _data(n=40):
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((n, 3)).astype(np.float32)
-    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.1).astype(np.float32).reshape((-1, 1))
-    return X, y
+from tests.training.test_seed_compat import linear_data
 
 
 def _estimator(**kwargs):
@@ -70,7 +64,7 @@ def test_get_params_and_clone_keep_the_values_as_given():
 
 
 def test_a_fit_never_changes_the_parameters_and_exposes_what_it_trained_with():
-    X, y = _data()
+    X, y = linear_data()
     rate = LearningRateSGD(eta0=0.01)
     est = _estimator(learning_rate=rate).fit(X, y)
     assert est.get_params()["learning_rate"] is rate
@@ -97,11 +91,11 @@ def test_an_unknown_shorthand_fails_at_fit_and_repr_shows_it():
     est = _estimator(learning_rate="sgdd")
     assert "learning_rate='sgdd'" in repr(est)
     with pytest.raises(ValueError, match="unknown learning_rate 'sgdd'"):
-        est.fit(*_data())
+        est.fit(*linear_data())
 
 
 def test_fitted_estimator_pickles_with_its_resolved_objects():
-    est = _estimator(learning_rate="Nesterov").fit(*_data())
+    est = _estimator(learning_rate="Nesterov").fit(*linear_data())
     again = pickle.loads(pickle.dumps(est))
     assert again.get_params()["learning_rate"] == "Nesterov"
     assert isinstance(again.learning_rate, LearningRateSGDNesterov)
@@ -116,7 +110,7 @@ def test_a_misspelt_schedule_fails_at_construction():
 
 
 def test_sample_weight_as_a_column_trains_as_the_vector():
-    X, y = _data()
+    X, y = linear_data()
     w = np.linspace(0.5, 2, len(X)).astype(np.float32)
     vector = _estimator(weight_name="w").fit(X, y, w)
     column = _estimator(weight_name="w").fit(X, y, w.reshape((-1, 1)))
@@ -128,7 +122,7 @@ def test_divergence_without_exc_warns_a_convergence_warning():
     est = _estimator(learning_rate=1e12, exc=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        est.fit(*_data())
+        est.fit(*linear_data())
     assert any(issubclass(w.category, ConvergenceWarning) for w in caught)
     assert issubclass(ConvergenceWarning, RuntimeWarning)
 
