@@ -39,6 +39,10 @@ from onnxgrad.training.estimators import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
 )
+from onnxgrad.training.forward_backward import (
+    OrtGradientForwardBackward,
+    OrtGradientForwardBackwardFunction,
+)
 from onnxgrad.training.learning_rate import (
     BaseLearningRate,
     LearningRateAdam,
@@ -90,6 +94,8 @@ __all__ = [
     "NoLearningPenalty",
     "OrtDataLoader",
     "OrtGradientClassifier",
+    "OrtGradientForwardBackward",
+    "OrtGradientForwardBackwardFunction",
     "OrtGradientForwardBackwardOptimizer",
     "OrtGradientOptimizer",
     "SquareLearningLoss",
