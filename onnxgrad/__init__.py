@@ -60,6 +60,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NoLearningPenalty",
         "OrtDataLoader",
         "OrtGradientClassifier",
+        "OrtGradientForwardBackward",
+        "OrtGradientForwardBackwardFunction",
         "OrtGradientForwardBackwardOptimizer",
         "OrtGradientOptimizer",
         "SquareLearningLoss",
