@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 #: subpackage -> the public names it defines; ``tests/test_import.py`` checks this table
 #: against each subpackage's ``__all__``.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "onnxgrad.exceptions": ("ConvergenceError", "NotFittedError"),
+    "onnxgrad.exceptions": ("ConvergenceError", "ConvergenceWarning", "NotFittedError"),
     "onnxgrad.plotting": ("plot_onnxs", "to_dot"),
     "onnxgrad.graph": (
         "add_initializer",
@@ -66,6 +66,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NoLearningPenalty",
         "OrtDataLoader",
         "OrtGradientClassifier",
+        "OrtGradientForwardBackward",
+        "OrtGradientForwardBackwardFunction",
         "OrtGradientForwardBackwardOptimizer",
         "OrtGradientOptimizer",
         "SquareLearningLoss",

@@ -5,6 +5,11 @@ class ConvergenceError(RuntimeError):
     """Training diverged: the loss or a weight became non-finite."""
 
 
+class ConvergenceWarning(RuntimeWarning):
+    """Training diverged with ``exc=False``: the weights of the last finite epoch are kept
+    (onnxcustom's ``training.excs.ConvergenceWarning``)."""
+
+
 class BrokenDistributionError(RuntimeError):
     """Training turned a classifier's probabilities into rows that are not distributions."""
 

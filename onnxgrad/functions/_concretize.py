@@ -2,8 +2,9 @@
 
 onnxscript emits untyped inputs and outputs and keeps helper functions as model-local
 functions. This module inlines them, keeps the outputs a catalogue entry asks for (dropping
-the nodes only the others needed), names the sample-weight input, declares element types and
-shapes, and validates the result with ``onnx.checker.check_model(full_check=True)``.
+the nodes only the others needed), names the sample-weight input (an input with a default:
+every sample weighs 1 when it is not fed), declares element types and shapes, and validates
+the result with ``onnx.checker.check_model(full_check=True)``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnx_ir as ir
 from onnx_ir.passes import common as passes
 
@@ -53,6 +56,8 @@ def concretize(
     model.producer_name = "onnxgrad"
     proto = ir.serde.serialize_model(model)
     proto.ir_version = _min_ir_version(ctx.opset)
+    if ctx.weighted:
+        _default_to_one(proto, weight_name, declared[WEIGHT], ctx)
     try:
         _declare_inferred_outputs(proto, outputs)
         return finalize_model(proto)
@@ -111,6 +116,17 @@ def _declare_inferred_outputs(proto: onnx.ModelProto, outputs: list[Port]) -> No
     for out in proto.graph.output:
         if out.name in pending and types.get(out.name, onnx.TypeProto()).HasField("tensor_type"):
             out.type.CopyFrom(types[out.name])
+
+
+def _default_to_one(
+    proto: onnx.ModelProto, name: str, shape: tuple[Dim, ...], ctx: BuildContext
+) -> None:
+    """Give input ``name`` a default of ones (an initializer of the same name, which a fed
+    value overrides): a graph run without sample weights weighs every sample 1. The default
+    has the declared shape, each symbolic dimension 1 (``[1]`` for ``[N]``)."""
+    dims = [d if isinstance(d, int) else 1 for d in shape]
+    ones = onnx.numpy_helper.from_array(np.ones(dims, dtype=ctx.dtype), name)
+    proto.graph.initializer.append(ones)
 
 
 def _min_ir_version(opset: int) -> int:

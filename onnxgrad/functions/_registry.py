@@ -107,6 +107,8 @@ class GraphSpec:
     params: Mapping[str, Param] = field(default_factory=dict)
     weighted: bool = False
     min_opset: int = 13
+    #: ``weight_name`` is accepted and ignored (a graph with no per-sample term)
+    ignores_weight: bool = False
 
     @property
     def description(self) -> str:
@@ -134,11 +136,13 @@ def register(
     params: Mapping[str, Param] | None = None,
     weighted: bool = False,
     min_opset: int = 13,
+    ignores_weight: bool = False,
 ) -> Callable[[Builder], Builder]:
     """Add the decorated builder to :data:`CATALOGUE` under ``name``.
 
     ``weighted`` says the graph accepts a per-sample weight (``weight_name``); the builder then
-    finds ``ctx.weighted`` set and must take a last input named :data:`WEIGHT`. Several names
+    finds ``ctx.weighted`` set and must take a last input named :data:`WEIGHT`;
+    ``ignores_weight`` accepts ``weight_name`` and builds the graph without it. Several names
     may share one builder and keep different outputs.
     """
 
@@ -146,7 +150,7 @@ def register(
         if name in CATALOGUE:
             raise RuntimeError(f"graph {name!r} is registered twice")
         CATALOGUE[name] = GraphSpec(
-            name, build, inputs, outputs, dict(params or {}), weighted, min_opset
+            name, build, inputs, outputs, dict(params or {}), weighted, min_opset, ignores_weight
         )
         return build
 

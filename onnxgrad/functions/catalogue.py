@@ -41,7 +41,9 @@ def function_onnx_graph(
         (23 with onnxscript 0.7; default 18)
     :param dtype: float element type, ``numpy.float32`` or ``numpy.float64``
     :param weight_name: name of an extra per-sample weight input of shape ``[N]``, for the
-        graphs computing a loss; ``None`` means every sample weighs 1
+        graphs computing a loss; it defaults to 1 (every sample weighs 1 when it is not fed);
+        ``None``: no such input. The penalty of weights ``n_penalty_elastic_error`` has no
+        per-sample term and ignores it, as onnxcustom did
     :param input_shapes: declared shapes of some inputs, by input name (dims are ints,
         symbolic names or None). A valid ONNX model declares the rank of every input, so a
         graph working on tensors of any shape is served 2-D by default; the inputs sharing the
@@ -126,7 +128,7 @@ def _params(spec: GraphSpec, kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _weight_name(spec: GraphSpec, weight_name: Any, params: Mapping[str, Any]) -> str | None:
-    if weight_name is None:
+    if weight_name is None or spec.ignores_weight:
         return None
     if not spec.weighted:
         raise ValueError(f"graph {spec.name!r} takes no sample weight (weight_name)")

@@ -22,6 +22,7 @@ from onnxscript.values import OnnxFunction
 from onnxgrad.functions._registry import (
     BuildContext,
     Param,
+    inferred,
     like,
     non_negative,
     optional_shape,
@@ -115,41 +116,48 @@ def update_penalty_elastic_error(ctx: BuildContext, l1: float, l2: float) -> onn
 
 
 def _n_penalty_inputs(params: Mapping[str, Any]) -> list:
-    loss = tensor("loss", *(params["loss_shape"] or ()))
-    return [loss, *(tensor(f"X{i}", *_DIMS) for i in range(params["n_tensors"]))]
+    loss = tensor("loss", *params["loss_shape"])
+    weights = (tensor(f"W{i}", f"W{i}_D0", f"W{i}_D1") for i in range(params["n_tensors"]))
+    return [loss, *weights]
 
 
 @register(
     "n_penalty_elastic_error",
     inputs=_n_penalty_inputs,
-    outputs=[like("Y", "loss")],
+    outputs=[inferred("Y")],
     params={
         **_ELASTIC,
         "n_tensors": Param(1, positive_int),
-        "loss_shape": Param(None, optional_shape),
+        "loss_shape": Param((1, 1), optional_shape),
     },
+    ignores_weight=True,
 )
 def n_penalty_elastic_error(
     ctx: BuildContext, l1_weight: float, l2_weight: float, n_tensors: int, loss_shape
 ) -> onnx.ModelProto:
-    r"""Y = loss + sum_k P(X_k): a loss plus the elastic penalties of n weights X0..X{n-1}.
+    r"""Y = loss + sum_k P(W_k): a loss plus the elastic penalties of n weights W0..W{n-1}.
 
-    .. math:: Y = \text{loss} + \sum_{k=0}^{n-1}
-        \left(l_1 \lVert X_k \rVert_1 + l_2 \lVert X_k \rVert_2^2\right)
+    .. math:: Y = \mathrm{flatten}\left(\text{loss} + \sum_{k=0}^{n-1}
+        \left(l_1 \lVert W_k \rVert_1 + l_2 \lVert W_k \rVert_2^2\right)\right)
 
     Options ``l1_weight``, ``l2_weight`` (default 0.01 each), ``n_tensors`` (the number of
-    weights, default 1) and ``loss_shape`` (shape of input ``loss`` and output ``Y``,
-    default ``None``: a scalar). Each weight may have its own shape (``input_shapes``).
+    weights, default 1) and ``loss_shape`` (shape of input ``loss``, default ``[1, 1]`` as
+    onnxcustom's; ``[]`` for the scalar loss of :func:`~onnxgrad.add_loss_output`). ``Y`` is
+    the sum as a vector (``[1]`` for a loss of one element). Each weight is 2-D with dims of
+    its own (``W0_D0``, ``W0_D1``...), other shapes through ``input_shapes``.
     """
     del loss_shape  # shapes are declared by the catalogue, not by the graph
     penalty = _penalty(ctx, l1_weight, l2_weight).to_function_proto()
-    weights = [f"X{i}" for i in range(n_tensors)]
+    weights = [f"W{i}" for i in range(n_tensors)]
     terms = [f"penalty_{name}" for name in weights]
     nodes = [
         onnx.helper.make_node(penalty.name, [name], [term], domain=penalty.domain)
         for name, term in zip(weights, terms)
     ]
-    nodes.append(onnx.helper.make_node("Sum", ["loss", *terms], ["Y"]))
+    flat = onnx.helper.make_tensor("flat", onnx.TensorProto.INT64, [1], [-1])
+    nodes.append(onnx.helper.make_node("Sum", ["loss", *terms], ["total"]))
+    nodes.append(onnx.helper.make_node("Constant", [], ["flat"], value=flat))
+    nodes.append(onnx.helper.make_node("Reshape", ["total", "flat"], ["Y"]))
     graph = onnx.helper.make_graph(
         nodes,
         "n_penalty_elastic_error",

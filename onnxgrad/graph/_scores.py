@@ -106,12 +106,17 @@ def elastic(
 
 def binary_log(b: GraphBuilder, prediction: ValueInfoProto, label: str, eps: float | None) -> str:
     """``e_i = -(y_i log p_i + (1 - y_i) log(1 - p_i))``, ``p`` the probability of class 1:
-    one column (``[N]`` or ``[N, 1]``) or the two columns ``[1 - p, p]`` of a classifier."""
-    columns = _binary_columns(prediction, "log", "cross_entropy")
+    one column (``[N]`` or ``[N, 1]``) or the two columns ``[1 - p, p]`` of a classifier.
+    An output whose number of columns is unknown (no declared shape, or ``[N, None]``) is
+    read as either: ``p`` is its last column, and the loss is NaN when it has more than two
+    (never a silent answer)."""
     np_type = np_dtype(elem_type_of(prediction))
+    columns = _binary_columns(prediction, "log", "cross_entropy")
     probabilities = prediction.name
+    if columns is None:
+        columns, probabilities = 1, _last_of_two_columns(b, prediction.name, np_type)
     if columns == 1:
-        p = _column(b, prediction.name)
+        p = _column(b, probabilities)
         one = b.const(np.array(1, dtype=np_type), "one")
         probabilities = b.op("Concat", b.op("Sub", one, p, hint="p0"), p, axis=1, hint="p01")
     log_p = _clipped_log(b, probabilities, np_type, eps)
@@ -178,8 +183,35 @@ def _column(b: GraphBuilder, prediction: str) -> str:
     return b.op("Reshape", prediction, shape, hint="column")
 
 
-def _binary_columns(prediction: ValueInfoProto, name: str, multi: str) -> int:
+def _last_of_two_columns(b: GraphBuilder, prediction: str, np_type: np.dtype) -> str:
+    """The last column of ``prediction`` seen as rows (``Flatten(axis=1)``), times ``1`` when
+    it has at most two columns and ``NaN`` (``0 / 0``) when it has more."""
+    rows = b.op("Flatten", prediction, axis=1, hint="rows")
+    last = b.op(
+        "Slice",
+        rows,
+        b.const(np.array([-1], dtype=np.int64), "last_start"),
+        b.const(np.array([np.iinfo(np.int64).max], dtype=np.int64), "last_end"),
+        b.const(np.array([1], dtype=np.int64), "last_axis"),
+        hint="last_column",
+    )
+    columns = b.op(
+        "Gather", b.op("Shape", rows, hint="rows_shape"), b.const(np.array(1), "axis_one")
+    )
+    two = b.const(np.array(2, dtype=np.int64), "two_columns")
+    at_most_two = b.op("Cast", b.op("Not", b.op("Greater", columns, two)), to=elem_type(np_type))
+    one_or_nan = b.op("Div", at_most_two, at_most_two, hint="one_or_nan")
+    return b.op("Mul", last, one_or_nan, hint="p_checked")
+
+
+def _binary_columns(prediction: ValueInfoProto, name: str, multi: str) -> int | None:
+    """The number of columns of a binary prediction; ``None`` for ``'log'`` when unknown."""
     dims = dims_of(prediction)
+    unknown = not prediction.type.tensor_type.HasField("shape") or (
+        len(dims) == 2 and not isinstance(dims[1], int)
+    )
+    if unknown and name == "log":
+        return None
     columns = 1 if len(dims) == 1 else (dims[1] if len(dims) == 2 else None)
     allowed = (1, 2) if name == "log" else (1,)
     if columns not in allowed:

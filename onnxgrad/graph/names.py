@@ -8,6 +8,7 @@ from onnx import GraphProto, ModelProto, helper
 
 from onnxgrad._onnx_utils import ModelLike, NameScope, all_names, finalize_model, load_model
 from onnxgrad.graph._scopes import defined_names, node_inputs
+from onnxgrad.normalize.shapes import reconciled_shapes
 
 
 def onnx_rename_weights(model: ModelLike) -> ModelProto:
@@ -18,9 +19,11 @@ def onnx_rename_weights(model: ModelLike) -> ModelProto:
     reads included), unused initializers last; it is zero-padded to the width of the
     largest index. Every use is renamed, in subgraphs too, unless a subgraph shadows the
     name. The initializer list is sorted by the new names. An initializer that is also a
-    graph output keeps its output name through an ``Identity`` node.
+    graph output keeps its output name through an ``Identity`` node. An output declared
+    without a shape (skl2onnx's ``FloatTensorType()``, which onnx's checker refuses) gets
+    the one shape inference finds.
     """
-    model = load_model(model)
+    model = reconciled_shapes(load_model(model))
     graph = model.graph
     order = _first_use_order(graph)
     if not order:

@@ -36,6 +36,7 @@ def select_model_inputs_outputs(
     model: ModelLike,
     outputs: Sequence[str] | str | None = None,
     inputs: Sequence[str] | str | None = None,
+    infer_shapes: bool = True,
 ) -> ModelProto:
     """The part of ``model`` computing ``outputs`` from ``inputs``.
 
@@ -48,7 +49,9 @@ def select_model_inputs_outputs(
         becomes a new input and the nodes computing it go. ``None`` keeps the current inputs
         the outputs need. Every input listed is kept, needed or not.
 
-    Types and shapes of new inputs and outputs come from shape inference. Nodes,
+    Types and shapes of new inputs and outputs come from shape inference
+    (``infer_shapes=False``: from the types the model declares only, the value infos included,
+    as mlprodict's option; a value with none is refused by name). Nodes,
     initializers and (with ``inputs=None``) inputs the outputs do not need are removed.
     Raises ``ValueError`` naming an unknown name, or an output that cannot be computed from
     the chosen inputs.
@@ -66,7 +69,7 @@ def select_in_place(
     graph = model.graph
     input_names = _names(inputs, "inputs")
     output_names = _names(outputs, "outputs")
-    infos = _value_infos(model)
+    infos = _value_infos(model, infer_shapes)
     produced = {o for node in graph.node for o in node.output if o}
     known = produced | {i.name for i in graph.input} | {i.name for i in graph.initializer}
 
@@ -102,14 +105,16 @@ def _check_known(names: Iterable[str], known: set[str], what: str) -> None:
         raise ValueError(f"unknown {what} {unknown}: no value of the graph is named so")
 
 
-def _value_infos(model: ModelProto) -> dict[str, ValueInfoProto]:
-    """Every typed value of the main graph, inferred types filling the gaps."""
+def _value_infos(model: ModelProto, infer: bool = True) -> dict[str, ValueInfoProto]:
+    """Every typed value of the main graph, inferred types filling the gaps (``infer``)."""
     from onnxgrad._model_checks import weightless_view
 
-    try:
-        inferred = onnx.shape_inference.infer_shapes(weightless_view(model)).graph
-    except Exception:  # fall back on what the model declares
-        inferred = model.graph
+    inferred = model.graph
+    if infer:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(weightless_view(model)).graph
+        except Exception:  # fall back on what the model declares
+            inferred = model.graph
     infos: dict[str, ValueInfoProto] = {}
     for graph in (inferred, model.graph):
         for info in [*graph.value_info, *graph.input, *graph.output]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnx
 from onnx import ModelProto, NodeProto, helper
 
 from onnxgrad._onnx_utils import ModelLike, default_opset, finalize_model, load_model
@@ -25,7 +26,9 @@ def unreduced_onnx_loss(
     the one output ``output_name`` of shape ``[N, 1]``, ``s_i = sum_j e_ij`` (``mean_j``,
     ``sum_j e_ij^2`` for the other two). So ``s`` sums to the loss of the reduction
     ``'sum'`` (with sample weights ``w``, ``e`` is already ``w_i e_i``). Raises
-    ``ValueError`` naming the node that is not such a reduction.
+    ``ValueError`` naming the node that is not such a reduction. When shape inference shows
+    one value per row (``[N]`` or ``[N, 1, ...]``), the row reduction is the identity and
+    the graph has none (``s_i = e_i``, ``e_i^2``).
     """
     model = load_model(onx)
     graph = model.graph
@@ -38,15 +41,32 @@ def unreduced_onnx_loss(
     if output_name in {i.name for i in graph.input}:
         raise ValueError(f"output_name={output_name!r} is already an input of the graph")
     builder = GraphBuilder(graph, default_opset(model), prefix=output_name)
+    single = _one_value_per_row(model, node.input[0])
     rows = builder.op("Flatten", node.input[0], axis=1, hint="rows")
     if node.op_type == "ReduceSumSquare":
         rows = builder.op("Mul", rows, rows, hint="squares")
-    op_type = "ReduceMean" if node.op_type == "ReduceMean" else "ReduceSum"
-    builder.reduce(op_type, rows, axes=[1], keepdims=1, out=output_name)
+    if single:
+        builder.op("Identity", rows, out=output_name)
+    else:
+        op_type = "ReduceMean" if node.op_type == "ReduceMean" else "ReduceSum"
+        builder.reduce(op_type, rows, axes=[1], keepdims=1, out=output_name)
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info(output_name, elem_type, [None, 1]))
     prune_graph(graph, keep_inputs=True)
     return finalize_model(model)
+
+
+def _one_value_per_row(model: ModelProto, name: str) -> bool:
+    """Whether inference gives ``name`` a known shape ``[N, 1, ..., 1]`` (or ``[N]``)."""
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    infos = [*inferred.value_info, *inferred.input, *inferred.output]
+    info = next((v for v in infos if v.name == name), None)
+    if info is None or not info.type.tensor_type.HasField("shape"):
+        return False
+    dims = info.type.tensor_type.shape.dim[1:]
+    return len(info.type.tensor_type.shape.dim) >= 1 and all(
+        d.HasField("dim_value") and d.dim_value == 1 for d in dims
+    )
 
 
 def _final_reduction(nodes, loss_name: str) -> NodeProto:

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "OrtGradientForwardBackwardOptimizer",
         "OrtGradientOptimizer",
     ),
+    "forward_backward": ("OrtGradientForwardBackward", "OrtGradientForwardBackwardFunction"),
     "learning_rate": (
         "BaseLearningRate",
         "LearningRateAdam",

@@ -178,11 +178,17 @@ def _reshape_labels(array: np.ndarray, dims: list, name: str, what: str) -> np.n
     return array
 
 
+def weight_vector(array: np.ndarray) -> np.ndarray:
+    """Sample weights of shape ``(N, 1)`` as the vector ``(N,)`` (as labels, a column of
+    one is accepted); any other shape is returned as is, for the caller to reject."""
+    return array.reshape(-1) if array.ndim == 2 and array.shape[1] == 1 else array
+
+
 def check_sample_weight(model: ModelProto, name: str, weight, n_rows: int) -> np.ndarray:
     """Per-observation weights as a float vector of the input's dtype: finite, ``>= 0``,
     not all zero (a weighted mean needs a positive total)."""
     info = input_info(model, name)
-    array = host_array(weight)
+    array = weight_vector(host_array(weight))
     if array.ndim != 1 or array.shape[0] != n_rows:
         raise ValueError(
             f"sample_weight must be a vector of {n_rows} weights, got shape {array.shape}"

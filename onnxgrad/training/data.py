@@ -6,19 +6,25 @@ from collections.abc import Iterator
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
 from onnxgrad._arrays import c_contiguous
-from onnxgrad.training._inputs import host_array
+from onnxgrad.training._inputs import host_array, weight_vector
 from onnxgrad.training.devices import Device, check_device
+from onnxgrad.training.ort_devices import numpy_to_ort_value
 
 
 class OrtDataLoader:
     """Splits ``(X, y, sample_weight)`` into shuffled batches, every observation once an epoch.
 
     Batches have ``batch_size`` rows, the last one the remainder (as scikit-learn's
-    ``gen_batches``). The whole data set is copied to ``device`` once (:meth:`device_data`),
-    so a runner only sends the row indices of each batch: the consecutive slices of
-    :meth:`epoch_order` (:meth:`epoch_batches`).
+    ``gen_batches``). A float vector ``y`` (regression targets) is held as a column
+    ``[N, 1]``, the shape of a regression model's output and of the label input
+    :func:`~onnxgrad.add_loss_output` gives it, so batches feed such graphs directly (integer
+    class labels stay ``[N]``, as the label of a classification loss); sample weights
+    ``[N, 1]`` are held as ``[N]``. The whole data set is copied to ``device`` once
+    (:meth:`device_data`), so a runner only sends the row indices of each batch: the
+    consecutive slices of :meth:`epoch_order` (:meth:`epoch_batches`).
 
     :param random_iter: ``False``: the rows in their order, every epoch (no shuffling); the
         arguments up to this one come in the seeds' order
@@ -36,9 +42,11 @@ class OrtDataLoader:
         random_state: int | np.random.Generator | None = None,
     ):
         self.X = _as_array(X, "X")
-        self.y = _as_array(y, "y")
+        self.y = _label_layout(_as_array(y, "y"))
         self.sample_weight = (
-            None if sample_weight is None else _as_array(sample_weight, "sample_weight")
+            None
+            if sample_weight is None
+            else weight_vector(_as_array(sample_weight, "sample_weight"))
         )
         _check_lengths(self.X, self.y, self.sample_weight)
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
@@ -50,6 +58,29 @@ class OrtDataLoader:
         self.rng = np.random.default_rng(random_state)
         self.random_iter = bool(random_iter)
         self._device_data: tuple[ort.OrtValue, ...] | None = None
+
+    def __repr__(self) -> str:
+        """``OrtDataLoader(...)`` with the arrays described, not printed."""
+        arrays = ", ".join(f"{shape}:{np.dtype(dtype)}" for shape, dtype in self.desc)
+        return (
+            f"OrtDataLoader(...[{arrays}], batch_size={self.batch_size}, "
+            f"device={str(self.device)!r}, random_iter={self.random_iter})"
+        )
+
+    @property
+    def desc(self) -> list[tuple[tuple[int, ...], type]]:
+        """``[(shape, dtype type), ...]`` of ``X``, ``y`` (and ``sample_weight``) as held."""
+        return [(a.shape, a.dtype.type) for a in self.arrays()]
+
+    @property
+    def data_np(self) -> tuple[np.ndarray, ...]:
+        """:meth:`arrays`, onnxcustom's name."""
+        return self.arrays()
+
+    @property
+    def data_ort(self) -> tuple[ort.OrtValue, ...]:
+        """:meth:`device_data`, onnxcustom's name."""
+        return self.device_data()
 
     def __len__(self) -> int:
         """The number of observations."""
@@ -85,10 +116,13 @@ class OrtDataLoader:
 
     __iter__ = iter_numpy
 
-    def iter_ortvalue(self) -> Iterator[tuple[ort.OrtValue, ...]]:
-        """The batches of one shuffled epoch as ``OrtValue`` on the device."""
+    def iter_ortvalue(self) -> Iterator[tuple[C_OrtValue, ...]]:
+        """The batches of one shuffled epoch as onnxruntime's C-level ``OrtValue`` on the
+        device (``onnxruntime.capi._pybind_state.OrtValue``, what IOBinding's
+        ``bind_ortvalue_input`` and onnxcustom's loader gave); each owns its memory.
+        ``onnxruntime.OrtValue(value)`` wraps one for ``InferenceSession.run_with_ortvalues``."""
         for batch in self.iter_numpy():
-            yield tuple(to_ortvalue(a, self.device) for a in batch)
+            yield tuple(numpy_to_ort_value(a, str(self.device)) for a in batch)
 
     def match_label_rank(self, rank: int) -> None:
         """Labels ``[N]`` and ``[N, 1]`` feed a label input of either rank: ``y`` is reshaped to
@@ -115,6 +149,11 @@ def to_ortvalue(array: np.ndarray, device: Device) -> ort.OrtValue:
     if device.kind == "cpu":
         return ort.OrtValue.ortvalue_from_numpy(array)
     return ort.OrtValue.ortvalue_from_numpy(array, device.ort_type, device.index)
+
+
+def _label_layout(y: np.ndarray) -> np.ndarray:
+    """A float vector as a column ``[N, 1]``; other labels as given."""
+    return y.reshape((-1, 1)) if y.ndim == 1 and y.dtype.kind == "f" else y
 
 
 def _as_array(value, name: str) -> np.ndarray:

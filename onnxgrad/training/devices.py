@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from onnxgrad._onnx_utils import MAX_IR_VERSION
 from onnxgrad._runtime import restore_logger_severity
 
-_DEVICE_PATTERN = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+_DEVICE_PATTERN = re.compile(r"^(cpu|cuda|gpu)(?::(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class Device:
 
 
 def parse_device(device: str | Device) -> Device:
-    """``'cpu'``, ``'cuda'`` or ``'cuda:N'`` as a :class:`Device` (no availability check)."""
+    """``'cpu'``, ``'cuda'`` or ``'cuda:N'`` as a :class:`Device` (no availability check);
+    ``'gpu'`` and ``'gpu:N'``, onnxcustom's spelling, mean ``'cuda'`` and ``'cuda:N'``."""
     if isinstance(device, Device):
         return device
     if not isinstance(device, str):
@@ -52,7 +53,7 @@ def parse_device(device: str | Device) -> Device:
     match = _DEVICE_PATTERN.match(device.strip().lower())
     if match is None:
         raise ValueError(f"unknown device {device!r}, expected 'cpu', 'cuda' or 'cuda:N'")
-    kind, index = match.group(1), match.group(2)
+    kind, index = match.group(1).replace("gpu", "cuda"), match.group(2)
     if kind == "cpu" and index not in (None, "0"):
         raise ValueError(f"unknown device {device!r}: there is only one CPU device")
     return Device(kind, int(index or 0))

@@ -26,7 +26,7 @@ from onnxgrad._onnx_utils import copy_message, first_float_output, np_dtype
 from onnxgrad._progress import epoch_progress
 from onnxgrad.derivative.api import graph_inputs
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
-from onnxgrad.exceptions import ConvergenceError, not_fitted_error
+from onnxgrad.exceptions import ConvergenceError, ConvergenceWarning, not_fitted_error
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.graph._scores import n_classes_of
 from onnxgrad.graph.loss_table import PROBABILITIES
@@ -39,7 +39,7 @@ from onnxgrad.training._inputs import (
     input_info,
     tensor_dims,
 )
-from onnxgrad.training._params import EstimatorMixin
+from onnxgrad.training._params import EstimatorMixin, ResolvedParam
 from onnxgrad.training._stopping import NoImprovement, validation_rows
 from onnxgrad.training.batch_axis import free_batch_axis, symbolic_batch_axis
 from onnxgrad.training.compat import save_loss_gradient
@@ -136,7 +136,15 @@ class BaseOrtOptimizer(EstimatorMixin):
     A fit checks its parameters, then its data, before it builds the train step; fitted
     attributes change only once the new runners exist, so a fit that fails early leaves
     the estimator as it was.
+
+    ``learning_rate``, ``learning_penalty`` (and ``learning_loss``) read back as objects:
+    ``'SGD'`` as ``LearningRateSGD()``, ``None`` as ``NoLearningPenalty()``, and after a fit
+    the objects it trained with (``learning_rate_``...), as onnxcustom's estimators did;
+    ``get_params`` and ``clone`` keep the values as given and a fit never changes them.
     """
+
+    learning_rate = ResolvedParam(BaseLearningRate, select_learning_rate)
+    learning_penalty = ResolvedParam(BaseLearningPenalty, select_learning_penalty)
 
     # -- to define in subclasses ----------------------------------------------------------
     def _build_graphs(self, model: ModelProto, with_weight: bool, fixed=()) -> _Graphs:
@@ -463,8 +471,11 @@ class BaseOrtOptimizer(EstimatorMixin):
         self.graphs_ = graphs
         self.learning_rate_ = graphs.learning_rate
         self.learning_penalty_ = graphs.penalty
+        BaseOrtOptimizer.learning_rate.use(self, graphs.learning_rate)
+        BaseOrtOptimizer.learning_penalty.use(self, graphs.penalty)
         if graphs.loss is not None:
             self.learning_loss_ = graphs.loss
+            OrtGradientForwardBackwardOptimizer.learning_loss.use(self, graphs.loss)
 
     def _train(self, loader: OrtDataLoader, validation, n_epochs: int, stopping: bool) -> None:
         every = self._validation_period()
@@ -562,7 +573,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         if self.exc:
             raise ConvergenceError(message)
         # the caller of fit or partial_fit: (partial_)fit -> _fit -> _train -> _diverged
-        warnings.warn(message, RuntimeWarning, stacklevel=5)
+        warnings.warn(message, ConvergenceWarning, stacklevel=5)
 
     # -- evaluation -------------------------------------------------------------------------
     def __sklearn_is_fitted__(self) -> bool:
@@ -764,6 +775,8 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
         or regular expressions naming blocks to checkpoint, e.g. ``[r"layers\\.\\d+"]``;
         :mod:`onnxgrad.derivative.recompute`); ``None``: none
     """
+
+    learning_loss = ResolvedParam(BaseLearningLoss, select_learning_loss)
 
     def __init__(
         self,

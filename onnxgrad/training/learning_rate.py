@@ -165,14 +165,11 @@ class LearningRateSGD(BaseLearningRate):
         self.alpha = alpha
         self.power_t = power_t
         self.learning_rate = learning_rate
+        _check_schedule(learning_rate)  # a misspelt name fails here, as onnxcustom's did
 
     def check(self) -> None:
         _check_positive("eta0", self.eta0)
-        if self.learning_rate not in _SCHEDULES:
-            raise ValueError(
-                f"unknown learning_rate schedule {self.learning_rate!r}, expected one of "
-                f"{list(_SCHEDULES)}"
-            )
+        _check_schedule(self.learning_rate)
         if self.learning_rate == "optimal":
             _check_positive("alpha", self.alpha)
         if self.learning_rate == "invscaling":
@@ -200,6 +197,13 @@ class LearningRateSGD(BaseLearningRate):
 
     def _update_results(self, outputs):
         return outputs["Y"], {}
+
+
+def _check_schedule(name: str) -> None:
+    if name not in _SCHEDULES:
+        raise ValueError(
+            f"unknown learning_rate schedule {name!r}, expected one of {list(_SCHEDULES)}"
+        )
 
 
 class LearningRateSGDNesterov(LearningRateSGD):

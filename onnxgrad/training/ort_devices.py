@@ -1,6 +1,7 @@
 """onnxruntime's own device objects, under the seeds' names (``onnxruntime_helper``).
 
-onnxgrad's estimators and runners take ``'cpu'``, ``'cuda'`` or ``'cuda:N'``
+onnxgrad's estimators and runners take ``'cpu'``, ``'cuda'`` or ``'cuda:N'`` (``'gpu'``,
+``'gpu:N'`` alike)
 (:mod:`onnxgrad.training.devices`); these helpers convert between that spelling and
 onnxruntime's ``OrtDevice`` (``C_OrtDevice``), for code written against the seeds.
 """
@@ -8,16 +9,19 @@ onnxruntime's ``OrtDevice`` (``C_OrtDevice``), for code written against the seed
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 from onnxruntime.capi._pybind_state import OrtDevice as C_OrtDevice
+from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
 from onnxgrad.training.devices import parse_device
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
-def get_ort_device_type(device: str) -> int:
-    """``C_OrtDevice.cpu()`` or ``C_OrtDevice.cuda()`` for ``'cpu'``, ``'cuda'``, ``'cuda:N'``."""
+def get_ort_device_type(device) -> int:
+    """``C_OrtDevice.cpu()`` or ``C_OrtDevice.cuda()`` for ``'cpu'``, ``'cuda'``, ``'cuda:N'``
+    (``'gpu'``, ``'gpu:N'`` alike) or an ``OrtDevice``."""
+    if isinstance(device, C_OrtDevice):
+        return device.device_type()
     kind = parse_device(device).kind
     return C_OrtDevice.cuda() if kind == "cuda" else C_OrtDevice.cpu()
 
@@ -60,20 +64,35 @@ def provider_to_device(provider_name: str) -> str:
     )
 
 
-def numpy_to_ort_value(arr: np.ndarray, device=None) -> ort.OrtValue:
-    """An ``OrtValue`` holding ``arr`` on ``device`` (``None``: the CPU; a string or an
-    ``OrtDevice``). On the CPU it shares ``arr``'s memory, which must outlive it."""
-    target = get_ort_device("cpu" if device is None else device)
+def numpy_to_ort_value(arr: np.ndarray, device=None) -> C_OrtValue:
+    """onnxruntime's C-level ``OrtValue`` (``onnxruntime.capi._pybind_state.OrtValue``, as
+    onnxcustom returned) holding a copy of ``arr`` on ``device`` (``None``: the CPU; a string
+    or an ``OrtDevice``): it owns its memory, ``arr`` may change or go.
+    ``onnxruntime.OrtValue(value)`` wraps it for ``InferenceSession.run_with_ortvalues``."""
     array = np.ascontiguousarray(arr)
-    if target.device_type() == C_OrtDevice.cpu():
-        return ort.OrtValue.ortvalue_from_numpy(array)
-    return ort.OrtValue.ortvalue_from_numpy(array, "cuda", target.device_id())
+    value = C_OrtValue.ortvalue_from_shape_and_type(
+        list(array.shape), array.dtype.type, get_ort_device("cpu" if device is None else device)
+    )
+    value.update_inplace(array)
+    return value
+
+
+def get_ort_device_from_session(session) -> C_OrtDevice:
+    """The ``OrtDevice`` of the first execution provider of ``session`` (an
+    ``InferenceSession`` or its C-level ``_sess``): where it places its outputs."""
+    provider = session.get_providers()[0]
+    options = session.get_provider_options().get(provider, {})
+    device = provider_to_device(provider)
+    index = int(options.get("device_id", 0)) if device == "cuda" else 0
+    return get_ort_device(device if index == 0 else f"{device}:{index}")
 
 
 __all__ = [
     "C_OrtDevice",
+    "C_OrtValue",
     "device_to_providers",
     "get_ort_device",
+    "get_ort_device_from_session",
     "get_ort_device_type",
     "numpy_to_ort_value",
     "ort_device_to_string",

@@ -143,13 +143,14 @@ def _momentum_feeds(rng, dtype) -> Arrays:
 
 
 def _n_penalty_feeds(rng, dtype) -> Arrays:
-    feeds = {f"X{i}": _weight_like(rng, dtype) for i in range(3)}
-    return {"loss": np.array(1.5, dtype=dtype), **feeds}
+    # weights of different shapes: each weight input has dims of its own
+    feeds = {f"W{i}": _weight_like(rng, dtype, (2 + i, 3)) for i in range(3)}
+    return {"loss": np.array([[1.5]], dtype=dtype), **feeds}
 
 
 def _n_penalty(f: Arrays, w=None) -> Arrays:
-    total = sum(elastic_penalty(f[f"X{i}"], 0.2, 0.3) for i in range(3))
-    return {"Y": f["loss"] + total}
+    total = sum(elastic_penalty(f[f"W{i}"], 0.2, 0.3) for i in range(3))
+    return {"Y": (f["loss"] + total).reshape(-1)}
 
 
 def _axpyw(f: Arrays, w=None) -> Arrays:
@@ -246,7 +247,7 @@ CASES = [
         lambda rng, dt: {
             "X": _weight_like(rng, dt, (5, 3)),
             "A": _weight_like(rng, dt, (3, 2)),
-            "B": _weight_like(rng, dt, (2,)),
+            "B": _weight_like(rng, dt, (1, 2)),
         },
         lambda f, w=None: {"Y": f["X"] @ f["A"] + f["B"]},
     ),

@@ -32,7 +32,7 @@ def loss_of(model: onnx.ModelProto, feeds: dict, wrt: str) -> Callable[[np.ndarr
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     index = [o.name for o in session.get_outputs()].index("Y")
-    return lambda x: float(session.run(None, {**feeds, wrt: x})[index])
+    return lambda x: float(session.run(None, {**feeds, wrt: x})[index].sum())
 
 
 def _feeds(case, rng, weighted: bool) -> dict:
@@ -93,12 +93,12 @@ def test_n_penalty_adds_the_penalty_of_each_weight(rng):
     several = function_onnx_graph(
         "n_penalty_elastic_error", dtype=np.float64, n_tensors=2, **options
     )
-    weights = {"X0": rng.standard_normal((3, 4)), "X1": rng.standard_normal((3, 4))}
-    total = run_onnxruntime(several, {"loss": np.array(0.0), **weights})["Y"]
+    weights = {"W0": rng.standard_normal((3, 4)), "W1": rng.standard_normal((5, 2))}
+    total = run_onnxruntime(several, {"loss": np.zeros((1, 1)), **weights})["Y"]
     parts = [run_onnxruntime(single, {"X": x}) for x in weights.values()]
     np.testing.assert_allclose(total, sum(p["Y"] for p in parts), rtol=1e-12)
     for name, part in zip(weights, parts):
         dy = central_differences(
-            loss_of(several, {"loss": np.array(0.0), **weights}, name), weights[name]
+            loss_of(several, {"loss": np.zeros((1, 1)), **weights}, name), weights[name]
         )
         np.testing.assert_allclose(part["Y_grad"], dy, rtol=1e-6, atol=1e-8)

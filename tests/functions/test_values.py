@@ -118,7 +118,7 @@ def test_sigmoid_log_loss_stays_finite_on_saturated_scores(dtype, runtime):
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_n_penalty_takes_weights_of_different_ranks(runtime, rng):
-    shapes = {"X0": (3, 4), "X1": (5,), "X2": (2, 2, 2)}
+    shapes = {"W0": (3, 4), "W1": (5,), "W2": (2, 2, 2)}
     model = function_onnx_graph(
         "n_penalty_elastic_error",
         dtype=np.float64,

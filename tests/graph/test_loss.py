@@ -446,3 +446,26 @@ def test_an_out_of_range_binary_label_makes_the_loss_nan(score, bad):
     p = np.array([0.3, 0.6]) if score == "log" else 1 / (1 + np.exp(-np.array([0.3, 0.6])))
     expected = log_loss([1, 0], p, normalize=False)
     np.testing.assert_allclose(run(result, feeds)["loss"], expected, rtol=1e-6)
+
+
+def _identity_model(dims) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "identity",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, dims)],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, dims)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
+
+
+def test_log_loss_on_an_output_of_unknown_columns_reads_one_or_two():
+    model = add_loss_output(_identity_model([None, None]), "log", eps=1e-6)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    p = np.array([0.0, 0.0, 0.2, 0.5, 0.8, 1.0, 1.0])
+    y = np.array([0, 1, 0, 1, 1, 1, 0], dtype=np.int64)
+    expected = log_loss(y, np.clip(p, 1e-6, 1 - 1e-6), normalize=False)
+    for columns in (np.vstack([1 - p, p]).T, p.reshape((-1, 1))):
+        got = session.run(None, {"X": columns, "label": y})[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-9)
+    three = np.full((7, 3), 1 / 3)  # not a binary prediction: NaN, never a silent number
+    assert np.isnan(session.run(None, {"X": three, "label": y})[0])

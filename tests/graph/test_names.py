@@ -125,3 +125,26 @@ def test_initializers_listed_as_inputs_are_renamed_there_too():
     model.graph.input.append(helper.make_tensor_value_info("init", init.data_type, init.dims))
     result = renamed(model)
     assert [i.name for i in result.graph.input] == ["x", "I0_init"]
+
+
+def test_an_output_declared_without_shape_gets_the_inferred_one():
+    # skl2onnx's FloatTensorType() output: no shape, which onnx's checker refuses
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["Y"]),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.ones((3, 3), np.float32), "w1"),
+            numpy_helper.from_array(np.ones((3, 3), np.float32), "w2"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+    result = renamed(model)
+    assert [i.name for i in result.graph.initializer] == ["I0_w1", "I1_w2"]
+    dims = [d.dim_value for d in result.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [3, 3]

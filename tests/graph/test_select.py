@@ -187,3 +187,17 @@ def test_remove_unused_nodes_keeps_a_clean_model_unchanged():
     result = remove_unused_nodes(model)
     assert [n.output[0] for n in result.graph.node] == [n.output[0] for n in model.graph.node]
     assert len(result.graph.initializer) == len(model.graph.initializer)
+
+
+def test_infer_shapes_false_types_from_the_declarations_only():
+    model = seed004_model()
+    with pytest.raises(ValueError, match=r"'out_add_0'.*no type"):
+        select_model_inputs_outputs(model, ["out_add_0"], infer_shapes=False)
+    declared = onnx.ModelProto()
+    declared.CopyFrom(model)
+    declared.graph.value_info.append(
+        helper.make_tensor_value_info("out_add_0", TensorProto.FLOAT, ["N", 2])
+    )
+    result = checked(declared, outputs=["out_add_0"], infer_shapes=False)
+    dims = [d.dim_param or d.dim_value for d in result.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == ["N", 2]  # inference would say [0, 2]: the declaration is kept

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
+from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
 from onnxgrad.training import Device, OrtDataLoader, check_device, parse_device
 from onnxgrad.training.devices import _cuda_provider_loads
@@ -20,7 +20,7 @@ def test_parse_device(text, expected):
     assert parse_device(device) is device
 
 
-@pytest.mark.parametrize("text", ["gpu", "cuda:x", "cpu:1", ""])
+@pytest.mark.parametrize("text", ["tpu", "cuda:x", "cpu:1", "gpu:x", ""])
 def test_unknown_devices(text):
     with pytest.raises(ValueError, match="device"):
         parse_device(text)
@@ -46,11 +46,12 @@ def test_loader_batches_cover_every_row_once():
     assert len(loader) == 23 and loader.n_batches == 5
     batches = list(loader)
     assert [len(b[0]) for b in batches] == [5, 5, 5, 5, 3]
-    rows = np.concatenate([b[1] for b in batches])
+    assert all(b[1].shape == (len(b[0]), 1) for b in batches)  # float targets as a column
+    rows = np.concatenate([b[1] for b in batches]).ravel()
     assert sorted(rows.tolist()) == list(range(23))
     for bx, by in batches:
-        np.testing.assert_array_equal(bx[:, 0], 2 * by)
-    second = np.concatenate([b[1] for b in loader])
+        np.testing.assert_array_equal(bx[:, 0], 2 * by.ravel())
+    second = np.concatenate([b[1] for b in loader]).ravel()
     assert not np.array_equal(rows, second)
 
 
@@ -60,7 +61,7 @@ def test_loader_ortvalues_and_weights():
     w = np.linspace(0, 1, 7).astype(np.float32)
     loader = OrtDataLoader(X, y, w, batch_size=4)
     batches = list(loader.iter_ortvalue())
-    assert all(isinstance(v, ort.OrtValue) for b in batches for v in b)
+    assert all(isinstance(v, C_OrtValue) for b in batches for v in b)
     assert sorted(np.concatenate([b[2].numpy() for b in batches]).tolist()) == w.tolist()
     data = loader.device_data()
     assert data is loader.device_data()

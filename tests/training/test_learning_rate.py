@@ -259,7 +259,11 @@ def test_select_learning_rate_copies_objects():
 @pytest.mark.parametrize(
     ("optimizer", "message"),
     [
-        (LearningRateSGD(learning_rate="adaptive"), "unknown learning_rate schedule 'adaptive'"),
+        # set after construction (set_params): the check at fit names it too
+        (
+            LearningRateSGD().set_params(learning_rate="adaptive"),
+            "unknown learning_rate schedule 'adaptive'",
+        ),
         (LearningRateSGD(eta0=-1.0), "eta0 must be > 0"),
         (LearningRateSGDNesterov(momentum=1.5), "momentum must be in"),
         (LearningRateAdam(beta2=1.0), "beta2 must be in"),

@@ -7,9 +7,9 @@ import logging
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnxruntime.capi._pybind_state import OrtDevice
+from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
 from onnxgrad import (
     add_loss_output,
@@ -172,7 +172,38 @@ def test_device_helpers():
     assert ort_device_to_string(cuda) == "cuda:1"
     array = np.arange(6, dtype=np.float32).reshape((2, 3))
     value = numpy_to_ort_value(array)
-    assert isinstance(value, ort.OrtValue) and value.device_name() == "cpu"
+    assert isinstance(value, C_OrtValue) and value.device_name().lower() == "cpu"
     np.testing.assert_array_equal(value.numpy(), array)
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         get_ort_device("tpu")
+
+
+def _squared_error_graph(columns):
+    """loss = ReduceSum((x1 - x2)^2) over inputs of shape [N, columns]."""
+    from onnx import TensorProto, helper
+
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, columns]) for n in ("X1", "X2")
+    ]
+    nodes = [
+        helper.make_node("Sub", ["X1", "X2"], ["diff"]),
+        helper.make_node("Mul", ["diff", "diff"], ["sq"]),
+        helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])]
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+@pytest.mark.parametrize("columns", [1, 3])
+def test_unreduced_loss_reduces_rows_only_when_there_are_several_columns(rng, columns):
+    scores = unreduced_onnx_loss(_squared_error_graph(columns))
+    ops = [n.op_type for n in scores.graph.node]
+    assert ("ReduceSum" in ops) == (columns > 1)
+    x1 = rng.standard_normal((5, columns)).astype(np.float32)
+    x2 = rng.standard_normal((5, columns)).astype(np.float32)
+    got = run_onnxruntime(scores, {"X1": x1, "X2": x2})["score"]
+    expected = ((x1.astype(np.float64) - x2) ** 2).sum(axis=1, keepdims=True)
+    assert got.shape == (5, 1)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
