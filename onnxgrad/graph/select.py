@@ -56,13 +56,14 @@ def select_model_inputs_outputs(
     Raises ``ValueError`` naming an unknown name, or an output that cannot be computed from
     the chosen inputs.
     """
-    return select_in_place(load_model(model), outputs, inputs)
+    return select_in_place(load_model(model), outputs, inputs, infer_shapes)
 
 
 def select_in_place(
     model: ModelProto,
     outputs: Sequence[str] | str | None = None,
     inputs: Sequence[str] | str | None = None,
+    infer_shapes: bool = True,
 ) -> ModelProto:
     """:func:`select_model_inputs_outputs` of a model the caller owns: rewritten in place,
     no copy of its weights."""
