@@ -22,7 +22,7 @@ back, float16 in float32:
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from onnxgrad._onnx_utils import np_dtype
 from onnxgrad.normalize.lowering import Lowerer
@@ -104,17 +104,27 @@ def _padding_bias(lw: Lowerer, mask: str, q: str, k: str, ct: int, filter_value:
     mask64 = lw.cast(mask, TensorProto.INT64)
     end = lw.unsqueeze(lw.op("Slice", mask64, lw.ints([0]), batch, lw.ints([0])), [1])
     out = lw.op("GreaterOrEqual", positions, end)
-    if _has_start(lw, mask, lw.input(0)):
+    has_start = _has_start(lw, mask, lw.input(0))
+    if has_start is not False:
+        if has_start is None:  # sizes known at run time only: a missing start reads as 0
+            zeros = lw.op("ConstantOfShape", batch, value=_int64_zero())
+            mask64 = lw.op("Concat", mask64, zeros, axis=0)
         start = lw.op("Slice", mask64, batch, lw.op("Mul", batch, lw.ints([2])), lw.ints([0]))
         out = lw.op("Or", out, lw.op("Less", positions, lw.unsqueeze(start, [1])))
     return lw.unsqueeze(lw.op("Where", out, masked, zero), [1, 2])
 
 
-def _has_start(lw: Lowerer, mask: str, q: str) -> bool:
+def _has_start(lw: Lowerer, mask: str, q: str) -> bool | None:
+    """Whether a 1-D mask index ``(2B,)`` also holds start positions (``(B,)``: ends
+    only); ``None`` when the batch or mask size is dynamic."""
     mask_dims, q_dims = lw.dims(mask), lw.dims(q)
     if mask_dims and q_dims and mask_dims[0] and q_dims[0]:
         return mask_dims[0] == 2 * q_dims[0]
-    raise lw.error("a 1-D mask index needs static batch and mask sizes")
+    return None
+
+
+def _int64_zero():
+    return numpy_helper.from_array(np.zeros(1, dtype=np.int64))
 
 
 def _masked_scores(lw, scores, q, k, mask, bias, ct, unidirectional, past="") -> str:

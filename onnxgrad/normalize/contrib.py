@@ -208,14 +208,17 @@ def _arange_like_columns(lw: Lowerer, ids: str) -> str:
 
 
 def _mask_index(lw: Lowerer, ids: str) -> None:
-    """Row sums of the mask (int32), zeros without a mask."""
+    """Row sums of the mask (int32), zeros without a mask: 1-D ``(B,)`` by the operator's
+    specification, declared so (a ``ReduceSum`` whose axes are an input may leave its rank
+    unknown to onnx's inference)."""
     mask = lw.input(7)
     if mask:
         sums = lw.builder.reduce("ReduceSum", lw.cast(mask, TensorProto.INT32), [1])
         lw.op("Identity", sums, out=lw.output(1))
-        return
-    batch = lw.op("Gather", lw.op("Shape", ids), lw.ints([0]), axis=0)
-    lw.op("ConstantOfShape", batch, out=lw.output(1), value=_zero(TensorProto.INT32))
+    else:
+        batch = lw.op("Gather", lw.op("Shape", ids), lw.ints([0]), axis=0)
+        lw.op("ConstantOfShape", batch, out=lw.output(1), value=_zero(TensorProto.INT32))
+    lw.declare(lw.output(1), TensorProto.INT32, (lw.dims(ids) or [None])[:1])
 
 
 def _zero(elem_type: int) -> TensorProto:
