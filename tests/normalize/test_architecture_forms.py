@@ -1,0 +1,113 @@
+"""Four more architectures (GPT-2, a Qwen2 decoder, a ViT, a T5 encoder) in every form
+onnxruntime's tools deploy (float32, optimized at levels 1 and 2, float16, int8 dynamic,
+static QDQ, 4-bit): each lowers to what onnxruntime computes, differentiates, and LoRA-trains
+through a train step onnxruntime loads at its default optimization level.
+
+References, never onnxgrad itself: central finite differences of the deployed file run by
+onnxruntime (float32 forms, 4-bit weights); of the level-1 file for its float16 conversion;
+of the file with its activation rounding frozen at the point
+(:mod:`tests.normalize.unrounded`) for the straight-through gradient of int8 and QDQ."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxgrad import onnx_derivative
+from onnxgrad.normalize import normalized_model
+from tests.derivative.fd import numerical_vjp
+from tests.normalize import architectures
+from tests.normalize.kernels import run
+from tests.normalize.unrounded import with_frozen_rounding
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+#: the file whose finite differences the gradient of a form is checked against
+REFERENCE = {"float16": "opt1", "int8": "frozen", "qdq": "frozen"}
+#: the point differentiated: not a calibration batch of static quantization, whose extreme
+#: activations sit on the clipping bounds (a kink)
+POINT = 4
+#: relative error bound against finite differences of float32 outputs: their rounding noise
+#: (~1e-7 |y| / EPS) and the kinks of ReLU (T5) within EPS reach 5e-3 on these models
+#: (measured against torch's float64 autograd), float16 adds its own rounding
+BOUND = {"float16": 2e-2}
+DEFAULT_BOUND = 1e-2
+EPS = 1e-3
+
+
+def _form(kind: str, name: str) -> onnx.ModelProto:
+    try:
+        return onnx.load(architectures.form(kind, name))
+    except ImportError as exc:  # a tool whose kernel this onnxruntime build lacks
+        pytest.skip(f"this onnxruntime cannot make the {name} form: {exc}")
+
+
+def _input_gradient(model: onnx.ModelProto, name: str, feeds, seed) -> np.ndarray:
+    gradient = onnx_derivative(model, inputs=[name], weights=[])
+    names = [o.name for o in gradient.graph.output]
+    out = run(gradient, {**feeds, "logits_grad": seed})
+    return dict(zip(names, out, strict=True))[f"{name}_grad"]
+
+
+def _finite_differences(model: onnx.ModelProto, name: str, feeds, seed) -> np.ndarray:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+
+    def function(values):
+        x = np.asarray(values[name], dtype=np.float32)
+        return [session.run(None, {name: x})[0].astype(np.float64)]
+
+    return numerical_vjp(function, {name: feeds[name]}, [name], [seed], eps=EPS)[name]
+
+
+def _relative(got, want) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def _reference(kind: str, form: str, model: onnx.ModelProto, feeds) -> onnx.ModelProto:
+    source = REFERENCE.get(form)
+    if source is None:
+        return model
+    if source == "frozen":
+        return with_frozen_rounding(model, feeds)
+    return _form(kind, source)
+
+
+@pytest.mark.parametrize("kind", architectures.ARCHITECTURES)
+@pytest.mark.parametrize("form", architectures.FORMS)
+def test_input_gradient_of_architecture_form(kind, form):
+    model = _form(kind, form)
+    name = architectures.INPUT[kind]
+    feeds = architectures.feeds(kind, POINT)
+    outputs = run(model, feeds)[0]
+    np.testing.assert_allclose(
+        run(normalized_model(model), feeds)[0], outputs, rtol=2e-3, atol=2e-3
+    )
+    seed = np.random.default_rng(1).standard_normal(outputs.shape).astype(np.float32)
+    got = _input_gradient(model, name, feeds, seed)
+    want = _finite_differences(_reference(kind, form, model, feeds), name, feeds, seed)
+    assert _relative(got, want) < BOUND.get(form, DEFAULT_BOUND)
+
+
+@pytest.mark.parametrize("kind", architectures.ARCHITECTURES)
+def test_input_gradient_of_float32_export_against_torch(kind):
+    """The exported file's gradient against torch's float64 autograd of the module it came
+    from: tight, where finite differences of float32 outputs are not."""
+    import torch
+
+    name = architectures.INPUT[kind]
+    feeds = architectures.feeds(kind)
+    model = _form(kind, "float32")
+    outputs = run(model, feeds)[0]
+    seed = np.random.default_rng(1).standard_normal(outputs.shape)
+    x = torch.from_numpy(feeds[name].astype(np.float64)).requires_grad_()
+    y = architectures.forward(architectures.module(kind).double(), kind, x)
+    (y * torch.from_numpy(seed)).sum().backward()
+    got = _input_gradient(model, name, feeds, seed.astype(np.float32))
+    assert _relative(got, x.grad.numpy()) < 1e-5
