@@ -38,6 +38,8 @@ class Lowerer:
         #: the model's nodes as they were, by output name, and how often each value is read
         self.producers: dict[str, NodeProto] = {}
         self.uses: Counter = Counter()
+        #: the names of the main graph's initializers
+        self.initializers: set[str] = set()
         #: ids of nodes this lowering made useless: removed once nothing reads them
         self.superseded: set[int] = set()
         #: types a lowering states for its outputs from the operator's specification, for
@@ -163,6 +165,7 @@ def lower_nodes(model: ModelProto, table: Mapping[tuple[str, str], LoweringFn]) 
     builder = GraphBuilder(graph, opset, "lowered")
     context = Lowerer(builder, types, NodeProto())
     context.producers = {out: node for node in graph.node for out in node.output if out}
+    context.initializers = {init.name for init in graph.initializer}
     context.uses = Counter(name for node in graph.node for name in node.input if name)
     context.uses.update(o.name for o in graph.output)
     constants = _integer_initializers(graph)

@@ -204,6 +204,52 @@ def _lstm_weight(lw: Lowerer, codes: str, scale: str, zero: str) -> str:
     return lw.op("Transpose", weight, perm=[0, 2, 1])
 
 
+#: operators that move or select elements of their first input: they commute with a
+#: per-tensor dequantization ``(q - z) s``
+_MOVERS = frozenset(
+    {"Gather", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Expand"}
+)
+
+
+def lower_dequantize(lw: Lowerer) -> None:
+    """A per-tensor ``DequantizeLinear`` of elements moved out of an integer initializer (a
+    lookup into a quantized table: ``DQ(Transpose(Gather(q)))``) dequantizes the table
+    first and moves float elements: the same values, and a form onnxruntime's optimizers
+    accept in a train step (its ``QDQPropagationTransformer`` aborts on a train step holding
+    ``DQ(Transpose(Gather))`` -> ``Unsqueeze`` read by a ``Loop``); any other goes to the
+    straight-through rewrite."""
+    chain = _moves_from_initializer(lw, lw.input(0))
+    if not chain or not all(_one_element(lw, name) for name in lw.node.input[1:3] if name):
+        lower_fake_quantized(lw)
+        return
+    attrs = {a.name: helper.get_attribute_value(a) for a in lw.node.attribute}
+    moved = lw.op("DequantizeLinear", chain[-1].input[0], *lw.node.input[1:], **attrs)
+    for step in reversed(chain):
+        out = lw.output(0) if step is chain[0] else None
+        attrs = {a.name: helper.get_attribute_value(a) for a in step.attribute}
+        moved = lw.op(step.op_type, moved, *step.input[1:], out=out, **attrs)
+        lw.superseded.add(id(step))
+
+
+def _moves_from_initializer(lw: Lowerer, name: str) -> list:
+    """The element-moving nodes from an integer initializer to ``name``, last first (empty
+    when ``name`` is not such a chain's end)."""
+    chain = []
+    node = lw.producers.get(name)
+    while node is not None and node.op_type in _MOVERS and not node.domain:
+        chain.append(node)
+        node = lw.producers.get(node.input[0])
+    source = chain[-1].input[0] if chain else ""
+    if node is not None or source not in lw.initializers:
+        return []
+    return chain
+
+
+def _one_element(lw: Lowerer, name: str) -> bool:
+    dims = lw.dims(name)
+    return dims is not None and all(d == 1 for d in dims)
+
+
 QUANTIZED_LOWERINGS = {
     (MS, "MatMulNBits"): lower_matmul_nbits,
     (MS, "DynamicQuantizeMatMul"): lower_dynamic_quantize_matmul,
@@ -218,7 +264,7 @@ QUANTIZED_LOWERINGS = {
 #: The straight-through rewrites, run after the lowerings above (whose QuantizeLinear and
 #: DequantizeLinear nodes they read too).
 STRAIGHT_THROUGH = {
-    ("", "DequantizeLinear"): lower_fake_quantized,
+    ("", "DequantizeLinear"): lower_dequantize,
     ("", "Cast"): lower_integer_product_cast,
     ("", "DynamicQuantizeLinear"): lower_dynamic_quantize,
 }

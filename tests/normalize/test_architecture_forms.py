@@ -36,6 +36,8 @@ POINT = 4
 BOUND = {"float16": 2e-2}
 DEFAULT_BOUND = 1e-2
 EPS = 1e-3
+#: Adam on the adapters: small enough for the tiny ViT (whose logits are ~1e-2)
+LEARNING_RATE = 1e-3
 
 
 def _form(kind: str, name: str) -> onnx.ModelProto:
@@ -111,3 +113,40 @@ def test_input_gradient_of_float32_export_against_torch(kind):
     (y * torch.from_numpy(seed)).sum().backward()
     got = _input_gradient(model, name, feeds, seed.astype(np.float32))
     assert _relative(got, x.grad.numpy()) < 1e-5
+
+
+@pytest.mark.parametrize("kind", architectures.ARCHITECTURES)
+@pytest.mark.parametrize("form", architectures.FORMS)
+def test_lora_training_of_architecture_form(kind, form, tmp_path):
+    """add_lora, generate_artifacts, then steps in an onnxruntime session at its default
+    optimization level (whose optimizers must accept what onnxgrad emits): finite losses,
+    falling."""
+    import onnxruntime as ort
+
+    from onnxgrad import add_lora
+    from onnxgrad.training import generate_artifacts, load_train_step
+
+    model = _form(kind, form)
+    art = generate_artifacts(add_lora(model, rank=4), optimizer="adam", artifact_directory=tmp_path)
+    step = load_train_step(tmp_path)
+    feeds = architectures.feeds(kind)
+    outputs = run(model, feeds)[0]
+    shift = np.random.default_rng(2).standard_normal((1,)).astype(np.float32)
+    target = outputs + shift * np.abs(outputs).max()
+    session = ort.InferenceSession(
+        str(art.path("training_model.onnx")), providers=["CPUExecutionProvider"]
+    )
+    values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
+    declared = {i.name for i in session.get_inputs()}
+    losses = []
+    rate = np.array(LEARNING_RATE, np.float32)
+    for _ in range(15):
+        batch = {**feeds, "label": target, "learning_rate": rate, **values}
+        loss, *new = session.run(
+            [step.loss, *step.new_weights, *step.new_state],
+            {k: v for k, v in batch.items() if k in declared},
+        )
+        losses.append(float(loss))
+        values = dict(zip([*step.weights, *step.state], new, strict=True))
+    assert np.isfinite(losses).all()
+    assert losses[-1] < 0.9 * losses[0]
