@@ -113,6 +113,68 @@ def export(kind: str, path: Path) -> None:
     deployed._export(Wrapped(), (x,), [name], path)
 
 
+def bert_ids(name: str) -> Path:
+    """A tiny BERT classifier taking token ids, mask and segments (batch and sequence
+    dynamic): onnxruntime's optimizer fuses its front into ``EmbedLayerNormalization``,
+    whose mask index feeds every ``Attention``; ``name`` is a form (``opt1``, ``opt2``)."""
+    folder = cache_dir()
+    source = folder / "bert_ids.onnx"
+    if not source.exists():
+        partial = folder / "bert_ids.partial.onnx"
+        _export_bert_ids(partial)
+        partial.rename(source)
+    target = folder / f"bert_ids_{name}.onnx"
+    if not target.exists():
+        scratch = folder / "scratch"
+        scratch.mkdir(exist_ok=True)
+        deployed.make_form(source, name, "bert_ids", scratch, "bert", 2, HIDDEN).rename(target)
+    return target
+
+
+def _export_bert_ids(path: Path) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * HIDDEN,
+        max_position_embeddings=16,
+        num_labels=3,
+        attn_implementation="eager",
+    )
+    model = transformers.BertForSequenceClassification(config).eval()
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )
+            return out.logits
+
+    values = {k: torch.from_numpy(v) for k, v in bert_ids_feeds(BATCH).items()}
+    deployed._export(Classifier(), tuple(values.values()), list(values), path)
+
+
+def bert_ids_feeds(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Token ids, a mask padding the last sequence's last two tokens, segments."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, SEQ), dtype=np.int64)
+    mask[-1, -2:] = 0
+    return {
+        "input_ids": rng.integers(0, 50, (batch, SEQ)),
+        "attention_mask": mask,
+        "token_type_ids": rng.integers(0, 2, (batch, SEQ)),
+    }
+
+
 def forward(model, kind: str, x):
     """The output the export names ``logits`` (T5: the encoder's last hidden state)."""
     import torch

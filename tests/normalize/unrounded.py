@@ -76,6 +76,8 @@ def _intermediates(model, feeds, names) -> dict[str, np.ndarray]:
     """The values of ``names`` when onnxruntime runs ``model`` (unoptimized) on ``feeds``."""
     import onnxruntime as ort
 
+    if not names:
+        return {}
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     del probe.graph.output[:]
