@@ -25,7 +25,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from onnxgrad._onnx_utils import np_dtype
-from onnxgrad.normalize.lowering import Lowerer
+from onnxgrad.normalize.lowering import Lowerer, reading_only
 from onnxgrad.normalize.rotary import rotate
 
 MS = "com.microsoft"
@@ -212,9 +212,10 @@ def _biased(lw, bias, t, q, k, v, key_is_3d):
 
 
 def lower_group_query_attention(lw: Lowerer) -> None:
-    for attr, default in (("local_window_size", -1), ("smooth_softmax", 0)):
-        if lw.attr(attr, default) != default:
-            raise lw.error(f"{attr}={lw.attr(attr)} is not supported")
+    if lw.attr("local_window_size", -1) != -1:
+        raise lw.error(f"local_window_size={lw.attr('local_window_size')} is not supported")
+    if lw.attr("smooth_softmax", 0) not in (0, -1):  # -1: the schema's default, off
+        raise lw.error(f"smooth_softmax={lw.attr('smooth_softmax')} is not supported")
     if len(lw.node.input) > 11 and lw.input(11):
         raise lw.error("head_sink is not supported")
     query = lw.input(0)
@@ -321,8 +322,27 @@ def _beyond_seqlens(lw: Lowerer, k: str) -> str:
     return lw.unsqueeze(beyond, [1, 2])
 
 
+_ATTENTION = {"num_heads", "qkv_hidden_sizes", "scale", "mask_filter_value", "unidirectional"}
+#: the rotary attributes of an Attention whose do_rotary=1 the lowering refuses
+_ATTENTION_ROTARY = {"do_rotary", "past_present_share_buffer", "rotary_embedding_dim"}
+_MHA = {"num_heads", "mask_filter_value", "scale", "unidirectional"}
+_GQA = {
+    *("num_heads", "kv_num_heads", "scale", "softcap", "do_rotary", "rotary_interleaved"),
+    *("local_window_size", "smooth_softmax"),
+}
+#: GroupQueryAttention's other attributes (onnxruntime 1.32's schema) at the values that
+#: change nothing: no quantized cache, no attention-score output, always causal
+_GQA_NEUTRAL = {
+    "causal": 1,
+    "qk_output": 0,
+    "k_quant_type": "NONE",
+    "v_quant_type": "NONE",
+    "kv_cache_bit_width": 0,
+    "sliding_window_cache": 0,
+}
+
 ATTENTION_LOWERINGS = {
-    (MS, "Attention"): lower_attention,
-    (MS, "MultiHeadAttention"): lower_multi_head_attention,
-    (MS, "GroupQueryAttention"): lower_group_query_attention,
+    (MS, "Attention"): reading_only(lower_attention, _ATTENTION | _ATTENTION_ROTARY),
+    (MS, "MultiHeadAttention"): reading_only(lower_multi_head_attention, _MHA),
+    (MS, "GroupQueryAttention"): reading_only(lower_group_query_attention, _GQA, _GQA_NEUTRAL),
 }

@@ -153,6 +153,30 @@ class Lowerer:
             self.op("Identity", y, out=out)
 
 
+def reading_only(
+    lowering: LoweringFn, known: frozenset[str] | set[str], neutral: Mapping | None = None
+) -> LoweringFn:
+    """``lowering``, refusing a node that sets an attribute outside ``known`` (those the
+    lowering reads) to anything but its ``neutral`` value (the one that changes nothing):
+    an attribute a newer onnxruntime added is an error naming node and attribute, never a
+    silently different computation."""
+    neutral = dict(neutral or {})
+
+    def checked(lw: Lowerer) -> None:
+        for attribute in lw.node.attribute:
+            if attribute.name in known:
+                continue
+            value = helper.get_attribute_value(attribute)
+            value = value.decode() if isinstance(value, bytes) else value
+            if attribute.name not in neutral or value != neutral[attribute.name]:
+                raise lw.error(f"attribute {attribute.name}={value!r} is not supported")
+        lowering(lw)
+
+    checked.__doc__ = lowering.__doc__
+    checked.__name__ = getattr(lowering, "__name__", "lowering")
+    return checked
+
+
 def lower_nodes(model: ModelProto, table: Mapping[tuple[str, str], LoweringFn]) -> ModelProto:
     """``model`` with every main-graph node whose ``(domain, op_type)`` is in ``table``
     replaced by what its lowering emits (see the module docstring)."""

@@ -26,7 +26,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad.normalize.integer_product import dynamic_round_trip, lowered_integer_products
-from onnxgrad.normalize.lowering import Lowerer, lower_nodes
+from onnxgrad.normalize.lowering import Lowerer, lower_nodes, reading_only
 from onnxgrad.normalize.ste import (
     lower_dynamic_quantize,
     lower_fake_quantized,
@@ -250,8 +250,12 @@ def _one_element(lw: Lowerer, name: str) -> bool:
     return dims is not None and all(d == 1 for d in dims)
 
 
+#: what MatMulNBits' lowering reads; ``accuracy_level`` (the kernel's accumulation
+#: precision) has the dequantized-float product as its straight-through reading
+_NBITS = {"K", "N", "bits", "block_size", "accuracy_level"}
+
 QUANTIZED_LOWERINGS = {
-    (MS, "MatMulNBits"): lower_matmul_nbits,
+    (MS, "MatMulNBits"): reading_only(lower_matmul_nbits, _NBITS, {"weight_prepacked": 0}),
     (MS, "DynamicQuantizeMatMul"): lower_dynamic_quantize_matmul,
     ("", "QLinearMatMul"): lower_qlinear_matmul,
     ("", "QLinearConv"): lower_qlinear_conv,

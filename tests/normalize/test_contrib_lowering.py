@@ -229,3 +229,42 @@ def test_embed_layer_norm_mask_index_into_attention_of_dynamic_batch(opset, batc
     mask[-1, S - 2 :] = 0
     feeds = {"ids": RNG.integers(0, vocab, (batch, S)).astype(np.int32), "mask": mask}
     assert_lowering_matches(model, feeds, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "attribute"),
+    [
+        ("FastGelu", lambda: [("x", _r(B, S, H))], {"approximate": 1}),
+        (
+            "SkipLayerNormalization",
+            lambda: [("x", _r(B, S, H)), ("s", _r(B, S, H)), ("g", _r(H))],
+            {"epsilon": 1e-5, "stash_type": 0},
+        ),
+        (
+            "RotaryEmbedding",
+            lambda: [
+                ("x", _r(B, S, H)),
+                ("p", np.zeros((B, S), np.int64)),
+                ("c", _r(8, 2)),
+                ("s", _r(8, 2)),
+            ],
+            {"scale": 2.0},
+        ),
+        (
+            "GroupQueryAttention",
+            lambda: [("q", _r(B, S, H))],
+            {"num_heads": 2, "kv_num_heads": 1, "qk_output": 1},
+        ),
+    ],
+)
+def test_an_attribute_the_lowering_does_not_read_is_refused_by_name(op, inputs, attribute):
+    """An attribute outside what the lowering reads (a newer onnxruntime's, or a value
+    that changes the computation) is an error naming node and attribute, not a different
+    computation."""
+    from onnxgrad.normalize import normalized_model
+
+    model, _ = one_node_model(op, inputs(), **attribute)
+    model.graph.node[0].name = "fused_0"
+    name = next(k for k in attribute if k not in ("num_heads", "kv_num_heads", "epsilon"))
+    with pytest.raises(ValueError, match=f"'fused_0'.*attribute {name}="):
+        normalized_model(model)
