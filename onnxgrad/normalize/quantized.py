@@ -211,15 +211,22 @@ _MOVERS = frozenset(
 )
 
 
+#: the most elements of a quantized table dequantized whole (a position-bias table, not a
+#: vocabulary's embeddings, whose lookup stays dequantized after the Gather)
+_SMALL_TABLE = 1 << 16
+
+
 def lower_dequantize(lw: Lowerer) -> None:
-    """A per-tensor ``DequantizeLinear`` of elements moved out of an integer initializer (a
-    lookup into a quantized table: ``DQ(Transpose(Gather(q)))``) dequantizes the table
-    first and moves float elements: the same values, and a form onnxruntime's optimizers
-    accept in a train step (its ``QDQPropagationTransformer`` aborts on a train step holding
-    ``DQ(Transpose(Gather))`` -> ``Unsqueeze`` read by a ``Loop``); any other goes to the
-    straight-through rewrite."""
+    """A per-tensor ``DequantizeLinear`` of elements moved out of a small integer
+    initializer (a lookup into a quantized table: ``DQ(Transpose(Gather(q)))``, T5's
+    relative position bias) dequantizes the table first and moves float elements: the same
+    values, and a form onnxruntime's optimizers accept in a train step (its
+    ``QDQPropagationTransformer`` aborts on a train step holding ``DQ(Transpose(Gather))``
+    -> ``Unsqueeze`` read by a ``Loop``, with the dequantization after the Gather too); any
+    other goes to the straight-through rewrite."""
     chain = _moves_from_initializer(lw, lw.input(0))
-    if not chain or not all(_one_element(lw, name) for name in lw.node.input[1:3] if name):
+    per_tensor = all(_one_element(lw, name) for name in lw.node.input[1:3] if name)
+    if not chain or not per_tensor or not _is_small_table(lw, chain[-1].input[0]):
         lower_fake_quantized(lw)
         return
     attrs = {a.name: helper.get_attribute_value(a) for a in lw.node.attribute}
@@ -243,6 +250,11 @@ def _moves_from_initializer(lw: Lowerer, name: str) -> list:
     if node is not None or source not in lw.initializers:
         return []
     return chain
+
+
+def _is_small_table(lw: Lowerer, name: str) -> bool:
+    dims = lw.dims(name)
+    return dims is not None and int(np.prod(dims)) <= _SMALL_TABLE
 
 
 def _one_element(lw: Lowerer, name: str) -> bool:
