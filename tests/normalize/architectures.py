@@ -2,10 +2,12 @@
 weights, exported by torch with a float input) and every form onnxruntime's tools deploy of
 them: GPT-2, a Qwen2 decoder (grouped key/value heads, rotary), a ViT and a T5 encoder
 (relative position bias). Exports and forms are cached in ``$ONNXGRAD_TEST_CACHE``
-(default ``~/.cache/onnxgrad-tests``), keyed by the versions of the tools that made them."""
+(default ``~/.cache/onnxgrad-tests``), keyed by the versions of the tools that made them and
+the digest of the builders (this module and :mod:`tests.normalize.deployed`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import numpy as np
 
 from tests.normalize import deployed
 
-HIDDEN, SEQ, BATCH = 32, 5, 2
+HIDDEN, SEQ, BATCH = deployed.HIDDEN, deployed.SEQ, deployed.BATCH
 IMAGE, PATCH, CHANNELS = 8, 4, 3
 ARCHITECTURES = ("gpt2", "qwen2", "vit", "t5")
 FORMS = deployed.FORMS
@@ -39,7 +41,9 @@ def cache_dir() -> Path:
 
     root = Path(os.environ.get("ONNXGRAD_TEST_CACHE", Path.home() / ".cache" / "onnxgrad-tests"))
     tools = f"torch{torch.__version__}-tf{transformers.__version__}-ort{onnxruntime.__version__}"
-    folder = root / "architectures" / tools.replace("+", "_")
+    builders = hashlib.sha256(Path(__file__).read_bytes() + Path(deployed.__file__).read_bytes())
+    key = f"{tools.replace('+', '_')}-{builders.hexdigest()[:12]}"
+    folder = root / "deployed-architectures" / key
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -56,17 +60,7 @@ def module(kind: str):
         )
         model = transformers.GPT2LMHeadModel(config)
     elif kind == "qwen2":
-        config = transformers.Qwen2Config(
-            vocab_size=50,
-            hidden_size=HIDDEN,
-            intermediate_size=2 * HIDDEN,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
-            **common,
-        )
-        model = transformers.Qwen2ForCausalLM(config)
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**deployed.DECODER))
     elif kind == "vit":
         config = transformers.ViTConfig(
             hidden_size=HIDDEN,
@@ -133,20 +127,8 @@ def bert_ids(name: str) -> Path:
 
 def _export_bert_ids(path: Path) -> None:
     import torch
-    import transformers
 
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=50,
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=2 * HIDDEN,
-        max_position_embeddings=16,
-        num_labels=3,
-        attn_implementation="eager",
-    )
-    model = transformers.BertForSequenceClassification(config).eval()
+    model = deployed.tiny_bert(attn_implementation="eager")  # the optimizer fuses eager's
 
     class Classifier(torch.nn.Module):
         def __init__(self):

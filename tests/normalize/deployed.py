@@ -14,7 +14,9 @@ HIDDEN, SEQ, BATCH = 32, 5, 2
 FORMS = ("float32", "opt1", "opt2", "float16", "int8", "qdq", "int4")
 
 
-def export_bert(path: Path) -> None:
+def tiny_bert(**options):
+    """A random two-layer BertForSequenceClassification (3 labels, vocabulary of 50);
+    ``options`` go to its config."""
     import torch
     import transformers
 
@@ -27,8 +29,15 @@ def export_bert(path: Path) -> None:
         intermediate_size=2 * HIDDEN,
         max_position_embeddings=max(16, 2 * SEQ),
         num_labels=3,
+        **options,
     )
-    model = transformers.BertForSequenceClassification(config).eval()
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def export_bert(path: Path) -> None:
+    import torch
+
+    model = tiny_bert()
 
     class Classifier(torch.nn.Module):
         def __init__(self):
@@ -42,22 +51,25 @@ def export_bert(path: Path) -> None:
     _export(Classifier(), (embeds, mask), ["inputs_embeds", "attention_mask"], path)
 
 
+#: the config of the tiny decoders (Llama here, Qwen2 in :mod:`tests.normalize.architectures`)
+DECODER = {
+    "vocab_size": 50,
+    "hidden_size": HIDDEN,
+    "intermediate_size": 2 * HIDDEN,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": max(32, 2 * SEQ),
+    "attn_implementation": "eager",
+}
+
+
 def export_llama(path: Path) -> None:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=50,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max(32, 2 * SEQ),
-        attn_implementation="eager",
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER)).eval()
 
     class LanguageModel(torch.nn.Module):
         def __init__(self):

@@ -28,9 +28,12 @@ _RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
 _PRODUCTS = ("MatMulInteger", "ConvInteger")
 
 
-def with_frozen_rounding(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
+def with_frozen_rounding(
+    model: onnx.ModelProto, feeds: dict, masks_from: onnx.ModelProto | None = None
+) -> onnx.ModelProto:
     """A copy of ``model`` whose activation rounding is a constant residual, taken at
-    ``feeds`` (module docstring)."""
+    ``feeds`` (module docstring); its ReLU masks are those of the same-named nodes of
+    ``masks_from`` (a float16 conversion of ``model``) when given."""
     graph = model.graph
     constants = _constant_values(graph)
     dynamic = {n.output[0]: n for n in graph.node if n.op_type == "DynamicQuantizeLinear"}
@@ -44,6 +47,8 @@ def with_frozen_rounding(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto
     wanted += [name for n in dynamic.values() for name in (n.input[0], *n.output)]
     wanted += [n.input[0] for n in graph.node if n.op_type == "Relu"]
     at = _intermediates(model, feeds, wanted)
+    if masks_from is not None:
+        at.update(_relu_inputs_by_node(model, masks_from, feeds))
     nodes = []
     for node in graph.node:
         if node.op_type in _PRODUCTS and node.input[0] in dynamic:
@@ -90,6 +95,15 @@ def _intermediates(model, feeds, names) -> dict[str, np.ndarray]:
     return dict(zip(unique, session.run(None, feeds), strict=True))
 
 
+def _relu_inputs_by_node(model, other, feeds) -> dict[str, np.ndarray]:
+    """The inputs of ``other``'s ReLU nodes, in float32, under the input names of
+    ``model``'s nodes of the same names."""
+    ours = {n.name: n.input[0] for n in model.graph.node if n.op_type == "Relu"}
+    theirs = {n.name: n.input[0] for n in other.graph.node if n.name in ours}
+    values = _intermediates(other, feeds, list(theirs.values()))
+    return {ours[name]: values[x].astype(np.float32) for name, x in theirs.items()}
+
+
 def _const(name: str, value) -> onnx.NodeProto:
     tensor = numpy_helper.from_array(np.asarray(value), name)
     return helper.make_node("Constant", [], [name], value=tensor)
@@ -134,7 +148,10 @@ def _clipped(dequantize, quantize, constants, at):
     elem = helper.np_dtype_to_tensor_dtype(zero_point.dtype)
     zero = float(np.asarray(zero_point).reshape(-1)[0])
     qmin, qmax = _RANGES[elem]
-    low, high = ((q - zero) * float(scales[0]) for q in (qmin - 0.5, qmax + 0.5))
+    largest = float(np.finfo(np.float32).max)  # a -3.4e38 mask fill calibrated in
+    low, high = (
+        np.clip((q - zero) * float(scales[0]), -largest, largest) for q in (qmin - 0.5, qmax + 0.5)
+    )
     x, y = quantize.input[0], dequantize.output[0]
     residual = (at[y] - np.clip(at[x], low, high)).astype(np.float32)
     return [
