@@ -22,10 +22,10 @@ back, float16 in float32:
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from onnxgrad._onnx_utils import np_dtype
-from onnxgrad.normalize.lowering import Lowerer
+from onnxgrad.normalize.lowering import Lowerer, reading_only
 from onnxgrad.normalize.rotary import rotate
 
 MS = "com.microsoft"
@@ -104,17 +104,27 @@ def _padding_bias(lw: Lowerer, mask: str, q: str, k: str, ct: int, filter_value:
     mask64 = lw.cast(mask, TensorProto.INT64)
     end = lw.unsqueeze(lw.op("Slice", mask64, lw.ints([0]), batch, lw.ints([0])), [1])
     out = lw.op("GreaterOrEqual", positions, end)
-    if _has_start(lw, mask, lw.input(0)):
+    has_start = _has_start(lw, mask, lw.input(0))
+    if has_start is not False:
+        if has_start is None:  # sizes known at run time only: a missing start reads as 0
+            zeros = lw.op("ConstantOfShape", batch, value=_int64_zero())
+            mask64 = lw.op("Concat", mask64, zeros, axis=0)
         start = lw.op("Slice", mask64, batch, lw.op("Mul", batch, lw.ints([2])), lw.ints([0]))
         out = lw.op("Or", out, lw.op("Less", positions, lw.unsqueeze(start, [1])))
     return lw.unsqueeze(lw.op("Where", out, masked, zero), [1, 2])
 
 
-def _has_start(lw: Lowerer, mask: str, q: str) -> bool:
+def _has_start(lw: Lowerer, mask: str, q: str) -> bool | None:
+    """Whether a 1-D mask index ``(2B,)`` also holds start positions (``(B,)``: ends
+    only); ``None`` when the batch or mask size is dynamic."""
     mask_dims, q_dims = lw.dims(mask), lw.dims(q)
     if mask_dims and q_dims and mask_dims[0] and q_dims[0]:
         return mask_dims[0] == 2 * q_dims[0]
-    raise lw.error("a 1-D mask index needs static batch and mask sizes")
+    return None
+
+
+def _int64_zero():
+    return numpy_helper.from_array(np.zeros(1, dtype=np.int64))
 
 
 def _masked_scores(lw, scores, q, k, mask, bias, ct, unidirectional, past="") -> str:
@@ -202,9 +212,10 @@ def _biased(lw, bias, t, q, k, v, key_is_3d):
 
 
 def lower_group_query_attention(lw: Lowerer) -> None:
-    for attr, default in (("local_window_size", -1), ("smooth_softmax", 0)):
-        if lw.attr(attr, default) != default:
-            raise lw.error(f"{attr}={lw.attr(attr)} is not supported")
+    if lw.attr("local_window_size", -1) != -1:
+        raise lw.error(f"local_window_size={lw.attr('local_window_size')} is not supported")
+    if lw.attr("smooth_softmax", 0) not in (0, -1):  # -1: the schema's default, off
+        raise lw.error(f"smooth_softmax={lw.attr('smooth_softmax')} is not supported")
     if len(lw.node.input) > 11 and lw.input(11):
         raise lw.error("head_sink is not supported")
     query = lw.input(0)
@@ -311,8 +322,27 @@ def _beyond_seqlens(lw: Lowerer, k: str) -> str:
     return lw.unsqueeze(beyond, [1, 2])
 
 
+_ATTENTION = {"num_heads", "qkv_hidden_sizes", "scale", "mask_filter_value", "unidirectional"}
+#: the rotary attributes of an Attention whose do_rotary=1 the lowering refuses
+_ATTENTION_ROTARY = {"do_rotary", "past_present_share_buffer", "rotary_embedding_dim"}
+_MHA = {"num_heads", "mask_filter_value", "scale", "unidirectional"}
+_GQA = {
+    *("num_heads", "kv_num_heads", "scale", "softcap", "do_rotary", "rotary_interleaved"),
+    *("local_window_size", "smooth_softmax"),
+}
+#: GroupQueryAttention's other attributes (onnxruntime 1.32's schema) at the values that
+#: change nothing: no quantized cache, no attention-score output, always causal
+_GQA_NEUTRAL = {
+    "causal": 1,
+    "qk_output": 0,
+    "k_quant_type": "NONE",
+    "v_quant_type": "NONE",
+    "kv_cache_bit_width": 0,
+    "sliding_window_cache": 0,
+}
+
 ATTENTION_LOWERINGS = {
-    (MS, "Attention"): lower_attention,
-    (MS, "MultiHeadAttention"): lower_multi_head_attention,
-    (MS, "GroupQueryAttention"): lower_group_query_attention,
+    (MS, "Attention"): reading_only(lower_attention, _ATTENTION | _ATTENTION_ROTARY),
+    (MS, "MultiHeadAttention"): reading_only(lower_multi_head_attention, _MHA),
+    (MS, "GroupQueryAttention"): reading_only(lower_group_query_attention, _GQA, _GQA_NEUTRAL),
 }

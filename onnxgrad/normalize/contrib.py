@@ -30,7 +30,7 @@ from onnx import ModelProto, TensorProto, numpy_helper
 
 from onnxgrad._onnx_utils import np_dtype
 from onnxgrad.normalize.attention import ATTENTION_LOWERINGS
-from onnxgrad.normalize.lowering import Lowerer, lower_nodes
+from onnxgrad.normalize.lowering import Lowerer, lower_nodes, reading_only
 from onnxgrad.normalize.rotary import lower_rotary_embedding
 
 MS = "com.microsoft"
@@ -208,33 +208,48 @@ def _arange_like_columns(lw: Lowerer, ids: str) -> str:
 
 
 def _mask_index(lw: Lowerer, ids: str) -> None:
-    """Row sums of the mask (int32), zeros without a mask."""
+    """Row sums of the mask (int32), zeros without a mask: 1-D ``(B,)`` by the operator's
+    specification, declared so (a ``ReduceSum`` whose axes are an input may leave its rank
+    unknown to onnx's inference)."""
     mask = lw.input(7)
     if mask:
         sums = lw.builder.reduce("ReduceSum", lw.cast(mask, TensorProto.INT32), [1])
         lw.op("Identity", sums, out=lw.output(1))
-        return
-    batch = lw.op("Gather", lw.op("Shape", ids), lw.ints([0]), axis=0)
-    lw.op("ConstantOfShape", batch, out=lw.output(1), value=_zero(TensorProto.INT32))
+    else:
+        batch = lw.op("Gather", lw.op("Shape", ids), lw.ints([0]), axis=0)
+        lw.op("ConstantOfShape", batch, out=lw.output(1), value=_zero(TensorProto.INT32))
+    lw.declare(lw.output(1), TensorProto.INT32, (lw.dims(ids) or [None])[:1])
 
 
 def _zero(elem_type: int) -> TensorProto:
     return numpy_helper.from_array(np.zeros(1, dtype=np_dtype(elem_type)))
 
 
+_EPSILON = {"epsilon"}
+_FUSED_MATMUL = {"alpha", "transA", "transB", "transBatchA", "transBatchB"}
+_ROTARY = {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim"}
+
+#: each lowering with the attributes it reads (onnxruntime's schemas): any other one set is
+#: refused by name (:func:`~onnxgrad.normalize.lowering.reading_only`)
 CONTRIB_LOWERINGS = {
-    (MS, "Gelu"): lower_gelu,
-    (MS, "BiasGelu"): lower_gelu,
-    (MS, "FastGelu"): lower_fast_gelu,
-    (MS, "QuickGelu"): lower_quick_gelu,
-    (MS, "BiasAdd"): lower_bias_add,
-    (MS, "BiasSplitGelu"): lower_bias_split_gelu,
-    (MS, "FusedMatMul"): lower_fused_matmul,
-    (MS, "SkipLayerNormalization"): lower_skip_layer_norm,
-    (MS, "SkipSimplifiedLayerNormalization"): lower_skip_simplified_layer_norm,
-    ("", "SimplifiedLayerNormalization"): lower_simplified_layer_norm,
-    (MS, "EmbedLayerNormalization"): lower_embed_layer_norm,
-    (MS, "RotaryEmbedding"): lower_rotary_embedding,
+    (MS, "Gelu"): reading_only(lower_gelu, set()),
+    (MS, "BiasGelu"): reading_only(lower_gelu, set()),
+    (MS, "FastGelu"): reading_only(lower_fast_gelu, set()),
+    (MS, "QuickGelu"): reading_only(lower_quick_gelu, {"alpha"}),
+    (MS, "BiasAdd"): reading_only(lower_bias_add, set()),
+    (MS, "BiasSplitGelu"): reading_only(lower_bias_split_gelu, set()),
+    (MS, "FusedMatMul"): reading_only(lower_fused_matmul, _FUSED_MATMUL),
+    (MS, "SkipLayerNormalization"): reading_only(lower_skip_layer_norm, _EPSILON),
+    (MS, "SkipSimplifiedLayerNormalization"): reading_only(
+        lower_skip_simplified_layer_norm, _EPSILON
+    ),
+    ("", "SimplifiedLayerNormalization"): reading_only(
+        lower_simplified_layer_norm, {"axis", "epsilon", "stash_type"}
+    ),
+    (MS, "EmbedLayerNormalization"): reading_only(
+        lower_embed_layer_norm, {"epsilon", "mask_index_type"}
+    ),
+    (MS, "RotaryEmbedding"): reading_only(lower_rotary_embedding, _ROTARY, {"scale": 1.0}),
     **ATTENTION_LOWERINGS,
 }
 

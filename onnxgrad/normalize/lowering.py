@@ -38,8 +38,13 @@ class Lowerer:
         #: the model's nodes as they were, by output name, and how often each value is read
         self.producers: dict[str, NodeProto] = {}
         self.uses: Counter = Counter()
+        #: the names of the main graph's initializers
+        self.initializers: set[str] = set()
         #: ids of nodes this lowering made useless: removed once nothing reads them
         self.superseded: set[int] = set()
+        #: types a lowering states for its outputs from the operator's specification, for
+        #: the values onnx's per-node inference leaves untyped or without a rank
+        self.declared: dict[str, TypeProto] = {}
 
     def input(self, index: int) -> str:
         """The name of input ``index``, ``''`` when absent."""
@@ -77,6 +82,11 @@ class Lowerer:
         return [
             d.dim_value if d.HasField("dim_value") else None for d in found.tensor_type.shape.dim
         ]
+
+    def declare(self, name: str, elem_type: int, dims: list[int | str | None]) -> None:
+        """State the type of ``name`` as the operator's specification gives it (``dims``:
+        sizes, symbolic names or ``None``), kept where onnx's inference knows less."""
+        self.declared[name] = helper.make_tensor_type_proto(elem_type, dims)
 
     def error(self, reason: str) -> ValueError:
         node = self.node
@@ -143,6 +153,30 @@ class Lowerer:
             self.op("Identity", y, out=out)
 
 
+def reading_only(
+    lowering: LoweringFn, known: frozenset[str] | set[str], neutral: Mapping | None = None
+) -> LoweringFn:
+    """``lowering``, refusing a node that sets an attribute outside ``known`` (those the
+    lowering reads) to anything but its ``neutral`` value (the one that changes nothing):
+    an attribute a newer onnxruntime added is an error naming node and attribute, never a
+    silently different computation."""
+    neutral = dict(neutral or {})
+
+    def checked(lw: Lowerer) -> None:
+        for attribute in lw.node.attribute:
+            if attribute.name in known:
+                continue
+            value = helper.get_attribute_value(attribute)
+            value = value.decode() if isinstance(value, bytes) else value
+            if attribute.name not in neutral or value != neutral[attribute.name]:
+                raise lw.error(f"attribute {attribute.name}={value!r} is not supported")
+        lowering(lw)
+
+    checked.__doc__ = lowering.__doc__
+    checked.__name__ = getattr(lowering, "__name__", "lowering")
+    return checked
+
+
 def lower_nodes(model: ModelProto, table: Mapping[tuple[str, str], LoweringFn]) -> ModelProto:
     """``model`` with every main-graph node whose ``(domain, op_type)`` is in ``table``
     replaced by what its lowering emits (see the module docstring)."""
@@ -155,8 +189,10 @@ def lower_nodes(model: ModelProto, table: Mapping[tuple[str, str], LoweringFn]) 
     builder = GraphBuilder(graph, opset, "lowered")
     context = Lowerer(builder, types, NodeProto())
     context.producers = {out: node for node in graph.node for out in node.output if out}
+    context.initializers = {init.name for init in graph.initializer}
     context.uses = Counter(name for node in graph.node for name in node.input if name)
     context.uses.update(o.name for o in graph.output)
+    constants = _integer_initializers(graph)
     nodes: list[NodeProto] = []
     for node in list(graph.node):
         lowering = table.get(_key(node))
@@ -166,7 +202,8 @@ def lower_nodes(model: ModelProto, table: Mapping[tuple[str, str], LoweringFn]) 
             emitted = _lower_one(builder, context, node, lowering)
             graph.initializer.extend(builder.graph.initializer)
         for new in emitted:
-            _infer_into(new, types, imports)
+            _infer_into(new, types, imports, constants)
+        _keep_declared(context.declared, types)
         nodes.extend(emitted)
     builder.graph = graph
     del graph.node[:]
@@ -210,8 +247,23 @@ def _declared_types(graph: GraphProto) -> dict[str, TypeProto]:
     return types
 
 
-def _infer_into(node: NodeProto, types: dict[str, TypeProto], imports) -> None:
-    """Add the types onnx infers for ``node``'s outputs (nothing when it cannot)."""
+#: the most elements of an integer constant handed to onnx's inference (axes, shapes, pads)
+_SMALL = 64
+
+
+def _integer_initializers(graph: GraphProto) -> dict[str, TensorProto]:
+    """The small integer initializers of ``graph`` by name: what onnx's inference reads as
+    axes, shapes or pads given as inputs."""
+    return {init.name: init for init in graph.initializer if _is_small_integer(init)}
+
+
+def _infer_into(
+    node: NodeProto, types: dict[str, TypeProto], imports, constants: dict[str, TensorProto]
+) -> None:
+    """Add the types onnx infers for ``node``'s outputs (nothing when it cannot), reading the
+    values of the small integer constants among its inputs (a ``ReduceSum``'s or an
+    ``Unsqueeze``'s axes, a ``Reshape``'s shape), and record ``node``'s value if it is one."""
+    _record_constant(node, constants)
     domain = normalize_domain(node.domain)
     version = next((o.version for o in imports if normalize_domain(o.domain) == domain), None)
     if version is None:
@@ -219,14 +271,43 @@ def _infer_into(node: NodeProto, types: dict[str, TypeProto], imports) -> None:
     try:
         schema = onnx.defs.get_schema(node.op_type, version, domain)
         known = {name: types[name] for name in node.input if name in types}
+        data = {name: constants[name] for name in node.input if name in constants}
         inferred = onnx.shape_inference.infer_node_outputs(
-            schema, node, known, opset_imports=imports
+            schema, node, known, data, opset_imports=imports
         )
     except Exception:  # an untyped value only matters to a later lowering, which says so
         return
     for name, found in inferred.items():
         if found.HasField("tensor_type") and found.tensor_type.elem_type:
             types[name] = found
+
+
+def _record_constant(node: NodeProto, constants: dict[str, TensorProto]) -> None:
+    if node.op_type != "Constant" or normalize_domain(node.domain) or len(node.attribute) != 1:
+        return
+    attribute = node.attribute[0]
+    if attribute.name != "value" or not _is_small_integer(attribute.t):
+        return
+    value = TensorProto()
+    value.CopyFrom(attribute.t)
+    value.name = node.output[0]
+    constants[node.output[0]] = value
+
+
+def _is_small_integer(tensor: TensorProto) -> bool:
+    return (
+        tensor.data_type in (TensorProto.INT64, TensorProto.INT32)
+        and int(np.prod(tensor.dims)) <= _SMALL
+    )
+
+
+def _keep_declared(declared: dict[str, TypeProto], types: dict[str, TypeProto]) -> None:
+    """Declared types of values whose inferred type has no shape (moved into ``types``)."""
+    for name, found in list(declared.items()):
+        known = types.get(name)
+        if known is None or not known.tensor_type.HasField("shape"):
+            types[name] = found
+        del declared[name]
 
 
 def _drop_unused_imports(model: ModelProto, domains: set[str]) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad.normalize.integer_product import dynamic_round_trip, lowered_integer_products
-from onnxgrad.normalize.lowering import Lowerer, lower_nodes
+from onnxgrad.normalize.lowering import Lowerer, lower_nodes, reading_only
 from onnxgrad.normalize.ste import (
     lower_dynamic_quantize,
     lower_fake_quantized,
@@ -204,8 +204,70 @@ def _lstm_weight(lw: Lowerer, codes: str, scale: str, zero: str) -> str:
     return lw.op("Transpose", weight, perm=[0, 2, 1])
 
 
+#: operators that move or select elements of their first input: they commute with a
+#: per-tensor dequantization ``(q - z) s``
+_MOVERS = frozenset(
+    {"Gather", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Expand"}
+)
+
+
+#: the most elements of a quantized table dequantized whole (a position-bias table, not a
+#: vocabulary's embeddings, whose lookup stays dequantized after the Gather)
+_SMALL_TABLE = 1 << 16
+
+
+def lower_dequantize(lw: Lowerer) -> None:
+    """A per-tensor ``DequantizeLinear`` of elements moved out of a small integer
+    initializer (a lookup into a quantized table: ``DQ(Transpose(Gather(q)))``, T5's
+    relative position bias) dequantizes the table first and moves float elements: the same
+    values, and a form onnxruntime's optimizers accept in a train step (its
+    ``QDQPropagationTransformer`` aborts on a train step holding ``DQ(Transpose(Gather))``
+    -> ``Unsqueeze`` read by a ``Loop``, with the dequantization after the Gather too); any
+    other goes to the straight-through rewrite."""
+    chain = _moves_from_initializer(lw, lw.input(0))
+    per_tensor = all(_one_element(lw, name) for name in lw.node.input[1:3] if name)
+    if not chain or not per_tensor or not _is_small_table(lw, chain[-1].input[0]):
+        lower_fake_quantized(lw)
+        return
+    attrs = {a.name: helper.get_attribute_value(a) for a in lw.node.attribute}
+    moved = lw.op("DequantizeLinear", chain[-1].input[0], *lw.node.input[1:], **attrs)
+    for step in reversed(chain):
+        out = lw.output(0) if step is chain[0] else None
+        attrs = {a.name: helper.get_attribute_value(a) for a in step.attribute}
+        moved = lw.op(step.op_type, moved, *step.input[1:], out=out, **attrs)
+        lw.superseded.add(id(step))
+
+
+def _moves_from_initializer(lw: Lowerer, name: str) -> list:
+    """The element-moving nodes from an integer initializer to ``name``, last first (empty
+    when ``name`` is not such a chain's end)."""
+    chain = []
+    node = lw.producers.get(name)
+    while node is not None and node.op_type in _MOVERS and not node.domain:
+        chain.append(node)
+        node = lw.producers.get(node.input[0])
+    source = chain[-1].input[0] if chain else ""
+    if node is not None or source not in lw.initializers:
+        return []
+    return chain
+
+
+def _is_small_table(lw: Lowerer, name: str) -> bool:
+    dims = lw.dims(name)
+    return dims is not None and int(np.prod(dims)) <= _SMALL_TABLE
+
+
+def _one_element(lw: Lowerer, name: str) -> bool:
+    dims = lw.dims(name)
+    return dims is not None and all(d == 1 for d in dims)
+
+
+#: what MatMulNBits' lowering reads; ``accuracy_level`` (the kernel's accumulation
+#: precision) has the dequantized-float product as its straight-through reading
+_NBITS = {"K", "N", "bits", "block_size", "accuracy_level"}
+
 QUANTIZED_LOWERINGS = {
-    (MS, "MatMulNBits"): lower_matmul_nbits,
+    (MS, "MatMulNBits"): reading_only(lower_matmul_nbits, _NBITS, {"weight_prepacked": 0}),
     (MS, "DynamicQuantizeMatMul"): lower_dynamic_quantize_matmul,
     ("", "QLinearMatMul"): lower_qlinear_matmul,
     ("", "QLinearConv"): lower_qlinear_conv,
@@ -218,7 +280,7 @@ QUANTIZED_LOWERINGS = {
 #: The straight-through rewrites, run after the lowerings above (whose QuantizeLinear and
 #: DequantizeLinear nodes they read too).
 STRAIGHT_THROUGH = {
-    ("", "DequantizeLinear"): lower_fake_quantized,
+    ("", "DequantizeLinear"): lower_dequantize,
     ("", "Cast"): lower_integer_product_cast,
     ("", "DynamicQuantizeLinear"): lower_dynamic_quantize,
 }

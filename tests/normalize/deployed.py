@@ -15,7 +15,9 @@ HIDDEN, SEQ, BATCH = 32, 5, 2
 FORMS = ("float32", "opt1", "opt2", "float16", "int8", "qdq", "int4")
 
 
-def export_bert(path: Path) -> None:
+def tiny_bert(**options):
+    """A random two-layer BertForSequenceClassification (3 labels, vocabulary of 50);
+    ``options`` go to its config."""
     import torch
     import transformers
 
@@ -28,8 +30,15 @@ def export_bert(path: Path) -> None:
         intermediate_size=2 * HIDDEN,
         max_position_embeddings=max(16, 2 * SEQ),
         num_labels=3,
+        **options,
     )
-    model = transformers.BertForSequenceClassification(config).eval()
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def export_bert(path: Path) -> None:
+    import torch
+
+    model = tiny_bert()
 
     class Classifier(torch.nn.Module):
         def __init__(self):
@@ -43,22 +52,25 @@ def export_bert(path: Path) -> None:
     _export(Classifier(), (embeds, mask), ["inputs_embeds", "attention_mask"], path)
 
 
+#: the config of the tiny decoders (Llama here, Qwen2 in :mod:`tests.normalize.architectures`)
+DECODER = {
+    "vocab_size": 50,
+    "hidden_size": HIDDEN,
+    "intermediate_size": 2 * HIDDEN,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": max(32, 2 * SEQ),
+    "attn_implementation": "eager",
+}
+
+
 def export_llama(path: Path) -> None:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=50,
-        hidden_size=HIDDEN,
-        intermediate_size=2 * HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max(32, 2 * SEQ),
-        attn_implementation="eager",
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER)).eval()
 
     class LanguageModel(torch.nn.Module):
         def __init__(self):
@@ -91,12 +103,25 @@ def _export(module, args, names, path: Path) -> None:
         )
 
 
-def make_form(source: Path, form: str, kind: str, folder: Path) -> Path:
+def make_form(
+    source: Path,
+    form: str,
+    kind: str,
+    folder: Path,
+    model_type: str = "",
+    heads: int = 0,
+    hidden: int = HIDDEN,
+    calibration: list | None = None,
+    static_op_types: list[str] | None = None,
+) -> Path:
     """The file onnxruntime's (or onnxconverter-common's) tool makes of ``source``; the
     float16 form is converted from the optimized one (onnxconverter-common 1.16 fails on the
     raw Llama export), as onnxruntime's deployment guides do, its rotary tables kept in
-    float32 (converted, they no longer type-check in onnxruntime)."""
+    float32 (converted, they no longer type-check in onnxruntime). ``model_type``, ``heads``
+    and ``hidden`` go to onnxruntime's optimizer (by default this module's BERT's or
+    Llama's), ``calibration`` (feeds) and ``static_op_types`` to static quantization."""
     target = folder / f"{kind}_{form}.onnx"
+    settings = {"model_type": model_type, "heads": heads, "hidden": hidden}
     logging.disable(logging.WARNING)
     try:
         if form == "float32":
@@ -104,16 +129,16 @@ def make_form(source: Path, form: str, kind: str, folder: Path) -> Path:
         if form in ("opt1", "opt2"):
             from onnxruntime.transformers.optimizer import optimize_model
 
-            heads = 2 if kind == "bert" else 4
-            model_type = "bert" if kind == "bert" else "gpt2"
+            heads = heads or (2 if kind == "bert" else 4)
+            model_type = model_type or ("bert" if kind == "bert" else "gpt2")
             optimized = optimize_model(
-                str(source), model_type, heads, HIDDEN, opt_level=int(form[-1])
+                str(source), model_type, heads, hidden, opt_level=int(form[-1])
             )
             optimized.save_model_to_file(str(target))
         elif form == "float16":
             from onnxconverter_common import float16
 
-            optimized = make_form(source, "opt1", kind, folder)
+            optimized = make_form(source, "opt1", kind, folder, **settings)
             model = onnx.load(optimized)
             rotary = [n.name for n in model.graph.node if "rotary_emb" in n.name]
             converted = float16.convert_float_to_float16(
@@ -126,7 +151,8 @@ def make_form(source: Path, form: str, kind: str, folder: Path) -> Path:
 
             quantize_dynamic(source, target, weight_type=QuantType.QInt8)
         elif form == "qdq":
-            _quantize_static(source, target, kind)
+            batches = calibration or [feeds(kind, seed, False) for seed in range(4)]
+            _quantize_static(source, target, batches, static_op_types)
         elif form == "int4":
             quantizer = _nbits_quantizer(onnx.load(source))
             quantizer.process()
@@ -164,17 +190,21 @@ def feeds(kind: str, seed: int = 0, padded: bool = True) -> dict[str, np.ndarray
     return values
 
 
-def _quantize_static(source: Path, target: Path, kind: str) -> None:
+def _quantize_static(
+    source: Path, target: Path, calibration: list, op_types: list[str] | None
+) -> None:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.batches = iter([feeds(kind, seed, padded=False) for seed in range(4)])
+            self.batches = iter(calibration)
 
         def get_next(self):
             return next(self.batches, None)
 
-    quantize_static(source, target, Reader(), quant_format=QuantFormat.QDQ)
+    quantize_static(
+        source, target, Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=op_types
+    )
 
 
 #: the operators of an adapter kept beside its base: ``y + s (x A) B`` (casts to float16,

@@ -218,3 +218,14 @@ def test_group_query_attention_packed_of_undeclared_width(past):
     )
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "packed"
     assert_lowering_matches(model, feeds, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", ["end", "end_start"])
+def test_attention_one_d_mask_of_dynamic_batch(mask):
+    """A 1-D mask index of ends ``(B,)`` or ends and starts ``(2B,)`` whose sizes only the
+    run knows: told apart at run time."""
+    inputs = [("x", _r(B, S, 6)), ("w", _r(6, 3 * HID)), ("b", _r(3 * HID)), ("m", _mask(mask, S))]
+    model, feeds = one_node_model("Attention", inputs, num_heads=N)
+    for value in model.graph.input:
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    assert_lowering_matches(model, feeds, rtol=1e-4, atol=1e-4)

@@ -179,3 +179,92 @@ def test_rotary_embedding(layout, interleaved, dtype):
         "RotaryEmbedding", [("x", x), ("pos", positions), ("cos", cos), ("sin", sin)], **attrs
     )
     assert_lowering_matches(model, feeds, **_tol(dtype))
+
+
+def _embed_then_attention_model(vocab: int, opset: int):
+    """onnxruntime's optimized BERT front: ``EmbedLayerNormalization``'s mask index (its
+    rank lost to onnx's inference after a ``ReduceSum`` of axes given as an input) feeding
+    an ``Attention``, batch and sequence dynamic."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = {
+        "word": _r(vocab, H),
+        "pos": _r(S + 3, H),
+        "g": _r(H),
+        "beta": _r(H),
+        "w": _r(H, 3 * H, scale=0.3),
+        "b": _r(3 * H),
+    }
+    embed = helper.make_node(
+        "EmbedLayerNormalization",
+        ["ids", "", "word", "pos", "", "g", "beta", "mask"],
+        ["hidden", "mask_index"],
+        domain="com.microsoft",
+        epsilon=1e-5,
+    )
+    attention = helper.make_node(
+        "Attention", ["hidden", "w", "b", "mask_index"], ["y"], domain="com.microsoft", num_heads=N
+    )
+    dynamic = ["batch", "sequence"]
+    graph = helper.make_graph(
+        [embed, attention],
+        "embed_attention",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT32, dynamic),
+            helper.make_tensor_value_info("mask", TensorProto.INT32, dynamic),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*dynamic, H])],
+        [numpy_helper.from_array(v, name=k) for k, v in weights.items()],
+    )
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_embed_layer_norm_mask_index_into_attention_of_dynamic_batch(opset, batch):
+    vocab = 13
+    model = _embed_then_attention_model(vocab, opset)
+    mask = np.ones((batch, S), dtype=np.int32)
+    mask[-1, S - 2 :] = 0
+    feeds = {"ids": RNG.integers(0, vocab, (batch, S)).astype(np.int32), "mask": mask}
+    assert_lowering_matches(model, feeds, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "attribute"),
+    [
+        ("FastGelu", lambda: [("x", _r(B, S, H))], {"approximate": 1}),
+        (
+            "SkipLayerNormalization",
+            lambda: [("x", _r(B, S, H)), ("s", _r(B, S, H)), ("g", _r(H))],
+            {"epsilon": 1e-5, "stash_type": 0},
+        ),
+        (
+            "RotaryEmbedding",
+            lambda: [
+                ("x", _r(B, S, H)),
+                ("p", np.zeros((B, S), np.int64)),
+                ("c", _r(8, 2)),
+                ("s", _r(8, 2)),
+            ],
+            {"scale": 2.0},
+        ),
+        (
+            "GroupQueryAttention",
+            lambda: [("q", _r(B, S, H))],
+            {"num_heads": 2, "kv_num_heads": 1, "qk_output": 1},
+        ),
+    ],
+)
+def test_an_attribute_the_lowering_does_not_read_is_refused_by_name(op, inputs, attribute):
+    """An attribute outside what the lowering reads (a newer onnxruntime's, or a value
+    that changes the computation) is an error naming node and attribute, not a different
+    computation."""
+    from onnxgrad.normalize import normalized_model
+
+    model, _ = one_node_model(op, inputs(), **attribute)
+    model.graph.node[0].name = "fused_0"
+    name = next(k for k in attribute if k not in ("num_heads", "kv_num_heads", "epsilon"))
+    with pytest.raises(ValueError, match=f"'fused_0'.*attribute {name}="):
+        normalized_model(model)

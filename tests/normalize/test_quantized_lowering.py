@@ -274,3 +274,41 @@ def test_dynamic_quantize_lstm(per_gate):
     for got, want in zip(lowered_outputs(model, feeds), spec, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert_lowering_matches(model, feeds, rtol=0, atol=1.5e-2)
+
+
+@pytest.mark.parametrize("rows", [8, 40000])
+def test_lookup_into_a_quantized_table_dequantizes_the_table_first(rows):
+    """``DQ(Transpose(Gather(q)))`` (quantize_dynamic's relative-bias lookup) lowers to the
+    moves over ``DQ(q)``: the same values, the DequantizeLinear reading the initializer;
+    a vocabulary-sized table is not dequantized whole."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxgrad.normalize import normalized_model
+    from tests.normalize.kernels import run
+
+    table = np.random.default_rng(0).integers(0, 255, (rows, 2)).astype(np.uint8)
+    nodes = [
+        helper.make_node("Gather", ["table", "idx"], ["g"]),
+        helper.make_node("Transpose", ["g"], ["t"], perm=[2, 0, 1]),
+        helper.make_node("DequantizeLinear", ["t", "s", "z"], ["d"]),
+        helper.make_node("Unsqueeze", ["d", "axes"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(table, "table"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(181, np.uint8), "z"),
+        numpy_helper.from_array(np.array([0], np.int64), "axes"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lookup",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"idx": np.random.default_rng(1).integers(0, 8, (3, 3))}
+    lowered = normalized_model(model)
+    dequantize = [n for n in lowered.graph.node if n.op_type == "DequantizeLinear"]
+    assert ([n.input[0] for n in dequantize] == ["table"]) == (rows == 8)
+    np.testing.assert_array_equal(run(lowered, feeds)[0], run(model, feeds)[0])

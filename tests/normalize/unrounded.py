@@ -1,0 +1,174 @@
+r"""The reference of a straight-through gradient: a quantized file whose activation rounding is
+frozen at one point, written with onnx's helpers only (nothing of onnxgrad).
+
+The straight-through estimator differentiates ``\hat x = round(x)`` as ``x`` inside the
+quantization range: it is the derivative of ``clip(x) + r_0``, the residual
+``r_0 = \hat x_0 - clip(x_0)`` held at its value at the point ``x_0``. That file computes
+what the quantized file computes at ``x_0`` (same downstream evaluation point), so its
+finite differences there are the straight-through gradient:
+
+- ``DequantizeLinear(QuantizeLinear(x, s, z))`` of an activation becomes
+  ``Clip(x, (q_{min} - 1/2 - z) s, (q_{max} + 1/2 - z) s) + r_0``: the estimator passes
+  the gradient where the rounded code is in range (PyTorch's fake quantization too);
+- ``MatMulInteger`` / ``ConvInteger`` of ``DynamicQuantizeLinear(x) = (q, s, z)`` read
+  ``x / s_0 + r_0`` (``r_0 = q_0 - z_0 - x_0 / s_0``) instead of ``q - z``, and ``s`` is
+  ``s_0`` everywhere (the range of ``x``, held; nothing is clipped).
+
+A ``ReLU`` has its mask frozen at the point too (:func:`_masked`). Weights stay as they
+are: their dequantization is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+_RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
+_PRODUCTS = ("MatMulInteger", "ConvInteger")
+
+
+def with_frozen_rounding(
+    model: onnx.ModelProto, feeds: dict, masks_from: onnx.ModelProto | None = None
+) -> onnx.ModelProto:
+    """A copy of ``model`` whose activation rounding is a constant residual, taken at
+    ``feeds`` (module docstring); its ReLU masks are those of the same-named nodes of
+    ``masks_from`` (a float16 conversion of ``model``) when given."""
+    graph = model.graph
+    constants = _constant_values(graph)
+    dynamic = {n.output[0]: n for n in graph.node if n.op_type == "DynamicQuantizeLinear"}
+    quantized = {
+        n.output[0]: n
+        for n in graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] not in constants
+    }
+    sites = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in quantized]
+    wanted = [q.input[0] for q in quantized.values()] + [d.output[0] for d in sites]
+    wanted += [name for n in dynamic.values() for name in (n.input[0], *n.output)]
+    wanted += [n.input[0] for n in graph.node if n.op_type == "Relu"]
+    at = _intermediates(model, feeds, wanted)
+    if masks_from is not None:
+        at.update(_relu_inputs_by_node(model, masks_from, feeds))
+    nodes = []
+    for node in graph.node:
+        if node.op_type in _PRODUCTS and node.input[0] in dynamic:
+            nodes.extend(_float_product(node, dynamic[node.input[0]], at))
+        elif node.op_type == "DynamicQuantizeLinear":
+            nodes.extend(_const(name, at[name]) for name in node.output[1:])
+        elif node.op_type == "DequantizeLinear" and node.input[0] in quantized:
+            nodes.extend(_clipped(node, quantized[node.input[0]], constants, at))
+        elif node.op_type == "Relu":
+            nodes.extend(_masked(node, at[node.input[0]]))
+        else:
+            nodes.append(node)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.node[:]
+    copy.graph.node.extend(nodes)
+    del copy.graph.value_info[:]
+    return copy
+
+
+def _constant_values(graph) -> dict[str, np.ndarray]:
+    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute[0].name == "value":
+            values[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return values
+
+
+def _intermediates(model, feeds, names) -> dict[str, np.ndarray]:
+    """The values of ``names`` when onnxruntime runs ``model`` (unoptimized) on ``feeds``."""
+    import onnxruntime as ort
+
+    if not names:
+        return {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    unique = list(dict.fromkeys(names))
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in unique)
+    del probe.graph.value_info[:]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(probe.SerializeToString(), options, ["CPUExecutionProvider"])
+    return dict(zip(unique, session.run(None, feeds), strict=True))
+
+
+def _relu_inputs_by_node(model, other, feeds) -> dict[str, np.ndarray]:
+    """The inputs of ``other``'s ReLU nodes, in float32, under the input names of
+    ``model``'s nodes of the same names."""
+    ours = {n.name: n.input[0] for n in model.graph.node if n.op_type == "Relu"}
+    theirs = {n.name: n.input[0] for n in other.graph.node if n.name in ours}
+    values = _intermediates(other, feeds, list(theirs.values()))
+    return {ours[name]: values[x].astype(np.float32) for name, x in theirs.items()}
+
+
+def _const(name: str, value) -> onnx.NodeProto:
+    tensor = numpy_helper.from_array(np.asarray(value), name)
+    return helper.make_node("Constant", [], [name], value=tensor)
+
+
+def _float_product(node, quantize, at):
+    """``node`` over ``x / s_0 + r_0`` and the float weight ``W - z_W``."""
+    name = node.output[0]
+    x, (codes, scale, zero) = quantize.input[0], quantize.output
+    centred = at[codes].astype(np.float32) - at[zero].astype(np.float32)
+    residual = (centred - at[x] / at[scale]).astype(np.float32)
+    made = [
+        _const(f"{name}_s0", at[scale]),
+        _const(f"{name}_r0", residual),
+        helper.make_node("Div", [x, f"{name}_s0"], [f"{name}_xs"]),
+        helper.make_node("Add", [f"{name}_xs", f"{name}_r0"], [f"{name}_a"]),
+        helper.make_node("Cast", [node.input[1]], [f"{name}_w"], to=TensorProto.FLOAT),
+    ]
+    weight = f"{name}_w"
+    if len(node.input) > 3 and node.input[3]:
+        made.append(helper.make_node("Cast", [node.input[3]], [f"{name}_z"], to=1))
+        zero_w = f"{name}_z"
+        if node.op_type == "ConvInteger":  # one zero point per output channel: (M, 1, 1, 1)
+            made.append(_const(f"{name}_zshape", np.array([-1, 1, 1, 1], np.int64)))
+            made.append(helper.make_node("Reshape", [zero_w, f"{name}_zshape"], [f"{name}_zr"]))
+            zero_w = f"{name}_zr"
+        made.append(helper.make_node("Sub", [weight, zero_w], [f"{name}_wc"]))
+        weight = f"{name}_wc"
+    float_op = "MatMul" if node.op_type == "MatMulInteger" else "Conv"
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    made.append(helper.make_node(float_op, [f"{name}_a", weight], [name], **attributes))
+    return made
+
+
+def _clipped(dequantize, quantize, constants, at):
+    """``Clip(x, low, high) + r_0`` in place of the pair."""
+    scales = np.asarray(constants[quantize.input[1]]).reshape(-1)
+    if scales.size != 1:
+        raise NotImplementedError(f"{quantize.name}: a per-axis activation scale")
+    has_zero = len(quantize.input) > 2 and quantize.input[2]
+    zero_point = constants[quantize.input[2]] if has_zero else np.zeros((), np.uint8)
+    elem = helper.np_dtype_to_tensor_dtype(zero_point.dtype)
+    zero = float(np.asarray(zero_point).reshape(-1)[0])
+    qmin, qmax = _RANGES[elem]
+    largest = float(np.finfo(np.float32).max)  # a -3.4e38 mask fill calibrated in
+    low, high = (
+        np.clip((q - zero) * float(scales[0]), -largest, largest) for q in (qmin - 0.5, qmax + 0.5)
+    )
+    x, y = quantize.input[0], dequantize.output[0]
+    residual = (at[y] - np.clip(at[x], low, high)).astype(np.float32)
+    return [
+        _const(f"{y}_low", np.array(low, np.float32)),
+        _const(f"{y}_high", np.array(high, np.float32)),
+        _const(f"{y}_r0", residual),
+        helper.make_node("Clip", [x, f"{y}_low", f"{y}_high"], [f"{y}_clipped"]),
+        helper.make_node("Add", [f"{y}_clipped", f"{y}_r0"], [y]),
+    ]
+
+
+def _masked(relu, z0):
+    """``z [z_0 > 0]``: a ``ReLU`` reading rounded values meets its kink at the point itself
+    (every ``|x| < s/2`` rounds to exactly 0), where finite differences give 1/2 and the
+    derivative's convention (onnx's, PyTorch's) 0; its mask frozen, it has none."""
+    name = relu.output[0]
+    return [
+        _const(f"{name}_mask", (z0 > 0).astype(z0.dtype)),
+        helper.make_node("Mul", [relu.input[0], f"{name}_mask"], [name]),
+    ]
