@@ -21,7 +21,15 @@ def draws_bars(stream: TextIO | None = None) -> bool:
         terminal = stream.isatty()
     except (AttributeError, ValueError):  # closed, or no real file
         terminal = False
-    return terminal or "ipykernel" in sys.modules
+    return terminal or _in_notebook()
+
+
+def _in_notebook() -> bool:
+    """Whether the code runs in a notebook's kernel: IPython's shell there is a
+    ``ZMQInteractiveShell`` (the module ``ipykernel`` alone may be imported anywhere)."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 class EpochLines:

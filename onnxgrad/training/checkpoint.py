@@ -136,8 +136,9 @@ def save_tensors(
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:
-    """``array`` contiguous and little-endian (itself when it already is: no copy)."""
-    return np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+    """``array`` contiguous and little-endian, 0-d kept 0-d (itself when it already is: no
+    copy)."""
+    return c_contiguous(array.astype(array.dtype.newbyteorder("<"), copy=False))
 
 
 def _write_arrays(path: str, arrays) -> None:

@@ -639,3 +639,14 @@ def test_class_labels_out_of_range_or_not_integers_are_refused(y, match):
     )
     with pytest.raises(ValueError, match=match):
         est.fit(X, y)
+
+
+def test_verbose_lines_even_with_a_notebook_kernel_module_imported(capsys):
+    # another test (or library) importing ipykernel does not make this process a notebook
+    pytest.importorskip("ipykernel")
+    import ipykernel  # noqa: F401
+
+    X, y = linear_data()
+    linear_estimator(max_iter=2, verbose=1).fit(X, y)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split()[:2] for line in lines] == [["epoch", f"{k}/2"] for k in (1, 2)]
