@@ -15,7 +15,11 @@ from onnxgrad import add_lora, get_train_initializer, merge_lora, onnx_derivativ
 from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import numerical_vjp
-from tests.normalize.integer_products import dynamic_quantize, dynamic_quantized_matmul
+from tests.normalize.integer_products import (
+    dynamic_quantize,
+    dynamic_quantized_matmul,
+    with_exact_integer_products,
+)
 from tests.normalize.kernels import assert_within, run
 
 RNG = np.random.default_rng(20)
@@ -198,7 +202,10 @@ def test_lora_over_a_frozen_int8_weight(tmp_path, form):
     new_spec, new_slack = _specified_output(requantized, x)
     ((_, _, bound),) = _products(requantized, x, ["w_"], [low_rank])
     assert_within(new_spec, folded, bound + 1e-6 * np.abs(folded), "the re-quantized model")
-    tolerance = 1e-5 + 1e-5 * np.abs(new_spec) + new_slack
+    tight = 1e-5 + 1e-5 * np.abs(new_spec)
+    exact = run(with_exact_integer_products(requantized), {"x": x})[0]
+    assert_within(exact, new_spec, tight, "the re-quantized model, its products summed exactly")
+    tolerance = tight + new_slack
     assert_within(run(requantized, {"x": x})[0], new_spec, tolerance, "onnxruntime's kernels")
 
 
@@ -313,9 +320,11 @@ def test_adapters_sit_at_their_own_product_in_a_gated_int8_block(tmp_path):
     found = _products(model, x, ["w1_", "w2_"], low_ranks)
     factors = [p + x @ low_rank for (p, _, _), low_rank in zip(found, low_ranks, strict=True)]
     expected = factors[0] * factors[1]
+    tight = 1e-4 * np.abs(expected) + 1e-3
+    exact = run(with_exact_integer_products(trained), {"x": x})[0]
+    assert_within(exact, expected, tight, "the adapted model, its products summed exactly")
     slack = _product_error(factors, [s for _, s, _ in found])
-    tolerance = 1e-4 * np.abs(expected) + 1e-3 + slack
-    assert_within(run(trained, {"x": x})[0], expected, tolerance, "the adapted model")
+    assert_within(run(trained, {"x": x})[0], expected, tight + slack, "the adapted model")
     requantized = merge_lora(trained, quantized="requantize")
     assert sorted(n.op_type for n in requantized.graph.node) == sorted(
         n.op_type for n in model.graph.node
@@ -324,6 +333,8 @@ def test_adapters_sit_at_their_own_product_in_a_gated_int8_block(tmp_path):
     spec = found[0][0] * found[1][0]
     bound = _product_error(factors, [b for _, _, b in found])
     assert_within(spec, expected, bound + 1e-6 * np.abs(expected), "the re-quantized model")
+    tight = 1e-5 + 1e-5 * np.abs(spec)
+    exact = run(with_exact_integer_products(requantized), {"x": x})[0]
+    assert_within(exact, spec, tight, "the re-quantized model, its products summed exactly")
     slack = _product_error([p for p, _, _ in found], [s for _, s, _ in found])
-    tolerance = 1e-5 + 1e-5 * np.abs(spec) + slack
-    assert_within(run(requantized, {"x": x})[0], spec, tolerance, "onnxruntime's kernels")
+    assert_within(run(requantized, {"x": x})[0], spec, tight + slack, "onnxruntime's kernels")

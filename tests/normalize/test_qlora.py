@@ -117,7 +117,9 @@ def test_adapters_over_a_frozen_quantized_weight(make):
         np.testing.assert_allclose(
             run(trained, {"x": x})[0], run(model, {"x": x})[0] + dense, rtol=1e-4, atol=1e-4
         )
-    else:  # the branch added to the dequantized product, beside the integer kernel
+    else:  # the branch added to the dequantized product, beside the same integer kernel
+        branch = run(trained, {"x": x})[0] - run(model, {"x": x})[0]
+        np.testing.assert_allclose(branch, dense, rtol=1e-4, atol=1e-4)
         tolerance = step + slack + 1e-5 * np.abs(dense)
         assert_within(run(trained, {"x": x})[0], spec + dense, tolerance, "the trained model")
     seed = RNG.standard_normal((3, N)).astype(np.float32)
