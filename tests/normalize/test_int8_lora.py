@@ -15,7 +15,11 @@ from onnxgrad import add_lora, get_train_initializer, merge_lora, onnx_derivativ
 from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import numerical_vjp
-from tests.normalize.integer_products import dynamic_quantize, dynamic_quantized_matmul
+from tests.normalize.integer_products import (
+    dynamic_quantize,
+    dynamic_quantized_matmul,
+    with_exact_integer_products,
+)
 from tests.normalize.kernels import assert_within, run
 
 RNG = np.random.default_rng(20)
@@ -193,8 +197,47 @@ def test_lora_over_a_frozen_int8_weight(tmp_path, form):
     assert sorted(n.op_type for n in requantized.graph.node) == sorted(
         n.op_type for n in model.graph.node
     )
-    effect = np.abs(expected - run(model, {"x": x})[0]).max()
-    np.testing.assert_allclose(run(requantized, {"x": x})[0], expected, rtol=0, atol=0.1 * effect)
+    low_rank = (a @ b).astype(np.float64)
+    folded = _specified_output(model, x)[0] + x @ low_rank  # the branch at its product
+    new_spec, new_slack = _specified_output(requantized, x)
+    ((_, _, bound),) = _products(requantized, x, ["w_"], [low_rank])
+    assert_within(new_spec, folded, bound + 1e-6 * np.abs(folded), "the re-quantized model")
+    tight = 1e-5 + 1e-5 * np.abs(new_spec)
+    exact = run(with_exact_integer_products(requantized), {"x": x})[0]
+    assert_within(exact, new_spec, tight, "the re-quantized model, its products summed exactly")
+    tolerance = tight + new_slack
+    assert_within(run(requantized, {"x": x})[0], new_spec, tolerance, "onnxruntime's kernels")
+
+
+def _rounding_bound(x: np.ndarray, scale: np.ndarray, low_rank: np.ndarray) -> np.ndarray:
+    """The largest ``|q(x) W_q - (q(x) W + x L)|`` the specification allows once ``W + L`` is
+    quantized again (``W_q``, within half its new step ``scale`` per column) and the branch
+    ``x L`` is read through the quantized activation ``q(x)`` instead of ``x``:
+    ``|q(x)| s / 2 + |q(x) - x| |L|``."""
+    x_hat = _dynamic_round_trip(x).astype(np.float64)
+    half_step = np.abs(x_hat).sum(axis=-1, keepdims=True) * np.asarray(scale, np.float64) / 2
+    return half_step + np.abs(x_hat - x) @ np.abs(low_rank)
+
+
+def _products(model, x, prefixes, low_ranks) -> list[tuple[np.ndarray, ...]]:
+    """For each product of ``model`` (weights ``{prefix}quantized``, ``_scale``,
+    ``_zero_point``): its value as the specification defines it, the error onnxruntime's
+    u8s8 kernel may add to it, and the bound ``_rounding_bound`` of its re-quantization
+    after the branch ``x L`` (``low_ranks``) was folded into it."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    found = []
+    for prefix, low_rank in zip(prefixes, low_ranks, strict=True):
+        weight = [inits[f"{prefix}{part}"] for part in ("quantized", "scale", "zero_point")]
+        product, slack = dynamic_quantized_matmul(x, *weight)
+        found.append((product, slack, _rounding_bound(x, weight[1], low_rank)))
+    return found
+
+
+def _product_error(factors, errors) -> np.ndarray:
+    """The largest error of ``f1 f2`` when each factor ``f_i`` is off by up to ``e_i``:
+    ``e1 |f2| + |f1| e2 + e1 e2``."""
+    (f1, f2), (e1, e2) = factors, errors
+    return e1 * np.abs(f2) + np.abs(f1) * e2 + e1 * e2
 
 
 def _with_values(model, values):
@@ -270,20 +313,28 @@ def test_adapters_sit_at_their_own_product_in_a_gated_int8_block(tmp_path):
     update = {a["b"]: RNG.standard_normal((2, N)).astype(np.float32) for a in adapters}
     trained = _with_values(adapted, update)
     x = RNG.standard_normal((4, K)).astype(np.float32)
-    x_hat = _dynamic_round_trip(x).astype(np.float64)
-    products = []
-    for adapter in sorted(lora_adapters(trained), key=lambda a: a["weight"]):
-        base = adapter["weight"].removesuffix("_quantized")
-        codes, scale = inits[adapter["weight"]], inits[f"{base}_scale"]
-        dequantized = (codes.astype(np.float64) - inits[f"{base}_zero_point"]) * scale
-        low_rank = inits[adapter["a"]] @ update[adapter["b"]] * adapter["scale"]
-        products.append(x_hat @ dequantized + x @ low_rank)
-    expected = products[0] * products[1]
-    np.testing.assert_allclose(run(trained, {"x": x})[0], expected, rtol=1e-4, atol=1e-3)
+    ordered = sorted(lora_adapters(trained), key=lambda a: a["weight"])
+    assert [a["weight"] for a in ordered] == ["w1_quantized", "w2_quantized"]
+    low_ranks = [inits[a["a"]] @ update[a["b"]] * a["scale"] for a in ordered]
+    # each branch added to its own product (the specification's, exact), not to the gate
+    found = _products(model, x, ["w1_", "w2_"], low_ranks)
+    factors = [p + x @ low_rank for (p, _, _), low_rank in zip(found, low_ranks, strict=True)]
+    expected = factors[0] * factors[1]
+    tight = 1e-4 * np.abs(expected) + 1e-3
+    exact = run(with_exact_integer_products(trained), {"x": x})[0]
+    assert_within(exact, expected, tight, "the adapted model, its products summed exactly")
+    slack = _product_error(factors, [s for _, s, _ in found])
+    assert_within(run(trained, {"x": x})[0], expected, tight + slack, "the adapted model")
     requantized = merge_lora(trained, quantized="requantize")
     assert sorted(n.op_type for n in requantized.graph.node) == sorted(
         n.op_type for n in model.graph.node
     )
-    effect = np.abs(expected - run(model, {"x": x})[0]).max()
-    got = run(requantized, {"x": x})[0]
-    np.testing.assert_allclose(got, expected, rtol=0, atol=0.1 * effect)
+    found = _products(requantized, x, ["w1_", "w2_"], low_ranks)
+    spec = found[0][0] * found[1][0]
+    bound = _product_error(factors, [b for _, _, b in found])
+    assert_within(spec, expected, bound + 1e-6 * np.abs(expected), "the re-quantized model")
+    tight = 1e-5 + 1e-5 * np.abs(spec)
+    exact = run(with_exact_integer_products(requantized), {"x": x})[0]
+    assert_within(exact, spec, tight, "the re-quantized model, its products summed exactly")
+    slack = _product_error([p for p, _, _ in found], [s for _, s, _ in found])
+    assert_within(run(requantized, {"x": x})[0], spec, tight + slack, "onnxruntime's kernels")
