@@ -23,13 +23,11 @@ from onnx import ModelProto, TensorProto
 from onnx.numpy_helper import to_array
 
 from onnxgrad._leftovers import held, remove_leftovers
-from onnxgrad._onnx_utils import serialized_size, tensor_nbytes, without_initializers
+from onnxgrad._onnx_utils import PROTOBUF_LIMIT, header_only, serialized_size, tensor_nbytes
 
 #: Permissions of a new file before the umask, as ``open`` gives them.
 NEW_FILE_MODE = 0o666
 _NAME_ATTEMPTS = 100
-#: Models whose serialisation reaches this size (protobuf's limit) get external data.
-PROTOBUF_LIMIT = 2**31 - 1
 #: Initializers at least this big go to the external data file.
 EXTERNAL_THRESHOLD = 1024
 _ALIGNMENT = 4096
@@ -191,7 +189,7 @@ def _write_in_pieces(model: ModelProto, path: str) -> None:
     them (repeated fields appended in order), so the file reads back as ``model``; memory
     holds one initializer's bytes at a time instead of the whole model's."""
     with open(path, "wb") as file:
-        file.write(_without_any_initializer(model).SerializeToString())
+        file.write(header_only(model).SerializeToString())
         for init in model.graph.initializer:
             piece = ModelProto()
             piece.graph.initializer.add().CopyFrom(init)
@@ -205,7 +203,7 @@ def _is_big(init: TensorProto) -> bool:
 def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
     """A copy of ``model`` whose big initializers point into ``location`` (no data copied):
     at offsets aligned to 4 KiB, in graph order, as :func:`_write_weights` writes them."""
-    header = _without_any_initializer(model)
+    header = header_only(model)
     offset = 0
     for init in model.graph.initializer:
         copy = header.graph.initializer.add()
@@ -220,10 +218,6 @@ def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
             copy.external_data.add(key=key, value=str(value))
         offset += -(-size // _ALIGNMENT) * _ALIGNMENT
     return header
-
-
-def _without_any_initializer(model: ModelProto) -> ModelProto:
-    return without_initializers(model, (init.name for init in model.graph.initializer))
 
 
 def _write_weights(model: ModelProto, path: str) -> str:

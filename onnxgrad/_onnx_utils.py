@@ -62,7 +62,8 @@ def _load_file(path: str) -> ModelProto:
     return model_from_bytes(read_bounded(path, PROTOBUF_LIMIT, "model file"), path)
 
 
-#: The largest message protobuf parses.
+#: The largest message protobuf parses: models whose serialisation reaches it are saved
+#: with external data (:func:`onnxgrad._files.save_model`).
 PROTOBUF_LIMIT = 2**31 - 1
 
 
@@ -319,7 +320,7 @@ def weightless_view(model: ModelProto) -> ModelProto:
     cost, past protobuf's 2 GiB limit too. Small ones (shapes, axes) stay: inference reads
     their values."""
     graph = model.graph
-    view = without_initializers(model, (init.name for init in graph.initializer))
+    view = header_only(model)
     declared = {i.name for i in graph.input}
     for init in graph.initializer:
         if tensor_nbytes(init) <= WEIGHTLESS_THRESHOLD and not _is_external(init):
@@ -336,8 +337,7 @@ def serialized_size(model: ModelProto) -> int:
     """The size of ``model`` serialised, within a few bytes, computed one initializer at a
     time (protobuf's own ``ByteSize`` serialises the whole message to measure it: a
     model-sized allocation)."""
-    header = without_initializers(model, (init.name for init in model.graph.initializer))
-    size = header.ByteSize()
+    size = header_only(model).ByteSize()
     for init in model.graph.initializer:
         length = init.ByteSize()
         size += 1 + _varint_size(length) + length  # the field's tag, length and message
@@ -366,6 +366,11 @@ def without_initializers(model: ModelProto, names: Iterable[str] = ()) -> ModelP
             _copy_field(copy.graph, field, value)
     copy.graph.initializer.extend(i for i in model.graph.initializer if i.name not in dropped)
     return copy
+
+
+def header_only(model: ModelProto) -> ModelProto:
+    """A copy of ``model`` without any main-graph initializer (none of their data copied)."""
+    return without_initializers(model, (init.name for init in model.graph.initializer))
 
 
 def _copy_field(target, field, value) -> None:
