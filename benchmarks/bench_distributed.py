@@ -86,9 +86,9 @@ def prepare(folder: Path) -> None:
 
 def _step(case: str, split: bool, model):
     from onnxgrad.training import make_train_step
-    from onnxgrad.training.learning_rate import LearningRateAdam, LearningRateSGDNesterov
-    from onnxgrad.training.losses import select_learning_loss
-    from onnxgrad.training.split_step import make_split_step
+    from onnxgrad.training.step.learning_rate import LearningRateAdam, LearningRateSGDNesterov
+    from onnxgrad.training.step.losses import select_learning_loss
+    from onnxgrad.training.step.split_step import make_split_step
 
     build = make_split_step if split else make_train_step
     if case == "mlp":
@@ -122,10 +122,10 @@ def _setup(folder: Path, case: str, split: bool, all_reduce: _Clock) -> dict:
     """The runner of ``case`` (split or fused), its loader and its clocks."""
     import onnxruntime as ort
 
-    from onnxgrad.training.data import OrtDataLoader
-    from onnxgrad.training.devices import check_device
-    from onnxgrad.training.distributed import DistributedRunner, world_size
-    from onnxgrad.training.runner import TrainingRunner
+    from onnxgrad.training.running.data import OrtDataLoader
+    from onnxgrad.training.running.devices import check_device
+    from onnxgrad.training.running.distributed import DistributedRunner, world_size
+    from onnxgrad.training.running.runner import TrainingRunner
 
     model = onnx.load(folder / f"{case}.onnx")
     data = np.load(folder / f"{case}.npz")

@@ -236,11 +236,11 @@ def make_trainer(framework: str, name: str, folder: Path, x, label, lr: float):
     import onnx
 
     from onnxgrad.graph import get_train_initializer
-    from onnxgrad.training.composition import make_train_step
-    from onnxgrad.training.data import OrtDataLoader
-    from onnxgrad.training.devices import parse_device
-    from onnxgrad.training.learning_rate import LearningRateAdam, LearningRateSGDNesterov
-    from onnxgrad.training.runner import TrainingRunner
+    from onnxgrad.training.running.data import OrtDataLoader
+    from onnxgrad.training.running.devices import parse_device
+    from onnxgrad.training.running.runner import TrainingRunner
+    from onnxgrad.training.step.composition import make_train_step
+    from onnxgrad.training.step.learning_rate import LearningRateAdam, LearningRateSGDNesterov
 
     model = onnx.load(folder / "model.onnx")
     if name == "resnet18":
@@ -252,7 +252,7 @@ def make_trainer(framework: str, name: str, folder: Path, x, label, lr: float):
     layout = _layout()
     if layout == "auto":
         try:
-            from onnxgrad.training.train_step import default_layout
+            from onnxgrad.training.step.train_step import default_layout
         except ImportError:  # before default_layout, the estimators updated flat on the CPU
             layout = "flat"
         else:
@@ -330,7 +330,7 @@ def _recompute(name: str) -> dict:
     for ``none`` with an onnxgrad that has no such parameter)."""
     import inspect
 
-    from onnxgrad.training.composition import make_train_step
+    from onnxgrad.training.step.composition import make_train_step
 
     choice = os.environ.get("BENCH_RECOMPUTE", "default")
     if choice == "default":
@@ -351,7 +351,7 @@ def _ort_options():
     import onnxruntime
 
     try:
-        from onnxgrad.training.session_options import training_session_options
+        from onnxgrad.training.running.session_options import training_session_options
     except ImportError:  # an onnxgrad before them: onnxruntime's defaults
 
         def training_session_options(threads, **overrides):

@@ -55,7 +55,7 @@ from onnxgrad.training import (
     make_train_step,
     with_batch_indices,
 )
-from onnxgrad.training.composition import weights_as_inputs
+from onnxgrad.training.step.composition import weights_as_inputs
 
 BATCH_SIZE = 15
 SKL_LR = 5e-5

@@ -38,7 +38,7 @@ from onnxgrad.training import (
     generate_artifacts,
     parse_device,
 )
-from onnxgrad.training.checkpoint import save_tensors
+from onnxgrad.training.artifacts.checkpoint import save_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "js"

@@ -7,7 +7,7 @@ in a fresh process per measure (best of ``--repeat``, CPU seconds of the process
 for every interpreter of ``--python`` (each with its own onnxruntime; the child needs only
 onnxruntime and onnxgrad's source) and every option set of ``--options``:
 
-* ``onnxgrad``: :func:`onnxgrad.training.session_options.training_session_options`;
+* ``onnxgrad``: :func:`onnxgrad.training.running.session_options.training_session_options`;
 * ``ort``: onnxruntime's defaults;
 * either followed by ``+name=value`` overrides of ``SessionOptions`` attributes
   (``graph_optimization_level=ORT_DISABLE_ALL``, ``enable_mem_reuse=0``), e.g.
@@ -15,7 +15,7 @@ onnxruntime and onnxgrad's source) and every option set of ``--options``:
   the session skips (``InferenceSession(disabled_optimizers=...)``).
 
 ``--orders``: ``original`` times the graphs as built, ``ready`` with their nodes rearranged by
-:func:`onnxgrad.training.node_order.put_in_ready_order` (fewer cells walked by onnxruntime
+:func:`onnxgrad.training.step.node_order.put_in_ready_order` (fewer cells walked by onnxruntime
 1.19's topological sorts).
 
 Models: ``mlp`` (MatMul, Add, Relu per layer, hidden 128, written directly) and ``llama``
@@ -93,9 +93,9 @@ def build(name: str, depth: int, folder: Path) -> dict[str, Path]:
         return paths
     import onnx
 
-    from onnxgrad.training.composition import loss_gradient, make_loss_model, make_train_step
-    from onnxgrad.training.learning_rate import LearningRateAdam
-    from onnxgrad.training.losses import SquareLearningLoss
+    from onnxgrad.training.step.composition import loss_gradient, make_loss_model, make_train_step
+    from onnxgrad.training.step.learning_rate import LearningRateAdam
+    from onnxgrad.training.step.losses import SquareLearningLoss
 
     if name == "mlp":
         model, loss = mlp(depth), SquareLearningLoss()
@@ -122,7 +122,7 @@ def reordered(path: Path, order: str) -> Path:
     if not ready.exists():
         import onnx
 
-        from onnxgrad.training.node_order import put_in_ready_order
+        from onnxgrad.training.step.node_order import put_in_ready_order
 
         onnx.save(put_in_ready_order(onnx.load(path)), ready)
     return ready
@@ -147,7 +147,7 @@ def session_options(spec: str):
         else:
             values[key] = bool(int(value))
     if base == "onnxgrad":
-        from onnxgrad.training.session_options import training_session_options
+        from onnxgrad.training.running.session_options import training_session_options
 
         options = training_session_options(1, **values)
     elif base == "ort":

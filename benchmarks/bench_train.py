@@ -228,7 +228,7 @@ def main(argv=None) -> list[dict]:
 
 
 def _momentum(lr):
-    from onnxgrad.training.learning_rate import LearningRateSGDNesterov
+    from onnxgrad.training.step.learning_rate import LearningRateSGDNesterov
 
     return LearningRateSGDNesterov(eta0=lr, learning_rate="constant", nesterov=False)
 

@@ -24,7 +24,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
 
     from onnxgrad import OrtGradientForwardBackwardOptimizer
-    from onnxgrad.training.distributed import rank
+    from onnxgrad.training.running.distributed import rank
 
     data = np.load(config["data"])
     estimator = OrtGradientForwardBackwardOptimizer(

@@ -336,7 +336,7 @@ def _dry_build_failures(model: ModelProto) -> list[str]:
     inlined from the authored graph: the authored updates are fixed graphs, tested on their
     own (tests/functions), and building them loads onnxscript, seconds for a small model."""
     from onnxgrad._onnx_utils import copy_message
-    from onnxgrad.training.composition import make_train_step
+    from onnxgrad.training.step.composition import make_train_step
 
     failures = []
     for what, build in (
@@ -354,9 +354,9 @@ def _dry_build_failures(model: ModelProto) -> list[str]:
 
 
 def _plain_sgd():
-    """:class:`~onnxgrad.training.learning_rate.LearningRateSGD` whose update
+    """:class:`~onnxgrad.training.step.learning_rate.LearningRateSGD` whose update
     ``w <- w + alpha g`` (``alpha = -lr``, the authored ``axpy``) is two plain nodes."""
-    from onnxgrad.training.learning_rate import LearningRateSGD
+    from onnxgrad.training.step.learning_rate import LearningRateSGD
 
     class PlainSGD(LearningRateSGD):
         def emit_update(self, b, weight, grad, state, feeds, elem_type):

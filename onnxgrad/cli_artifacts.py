@@ -25,8 +25,8 @@ DATA_FILE = "data.json"
 def cmd_artifacts(args: argparse.Namespace) -> None:
     from onnxgrad._onnx_utils import real_inputs
     from onnxgrad.graph.lora import add_lora
-    from onnxgrad.training.artifacts import generate_artifacts
-    from onnxgrad.training.losses import select_learning_loss
+    from onnxgrad.training.artifacts.generate import generate_artifacts
+    from onnxgrad.training.step.losses import select_learning_loss
 
     model = read_model(args.model)
     folder = Path(args.output)

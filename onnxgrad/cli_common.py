@@ -211,7 +211,7 @@ def add_optimizer_option(sub: argparse.ArgumentParser, default: str, note: str) 
     sub.add_argument(
         "--optimizer",
         type=str.lower,  # "SGD" as the estimators and the migration page write it
-        choices=LazyChoices("onnxgrad.training.learning_rate", "LEARNING_RATE_NAMES"),
+        choices=LazyChoices("onnxgrad.training.step.learning_rate", "LEARNING_RATE_NAMES"),
         metavar="NAME",
         default=default,
         help=f"one of %(choices)s; {note} (default: %(default)s)",

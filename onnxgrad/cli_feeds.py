@@ -2,7 +2,7 @@
 
 A feed holding one row per row of ``X`` (for an input whose first dimension is free) is
 batched with ``X``; any other one (a sample rate, an initial state) is fed as is with every
-batch (:mod:`onnxgrad.training.feeds`).
+batch (:mod:`onnxgrad.training.running.feeds`).
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def read_feeds(specs: list[str]) -> dict[str, np.ndarray]:
 
 
 def with_feeds(model: ModelProto, X: np.ndarray, feeds: dict[str, np.ndarray]):
-    """``(X, fixed)``: ``X`` with the per-row feeds (:class:`~onnxgrad.training.feeds.Rows`
+    """``(X, fixed)``: ``X`` with the per-row feeds (:class:`~onnxgrad.training.running.feeds.Rows`
     when there are some), and the fixed feeds."""
     from onnxgrad._onnx_utils import real_inputs
-    from onnxgrad.training.feeds import Rows, split_inputs
+    from onnxgrad.training.running.feeds import Rows, split_inputs
 
     if not feeds:
         return X, {}

@@ -29,7 +29,7 @@ from onnxgrad.cli_feeds import add_feed_option, read_feeds, with_feeds
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from onnxgrad.training.distributed import finish, rank0_prints
+    from onnxgrad.training.running.distributed import finish, rank0_prints
 
     with rank0_prints():
         _train(args)
@@ -45,9 +45,9 @@ def _train(args: argparse.Namespace) -> None:
         OrtGradientForwardBackwardOptimizer,
         learning_rate_from_name,
     )
-    from onnxgrad.training.distributed import rank, threads_per_rank
-    from onnxgrad.training.losses import select_learning_loss
-    from onnxgrad.training.resume import checkpoint_epochs
+    from onnxgrad.training.estimators.resume import checkpoint_epochs
+    from onnxgrad.training.running.distributed import rank, threads_per_rank
+    from onnxgrad.training.step.losses import select_learning_loss
 
     if args.resume and not args.checkpoint:
         raise CommandError("--resume needs --checkpoint FILE.json, the checkpoint to resume")
@@ -152,7 +152,7 @@ def _lr(args: argparse.Namespace) -> float:
     """``--lr``; by default 0.003 for Adam (scale-free), else 0.01 per row: ``0.01 / B`` on
     the loss summed over a global batch of ``B = batch size * ranks`` rows (the default
     reduction), so that ranks train as one process with the global batch; 0.01 on its mean."""
-    from onnxgrad.training.distributed import world_size
+    from onnxgrad.training.running.distributed import world_size
 
     if args.lr is not None:
         return args.lr

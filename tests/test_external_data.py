@@ -105,7 +105,7 @@ def test_the_command_reads_external_data_from_the_models_folder(tmp_path, lowere
 
 
 def test_a_child_dying_before_it_reads_its_request_is_a_runtime_error(tmp_path, monkeypatch):
-    from onnxgrad.derivative import _ort_process
+    from onnxgrad.derivative.ort import process as _ort_process
 
     monkeypatch.setattr(
         _ort_process, "worker_command", lambda: [sys.executable, "-c", "raise SystemExit(3)"]
@@ -119,8 +119,8 @@ def test_a_child_dying_before_it_reads_its_request_is_a_runtime_error(tmp_path, 
 
 
 def test_a_session_of_a_model_past_the_limit_goes_through_external_data(lowered_limit):
-    from onnxgrad.training.devices import Device
-    from onnxgrad.training.runner import make_session
+    from onnxgrad.training.running.devices import Device
+    from onnxgrad.training.running.runner import make_session
 
     session = make_session(_model(), Device("cpu"))
     x = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -6,7 +6,7 @@ CPU, from the verbose log of a session of each model in headless Chromium.
 Prints, per model, the *fallback* nodes (float data computed on the CPU: they count), the
 *shape* nodes (integer or boolean outputs, on the CPU by design) and the nodes onnxruntime's
 optimizer inserted; exits with 1 when a model has a fallback node, 2 when no WebGPU adapter
-can be had (the page's reason is printed). See :mod:`onnxgrad.training.webgpu`.
+can be had (the page's reason is printed). See :mod:`onnxgrad.training.artifacts.webgpu`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 
 from serve import make_server  # noqa: E402
 
-from onnxgrad.training.webgpu import (  # noqa: E402
+from onnxgrad.training.artifacts.webgpu import (  # noqa: E402
     Placement,
     classify_placement,
     parse_placements,

@@ -32,7 +32,7 @@ from onnxgrad.normalize.ste import quantized_activations as rounding
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
 BACKENDS = {
     "onnx": "onnxgrad.derivative.native:native_derivative",
-    "ort": "onnxgrad.derivative.ort:ort_derivative",
+    "ort": "onnxgrad.derivative.ort.backend:ort_derivative",
 }
 
 

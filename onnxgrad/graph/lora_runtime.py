@@ -18,7 +18,7 @@ weight read twice) gets the branch
 the form onnxruntime-genai's model builder gives a PEFT adapter. The defaults are the
 adapters' values in the model given (``B = 0`` before training, so the base computes what
 the deployed model did); a trained checkpoint's adapters, written as an ``.onnx_adapter`` by
-:func:`onnxgrad.training.onnx_adapter.save_onnx_adapter`, replace them when active.
+:func:`onnxgrad.training.artifacts.onnx_adapter.save_onnx_adapter`, replace them when active.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one table of training losses, read by every entry point.
 
-:func:`onnxgrad.add_loss_output`, the loss objects of :mod:`onnxgrad.training.losses`,
+:func:`onnxgrad.add_loss_output`, the loss objects of :mod:`onnxgrad.training.step.losses`,
 the estimators' ``learning_loss`` and the commands ``onnxgrad add-loss --score`` and
 ``onnxgrad train --loss`` all resolve a name here: a name has one formula, one kind of
 prediction and one label kind. The reduction is a separate, explicit option

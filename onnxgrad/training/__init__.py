@@ -1,18 +1,18 @@
 """Training: fused train steps, the onnxruntime runner and scikit-learn style estimators.
 
-* :mod:`~onnxgrad.training.composition` fuses forward, loss, gradient, penalty and update
+* :mod:`~onnxgrad.training.step.composition` fuses forward, loss, gradient, penalty and update
   into one ONNX graph (:func:`make_train_step`, described by a
-  :class:`~onnxgrad.training.train_step.TrainStep`), plus the evaluation and prediction
+  :class:`~onnxgrad.training.step.train_step.TrainStep`), plus the evaluation and prediction
   graphs;
-* :mod:`~onnxgrad.training.runner` runs them with IOBinding, the state on the device;
-* :mod:`~onnxgrad.training.estimators` wraps both in ``fit``/``score`` estimators;
-* :mod:`~onnxgrad.training.artifacts` writes a train step, its checkpoint and the models
+* :mod:`~onnxgrad.training.running.runner` runs them with IOBinding, the state on the device;
+* :mod:`~onnxgrad.training.estimators.optimizers` wraps both in ``fit``/``score`` estimators;
+* :mod:`~onnxgrad.training.artifacts.generate` writes a train step, its checkpoint and the models
   around it for inference-only runtimes (on-device training).
 
 ``import onnxgrad.training`` loads none of its modules: each public name is imported from
 its module on first use (PEP 562), after :func:`~onnxgrad._runtime.import_onnxruntime` (so
 that the training wheel's import does not load PyTorch), and the composition of a train step
-(:mod:`~onnxgrad.training.composition`) can be imported without onnxruntime.
+(:mod:`~onnxgrad.training.step.composition`) can be imported without onnxruntime.
 """
 
 from __future__ import annotations
@@ -21,10 +21,15 @@ import importlib
 
 #: module (in this package) -> the public names it defines
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "artifacts": ("TrainingArtifacts", "generate_artifacts", "load_train_step", "merge_checkpoint"),
-    "checkpoint": ("Checkpoint", "load_checkpoint", "save_checkpoint"),
-    "classifier": ("OrtGradientClassifier",),
-    "composition": (
+    "artifacts.generate": (
+        "TrainingArtifacts",
+        "generate_artifacts",
+        "load_train_step",
+        "merge_checkpoint",
+    ),
+    "artifacts.checkpoint": ("Checkpoint", "load_checkpoint", "save_checkpoint"),
+    "estimators.classifier": ("OrtGradientClassifier",),
+    "step.composition": (
         "LossModel",
         "make_eval_step",
         "make_loss_model",
@@ -33,23 +38,26 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "weights_as_inputs",
         "with_batch_indices",
     ),
-    "data": ("OrtDataLoader",),
-    "devices": ("Device", "check_device", "parse_device"),
-    "estimators": (
+    "running.data": ("OrtDataLoader",),
+    "running.devices": ("Device", "check_device", "parse_device"),
+    "estimators.optimizers": (
         "BaseOrtOptimizer",
         "OrtGradientForwardBackwardOptimizer",
         "OrtGradientOptimizer",
     ),
-    "forward_backward": ("OrtGradientForwardBackward", "OrtGradientForwardBackwardFunction"),
-    "learning_rate": (
+    "estimators.forward_backward": (
+        "OrtGradientForwardBackward",
+        "OrtGradientForwardBackwardFunction",
+    ),
+    "step.learning_rate": (
         "BaseLearningRate",
         "LearningRateAdam",
         "LearningRateSGD",
         "LearningRateSGDNesterov",
         "learning_rate_from_name",
     ),
-    "loss_scaling": ("LossScaling",),
-    "losses": (
+    "step.loss_scaling": ("LossScaling",),
+    "step.losses": (
         "AbsoluteLearningLoss",
         "BaseLearningLoss",
         "CrossEntropyLearningLoss",
@@ -57,15 +65,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "NegLogLearningLoss",
         "SquareLearningLoss",
     ),
-    "ort_devices": (
+    "running.ort_devices": (
         "device_to_providers",
         "get_ort_device",
+        "get_ort_device_from_session",
+        "get_ort_device_type",
         "numpy_to_ort_value",
         "ort_device_to_string",
+        "provider_to_device",
     ),
-    "penalties": ("BaseLearningPenalty", "ElasticLearningPenalty", "NoLearningPenalty"),
-    "runner": ("GraphRunner", "TrainingRunner"),
-    "train_step": ("StateSlot", "TrainStep"),
+    "step.penalties": ("BaseLearningPenalty", "ElasticLearningPenalty", "NoLearningPenalty"),
+    "running.runner": ("GraphRunner", "TrainingRunner"),
+    "step.train_step": ("StateSlot", "TrainStep"),
 }
 
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

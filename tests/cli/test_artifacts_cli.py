@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxgrad.training.checkpoint import load_tensors
+from onnxgrad.training.artifacts.checkpoint import load_tensors
 from tests.cli.helpers import assert_failed, run_in_process, run_onnxgrad, save
 from tests.models import linear_regression_model
 

@@ -203,7 +203,7 @@ def test_train_step_runs_each_weight_gradient_when_reached(layout, weight_order,
     the weights' order (with ``recompute='attention'``, the late backward's gates also
     order them). The step's results do not depend on that order."""
     from onnxgrad.training import make_train_step
-    from onnxgrad.training.learning_rate import LearningRateAdam
+    from onnxgrad.training.step.learning_rate import LearningRateAdam
 
     layers = 5
     model = tanh_mlp(layers, reduce=False)

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 from onnxgrad import onnx_derivative
 from onnxgrad.cli_common import one_line
-from onnxgrad.derivative.ort import builder_error
+from onnxgrad.derivative.ort.backend import builder_error
 
 ML = "ai.onnx.ml"
 

@@ -10,8 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxgrad.derivative import DerivativeOptions, _ort_process, onnx_derivative
-from onnxgrad.derivative.ort import short_message
+from onnxgrad.derivative import DerivativeOptions, onnx_derivative
+from onnxgrad.derivative.ort import process as _ort_process
+from onnxgrad.derivative.ort.backend import short_message
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import initializer_values, onnx_numerical_vjp, run_onnxruntime
 from tests.models import seed004_model

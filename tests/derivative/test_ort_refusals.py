@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad import onnx_derivative
-from onnxgrad.derivative._ort_checks import check_built_gradients, check_gradient_shapes
+from onnxgrad.derivative.ort.checks import check_built_gradients, check_gradient_shapes
 from tests.derivative.fd import onnx_numerical_vjp
 
 F = TensorProto.FLOAT

@@ -21,7 +21,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxgrad import onnx_derivative
 from onnxgrad.derivative import DerivativeOptions
-from onnxgrad.training.composition import make_train_step
+from onnxgrad.training.step.composition import make_train_step
 from tests.derivative.fd import onnx_numerical_vjp, run_onnxruntime
 
 RNG = np.random.default_rng(0)
@@ -150,7 +150,7 @@ def _tanh_mlp() -> onnx.ModelProto:
 
 
 def test_artifacts_train_step_recomputes(tmp_path):
-    from onnxgrad.training.artifacts import generate_artifacts
+    from onnxgrad.training.artifacts.generate import generate_artifacts
 
     model = _tanh_mlp()
     artifacts = generate_artifacts(model, artifact_directory=tmp_path, recompute="auto")
@@ -310,10 +310,10 @@ def test_exported_networks_same_gradients(name):
 
 @pytest.mark.slow
 def test_train_step_with_checkpointed_layers_matches_the_plain_step():
-    from onnxgrad.training.data import OrtDataLoader
-    from onnxgrad.training.devices import parse_device
-    from onnxgrad.training.learning_rate import LearningRateSGD
-    from onnxgrad.training.runner import TrainingRunner
+    from onnxgrad.training.running.data import OrtDataLoader
+    from onnxgrad.training.running.devices import parse_device
+    from onnxgrad.training.running.runner import TrainingRunner
+    from onnxgrad.training.step.learning_rate import LearningRateSGD
 
     model, example, _, blocks = _exported("transformer")
     x, label = example[0].numpy(), example[1].numpy()

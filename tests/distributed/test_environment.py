@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from onnxgrad.training import distributed
-from onnxgrad.training.devices import check_device
+from onnxgrad.training.running import distributed
+from onnxgrad.training.running.devices import check_device
 
 
 def test_world_size_and_rank_come_from_torchrun(monkeypatch):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from onnx import numpy_helper
 
-from onnxgrad.training.distributed import DistributedError, DistributedRunner, rank
+from onnxgrad.training.running.distributed import DistributedError, DistributedRunner, rank
 from tests.distributed.cases import BATCH, estimators
 
 

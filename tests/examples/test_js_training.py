@@ -36,7 +36,7 @@ from onnxgrad.training import (
     merge_checkpoint,
     parse_device,
 )
-from onnxgrad.training.checkpoint import load_checkpoint, save_tensors
+from onnxgrad.training.artifacts.checkpoint import load_checkpoint, save_tensors
 from tests.graph.sklearn_models import mlp_regressor
 
 ROOT = Path(__file__).resolve().parents[2]

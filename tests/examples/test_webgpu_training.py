@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from onnxgrad.training import generate_artifacts
-from onnxgrad.training.checkpoint import save_tensors
+from onnxgrad.training.artifacts.checkpoint import save_tensors
 from tests.examples.test_js_training import (  # noqa: F401 (fixtures)
     CASES,
     EXAMPLE,

@@ -18,7 +18,7 @@ from onnxgrad.training import (
     merge_checkpoint,
     parse_device,
 )
-from onnxgrad.training.checkpoint import Checkpoint
+from onnxgrad.training.artifacts.checkpoint import Checkpoint
 from tests.graph.sklearn_models import mlp_regressor
 
 

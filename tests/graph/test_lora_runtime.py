@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad import add_lora
 from onnxgrad.graph.lora_runtime import runtime_adapter_model
-from onnxgrad.training.onnx_adapter import load_onnx_adapter, save_onnx_adapter
+from onnxgrad.training.artifacts.onnx_adapter import load_onnx_adapter, save_onnx_adapter
 
 K, N, BLOCK = 32, 6, 16
 RNG = np.random.default_rng(0)

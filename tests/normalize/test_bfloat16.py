@@ -12,7 +12,7 @@ from onnx import TensorProto
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.bfloat16 import bfloat16_in_float32
 from onnxgrad.training import SquareLearningLoss, generate_artifacts, load_train_step
-from onnxgrad.training.composition import loss_gradient, make_loss_model
+from onnxgrad.training.step.composition import loss_gradient, make_loss_model
 from tests.models import cast_mlp_model
 
 ml_dtypes = pytest.importorskip("ml_dtypes")

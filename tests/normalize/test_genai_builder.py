@@ -147,7 +147,7 @@ def test_lora_of_builder_output_runs_as_genai_adapter(built, precision, tmp_path
         load_train_step,
         merge_checkpoint,
     )
-    from onnxgrad.training.onnx_adapter import save_onnx_adapter
+    from onnxgrad.training.artifacts.onnx_adapter import save_onnx_adapter
 
     folder = built(precision)
     model = onnx.load(folder / "model.onnx")

@@ -17,8 +17,8 @@ from onnxgrad import (
     onnx_derivative,
 )
 from onnxgrad.normalize import PASSES, normalized_model
-from onnxgrad.training.composition import make_train_step
-from onnxgrad.training.losses import SquareLearningLoss
+from onnxgrad.training.step.composition import make_train_step
+from onnxgrad.training.step.losses import SquareLearningLoss
 from tests.cli.helpers import run_in_process, save
 from tests.derivative.fd import onnx_function
 from tests.normalize import models

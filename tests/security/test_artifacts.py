@@ -23,7 +23,7 @@ from onnxgrad.training import (
     load_train_step,
     merge_checkpoint,
 )
-from onnxgrad.training import artifacts as artifacts_module
+from onnxgrad.training.artifacts import generate as artifacts_module
 from tests.models import linear_regression_model
 from tests.security.isolated import refused, run_cases
 

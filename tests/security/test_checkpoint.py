@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onnxgrad.training.checkpoint import (
+from onnxgrad.training.artifacts.checkpoint import (
     Checkpoint,
     load_checkpoint,
     load_tensors,
@@ -118,7 +118,7 @@ def reports(tmp_path_factory):
     for key, (build, _) in DANGEROUS.items():
         folder = tmp_path_factory.mktemp(key)
         build(folder)
-        code = "from onnxgrad.training.checkpoint import load_checkpoint\n"
+        code = "from onnxgrad.training.artifacts.checkpoint import load_checkpoint\n"
         cases[key] = (folder, code + "load_checkpoint('c.json')\n")
     return run_cases(cases)
 

@@ -148,7 +148,7 @@ def many_members(folder: Path, members: int = 100_000) -> None:
 def artifact_shapes(folder: Path) -> None:
     """Right digests, but the training model's weight input declared [3] while the manifest
     and the checkpoint say [2]."""
-    from onnxgrad.training._artifact_manifest import MANIFEST, file_digests
+    from onnxgrad.training.artifacts.manifest import MANIFEST, file_digests
 
     art = folder / "art"
     generate_artifacts(linear_regression_model(np.ones(2), np.ones(1)), optimizer="sgd", folder=art)

@@ -25,7 +25,7 @@ from onnx.external_data_helper import convert_model_to_external_data
 from onnxgrad import _files
 from onnxgrad._onnx_utils import load_model
 from onnxgrad.training import Checkpoint, generate_artifacts, load_train_step, save_checkpoint
-from onnxgrad.training.checkpoint import load_tensors
+from onnxgrad.training.artifacts.checkpoint import load_tensors
 from tests.models import linear_regression_model
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX links and renames")

@@ -25,7 +25,7 @@ from onnxgrad.training import (
     parse_device,
     save_checkpoint,
 )
-from onnxgrad.training.checkpoint import ALIGNMENT, load_tensors, save_tensors
+from onnxgrad.training.artifacts.checkpoint import ALIGNMENT, load_tensors, save_tensors
 from tests.graph.sklearn_models import mlp_regressor
 
 

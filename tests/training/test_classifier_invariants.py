@@ -19,9 +19,9 @@ import pytest
 
 from onnxgrad.exceptions import BrokenDistributionError
 from onnxgrad.training import OrtGradientClassifier, generate_artifacts, merge_checkpoint
-from onnxgrad.training.checkpoint import Checkpoint
-from onnxgrad.training.learning_rate import LearningRateSGD
-from onnxgrad.training.losses import select_learning_loss
+from onnxgrad.training.artifacts.checkpoint import Checkpoint
+from onnxgrad.training.step.learning_rate import LearningRateSGD
+from onnxgrad.training.step.losses import select_learning_loss
 from tests.cli.helpers import run_in_process, run_onnxgrad
 
 skl2onnx = pytest.importorskip("skl2onnx")

@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad.training import LearningRateSGD, OrtGradientForwardBackwardOptimizer
-from onnxgrad.training.artifacts import generate_artifacts
-from onnxgrad.training.composition import make_train_step
+from onnxgrad.training.artifacts.generate import generate_artifacts
+from onnxgrad.training.step.composition import make_train_step
 
 RNG = np.random.default_rng(3)
 WEIGHTS = {

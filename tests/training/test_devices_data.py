@@ -7,7 +7,7 @@ import pytest
 from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
 from onnxgrad.training import Device, OrtDataLoader, check_device, parse_device
-from onnxgrad.training.devices import _cuda_provider_loads
+from onnxgrad.training.running.devices import _cuda_provider_loads
 
 
 @pytest.mark.parametrize(

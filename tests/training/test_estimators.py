@@ -564,7 +564,7 @@ def test_a_failed_fit_leaves_the_estimator_as_it_was():
 
 
 def test_the_data_is_checked_before_the_derivative_is_built(monkeypatch):
-    from onnxgrad.training import estimators
+    from onnxgrad.training.estimators import optimizers as estimators
 
     def no_derivative(*args, **kwargs):
         raise AssertionError("the train step is built before the data is checked")
@@ -609,7 +609,7 @@ def test_results_own_their_memory():
 
 
 def test_cuda_without_the_provider_fails_before_training():
-    from onnxgrad.training.devices import _cuda_provider_loads
+    from onnxgrad.training.running.devices import _cuda_provider_loads
 
     if _cuda_provider_loads(0):
         pytest.skip("CUDA works on this machine")

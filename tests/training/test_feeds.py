@@ -214,10 +214,10 @@ def test_classifier_with_a_per_row_feed_matches_numpy():
 
 
 def test_runner_binds_fixed_inputs_to_every_step():
-    from onnxgrad.training.composition import make_train_step
-    from onnxgrad.training.devices import check_device
-    from onnxgrad.training.feeds import Rows, data_loader
-    from onnxgrad.training.runner import TrainingRunner
+    from onnxgrad.training.running.devices import check_device
+    from onnxgrad.training.running.feeds import Rows, data_loader
+    from onnxgrad.training.running.runner import TrainingRunner
+    from onnxgrad.training.step.composition import make_train_step
 
     step = make_train_step(
         two_input_model(),

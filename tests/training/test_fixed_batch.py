@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad.training import LearningRateSGD, OrtGradientForwardBackwardOptimizer
-from onnxgrad.training.batch_axis import free_batch_axis
+from onnxgrad.training.running.batch_axis import free_batch_axis
 
 RNG = np.random.default_rng(0)
 W0 = RNG.normal(size=(3, 1))

@@ -17,8 +17,8 @@ from onnxgrad.training import (
     check_device,
     make_train_step,
 )
-from onnxgrad.training._in_place import in_place_inputs
-from onnxgrad.training.runner import in_place
+from onnxgrad.training.running.runner import in_place
+from onnxgrad.training.step._in_place import in_place_inputs
 
 rng = np.random.default_rng(5)
 
@@ -133,7 +133,7 @@ def test_runner_sharing_buffers_equals_the_graph_fed_back(layout, optimizer):
 
 def test_default_layout_by_size():
     """The flat update holds a second copy of the weights: only small models get it."""
-    from onnxgrad.training.train_step import FLAT_MAX_ELEMENTS, default_layout
+    from onnxgrad.training.step.train_step import FLAT_MAX_ELEMENTS, default_layout
 
     model, _ = mlp()
     assert default_layout(model, ["W1", "b1", "W2"], "cpu") == "flat"
@@ -230,7 +230,7 @@ FUSED = {
 @pytest.mark.parametrize("optimizer", ["adam", "momentum"])
 def test_every_weight_in_place_in_the_graph_onnxruntime_runs(build, optimizer, tmp_path):
     """The update of each weight waits for the backward's reads of it (gates,
-    :mod:`onnxgrad.training.update_gates`), so every weight has one buffer; and it still
+    :mod:`onnxgrad.training.step.update_gates`), so every weight has one buffer; and it still
     does in the graph onnxruntime runs after its fusions (the transposed weight folded into
     a ``FusedMatMul`` reading the weight itself): every node reading a weight's buffer
     there is an ancestor of the node writing its new value."""

@@ -22,7 +22,7 @@ from onnxgrad.training import (
     learning_rate_from_name,
     make_train_step,
 )
-from onnxgrad.training.learning_rate import LEARNING_RATE_NAMES, select_learning_rate
+from onnxgrad.training.step.learning_rate import LEARNING_RATE_NAMES, select_learning_rate
 from tests.models import linear_regression_model
 
 #: the references below are gradients of the mean squared error

@@ -24,7 +24,7 @@ from onnxgrad.training import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
 )
-from onnxgrad.training.losses import select_learning_loss
+from onnxgrad.training.step.losses import select_learning_loss
 from tests.cli.helpers import run_in_process, run_model
 
 N, FEATURES, CLASSES = 12, 4, 3

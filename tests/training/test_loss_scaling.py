@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxgrad.training import LearningRateAdam, LearningRateSGD, make_train_step
-from onnxgrad.training.loss_scaling import LossScaling
+from onnxgrad.training.step.loss_scaling import LossScaling
 from tests.models import cast_mlp_model
 
 LR = 0.5
@@ -257,7 +257,7 @@ def test_master_weight_gradients_agree_with_float16_and_float32_models():
     the reference evaluator, or as onnxruntime runs it) against central differences of the
     float16 model and against the float32 model's gradient."""
     from onnxgrad.training import SquareLearningLoss
-    from onnxgrad.training.composition import loss_gradient, make_loss_model
+    from onnxgrad.training.step.composition import loss_gradient, make_loss_model
 
     rng = np.random.default_rng(4)
 

@@ -19,7 +19,7 @@ from onnxgrad.training import (
     make_eval_step,
     make_train_step,
 )
-from onnxgrad.training.losses import select_learning_loss
+from onnxgrad.training.step.losses import select_learning_loss
 
 
 def shift_model(columns: int):

@@ -21,7 +21,7 @@ from onnxgrad.training import (
     OrtGradientForwardBackwardOptimizer,
     SquareLearningLoss,
 )
-from onnxgrad.training.ort_devices import (
+from onnxgrad.training.running.ort_devices import (
     get_ort_device,
     get_ort_device_from_session,
     get_ort_device_type,

@@ -15,12 +15,16 @@ from onnx import helper, numpy_helper
 
 from onnxgrad import ConvergenceError
 from onnxgrad.training import LearningRateSGD, OrtGradientForwardBackwardOptimizer
-from onnxgrad.training.artifacts import generate_artifacts, load_train_step, merge_checkpoint
-from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from onnxgrad.training.composition import make_train_step
-from onnxgrad.training.data import OrtDataLoader, to_ortvalue
-from onnxgrad.training.devices import check_device
-from onnxgrad.training.runner import TrainingRunner
+from onnxgrad.training.artifacts.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from onnxgrad.training.artifacts.generate import (
+    generate_artifacts,
+    load_train_step,
+    merge_checkpoint,
+)
+from onnxgrad.training.running.data import OrtDataLoader, to_ortvalue
+from onnxgrad.training.running.devices import check_device
+from onnxgrad.training.running.runner import TrainingRunner
+from onnxgrad.training.step.composition import make_train_step
 
 W0 = np.array([[0.1], [0.2], [0.3]])
 S0 = 0.5

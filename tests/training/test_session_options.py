@@ -1,4 +1,4 @@
-"""Training sessions get the options of :mod:`onnxgrad.training.session_options` unless the
+"""Training sessions get the options of :mod:`onnxgrad.training.running.session_options` unless the
 caller passes its own."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import onnxruntime as ort
 import pytest
 
 from onnxgrad.training import LearningRateSGDNesterov, TrainingRunner, make_train_step
-from onnxgrad.training.data import OrtDataLoader
-from onnxgrad.training.devices import check_device
-from onnxgrad.training.session_options import training_session_options
+from onnxgrad.training.running.data import OrtDataLoader
+from onnxgrad.training.running.devices import check_device
+from onnxgrad.training.running.session_options import training_session_options
 from tests.models import linear_regression_model
 
 
@@ -44,7 +44,7 @@ def test_runner_uses_them_unless_given_its_own():
 def test_training_sessions_share_one_cpu_arena():
     """The sessions allocate from the arena registered in onnxruntime's environment (not
     with the arena off), and train exactly as a session with its own arena."""
-    from onnxgrad.training.cpu_arena import USE_SHARED_ARENA
+    from onnxgrad.training.running.cpu_arena import USE_SHARED_ARENA
 
     key, value = USE_SHARED_ARENA
     assert training_session_options().get_session_config_entry(key) == value

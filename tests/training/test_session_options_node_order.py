@@ -1,4 +1,4 @@
-"""The ready order of :mod:`onnxgrad.training.node_order`: a topological order with short
+"""The ready order of :mod:`onnxgrad.training.step.node_order`: a topological order with short
 waits for onnxruntime 1.19's sorts, computing what the graph as built computes (a deep train
 step rearranged trains as the step as built)."""
 
@@ -19,8 +19,8 @@ from onnxgrad.training import (
     TrainingRunner,
     make_train_step,
 )
-from onnxgrad.training.devices import check_device
-from onnxgrad.training.node_order import (
+from onnxgrad.training.running.devices import check_device
+from onnxgrad.training.step.node_order import (
     after_producers,
     place_after_producers,
     producers,
@@ -218,7 +218,7 @@ def test_a_deep_steps_update_follows_its_gradients(monkeypatch):
     (Adam's ``(1 - beta) g`` after the gradient, ``beta m`` first): onnxruntime 1.19's sorts
     walk fewer than half the cells of the update emitted at the end, and the step computes
     the same values."""
-    import onnxgrad.training.composition as composition
+    import onnxgrad.training.step.composition as composition
 
     model, weights = _deep_mlp(48)
     step = make_train_step(model, learning_rate=LearningRateAdam())

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from onnxgrad.training import ElasticLearningPenalty, LearningRateSGD
-from onnxgrad.training.split_step import make_split_step
+from onnxgrad.training.step.split_step import make_split_step
 from tests.models import linear_regression_model
 
 

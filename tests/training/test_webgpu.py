@@ -1,4 +1,4 @@
-"""onnxgrad.training.webgpu without a browser: Sum as Adds computes what numpy computes,
+"""onnxgrad.training.artifacts.webgpu without a browser: Sum as Adds computes what numpy computes,
 the placement log is parsed and sorted by what each CPU node reads, the target option."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxgrad.training import generate_artifacts
-from onnxgrad.training.webgpu import (
+from onnxgrad.training.artifacts.webgpu import (
     check_target,
     check_webgpu_model,
     classify_placement,

@@ -8,7 +8,7 @@ from onnx import ModelProto
 
 from onnxgrad._files import save_model
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
-from onnxgrad.training.composition import LossModel
+from onnxgrad.training.step.composition import LossModel
 
 
 def save_loss_gradient(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxgrad.graph.loss_table import LOGITS
-from onnxgrad.training.estimators import OrtGradientForwardBackwardOptimizer
+from onnxgrad.training.estimators.optimizers import OrtGradientForwardBackwardOptimizer
 
 
 class OrtGradientClassifier(OrtGradientForwardBackwardOptimizer):

@@ -25,7 +25,7 @@ LM; see docs/benchmarks.md):
   time; onnxruntime 1.32 creates the sessions in the same time either way
   (``benchmarks/bench_session_creation.py``);
 * the CPU arena is one arena shared by the process's training sessions, grown by what a
-  request lacks instead of by powers of two (:mod:`onnxgrad.training.cpu_arena`): the
+  request lacks instead of by powers of two (:mod:`onnxgrad.training.running.cpu_arena`): the
   transformer classifier at sequence 256 peaks at 39.6 MiB instead of 44.1, the 8-layer
   Llama-like LM at 286 instead of 331, for +1.3 % and +4.3 % of step CPU time; not with
   ``enable_cpu_mem_arena=False``;
@@ -42,7 +42,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from onnxgrad.training.cpu_arena import use_shared_cpu_arena
+from onnxgrad.training.running.cpu_arena import use_shared_cpu_arena
 
 #: attribute of ``onnxruntime.SessionOptions`` -> value for training sessions
 TRAINING_SESSION_OPTIONS: dict[str, Any] = {"enable_mem_pattern": False, "enable_mem_reuse": False}

@@ -20,8 +20,8 @@ from onnxgrad._onnx_utils import ModelLike, load_model, real_inputs
 from onnxgrad.derivative.api import onnx_derivative
 from onnxgrad.graph.initializers import get_train_initializer
 from onnxgrad.normalize import normalized_model
-from onnxgrad.training.composition import weights_as_inputs
-from onnxgrad.training.ort_devices import get_ort_device_from_session, numpy_to_ort_value
+from onnxgrad.training.running.ort_devices import get_ort_device_from_session, numpy_to_ort_value
+from onnxgrad.training.step.composition import weights_as_inputs
 
 logger = logging.getLogger("onnxgrad.training")
 

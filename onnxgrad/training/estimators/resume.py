@@ -1,6 +1,6 @@
 """Epoch checkpoints of an estimator: written at every epoch's end, read to resume.
 
-A checkpoint ``NAME.json`` is a tensor file (:mod:`onnxgrad.training.checkpoint`: the
+A checkpoint ``NAME.json`` is a tensor file (:mod:`onnxgrad.training.artifacts.checkpoint`: the
 weights and the optimizer state named as :meth:`get_full_state` names them) and
 ``NAME.progress.json`` beside it: the epochs and samples seen, the shuffling generator's
 state, the loss curves, and the SHA-256 of both tensor files, so that a half-written or
@@ -22,8 +22,8 @@ from typing import Any
 
 from onnxgrad._files import write_atomically
 from onnxgrad._untrusted import MAX_MANIFEST_BYTES, read_confined, sha256_hex
-from onnxgrad.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from onnxgrad.training.distributed import rank
+from onnxgrad.training.artifacts.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from onnxgrad.training.running.distributed import rank
 
 FORMAT = "onnxgrad.progress"
 _CURVES = ("train_losses_", "validation_losses_", "validation_scores_")

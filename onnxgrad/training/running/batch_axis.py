@@ -27,8 +27,8 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import load_model
-from onnxgrad.training._inputs import check_features, input_info, tensor_dims
-from onnxgrad.training.feeds import checked_fixed
+from onnxgrad.training.running.feeds import checked_fixed
+from onnxgrad.training.step._inputs import check_features, input_info, tensor_dims
 
 SYMBOL = "N"
 

@@ -2,7 +2,7 @@
 
 The runner writes a new weight over the old one (one buffer instead of two) only when every
 other node reading the weight runs before the node writing the new value
-(:mod:`~onnxgrad.training._in_place`). The backward reads most weights after the forward:
+(:mod:`~onnxgrad.training.step._in_place`). The backward reads most weights after the forward:
 ``dX = dY W^T`` for a ``MatMul`` or ``Gemm``, a transposed convolution for a ``Conv``; nothing
 ordered those reads before the weight's update, so such weights kept two buffers, the whole
 model twice (resnet18: 45 MiB more than one set).
@@ -37,7 +37,7 @@ from onnx import GraphProto, NodeProto
 from onnxgrad._onnx_utils import replace_repeated
 from onnxgrad.derivative.gating import Gates
 from onnxgrad.derivative.late_backward import ALIASES
-from onnxgrad.training._in_place import BufferFlow, reads_elementwise
+from onnxgrad.training.step._in_place import BufferFlow, reads_elementwise
 
 PREFIX = "update_gate/"
 #: operators passing a tensor on without computing with it, which optimizers fold into
@@ -90,7 +90,7 @@ def gate_updates(graph: GraphProto, updates: Mapping[str, str]) -> list[str]:
 
 
 class _Flow(BufferFlow):
-    """:class:`~onnxgrad.training._in_place.BufferFlow` with the nodes' consumers and
+    """:class:`~onnxgrad.training.step._in_place.BufferFlow` with the nodes' consumers and
     positions."""
 
     def __init__(self, nodes: Iterable[NodeProto], inputs: Iterable[str]):

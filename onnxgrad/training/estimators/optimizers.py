@@ -1,7 +1,7 @@
 """scikit-learn style estimators training an ONNX model with fused train steps.
 
 * :class:`OrtGradientForwardBackwardOptimizer`: the model predicts; the loss is a separate
-  object (:mod:`onnxgrad.training.losses`) composed with it.
+  object (:mod:`onnxgrad.training.step.losses`) composed with it.
 * :class:`OrtGradientOptimizer`: the model already ends in a loss output (see
   :func:`onnxgrad.add_loss_output`).
 
@@ -32,29 +32,15 @@ from onnxgrad.graph._scores import n_classes_of
 from onnxgrad.graph.loss_table import PROBABILITIES
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.trained import trained_model
-from onnxgrad.training._inputs import (
-    check_batch_axis,
-    check_labels,
-    check_sample_weight,
-    input_info,
-    tensor_dims,
-)
-from onnxgrad.training._params import EstimatorMixin, ResolvedParam
-from onnxgrad.training._stopping import NoImprovement, validation_rows
-from onnxgrad.training.batch_axis import free_batch_axis, symbolic_batch_axis
-from onnxgrad.training.compat import save_loss_gradient
-from onnxgrad.training.composition import (
-    LossModel,
-    TrainStep,
-    make_eval_step,
-    make_predict_model,
-    make_train_step,
-)
-from onnxgrad.training.data import OrtDataLoader
-from onnxgrad.training.devices import check_device
-from onnxgrad.training.distributed import agreed, data_parallel, make_runner, rank
-from onnxgrad.training.distributed import world_size as _world_size
-from onnxgrad.training.feeds import (
+from onnxgrad.training.estimators._stopping import NoImprovement, validation_rows
+from onnxgrad.training.estimators.compat import save_loss_gradient
+from onnxgrad.training.estimators.invariants import check_still_a_distribution, probabilities_error
+from onnxgrad.training.running.batch_axis import free_batch_axis, symbolic_batch_axis
+from onnxgrad.training.running.data import OrtDataLoader
+from onnxgrad.training.running.devices import check_device
+from onnxgrad.training.running.distributed import agreed, data_parallel, make_runner, rank
+from onnxgrad.training.running.distributed import world_size as _world_size
+from onnxgrad.training.running.feeds import (
     FixedFeeds,
     as_rows,
     checked_rows,
@@ -62,19 +48,33 @@ from onnxgrad.training.feeds import (
     flat,
     split_inputs,
 )
-from onnxgrad.training.invariants import check_still_a_distribution, probabilities_error
-from onnxgrad.training.learning_rate import BaseLearningRate, select_learning_rate
-from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
-from onnxgrad.training.master_weights import as_master, as_stored
-from onnxgrad.training.penalties import (
+from onnxgrad.training.running.runner import GraphRunner
+from onnxgrad.training.running.session_options import training_session_options
+from onnxgrad.training.step._inputs import (
+    check_batch_axis,
+    check_labels,
+    check_sample_weight,
+    input_info,
+    tensor_dims,
+)
+from onnxgrad.training.step._params import EstimatorMixin, ResolvedParam
+from onnxgrad.training.step.composition import (
+    LossModel,
+    TrainStep,
+    make_eval_step,
+    make_predict_model,
+    make_train_step,
+)
+from onnxgrad.training.step.learning_rate import BaseLearningRate, select_learning_rate
+from onnxgrad.training.step.losses import BaseLearningLoss, select_learning_loss
+from onnxgrad.training.step.master_weights import as_master, as_stored
+from onnxgrad.training.step.penalties import (
     BaseLearningPenalty,
     NoLearningPenalty,
     select_learning_penalty,
 )
-from onnxgrad.training.runner import GraphRunner
-from onnxgrad.training.session_options import training_session_options
-from onnxgrad.training.split_step import make_split_step
-from onnxgrad.training.train_step import default_layout
+from onnxgrad.training.step.split_step import make_split_step
+from onnxgrad.training.step.train_step import default_layout
 
 #: parameters the composed graphs do not depend on
 _RUN_PARAMS = frozenset(
@@ -191,7 +191,7 @@ class BaseOrtOptimizer(EstimatorMixin):
         arrays and/or ``feeds={input: array}``: a feed with one row per observation is
         batched with ``X``, any other (a sample rate, an initial state) is fed as is with
         every batch and kept for :meth:`predict` and :meth:`score`, which take the same
-        arguments (:mod:`onnxgrad.training.feeds`).
+        arguments (:mod:`onnxgrad.training.running.feeds`).
         """
         return self._fit(
             X, y, sample_weight, X_val, y_val, self.max_iter, self.warm_start, feeds=feeds
@@ -360,9 +360,9 @@ class BaseOrtOptimizer(EstimatorMixin):
     def _train_step(self, model: ModelProto, graphs: _Graphs, device) -> TrainStep:
         """The train step of ``graphs`` for ``device``, built on first use.
 
-        See :func:`~onnxgrad.training.train_step.default_layout`. On several ranks the step
-        is split around the gradients' all-reduce (:mod:`onnxgrad.training.distributed`), its
-        update on all weights end to end.
+        See :func:`~onnxgrad.training.step.train_step.default_layout`. On several ranks the step
+        is split around the gradients' all-reduce
+        (:mod:`onnxgrad.training.running.distributed`), its update on all weights end to end.
         """
         scaling = {"recompute": self.recompute}
         if data_parallel():
@@ -745,7 +745,8 @@ class OrtGradientForwardBackwardOptimizer(BaseOrtOptimizer):
     :param max_iter: number of epochs
     :param batch_size: observations per batch
     :param learning_rate: a number (``eta0`` of SGD), ``'SGD'``, ``'Nesterov'``,
-        ``'Momentum'``, ``'Adam'`` or an optimizer object (:mod:`~onnxgrad.training.learning_rate`)
+        ``'Momentum'``, ``'Adam'`` or an optimizer object
+        (:mod:`~onnxgrad.training.step.learning_rate`)
     :param device: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``
     :param warm_start: continue from the current weights, optimizer state and schedule
     :param verbose: show the loss and the learning rate at each epoch: a tqdm bar on a

@@ -15,7 +15,7 @@ one folder:
   weights), initial weights: nothing that exists for training (lowered operators,
   straight-through terms, stop-gradients) reaches it;
 * ``checkpoint.json`` + ``checkpoint.bin``: the initial weights and optimizer state
-  (:mod:`onnxgrad.training.checkpoint`, readable without onnx or numpy);
+  (:mod:`onnxgrad.training.artifacts.checkpoint`, readable without onnx or numpy);
 * ``artifacts.json``: which input receives which output, the learning rate, the roles, and
   the SHA-256 digest of every other file (loaders refuse a folder that does not match);
 * ``data.json`` + ``data.bin``: training data for the JavaScript example, when given.
@@ -60,7 +60,13 @@ from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.constants import constant_weights
 from onnxgrad.normalize.ste import quantized_activations as rounding
 from onnxgrad.normalize.trained import trained_model
-from onnxgrad.training._artifact_manifest import (
+from onnxgrad.training.artifacts.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_tensors,
+)
+from onnxgrad.training.artifacts.manifest import (
     FORMAT,
     MANIFEST,
     VERSION,
@@ -69,24 +75,18 @@ from onnxgrad.training._artifact_manifest import (
     read_artifacts,
     read_manifest,
 )
-from onnxgrad.training._weights import no_weight_error, weights_reaching
-from onnxgrad.training.checkpoint import (
-    Checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    save_tensors,
-)
-from onnxgrad.training.composition import LossModel, make_eval_step, make_train_step
-from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from_name
-from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
-from onnxgrad.training.master_weights import as_master, as_stored
-from onnxgrad.training.train_step import StateSlot, TrainStep
-from onnxgrad.training.webgpu import (
+from onnxgrad.training.artifacts.webgpu import (
     check_target,
     check_webgpu_model,
     recompute_for,
     sums_as_adds,
 )
+from onnxgrad.training.step._weights import no_weight_error, weights_reaching
+from onnxgrad.training.step.composition import LossModel, make_eval_step, make_train_step
+from onnxgrad.training.step.learning_rate import BaseLearningRate, learning_rate_from_name
+from onnxgrad.training.step.losses import BaseLearningLoss, select_learning_loss
+from onnxgrad.training.step.master_weights import as_master, as_stored
+from onnxgrad.training.step.train_step import StateSlot, TrainStep
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -156,7 +156,7 @@ def generate_artifacts(
     :param data: ``(X, y)`` written as ``data.json`` for the JavaScript example
     :param loss_scale: loss scaling of :func:`make_train_step` (default ``'auto'``: dynamic,
         its scale and count of finite steps part of the optimizer state, for a model
-        computing in float16; :mod:`onnxgrad.training.loss_scaling`)
+        computing in float16; :mod:`onnxgrad.training.step.loss_scaling`)
     :param recompute: forward values the train step's backward recomputes (default
         ``"attention"``: large attentions in tiles; ``"auto"``, block patterns or ``None``,
         see :func:`onnxgrad.onnx_derivative`)
@@ -164,7 +164,7 @@ def generate_artifacts(
         :func:`onnxgrad.onnx_derivative`
     :param target: ``'cpu'`` or ``'webgpu'``: artifacts whose every node has a kernel in
         onnxruntime-web's WebGPU provider (the attention untiled, no control flow;
-        :mod:`onnxgrad.training.webgpu`)
+        :mod:`onnxgrad.training.artifacts.webgpu`)
     """
     recompute = recompute_for(check_target(target), recompute)
     directory = _directory(artifact_directory, folder)
@@ -225,7 +225,7 @@ def _save_data(step: TrainStep, X: np.ndarray, y: np.ndarray, path: Path) -> Non
 
 def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     """The :class:`TrainStep` of saved artifacts, to run ``training_model.onnx`` with the
-    Python :class:`~onnxgrad.training.runner.TrainingRunner`.
+    Python :class:`~onnxgrad.training.running.runner.TrainingRunner`.
 
     The folder may come from elsewhere: every file is read once and its digest checked on
     the bytes read, which are the bytes loaded (:func:`read_artifacts`); every field of

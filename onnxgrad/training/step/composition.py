@@ -33,23 +33,23 @@ from onnxgrad.derivative.api import derive_in_place, graph_inputs
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph.initializers import train_initializer_names
 from onnxgrad.graph.select import select_in_place
-from onnxgrad.training._builder import StepBuilder, rename_values
-from onnxgrad.training._inputs import check_batch_axis
-from onnxgrad.training._weights import no_weight_error, weights_reaching
-from onnxgrad.training.learning_rate import BaseLearningRate, LearningRateSGD
-from onnxgrad.training.loss_scaling import (
+from onnxgrad.training.step._builder import StepBuilder, rename_values
+from onnxgrad.training.step._inputs import check_batch_axis
+from onnxgrad.training.step._weights import no_weight_error, weights_reaching
+from onnxgrad.training.step.learning_rate import BaseLearningRate, LearningRateSGD
+from onnxgrad.training.step.loss_scaling import (
     LossScaling,
     guard_update,
     resolve_loss_scale,
     scale_loss,
     unscale_gradients,
 )
-from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
-from onnxgrad.training.master_weights import with_master_weights
-from onnxgrad.training.node_order import place_after_producers
-from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
-from onnxgrad.training.train_step import DataRoles, TrainStep, append_update
-from onnxgrad.training.update_gates import gate_updates
+from onnxgrad.training.step.losses import BaseLearningLoss, SquareLearningLoss
+from onnxgrad.training.step.master_weights import with_master_weights
+from onnxgrad.training.step.node_order import place_after_producers
+from onnxgrad.training.step.penalties import BaseLearningPenalty, NoLearningPenalty
+from onnxgrad.training.step.train_step import DataRoles, TrainStep, append_update
+from onnxgrad.training.step.update_gates import gate_updates
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def make_loss_model(
     The model is first made regular by :func:`onnxgrad.normalize.normalized_model`
     (``ai.onnx.ml`` operators lowered, opset 13 at least, weights stored as constants
     promoted to initializers). Trained float16 and bfloat16 weights become float32 master
-    weights (:mod:`onnxgrad.training.master_weights`).
+    weights (:mod:`onnxgrad.training.step.master_weights`).
     """
     named = weights is not None
     weights = resolve_weights(model, weights)
@@ -159,10 +159,10 @@ def make_train_step(
     ``G = dloss/dW`` by :func:`onnxgrad.onnx_derivative` (``backend``), then the update of
     ``learning_rate`` (default :class:`LearningRateSGD`): ``W', S' = update(W, G, S, lr)``,
     per weight tensor or on all of them end to end (``layout``, see
-    :mod:`onnxgrad.training.train_step`).
+    :mod:`onnxgrad.training.step.train_step`).
 
     ``loss_scale``: ``'dynamic'`` scales the loss before the backward and skips steps whose
-    gradients are not finite (:mod:`onnxgrad.training.loss_scaling`), a number is a static
+    gradients are not finite (:mod:`onnxgrad.training.step.loss_scaling`), a number is a static
     scale, ``None`` none; ``'auto'`` (default) is ``'dynamic'`` for a model computing in
     float16, else ``None``. ``recompute``: forward values the backward recomputes (see
     :func:`onnxgrad.onnx_derivative`; default ``'attention'``: large attentions in tiles,
@@ -217,9 +217,9 @@ def _compacted(model: ModelProto, dropped_bytes: int) -> ModelProto:
 
 def _arranged_per_weight_update(step: TrainStep, gradient_values: set[str]) -> TrainStep:
     """A per-weight update made writable in place (each weight's update waits for the
-    backward's reads of it, :mod:`~onnxgrad.training.update_gates`) and its nodes other than
+    backward's reads of it, :mod:`~onnxgrad.training.step.update_gates`) and its nodes other than
     its leaves placed right after what they read
-    (:func:`~onnxgrad.training.node_order.place_after_producers`), then checked once. The
+    (:func:`~onnxgrad.training.step.node_order.place_after_producers`), then checked once. The
     flat layout is left as it is: its weights are views of one vector only the update reads,
     and its ``Concat`` keeps its pieces in the order of readiness."""
     if step.layout != "per_weight":

@@ -9,9 +9,9 @@ import onnxruntime as ort
 from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
 from onnxgrad._arrays import c_contiguous
-from onnxgrad.training._inputs import host_array, weight_vector
-from onnxgrad.training.devices import Device, check_device
-from onnxgrad.training.ort_devices import numpy_to_ort_value
+from onnxgrad.training.running.devices import Device, check_device
+from onnxgrad.training.running.ort_devices import numpy_to_ort_value
+from onnxgrad.training.step._inputs import host_array, weight_vector
 
 
 class OrtDataLoader:

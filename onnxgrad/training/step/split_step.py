@@ -1,8 +1,8 @@
 """A train step in two graphs, gradient then update, for data-parallel training.
 
-The fused step (:mod:`onnxgrad.training.train_step`) applies the update inside the graph
+The fused step (:mod:`onnxgrad.training.step.train_step`) applies the update inside the graph
 that computes the gradient; data-parallel training must sum the ranks' gradients in
-between (:mod:`onnxgrad.training.distributed`), so the step is split there:
+between (:mod:`onnxgrad.training.running.distributed`), so the step is split there:
 
 * the gradient graph: data and weights -> ``dL/dW`` of the data loss (no penalty), ``L``;
 * the update graph (``'flat'`` layout): ``W``, the reduced gradients ``G``, the optimizer
@@ -22,17 +22,17 @@ from onnxgrad._entries import normalizing
 from onnxgrad._onnx_utils import ModelLike, default_opset, finalize_model, np_dtype
 from onnxgrad.derivative import DerivativeOptions, onnx_derivative
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
-from onnxgrad.training._builder import StepBuilder, inline_model
-from onnxgrad.training.composition import (
+from onnxgrad.training.step._builder import StepBuilder, inline_model
+from onnxgrad.training.step.composition import (
     LossModel,
     checked_learning_rate,
     loss_gradient,
     make_loss_model,
 )
-from onnxgrad.training.learning_rate import BaseLearningRate
-from onnxgrad.training.losses import BaseLearningLoss, SquareLearningLoss
-from onnxgrad.training.penalties import BaseLearningPenalty, NoLearningPenalty
-from onnxgrad.training.train_step import TrainStep, append_update
+from onnxgrad.training.step.learning_rate import BaseLearningRate
+from onnxgrad.training.step.losses import BaseLearningLoss, SquareLearningLoss
+from onnxgrad.training.step.penalties import BaseLearningPenalty, NoLearningPenalty
+from onnxgrad.training.step.train_step import TrainStep, append_update
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class SplitStep(TrainStep):
     gradients: tuple[str, ...] = ()
     #: the loss's reduction over a batch, ``'sum'`` or ``'mean'`` (None: a loss the model
     #: computes, told apart on the data by
-    #: :func:`onnxgrad.training.distributed.probe_reduction`)
+    #: :func:`onnxgrad.training.running.distributed.probe_reduction`)
     reduction: str | None = None
 
     @property

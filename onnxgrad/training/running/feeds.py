@@ -8,7 +8,7 @@ state, a sample rate. The estimators take them as ``X`` given as a dict ``{input
   input's first dimension is free or the one ``X``'s input declares: it is batched with
   ``X`` (the same rows);
 * **fixed** otherwise (a 0-d sample rate, a ``[2, 1, 128]`` initial state): the same value
-  is fed as is with every batch (the :attr:`~onnxgrad.training.train_step.DataRoles.fixed`
+  is fed as is with every batch (the :attr:`~onnxgrad.training.step.train_step.DataRoles.fixed`
   role of the composed graphs).
 
 Several per-row arrays travel together as :class:`Rows`, which indexes like one array, so
@@ -25,15 +25,15 @@ from onnx import ModelProto, ValueInfoProto
 
 from onnxgrad._arrays import c_contiguous
 from onnxgrad._onnx_utils import np_dtype
-from onnxgrad.training._inputs import (
+from onnxgrad.training.running.data import OrtDataLoader
+from onnxgrad.training.running.devices import Device
+from onnxgrad.training.step._inputs import (
     check_features,
     check_finite,
     host_array,
     input_info,
     tensor_dims,
 )
-from onnxgrad.training.data import OrtDataLoader
-from onnxgrad.training.devices import Device
 
 
 class Rows:
@@ -216,7 +216,7 @@ def _first_dims(model: ModelProto, names) -> set:
 
 def _is_per_row(info: ValueInfoProto, array: np.ndarray, n_rows: int, batch: set) -> bool:
     """Whether a feed has ``n_rows`` rows for an input whose first dimension is free or the
-    (fixed, :mod:`~onnxgrad.training.batch_axis`) batch dimension ``batch`` of ``X``."""
+    (fixed, :mod:`~onnxgrad.training.running.batch_axis`) batch dimension ``batch`` of ``X``."""
     dims = tensor_dims(info)
     declared = info.type.tensor_type.HasField("shape")
     if array.ndim == 0 or array.shape[0] != n_rows:

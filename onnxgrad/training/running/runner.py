@@ -3,10 +3,10 @@
 Weights and optimizer state live in two sets of device buffers used in turn (ping-pong):
 step ``k`` reads set ``k % 2`` and writes the other one, so nothing is copied back to the
 host between steps. A value whose update can be written over it (see
-:mod:`~onnxgrad.training._in_place`: optimizer state, and the weights of a per-weight update,
-which waits for the backward's reads of them, :mod:`~onnxgrad.training.update_gates`) has
+:mod:`~onnxgrad.training.step._in_place`: optimizer state, and the weights of a per-weight update,
+which waits for the backward's reads of them, :mod:`~onnxgrad.training.step.update_gates`) has
 one buffer, shared by both sets. The data set is on the device too;
-each step only names its rows (:func:`~onnxgrad.training.composition.with_batch_indices`).
+each step only names its rows (:func:`~onnxgrad.training.step.composition.with_batch_indices`).
 Every binding of an epoch is prepared once, so the hot loop is one ``run_with_iobinding``
 call per batch.
 """
@@ -24,21 +24,21 @@ from onnx import ModelProto
 from onnxgrad import _files
 from onnxgrad._arrays import c_contiguous
 from onnxgrad._onnx_utils import default_opset, np_dtype, serialized_size
-from onnxgrad.training._in_place import in_place_inputs
-from onnxgrad.training._inputs import check_tensor, host_array, tensor_dims
-from onnxgrad.training.composition import with_batch_indices
-from onnxgrad.training.data import OrtDataLoader, to_ortvalue
-from onnxgrad.training.devices import Device
-from onnxgrad.training.feeds import FixedFeeds
-from onnxgrad.training.session_options import training_session_options
-from onnxgrad.training.train_step import TrainStep
+from onnxgrad.training.running.data import OrtDataLoader, to_ortvalue
+from onnxgrad.training.running.devices import Device
+from onnxgrad.training.running.feeds import FixedFeeds
+from onnxgrad.training.running.session_options import training_session_options
+from onnxgrad.training.step._in_place import in_place_inputs
+from onnxgrad.training.step._inputs import check_tensor, host_array, tensor_dims
+from onnxgrad.training.step.composition import with_batch_indices
+from onnxgrad.training.step.train_step import TrainStep
 
 
 def make_session(
     model: ModelProto, device: Device, options: ort.SessionOptions | None = None
 ) -> ort.InferenceSession:
     """An ``InferenceSession`` of ``model`` on ``device`` (default options: those of
-    :mod:`~onnxgrad.training.session_options`); a model past protobuf's 2 GiB limit goes
+    :mod:`~onnxgrad.training.running.session_options`); a model past protobuf's 2 GiB limit goes
     through a temporary file with external data."""
     options = options or training_session_options()
     try:
@@ -142,7 +142,7 @@ class StepBuffers:
 
 
 class TrainingRunner:
-    """Runs a :class:`~onnxgrad.training.train_step.TrainStep` epoch after epoch.
+    """Runs a :class:`~onnxgrad.training.step.train_step.TrainStep` epoch after epoch.
 
     :param weights: initial weights by name; ``state``: initial optimizer state by input
         name of the step (default: :meth:`TrainStep.initial_state`); ``feeds``: the values

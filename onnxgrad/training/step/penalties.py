@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from onnxgrad.training._builder import StepBuilder
-from onnxgrad.training._params import ParamsMixin
+from onnxgrad.training.step._builder import StepBuilder
+from onnxgrad.training.step._params import ParamsMixin
 
 
 class BaseLearningPenalty(ParamsMixin):

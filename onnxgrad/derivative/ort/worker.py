@@ -2,7 +2,7 @@
 
 onnxruntime-training 1.19.2 can crash (segfault) on some models, so its gradient builder
 and session loading run here, in a separate interpreter started by
-:mod:`onnxgrad.derivative._ort_process`, never in the user's process.
+:mod:`onnxgrad.derivative.ort.process`, never in the user's process.
 
 The file is executed by path and imports nothing from onnxgrad (importing the package
 would pull every layer into the child). Protocol: one JSON object a line on stdin, one

@@ -2,7 +2,7 @@
 
 onnxgrad's estimators and runners take ``'cpu'``, ``'cuda'`` or ``'cuda:N'`` (``'gpu'``,
 ``'gpu:N'`` alike)
-(:mod:`onnxgrad.training.devices`); these helpers convert between that spelling and
+(:mod:`onnxgrad.training.running.devices`); these helpers convert between that spelling and
 onnxruntime's ``OrtDevice`` (``C_OrtDevice``), for code written against the seeds.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 from onnxruntime.capi._pybind_state import OrtDevice as C_OrtDevice
 from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
-from onnxgrad.training.devices import parse_device
+from onnxgrad.training.running.devices import parse_device
 
 _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 

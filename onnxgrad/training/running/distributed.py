@@ -46,11 +46,10 @@ import onnxruntime as ort
 from onnx import ModelProto
 
 from onnxgrad._onnx_utils import np_dtype
-from onnxgrad.training.composition import with_batch_indices
-from onnxgrad.training.data import OrtDataLoader
-from onnxgrad.training.devices import Device
-from onnxgrad.training.feeds import FixedFeeds
-from onnxgrad.training.runner import (
+from onnxgrad.training.running.data import OrtDataLoader
+from onnxgrad.training.running.devices import Device
+from onnxgrad.training.running.feeds import FixedFeeds
+from onnxgrad.training.running.runner import (
     StepBuffers,
     TrainingRunner,
     _checked_values,
@@ -59,8 +58,9 @@ from onnxgrad.training.runner import (
     check_loader,
     make_session,
 )
-from onnxgrad.training.split_step import SplitStep
-from onnxgrad.training.train_step import TrainStep
+from onnxgrad.training.step.composition import with_batch_indices
+from onnxgrad.training.step.split_step import SplitStep
+from onnxgrad.training.step.train_step import TrainStep
 
 #: seconds a collective waits for the other ranks before it fails (``ONNXGRAD_DIST_TIMEOUT``)
 DEFAULT_TIMEOUT = 300.0
@@ -236,8 +236,8 @@ def model_digest(model: ModelProto) -> str:
 
 # -- runner ---------------------------------------------------------------------------------
 class DistributedRunner:
-    """:class:`~onnxgrad.training.runner.TrainingRunner`'s interface for a :class:`SplitStep`
-    on one rank of a started (or startable) ``torch.distributed`` group.
+    """:class:`~onnxgrad.training.running.runner.TrainingRunner`'s interface for a
+    :class:`SplitStep` on one rank of a started (or startable) ``torch.distributed`` group.
 
     :meth:`run_epoch` takes the loader of the *global* batches (``world_size`` times the
     per-rank batch size); every rank must hold the same data, model and weights (checked).

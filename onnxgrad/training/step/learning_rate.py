@@ -7,7 +7,7 @@ An optimizer object plays two parts:
   the same way): :meth:`BaseLearningRate.learning_rate_at`;
 * the **update**: the authored graph of :mod:`onnxgrad.functions` holding its formula,
   inlined into the fused train step for each weight ``w`` with gradient ``g`` (or once for
-  all the weights end to end, see :mod:`onnxgrad.training.train_step`) and the current
+  all the weights end to end, see :mod:`onnxgrad.training.step.train_step`) and the current
   learning rate ``lr``; it yields the new value and the new optimizer state (velocity,
   moments), all computed on the device.
 """
@@ -21,8 +21,8 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxgrad._onnx_utils import np_dtype
-from onnxgrad.training._builder import StepBuilder, inline_model
-from onnxgrad.training._params import ParamsMixin
+from onnxgrad.training.step._builder import StepBuilder, inline_model
+from onnxgrad.training.step._params import ParamsMixin
 
 _SCHEDULES = ("constant", "optimal", "invscaling")
 

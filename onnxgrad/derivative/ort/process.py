@@ -1,8 +1,8 @@
-"""Parent side of ``backend="ort"``: talks to :mod:`onnxgrad.derivative._ort_worker`.
+"""Parent side of ``backend="ort"``: talks to :mod:`onnxgrad.derivative.ort.worker`.
 
 onnxruntime-training's native code runs in a child interpreter, so that a segfault
 there becomes a :class:`RuntimeError` here instead of killing the user's process. One child
-serves a whole :func:`~onnxgrad.derivative.ort.ort_derivative` call (builds, retries and
+serves a whole :func:`~onnxgrad.derivative.ort.backend.ort_derivative` call (builds, retries and
 the final loading check).
 """
 
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-WORKER = Path(__file__).with_name("_ort_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 
 _BOOTSTRAP = (
     "import json, runpy, sys; sys.path[:] = json.loads(sys.argv[2]); "

@@ -21,7 +21,7 @@ from onnxgrad.graph.loss_table import (
     resolve_loss,
 )
 from onnxgrad.graph.select import select_in_place
-from onnxgrad.training._params import ParamsMixin
+from onnxgrad.training.step._params import ParamsMixin
 
 
 class BaseLearningLoss(ParamsMixin):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxgrad._files import write_atomically
-from onnxgrad.training.checkpoint import Checkpoint
+from onnxgrad.training.artifacts.checkpoint import Checkpoint
 
 
 def _adapter_format():

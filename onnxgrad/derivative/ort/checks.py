@@ -7,7 +7,7 @@ graph:
 * ``BatchNormalization`` in inference mode is differentiated as in training mode (batch
   statistics);
 * ``AveragePool`` with ``dilations``, with ``auto_pad``, or 3-D (1-D with a dynamic shape
-  is refused by :func:`onnxgrad.derivative.ort.check_static_pooling_shapes`);
+  is refused by :func:`onnxgrad.derivative.ort.backend.check_static_pooling_shapes`);
 * ``Conv`` with ``auto_pad`` ``SAME_LOWER`` or ``SAME_UPPER`` (asymmetric padding);
 * ``Dropout`` with a mask output in inference mode (the gradient is masked as in training);
 * ``ScatterElements``/``ScatterND`` with a ``reduction`` (the data keeps no gradient where

@@ -11,7 +11,7 @@ kernels). A view of the input (``Reshape``, ``Squeeze``... onnxruntime makes the
 copy) is the input: its readers count as the input's. Anything else (a reader outside the
 producer's ancestry, as the backward of a ``MatMul`` reading its weight to pass the gradient
 on when nothing orders it before the update, a producer that reshapes or broadcasts) keeps
-two buffers; :mod:`~onnxgrad.training.update_gates` orders the backward's reads of the
+two buffers; :mod:`~onnxgrad.training.step.update_gates` orders the backward's reads of the
 weights before their updates.
 """
 

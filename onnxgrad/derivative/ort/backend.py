@@ -2,7 +2,7 @@
 
 The builder (``OrtModuleGraphBuilder`` of ``onnxruntime.capi._pybind_state``, onnxruntime-
 training 1.19.2) differentiates the forward graph. It runs, like the check that the result
-loads in an ``InferenceSession``, in a child interpreter (:mod:`._ort_process`): onnxruntime
+loads in an ``InferenceSession``, in a child interpreter (:mod:`.process`): onnxruntime
 segfaults on some models (an output that is also a differentiated input, for one), and a
 crash must become a :class:`RuntimeError`, not take the user's process down. The child
 costs about 0.2 s a call on an idle machine (interpreter start and onnxruntime import,
@@ -12,7 +12,7 @@ The result contains onnxruntime contrib ops (``com.microsoft``: ``SliceGrad``,
 ``BroadcastGradientArgs``, ``FusedMatMul``, ``YieldOp`` with ``KeepYieldOp``...). The
 training ops onnxruntime registers in the default domain without an ONNX schema
 (``AveragePoolGrad``, ``MaxPoolGrad``) are replaced by the native gradient of their forward
-node (:mod:`._ort_standard`), so onnx's full checker accepts every result
+node (:mod:`.standard`), so onnx's full checker accepts every result
 (:func:`check_gradient_model`). It runs with onnxruntime (training wheel), not with the
 inference wheel or the ONNX reference evaluator.
 """
@@ -28,12 +28,14 @@ from onnx import ModelProto
 
 from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad._runtime import require_training_builder
-from onnxgrad.derivative._ort_checks import (
+from onnxgrad.derivative.api import DerivativeRequest
+from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.derivative.ort.checks import (
     check_built_gradients,
     check_gradient_shapes,
     refuse_known_wrong_cases,
 )
-from onnxgrad.derivative._ort_graph import (
+from onnxgrad.derivative.ort.graph import (
     BuiltGraph,
     Forward,
     assemble,
@@ -41,10 +43,8 @@ from onnxgrad.derivative._ort_graph import (
     connected_sources,
     prepare_forward,
 )
-from onnxgrad.derivative._ort_process import BuilderError, OrtChild
-from onnxgrad.derivative._ort_standard import replace_training_ops
-from onnxgrad.derivative.api import DerivativeRequest
-from onnxgrad.derivative.options import DerivativeOptions
+from onnxgrad.derivative.ort.process import BuilderError, OrtChild
+from onnxgrad.derivative.ort.standard import replace_training_ops
 
 #: Gradient ops whose onnxruntime kernels read the output shape from the graph, not from
 #: an input: the forward input must have a static shape (onnxruntime 1.19.2 otherwise
@@ -64,7 +64,7 @@ def ort_derivative(request: DerivativeRequest) -> ModelProto:
 
     Sources (inputs, weights) no output depends on through differentiable ops get a zero
     gradient; zeros for any other source, a gradient shaped unlike its source and the
-    builder cases known to be wrong (:mod:`._ort_checks`) are refused. Raises
+    builder cases known to be wrong (:mod:`.checks`) are refused. Raises
     ``NotImplementedError`` naming the op and node onnxruntime-training
     cannot differentiate, ``RuntimeError`` when its builder fails or crashes, ``ImportError``
     naming the wheel to install when the active onnxruntime has no training builder.

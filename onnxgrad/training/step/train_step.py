@@ -26,9 +26,9 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 from onnxgrad._onnx_utils import default_opset, finalize_model, np_dtype
 from onnxgrad.derivative.autodiff.cleanup import clean_graph
 from onnxgrad.derivative.leaf_order import readiness_order
-from onnxgrad.training._builder import StepBuilder, rename_values
-from onnxgrad.training._inputs import tensor_dims
-from onnxgrad.training.learning_rate import BaseLearningRate
+from onnxgrad.training.step._builder import StepBuilder, rename_values
+from onnxgrad.training.step._inputs import tensor_dims
+from onnxgrad.training.step.learning_rate import BaseLearningRate
 
 LAYOUTS = ("per_weight", "flat")
 
