@@ -163,3 +163,11 @@ def test_get_state_is_a_list_of_ortvalues_and_set_state_takes_it_back():
         np.testing.assert_array_equal(value, expected)
     with pytest.raises(ValueError, match="expected 2 tensors"):
         est.set_state(state[:1])
+
+
+def test_get_state_follows_the_order_of_weights_to_train():
+    model = linear_regression_model(np.zeros((1, 3)), np.zeros(1))
+    est = compat.OrtGradientForwardBackwardOptimizer(
+        model, ["intercept", "coefs"], max_iter=2, batch_size=10, random_state=0
+    ).fit(*linear_data())
+    assert [v.shape() for v in est.get_state()] == [[1], [3, 1]]
