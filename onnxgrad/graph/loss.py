@@ -7,7 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto, helper
+from onnx import (
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    ValueInfoProto,
+    helper,
+    numpy_helper,
+)
 
 from onnxgrad._entries import normalizing
 from onnxgrad._onnx_utils import (
@@ -271,3 +279,34 @@ def _penalties(
             if coef:
                 terms.append((name, kind, float(coef)))
     return terms
+
+
+def reshape_loss(model: ModelProto, loss_name: str, dims: tuple[int, ...]) -> None:
+    """Give the loss output ``loss_name`` of ``model`` (changed in place) the shape ``dims``
+    of as many elements (``()``: the scalar onnxgrad declares, ``(1, 1)``: onnxcustom's) with
+    a final ``Reshape``; the value is unchanged."""
+    graph = model.graph
+    used = {n for node in graph.node for n in [*node.input, *node.output]}
+    used |= {v.name for v in [*graph.input, *graph.initializer]}
+    before, shape = (_unused(f"{loss_name}_{role}", used) for role in ("unshaped", "shape"))
+    for node in graph.node:
+        node.output[:] = [before if o == loss_name else o for o in node.output]
+        node.input[:] = [before if i == loss_name else i for i in node.input]
+    kept = [v for v in graph.value_info if v.name != loss_name]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), shape))
+    graph.node.append(helper.make_node("Reshape", [before, shape], [loss_name]))
+    declared = next(o for o in graph.output if o.name == loss_name).type.tensor_type.shape
+    declared.Clear()
+    for d in dims:
+        declared.dim.add().dim_value = d
+
+
+def _unused(name: str, used: set[str]) -> str:
+    candidate, k = name, 0
+    while candidate in used:
+        k += 1
+        candidate = f"{name}_{k}"
+    used.add(candidate)
+    return candidate

@@ -16,7 +16,10 @@ _PASS_THROUGH = ("Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 
 
 def unreduced_onnx_loss(
-    onx: ModelLike, output_name: str = "score", loss_name: str | None = None
+    onx: ModelLike,
+    output_name: str = "score",
+    loss_name: str | None = None,
+    per_row: bool = True,
 ) -> ModelProto:
     """The graph of ``onx`` computing the loss of every observation instead of their total.
 
@@ -29,6 +32,10 @@ def unreduced_onnx_loss(
     ``ValueError`` naming the node that is not such a reduction. When shape inference shows
     one value per row (``[N]`` or ``[N, 1, ...]``), the row reduction is the identity and
     the graph has none (``s_i = e_i``, ``e_i^2``).
+
+    ``per_row=False`` returns the terms themselves, ``e`` flattened to ``[N, K]``
+    (``e_ij^2`` for ``ReduceSumSquare``), onnxcustom's form: one score a row only when the
+    loss has one column; with ``ReduceSum`` they sum to the loss.
     """
     model = load_model(onx)
     graph = model.graph
@@ -45,13 +52,14 @@ def unreduced_onnx_loss(
     rows = builder.op("Flatten", node.input[0], axis=1, hint="rows")
     if node.op_type == "ReduceSumSquare":
         rows = builder.op("Mul", rows, rows, hint="squares")
-    if single:
+    if single or not per_row:
         builder.op("Identity", rows, out=output_name)
     else:
         op_type = "ReduceMean" if node.op_type == "ReduceMean" else "ReduceSum"
         builder.reduce(op_type, rows, axes=[1], keepdims=1, out=output_name)
     del graph.output[:]
-    graph.output.append(helper.make_tensor_value_info(output_name, elem_type, [None, 1]))
+    columns = 1 if single or per_row else None
+    graph.output.append(helper.make_tensor_value_info(output_name, elem_type, [None, columns]))
     prune_graph(graph, keep_inputs=True)
     return finalize_model(model)
 

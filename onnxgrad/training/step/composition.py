@@ -32,6 +32,7 @@ from onnxgrad.derivative import DerivativeOptions
 from onnxgrad.derivative.api import derive_in_place, graph_inputs
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph.initializers import train_initializer_names
+from onnxgrad.graph.loss import reshape_loss
 from onnxgrad.graph.select import select_in_place
 from onnxgrad.training.step._builder import StepBuilder, rename_values
 from onnxgrad.training.step._inputs import check_batch_axis
@@ -453,7 +454,15 @@ def _existing_loss(
         if name is not None and name not in kept:
             raise ValueError(f"the loss output {loss_name!r} does not depend on input {name!r}")
     _reorder_inputs(selected, inputs)
+    if _one_element(selected.graph.output[0]):  # onnxcustom's [1, 1] loss: the scalar
+        reshape_loss(selected, loss_name, ())
     return selected
+
+
+def _one_element(info) -> bool:
+    """Whether ``info`` declares a shape of rank >= 1 whose dims are all 1."""
+    dims = info.type.tensor_type.shape.dim
+    return len(dims) > 0 and all(d.HasField("dim_value") and d.dim_value == 1 for d in dims)
 
 
 def _reorder_inputs(model: ModelProto, order: Sequence[str]) -> None:
