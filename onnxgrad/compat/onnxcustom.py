@@ -36,14 +36,14 @@ from onnxgrad.graph import get_train_initializer
 from onnxgrad.graph import unreduced_onnx_loss as _unreduced_onnx_loss
 from onnxgrad.graph.loss import reshape_loss
 from onnxgrad.training import OrtGradientForwardBackwardOptimizer as _ForwardBackwardOptimizer
-from onnxgrad.training._params import ResolvedParam
-from onnxgrad.training.learning_rate import (
+from onnxgrad.training.running.ort_devices import get_ort_device, numpy_to_ort_value
+from onnxgrad.training.step._params import ResolvedParam
+from onnxgrad.training.step.learning_rate import (
     BaseLearningRate,
     LearningRateSGD,
     select_learning_rate,
 )
-from onnxgrad.training.learning_rate import LearningRateSGDNesterov as _LearningRateSGDNesterov
-from onnxgrad.training.ort_devices import get_ort_device, numpy_to_ort_value
+from onnxgrad.training.step.learning_rate import LearningRateSGDNesterov as _LearningRateSGDNesterov
 
 
 def add_loss_output(model: ModelLike, *args: Any, **kwargs: Any) -> ModelProto:
