@@ -86,6 +86,41 @@ def dynamic_scale(lw: Lowerer, x: str) -> str:
     return lw.op("Div", lw.op("Sub", high, low), lw.const(255.0, TensorProto.FLOAT))
 
 
+def held_scale(lw: Lowerer, scale: str) -> str:
+    """A float32 ``scale`` through piecewise-constant operators: its value for every finite
+    scale (:func:`stop_gradient` at ``2^{-76}`` and above; below, the same of ``s 2^{75}``,
+    divided back, exact down to the subnormals), derivative zero."""
+    t = TensorProto.FLOAT
+    up = lw.const(2.0**75, t)
+    small = lw.op("Div", stop_gradient(lw, lw.op("Mul", scale, up), t), up)
+    tiny = lw.op("Less", lw.op("Abs", scale), lw.const(2.0**-76, t))
+    held = lw.op("Where", tiny, small, stop_gradient(lw, scale, t))
+    lw.types[held] = lw.types.get(scale) or helper.make_tensor_type_proto(t, None)
+    return held
+
+
+def integer_scale(lw: Lowerer, scale: str) -> str:
+    """``scale`` as a factor of an integer accumulation (an int32 bias quantized by
+    ``s_x s_w``): held under the estimator where a ``DynamicQuantizeLinear`` computes it,
+    else ``scale`` itself."""
+    source = lw.producers.get(scale)
+    if rounding_held() or source is None or source.op_type != "DynamicQuantizeLinear":
+        return scale
+    return held_scale(lw, scale)
+
+
+def differentiable_scale(lw: Lowerer, x: str, computed: str) -> str:
+    r"""``DynamicQuantizeLinear``'s scale with its derivative: the value ``computed`` by the
+    kernel (bit for bit, whatever the runtime writes for a constant ``x``) plus
+    ``d - sg(d)``, ``d`` = :func:`dynamic_scale`, zero in value and ``\partial d / \partial
+    x`` in derivative. At ties (several elements at the maximum or minimum, or the maximum
+    or minimum at 0) the derivative is the engine's subgradient of ``ReduceMax``/``Max``:
+    shared equally between the tied elements, half of it at 0."""
+    computed_held = held_scale(lw, computed)
+    d = dynamic_scale(lw, x)
+    return lw.op("Add", computed_held, lw.op("Sub", d, held_scale(lw, d)))
+
+
 def dequantized_codes(lw: Lowerer, code: str, scale: str, zero: str) -> str:
     """``(code - zero) scale`` in float32 with standard operators (differentiable in
     ``scale``)."""
@@ -152,6 +187,8 @@ def lower_fake_quantized(lw: Lowerer) -> None:
     codes agree for any scale above ``2^{-75}``), and the pair over it has no derivative, so
     normalising again adds nothing to the gradient (a second term over ``x`` itself doubled
     each pair's derivative, compounding over a deep model) and, recognised, no node."""
+    if lower_dynamic_dequantize(lw):
+        return
     node = lw.node
     source = lw.producers.get(node.input[0])
     if rounding_held() or not _is_per_tensor_quantize(lw, source) or _is_held(lw, source.input[0]):
@@ -221,10 +258,14 @@ HELD_SCALE = "onnxgrad: scale held constant to the gradient"
 
 
 def lower_dynamic_quantize(lw: Lowerer) -> None:
-    """``DynamicQuantizeLinear`` whose scale is held constant to the gradient (the
-    estimator's convention: quantization parameters are not differentiated), or computed
-    from ``x`` by :func:`dynamic_scale` where rounding is held (:data:`EXACT`); the node
-    emitted is marked :data:`HELD_SCALE`, so a second normalisation adds nothing."""
+    """``DynamicQuantizeLinear`` whose scale output has its derivative
+    (:func:`differentiable_scale`) in both modes: a consumer reading it as a float (an
+    output, any float operator) differentiates it. The consumers that rescale the integer
+    codes (a ``DequantizeLinear`` of the codes, the ``Mul`` after a ``Cast`` of their
+    ``MatMulInteger``/``ConvInteger`` product) hold it themselves under the estimator
+    (:func:`lower_dynamic_dequantize`, :func:`lower_integer_rescale`), so that the derivative
+    of the whole quantized product is the float product's. The node emitted is marked
+    :data:`HELD_SCALE`, so a second normalisation adds nothing."""
     node = lw.node
     if node.doc_string == HELD_SCALE:
         lw.builder.graph.node.append(node)
@@ -233,13 +274,35 @@ def lower_dynamic_quantize(lw: Lowerer) -> None:
     lw.builder.graph.node[-1].doc_string = HELD_SCALE
     lw.op("Identity", code, out=node.output[0])
     if len(node.output) > 1 and node.output[1]:
-        if rounding_held():
-            scale = dynamic_scale(lw, node.input[0])
-        else:
-            scale = stop_gradient(lw, scale, TensorProto.FLOAT)
-        lw.op("Identity", scale, out=node.output[1])
+        lw.op("Identity", differentiable_scale(lw, node.input[0], scale), out=node.output[1])
     if len(node.output) > 2 and node.output[2]:
         lw.op("Identity", zero, out=node.output[2])
+
+
+def _dynamic_source(lw: Lowerer, code: str, scale: str, zero: str) -> NodeProto | None:
+    """The ``DynamicQuantizeLinear`` whose three outputs are ``code``, ``scale``, ``zero``
+    (a dequantization of its own codes by its own parameters), else ``None``."""
+    source = lw.producers.get(code)
+    if source is None or source.op_type != "DynamicQuantizeLinear" or len(source.output) < 3:
+        return None
+    return source if list(source.output[:3]) == [code, scale, zero] else None
+
+
+def lower_dynamic_dequantize(lw: Lowerer) -> bool:
+    r"""``DequantizeLinear(DynamicQuantizeLinear(x))`` read straight through: the pair over
+    the held scale (no derivative) plus the estimator's term, derivative the in-range mask;
+    ``False`` (nothing emitted) for any other ``DequantizeLinear`` and where rounding is held
+    (``(q - z) s``, derivative ``(q - z)\, \partial s / \partial x``)."""
+    node = lw.node
+    source = _dynamic_source(lw, *_inputs(node))
+    if source is None or rounding_held():
+        return False
+    code, scale, zero = node.input
+    held = held_scale(lw, scale)
+    value = lw.op("DequantizeLinear", code, held, zero)
+    term = straight_through(lw, source.input[0], held, zero, TensorProto.UINT8)
+    lw.op("Add", value, term, out=node.output[0])
+    return True
 
 
 def lower_integer_product_cast(lw: Lowerer) -> None:
@@ -256,8 +319,9 @@ def lower_integer_product_cast(lw: Lowerer) -> None:
     x, (code, scale, zero) = dynamic.input[0], dynamic.output
     unit = lw.op("Sub", lw.cast(code, ct), lw.cast(zero, ct))
     if not rounding_held():
-        term = straight_through(lw, x, scale, zero, TensorProto.UINT8)
-        unit = lw.op("Add", unit, lw.op("Div", term, scale))
+        held = held_scale(lw, scale)
+        term = straight_through(lw, x, held, zero, TensorProto.UINT8)
+        unit = lw.op("Add", unit, lw.op("Div", term, held))
     weight = lw.cast(product.input[1], ct)
     if len(product.input) > 3 and product.input[3]:
         weight = lw.op("Sub", weight, _weight_zero(lw, product))
@@ -321,3 +385,57 @@ def _dynamic_quantization(lw: Lowerer, product: NodeProto | None) -> NodeProto |
     if lw.uses.get(product.output[0], 0) != 1:
         return None
     return source
+
+
+def lower_integer_rescale(lw: Lowerer) -> None:
+    """Under the estimator, ``Mul(Cast(P), s_x)`` or ``Mul(Cast(P), Mul(s_x, s_B))`` (either
+    order), ``P`` a ``MatMulInteger``/``ConvInteger`` product (or that plus an int32 bias) of
+    the codes of ``DynamicQuantizeLinear(x)`` and ``s_x`` its scale, reads ``s_x`` held: the
+    product's derivative is the float product's (:func:`lower_integer_product_cast`), and
+    the int32 bias, quantized by ``s_x s_B``, stands for a float bias that does not move
+    with ``x``. Any other ``Mul`` is kept."""
+    node = lw.node
+    found = None if rounding_held() else _rescale(lw, node)
+    if found is None:
+        lw.builder.graph.node.append(node)
+        return
+    product, scale, other = found
+    factor = held_scale(lw, scale)
+    if other:
+        factor = lw.op("Mul", factor, other)
+    lw.op("Mul", product, factor, out=node.output[0])
+
+
+def _rescale(lw: Lowerer, node: NodeProto) -> tuple[str, str, str] | None:
+    """``(Cast(P), s_x, s_B)`` (``s_B`` ``''`` when ``s_x`` multiplies alone) where ``node``
+    rescales an integer product as :func:`lower_integer_rescale` says."""
+    if len(node.input) != 2 or normalize_domain(node.domain):
+        return None
+    for i in (0, 1):
+        source = _dynamic_quantization(lw, _product_and_bias(lw, _cast_of(lw, node.input[i]))[0])
+        if source is None:
+            continue
+        scale, factor = source.output[1], node.input[1 - i]
+        if factor == scale:
+            return node.input[i], scale, ""
+        pair = lw.producers.get(factor)
+        if (
+            pair is not None
+            and pair.op_type == "Mul"
+            and not normalize_domain(pair.domain)
+            and len(pair.input) == 2
+            and scale in pair.input
+        ):
+            other = pair.input[1 - list(pair.input).index(scale)]
+            if other != scale:
+                return node.input[i], scale, other
+    return None
+
+
+def _cast_of(lw: Lowerer, name: str) -> str:
+    """What the ``Cast`` to a float type computing ``name`` converts, else ``''``."""
+    cast = lw.producers.get(name)
+    if cast is None or cast.op_type != "Cast" or normalize_domain(cast.domain):
+        return ""
+    to = next((a.i for a in cast.attribute if a.name == "to"), None)
+    return cast.input[0] if to in (TensorProto.FLOAT, TensorProto.DOUBLE) else ""
