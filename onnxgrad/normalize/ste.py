@@ -393,23 +393,70 @@ def lower_integer_rescale(lw: Lowerer) -> None:
     the codes of ``DynamicQuantizeLinear(x)`` and ``s_x`` its scale, reads ``s_x`` held: the
     product's derivative is the float product's (:func:`lower_integer_product_cast`), and
     the int32 bias, quantized by ``s_x s_B``, stands for a float bias that does not move
-    with ``x``. Any other ``Mul`` is kept."""
+    with ``x``. The pair ``Mul(s_x, s_B)`` itself holds ``s_x`` where only such rescales
+    read it; any other ``Mul`` is kept."""
     node = lw.node
-    found = None if rounding_held() else _rescale(lw, node)
-    if found is None:
-        lw.builder.graph.node.append(node)
-        return
-    product, scale, other = found
-    factor = held_scale(lw, scale)
-    if other:
-        factor = lw.op("Mul", factor, other)
-    lw.op("Mul", product, factor, out=node.output[0])
+    if not rounding_held():
+        if _is_rescale_pair(lw, node):
+            scale = next(name for name in node.input if _dynamic_scale_of(lw, name))
+            other = node.input[1 - list(node.input).index(scale)]
+            lw.op("Mul", held_scale(lw, scale), other, out=node.output[0])
+            return
+        found = _rescale(lw, node)
+        if found is not None and not _held_by_its_pair(lw, node, found[0]):
+            product, scale, other = found
+            factor = held_scale(lw, scale)
+            if other:
+                factor = lw.op("Mul", factor, other)
+            lw.op("Mul", product, factor, out=node.output[0])
+            return
+    lw.builder.graph.node.append(node)
+
+
+def _held_by_its_pair(lw: Lowerer, node: NodeProto, product: str) -> bool:
+    """Whether ``node``'s other factor is a pair that holds the scale itself."""
+    pair = lw.producers.get(node.input[1 - list(node.input).index(product)])
+    return pair is not None and _is_rescale_pair(lw, pair)
+
+
+def _dynamic_scale_of(lw: Lowerer, name: str) -> bool:
+    source = lw.producers.get(name)
+    return (
+        source is not None
+        and source.op_type == "DynamicQuantizeLinear"
+        and (len(source.output) > 1 and source.output[1] == name)
+    )
+
+
+def _scale_pair(lw: Lowerer, name: str) -> tuple[str, str] | None:
+    """``(s_x, s_B)`` where ``name = Mul(s_x, s_B)`` (either order), ``s_x`` a
+    ``DynamicQuantizeLinear``'s scale, else ``None``."""
+    pair = lw.producers.get(name)
+    if pair is None or pair.op_type != "Mul" or normalize_domain(pair.domain):
+        return None
+    if len(pair.input) != 2 or pair.input[0] == pair.input[1]:
+        return None
+    for i in (0, 1):
+        if _dynamic_scale_of(lw, pair.input[i]):
+            return pair.input[i], pair.input[1 - i]
+    return None
+
+
+def _is_rescale_pair(lw: Lowerer, node: NodeProto) -> bool:
+    """Whether ``node`` is a pair ``Mul(s_x, s_B)`` that only rescales read (as
+    ``quantize_dynamic`` writes them)."""
+    if not node.output or _scale_pair(lw, node.output[0]) is None:
+        return False
+    name = node.output[0]
+    readers = lw.readers(name)
+    reads = sum(list(reader.input).count(name) for reader in readers)
+    return bool(readers) and reads == lw.uses[name] and all(_rescale(lw, r) for r in readers)
 
 
 def _rescale(lw: Lowerer, node: NodeProto) -> tuple[str, str, str] | None:
     """``(Cast(P), s_x, s_B)`` (``s_B`` ``''`` when ``s_x`` multiplies alone) where ``node``
     rescales an integer product as :func:`lower_integer_rescale` says."""
-    if len(node.input) != 2 or normalize_domain(node.domain):
+    if node.op_type != "Mul" or len(node.input) != 2 or normalize_domain(node.domain):
         return None
     for i in (0, 1):
         source = _dynamic_quantization(lw, _product_and_bias(lw, _cast_of(lw, node.input[i]))[0])
@@ -418,17 +465,9 @@ def _rescale(lw: Lowerer, node: NodeProto) -> tuple[str, str, str] | None:
         scale, factor = source.output[1], node.input[1 - i]
         if factor == scale:
             return node.input[i], scale, ""
-        pair = lw.producers.get(factor)
-        if (
-            pair is not None
-            and pair.op_type == "Mul"
-            and not normalize_domain(pair.domain)
-            and len(pair.input) == 2
-            and scale in pair.input
-        ):
-            other = pair.input[1 - list(pair.input).index(scale)]
-            if other != scale:
-                return node.input[i], scale, other
+        pair = _scale_pair(lw, factor)
+        if pair is not None and pair[0] == scale:
+            return node.input[i], scale, pair[1]
     return None
 
 

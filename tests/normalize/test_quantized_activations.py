@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad import onnx_derivative
+from onnxgrad.normalize import normalized_model
 from onnxgrad.training import make_train_step
 from tests.derivative.fd import onnx_numerical_vjp
 from tests.normalize.kernels import run
@@ -147,3 +148,88 @@ def test_info_says_how_each_quantized_node_is_differentiated(tmp_path):
     exact = run_in_process("info", "qdq.onnx", "--quantized-activations", "exact", cwd=tmp_path)
     assert exact.returncode == 0, exact.stderr
     assert "QuantizeLinear x1: activations: the file's own derivative" in exact.stdout
+
+
+def _scale_slope(x: np.ndarray) -> np.ndarray:
+    """``d s / d x`` of ``s = (max(0, max x) - min(0, min x)) / 255`` (numpy) where the
+    maximum and the minimum are single elements on either side of 0."""
+    slope = np.zeros(x.shape)
+    slope[np.unravel_index(np.argmax(x), x.shape)] = 1 / 255
+    slope[np.unravel_index(np.argmin(x), x.shape)] = -1 / 255
+    return slope
+
+
+def _with_scale_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its ``DynamicQuantizeLinear``'s ``y_scale`` as a second output."""
+    (dynamic,) = [n for n in model.graph.node if n.op_type == "DynamicQuantizeLinear"]
+    model.graph.output.append(
+        helper.make_tensor_value_info(dynamic.output[1], TensorProto.FLOAT, [])
+    )
+    return model
+
+
+@pytest.mark.parametrize("mode", ["straight_through", "exact"])
+def test_the_dynamic_scale_read_as_a_float_has_its_derivative(tmp_path, mode):
+    """``quantize_dynamic``'s product with its activation scale also an output: the scale's
+    derivative reaches ``x`` in both modes (it was 0 under the estimator), while the scale
+    that rescales the integer product stays held under the estimator."""
+    model, x = _dynamic_int8(tmp_path)
+    model = _with_scale_output(model)
+    seed = RNG.standard_normal((3, N)).astype(np.float32)
+    seed_scale = np.array(RNG.standard_normal() * 100, dtype=np.float32)
+    gradient = onnx_derivative(model, inputs=["x"], weights=[], quantized_activations=mode)
+    feeds = {"x": x, "y_grad": seed, f"{model.graph.output[1].name}_grad": seed_scale}
+    got = run(gradient, feeds)[0]
+    # the scale alone: float64 central differences of the file, and the formula's slope
+    alone = onnx_numerical_vjp(model, {"x": x}, ["x"], [np.zeros_like(seed), seed_scale], eps=1e-3)
+    slope = seed_scale * _scale_slope(x)
+    np.testing.assert_allclose(alone["x"], slope, rtol=1e-3)  # the evaluator's float32 scale
+    if mode == "exact":
+        expected = onnx_numerical_vjp(model, {"x": x}, ["x"], [seed, seed_scale], eps=1e-3)["x"]
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)  # as alone
+        return
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    codes = inits["w_quantized"].astype(np.float64) - inits["w_zero_point"]
+    expected = seed @ (codes * inits["w_scale"]).T + slope
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def _dequantized_dynamic() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """``y = DequantizeLinear(DynamicQuantizeLinear(x)) * v`` at a point of range ``[-2,
+    3.1]`` (scale ``0.02``, zero point 100) whose other codes sit a third of a step from a
+    rounding boundary."""
+    v = RNG.standard_normal((3, K)).astype(np.float32)
+    codes = RNG.integers(-90, 140, (3, K)) + 1 / 3
+    x = codes * (5.1 / 255)
+    x[0, 0], x[1, 1] = -2.0, 3.1
+    graph = helper.make_graph(
+        [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+            helper.make_node("Mul", ["d", "v"], ["y"]),
+        ],
+        "dq_dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, K])],
+        [numpy_helper.from_array(v, "v")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+    return model, x.astype(np.float32), v
+
+
+@pytest.mark.parametrize("mode", ["straight_through", "exact"])
+def test_a_dequantized_dynamic_quantization(mode):
+    """``DequantizeLinear`` of a ``DynamicQuantizeLinear``'s own outputs: the identity under
+    the estimator (it was a silent 0: codes constant, scale held), the file's derivative
+    ``(q - z) ds/dx`` with rounding held (float64 central differences of the file)."""
+    model, x, v = _dequantized_dynamic()
+    seed = RNG.standard_normal((3, K)).astype(np.float32)
+    got = _gradients(model, mode, {"x": x}, [], seed)["x_grad"]
+    if mode == "exact":
+        expected = _file_vjp(model, {"x": x}, "x", seed, eps=1e-3)
+        assert np.count_nonzero(expected) == 2  # the two ends of the range
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)  # a float32 scale
+    else:  # every code inside [0, 255]: the round trip is the identity
+        np.testing.assert_allclose(got, seed * v, rtol=1e-6, atol=1e-6)
+    value = run(normalized_model(model), {"x": x})[0]
+    np.testing.assert_array_equal(value, run(model, {"x": x})[0])
