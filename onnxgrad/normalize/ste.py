@@ -132,7 +132,21 @@ def dequantized_codes(lw: Lowerer, code: str, scale: str, zero: str) -> str:
 
 #: ``(scale exponent k, mantissa bits p)`` of the stop-gradient per float type
 _SG_BITS = {TensorProto.FLOAT: (100, 24), TensorProto.DOUBLE: (900, 53)}
-_RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
+_RANGES = {
+    TensorProto.UINT8: (0, 255),
+    TensorProto.INT8: (-128, 127),
+    TensorProto.UINT16: (0, 65535),
+    TensorProto.INT16: (-32768, 32767),
+    TensorProto.UINT4: (0, 15),
+    TensorProto.INT4: (-8, 7),
+}
+#: the float types of a quantized activation: computed in float32 where not float64
+_QUANTIZED_FLOATS = (
+    TensorProto.FLOAT,
+    TensorProto.DOUBLE,
+    TensorProto.FLOAT16,
+    TensorProto.BFLOAT16,
+)
 
 
 def stop_gradient(lw: Lowerer, x: str, t: int) -> str:
@@ -181,28 +195,56 @@ def straight_through(
 
 
 def lower_fake_quantized(lw: Lowerer) -> None:
-    """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value ``x``
-    becomes the same pair over ``sg(x)`` plus the straight-through term; any other is kept
-    as it is. ``sg(x) = x`` wherever the term is exact (module docstring; elsewhere the
-    codes agree for any scale above ``2^{-75}``), and the pair over it has no derivative, so
-    normalising again adds nothing to the gradient (a second term over ``x`` itself doubled
-    each pair's derivative, compounding over a deep model) and, recognised, no node."""
+    """A ``DequantizeLinear`` of a ``QuantizeLinear`` (per tensor, per axis or per block) of
+    a float value ``x`` to integer codes becomes the same pair over ``sg(x)`` plus the
+    straight-through term; any other is kept as it is. ``sg(x) = x`` wherever the term is
+    exact (module docstring; elsewhere the codes agree for any scale above ``2^{-75}``), and
+    the pair over it has no derivative, so normalising again adds nothing to the gradient (a
+    second term over ``x`` itself doubled each pair's derivative, compounding over a deep
+    model) and, recognised, no node."""
     if lower_dynamic_dequantize(lw):
         return
     node = lw.node
     source = lw.producers.get(node.input[0])
-    if rounding_held() or not _is_per_tensor_quantize(lw, source) or _is_held(lw, source.input[0]):
+    if rounding_held() or not _is_float_quantize(lw, source) or _is_held(lw, source.input[0]):
         lw.builder.graph.node.append(node)
         return
     x, scale, zero = _inputs(source)
-    held = stop_gradient(lw, x, lw.elem(x))
+    t = lw.elem(x)
+    ct = TensorProto.DOUBLE if t == TensorProto.DOUBLE else TensorProto.FLOAT
+    held = stop_gradient(lw, x if ct == t else lw.cast(x, ct), ct)
     attrs = {a.name: helper.get_attribute_value(a) for a in source.attribute}
-    code = lw.op("QuantizeLinear", *[held, *source.input[1:]], **attrs)
+    code = lw.op(
+        "QuantizeLinear", held if ct == t else lw.cast(held, t), *source.input[1:], **attrs
+    )
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     value = lw.op("DequantizeLinear", code, *node.input[1:], **attrs)
-    term = straight_through(lw, x, scale, zero, _zero_type(lw, zero), held=held)
+    if not _one_element(lw, scale):
+        scale, zero = _broadcast_parameters(lw, source, x)
+    term = straight_through(lw, x, scale, zero, _code_type(lw, source), held=held)
     lw.op("Add", value, _like(lw, term, x, value), out=node.output[0])
     lw.superseded.add(id(source))
+
+
+def _broadcast_parameters(lw: Lowerer, quantize: NodeProto, x: str) -> tuple[str, str]:
+    """The scale and zero point of a per-axis or blocked ``quantize`` spread over ``x``'s
+    shape (``DequantizeLinear`` of unit codes broadcasts them as the operator does), the zero
+    point as floats (``''`` where absent)."""
+    _, scale, zero = _inputs(quantize)
+    ones = lw.op(
+        "ConstantOfShape",
+        lw.op("Shape", x),
+        value=helper.make_tensor("one", TensorProto.UINT8, [1], [1]),
+    )
+    layout = {a.name: helper.get_attribute_value(a) for a in quantize.attribute}
+    layout = {k: v for k, v in layout.items() if k in ("axis", "block_size")}
+    spread = [lw.op("DequantizeLinear", ones, scale, **layout)]
+    lw.types[spread[0]] = helper.make_tensor_type_proto(lw.elem(scale), None)
+    if zero:
+        unit_zero = lw.op("DequantizeLinear", ones, lw.cast(zero, TensorProto.FLOAT), **layout)
+        lw.types[unit_zero] = helper.make_tensor_type_proto(TensorProto.FLOAT, None)
+        spread.append(unit_zero)
+    return spread[0], spread[1] if zero else ""
 
 
 def _like(lw: Lowerer, term: str, x: str, value: str) -> str:
@@ -217,6 +259,8 @@ def _is_held(lw: Lowerer, name: str) -> bool:
     """Whether ``name`` is a :func:`stop_gradient` output (``Where(|x| >= 2^p, Floor(x),
     Floor(x 2^k) / 2^k)``): the pair over it was lowered already."""
     where = lw.producers.get(name)
+    if where is not None and where.op_type == "Cast":  # a float16 or bfloat16 x
+        where = lw.producers.get(where.input[0])
     if where is None or where.op_type != "Where" or len(where.input) != 3:
         return False
     floor, fine = (lw.producers.get(where.input[i]) for i in (1, 2))
@@ -239,17 +283,25 @@ def _one_element(lw: Lowerer, name: str) -> bool:
     return dims is not None and int(np.prod(dims or [1])) == 1
 
 
-def _is_per_tensor_quantize(lw: Lowerer, source: NodeProto | None) -> bool:
+def _is_float_quantize(lw: Lowerer, source: NodeProto | None) -> bool:
+    """Whether ``source`` is a default-domain ``QuantizeLinear`` of a float ``x`` to integer
+    codes."""
     if source is None or source.op_type != "QuantizeLinear" or source.domain not in ("", "ai.onnx"):
         return False
-    x, scale, zero = _inputs(source)
-    if x not in lw.types or lw.elem(x) not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+    x, scale, _ = _inputs(source)
+    if x not in lw.types or lw.elem(x) not in _QUANTIZED_FLOATS or scale not in lw.types:
         return False
-    return _one_element(lw, scale) and _zero_type(lw, zero) in _RANGES
+    return _code_type(lw, source) in _RANGES
 
 
-def _zero_type(lw: Lowerer, zero: str) -> int:
-    return lw.elem(zero) if zero else TensorProto.UINT8
+def _code_type(lw: Lowerer, quantize: NodeProto) -> int:
+    """The element type of ``quantize``'s codes: its zero point's, else ``output_dtype``'s,
+    else uint8."""
+    zero = _inputs(quantize)[2]
+    if zero:
+        return lw.elem(zero)
+    declared = next((a.i for a in quantize.attribute if a.name == "output_dtype"), 0)
+    return declared or TensorProto.UINT8
 
 
 #: doc_string of the ``DynamicQuantizeLinear`` :func:`lower_dynamic_quantize` emits, which

@@ -233,3 +233,84 @@ def test_a_dequantized_dynamic_quantization(mode):
         np.testing.assert_allclose(got, seed * v, rtol=1e-6, atol=1e-6)
     value = run(normalized_model(model), {"x": x})[0]
     np.testing.assert_array_equal(value, run(model, {"x": x})[0])
+
+
+def test_the_scale_output_keeps_the_kernels_values_and_shares_ties():
+    """The differentiable scale is the kernel's value bit for bit (onnxruntime writes 1 for
+    an all-zero ``x``; subnormal and huge ranges), and at ties the derivative is shared:
+    equally between tied maxima, half of it where the minimum is 0 (``min(0, min x)``)."""
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])],
+        "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    lowered = normalized_model(model)
+    for x in ([[0] * 3] * 2, [[1e-40, 2e-41, 0], [0, 0, -3e-42]], [[3e30, -1, 0], [2, 2, 2]]):
+        x = np.array(x, dtype=np.float32)
+        np.testing.assert_array_equal(run(lowered, {"x": x})[0], run(model, {"x": x})[0])
+    gradient = onnx_derivative(model, inputs=["x"], weights=[])
+    x = np.array([[2, 1, 0], [2, 0, 1]], dtype=np.float32)
+    (got,) = run(gradient, {"x": x, "s_grad": np.array(255, dtype=np.float32)})
+    np.testing.assert_array_equal(got, [[0.5, 0, -0.25], [0.5, -0.25, 0]])
+
+
+def _fake_quantized(layout: str) -> tuple[onnx.ModelProto, dict, np.ndarray]:
+    """``y = DequantizeLinear(QuantizeLinear(x)) * v`` with per-axis (one scale per column),
+    blocked (one per pair of columns) or float16 per-tensor parameters, at a point a third
+    of a step from rounding boundaries where some codes saturate, and the in-range mask."""
+    x = RNG.standard_normal((3, 4)) * 4
+    dtype, opset, attrs = np.float32, 13, {"axis": 1}
+    if layout == "per_axis":
+        scale, zero = np.array([0.01, 0.02, 0.03, 0.05]), np.array([0, 100, 128, 200])
+        full_scale, full_zero = scale, zero
+    elif layout == "blocked":
+        scale, zero = np.array([[0.01, 0.05]] * 3), np.array([[120, 10]] * 3)
+        full_scale, full_zero = np.repeat(scale, 2, axis=1), np.repeat(zero, 2, axis=1)
+        opset, attrs = 21, {"axis": 1, "block_size": 2}
+    else:
+        scale, zero = np.array(0.03), np.array(128)
+        full_scale, full_zero, dtype, opset, attrs = scale, zero, np.float16, 19, {}
+    codes = np.round(x / full_scale) + 1 / 3
+    x = (codes * full_scale).astype(dtype)
+    mask = (np.round(x / full_scale) + full_zero >= 0) & (
+        np.round(x / full_scale) + full_zero <= 255
+    )
+    assert 0 < mask.sum() < mask.size
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    v = RNG.standard_normal((3, 4)).astype(dtype)
+    params = [
+        numpy_helper.from_array(v, "v"),
+        numpy_helper.from_array(scale.astype(dtype), "s"),
+        numpy_helper.from_array(zero.astype(np.uint8), "z"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **attrs),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], **attrs),
+            helper.make_node("Mul", ["d", "v"], ["y"]),
+        ],
+        "fake_quantized",
+        [helper.make_tensor_value_info("x", elem, [3, 4])],
+        [helper.make_tensor_value_info("y", elem, [3, 4])],
+        params,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    return model, {"x": x}, mask
+
+
+@pytest.mark.parametrize("layout", ["per_axis", "blocked", "float16"])
+def test_straight_through_for_every_quantization_layout(layout):
+    """Per-axis, blocked and float16 activation pairs get the estimator (they were kept as
+    they are, a silent 0 through the integer codes): the gradient is ``seed * v * mask``
+    (numpy), the values the file's, and normalising again adds nothing."""
+    model, feeds, mask = _fake_quantized(layout)
+    lowered = normalized_model(model)
+    np.testing.assert_array_equal(run(lowered, feeds)[0], run(model, feeds)[0])
+    assert len(normalized_model(lowered).graph.node) == len(lowered.graph.node)
+    v = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float32)
+    seed = RNG.standard_normal((3, 4)).astype(v.dtype)
+    gradient = onnx_derivative(model, inputs=["x"], weights=[])
+    (got,) = run(gradient, {**feeds, "y_grad": seed.astype(feeds["x"].dtype)})
+    np.testing.assert_allclose(got.astype(np.float32), seed * v * mask, rtol=2e-3, atol=2e-3)
