@@ -15,9 +15,16 @@ the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``F
 ``|x| \ge 2^p`` (every such float is an integer). Below ``2^{-76}`` (zero excepted) and at
 infinities the term is zero: no gradient there.
 
-- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale becomes the same pair
-  over ``sg(x)`` plus the term above: normalising again adds nothing.
-- ``DynamicQuantizeLinear``'s scale, a function of ``x``'s range, is held constant.
+- ``DequantizeLinear(QuantizeLinear(x))`` (per tensor, per axis or per block, to 4-, 8- or
+  16-bit codes, ``x`` in any float type) becomes the same pair over ``sg(x)`` plus the term
+  above: normalising again adds nothing. ``DequantizeLinear(DynamicQuantizeLinear(x))``
+  likewise.
+- ``DynamicQuantizeLinear``'s scale ``s = (max(0, max x) - min(0, min x)) / 255`` is a
+  function of ``x`` with a derivative, which a consumer reading it as a float (an output,
+  any float operator) gets; the consumers that rescale its integer codes (the dequantized
+  round trip, ``Mul(Cast(MatMulInteger(q, B)), s s_B)``, an int32 bias quantized by
+  ``s s_B``) read it held, so that the quantized product's derivative is the float
+  product's, not that plus ``(q - z) B\, \partial s``.
 - ``Cast(MatMulInteger(DynamicQuantizeLinear(x), B))`` and its ``ConvInteger`` twin, as
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
   ``(q - z) + mask (x - sg(x))/s`` and ``B - z_B``: the same value up to float rounding of
@@ -305,7 +312,8 @@ def _code_type(lw: Lowerer, quantize: NodeProto) -> int:
 
 
 #: doc_string of the ``DynamicQuantizeLinear`` :func:`lower_dynamic_quantize` emits, which
-#: normalising again keeps as it is
+#: normalising again keeps as it is (its raw scale output is only read held; the text, kept
+#: from when the scale output itself was held, marks files normalised before)
 HELD_SCALE = "onnxgrad: scale held constant to the gradient"
 
 
