@@ -20,8 +20,9 @@ unbatched graph):
   folded into the batch axis, ``[k, N, ...] -> [k N, ...]``, and unfolded after.
 
 A node no rule covers (or whose ranks or constant arguments are unknown) runs in a ``Scan``
-over the seed axis of its batched inputs, reading the others from the enclosing graph: the
-result is the same, one seed at a time. Nodes none of whose inputs is batched run once.
+over the seed axis of its batched inputs, reading the others from the enclosing graph, with
+the uncovered nodes that follow it up to the next covered one: the result is the same, one
+seed at a time. Nodes none of whose inputs is batched run once.
 """
 
 from __future__ import annotations
@@ -68,23 +69,66 @@ class SeedAxis:
         self.opset = opset
         self.batched: set[str] = set()
         self.nodes: list[NodeProto] = []
-        #: op types that ran in a Scan, for the report
+        self._pending: list[NodeProto] = []
+        #: the constants the rules made
+        self.initializers: list[TensorProto] = []
+        #: the op types of the nodes run in a Scan
         self.scanned: list[str] = []
 
     def rewrite(self, node: NodeProto) -> None:
-        """Emit ``node`` as it is (no batched input), by its rule, or in a ``Scan``."""
+        """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
+        (:meth:`flush`) with the other nodes next to it that no rule covers."""
         if node_inputs(node).isdisjoint(self.batched):
             self.nodes.append(node)
             return
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        start = len(self.nodes)
         plain = not node_inputs(node) - set(node.input)
-        carried = rule(self, node) if rule is not None and plain else None
+        if rule is None or not plain:
+            self._defer(node)
+            return
+        self.flush()
+        start, constants = len(self.nodes), len(self.initializers)
+        carried = rule(self, node)
         if carried is None:
-            del self.nodes[start:]
-            self._scan(node)
+            del self.nodes[start:], self.initializers[constants:]
+            self._defer(node)
         elif carried:
             self.batched.update(o for o in node.output if o)
+
+    def _defer(self, node: NodeProto) -> None:
+        """``node`` joins the nodes to run in one ``Scan``: its outputs carry the axis."""
+        self._pending.append(node)
+        self.batched.update(o for o in node.output if o)
+        self.scanned.append(node.op_type)
+
+    def flush(self) -> None:
+        """The deferred nodes, in one ``Scan`` over the seed axis of the batched values they
+        read from outside, reading the others from the enclosing graph."""
+        if not self._pending:
+            return
+        nodes, self._pending = self._pending, []
+        made = {o for node in nodes for o in node.output if o}
+        read = [n for node in nodes for n in [*node.input, *sorted(node_inputs(node))]]
+        scanned = [n for n in dict.fromkeys(read) if n in self.batched and n not in made]
+        outputs = [o for node in nodes for o in node.output if o]
+        inner = {n: self.scope.unique(f"{n}_one") for n in [*scanned, *outputs]}
+        copies = []
+        for node in nodes:
+            copies.append(NodeProto())
+            copies[-1].CopyFrom(node)
+        body = helper.make_graph(
+            copies,
+            self.scope.unique(f"{nodes[0].op_type}_seed"),
+            [self._info(inner[n], n) for n in scanned],
+            [self._info(inner[o], o) for o in outputs],
+        )
+        rename_values(body, inner)
+        name = self.scope.unique(f"{nodes[0].name or nodes[0].op_type}_SeedScan")
+        self.nodes.append(
+            helper.make_node(
+                "Scan", scanned, outputs, name=name, body=body, num_scan_inputs=len(scanned)
+            )
+        )
 
     # helpers for the rules
 
@@ -95,13 +139,9 @@ class SeedAxis:
         return out
 
     def ints(self, values) -> str:
+        """An int64 initializer holding ``values``."""
         out = self.scope.unique("seeded_const")
-        tensor = numpy_helper.from_array(np.asarray(values, dtype=np.int64), out)
-        self.nodes.append(
-            helper.make_node(
-                "Constant", [], [out], name=self.scope.unique("Constant_seeded"), value=tensor
-            )
-        )
+        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), out))
         return out
 
     def same(self, node: NodeProto, inputs: list[str], **changed) -> None:
@@ -145,30 +185,6 @@ class SeedAxis:
             return None
         value = self.constants.get(node.input[index])
         return None if value is None else [int(v) for v in np.ravel(value)]
-
-    def _scan(self, node: NodeProto) -> None:
-        """``node`` in a ``Scan`` over the seed axis of its batched inputs."""
-        scanned = [n for n in dict.fromkeys([*node.input, *sorted(node_inputs(node))]) if n]
-        scanned = [n for n in scanned if n in self.batched]
-        outputs = [o for o in node.output if o]
-        inner = {n: self.scope.unique(f"{n}_one") for n in [*scanned, *outputs]}
-        copy = NodeProto()
-        copy.CopyFrom(node)
-        body = helper.make_graph(
-            [copy],
-            self.scope.unique(f"{node.op_type}_seed"),
-            [self._info(inner[n], n) for n in scanned],
-            [self._info(inner[o], o) for o in outputs],
-        )
-        rename_values(body, inner)
-        name = self.scope.unique(f"{node.name or node.op_type}_SeedScan")
-        self.nodes.append(
-            helper.make_node(
-                "Scan", scanned, outputs, name=name, body=body, num_scan_inputs=len(scanned)
-            )
-        )
-        self.batched.update(outputs)
-        self.scanned.append(node.op_type)
 
     def _info(self, name: str, original: str):
         return helper.make_tensor_value_info(name, self.types.get(original, 0), None)
@@ -544,18 +560,25 @@ def _rowwise(sa: SeedAxis, node: NodeProto) -> bool | None:
     training = next((a.i for a in node.attribute if a.name == "training_mode"), 0)
     if node.op_type == "MaxRoiPool" or training:  # statistics across the rows
         return None
-    x = node.input[0]
-    rest = sa.op("Slice", sa.op("Shape", x), sa.ints([2]), sa.ints([_LAST]))
-    folded = sa.op("Reshape", x, sa.op("Concat", sa.ints([-1]), rest, axis=0))
-    out = sa.scope.unique(f"{node.output[0]}_folded")
+    x, y = node.input[0], node.output[0]
+    folded = sa.op("Reshape", x, _folded_shape(sa, x, [-1], x, 2))
+    out = sa.scope.unique(f"{y}_folded")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     sa.nodes.append(
         helper.make_node(node.op_type, [folded, *node.input[1:]], [out], name=node.name, **attrs)
     )
-    tail = sa.op("Slice", sa.op("Shape", out), sa.ints([1]), sa.ints([_LAST]))
-    shape = sa.op("Concat", sa.ints([sa.seeds, -1]), tail, axis=0)
-    sa.op("Reshape", out, shape, out=node.output[0])
+    sa.op("Reshape", out, _folded_shape(sa, y, [sa.seeds, -1], out, 1), out=y)
     return True
+
+
+def _folded_shape(sa: SeedAxis, per_seed: str, head: list[int], value: str, start: int) -> str:
+    """``head`` followed by ``per_seed``'s dimensions after the first: a constant where they
+    are static, else read from ``value``'s shape from ``start`` on."""
+    dims = sa.shapes.get(per_seed)
+    if dims and None not in dims:
+        return sa.ints([*head, *dims[1:]])
+    rest = sa.op("Slice", sa.op("Shape", value), sa.ints([start]), sa.ints([_LAST]))
+    return sa.op("Concat", sa.ints(head), rest, axis=0)
 
 
 @_rule("GatherElements", "ScatterElements")

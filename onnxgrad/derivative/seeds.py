@@ -52,9 +52,11 @@ def batch_seeds(
     axis.batched.update(seed_inputs)
     for node in linear:
         axis.rewrite(node)
+    axis.flush()
     nodes = [*rest, *axis.nodes]
     nodes += _spread_results(axis, nodes, [r for r in results if r not in axis.batched])
     replace_repeated(graph.node, nodes)
+    graph.initializer.extend(axis.initializers)
     _name_nodes(graph, scope)
     batched = axis.batched | set(results)
     replace_repeated(graph.value_info, [v for v in graph.value_info if v.name not in batched])

@@ -206,3 +206,19 @@ def test_a_result_computed_once_is_repeated_for_every_seed():
     model, feeds, seeded = _case([node("Tanh", ["u"], ["y"])], _r(2), u=_r(2, 3))
     batched = batch_seeds(copy_message(model), ["x"], ["y"], K)
     _assert_k_runs(model, batched, feeds, seeded)
+
+
+def test_nodes_without_a_rule_next_to_each_other_share_one_scan():
+    model, feeds, seeded = _case(
+        [
+            node("TopK", ["x", "k"], ["t", "i"], axis=-1),
+            node("TopK", ["t", "k"], ["w", "j"], axis=-1),
+            node("Neg", ["w"], ["n"]),
+            node("TopK", ["n", "k"], ["y", "l"], axis=-1),
+        ],
+        _r(2, 4),
+        constants=[("k", [2])],
+    )
+    batched = batch_seeds(copy_message(model), ["x"], ["y"], K)
+    assert [n.op_type for n in batched.graph.node].count("Scan") == 2
+    _assert_k_runs(model, batched, feeds, seeded)
