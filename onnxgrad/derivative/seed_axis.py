@@ -72,8 +72,6 @@ class SeedAxis:
         self._pending: list[NodeProto] = []
         #: the constants the rules made
         self.initializers: list[TensorProto] = []
-        #: the op types of the nodes run in a Scan
-        self.scanned: list[str] = []
 
     def rewrite(self, node: NodeProto) -> None:
         """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
@@ -99,7 +97,6 @@ class SeedAxis:
         """``node`` joins the nodes to run in one ``Scan``: its outputs carry the axis."""
         self._pending.append(node)
         self.batched.update(o for o in node.output if o)
-        self.scanned.append(node.op_type)
 
     def flush(self) -> None:
         """The deferred nodes, in one ``Scan`` over the seed axis of the batched values they
