@@ -15,8 +15,8 @@ the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``F
 ``|x| \ge 2^p`` (every such float is an integer). Below ``2^{-76}`` (zero excepted) and at
 infinities the term is zero: no gradient there.
 
-- ``DequantizeLinear(QuantizeLinear(x))`` (per tensor, per axis or per block, to 4-, 8- or
-  16-bit codes, ``x`` in any float type) becomes the same pair over ``sg(x)`` plus the term
+- ``DequantizeLinear(QuantizeLinear(x))`` (per tensor, per axis or per block, to 2- to 16-bit
+  integer or float8 codes, ``x`` in any float type) becomes the same pair over ``sg(x)`` plus the term
   above: normalising again adds nothing. ``DequantizeLinear(DynamicQuantizeLinear(x))``
   likewise.
 - ``DynamicQuantizeLinear``'s scale ``s = (max(0, max x) - min(0, min x)) / 255`` is a
@@ -146,6 +146,14 @@ _RANGES = {
     TensorProto.INT16: (-32768, 32767),
     TensorProto.UINT4: (0, 15),
     TensorProto.INT4: (-8, 7),
+    TensorProto.UINT2: (0, 3),
+    TensorProto.INT2: (-2, 1),
+    # float8 codes: the largest finite magnitude (saturated beyond, where the estimator's mask
+    # is zero)
+    TensorProto.FLOAT8E4M3FN: (-448, 448),
+    TensorProto.FLOAT8E4M3FNUZ: (-240, 240),
+    TensorProto.FLOAT8E5M2: (-57344, 57344),
+    TensorProto.FLOAT8E5M2FNUZ: (-57344, 57344),
 }
 #: the float types of a quantized activation: computed in float32 where not float64
 _QUANTIZED_FLOATS = (

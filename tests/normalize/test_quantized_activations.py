@@ -314,3 +314,35 @@ def test_straight_through_for_every_quantization_layout(layout):
     gradient = onnx_derivative(model, inputs=["x"], weights=[])
     (got,) = run(gradient, {**feeds, "y_grad": seed.astype(feeds["x"].dtype)})
     np.testing.assert_allclose(got.astype(np.float32), seed * v * mask, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("code", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2])
+def test_straight_through_for_float8_codes(code):
+    """A pair through float8 codes gets the estimator too (it was a silent 0): ``seed * v``
+    where ``|x / s|`` is within the largest finite code (448, 57344), 0 where it saturates."""
+    x = (RNG.standard_normal((3, 4)) * 3).astype(np.float32)
+    x[0, 0] = 500.0
+    v = RNG.standard_normal((3, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+            helper.make_node("Mul", ["d", "v"], ["y"]),
+        ],
+        "float8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+        [
+            numpy_helper.from_array(v, "v"),
+            numpy_helper.from_array(np.array(1.0, dtype=np.float32), "s"),
+            helper.make_tensor("z", code, [], [0]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    np.testing.assert_array_equal(
+        run(normalized_model(model), {"x": x})[0], run(model, {"x": x})[0]
+    )
+    seed = RNG.standard_normal((3, 4)).astype(np.float32)
+    (got,) = run(onnx_derivative(model, inputs=["x"], weights=[]), {"x": x, "y_grad": seed})
+    largest = 448 if code == TensorProto.FLOAT8E4M3FN else 57344
+    np.testing.assert_allclose(got, seed * v * (np.abs(x) <= largest), rtol=1e-6, atol=1e-6)
