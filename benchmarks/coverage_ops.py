@@ -56,7 +56,7 @@ before opset 9 (the reference cannot run its batched form)
 (onnxruntime evaluates those, where it loads them).
 
     python benchmarks/coverage_ops.py [--ops Relu,Swish] [--markdown docs/coverage.md]
-        [--baseline an-earlier-page.md]
+        [--baseline an-earlier-page.md] [--quantized-activations exact]
 """
 
 from __future__ import annotations
@@ -358,8 +358,11 @@ def _main_op(model: ModelProto) -> str:
     return ops[0] if ops else "Constant"
 
 
-def check_case(name: str, model: ModelProto, inputs: list, seed: int = 0) -> Outcome:
-    """The outcome of one test case (see the module docstring).
+def check_case(
+    name: str, model: ModelProto, inputs: list, seed: int = 0, rounding: str = "straight_through"
+) -> Outcome:
+    """The outcome of one test case (see the module docstring); ``rounding``: the
+    ``quantized_activations=`` the gradient is built with.
 
     The model runs in float64 where it can; where the float64 conversion does not build or
     run (float constants inside, type constraints), the test case's own precision is used
@@ -380,22 +383,24 @@ def check_case(name: str, model: ModelProto, inputs: list, seed: int = 0) -> Out
         outcome.status = "no float derivative"
         return outcome
     arrays = [as_array(v) for v in inputs]
-    verdict = _judge(model, arrays, wrt, op_type, opset, seed, True)
+    verdict = _judge(model, arrays, wrt, op_type, opset, seed, True, rounding)
     outcome.status, outcome.detail, outcome.point = verdict
     if outcome.status in ("failed", "skipped") and not outcome.detail.startswith("random"):
-        status, detail, point = _judge(model, arrays, wrt, op_type, opset, seed, False)
+        status, detail, point = _judge(model, arrays, wrt, op_type, opset, seed, False, rounding)
         if status in ("ok", "not confirmed", "wrong", "missing"):
             outcome.status, outcome.detail = status, f"in the case's precision: {detail}"
             outcome.point = point
     return outcome
 
 
-def _judge(model, arrays, wrt, op_type, opset, seed, double: bool) -> tuple[str, str, str]:
-    status, detail, *point = _judge_at_point(model, arrays, wrt, op_type, opset, seed, double)
+def _judge(model, arrays, wrt, op_type, opset, seed, double: bool, rounding: str) -> tuple:
+    status, detail, *point = _judge_at_point(
+        model, arrays, wrt, op_type, opset, seed, double, rounding
+    )
     return status, detail, point[0] if point else ""
 
 
-def _judge_at_point(model, arrays, wrt, op_type, opset, seed, double: bool) -> tuple:
+def _judge_at_point(model, arrays, wrt, op_type, opset, seed, double: bool, rounding) -> tuple:
     rng = np.random.default_rng(seed)
     if double:
         model = to_double(model)
@@ -413,7 +418,9 @@ def _judge_at_point(model, arrays, wrt, op_type, opset, seed, double: bool) -> t
         return "skipped", "random outputs"
     seeds = [_seed(rng, out, info) for out, info in zip(outputs, model.graph.output)]
     try:
-        gradient = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
+        gradient = onnx_derivative(
+            model, weights=[], inputs=wrt, backend="onnx", quantized_activations=rounding
+        )
     except NotImplementedError as exc:
         if "is not differentiable with respect to" in str(exc):
             return "zero gradient", _short(exc)
@@ -830,13 +837,20 @@ def collect_cases(ops: set[str] | None = None):
         yield case.name, case.model, list(case.data_sets[0][0])
 
 
-def run(ops: set[str] | None = None, progress=None, onnxruntime: bool = False) -> list[Outcome]:
+def run(
+    ops: set[str] | None = None,
+    progress=None,
+    onnxruntime: bool = False,
+    rounding: str = "straight_through",
+) -> list[Outcome]:
+    """The outcomes of onnx's cases of ``ops`` (all by default), gradients built with
+    ``quantized_activations=rounding``."""
     outcomes = []
     for name, model, inputs in collect_cases(ops):
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             try:
-                outcome = check_case(name, model, inputs)
+                outcome = check_case(name, model, inputs, rounding=rounding)
                 if onnxruntime and outcome.status in ("ok", "not confirmed"):
                     outcome.runtime = on_onnxruntime(model, inputs, outcome.inputs)
             except Exception as exc:  # a harness error must not hide the other cases
@@ -1127,6 +1141,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="also run the gradient graph of every ok (or not confirmed) case on onnxruntime",
     )
+    parser.add_argument(
+        "--quantized-activations",
+        default="straight_through",
+        choices=("straight_through", "exact"),
+        help="how rounded activations are differentiated (onnx_derivative's option)",
+    )
     args = parser.parse_args(argv)
     ops = set(args.ops.split(",")) if args.ops else None
     start = time.perf_counter()
@@ -1135,7 +1155,7 @@ def main(argv=None) -> int:
         if args.verbose or o.status not in ("ok", "no float derivative", "skipped"):
             print(f"{o.status:8} {o.case} {o.detail}", flush=True)
 
-    outcomes = run(ops, progress, onnxruntime=args.onnxruntime)
+    outcomes = run(ops, progress, args.onnxruntime, args.quantized_activations)
     text = markdown(outcomes)
     print(text)
     print(f"{len(outcomes)} cases in {time.perf_counter() - start:.0f} s", file=sys.stderr)

@@ -3,17 +3,28 @@ r"""Many seeds in one run: a leading seed axis on the tangents or cotangents.
 A JVP graph ``t -> J t`` (or a VJP graph ``g -> J^T g``, an HVP graph ``v -> H v``) is linear
 in its seeds. Given ``k`` seeds stacked along a new leading axis, the graph computes
 ``[J t_1, ..., J t_k]`` in one run: the nodes reading no seed (the forward values, the
-Jacobian's factors) run once; the others, the part linear in the seed, become the body of a
-``Scan`` over the seed axis, which reads the forward values from the enclosing graph.
+Jacobian's factors) run once; the others, the part linear in the seed, carry the seed axis
+(:mod:`onnxgrad.derivative.seed_axis`: a table of rules, vectorised as a batch axis, and a
+``Scan`` over the seed axis for a node without one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onnx import GraphProto, ModelProto, ValueInfoProto, helper
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, ValueInfoProto, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, all_names, finalize_model, replace_repeated
+from onnxgrad._onnx_utils import (
+    NameScope,
+    all_names,
+    default_opset,
+    finalize_model,
+    replace_repeated,
+    weightless_view,
+)
+from onnxgrad.derivative.seed_axis import SeedAxis
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
 
@@ -34,42 +45,86 @@ def batch_seeds(
     on the inputs ``seed_inputs`` and on the outputs ``results``, which must be linear in
     them; the other inputs and outputs keep their shapes."""
     graph = model.graph
-    seed_set = set(seed_inputs)
-    linear, rest = _split_nodes(graph, seed_set)
+    linear, rest = _split_nodes(graph, set(seed_inputs))
     scope = NameScope(all_names(graph))
-    body_inputs = {name: scope.unique(f"{name}_one") for name in seed_inputs}
-    body_outputs = {name: scope.unique(f"{name}_one") for name in results}
-    infos = {i.name: i for i in graph.input} | {o.name: o for o in graph.output}
-    body = helper.make_graph(
-        linear,
-        "seed",
-        [_renamed(infos[name], body_inputs[name]) for name in seed_inputs],
-        [_renamed(infos[name], body_outputs[name]) for name in results],
-    )
-    rename_values(body, {**body_inputs, **body_outputs})
-    computed = {o for node in linear for o in node.output}
-    for name in results:  # a result read from the enclosing graph: the same for every seed
-        if name not in computed:
-            body.node.append(helper.make_node("Identity", [name], [body_outputs[name]]))
-    scan = helper.make_node(
-        "Scan",
-        list(seed_inputs),
-        list(results),
-        name=scope.unique("SeedScan"),
-        body=body,
-        num_scan_inputs=len(seed_inputs),
-    )
-    replace_repeated(graph.node, [*rest, scan])
+    shapes, types = _inferred(model)
+    axis = SeedAxis(seeds, scope, shapes, _int_constants(graph), types, default_opset(model))
+    axis.batched.update(seed_inputs)
+    for node in linear:
+        axis.rewrite(node)
+    axis.flush()
+    nodes = [*rest, *axis.nodes]
+    nodes += _spread_results(axis, nodes, [r for r in results if r not in axis.batched])
+    replace_repeated(graph.node, nodes)
+    graph.initializer.extend(axis.initializers)
     _name_nodes(graph, scope)
+    batched = axis.batched | set(results)
+    replace_repeated(graph.value_info, [v for v in graph.value_info if v.name not in batched])
     for info in [*graph.input, *graph.output]:
-        if info.name in seed_set or info.name in set(results):
+        if info.name in batched:
             _prepend_axis(info, seeds)
     return finalize_model(model)
 
 
+def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
+    """Nodes repeating, for every seed, the ``results`` computed once (renamed in ``nodes``
+    to make room)."""
+    if not results:
+        return []
+    once = {r: axis.scope.unique(f"{r}_once") for r in results}
+    scratch = GraphProto()
+    scratch.node.extend(nodes)
+    rename_values(scratch, once)
+    replace_repeated(nodes, list(scratch.node))
+    axis.nodes = []
+    for result, computed in once.items():
+        axis.op("Identity", axis.spread(computed), out=result)
+    return axis.nodes
+
+
+def _inferred(model: ModelProto) -> tuple[dict, dict]:
+    """``({value: dims}, {value: element type})`` by onnx's shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(model)).graph
+    except Exception:  # ranks only choose rules: unknown ones fall back to a Scan
+        inferred = weightless_view(model).graph
+    shapes, types = {}, {}
+    for info in [*inferred.input, *inferred.output, *inferred.value_info]:
+        tensor = info.type.tensor_type
+        if not info.type.HasField("tensor_type"):
+            continue
+        types[info.name] = tensor.elem_type
+        if tensor.HasField("shape"):
+            shapes[info.name] = [
+                d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim
+            ]
+    for init in inferred.initializer:
+        types[init.name] = init.data_type
+        shapes[init.name] = list(init.dims)
+    return shapes, types
+
+
+def _int_constants(graph: GraphProto) -> dict[str, np.ndarray]:
+    """The values of the small integer initializers and ``Constant`` nodes."""
+    found = {}
+    tensors = [(t.name, t) for t in graph.initializer]
+    for node in graph.node:
+        if node.op_type == "Constant" and not node.domain and node.attribute:
+            attr = node.attribute[0]
+            if attr.name == "value":
+                tensors.append((node.output[0], attr.t))
+            elif attr.name in ("value_int", "value_ints"):
+                found[node.output[0]] = np.array(attr.i if attr.name == "value_int" else attr.ints)
+    for name, tensor in tensors:
+        small = int(np.prod(tensor.dims)) <= 64
+        if small and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            found[name] = numpy_helper.to_array(tensor)
+    return found
+
+
 def _name_nodes(graph: GraphProto, scope: NameScope) -> None:
-    """A unique name for every unnamed node, in the Scan's body too: onnxruntime names the
-    nodes its fusions make after the nodes they replace, and refuses two equal names."""
+    """A unique name for every unnamed node, in subgraphs too: onnxruntime names the nodes
+    its fusions make after the nodes they replace, and refuses two equal names."""
     for node in graph.node:
         if not node.name:
             node.name = scope.unique(f"{node.op_type}_seeded")

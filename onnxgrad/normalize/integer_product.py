@@ -26,8 +26,10 @@ from onnx import ModelProto, NodeProto, TensorProto, helper
 from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad.normalize.lowering import Lowerer, lower_nodes
 from onnxgrad.normalize.ste import (
+    HELD_SCALE,
     dequantized_codes,
-    dynamic_scale,
+    differentiable_scale,
+    held_scale,
     rounding_held,
     straight_through,
 )
@@ -37,10 +39,11 @@ def dynamic_round_trip(lw: Lowerer, x: str) -> str:
     """``x`` quantized by a new ``DynamicQuantizeLinear`` and dequantized, read straight
     through (:func:`dequantized_round_trip`)."""
     code, scale, zero = lw.ops("DynamicQuantizeLinear", [x], 3)
+    lw.builder.graph.node[-1].doc_string = HELD_SCALE
     lw.types[scale] = helper.make_tensor_type_proto(TensorProto.FLOAT, [])
     lw.types[zero] = helper.make_tensor_type_proto(TensorProto.UINT8, [])
     if rounding_held():
-        scale = dynamic_scale(lw, x)
+        scale = differentiable_scale(lw, x, scale)
     return dequantized_round_trip(lw, x, code, scale, zero)
 
 
@@ -50,8 +53,9 @@ def dequantized_round_trip(lw: Lowerer, x: str, code: str, scale: str, zero: str
     rounding is held, the derivative through ``scale`` only)."""
     if rounding_held():
         return dequantized_codes(lw, code, scale, zero)
-    value = lw.op("DequantizeLinear", code, scale, zero)
-    return lw.op("Add", value, straight_through(lw, x, scale, zero, TensorProto.UINT8))
+    held = held_scale(lw, scale)
+    value = lw.op("DequantizeLinear", code, held, zero)
+    return lw.op("Add", value, straight_through(lw, x, held, zero, TensorProto.UINT8))
 
 
 class _Product(NamedTuple):

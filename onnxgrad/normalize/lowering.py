@@ -45,6 +45,17 @@ class Lowerer:
         #: types a lowering states for its outputs from the operator's specification, for
         #: the values onnx's per-node inference leaves untyped or without a rank
         self.declared: dict[str, TypeProto] = {}
+        self._readers: dict[str, list[NodeProto]] | None = None
+
+    def readers(self, name: str) -> list[NodeProto]:
+        """The model's nodes (as they were) that read ``name``."""
+        if self._readers is None:
+            self._readers = {}
+            nodes = {id(node): node for node in self.producers.values()}
+            for node in nodes.values():
+                for used in dict.fromkeys(node.input):
+                    self._readers.setdefault(used, []).append(node)
+        return self._readers.get(name, [])
 
     def input(self, index: int) -> str:
         """The name of input ``index``, ``''`` when absent."""
@@ -219,7 +230,9 @@ def _lower_one(
     builder.graph = scratch
     context.node = node
     lowering(context)
-    return list(scratch.node)
+    # a node kept as it is stays the model's own (appending copies it), so that a later
+    # lowering that supersedes it finds it by identity
+    return [node if new == node else new for new in scratch.node]
 
 
 def _without_superseded(nodes: list[NodeProto], superseded: set[int], graph) -> list[NodeProto]:

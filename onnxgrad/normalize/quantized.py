@@ -28,9 +28,11 @@ from onnx import ModelProto, TensorProto, helper
 from onnxgrad.normalize.integer_product import dynamic_round_trip, lowered_integer_products
 from onnxgrad.normalize.lowering import Lowerer, lower_nodes, reading_only
 from onnxgrad.normalize.ste import (
+    integer_scale,
     lower_dynamic_quantize,
     lower_fake_quantized,
     lower_integer_product_cast,
+    lower_integer_rescale,
 )
 
 MS = "com.microsoft"
@@ -153,7 +155,7 @@ def lower_qlinear_conv(lw: Lowerer) -> None:
     w = _dequantized_weight(lw, lw.input(3), lw.input(4), lw.input(5), axis=0)
     inputs = [x, w]
     if len(lw.node.input) > 8 and lw.input(8):
-        scale = lw.op("Mul", lw.input(1), lw.input(4))
+        scale = lw.op("Mul", integer_scale(lw, lw.input(1)), lw.input(4))
         inputs.append(lw.op("Mul", lw.cast(lw.input(8), TensorProto.FLOAT), scale))
     attrs = {a.name: _attr_value(a) for a in lw.node.attribute}
     conv = lw.op("Conv", *inputs, **attrs)
@@ -283,6 +285,7 @@ STRAIGHT_THROUGH = {
     ("", "DequantizeLinear"): lower_dequantize,
     ("", "Cast"): lower_integer_product_cast,
     ("", "DynamicQuantizeLinear"): lower_dynamic_quantize,
+    ("", "Mul"): lower_integer_rescale,
 }
 
 

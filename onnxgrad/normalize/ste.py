@@ -15,9 +15,16 @@ the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``F
 ``|x| \ge 2^p`` (every such float is an integer). Below ``2^{-76}`` (zero excepted) and at
 infinities the term is zero: no gradient there.
 
-- ``DequantizeLinear(QuantizeLinear(x))`` with a per-tensor scale becomes the same pair
-  over ``sg(x)`` plus the term above: normalising again adds nothing.
-- ``DynamicQuantizeLinear``'s scale, a function of ``x``'s range, is held constant.
+- ``DequantizeLinear(QuantizeLinear(x))`` (per tensor, per axis or per block, to 2- to 16-bit
+  integer or float8 codes, ``x`` in any float type) becomes the same pair over ``sg(x)`` plus the term
+  above: normalising again adds nothing. ``DequantizeLinear(DynamicQuantizeLinear(x))``
+  likewise.
+- ``DynamicQuantizeLinear``'s scale ``s = (max(0, max x) - min(0, min x)) / 255`` is a
+  function of ``x`` with a derivative, which a consumer reading it as a float (an output,
+  any float operator) gets; the consumers that rescale its integer codes (the dequantized
+  round trip, ``Mul(Cast(MatMulInteger(q, B)), s s_B)``, an int32 bias quantized by
+  ``s s_B``) read it held, so that the quantized product's derivative is the float
+  product's, not that plus ``(q - z) B\, \partial s``.
 - ``Cast(MatMulInteger(DynamicQuantizeLinear(x), B))`` and its ``ConvInteger`` twin, as
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
   ``(q - z) + mask (x - sg(x))/s`` and ``B - z_B``: the same value up to float rounding of
@@ -86,6 +93,41 @@ def dynamic_scale(lw: Lowerer, x: str) -> str:
     return lw.op("Div", lw.op("Sub", high, low), lw.const(255.0, TensorProto.FLOAT))
 
 
+def held_scale(lw: Lowerer, scale: str) -> str:
+    """A float32 ``scale`` through piecewise-constant operators: its value for every finite
+    scale (:func:`stop_gradient` at ``2^{-76}`` and above; below, the same of ``s 2^{75}``,
+    divided back, exact down to the subnormals), derivative zero."""
+    t = TensorProto.FLOAT
+    up = lw.const(2.0**75, t)
+    small = lw.op("Div", stop_gradient(lw, lw.op("Mul", scale, up), t), up)
+    tiny = lw.op("Less", lw.op("Abs", scale), lw.const(2.0**-76, t))
+    held = lw.op("Where", tiny, small, stop_gradient(lw, scale, t))
+    lw.types[held] = lw.types.get(scale) or helper.make_tensor_type_proto(t, None)
+    return held
+
+
+def integer_scale(lw: Lowerer, scale: str) -> str:
+    """``scale`` as a factor of an integer accumulation (an int32 bias quantized by
+    ``s_x s_w``): held under the estimator where a ``DynamicQuantizeLinear`` computes it,
+    else ``scale`` itself."""
+    source = lw.producers.get(scale)
+    if rounding_held() or source is None or source.op_type != "DynamicQuantizeLinear":
+        return scale
+    return held_scale(lw, scale)
+
+
+def differentiable_scale(lw: Lowerer, x: str, computed: str) -> str:
+    r"""``DynamicQuantizeLinear``'s scale with its derivative: the value ``computed`` by the
+    kernel (bit for bit, whatever the runtime writes for a constant ``x``) plus
+    ``d - sg(d)``, ``d`` = :func:`dynamic_scale`, zero in value and ``\partial d / \partial
+    x`` in derivative. At ties (several elements at the maximum or minimum, or the maximum
+    or minimum at 0) the derivative is the engine's subgradient of ``ReduceMax``/``Max``:
+    shared equally between the tied elements, half of it at 0."""
+    computed_held = held_scale(lw, computed)
+    d = dynamic_scale(lw, x)
+    return lw.op("Add", computed_held, lw.op("Sub", d, held_scale(lw, d)))
+
+
 def dequantized_codes(lw: Lowerer, code: str, scale: str, zero: str) -> str:
     """``(code - zero) scale`` in float32 with standard operators (differentiable in
     ``scale``)."""
@@ -97,7 +139,29 @@ def dequantized_codes(lw: Lowerer, code: str, scale: str, zero: str) -> str:
 
 #: ``(scale exponent k, mantissa bits p)`` of the stop-gradient per float type
 _SG_BITS = {TensorProto.FLOAT: (100, 24), TensorProto.DOUBLE: (900, 53)}
-_RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127)}
+_RANGES = {
+    TensorProto.UINT8: (0, 255),
+    TensorProto.INT8: (-128, 127),
+    TensorProto.UINT16: (0, 65535),
+    TensorProto.INT16: (-32768, 32767),
+    TensorProto.UINT4: (0, 15),
+    TensorProto.INT4: (-8, 7),
+    TensorProto.UINT2: (0, 3),
+    TensorProto.INT2: (-2, 1),
+    # float8 codes: the largest finite magnitude (saturated beyond, where the estimator's mask
+    # is zero)
+    TensorProto.FLOAT8E4M3FN: (-448, 448),
+    TensorProto.FLOAT8E4M3FNUZ: (-240, 240),
+    TensorProto.FLOAT8E5M2: (-57344, 57344),
+    TensorProto.FLOAT8E5M2FNUZ: (-57344, 57344),
+}
+#: the float types of a quantized activation: computed in float32 where not float64
+_QUANTIZED_FLOATS = (
+    TensorProto.FLOAT,
+    TensorProto.DOUBLE,
+    TensorProto.FLOAT16,
+    TensorProto.BFLOAT16,
+)
 
 
 def stop_gradient(lw: Lowerer, x: str, t: int) -> str:
@@ -146,26 +210,56 @@ def straight_through(
 
 
 def lower_fake_quantized(lw: Lowerer) -> None:
-    """A ``DequantizeLinear`` of a per-tensor ``QuantizeLinear`` of a float value ``x``
-    becomes the same pair over ``sg(x)`` plus the straight-through term; any other is kept
-    as it is. ``sg(x) = x`` wherever the term is exact (module docstring; elsewhere the
-    codes agree for any scale above ``2^{-75}``), and the pair over it has no derivative, so
-    normalising again adds nothing to the gradient (a second term over ``x`` itself doubled
-    each pair's derivative, compounding over a deep model) and, recognised, no node."""
+    """A ``DequantizeLinear`` of a ``QuantizeLinear`` (per tensor, per axis or per block) of
+    a float value ``x`` to integer codes becomes the same pair over ``sg(x)`` plus the
+    straight-through term; any other is kept as it is. ``sg(x) = x`` wherever the term is
+    exact (module docstring; elsewhere the codes agree for any scale above ``2^{-75}``), and
+    the pair over it has no derivative, so normalising again adds nothing to the gradient (a
+    second term over ``x`` itself doubled each pair's derivative, compounding over a deep
+    model) and, recognised, no node."""
+    if lower_dynamic_dequantize(lw):
+        return
     node = lw.node
     source = lw.producers.get(node.input[0])
-    if rounding_held() or not _is_per_tensor_quantize(lw, source) or _is_held(lw, source.input[0]):
+    if rounding_held() or not _is_float_quantize(lw, source) or _is_held(lw, source.input[0]):
         lw.builder.graph.node.append(node)
         return
     x, scale, zero = _inputs(source)
-    held = stop_gradient(lw, x, lw.elem(x))
+    t = lw.elem(x)
+    ct = TensorProto.DOUBLE if t == TensorProto.DOUBLE else TensorProto.FLOAT
+    held = stop_gradient(lw, x if ct == t else lw.cast(x, ct), ct)
     attrs = {a.name: helper.get_attribute_value(a) for a in source.attribute}
-    code = lw.op("QuantizeLinear", *[held, *source.input[1:]], **attrs)
+    code = lw.op(
+        "QuantizeLinear", held if ct == t else lw.cast(held, t), *source.input[1:], **attrs
+    )
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     value = lw.op("DequantizeLinear", code, *node.input[1:], **attrs)
-    term = straight_through(lw, x, scale, zero, _zero_type(lw, zero), held=held)
+    if not _one_element(lw, scale):
+        scale, zero = _broadcast_parameters(lw, source, x)
+    term = straight_through(lw, x, scale, zero, _code_type(lw, source), held=held)
     lw.op("Add", value, _like(lw, term, x, value), out=node.output[0])
     lw.superseded.add(id(source))
+
+
+def _broadcast_parameters(lw: Lowerer, quantize: NodeProto, x: str) -> tuple[str, str]:
+    """The scale and zero point of a per-axis or blocked ``quantize`` spread over ``x``'s
+    shape (``DequantizeLinear`` of unit codes broadcasts them as the operator does), the zero
+    point as floats (``''`` where absent)."""
+    _, scale, zero = _inputs(quantize)
+    ones = lw.op(
+        "ConstantOfShape",
+        lw.op("Shape", x),
+        value=helper.make_tensor("one", TensorProto.UINT8, [1], [1]),
+    )
+    layout = {a.name: helper.get_attribute_value(a) for a in quantize.attribute}
+    layout = {k: v for k, v in layout.items() if k in ("axis", "block_size")}
+    spread = [lw.op("DequantizeLinear", ones, scale, **layout)]
+    lw.types[spread[0]] = helper.make_tensor_type_proto(lw.elem(scale), None)
+    if zero:
+        unit_zero = lw.op("DequantizeLinear", ones, lw.cast(zero, TensorProto.FLOAT), **layout)
+        lw.types[unit_zero] = helper.make_tensor_type_proto(TensorProto.FLOAT, None)
+        spread.append(unit_zero)
+    return spread[0], spread[1] if zero else ""
 
 
 def _like(lw: Lowerer, term: str, x: str, value: str) -> str:
@@ -180,6 +274,8 @@ def _is_held(lw: Lowerer, name: str) -> bool:
     """Whether ``name`` is a :func:`stop_gradient` output (``Where(|x| >= 2^p, Floor(x),
     Floor(x 2^k) / 2^k)``): the pair over it was lowered already."""
     where = lw.producers.get(name)
+    if where is not None and where.op_type == "Cast":  # a float16 or bfloat16 x
+        where = lw.producers.get(where.input[0])
     if where is None or where.op_type != "Where" or len(where.input) != 3:
         return False
     floor, fine = (lw.producers.get(where.input[i]) for i in (1, 2))
@@ -202,29 +298,42 @@ def _one_element(lw: Lowerer, name: str) -> bool:
     return dims is not None and int(np.prod(dims or [1])) == 1
 
 
-def _is_per_tensor_quantize(lw: Lowerer, source: NodeProto | None) -> bool:
+def _is_float_quantize(lw: Lowerer, source: NodeProto | None) -> bool:
+    """Whether ``source`` is a default-domain ``QuantizeLinear`` of a float ``x`` to integer
+    codes."""
     if source is None or source.op_type != "QuantizeLinear" or source.domain not in ("", "ai.onnx"):
         return False
-    x, scale, zero = _inputs(source)
-    if x not in lw.types or lw.elem(x) not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+    x, scale, _ = _inputs(source)
+    if x not in lw.types or lw.elem(x) not in _QUANTIZED_FLOATS or scale not in lw.types:
         return False
-    return _one_element(lw, scale) and _zero_type(lw, zero) in _RANGES
+    return _code_type(lw, source) in _RANGES
 
 
-def _zero_type(lw: Lowerer, zero: str) -> int:
-    return lw.elem(zero) if zero else TensorProto.UINT8
+def _code_type(lw: Lowerer, quantize: NodeProto) -> int:
+    """The element type of ``quantize``'s codes: its zero point's, else ``output_dtype``'s,
+    else uint8."""
+    zero = _inputs(quantize)[2]
+    if zero:
+        return lw.elem(zero)
+    declared = next((a.i for a in quantize.attribute if a.name == "output_dtype"), 0)
+    return declared or TensorProto.UINT8
 
 
 #: doc_string of the ``DynamicQuantizeLinear`` :func:`lower_dynamic_quantize` emits, which
-#: normalising again keeps as it is
+#: normalising again keeps as it is (its raw scale output is only read held; the text, kept
+#: from when the scale output itself was held, marks files normalised before)
 HELD_SCALE = "onnxgrad: scale held constant to the gradient"
 
 
 def lower_dynamic_quantize(lw: Lowerer) -> None:
-    """``DynamicQuantizeLinear`` whose scale is held constant to the gradient (the
-    estimator's convention: quantization parameters are not differentiated), or computed
-    from ``x`` by :func:`dynamic_scale` where rounding is held (:data:`EXACT`); the node
-    emitted is marked :data:`HELD_SCALE`, so a second normalisation adds nothing."""
+    """``DynamicQuantizeLinear`` whose scale output has its derivative
+    (:func:`differentiable_scale`) in both modes: a consumer reading it as a float (an
+    output, any float operator) differentiates it. The consumers that rescale the integer
+    codes (a ``DequantizeLinear`` of the codes, the ``Mul`` after a ``Cast`` of their
+    ``MatMulInteger``/``ConvInteger`` product) hold it themselves under the estimator
+    (:func:`lower_dynamic_dequantize`, :func:`lower_integer_rescale`), so that the derivative
+    of the whole quantized product is the float product's. The node emitted is marked
+    :data:`HELD_SCALE`, so a second normalisation adds nothing."""
     node = lw.node
     if node.doc_string == HELD_SCALE:
         lw.builder.graph.node.append(node)
@@ -233,13 +342,35 @@ def lower_dynamic_quantize(lw: Lowerer) -> None:
     lw.builder.graph.node[-1].doc_string = HELD_SCALE
     lw.op("Identity", code, out=node.output[0])
     if len(node.output) > 1 and node.output[1]:
-        if rounding_held():
-            scale = dynamic_scale(lw, node.input[0])
-        else:
-            scale = stop_gradient(lw, scale, TensorProto.FLOAT)
-        lw.op("Identity", scale, out=node.output[1])
+        lw.op("Identity", differentiable_scale(lw, node.input[0], scale), out=node.output[1])
     if len(node.output) > 2 and node.output[2]:
         lw.op("Identity", zero, out=node.output[2])
+
+
+def _dynamic_source(lw: Lowerer, code: str, scale: str, zero: str) -> NodeProto | None:
+    """The ``DynamicQuantizeLinear`` whose three outputs are ``code``, ``scale``, ``zero``
+    (a dequantization of its own codes by its own parameters), else ``None``."""
+    source = lw.producers.get(code)
+    if source is None or source.op_type != "DynamicQuantizeLinear" or len(source.output) < 3:
+        return None
+    return source if list(source.output[:3]) == [code, scale, zero] else None
+
+
+def lower_dynamic_dequantize(lw: Lowerer) -> bool:
+    r"""``DequantizeLinear(DynamicQuantizeLinear(x))`` read straight through: the pair over
+    the held scale (no derivative) plus the estimator's term, derivative the in-range mask;
+    ``False`` (nothing emitted) for any other ``DequantizeLinear`` and where rounding is held
+    (``(q - z) s``, derivative ``(q - z)\, \partial s / \partial x``)."""
+    node = lw.node
+    source = _dynamic_source(lw, *_inputs(node))
+    if source is None or rounding_held():
+        return False
+    code, scale, zero = node.input
+    held = held_scale(lw, scale)
+    value = lw.op("DequantizeLinear", code, held, zero)
+    term = straight_through(lw, source.input[0], held, zero, TensorProto.UINT8)
+    lw.op("Add", value, term, out=node.output[0])
+    return True
 
 
 def lower_integer_product_cast(lw: Lowerer) -> None:
@@ -256,8 +387,9 @@ def lower_integer_product_cast(lw: Lowerer) -> None:
     x, (code, scale, zero) = dynamic.input[0], dynamic.output
     unit = lw.op("Sub", lw.cast(code, ct), lw.cast(zero, ct))
     if not rounding_held():
-        term = straight_through(lw, x, scale, zero, TensorProto.UINT8)
-        unit = lw.op("Add", unit, lw.op("Div", term, scale))
+        held = held_scale(lw, scale)
+        term = straight_through(lw, x, held, zero, TensorProto.UINT8)
+        unit = lw.op("Add", unit, lw.op("Div", term, held))
     weight = lw.cast(product.input[1], ct)
     if len(product.input) > 3 and product.input[3]:
         weight = lw.op("Sub", weight, _weight_zero(lw, product))
@@ -321,3 +453,96 @@ def _dynamic_quantization(lw: Lowerer, product: NodeProto | None) -> NodeProto |
     if lw.uses.get(product.output[0], 0) != 1:
         return None
     return source
+
+
+def lower_integer_rescale(lw: Lowerer) -> None:
+    """Under the estimator, ``Mul(Cast(P), s_x)`` or ``Mul(Cast(P), Mul(s_x, s_B))`` (either
+    order), ``P`` a ``MatMulInteger``/``ConvInteger`` product (or that plus an int32 bias) of
+    the codes of ``DynamicQuantizeLinear(x)`` and ``s_x`` its scale, reads ``s_x`` held: the
+    product's derivative is the float product's (:func:`lower_integer_product_cast`), and
+    the int32 bias, quantized by ``s_x s_B``, stands for a float bias that does not move
+    with ``x``. The pair ``Mul(s_x, s_B)`` itself holds ``s_x`` where only such rescales
+    read it; any other ``Mul`` is kept."""
+    node = lw.node
+    if not rounding_held():
+        if _is_rescale_pair(lw, node):
+            scale = next(name for name in node.input if _dynamic_scale_of(lw, name))
+            other = node.input[1 - list(node.input).index(scale)]
+            lw.op("Mul", held_scale(lw, scale), other, out=node.output[0])
+            return
+        found = _rescale(lw, node)
+        if found is not None and not _held_by_its_pair(lw, node, found[0]):
+            product, scale, other = found
+            factor = held_scale(lw, scale)
+            if other:
+                factor = lw.op("Mul", factor, other)
+            lw.op("Mul", product, factor, out=node.output[0])
+            return
+    lw.builder.graph.node.append(node)
+
+
+def _held_by_its_pair(lw: Lowerer, node: NodeProto, product: str) -> bool:
+    """Whether ``node``'s other factor is a pair that holds the scale itself."""
+    pair = lw.producers.get(node.input[1 - list(node.input).index(product)])
+    return pair is not None and _is_rescale_pair(lw, pair)
+
+
+def _dynamic_scale_of(lw: Lowerer, name: str) -> bool:
+    source = lw.producers.get(name)
+    return (
+        source is not None
+        and source.op_type == "DynamicQuantizeLinear"
+        and (len(source.output) > 1 and source.output[1] == name)
+    )
+
+
+def _scale_pair(lw: Lowerer, name: str) -> tuple[str, str] | None:
+    """``(s_x, s_B)`` where ``name = Mul(s_x, s_B)`` (either order), ``s_x`` a
+    ``DynamicQuantizeLinear``'s scale, else ``None``."""
+    pair = lw.producers.get(name)
+    if pair is None or pair.op_type != "Mul" or normalize_domain(pair.domain):
+        return None
+    if len(pair.input) != 2 or pair.input[0] == pair.input[1]:
+        return None
+    for i in (0, 1):
+        if _dynamic_scale_of(lw, pair.input[i]):
+            return pair.input[i], pair.input[1 - i]
+    return None
+
+
+def _is_rescale_pair(lw: Lowerer, node: NodeProto) -> bool:
+    """Whether ``node`` is a pair ``Mul(s_x, s_B)`` that only rescales read (as
+    ``quantize_dynamic`` writes them)."""
+    if not node.output or _scale_pair(lw, node.output[0]) is None:
+        return False
+    name = node.output[0]
+    readers = lw.readers(name)
+    reads = sum(list(reader.input).count(name) for reader in readers)
+    return bool(readers) and reads == lw.uses[name] and all(_rescale(lw, r) for r in readers)
+
+
+def _rescale(lw: Lowerer, node: NodeProto) -> tuple[str, str, str] | None:
+    """``(Cast(P), s_x, s_B)`` (``s_B`` ``''`` when ``s_x`` multiplies alone) where ``node``
+    rescales an integer product as :func:`lower_integer_rescale` says."""
+    if node.op_type != "Mul" or len(node.input) != 2 or normalize_domain(node.domain):
+        return None
+    for i in (0, 1):
+        source = _dynamic_quantization(lw, _product_and_bias(lw, _cast_of(lw, node.input[i]))[0])
+        if source is None:
+            continue
+        scale, factor = source.output[1], node.input[1 - i]
+        if factor == scale:
+            return node.input[i], scale, ""
+        pair = _scale_pair(lw, factor)
+        if pair is not None and pair[0] == scale:
+            return node.input[i], scale, pair[1]
+    return None
+
+
+def _cast_of(lw: Lowerer, name: str) -> str:
+    """What the ``Cast`` to a float type computing ``name`` converts, else ``''``."""
+    cast = lw.producers.get(name)
+    if cast is None or cast.op_type != "Cast" or normalize_domain(cast.domain):
+        return ""
+    to = next((a.i for a in cast.attribute if a.name == "to"), None)
+    return cast.input[0] if to in (TensorProto.FLOAT, TensorProto.DOUBLE) else ""

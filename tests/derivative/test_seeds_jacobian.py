@@ -171,3 +171,65 @@ def test_jacobian_needs_static_shapes():
         onnx_jacobian(model)
     with pytest.raises(ValueError, match="mode must be"):
         onnx_jacobian(model, mode="forward")
+
+
+def _conv_net(torch):
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(4, 3, 3, stride=2), torch.nn.Flatten(),
+        torch.nn.Linear(3, 2), torch.nn.Softmax(-1),
+    )  # fmt: skip
+    return net, torch.randn(2, 2, 6, 6)
+
+
+def _lstm(torch):
+    class Recurrent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.LSTM(3, 4, bidirectional=True, batch_first=True)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    return Recurrent(), torch.randn(2, 3, 3)
+
+
+def _attention(torch):
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+            self.norm = torch.nn.LayerNorm(8)
+
+        def forward(self, x):
+            return self.norm(x + self.inner(x, x, x, need_weights=False)[0])
+
+    return Attention(), torch.randn(2, 5, 8)
+
+
+@pytest.mark.parametrize("make", [_conv_net, _lstm, _attention], ids=["conv", "lstm", "attention"])
+def test_k_tangents_of_torch_exports_equal_k_jvps(make):
+    """A CNN (Conv, BatchNorm, MaxPool, Linear, Softmax), a bidirectional LSTM and an
+    attention block: ``K`` tangents in one run equal ``K`` runs; the CNN and the attention
+    have a rule for every seeded node (no Scan), the LSTM's recurrence runs per seed."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    module, x = make(torch)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module.eval(), (x,), buffer, input_names=["x"], dynamo=False, opset_version=17
+        )
+    model = onnx.load_from_string(buffer.getvalue())
+    batched = onnx_jvp(model, inputs=["x"], seeds=K)
+    scans = [n for n in batched.graph.node if n.op_type == "Scan"]
+    assert bool(scans) == (make is _lstm), [n.attribute[0].g.node[0].op_type for n in scans]
+    rng = np.random.default_rng(6)
+    tangents = rng.standard_normal((K, *x.shape)).astype(np.float32)
+    (got,) = _ort(batched, {"x": x.numpy(), "x_tangent": tangents}).values()
+    single = onnx_jvp(model, inputs=["x"])
+    for i in range(K):
+        (one,) = _ort(single, {"x": x.numpy(), "x_tangent": tangents[i]}).values()
+        assert np.abs(one).max() > 1e-3
+        np.testing.assert_allclose(got[i], one, rtol=1e-5, atol=1e-6 * np.abs(one).max())

@@ -144,6 +144,28 @@ def test_wrong_output_rank_is_replaced_and_the_gradient_runs():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_scale_read_as_a_float_beside_its_rescales():
+    """The conv's activation scale also an output: its derivative reaches ``x`` (numpy: the
+    range's two ends, ``+-1/255``), while the ``Mul(Cast(ConvInteger + int32 bias), s_x s_w)``
+    rescale and the bias quantization still read it held: the rest of the gradient stays the
+    float model's Jacobian."""
+    weights = _weights()
+    model = _legacy_model(weights)
+    model.graph.output.append(helper.make_tensor_value_info("x_scale", TensorProto.FLOAT, []))
+    gradient = onnx_derivative(model, inputs=["x"], weights=[])
+    x = RNG.standard_normal((1, C_IN, SIDE, SIDE)).astype(np.float32)
+    seed = RNG.standard_normal((2, 1, 2)).astype(np.float32)
+    seed_scale = np.array(50.0, dtype=np.float32)
+    got = run(gradient, {"x": x, "y_grad": seed, "x_scale_grad": seed_scale})[0]
+    basis = np.eye(C_IN * SIDE * SIDE, dtype=np.float32).reshape(-1, C_IN, SIDE, SIDE)
+    jacobian = run(_float_linear_part(weights), {"x": basis})[0]
+    expected = (jacobian.astype(np.float64) @ seed.reshape(-1)).reshape(x.shape)
+    slope = np.zeros(x.shape)
+    slope[np.unravel_index(np.argmax(x), x.shape)] = 1 / 255
+    slope[np.unravel_index(np.argmin(x), x.shape)] = -1 / 255
+    np.testing.assert_allclose(got, expected + seed_scale * slope, rtol=1e-4, atol=1e-5)
+
+
 SHIPPED = Path(os.environ.get("ONNXGRAD_MODEL_CACHE", Path.home() / ".cache/onnxgrad-models"))
 COMMON_OLD = SHIPPED / "extract" / "ddddocr" / "common_old.onnx"
 
