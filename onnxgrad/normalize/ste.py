@@ -16,8 +16,8 @@ the mantissa width: ``k = 100`` in float32, ``2^{-76} \approx 1.3e-23``) and ``F
 infinities the term is zero: no gradient there.
 
 - ``DequantizeLinear(QuantizeLinear(x))`` (per tensor, per axis or per block, to 2- to 16-bit
-  integer or float8 codes, ``x`` in any float type) becomes the same pair over ``sg(x)`` plus the term
-  above: normalising again adds nothing. ``DequantizeLinear(DynamicQuantizeLinear(x))``
+  integer or float8 codes, ``x`` in any float type) becomes the same pair over ``sg(x)`` plus
+  the term above: normalising again adds nothing. ``DequantizeLinear(DynamicQuantizeLinear(x))``
   likewise.
 - ``DynamicQuantizeLinear``'s scale ``s = (max(0, max x) - min(0, min x)) / 255`` is a
   function of ``x`` with a derivative, which a consumer reading it as a float (an output,
