@@ -50,6 +50,7 @@ def _forms(folder: Path, kinds, forms, hidden: int) -> dict[tuple[str, str], Pat
     from tests.normalize import deployed
 
     deployed.HIDDEN, deployed.SEQ, deployed.BATCH = hidden, SEQ, BATCH
+    deployed.DECODER = {**deployed.DECODER, "hidden_size": hidden, "intermediate_size": 2 * hidden}
     made = {}
     for kind in kinds:
         source = folder / f"{kind}.onnx"

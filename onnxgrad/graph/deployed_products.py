@@ -9,14 +9,20 @@ the float input ``x`` and the node whose first output is the float product ``y``
 - ``MatMul(x, W)``, ``Gemm(x, W)`` (``W`` float), ``MatMulNBits(x, codes)``,
   ``DynamicQuantizeMatMul(x, codes)``: ``y`` is the node's output;
 - ``MatMul(x, DequantizeLinear(q))`` through ``Transpose``/``Identity``/``Cast`` (QDQ):
-  ``y`` is the ``MatMul``'s output, ``x`` its (dequantized) activation;
+  ``x`` is its (dequantized) activation, ``y`` the ``MatMul``'s output or, where that is
+  quantized again (``MatMul -> QuantizeLinear -> DequantizeLinear``, the pattern onnxruntime
+  fuses into ``QLinearMatMul``), the ``DequantizeLinear``'s output;
 - ``MatMulInteger(DynamicQuantizeLinear(x), q)`` followed by ``Cast`` and the ``Mul`` by
   the scales (``quantize_dynamic``): ``y`` is the last ``Mul``'s output;
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
   ``DequantizeLinear``'s output.
 
 A low-rank adapter kept beside such a product adds ``s (x A) B`` to ``y``
-(:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``.
+(:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``. Where ``y``
+was quantized again, the sum is too, with the same scale and zero point:
+``y' = DQ(Q(y + s (x A) B))``, so every node of the deployed graph keeps its neighbours and
+onnxruntime's fusions of the base (``QLinearMatMul``, the next node's ``DequantizeLinear``)
+still apply: the branch is added after the fused pattern, not inside it.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ class Product:
     alpha: float = 1.0
     #: QDQ: the permutation between the codes and the ``K x N`` weight (``None``: none)
     perm: tuple[int, ...] | None = None
+    #: QDQ: the ``QuantizeLinear`` of the product's output, ``node`` its ``DequantizeLinear``
+    requantized_by: NodeProto | None = None
 
     @property
     def y(self) -> str:
@@ -77,6 +85,8 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    for output in graph.output:  # read by the user: a value no rewrite may move
+        readers.setdefault(output.name, []).append(NodeProto(op_type="graph output"))
     names = NameScope(n.name for n in graph.node if n.name)
     for node in graph.node:
         if not node.name:
@@ -129,7 +139,7 @@ def _integer_matrix(name: str, inits) -> bool:
 
 
 def _matmul(node: NodeProto, context) -> Product | None:
-    inits, producers, _ = context
+    inits, producers, readers = context
     weight = node.input[1]
     if weight in inits:
         init = inits[weight]
@@ -141,19 +151,50 @@ def _matmul(node: NodeProto, context) -> Product | None:
         return None
     dims = tuple(inits[dequantize.input[0]].dims)
     shape = tuple(dims[i] for i in perm) if perm else dims
-    scale = dequantize.input[1]
-    kind = "DequantizeLinear"
+    quantize, output = _requantized_output(node, readers)
     return _made(
         dequantize.input[0],
-        kind,
-        node,
-        node.input[0],
+        "DequantizeLinear",
+        output or node,
+        _activation_before_rounding(node.input[0], producers),
         shape,
         inits,
-        scale,
+        dequantize.input[1],
         dequantize,
         perm=tuple(perm) if perm else None,
+        requantized_by=quantize,
     )
+
+
+def _activation_before_rounding(x: str, producers) -> str:
+    """``v`` where ``x = DequantizeLinear(QuantizeLinear(v))`` (a QDQ activation), else
+    ``x``: the branch reads the float activation, as beside ``quantize_dynamic``'s products,
+    so the pair keeps its one reader and onnxruntime still fuses it into the product."""
+    dequantize = producers.get(x)
+    if dequantize is None or (dequantize.op_type, normalize_domain(dequantize.domain)) != (
+        "DequantizeLinear",
+        "",
+    ):
+        return x
+    quantize = producers.get(dequantize.input[0])
+    if quantize is None or (quantize.op_type, normalize_domain(quantize.domain)) != (
+        "QuantizeLinear",
+        "",
+    ):
+        return x
+    return quantize.input[0]
+
+
+def _requantized_output(node: NodeProto, readers) -> tuple[NodeProto | None, NodeProto | None]:
+    """``(QuantizeLinear, DequantizeLinear)`` when ``node``'s output is only quantized and
+    dequantized again (QDQ's ``MatMul -> Q -> DQ``), else ``(None, None)``."""
+    quantize = _only_reader(node.output[0], readers, "QuantizeLinear")
+    if quantize is None:
+        return None, None
+    dequantize = _only_reader(quantize.output[0], readers, "DequantizeLinear")
+    if dequantize is None or len(quantize.output) != 1:
+        return None, None
+    return quantize, dequantize
 
 
 def dequantize_behind(value: str, producers) -> tuple[NodeProto | None, list[int] | None]:
@@ -250,10 +291,12 @@ def _qlinear_product(node: NodeProto, context) -> Product | None:
 def add_branch(
     graph, product: Product, a: str, b: str, scale: float, names: NameScope, node_names: NameScope
 ) -> list[NodeProto]:
-    r"""The nodes of ``y + s \alpha (x A) B`` (``A``, ``B`` float32 names of shapes
-    ``K x r``, ``r x N``; ``(x B^T) A^T`` for a weight stored transposed): ``product``'s
-    node now writes ``<y>_without_lora`` and the sum takes ``y``'s name, so its readers and a
-    graph output get the sum. The caller inserts the nodes right after ``product.node``."""
+    r"""The nodes of ``y + (x (s \alpha A)) B`` (``A``, ``B`` float32 names of shapes
+    ``K x r``, ``r x N``; ``(x B^T) A^T`` for a weight stored transposed; the scale on the
+    small ``K x r`` factor, not on the ``M x N`` product): ``product``'s node now writes
+    ``<y>_without_lora`` and the sum takes ``y``'s name, so its readers and a graph output
+    get the sum (quantized and dequantized again where ``y`` was, module docstring). The
+    caller inserts the nodes right after ``product.node``."""
     base = product.weight
     nodes: list[NodeProto] = []
 
@@ -267,15 +310,21 @@ def add_branch(
         a, b = add("Cast", [a], to=product.elem_type), add("Cast", [b], to=product.elem_type)
     if product.transposed:
         a, b = add("Transpose", [b], perm=[1, 0]), add("Transpose", [a], perm=[1, 0])
-    delta = add("MatMul", [add("MatMul", [product.x, a]), b])
     factor = scale * product.alpha
-    if factor != 1:
+    if factor != 1:  # on the K x r factor, a constant onnxruntime folds where A is one
         value = numpy_helper.from_array(np.asarray(factor, dtype=np_dtype(product.elem_type)))
-        delta = add("Mul", [delta, add("Constant", [], value=value)])
+        a = add("Mul", [a, add("Constant", [], value=value)])
+    delta = add("MatMul", [add("MatMul", [product.x, a]), b])
     y = product.node.output[0]
     product.node.output[0] = names.unique(f"{y}_without_lora")
-    add_name = node_names.unique(f"{base}_lora_Add")
-    nodes.append(helper.make_node("Add", [product.node.output[0], delta], [y], name=add_name))
+    total = add("Add", [product.node.output[0], delta])
+    quantize = product.requantized_by
+    if quantize is not None:
+        codes = add("QuantizeLinear", [total, *quantize.input[1:]])
+        nodes[-1].attribute.extend(quantize.attribute)
+        total = add("DequantizeLinear", [codes, *product.node.input[1:]])
+        nodes[-1].attribute.extend(product.node.attribute)
+    nodes[-1].output[0] = y
     return nodes
 
 
@@ -290,16 +339,22 @@ def insert_after(graph, new_nodes: dict[str, list[NodeProto]]) -> None:
 
 
 def remove_branch(graph, nodes: list[str], sums: list[str]) -> None:
-    """Remove the branch nodes ``nodes`` whose sums write ``sums``: each product writes its
-    own output again."""
+    """Remove the branch nodes ``nodes`` whose last nodes are ``sums`` (the ``Add``, or the
+    ``DequantizeLinear`` quantizing it again): each product writes its own output again."""
     removed = set(nodes)
     by_name = {node.name: node for node in graph.node}
+    producers = {out: node for node in graph.node for out in node.output}
     renamed = {}
     for name in sums:
-        add = by_name.get(name)
-        if add is None or add.op_type != "Add":
+        last = by_name.get(name)
+        if last is None or name not in removed or last.op_type not in ("Add", "DequantizeLinear"):
             raise ValueError(f"the adapter's branch sum {name!r} is no Add node of the model")
-        renamed[add.input[0]] = add.output[0]
+        first = last
+        while (source := producers.get(first.input[0])) is not None and source.name in removed:
+            first = source
+        if first.op_type != "Add":
+            raise ValueError(f"the adapter's branch sum {name!r} is no Add node of the model")
+        renamed[first.input[0]] = last.output[0]
     kept = [node for node in graph.node if node.name not in removed]
     for node in kept:
         for i, out in enumerate(node.output):

@@ -209,7 +209,10 @@ def _quantize_static(
 
 #: the operators of an adapter kept beside its base: ``y + s (x A) B`` (casts to float16,
 #: transposes of a weight stored transposed) or ``W + s reshape(A B)`` over a float weight
-BRANCH_OPS = frozenset({"MatMul", "Add", "Mul", "Constant", "Cast", "Transpose", "Reshape"})
+BRANCH_OPS = frozenset(
+    {"MatMul", "Add", "Mul", "Constant", "Cast", "Transpose", "Reshape"}
+    | {"QuantizeLinear", "DequantizeLinear"}  # a QDQ product's sum quantized again
+)
 
 
 def operators(model: onnx.ModelProto) -> Counter:
