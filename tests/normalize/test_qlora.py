@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -193,3 +194,83 @@ def test_qlora_artifacts_train_in_plain_onnxruntime_steps(tmp_path):
     assert [n.op_type for n in requantized.graph.node] == ["MatMulNBits"]
     # quantized again at 4 bits: the gain survives, up to the new rounding of W + s A B
     assert np.mean((run(requantized, {"x": x})[0] - target) ** 2) < 0.6 * before
+
+
+def _qdq_model():
+    """``x -> Q -> DQ -> MatMul(., DQ(w)) -> Q -> DQ -> y``: the pattern onnxruntime fuses
+    into ``QLinearMatMul`` (uint8 activations, int8 weights within +-64: no pair of products
+    saturates int16, so its kernel is exact on every CPU)."""
+    inits = {
+        "xs": np.array(0.02, np.float32),
+        "xz": np.array(128, np.uint8),
+        "w": RNG.integers(-64, 64, (K, N), dtype=np.int8),
+        "ws": np.array(0.01, np.float32),
+        "wz": np.array(0, np.int8),
+        "ys": np.array(0.05, np.float32),
+        "yz": np.array(128, np.uint8),
+    }
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+        helper.make_node("MatMul", ["xd", "wd"], ["p"]),
+        helper.make_node("QuantizeLinear", ["p", "ys", "yz"], ["pq"]),
+        helper.make_node("DequantizeLinear", ["pq", "ys", "yz"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_qdq_branch_leaves_the_product_to_onnxruntimes_fusion(tmp_path):
+    """The branch reads the float activation before its ``QuantizeLinear`` and is added after
+    the output's ``DequantizeLinear``, then quantized again with the output's scale:
+    ``y' = DQ(Q(DQ(Q(x W)) + s x A B))``. A second reader of the activation's
+    ``DequantizeLinear``, or an ``Add`` between the ``MatMul`` and its ``QuantizeLinear``,
+    would leave onnxruntime a float ``MatMul`` over dequantized weights."""
+    import onnxruntime as ort
+
+    model = _qdq_model()
+    adapted = add_lora(model, rank=2, alpha=4)
+    (adapter,) = lora_adapters(adapted)
+    inits = {i.name: numpy_helper.to_array(i) for i in adapted.graph.initializer}
+    b = RNG.standard_normal((2, N)).astype(np.float32) * 0.3
+    trained = _with_values(adapted, {adapter["b"]: b})
+
+    def fused(m, name):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+        return sorted(n.op_type for n in optimized.graph.node if n.op_type.startswith("QLinear"))
+
+    assert fused(model, "deployed") == ["QLinearMatMul"]
+    assert fused(trained, "trained") == ["QLinearMatMul"]
+
+    x = (RNG.standard_normal((5, K)) * 1.5).astype(np.float32)
+    f64 = {k: np.asarray(v, np.float64) for k, v in inits.items()}
+    codes = np.clip(np.rint(x / f64["xs"]) + f64["xz"], 0, 255)
+    product = exact_matmul(codes, inits["w"], f64["xz"], f64["wz"])
+    y_codes = requantize(product, f64["xs"] * f64["ws"] / f64["ys"], f64["yz"])
+    y = (y_codes - f64["yz"]) * f64["ys"]
+    dense = adapter["scale"] * (x.astype(np.float64) @ f64[adapter["a"]] @ b)
+    assert np.abs(dense).max() > 10 * f64["ys"]  # the branch moves the output many steps
+    expected = (requantize(y + dense, 1 / f64["ys"], f64["yz"]) - f64["yz"]) * f64["ys"]
+    step = f64["ys"] * 1.0001  # a tie's rounding (the kernel's fixed-point scale, float32)
+    for level in ("disabled", "default"):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        if level == "disabled":
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(
+            trained.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        assert_within(session.run(None, {"x": x})[0], expected, step, f"optimization {level}")
+    requantized = merge_lora(trained, quantized="requantize")
+    assert [n.op_type for n in requantized.graph.node] == [n.op_type for n in model.graph.node]
