@@ -328,6 +328,78 @@ def add_branch(
     return nodes
 
 
+def share_first_products(
+    graph, branches: list[tuple[list[NodeProto], int]], opset: int, names, node_names
+) -> dict[str, list[str]]:
+    r"""Branches reading the same ``x`` (query, key and value; gate and up) compute
+    ``x [A_1 | A_2 | ...]`` in one ``MatMul`` and split it into the ``x A_i``, in place:
+    one pass over ``x`` instead of one per branch, the same values. ``branches`` are the
+    nodes :func:`add_branch` gave (in ``graph``) with each adapter's rank. Returns, for each
+    first product replaced, the names of the nodes now computing it."""
+    by_x: dict[str, list[tuple[NodeProto, list[NodeProto], int]]] = {}
+    for nodes, rank in branches:
+        first, preparation = _first_product(nodes)
+        by_x.setdefault(first.input[0], []).append((first, preparation, rank))
+    replaced: dict[str, list[str]] = {}
+    for x, group in by_x.items():
+        if len(group) > 1:
+            shared = _shared_first_product(x, group, opset, names, node_names)
+            _replace_nodes(graph, [n for f, p, _ in group for n in (*p, f)], shared)
+            replaced.update({first.name: [n.name for n in shared] for first, _, _ in group})
+    return replaced
+
+
+def _first_product(nodes: list[NodeProto]) -> tuple[NodeProto, list[NodeProto]]:
+    """A branch's ``MatMul(x, A')`` and the nodes making ``A'`` from ``A`` (cast, transpose,
+    scale: they read only initializers, inputs and constants)."""
+    producers = {out: node for node in nodes for out in node.output}
+    first = next(n for n in nodes if n.op_type == "MatMul" and n.input[0] not in producers)
+    preparation, pending = set(), [first.input[1]]
+    while pending:
+        node = producers.get(pending.pop())
+        if node is not None and node.name not in preparation:
+            preparation.add(node.name)
+            pending.extend(node.input)
+    return first, [n for n in nodes if n.name in preparation]
+
+
+def _shared_first_product(x, group, opset, names, node_names) -> list[NodeProto]:
+    base = names.unique(f"{x}_lora")
+
+    def node(op, inputs, outputs, **attrs):
+        name = node_names.unique(f"{base}_{op}")
+        return helper.make_node(op, inputs, outputs, name=name, **attrs)
+
+    ranks = [rank for _, _, rank in group]
+    stacked, product = names.unique(f"{base}_A"), names.unique(f"{base}_xA")
+    nodes = [n for _, preparation, _ in group for n in preparation]
+    nodes.append(node("Concat", [first.input[1] for first, _, _ in group], [stacked], axis=1))
+    nodes.append(node("MatMul", [x, stacked], [product]))
+    parts = [first.output[0] for first, _, _ in group]
+    if opset < 13:
+        nodes.append(node("Split", [product], parts, axis=-1, split=ranks))
+    else:
+        sizes = names.unique(f"{base}_ranks")
+        value = numpy_helper.from_array(np.asarray(ranks, dtype=np.int64))
+        nodes.append(node("Constant", [], [sizes], value=value))
+        nodes.append(node("Split", [product, sizes], parts, axis=-1))
+    return nodes
+
+
+def _replace_nodes(graph, removed: list[NodeProto], added: list[NodeProto]) -> None:
+    """``graph`` without ``removed``, ``added`` where the first of them was."""
+    gone = {n.name for n in removed}
+    kept, placed = [], False
+    for node in graph.node:
+        if node.name not in gone:
+            kept.append(node)
+        elif not placed:
+            kept.extend(added)
+            placed = True
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
 def insert_after(graph, new_nodes: dict[str, list[NodeProto]]) -> None:
     """Insert ``new_nodes[name]`` right after the node called ``name`` (order kept)."""
     ordered = []
@@ -364,4 +436,11 @@ def remove_branch(graph, nodes: list[str], sums: list[str]) -> None:
     graph.node.extend(kept)
 
 
-__all__ = ["Product", "add_branch", "insert_after", "remove_branch", "weight_products"]
+__all__ = [
+    "Product",
+    "add_branch",
+    "insert_after",
+    "remove_branch",
+    "share_first_products",
+    "weight_products",
+]
