@@ -17,6 +17,9 @@ the float input ``x`` and the node whose first output is the float product ``y``
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
   ``DequantizeLinear``'s output.
 
+Where a bias ``Add`` (a 1-D constant) alone reads ``y`` of a ``quantize_dynamic`` or 4-bit
+product, ``y`` is that ``Add``'s output: onnxruntime folds the bias into the product's kernel.
+
 A low-rank adapter kept beside such a product adds ``s (x A) B`` to ``y``
 (:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``. Where ``y``
 was quantized again, the sum is too, with the same scale and zero point:
@@ -27,7 +30,7 @@ still apply: the branch is added after the fused pattern, not inside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
@@ -37,6 +40,10 @@ from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain, np_dt
 MS = "com.microsoft"
 #: operators a QDQ weight passes through between its DequantizeLinear and the MatMul
 LAYOUT_OPS = frozenset({"Transpose", "Identity", "Cast"})
+#: products whose onnxruntime kernel takes the bias ``Add`` after them in (``quantize_dynamic``'s
+#: chain becomes ``MatMulIntegerToFloat``); a float product's bias goes to the next fused
+#: operator (``BiasGelu``, ``SkipLayerNormalization``), which a branch before it leaves alone
+BIASED = frozenset({"MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits"})
 _INTEGER_TYPES = frozenset(
     {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4}
 )
@@ -96,8 +103,39 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
     for node in graph.node:
         product = _product(node, context)
         if product is not None:
+            bias = _bias_add(product.node, context) if product.kind in BIASED else None
+            if bias is not None:
+                product = replace(product, node=bias)
             found.setdefault(product.weight, []).append(product)
     return found
+
+
+def _bias_add(node: NodeProto, context) -> NodeProto | None:
+    """The ``Add`` of a bias (a 1-D constant) that alone reads ``node``'s output: for
+    :data:`BIASED` products onnxruntime folds it into the kernel, so a branch is added after
+    it, ``(y + b) + s x A B``, not between them."""
+    inits, producers, readers = context
+    add = _only_reader(node.output[0], readers, "Add")
+    if add is None:
+        return None
+    other = [name for name in add.input if name != node.output[0]]
+    if len(other) != 1 or _constant_dims(other[0], inits, producers) is None:
+        return None
+    return add if len(_constant_dims(other[0], inits, producers)) == 1 else None
+
+
+def _constant_dims(name: str, inits, producers) -> list[int] | None:
+    """The dims of ``name`` when it is a constant (an initializer or a ``Constant`` tensor,
+    through ``Identity`` nodes), else ``None``."""
+    node = producers.get(name)
+    while node is not None and node.op_type == "Identity" and not normalize_domain(node.domain):
+        name, node = node.input[0], producers.get(node.input[0])
+    if node is None:
+        return list(inits[name].dims) if name in inits else None
+    if node.op_type == "Constant" and not normalize_domain(node.domain):
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        return list(value.dims) if value is not None else None
+    return None
 
 
 def _product(node: NodeProto, context) -> Product | None:
