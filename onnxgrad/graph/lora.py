@@ -21,9 +21,12 @@ adapter beside its product (QLoRA):
 
     y' = y + s (x A) B = x (W + s A B),   W = (q - z) s_q  (K x N)
 
-named after ``q``. :func:`merge_lora` keeps those adapters beside the untouched codes or,
-asked to, folds them and re-quantizes the base in its own format
-(:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the deployed operators.
+named after ``q``, placed so that onnxruntime's fusions of the base still apply (a QDQ
+product's sum quantized again, a bias folded first; branches reading one ``x`` share
+``x [A_1 | A_2 | ...]``: :mod:`onnxgrad.graph.deployed_products`). :func:`merge_lora` keeps
+those adapters beside the untouched codes or, asked to, folds them and re-quantizes the base
+in its own format (:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the
+deployed operators.
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
 """
