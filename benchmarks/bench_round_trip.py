@@ -18,18 +18,20 @@ in its own ``InferenceSession`` at onnxruntime's default optimization level, one
 thread (so the caller's thread computes: its CPU time is measured, wall time being too noisy
 on a shared machine); the rounds interleave the models and the median of each is reported
 with its ratio
-to the deployed file and the adapters' share of the weight products' FLOPs
-(``r (K + N) / (K N)`` summed over the adapted products). ``python
+to the deployed file, the adapters' share of the weight products' FLOPs
+(``r (K + N)`` against ``K N`` summed over the adapted products) and the target: 1.05x, plus
+that share where a branch stays beside the base. ``python
 benchmarks/bench_round_trip.py [FOLDER] [--rounds R]``; run in the environment with
 onnxruntime >= 1.20 (its 4-bit quantizer), torch and transformers (``--hidden`` sets the
 width, default 128, ``--kinds llama`` one model).
 
 Measured (this 2-core shared machine, onnxruntime 1.32, CPU time of the one calling thread,
 median of 15 rounds): every merged form (``keep`` over float weights, ``requantize``
-everywhere) has exactly the deployed operators and runs in 0.97-1.01x the deployed file's
-time; adapters kept beside a quantized base cost 1.19-1.21x (4-bit), 1.34-1.39x (int8),
-1.32-1.36x (QDQ) at width 128, rank 8, where the adapters are 11% of the weight products'
-FLOPs but float FLOPs against integer kernels; see docs/deployed-models.md."""
+everywhere) has exactly the deployed operators and runs in 0.95-1.04x the deployed file's
+time. Adapters kept beside a quantized base, at width 128, rank 8 (11% of the weight
+products' FLOPs): 4-bit 1.14-1.20x, QDQ 1.20-1.22x, int8 1.28-1.36x (before: 1.19-1.21x,
+1.31-1.37x, 1.34-1.43x); the branch no longer blocks onnxruntime's fusions of the base, what
+remains is its float FLOPs next to integer kernels; see docs/deployed-models.md."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def _forms(folder: Path, kinds, forms, hidden: int) -> dict[tuple[str, str], Pat
     from tests.normalize import deployed
 
     deployed.HIDDEN, deployed.SEQ, deployed.BATCH = hidden, SEQ, BATCH
+    deployed.DECODER = {**deployed.DECODER, "hidden_size": hidden, "intermediate_size": 2 * hidden}
     made = {}
     for kind in kinds:
         source = folder / f"{kind}.onnx"
@@ -151,9 +154,9 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     print(
         "| model | form | deployed nodes, ms | what comes back | nodes | operators vs deployed "
-        "| ms | ratio | adapter FLOP share |"
+        "| ms | ratio | adapter FLOP share | target |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (kind, form), path in _forms(
         folder, args.kinds.split(","), args.forms.split(","), args.hidden
     ).items():
@@ -165,12 +168,14 @@ def main() -> None:
         head = f"| {kind} | {form} | {len(model.graph.node)}, {times['deployed']:.2f} "
         for name, result in returned.items():
             if isinstance(result, str):
-                print(f"{head}| {name} | refused: {result[:80]} | | | | |")
+                print(f"{head}| {name} | refused: {result[:80]} | | | | | |")
                 continue
             ratio = times[name] / times["deployed"]
+            extra = _extra_operators(model, result)
+            target = 1.05 + (share if extra != "same" else 0.0)  # a branch beside: its share
             print(
-                f"{head}| {name} | {len(result.graph.node)} | {_extra_operators(model, result)} "
-                f"| {times[name]:.2f} | {ratio:.3f} | {share:.3f} |"
+                f"{head}| {name} | {len(result.graph.node)} | {extra} "
+                f"| {times[name]:.2f} | {ratio:.3f} | {share:.3f} | {target:.2f} |"
             )
 
 

@@ -9,19 +9,28 @@ the float input ``x`` and the node whose first output is the float product ``y``
 - ``MatMul(x, W)``, ``Gemm(x, W)`` (``W`` float), ``MatMulNBits(x, codes)``,
   ``DynamicQuantizeMatMul(x, codes)``: ``y`` is the node's output;
 - ``MatMul(x, DequantizeLinear(q))`` through ``Transpose``/``Identity``/``Cast`` (QDQ):
-  ``y`` is the ``MatMul``'s output, ``x`` its (dequantized) activation;
+  ``x`` is its (dequantized) activation, ``y`` the ``MatMul``'s output or, where that is
+  quantized again (``MatMul -> QuantizeLinear -> DequantizeLinear``, the pattern onnxruntime
+  fuses into ``QLinearMatMul``), the ``DequantizeLinear``'s output;
 - ``MatMulInteger(DynamicQuantizeLinear(x), q)`` followed by ``Cast`` and the ``Mul`` by
   the scales (``quantize_dynamic``): ``y`` is the last ``Mul``'s output;
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
   ``DequantizeLinear``'s output.
 
+Where a bias ``Add`` (a 1-D constant) alone reads ``y`` of a ``quantize_dynamic`` or 4-bit
+product, ``y`` is that ``Add``'s output: onnxruntime folds the bias into the product's kernel.
+
 A low-rank adapter kept beside such a product adds ``s (x A) B`` to ``y``
-(:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``.
+(:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``. Where ``y``
+was quantized again, the sum is too, with the same scale and zero point:
+``y' = DQ(Q(y + s (x A) B))``, so every node of the deployed graph keeps its neighbours and
+onnxruntime's fusions of the base (``QLinearMatMul``, the next node's ``DequantizeLinear``)
+still apply: the branch is added after the fused pattern, not inside it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
@@ -31,6 +40,10 @@ from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain, np_dt
 MS = "com.microsoft"
 #: operators a QDQ weight passes through between its DequantizeLinear and the MatMul
 LAYOUT_OPS = frozenset({"Transpose", "Identity", "Cast"})
+#: products whose onnxruntime kernel takes the bias ``Add`` after them in (``quantize_dynamic``'s
+#: chain becomes ``MatMulIntegerToFloat``); a float product's bias goes to the next fused
+#: operator (``BiasGelu``, ``SkipLayerNormalization``), which a branch before it leaves alone
+BIASED = frozenset({"MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits"})
 _INTEGER_TYPES = frozenset(
     {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4}
 )
@@ -57,6 +70,8 @@ class Product:
     alpha: float = 1.0
     #: QDQ: the permutation between the codes and the ``K x N`` weight (``None``: none)
     perm: tuple[int, ...] | None = None
+    #: QDQ: the ``QuantizeLinear`` of the product's output, ``node`` its ``DequantizeLinear``
+    requantized_by: NodeProto | None = None
 
     @property
     def y(self) -> str:
@@ -77,6 +92,8 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    for output in graph.output:  # read by the user: a value no rewrite may move
+        readers.setdefault(output.name, []).append(NodeProto(op_type="graph output"))
     names = NameScope(n.name for n in graph.node if n.name)
     for node in graph.node:
         if not node.name:
@@ -86,8 +103,39 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
     for node in graph.node:
         product = _product(node, context)
         if product is not None:
+            bias = _bias_add(product.node, context) if product.kind in BIASED else None
+            if bias is not None:
+                product = replace(product, node=bias)
             found.setdefault(product.weight, []).append(product)
     return found
+
+
+def _bias_add(node: NodeProto, context) -> NodeProto | None:
+    """The ``Add`` of a bias (a 1-D constant) that alone reads ``node``'s output: for
+    :data:`BIASED` products onnxruntime folds it into the kernel, so a branch is added after
+    it, ``(y + b) + s x A B``, not between them."""
+    inits, producers, readers = context
+    add = _only_reader(node.output[0], readers, "Add")
+    if add is None:
+        return None
+    other = [name for name in add.input if name != node.output[0]]
+    if len(other) != 1 or _constant_dims(other[0], inits, producers) is None:
+        return None
+    return add if len(_constant_dims(other[0], inits, producers)) == 1 else None
+
+
+def _constant_dims(name: str, inits, producers) -> list[int] | None:
+    """The dims of ``name`` when it is a constant (an initializer or a ``Constant`` tensor,
+    through ``Identity`` nodes), else ``None``."""
+    node = producers.get(name)
+    while node is not None and node.op_type == "Identity" and not normalize_domain(node.domain):
+        name, node = node.input[0], producers.get(node.input[0])
+    if node is None:
+        return list(inits[name].dims) if name in inits else None
+    if node.op_type == "Constant" and not normalize_domain(node.domain):
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        return list(value.dims) if value is not None else None
+    return None
 
 
 def _product(node: NodeProto, context) -> Product | None:
@@ -129,7 +177,7 @@ def _integer_matrix(name: str, inits) -> bool:
 
 
 def _matmul(node: NodeProto, context) -> Product | None:
-    inits, producers, _ = context
+    inits, producers, readers = context
     weight = node.input[1]
     if weight in inits:
         init = inits[weight]
@@ -141,19 +189,50 @@ def _matmul(node: NodeProto, context) -> Product | None:
         return None
     dims = tuple(inits[dequantize.input[0]].dims)
     shape = tuple(dims[i] for i in perm) if perm else dims
-    scale = dequantize.input[1]
-    kind = "DequantizeLinear"
+    quantize, output = _requantized_output(node, readers)
     return _made(
         dequantize.input[0],
-        kind,
-        node,
-        node.input[0],
+        "DequantizeLinear",
+        output or node,
+        _activation_before_rounding(node.input[0], producers),
         shape,
         inits,
-        scale,
+        dequantize.input[1],
         dequantize,
         perm=tuple(perm) if perm else None,
+        requantized_by=quantize,
     )
+
+
+def _activation_before_rounding(x: str, producers) -> str:
+    """``v`` where ``x = DequantizeLinear(QuantizeLinear(v))`` (a QDQ activation), else
+    ``x``: the branch reads the float activation, as beside ``quantize_dynamic``'s products,
+    so the pair keeps its one reader and onnxruntime still fuses it into the product."""
+    dequantize = producers.get(x)
+    if dequantize is None or (dequantize.op_type, normalize_domain(dequantize.domain)) != (
+        "DequantizeLinear",
+        "",
+    ):
+        return x
+    quantize = producers.get(dequantize.input[0])
+    if quantize is None or (quantize.op_type, normalize_domain(quantize.domain)) != (
+        "QuantizeLinear",
+        "",
+    ):
+        return x
+    return quantize.input[0]
+
+
+def _requantized_output(node: NodeProto, readers) -> tuple[NodeProto | None, NodeProto | None]:
+    """``(QuantizeLinear, DequantizeLinear)`` when ``node``'s output is only quantized and
+    dequantized again (QDQ's ``MatMul -> Q -> DQ``), else ``(None, None)``."""
+    quantize = _only_reader(node.output[0], readers, "QuantizeLinear")
+    if quantize is None:
+        return None, None
+    dequantize = _only_reader(quantize.output[0], readers, "DequantizeLinear")
+    if dequantize is None or len(quantize.output) != 1:
+        return None, None
+    return quantize, dequantize
 
 
 def dequantize_behind(value: str, producers) -> tuple[NodeProto | None, list[int] | None]:
@@ -250,10 +329,12 @@ def _qlinear_product(node: NodeProto, context) -> Product | None:
 def add_branch(
     graph, product: Product, a: str, b: str, scale: float, names: NameScope, node_names: NameScope
 ) -> list[NodeProto]:
-    r"""The nodes of ``y + s \alpha (x A) B`` (``A``, ``B`` float32 names of shapes
-    ``K x r``, ``r x N``; ``(x B^T) A^T`` for a weight stored transposed): ``product``'s
-    node now writes ``<y>_without_lora`` and the sum takes ``y``'s name, so its readers and a
-    graph output get the sum. The caller inserts the nodes right after ``product.node``."""
+    r"""The nodes of ``y + (x (s \alpha A)) B`` (``A``, ``B`` float32 names of shapes
+    ``K x r``, ``r x N``; ``(x B^T) A^T`` for a weight stored transposed; the scale on the
+    small ``K x r`` factor, not on the ``M x N`` product): ``product``'s node now writes
+    ``<y>_without_lora`` and the sum takes ``y``'s name, so its readers and a graph output
+    get the sum (quantized and dequantized again where ``y`` was, module docstring). The
+    caller inserts the nodes right after ``product.node``."""
     base = product.weight
     nodes: list[NodeProto] = []
 
@@ -267,16 +348,94 @@ def add_branch(
         a, b = add("Cast", [a], to=product.elem_type), add("Cast", [b], to=product.elem_type)
     if product.transposed:
         a, b = add("Transpose", [b], perm=[1, 0]), add("Transpose", [a], perm=[1, 0])
-    delta = add("MatMul", [add("MatMul", [product.x, a]), b])
     factor = scale * product.alpha
-    if factor != 1:
+    if factor != 1:  # on the K x r factor, a constant onnxruntime folds where A is one
         value = numpy_helper.from_array(np.asarray(factor, dtype=np_dtype(product.elem_type)))
-        delta = add("Mul", [delta, add("Constant", [], value=value)])
+        a = add("Mul", [a, add("Constant", [], value=value)])
+    delta = add("MatMul", [add("MatMul", [product.x, a]), b])
     y = product.node.output[0]
     product.node.output[0] = names.unique(f"{y}_without_lora")
-    add_name = node_names.unique(f"{base}_lora_Add")
-    nodes.append(helper.make_node("Add", [product.node.output[0], delta], [y], name=add_name))
+    total = add("Add", [product.node.output[0], delta])
+    quantize = product.requantized_by
+    if quantize is not None:
+        codes = add("QuantizeLinear", [total, *quantize.input[1:]])
+        nodes[-1].attribute.extend(quantize.attribute)
+        total = add("DequantizeLinear", [codes, *product.node.input[1:]])
+        nodes[-1].attribute.extend(product.node.attribute)
+    nodes[-1].output[0] = y
     return nodes
+
+
+def share_first_products(
+    graph, branches: list[tuple[list[NodeProto], int]], opset: int, names, node_names
+) -> dict[str, list[str]]:
+    r"""Branches reading the same ``x`` (query, key and value; gate and up) compute
+    ``x [A_1 | A_2 | ...]`` in one ``MatMul`` and split it into the ``x A_i``, in place:
+    one pass over ``x`` instead of one per branch, the same values. ``branches`` are the
+    nodes :func:`add_branch` gave (in ``graph``) with each adapter's rank. Returns, for each
+    first product replaced, the names of the nodes now computing it."""
+    by_x: dict[str, list[tuple[NodeProto, list[NodeProto], int]]] = {}
+    for nodes, rank in branches:
+        first, preparation = _first_product(nodes)
+        by_x.setdefault(first.input[0], []).append((first, preparation, rank))
+    replaced: dict[str, list[str]] = {}
+    for x, group in by_x.items():
+        if len(group) > 1:
+            shared = _shared_first_product(x, group, opset, names, node_names)
+            _replace_nodes(graph, [n for f, p, _ in group for n in (*p, f)], shared)
+            replaced.update({first.name: [n.name for n in shared] for first, _, _ in group})
+    return replaced
+
+
+def _first_product(nodes: list[NodeProto]) -> tuple[NodeProto, list[NodeProto]]:
+    """A branch's ``MatMul(x, A')`` and the nodes making ``A'`` from ``A`` (cast, transpose,
+    scale: they read only initializers, inputs and constants)."""
+    producers = {out: node for node in nodes for out in node.output}
+    first = next(n for n in nodes if n.op_type == "MatMul" and n.input[0] not in producers)
+    preparation, pending = set(), [first.input[1]]
+    while pending:
+        node = producers.get(pending.pop())
+        if node is not None and node.name not in preparation:
+            preparation.add(node.name)
+            pending.extend(node.input)
+    return first, [n for n in nodes if n.name in preparation]
+
+
+def _shared_first_product(x, group, opset, names, node_names) -> list[NodeProto]:
+    base = names.unique(f"{x}_lora")
+
+    def node(op, inputs, outputs, **attrs):
+        name = node_names.unique(f"{base}_{op}")
+        return helper.make_node(op, inputs, outputs, name=name, **attrs)
+
+    ranks = [rank for _, _, rank in group]
+    stacked, product = names.unique(f"{base}_A"), names.unique(f"{base}_xA")
+    nodes = [n for _, preparation, _ in group for n in preparation]
+    nodes.append(node("Concat", [first.input[1] for first, _, _ in group], [stacked], axis=1))
+    nodes.append(node("MatMul", [x, stacked], [product]))
+    parts = [first.output[0] for first, _, _ in group]
+    if opset < 13:
+        nodes.append(node("Split", [product], parts, axis=-1, split=ranks))
+    else:
+        sizes = names.unique(f"{base}_ranks")
+        value = numpy_helper.from_array(np.asarray(ranks, dtype=np.int64))
+        nodes.append(node("Constant", [], [sizes], value=value))
+        nodes.append(node("Split", [product, sizes], parts, axis=-1))
+    return nodes
+
+
+def _replace_nodes(graph, removed: list[NodeProto], added: list[NodeProto]) -> None:
+    """``graph`` without ``removed``, ``added`` where the first of them was."""
+    gone = {n.name for n in removed}
+    kept, placed = [], False
+    for node in graph.node:
+        if node.name not in gone:
+            kept.append(node)
+        elif not placed:
+            kept.extend(added)
+            placed = True
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 def insert_after(graph, new_nodes: dict[str, list[NodeProto]]) -> None:
@@ -290,16 +449,22 @@ def insert_after(graph, new_nodes: dict[str, list[NodeProto]]) -> None:
 
 
 def remove_branch(graph, nodes: list[str], sums: list[str]) -> None:
-    """Remove the branch nodes ``nodes`` whose sums write ``sums``: each product writes its
-    own output again."""
+    """Remove the branch nodes ``nodes`` whose last nodes are ``sums`` (the ``Add``, or the
+    ``DequantizeLinear`` quantizing it again): each product writes its own output again."""
     removed = set(nodes)
     by_name = {node.name: node for node in graph.node}
+    producers = {out: node for node in graph.node for out in node.output}
     renamed = {}
     for name in sums:
-        add = by_name.get(name)
-        if add is None or add.op_type != "Add":
+        last = by_name.get(name)
+        if last is None or name not in removed or last.op_type not in ("Add", "DequantizeLinear"):
             raise ValueError(f"the adapter's branch sum {name!r} is no Add node of the model")
-        renamed[add.input[0]] = add.output[0]
+        first = last
+        while (source := producers.get(first.input[0])) is not None and source.name in removed:
+            first = source
+        if first.op_type != "Add":
+            raise ValueError(f"the adapter's branch sum {name!r} is no Add node of the model")
+        renamed[first.input[0]] = last.output[0]
     kept = [node for node in graph.node if node.name not in removed]
     for node in kept:
         for i, out in enumerate(node.output):
@@ -309,4 +474,11 @@ def remove_branch(graph, nodes: list[str], sums: list[str]) -> None:
     graph.node.extend(kept)
 
 
-__all__ = ["Product", "add_branch", "insert_after", "remove_branch", "weight_products"]
+__all__ = [
+    "Product",
+    "add_branch",
+    "insert_after",
+    "remove_branch",
+    "share_first_products",
+    "weight_products",
+]

@@ -21,9 +21,12 @@ adapter beside its product (QLoRA):
 
     y' = y + s (x A) B = x (W + s A B),   W = (q - z) s_q  (K x N)
 
-named after ``q``. :func:`merge_lora` keeps those adapters beside the untouched codes or,
-asked to, folds them and re-quantizes the base in its own format
-(:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the deployed operators.
+named after ``q``, placed so that onnxruntime's fusions of the base still apply (a QDQ
+product's sum quantized again, a bias folded first; branches reading one ``x`` share
+``x [A_1 | A_2 | ...]``: :mod:`onnxgrad.graph.deployed_products`). :func:`merge_lora` keeps
+those adapters beside the untouched codes or, asked to, folds them and re-quantizes the base
+in its own format (:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the
+deployed operators.
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
 """
@@ -43,6 +46,7 @@ from onnxgrad._onnx_utils import (
     NameScope,
     all_names,
     checker_knows,
+    default_opset,
     finalize_model,
     load_model,
     normalize_domain,
@@ -53,6 +57,7 @@ from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
     remove_branch,
+    share_first_products,
     weight_products,
 )
 from onnxgrad.graph.requantize import requantize_products
@@ -89,7 +94,7 @@ def add_lora(
     rng = np.random.default_rng(seed)
     names = NameScope(all_names(graph))
     node_names = NameScope(n.name for n in graph.node if n.name)
-    new_nodes, adapters, branches = [], list(lora_adapters(model)), {}
+    new_nodes, adapters, branches, ranked = [], list(lora_adapters(model)), {}, []
     for weight in chosen:
         if weight in quantized:
             adapter = _beside(
@@ -97,6 +102,7 @@ def add_lora(
             )
             for node_name, nodes in adapter.pop("_branches").items():
                 branches.setdefault(node_name, []).extend(nodes)
+                ranked.append((nodes, int(rank)))
         else:
             nodes, adapter = _adapter(
                 initializers[weight], int(rank), scale, rng, names, node_names, graph
@@ -105,6 +111,9 @@ def add_lora(
             _rewire(graph, weight, adapter["output"], skip=set(adapter["nodes"]))
         adapters.append(adapter)
     insert_after(graph, branches)
+    shared = share_first_products(graph, ranked, default_opset(model), names, node_names)
+    for adapter in adapters:
+        adapter["nodes"] = _renamed(adapter["nodes"], shared)
     nodes = new_nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
@@ -182,6 +191,11 @@ def _beside(weight, products, rank, scale, rng, names, node_names, graph) -> dic
         "nodes": [node.name for nodes in branches.values() for node in nodes],
         "_branches": branches,
     }
+
+
+def _renamed(nodes: list[str], replaced: dict[str, list[str]]) -> list[str]:
+    """``nodes`` with each replaced name swapped for the names replacing it (once each)."""
+    return list(dict.fromkeys(new for name in nodes for new in replaced.get(name, [name])))
 
 
 def lora_adapters(model: ModelProto) -> list[dict]:

@@ -29,10 +29,16 @@ from onnxgrad._onnx_utils import (
     ModelLike,
     NameScope,
     all_names,
+    default_opset,
     finalize_model,
     load_model,
 )
-from onnxgrad.graph.deployed_products import add_branch, insert_after, weight_products
+from onnxgrad.graph.deployed_products import (
+    add_branch,
+    insert_after,
+    share_first_products,
+    weight_products,
+)
 from onnxgrad.graph.lora import lora_adapters
 
 
@@ -56,6 +62,7 @@ def runtime_adapter_model(deployed: ModelLike, adapted: ModelLike) -> ModelProto
     node_names = NameScope(n.name for n in graph.node if n.name)
     taken = all_names(graph)
     new_nodes: dict[str, list] = {}
+    ranked = []
     for adapter in adapters:
         found = _products_of(products, adapter, values)
         clash = sorted({adapter["a"], adapter["b"]} & taken)
@@ -63,13 +70,15 @@ def runtime_adapter_model(deployed: ModelLike, adapted: ModelLike) -> ModelProto
             raise ValueError(f"adapter of {adapter['weight']!r}: {clash} already name values")
         for key in ("a", "b"):
             _add_overridable(graph, values[adapter[key]])
+        rank = values[adapter["a"]].dims[-1]
         for product in found:
-            new_nodes.setdefault(product.node.name, []).extend(
-                add_branch(
-                    graph, product, adapter["a"], adapter["b"], adapter["scale"], names, node_names
-                )
+            nodes = add_branch(
+                graph, product, adapter["a"], adapter["b"], adapter["scale"], names, node_names
             )
+            new_nodes.setdefault(product.node.name, []).extend(nodes)
+            ranked.append((nodes, int(rank)))
     insert_after(graph, new_nodes)
+    share_first_products(graph, ranked, default_opset(model), names, node_names)
     return finalize_model(model, check=False)
 
 

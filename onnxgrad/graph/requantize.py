@@ -46,7 +46,7 @@ def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]])
             raise ValueError(f"weight {weight!r}: the model has no quantized product reading it")
         product = found[0]
         if product.kind == "MatMulNBits":
-            _requantize_nbits(inits, weight, _nbits_record(product), delta)
+            _requantize_nbits(inits, weight, _nbits_record(model, product), delta)
         elif product.kind == "DequantizeLinear":
             _requantize_dequantized(model, inits, product, delta)
         else:
@@ -56,8 +56,8 @@ def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]])
             _requantize_codes(inits, weight, scale, zero, 1, delta)
 
 
-def _nbits_record(product: Product) -> dict:
-    node = product.node
+def _nbits_record(model: ModelProto, product: Product) -> dict:
+    node = next(n for n in model.graph.node if n.name == product.reader)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     return {
         "inputs": list(node.input),

@@ -208,8 +208,13 @@ def _quantize_static(
 
 
 #: the operators of an adapter kept beside its base: ``y + s (x A) B`` (casts to float16,
-#: transposes of a weight stored transposed) or ``W + s reshape(A B)`` over a float weight
-BRANCH_OPS = frozenset({"MatMul", "Add", "Mul", "Constant", "Cast", "Transpose", "Reshape"})
+#: transposes of a weight stored transposed, ``x A`` shared by the branches reading one
+#: ``x``) or ``W + s reshape(A B)`` over a float weight
+BRANCH_OPS = frozenset(
+    {"MatMul", "Add", "Mul", "Constant", "Cast", "Transpose", "Reshape"}
+    | {"QuantizeLinear", "DequantizeLinear"}  # a QDQ product's sum quantized again
+    | {"Concat", "Split"}  # x [A_1 | A_2 | ...] once for the branches reading one x
+)
 
 
 def operators(model: onnx.ModelProto) -> Counter:

@@ -8,6 +8,8 @@ are kept or folded into float weights, within the re-quantization error otherwis
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import pytest
@@ -25,6 +27,24 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 QUANTIZED = ("int8", "qdq", "int4")
+#: onnxruntime's kernels computing a weight product, fused from the deployed operators
+PRODUCT_KERNELS = frozenset(
+    {"QLinearMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "Gemm"}
+)
+
+
+def _optimized_operators(model: onnx.ModelProto, folder) -> Counter:
+    """The operators onnxruntime runs ``model`` with at its default optimization level (the
+    optimized graph it writes)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    options.optimized_model_filepath = str(folder / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(options.optimized_model_filepath)
+    return Counter(n.op_type for n in optimized.graph.node)
 
 
 def _check(model: onnx.ModelProto) -> None:
@@ -49,7 +69,7 @@ def _predicted(model: onnx.ModelProto, feeds) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 @pytest.mark.parametrize("form", deployed.FORMS)
-def test_what_comes_back_keeps_the_deployed_form(forms, kind, form):
+def test_what_comes_back_keeps_the_deployed_form(forms, kind, form, tmp_path):
     model = onnx.load(forms(kind, form))
     quantized = form in QUANTIZED
     adapted = add_lora(model, rank=4)
@@ -70,6 +90,15 @@ def test_what_comes_back_keeps_the_deployed_form(forms, kind, form):
     deployed.assert_deployed_form(model, served, beside=True)
     for result in (adapted, keep, requantized):
         _check(result)
+    # the branch beside a product leaves it to onnxruntime's fusions: every product kernel
+    # (QDQ: QLinearMatMul) and every Add folded into one (a bias) stay fused
+    fused = _optimized_operators(model, tmp_path)
+    for name, result in {"adapted": trained, "keep": keep, "runtime": served}.items():
+        got = _optimized_operators(result, tmp_path)
+        lost = Counter({op: fused[op] for op in PRODUCT_KERNELS}) - got
+        assert not lost, f"{name}: onnxruntime no longer fuses {dict(lost)}"
+        sums = deployed.operators(result)["", "Add"] - deployed.operators(model)["", "Add"]
+        assert got["Add"] - fused["Add"] <= sums, f"{name}: Adds no longer fused"
 
     for result in (trained, keep, served):
         np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=exact)
