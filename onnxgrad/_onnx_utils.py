@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
-from onnxgrad._external_data import all_tensors, load_external_data
+from onnxgrad._external_data import PACKED_TYPES, all_tensors, load_external_data
 from onnxgrad._untrusted import read_bounded
 
 #: The highest IR version onnxruntime-training 1.19.2 loads.
@@ -339,9 +339,41 @@ def serialized_size(model: ModelProto) -> int:
     model-sized allocation)."""
     size = header_only(model).ByteSize()
     for init in model.graph.initializer:
-        length = init.ByteSize()
+        length = tensor_serialized_size(init)
         size += 1 + _varint_size(length) + length  # the field's tag, length and message
     return size + 8  # the graph's length prefix may grow with its content
+
+
+def tensor_serialized_size(tensor: TensorProto) -> int:
+    """The serialised size of ``tensor``; raw data counted from its dims, ``prod(dims) *
+    itemsize`` (``ByteSize`` serialises the whole tensor to measure it: a copy of its data)."""
+    nbytes = tensor_nbytes(tensor)
+    packed = tensor.data_type in PACKED_TYPES  # two or four to a byte
+    if packed or not tensor.HasField("raw_data") or nbytes < _MEASURED_BELOW:
+        return tensor.ByteSize()
+    return tensor_header(tensor).ByteSize() + 1 + _varint_size(nbytes) + nbytes
+
+
+def tensor_header(tensor: TensorProto) -> TensorProto:
+    """A copy of ``tensor`` without its raw data (never read: reading a bytes field copies
+    it)."""
+    header = TensorProto()
+    for field in TensorProto.DESCRIPTOR.fields:
+        if field.name == "raw_data":
+            continue
+        value = getattr(tensor, field.name)
+        if hasattr(value, "extend"):
+            getattr(header, field.name).extend(value)
+        elif tensor.HasField(field.name):
+            if hasattr(value, "CopyFrom"):
+                getattr(header, field.name).CopyFrom(value)
+            else:
+                setattr(header, field.name, value)
+    return header
+
+
+#: Tensors smaller than this are measured by protobuf itself.
+_MEASURED_BELOW = 1 << 16
 
 
 def _varint_size(value: int) -> int:

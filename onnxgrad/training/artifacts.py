@@ -29,6 +29,7 @@ low-rank adapters, :func:`onnxgrad.graph.lora.add_lora`), ready to deploy.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -38,12 +39,13 @@ from pathlib import Path
 
 import numpy as np
 from onnx import ModelProto
+from onnx.numpy_helper import to_array
 
+from onnxgrad._external_data import PACKED_TYPES
 from onnxgrad._files import is_data_file_of, save_model, write_atomically
 from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import (
     ModelLike,
-    copy_message,
     first_float_output,
     load_model,
     model_from_bytes,
@@ -53,7 +55,7 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph import replace_initializers_into_onnx
-from onnxgrad.graph.initializers import get_train_initializer, train_initializer_names
+from onnxgrad.graph.initializers import train_initializer_names
 from onnxgrad.graph.lora import lora_adapters, merge_lora
 from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
@@ -71,15 +73,23 @@ from onnxgrad.training._artifact_manifest import (
 )
 from onnxgrad.training._weights import no_weight_error, weights_reaching
 from onnxgrad.training.checkpoint import (
+    OPTIMIZER_STATE,
+    WEIGHTS,
     Checkpoint,
+    TensorWriter,
     load_checkpoint,
-    save_checkpoint,
+    save_manifest,
     save_tensors,
 )
-from onnxgrad.training.composition import LossModel, make_eval_step, make_train_step
+from onnxgrad.training.composition import (
+    LossModel,
+    make_loss_model,
+    train_step_of_loss,
+    weights_as_inputs,
+)
 from onnxgrad.training.learning_rate import BaseLearningRate, learning_rate_from_name
 from onnxgrad.training.losses import BaseLearningLoss, select_learning_loss
-from onnxgrad.training.master_weights import as_master, as_stored
+from onnxgrad.training.master_weights import as_stored
 from onnxgrad.training.train_step import StateSlot, TrainStep
 from onnxgrad.training.webgpu import (
     check_target,
@@ -92,11 +102,12 @@ TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
 INFERENCE_MODEL = "inference_model.onnx"
 CHECKPOINT = "checkpoint.json"
+CHECKPOINT_DATA = "checkpoint.bin"
 DATA = "data.json"
 _MODELS = (TRAINING_MODEL, EVAL_MODEL, INFERENCE_MODEL)
 #: Every name an artifact folder may hold (a folder holding others is not replaced).
 KNOWN_FILES = frozenset(
-    {MANIFEST, CHECKPOINT, "checkpoint.bin", DATA, "data.bin"}
+    {MANIFEST, CHECKPOINT, CHECKPOINT_DATA, DATA, "data.bin"}
     | {name + suffix for name in _MODELS for suffix in ("", ".data")}
 )
 
@@ -176,42 +187,87 @@ def generate_artifacts(
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)
     lr = float(learning_rate if learning_rate is not None else optimizer_object.eta0)
-    step = make_train_step.normalized(
-        copy_message(model),
-        weights,
-        loss=loss_object,
-        learning_rate=optimizer_object,
-        output=output,
-        loss_scale=loss_scale,
-        recompute=recompute,
-    )
-    initial = get_train_initializer.normalized(model)  # reads the model, changes nothing
-    checkpoint = Checkpoint(
-        weights=as_master({w: initial[w][0] for w in step.weights}),
-        optimizer_state=step.initial_state(),
-    )
-    del initial
     adapters = lora_adapters(model)
-    # the normalised model's last use: the eval step takes it over (no copy of its weights)
-    evaluation = make_eval_step.normalized(model, weights, loss=loss_object, output=output)
-    if target == "webgpu":
-        for role, graph in (("train step", step.model), ("eval", evaluation.model)):
-            sums_as_adds(graph.graph)
-            check_webgpu_model(graph, role)
-    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, adapters, deployed)
+    pending, built = [model], {}  # fill takes the normalised model over: no copy of it
+    del model
 
     def fill(folder: Path) -> None:
-        save_model(step.model, folder / TRAINING_MODEL)
-        save_model(evaluation.model, folder / EVAL_MODEL)
-        save_model(deployed, folder / INFERENCE_MODEL)
-        save_checkpoint(checkpoint, folder / CHECKPOINT)
+        lm = make_loss_model.normalized(pending.pop(), loss_object, weights=weights, output=output)
+        evaluation = _eval_step(lm)
+        step, digests = _write_checkpoint_and_step(folder, lm, optimizer_object, step_options)
+        del lm  # the forward model and its trained weights go
+        if target == "webgpu":
+            for role, graph in (("train step", step.model), ("eval", evaluation.model)):
+                sums_as_adds(graph.graph)
+                check_webgpu_model(graph, role)
+        save_model(step.model, folder / TRAINING_MODEL, digests)
+        save_model(evaluation.model, folder / EVAL_MODEL, digests)
+        save_model(deployed, folder / INFERENCE_MODEL, digests)
         if data is not None:
             _save_data(step, *data, folder / DATA)
-        manifest["files"] = file_digests(folder, sorted(p.name for p in folder.iterdir()))
+        roles = (loss_object, optimizer_object, adapters)
+        manifest = _manifest(step, evaluation, lr, *roles, deployed)
+        manifest["files"] = _folder_digests(folder, digests)
         _write_json(folder / MANIFEST, manifest)
+        built.update(step=step, evaluation=evaluation)
 
+    step_options = {"loss_scale": loss_scale, "recompute": recompute}
     replace_folder(directory, fill, KNOWN_FILES)
+    # the initial weights and state as views of the checkpoint written (no copy in memory)
+    checkpoint = load_checkpoint(directory / CHECKPOINT, mapped=True)
+    step, evaluation = built["step"], built["evaluation"]
     return TrainingArtifacts(directory, step, evaluation, deployed, checkpoint, lr)
+
+
+def _write_checkpoint_and_step(
+    folder: Path, lm: LossModel, optimizer: BaseLearningRate, options: dict
+) -> tuple[TrainStep, dict]:
+    """Build the train step of ``lm`` (taking it over) and write the checkpoint: the trained
+    weights streamed from ``lm`` before the build turns them into inputs, the optimizer
+    state after (zeros as holes). Returns the step and ``{file name: digest}``."""
+    with TensorWriter(folder / CHECKPOINT_DATA) as checkpoint:
+        initializers = {init.name: init for init in lm.model.graph.initializer}
+        for name in lm.weights:
+            checkpoint.add(name, WEIGHTS, _tensor_view(initializers[name]))
+        del initializers
+        step = train_step_of_loss(lm, optimizer, **options)
+        for name, slot in step.state_slots.items():
+            dtype = np_dtype(slot.elem_type)
+            checkpoint.add_filled(name, OPTIMIZER_STATE, dtype, slot.shape, slot.initial)
+    written = [e["name"] for e in checkpoint.manifest["tensors"] if e["group"] == WEIGHTS]
+    if written != list(step.weights):  # the format lists them in the order of the inputs
+        raise AssertionError(f"checkpoint weights {written} != the train step's {step.weights}")
+    save_manifest(checkpoint.manifest, folder / CHECKPOINT)
+    return step, {CHECKPOINT_DATA: checkpoint.digest()}
+
+
+def _folder_digests(folder: Path, known: dict) -> dict:
+    """The digest of every file of ``folder`` by name: ``known`` (hashed as written), the
+    others read."""
+    names = sorted(p.name for p in folder.iterdir())
+    read = file_digests(folder, [name for name in names if name not in known])
+    return {name: known.get(name) or read[name] for name in names}
+
+
+def _eval_step(lm: LossModel) -> LossModel:
+    """The eval step of a loss model: its trained weights as inputs (a copy without their
+    data; ``lm`` is left whole for the train step)."""
+    return dataclasses.replace(lm, model=weights_as_inputs(lm.model, lm.weights))
+
+
+def _tensor_view(tensor) -> np.ndarray:
+    """The array of ``tensor``: a view of its raw data (little-endian, as ONNX stores it)
+    when it has some, else converted."""
+    if not tensor.HasField("raw_data") or tensor.data_type in PACKED_TYPES:
+        return to_array(tensor)
+    dtype = np_dtype(tensor.data_type).newbyteorder("<")
+    raw = tensor.raw_data
+    if len(raw) != dtype.itemsize * math.prod(tensor.dims):
+        raise ValueError(
+            f"weight {tensor.name!r} has {len(raw)} bytes of raw data, its dims "
+            f"{list(tensor.dims)} need {dtype.itemsize * math.prod(tensor.dims)}"
+        )
+    return np.frombuffer(raw, dtype).reshape(tuple(tensor.dims))
 
 
 def _save_data(step: TrainStep, X: np.ndarray, y: np.ndarray, path: Path) -> None:
