@@ -68,11 +68,15 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 
 def model_from_bytes(
-    data: bytes, path: str | os.PathLike, files: dict[str, bytes] | None = None
+    data: bytes,
+    path: str | os.PathLike,
+    files: dict[str, bytes] | None = None,
+    skipped: Iterable[str] = (),
 ) -> ModelProto:
     """The model serialised in ``data`` (read from ``path``), its external data read from
     the folder of ``path`` (from ``files``, by name, when given: bytes already read and
-    verified); ``ValueError`` naming ``path`` when it is no ONNX model."""
+    verified) but that of the main-graph initializers ``skipped`` (left external, for a
+    caller that replaces them); ``ValueError`` naming ``path`` when it is no ONNX model."""
     path = os.fspath(path)
     try:
         loaded = onnx.load_model_from_string(data)
@@ -80,7 +84,7 @@ def model_from_bytes(
         raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
     if not loaded.HasField("graph"):
         raise ValueError(f"{path!r} is not a valid ONNX model: it has no graph")
-    load_external_data(loaded, os.path.dirname(path) or os.curdir, path, files)
+    load_external_data(loaded, os.path.dirname(path) or os.curdir, path, files, skipped)
     return loaded
 
 

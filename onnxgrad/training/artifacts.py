@@ -41,22 +41,27 @@ import numpy as np
 from onnx import ModelProto
 from onnx.numpy_helper import to_array
 
-from onnxgrad._external_data import PACKED_TYPES
+from onnxgrad._external_data import PACKED_TYPES, load_external_data
 from onnxgrad._files import is_data_file_of, save_model, write_atomically
 from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import (
+    PROTOBUF_LIMIT,
     ModelLike,
+    check_external_data_loaded,
+    checker_knows,
+    finalize_model,
     first_float_output,
+    header_only,
     load_model,
     model_from_bytes,
     np_dtype,
     onnx_errors_as_value_errors,
     protobuf_failures_as_memory_errors,
 )
+from onnxgrad._untrusted import read_bounded
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
-from onnxgrad.graph import replace_initializers_into_onnx
 from onnxgrad.graph.initializers import train_initializer_names
-from onnxgrad.graph.lora import lora_adapters, merge_lora
+from onnxgrad.graph.lora import QUANTIZED_MODES, lora_adapters, merge_lora
 from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.constants import constant_weights
@@ -393,15 +398,11 @@ def merge_checkpoint(
     float16 or bfloat16 initializers. A model given in its own
     form (a converted model with ``ai.onnx.ml`` operators, weights held by ``Constant``
     nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
-    trained = None
-    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        manifest, files = read_artifacts(model, lambda m: _model_files(m, "inference_model"))
-        trained = {w["input"] for w in checked_train(manifest, model)["weights"]}
-        name = manifest["inference_model"]
-        model = model_from_bytes(files[name], Path(model) / name, files)  # the bytes digested
+    if quantized not in QUANTIZED_MODES:
+        raise ValueError(f"quantized must be one of {QUANTIZED_MODES}, got {quantized!r}")
     if not isinstance(checkpoint, Checkpoint):
-        checkpoint = load_checkpoint(checkpoint)
-    model = load_model(model)
+        checkpoint = load_checkpoint(checkpoint, mapped=True)  # views, read as merged
+    model, trained, load_rest = _inference_model(model, set(checkpoint.weights))
     checkpoint = Checkpoint(as_stored(model, checkpoint.weights), checkpoint.optimizer_state)
     if trained is not None and set(checkpoint.weights) != trained:
         raise ValueError(
@@ -409,11 +410,55 @@ def merge_checkpoint(
             f"{sorted(trained)}: a checkpoint of other artifacts?"
         )
     if needs_lowering(model) or constant_weights(model) & set(checkpoint.weights):
+        load_rest()
         trained = trained_model(model, checkpoint.weights)  # named as normalised
         return merge_lora(trained, quantized=quantized)
+    del load_rest  # an artifact folder's bytes go
     _check_matches(checkpoint, model)
-    merged = replace_initializers_into_onnx(model, checkpoint.weights)
-    return merge_lora(merged, quantized=quantized)
+    merged = _with_weights(model, checkpoint.weights)
+    return merge_lora(merged, quantized=quantized) if lora_adapters(merged) else merged
+
+
+def _inference_model(model: ModelLike, replaced: set[str]):
+    """``(model, trained, load_rest)``: the model to merge into (a ModelProto given is only
+    read; a file or an artifact folder's inference model is loaded without the external
+    data of the initializers ``replaced``), the weights an artifact folder trains (None for
+    a model), and a function loading the data left out."""
+    if isinstance(model, ModelProto):
+        check_external_data_loaded(model)
+        return model, None, lambda: None
+    if not isinstance(model, (str, os.PathLike)):
+        return load_model(model), None, lambda: None  # the TypeError naming it
+    folder = Path(model)
+    trained, files = None, None
+    if folder.is_dir():
+        manifest, files = read_artifacts(folder, lambda m: _model_files(m, "inference_model"))
+        trained = {w["input"] for w in checked_train(manifest, folder)["weights"]}
+        path = folder / manifest["inference_model"]
+        data = files[path.name]  # the bytes digested
+    else:
+        path = folder
+        if not path.exists():
+            raise ValueError(f"model file {str(path)!r} does not exist")
+        data = read_bounded(path, PROTOBUF_LIMIT, "model file")
+    loaded = model_from_bytes(data, path, files, skipped=replaced)
+    return loaded, trained, lambda: load_external_data(loaded, path.parent, str(path), files)
+
+
+def _with_weights(model: ModelProto, weights: dict[str, np.ndarray]) -> ModelProto:
+    """A copy of ``model`` whose initializers ``weights`` hold these values, written one at
+    a time (their old data is never read: it may be left external); checked."""
+    merged = header_only(model)
+    for init in model.graph.initializer:
+        tensor = merged.graph.initializer.add()
+        if init.name not in weights:
+            tensor.CopyFrom(init)
+            continue
+        tensor.name, tensor.data_type = init.name, init.data_type
+        tensor.dims.extend(init.dims)
+        array = weights[init.name]
+        tensor.raw_data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    return finalize_model(merged, check=checker_knows(merged))
 
 
 def _check_matches(checkpoint: Checkpoint, model: ModelProto) -> None:
