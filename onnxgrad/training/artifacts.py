@@ -415,7 +415,9 @@ def merge_checkpoint(
         return merge_lora(trained, quantized=quantized)
     del load_rest  # an artifact folder's bytes go
     _check_matches(checkpoint, model)
-    merged = _with_weights(model, checkpoint.weights)
+    weights = checkpoint.weights
+    del checkpoint  # the weights go as they are merged
+    merged = _with_weights(model, weights)
     return merge_lora(merged, quantized=quantized) if lora_adapters(merged) else merged
 
 
@@ -447,7 +449,8 @@ def _inference_model(model: ModelLike, replaced: set[str]):
 
 def _with_weights(model: ModelProto, weights: dict[str, np.ndarray]) -> ModelProto:
     """A copy of ``model`` whose initializers ``weights`` hold these values, written one at
-    a time (their old data is never read: it may be left external); checked."""
+    a time and taken out of ``weights`` (their old data is never read: it may be left
+    external); checked."""
     merged = header_only(model)
     for init in model.graph.initializer:
         tensor = merged.graph.initializer.add()
@@ -456,7 +459,7 @@ def _with_weights(model: ModelProto, weights: dict[str, np.ndarray]) -> ModelPro
             continue
         tensor.name, tensor.data_type = init.name, init.data_type
         tensor.dims.extend(init.dims)
-        array = weights[init.name]
+        array = weights.pop(init.name)  # a mapped view read: its pages go with it
         tensor.raw_data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
     return finalize_model(merged, check=checker_knows(merged))
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import mmap
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +56,8 @@ MAX_RANK = 32
 #: even an empty array of that shape).
 MAX_ELEMENTS = 2**48
 WEIGHTS = "weights"
+#: Tensors of at least this many bytes are mapped rather than copied by ``mapped`` loads.
+MAPPED_FROM = 1 << 20
 OPTIMIZER_STATE = "optimizer_state"
 
 
@@ -244,9 +245,8 @@ def load_tensors(
             raise ValueError(f"{str(path)!r}: its data file {name!r} is not among the files read")
         return _read_tensors(manifest, as_file(files[name]), len(files[name]), path)
     with open_confined(path.parent, name, "the data file", path) as (data, info):
-        if mapped and info.st_size:
-            data = mmap.mmap(data.fileno(), 0, access=mmap.ACCESS_READ)
-        return _read_tensors(manifest, data, info.st_size, path)
+        source = _Mapped(data, path.with_name(name)) if mapped else data
+        return _read_tensors(manifest, source, info.st_size, path)
 
 
 def _parsed_manifest(text: bytes, path: Path) -> dict:
@@ -363,14 +363,29 @@ def _checked_array(name: str, value) -> np.ndarray:
     return array
 
 
+class _Mapped:
+    """A data file read through mappings: one per tensor of :data:`MAPPED_FROM` bytes or
+    more (the pages a view has read leave the process's memory with the view), smaller
+    ones copied (a mapping each would pass the system's count of mappings)."""
+
+    def __init__(self, file, path: Path):
+        self.file, self.path = file, path
+
+    def view(self, entry: Entry) -> np.ndarray:
+        little = entry.dtype.newbyteorder("<")
+        if entry.nbytes < MAPPED_FROM:
+            array = _read_entry(entry, self.file, self.path)
+            array.flags.writeable = False
+            return array
+        mapped = np.memmap(self.file, little, "r", entry.offset, entry.shape)
+        return mapped.view(np.ndarray).astype(entry.dtype, copy=False)
+
+
 def _read_entry(entry: Entry, data, path: Path) -> np.ndarray:
     """The array of ``entry``, read from the open data file (its bytes only), or a view of
     the mapped one."""
-    if isinstance(data, mmap.mmap):
-        count = math.prod(entry.shape)
-        little = entry.dtype.newbyteorder("<")
-        view = np.frombuffer(data, little, count, entry.offset).reshape(entry.shape)
-        return view.astype(entry.dtype, copy=False)
+    if isinstance(data, _Mapped):
+        return data.view(entry)
     array = np.empty(entry.shape, dtype=entry.dtype.newbyteorder("<"))
     data.seek(entry.offset)
     if data.readinto(memoryview(array.reshape(-1).view(np.uint8))) != entry.nbytes:
