@@ -82,6 +82,7 @@ from onnxgrad.training.checkpoint import (
     WEIGHTS,
     Checkpoint,
     TensorWriter,
+    checkpoint_shapes,
     load_checkpoint,
     save_manifest,
     save_tensors,
@@ -218,10 +219,21 @@ def generate_artifacts(
 
     step_options = {"loss_scale": loss_scale, "recompute": recompute}
     replace_folder(directory, fill, KNOWN_FILES)
-    # the initial weights and state as views of the checkpoint written (no copy in memory)
-    checkpoint = load_checkpoint(directory / CHECKPOINT, mapped=True)
     step, evaluation = built["step"], built["evaluation"]
+    # the initial weights as views of the checkpoint written, the constant state as
+    # broadcast views of its value: no copy in memory (nor address space for the state)
+    weights = load_checkpoint(directory / CHECKPOINT, mapped=True, weights_only=True).weights
+    checkpoint = Checkpoint(weights, _constant_state(step))
     return TrainingArtifacts(directory, step, evaluation, deployed, checkpoint, lr)
+
+
+def _constant_state(step: TrainStep) -> dict[str, np.ndarray]:
+    """The initial optimizer state, each a read-only view of its one value."""
+    state = {}
+    for name, slot in step.state_slots.items():
+        value = np.array(slot.initial, np_dtype(slot.elem_type))
+        state[name] = np.broadcast_to(value, slot.shape)
+    return state
 
 
 def _write_checkpoint_and_step(
@@ -296,8 +308,10 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     directory = Path(artifact_directory)
     manifest, files = read_artifacts(directory, _loaded_files)
     train = checked_train(manifest, directory / MANIFEST)
-    initial = load_checkpoint(directory / manifest["checkpoint"], files)
-    weight_shapes = _checked_weight_shapes(train, initial, directory)
+    sizes = {name: listed["bytes"] for name, listed in manifest["files"].items()}
+    checkpoint = directory / manifest["checkpoint"]
+    saved = checkpoint_shapes(checkpoint, files[checkpoint.name], sizes)
+    weight_shapes = _checked_weight_shapes(train, saved, directory)
     training_model = directory / manifest["training_model"]
     model = model_from_bytes(files[manifest["training_model"]], training_model, files)
     slots = {
@@ -330,9 +344,8 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     )
 
 
-def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) -> dict:
+def _checked_weight_shapes(train: dict, saved: dict, directory: Path) -> dict:
     shapes = {w["input"]: tuple(w["shape"]) for w in train["weights"]}
-    saved = {name: value.shape for name, value in initial.weights.items()}
     if shapes != saved:
         raise ValueError(
             f"{str(directory / MANIFEST)!r} declares weights {shapes}, its checkpoint holds {saved}"
@@ -342,10 +355,8 @@ def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) ->
 
 def _loaded_files(manifest: dict) -> set[str]:
     """The files :func:`load_train_step` loads: the training model with its external data,
-    and the checkpoint."""
-    checkpoint = Path(manifest["checkpoint"])
-    model = _model_files(manifest, "training_model")
-    return {*model, checkpoint.name, checkpoint.with_suffix(".bin").name}
+    and the checkpoint's manifest (its data is only digested)."""
+    return {*_model_files(manifest, "training_model"), Path(manifest["checkpoint"]).name}
 
 
 def _model_files(manifest: dict, entry: str) -> set[str]:
@@ -401,7 +412,7 @@ def merge_checkpoint(
     if quantized not in QUANTIZED_MODES:
         raise ValueError(f"quantized must be one of {QUANTIZED_MODES}, got {quantized!r}")
     if not isinstance(checkpoint, Checkpoint):
-        checkpoint = load_checkpoint(checkpoint, mapped=True)  # views, read as merged
+        checkpoint = load_checkpoint(checkpoint, mapped=True, weights_only=True)  # views
     model, trained, load_rest = _inference_model(model, set(checkpoint.weights))
     checkpoint = Checkpoint(as_stored(model, checkpoint.weights), checkpoint.optimizer_state)
     if trained is not None and set(checkpoint.weights) != trained:

@@ -26,7 +26,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,12 +83,17 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(
-    path: str | os.PathLike, files: Mapping[str, bytes] | None = None, *, mapped: bool = False
+    path: str | os.PathLike,
+    files: Mapping[str, bytes] | None = None,
+    *,
+    mapped: bool = False,
+    weights_only: bool = False,
 ) -> Checkpoint:
     """The checkpoint saved at ``path`` by :func:`save_checkpoint` (or by the JavaScript
     example, which writes the same format); ``files`` and ``mapped`` as in
-    :func:`load_tensors`."""
-    tensors, groups = load_tensors(path, files, mapped=mapped)
+    :func:`load_tensors`; ``weights_only``: the optimizer state is left unread (empty)."""
+    wanted = (WEIGHTS,) if weights_only else None
+    tensors, groups = load_tensors(path, files, mapped=mapped, groups=wanted)
     unknown = sorted(n for n, g in groups.items() if g not in (WEIGHTS, OPTIMIZER_STATE))
     if unknown:
         raise ValueError(f"{os.fspath(path)!r}: tensors {unknown} are neither weights nor state")
@@ -218,7 +223,11 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
 
 
 def load_tensors(
-    path: str | os.PathLike, files: Mapping[str, bytes] | None = None, *, mapped: bool = False
+    path: str | os.PathLike,
+    files: Mapping[str, bytes] | None = None,
+    *,
+    mapped: bool = False,
+    groups: Collection[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """``({name: array}, {name: group})`` of the tensor file whose manifest is ``path``.
 
@@ -231,7 +240,8 @@ def load_tensors(
     of both files by name when the caller has read (and verified) them already. ``ValueError``
     names the file, the entry and the rule broken. ``mapped``: the arrays are read-only
     views of the data file mapped in memory (no copy: its pages are read when used, and
-    the file must not change while they live).
+    the file must not change while they live). ``groups``: read only the tensors of these
+    groups (every entry is checked and its group returned all the same).
     """
     path = Path(path)
     if files is None:
@@ -243,10 +253,28 @@ def load_tensors(
     if files is not None:
         if name not in files:
             raise ValueError(f"{str(path)!r}: its data file {name!r} is not among the files read")
-        return _read_tensors(manifest, as_file(files[name]), len(files[name]), path)
+        return _read_tensors(manifest, as_file(files[name]), len(files[name]), path, groups)
     with open_confined(path.parent, name, "the data file", path) as (data, info):
         source = _Mapped(data, path.with_name(name)) if mapped else data
-        return _read_tensors(manifest, source, info.st_size, path)
+        return _read_tensors(manifest, source, info.st_size, path, groups)
+
+
+def checkpoint_shapes(
+    path: str | os.PathLike, text: bytes, data_sizes: Mapping[str, int]
+) -> dict[str, tuple[int, ...]]:
+    """The shapes of the weights of the checkpoint whose manifest ``path`` holds ``text``,
+    its entries checked (:func:`checked_entries`) against the size its data file has in
+    ``data_sizes`` (by name), none of its data read."""
+    path = Path(path)
+    manifest = _parsed_manifest(text, path)
+    name = plain_name(manifest.get("data"), "the data file", path)
+    if name not in data_sizes:
+        raise ValueError(f"{str(path)!r}: its data file {name!r} is not among the files listed")
+    entries = checked_entries(manifest.get("tensors"), data_sizes[name], path)
+    unknown = sorted(e.name for e in entries if e.group not in (WEIGHTS, OPTIMIZER_STATE))
+    if unknown:
+        raise ValueError(f"{str(path)!r}: tensors {unknown} are neither weights nor state")
+    return {e.name: e.shape for e in entries if e.group == WEIGHTS}
 
 
 def _parsed_manifest(text: bytes, path: Path) -> dict:
@@ -264,10 +292,11 @@ def _parsed_manifest(text: bytes, path: Path) -> dict:
     return manifest
 
 
-def _read_tensors(manifest: dict, data, size: int, path: Path):
+def _read_tensors(manifest: dict, data, size: int, path: Path, groups=None):
     entries = checked_entries(manifest.get("tensors"), size, path)
     data_path = path.with_name(manifest["data"])
-    tensors = {e.name: _read_entry(e, data, data_path) for e in entries}
+    read = [e for e in entries if groups is None or e.group in groups]
+    tensors = {e.name: _read_entry(e, data, data_path) for e in read}
     return tensors, {e.name: e.group for e in entries}
 
 
