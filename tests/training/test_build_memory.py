@@ -113,10 +113,11 @@ def test_a_build_holds_the_weights_once_more_at_most(growth, entry):
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc needed")
 def test_a_merge_holds_the_model_and_the_checkpoint_once(growth):
-    # the merged model and the checkpoint's weights read through a mapping (the Adam state
-    # never read); before: 3.0 models' worth (a copy loaded, one to replace into, the
-    # replaced data kept by protobuf, merge_lora's copy)
-    assert growth["merge_checkpoint"] < 2.3, growth
+    # the folder's model and the merged one, plus a weight or two in flight (2.25: each of
+    # the 8 weights is an eighth of the model); the checkpoint's weights read through
+    # mappings, the Adam state never read. Before: 8.0 (a copy loaded, one to replace into,
+    # the replaced data kept by protobuf, merge_lora's copy, the optimizer state read)
+    assert growth["merge_checkpoint"] < 2.5, growth
 
 
 def _chain(layers: int = 3, side: int = 64) -> onnx.ModelProto:
