@@ -216,13 +216,7 @@ def measure_end_to_end(name: str, workdir: Path, max_rss_gib: float) -> list[dic
     folder = workdir / f"e2e_{count}"
     folder.mkdir(exist_ok=True)
     model_path = folder / "model.onnx"
-    if not model_path.exists():
-        writer = multiprocessing.get_context("spawn").Process(
-            target=write_matmul_chain, args=(model_path, count, True)
-        )
-        writer.start()
-        writer.join()
-    size_gib = count * SIDE * SIDE * 4 / GIB
+    size_gib = _written_model(model_path, count, external=True)
     rows = []
     for stage in E2E_STAGES:
         if stage == "cli-artifacts":
@@ -332,19 +326,24 @@ def _watch_rss(pid: int, limit_gib: float, killed: threading.Event) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def measure_big(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
-    count = BIG_MODELS[name]
-    external = count * SIDE * SIDE * 4 >= 2 * GIB
-    model_path = workdir / f"matmul_{count}.onnx"
+def _written_model(model_path: Path, count: int, external: bool) -> float:
+    """Write the chain of ``count`` MatMuls at ``model_path`` unless it is there; its GiB.
+    Written in a child: a child's ru_maxrss starts from its parent's peak at fork, so a
+    parent that built the model would report its own 2-3x the model for every measure."""
     if not model_path.exists():
-        # in a child: a child's ru_maxrss starts from its parent's peak at fork, so a parent
-        # that built the model would report its own 2-3x the model for every measure
         writer = multiprocessing.get_context("spawn").Process(
             target=write_matmul_chain, args=(model_path, count, external)
         )
         writer.start()
         writer.join()
-    size_gib = count * SIDE * SIDE * 4 / GIB
+    return count * SIDE * SIDE * 4 / GIB
+
+
+def measure_big(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
+    count = BIG_MODELS[name]
+    external = count * SIDE * SIDE * 4 >= 2 * GIB
+    model_path = workdir / f"matmul_{count}.onnx"
+    size_gib = _written_model(model_path, count, external)
     rows = []
     for mode in ("api", "step", "artifacts", "cli"):
         if mode != "cli":
