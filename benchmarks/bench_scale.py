@@ -1,4 +1,5 @@
-"""Scale: derivatives of models with 1 GiB and 2.25 GiB of weights, and of a 5,000-node graph.
+"""Scale: derivatives of models with 1 GiB and 2.25 GiB of weights, a 4 GiB model end to end,
+and a 5,000-node graph.
 
 For each big model (a chain of 4096x4096 float32 MatMuls: 16 of them weigh 1 GiB, 36 weigh
 2.25 GiB, past protobuf's 2 GiB limit, so stored with external data), two measures, each in
@@ -11,13 +12,22 @@ a child process whose peak resident memory the parent reads from ``wait4``'s rus
 * ``cli``: ``onnxgrad derivative model.onnx -o grad.onnx`` end to end (read, check, derive,
   write).
 
+``4gib`` (64 MatMuls saved with external data) goes end to end from its path, each stage in
+its own child: ``derivative`` (``onnx_derivative(path)``), ``artifacts``
+(``generate_artifacts(path)``, Adam), ``cli-artifacts`` (``onnxgrad artifacts --optimizer
+sgd``), ``train`` (three steps of the SGD artifacts' train step through the
+:class:`~onnxgrad.training.running.runner.TrainingRunner`, the trained weights saved as a
+checkpoint), ``merge`` (``merge_checkpoint`` of that folder and checkpoint, saved with
+external data) and ``check`` (onnxruntime runs the merged file; its output against numpy's
+product of the trained weights). ``e2e-test`` runs the same stages on 4 such MatMuls.
+
 For the 5,000-node chain (Add, Mul, Tanh): the native gradient graph's node count against
 the forward graph's, onnxruntime's session-creation time and the median run time.
 
-    python benchmarks/bench_scale.py [--only 1gib,2gib,chain] [--workdir DIR] [--json FILE]
+    python benchmarks/bench_scale.py [--only 1gib,2gib,4gib,chain] [--workdir DIR] [--json FILE]
 
-The models (3.3 GB) are written into ``--workdir`` and kept there, or into a temporary
-folder removed at the end.
+The models (3.3 GB, 4 GiB more and its artifacts for ``4gib``) are written into ``--workdir``
+and kept there, or into a temporary folder removed at the end.
 Children that pass ``--max-rss-gib`` (default 16) are stopped and reported as such.
 """
 
@@ -27,6 +37,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SIDE = 4096
 GIB = 1 << 30
 BIG_MODELS = {"1gib": 16, "2gib": 36}
+#: Models taken end to end from their path (external data), by name: their MatMul count.
+END_TO_END = {"4gib": 64, "e2e-test": 4}
+E2E_STAGES = ("derivative", "artifacts", "cli-artifacts", "train", "merge", "check")
+E2E_BATCH, E2E_STEPS = 8, 3
 
 
 def _child_env() -> dict:
@@ -64,6 +79,7 @@ def write_matmul_chain(path: Path, count: int, external: bool) -> None:
     nodes, inits, prev = [], [], "X"
     with open(data_path, "wb") if external else open(os.devnull, "wb") as data:
         for i in range(count):
+            # one weight in memory at a time: the data file is written in pieces
             w = (rng.standard_normal((SIDE, SIDE), dtype=np.float32) / SIDE**0.5).tobytes()
             tensor = TensorProto(name=f"W{i}", data_type=TensorProto.FLOAT, dims=[SIDE, SIDE])
             if external:
@@ -112,6 +128,111 @@ def child_api(model_path: str, entry: str) -> dict:
             )
     seconds = time.perf_counter() - start
     return {"derivative_s": seconds, "gradient_nodes": nodes}
+
+
+def child_e2e(stage: str, workdir: str) -> dict:
+    """One stage of the end-to-end run on ``workdir/model.onnx`` (module docstring); the
+    time is the stage's, the model is read from its path inside it."""
+    folder = Path(workdir)
+    model_path = folder / "model.onnx"
+    start = time.perf_counter()
+    if stage == "derivative":
+        from onnxgrad import onnx_derivative
+
+        result = {"gradient_nodes": len(onnx_derivative(str(model_path)).graph.node)}
+    elif stage == "artifacts":
+        from onnxgrad.training import generate_artifacts
+
+        art = generate_artifacts(str(model_path), artifact_directory=folder / "adam")
+        result = {"gradient_nodes": len(art.train_step.model.graph.node)}
+        del art
+        shutil.rmtree(folder / "adam")  # disk: the next stages use the SGD artifacts
+    elif stage == "train":
+        result = _train_stage(folder)
+    elif stage == "merge":
+        from onnxgrad._files import save_model
+        from onnxgrad.training import merge_checkpoint
+
+        merged = merge_checkpoint(folder / "sgd", folder / "trained.json")
+        save_model(merged, folder / "merged.onnx")
+        result = {}
+    else:
+        result = _check_stage(folder)
+    return {"derivative_s": time.perf_counter() - start, **result}
+
+
+def _e2e_data(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((E2E_BATCH, SIDE), dtype=np.float32)
+    return X, rng.standard_normal((E2E_BATCH, SIDE), dtype=np.float32)
+
+
+def _train_stage(folder: Path) -> dict:
+    """``E2E_STEPS`` steps of the SGD artifacts' train step (one batch each), the trained
+    weights saved as ``trained.json``."""
+    from onnxgrad.training import load_train_step
+    from onnxgrad.training.artifacts.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+    from onnxgrad.training.running.data import OrtDataLoader
+    from onnxgrad.training.running.devices import parse_device
+    from onnxgrad.training.running.runner import TrainingRunner
+
+    step = load_train_step(folder / "sgd")
+    initial = load_checkpoint(folder / "sgd" / "checkpoint.json", mapped=True)
+    runner = TrainingRunner(step, parse_device("cpu"), initial.weights, initial.optimizer_state)
+    del initial
+    loader = OrtDataLoader(*_e2e_data(folder), batch_size=E2E_BATCH)
+    losses = [float(runner.run_epoch(loader, 1e-6)[0]) for _ in range(E2E_STEPS)]
+    save_checkpoint(Checkpoint(weights=runner.get_weights()), folder / "trained.json")
+    return {"losses": losses}
+
+
+def _check_stage(folder: Path) -> dict:
+    """onnxruntime runs ``merged.onnx`` (no pre-packed copy of its weights); the largest
+    relative difference from numpy's ``X @ W0 @ W1 ...`` with the trained weights."""
+    import onnxruntime
+
+    from onnxgrad.training.artifacts.checkpoint import load_checkpoint
+
+    X, _ = _e2e_data(folder)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    session = onnxruntime.InferenceSession(
+        str(folder / "merged.onnx"), options, providers=["CPUExecutionProvider"]
+    )
+    (got,) = session.run(None, {"X": X})
+    del session
+    weights = load_checkpoint(folder / "trained.json", mapped=True).weights
+    expected = X.astype(np.float64)
+    for i in range(len(weights)):
+        expected = expected @ weights[f"W{i}"]
+    error = float(np.max(np.abs(got - expected)) / np.max(np.abs(expected)))
+    return {"max_relative_error": error}
+
+
+def measure_end_to_end(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
+    """The stages of the end-to-end run, each in a child; its files removed after."""
+    count = END_TO_END[name]
+    folder = workdir / f"e2e_{count}"
+    folder.mkdir(exist_ok=True)
+    model_path = folder / "model.onnx"
+    size_gib = _written_model(model_path, count, external=True)
+    rows = []
+    for stage in E2E_STAGES:
+        if stage == "cli-artifacts":
+            command = [sys.executable, "-m", "onnxgrad", "artifacts", str(model_path)]
+            command += ["-o", str(folder / "sgd"), "--optimizer", "sgd"]
+        else:
+            command = [sys.executable, __file__, "--child-e2e", stage, "--workdir", str(folder)]
+        result = run_child(command, max_rss_gib)
+        result.setdefault("derivative_s", result["wall_s"])
+        label = f"{count} MatMuls ({size_gib:g} GiB, external)"
+        rows.append({"model": label, "mode": stage, **result})
+        rows[-1]["peak_over_model"] = result["peak_rss_gib"] / size_gib
+        if "error" in result:
+            break
+    shutil.rmtree(folder)
+    return rows
 
 
 def child_chain(repeat: int) -> dict:
@@ -205,19 +326,24 @@ def _watch_rss(pid: int, limit_gib: float, killed: threading.Event) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def measure_big(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
-    count = BIG_MODELS[name]
-    external = count * SIDE * SIDE * 4 >= 2 * GIB
-    model_path = workdir / f"matmul_{count}.onnx"
+def _written_model(model_path: Path, count: int, external: bool) -> float:
+    """Write the chain of ``count`` MatMuls at ``model_path`` unless it is there; its GiB.
+    Written in a child: a child's ru_maxrss starts from its parent's peak at fork, so a
+    parent that built the model would report its own 2-3x the model for every measure."""
     if not model_path.exists():
-        # in a child: a child's ru_maxrss starts from its parent's peak at fork, so a parent
-        # that built the model would report its own 2-3x the model for every measure
         writer = multiprocessing.get_context("spawn").Process(
             target=write_matmul_chain, args=(model_path, count, external)
         )
         writer.start()
         writer.join()
-    size_gib = count * SIDE * SIDE * 4 / GIB
+    return count * SIDE * SIDE * 4 / GIB
+
+
+def measure_big(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
+    count = BIG_MODELS[name]
+    external = count * SIDE * SIDE * 4 >= 2 * GIB
+    model_path = workdir / f"matmul_{count}.onnx"
+    size_gib = _written_model(model_path, count, external)
     rows = []
     for mode in ("api", "step", "artifacts", "cli"):
         if mode != "cli":
@@ -247,7 +373,11 @@ def main() -> None:
     parser.add_argument("--child-api", help=argparse.SUPPRESS)
     parser.add_argument("--entry", default="derivative", help=argparse.SUPPRESS)
     parser.add_argument("--child-chain", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-e2e", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_e2e:
+        print(json.dumps(child_e2e(args.child_e2e, args.workdir)))
+        return
     if args.child_api:
         print(json.dumps(child_api(args.child_api, args.entry)))
         return
@@ -268,14 +398,18 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict]:
     """Measure what ``--only`` names, printing one line per measure."""
     wanted = args.only.split(",")
     rows = []
-    for name in BIG_MODELS:
+    measures = [(name, measure_big) for name in BIG_MODELS]
+    measures += [(name, measure_end_to_end) for name in END_TO_END]
+    for name, measure in measures:
         if name in wanted:
-            for row in measure_big(name, workdir, args.max_rss_gib):
+            for row in measure(name, workdir, args.max_rss_gib):
                 rows.append(row)
+                extra = {k: row[k] for k in ("losses", "max_relative_error") if k in row}
                 print(
-                    f"{row['model']:24s} {row['mode']:9s} time {row['derivative_s']:7.2f} s"
+                    f"{row['model']:24s} {row['mode']:13s} time {row['derivative_s']:7.2f} s"
                     f"  peak RSS {row['peak_rss_gib']:6.2f} GiB"
                     f" ({row['peak_over_model']:.2f}x the model)"
+                    + (f"  {extra}" if extra else "")
                     + (f"  FAILED: {row['error']}" if "error" in row else ""),
                     flush=True,
                 )

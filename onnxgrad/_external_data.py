@@ -27,7 +27,7 @@ import contextlib
 import io
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from onnx import AttributeProto, GraphProto, ModelProto, SparseTensorProto, TensorProto, helper
@@ -58,14 +58,18 @@ def load_external_data(
     folder: str | os.PathLike,
     source: str,
     files: Mapping[str, bytes] | None = None,
+    skipped: Iterable[str] = (),
 ) -> None:
     """Read the external data of ``model`` (loaded from ``source``, in ``folder``) into its
     tensors, in place (see the module docstring). ``files`` gives, by file name, bytes the
     caller has read and verified already (an artifact folder's): the data is then taken
-    from them only."""
+    from them only. The main-graph initializers ``skipped`` are left external."""
     spans: dict[object, list[tuple[int, int, str]]] = {}
+    names = set(skipped)
+    kept = [t for t in model.graph.initializer if t.name in names]  # alive: ids stay theirs
+    left = {id(t) for t in kept}
     for tensor in all_tensors(model):
-        if tensor.data_location == TensorProto.EXTERNAL:
+        if tensor.data_location == TensorProto.EXTERNAL and id(tensor) not in left:
             _read_tensor(tensor, Path(folder), source, spans, files)
 
 

@@ -4,6 +4,7 @@ A symbolic link is written through (its target is replaced, the link stays); a s
 file that exists (a FIFO, a device such as ``/dev/null``) is written into, never renamed
 over; a FIFO with no reader is refused rather than waited on. Models too big for one
 protobuf message (2 GiB) keep their weights as external data in ``<name>.data`` beside them.
+A :class:`DigestingFile` hashes what it writes, so a folder's digests need no second read.
 """
 
 from __future__ import annotations
@@ -33,6 +34,52 @@ EXTERNAL_THRESHOLD = 1024
 _ALIGNMENT = 4096
 #: Hex digits of the data's SHA-256 in the name of a model's external data file.
 _DIGEST_DIGITS = 16
+
+
+class DigestingFile:
+    """A binary file written from its start, keeping the SHA-256 and the size of what it
+    holds; :meth:`zeros` leaves a hole (a sparse file: zeros written without memory or disk
+    writes, only hashed)."""
+
+    _ZEROS = memoryview(bytes(1 << 22))
+
+    def __init__(self, path: str | os.PathLike):
+        self._file = open(path, "wb")  # noqa: SIM115 (closed by close / __exit__)
+        self._sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> None:
+        """Append ``data`` (bytes, or any C-contiguous buffer of bytes)."""
+        view = memoryview(data).cast("B")
+        self._file.write(view)
+        self._sha256.update(view)
+        self.size += view.nbytes
+
+    def zeros(self, count: int) -> None:
+        """Append ``count`` zero bytes as a hole."""
+        self._file.seek(count, os.SEEK_CUR)
+        self.size += count
+        while count:
+            chunk = self._ZEROS[: min(count, len(self._ZEROS))]
+            self._sha256.update(chunk)
+            count -= len(chunk)
+
+    def close(self) -> None:
+        self._file.truncate(self.size)  # a trailing hole
+        self._file.close()
+
+    def digest(self) -> dict:
+        """``{"sha256": hex digest, "bytes": size}`` of what was written."""
+        return {"sha256": self._sha256.hexdigest(), "bytes": self.size}
+
+    def __enter__(self) -> DigestingFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self._file.close()
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -130,13 +177,20 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     write_atomically(path, lambda temporary: Path(temporary).write_bytes(data))
 
 
-def save_model(model: ModelProto, path: str | os.PathLike) -> None:
+def save_model(model: ModelProto, path: str | os.PathLike, digests: dict | None = None) -> None:
     """Write ``model`` to ``path`` atomically; past protobuf's 2 GiB limit, its big
     initializers go to ``<name>.<digest>.data`` beside ``path`` (beside the link when
     ``path`` is one: runtimes look for it there) as external data, written first, so the
-    model never points at a missing file or at another save's data (module docstring)."""
+    model never points at a missing file or at another save's data (module docstring).
+    ``digests`` (when given) receives ``{file name: DigestingFile.digest()}`` of each file
+    written, hashed as it was written."""
+    digests = {} if digests is None else digests
     if serialized_size(model) < PROTOBUF_LIMIT:
-        write_atomically(path, lambda temporary: _write_in_pieces(model, temporary))
+
+        def write(temporary: str) -> None:
+            digests[Path(path).name] = _write_in_pieces(model, temporary)
+
+        write_atomically(path, write)
         return
     if _is_special(resolved(path)):
         raise ValueError(
@@ -144,22 +198,24 @@ def save_model(model: ModelProto, path: str | os.PathLike) -> None:
             f"{str(path)!r} is not a regular file"
         )
     given = Path(path)  # runtimes resolve the data beside the path they open, link or not
-    location = _write_weights_by_digest(model, given)
-    header = _without_big_weights(model, location)
-    write_bytes(given, header.SerializeToString())
+    location = _write_weights_by_digest(model, given, digests)
+    header = _without_big_weights(model, location).SerializeToString()
+    write_bytes(given, header)
+    digests[given.name] = {"sha256": hashlib.sha256(header).hexdigest(), "bytes": len(header)}
     _remove_earlier_data(given, location)
 
 
-def _write_weights_by_digest(model: ModelProto, given: Path) -> str:
+def _write_weights_by_digest(model: ModelProto, given: Path, digests: dict) -> str:
     """Write the big weights to a temporary file beside ``given``, then rename it after
-    its digest; the file name (relative to ``given``'s folder)."""
+    its digest (recorded in ``digests``); the file name (relative to ``given``'s folder)."""
     nominal = given.with_name(f"{given.name}.data")
     temporary = _create_temporary(nominal)
     try:
         with held(temporary):
             remove_leftovers(nominal)
             digest = _write_weights(model, str(temporary))
-            location = f"{given.name}.{digest[:_DIGEST_DIGITS]}.data"
+            location = f"{given.name}.{digest['sha256'][:_DIGEST_DIGITS]}.data"
+            digests[location] = digest
             os.replace(temporary, given.with_name(location))
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -183,17 +239,36 @@ def is_data_file_of(name: str, model_name: str) -> bool:
     )
 
 
-def _write_in_pieces(model: ModelProto, path: str) -> None:
+def _write_in_pieces(model: ModelProto, path: str) -> dict:
     """Serialise ``model`` into ``path`` one initializer at a time: the model without its
     initializers, then for each a model holding only it. Parsing concatenated messages merges
     them (repeated fields appended in order), so the file reads back as ``model``; memory
-    holds one initializer's bytes at a time instead of the whole model's."""
-    with open(path, "wb") as file:
+    holds one initializer's bytes at a time instead of the whole model's (each serialised
+    alone, framed as ``ModelProto.graph`` (field 7) holding one ``initializer`` (field 5)).
+    Returns the file's digest."""
+    with DigestingFile(path) as file:
         file.write(header_only(model).SerializeToString())
         for init in model.graph.initializer:
-            piece = ModelProto()
-            piece.graph.initializer.add().CopyFrom(init)
-            file.write(piece.SerializeToString())
+            tensor = init.SerializeToString()
+            framed = _length_delimited(_INITIALIZER_FIELD, len(tensor))
+            file.write(_length_delimited(_GRAPH_FIELD, len(framed) + len(tensor)) + framed)
+            file.write(tensor)
+    return file.digest()
+
+
+#: Protobuf keys (field number << 3 | 2, length-delimited) of ``ModelProto.graph`` and
+#: ``GraphProto.initializer``.
+_GRAPH_FIELD, _INITIALIZER_FIELD = 7 << 3 | 2, 5 << 3 | 2
+
+
+def _length_delimited(key: int, length: int) -> bytes:
+    """The key and length prefix of a length-delimited protobuf field (one-byte key)."""
+    varint = bytearray()
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        varint.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes([key]) + bytes(varint)
 
 
 def _is_big(init: TensorProto) -> bool:
@@ -220,14 +295,12 @@ def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
     return header
 
 
-def _write_weights(model: ModelProto, path: str) -> str:
-    """Write the big initializers of ``model`` to ``path`` (4 KiB aligned); their SHA-256."""
-    digest = hashlib.sha256()
-    with open(path, "wb") as data:
+def _write_weights(model: ModelProto, path: str) -> dict:
+    """Write the big initializers of ``model`` to ``path`` (4 KiB aligned); the file's
+    digest."""
+    with DigestingFile(path) as data:
         for init in filter(_is_big, model.graph.initializer):
             raw = init.raw_data if init.HasField("raw_data") else to_array(init).tobytes()
-            padding = b"\0" * (-len(raw) % _ALIGNMENT)
-            for chunk in (raw, padding):
-                data.write(chunk)
-                digest.update(chunk)
-    return digest.hexdigest()
+            data.write(raw)
+            data.write(b"\0" * (-len(raw) % _ALIGNMENT))
+    return data.digest()

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
-from onnxgrad._external_data import all_tensors, load_external_data
+from onnxgrad._external_data import PACKED_TYPES, all_tensors, load_external_data
 from onnxgrad._untrusted import read_bounded
 
 #: The highest IR version onnxruntime-training 1.19.2 loads.
@@ -68,11 +68,15 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 
 def model_from_bytes(
-    data: bytes, path: str | os.PathLike, files: dict[str, bytes] | None = None
+    data: bytes,
+    path: str | os.PathLike,
+    files: dict[str, bytes] | None = None,
+    skipped: Iterable[str] = (),
 ) -> ModelProto:
     """The model serialised in ``data`` (read from ``path``), its external data read from
     the folder of ``path`` (from ``files``, by name, when given: bytes already read and
-    verified); ``ValueError`` naming ``path`` when it is no ONNX model."""
+    verified) but that of the main-graph initializers ``skipped`` (left external, for a
+    caller that replaces them); ``ValueError`` naming ``path`` when it is no ONNX model."""
     path = os.fspath(path)
     try:
         loaded = onnx.load_model_from_string(data)
@@ -80,7 +84,7 @@ def model_from_bytes(
         raise ValueError(f"{path!r} is not a valid ONNX model: {exc}") from exc
     if not loaded.HasField("graph"):
         raise ValueError(f"{path!r} is not a valid ONNX model: it has no graph")
-    load_external_data(loaded, os.path.dirname(path) or os.curdir, path, files)
+    load_external_data(loaded, os.path.dirname(path) or os.curdir, path, files, skipped)
     return loaded
 
 
@@ -339,9 +343,41 @@ def serialized_size(model: ModelProto) -> int:
     model-sized allocation)."""
     size = header_only(model).ByteSize()
     for init in model.graph.initializer:
-        length = init.ByteSize()
+        length = tensor_serialized_size(init)
         size += 1 + _varint_size(length) + length  # the field's tag, length and message
     return size + 8  # the graph's length prefix may grow with its content
+
+
+def tensor_serialized_size(tensor: TensorProto) -> int:
+    """The serialised size of ``tensor``; raw data counted from its dims, ``prod(dims) *
+    itemsize`` (``ByteSize`` serialises the whole tensor to measure it: a copy of its data)."""
+    nbytes = tensor_nbytes(tensor)
+    packed = tensor.data_type in PACKED_TYPES  # two or four to a byte
+    if packed or not tensor.HasField("raw_data") or nbytes < _MEASURED_BELOW:
+        return tensor.ByteSize()
+    return tensor_header(tensor).ByteSize() + 1 + _varint_size(nbytes) + nbytes
+
+
+def tensor_header(tensor: TensorProto) -> TensorProto:
+    """A copy of ``tensor`` without its raw data (never read: reading a bytes field copies
+    it)."""
+    header = TensorProto()
+    for field in TensorProto.DESCRIPTOR.fields:
+        if field.name == "raw_data":
+            continue
+        value = getattr(tensor, field.name)
+        if hasattr(value, "extend"):
+            getattr(header, field.name).extend(value)
+        elif tensor.HasField(field.name):
+            if hasattr(value, "CopyFrom"):
+                getattr(header, field.name).CopyFrom(value)
+            else:
+                setattr(header, field.name, value)
+    return header
+
+
+#: Tensors smaller than this are measured by protobuf itself.
+_MEASURED_BELOW = 1 << 16
 
 
 def _varint_size(value: int) -> int:

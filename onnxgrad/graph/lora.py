@@ -207,6 +207,10 @@ def lora_adapters(model: ModelProto) -> list[dict]:
     return []
 
 
+#: What :func:`merge_lora` may do with the adapters of quantized weights.
+QUANTIZED_MODES = ("keep", "requantize")
+
+
 def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
     """A copy of ``model`` whose adapters are folded into their weights,
     ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed.
@@ -217,7 +221,7 @@ def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
     the base's format (same bits, blocks, axis, symmetric or not:
     :mod:`onnxgrad.graph.requantize`), each value within half a quantization step: the
     result has exactly the deployed model's operators."""
-    if quantized not in ("keep", "requantize"):
+    if quantized not in QUANTIZED_MODES:
         raise ValueError(f"quantized must be 'keep' or 'requantize', got {quantized!r}")
     model = load_model(model)
     adapters = lora_adapters(model)

@@ -150,7 +150,7 @@ def test_an_interrupted_regeneration_leaves_the_old_folder(tmp_path, monkeypatch
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(artifacts_module, "save_checkpoint", interrupted)
+    monkeypatch.setattr(artifacts_module, "save_manifest", interrupted)
     with pytest.raises(KeyboardInterrupt):
         generate_artifacts(_model((3.0, 4.0, 5.0)), folder=folder)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

@@ -26,14 +26,14 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from onnxgrad._arrays import c_contiguous
-from onnxgrad._files import write_atomically
+from onnxgrad._files import DigestingFile, write_atomically
 from onnxgrad._untrusted import (
     MAX_MANIFEST_BYTES,
     as_file,
@@ -56,6 +56,8 @@ MAX_RANK = 32
 #: even an empty array of that shape).
 MAX_ELEMENTS = 2**48
 WEIGHTS = "weights"
+#: Tensors of at least this many bytes are mapped rather than copied by ``mapped`` loads.
+MAPPED_FROM = 1 << 20
 OPTIMIZER_STATE = "optimizer_state"
 
 
@@ -81,11 +83,17 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(
-    path: str | os.PathLike, files: Mapping[str, bytes] | None = None
+    path: str | os.PathLike,
+    files: Mapping[str, bytes] | None = None,
+    *,
+    mapped: bool = False,
+    weights_only: bool = False,
 ) -> Checkpoint:
     """The checkpoint saved at ``path`` by :func:`save_checkpoint` (or by the JavaScript
-    example, which writes the same format); ``files`` as in :func:`load_tensors`."""
-    tensors, groups = load_tensors(path, files)
+    example, which writes the same format); ``files`` and ``mapped`` as in
+    :func:`load_tensors`; ``weights_only``: the optimizer state is left unread (empty)."""
+    wanted = (WEIGHTS,) if weights_only else None
+    tensors, groups = load_tensors(path, files, mapped=mapped, groups=wanted)
     unknown = sorted(n for n, g in groups.items() if g not in (WEIGHTS, OPTIMIZER_STATE))
     if unknown:
         raise ValueError(f"{os.fspath(path)!r}: tensors {unknown} are neither weights nor state")
@@ -105,34 +113,107 @@ def save_tensors(
     ``groups`` tags each tensor (default ``"tensors"``). Each file is written whole or not
     at all; the data file is written first.
     """
+    path = _manifest_path(path)
+    data_path = path.with_suffix(".bin")
+    arrays = {name: _checked_array(name, value) for name, value in tensors.items()}
+    manifest = {}
+
+    def write_data(temporary: str) -> None:
+        with TensorWriter(temporary, data_path.name) as writer:
+            for name, array in arrays.items():
+                writer.add(name, (groups or {}).get(name, "tensors"), array)
+        manifest.update(writer.manifest)
+
+    write_atomically(data_path, write_data)
+    save_manifest(manifest, path)
+
+
+def save_manifest(manifest: dict, path: str | os.PathLike) -> None:
+    """Write the manifest of a :class:`TensorWriter` to ``path`` (atomically)."""
+    write_atomically(path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+
+
+def _manifest_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix != ".json":
         raise ValueError(f"a tensor file is named by its .json manifest, got {str(path)!r}")
-    data_path = path.with_suffix(".bin")
-    arrays = {name: _little_endian(_checked_array(name, value)) for name, value in tensors.items()}
-    entries, offset = [], 0
-    for name, array in arrays.items():
-        offset += -offset % ALIGNMENT
-        entries.append(
+    return path
+
+
+class TensorWriter:
+    """The data file of a tensor file written one tensor at a time, each straight from its
+    buffer (:meth:`add`) or, for a constant, without one (:meth:`add_filled`: zeros as a
+    hole of a sparse file), hashed as written; :attr:`manifest` once closed (the caller
+    writes it, :func:`save_manifest`). ``data_name``: the data file's name in the manifest
+    (default: ``path``'s)."""
+
+    def __init__(self, path: str | os.PathLike, data_name: str | None = None):
+        self._file = DigestingFile(path)
+        self._data_name = data_name or Path(path).name
+        self._entries: list[dict] = []
+        self.manifest: dict | None = None
+
+    def add(self, name: str, group: str, array: np.ndarray) -> None:
+        """Append ``array`` (any byte order: written little-endian)."""
+        array = _little_endian(_checked_array(name, array))
+        self._start(name, group, array.dtype, array.shape)
+        self._file.write(array.reshape(-1).view(np.uint8))
+
+    def add_filled(
+        self, name: str, group: str, dtype: np.dtype, shape: tuple[int, ...], value: float
+    ) -> None:
+        """Append a tensor of ``shape`` whose every element is ``value``."""
+        dtype = np.dtype(dtype).newbyteorder("<")
+        count = math.prod(shape)
+        self._start(name, group, dtype, shape)
+        if value == 0:
+            self._file.zeros(count * dtype.itemsize)
+            return
+        chunk = np.full(min(count, _FILL_CHUNK), value, dtype)
+        for start in range(0, count, _FILL_CHUNK):
+            self._file.write(chunk[: min(_FILL_CHUNK, count - start)].view(np.uint8))
+
+    def _start(self, name: str, group: str, dtype: np.dtype, shape) -> None:
+        if any(e["name"] == name for e in self._entries):
+            raise ValueError(f"tensor {name!r} is written twice")
+        if dtype.name not in DTYPES:
+            raise TypeError(
+                f"tensor {name!r} has dtype {dtype}, a tensor file holds {sorted(DTYPES)}"
+            )
+        self._file.zeros(-self._file.size % ALIGNMENT)
+        nbytes = dtype.itemsize * math.prod(shape)
+        self._entries.append(
             {
                 "name": name,
-                "group": (groups or {}).get(name, "tensors"),
-                "dtype": array.dtype.name,
-                "shape": list(array.shape),
-                "offset": offset,
-                "nbytes": array.nbytes,
+                "group": group,
+                "dtype": dtype.name,
+                "shape": [int(d) for d in shape],
+                "offset": self._file.size,
+                "nbytes": nbytes,
             }
         )
-        offset += array.nbytes
-    manifest = {
-        "format": FORMAT,
-        "version": VERSION,
-        "byte_order": "little",
-        "data": data_path.name,
-        "tensors": entries,
-    }
-    write_atomically(data_path, lambda tmp: _write_arrays(tmp, arrays.values()))
-    write_atomically(path, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+
+    def digest(self) -> dict:
+        """The data file's ``{"sha256", "bytes"}``."""
+        return self._file.digest()
+
+    def __enter__(self) -> TensorWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.__exit__(*exc)
+        if exc[0] is None:
+            self.manifest = {
+                "format": FORMAT,
+                "version": VERSION,
+                "byte_order": "little",
+                "data": self._data_name,
+                "tensors": self._entries,
+            }
+
+
+#: Elements of a constant tensor written at once.
+_FILL_CHUNK = 1 << 20
 
 
 def _little_endian(array: np.ndarray) -> np.ndarray:
@@ -141,20 +222,12 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
     return c_contiguous(array.astype(array.dtype.newbyteorder("<"), copy=False))
 
 
-def _write_arrays(path: str, arrays) -> None:
-    """Write ``arrays`` one after the other into ``path``, each at an offset multiple of
-    :data:`ALIGNMENT`, straight from their buffers (no copy of the whole data in memory)."""
-    offset = 0
-    with open(path, "wb") as file:
-        for array in arrays:
-            padding = -offset % ALIGNMENT
-            file.write(b"\0" * padding)
-            file.write(array.reshape(-1).view(np.uint8).data)
-            offset += padding + array.nbytes
-
-
 def load_tensors(
-    path: str | os.PathLike, files: Mapping[str, bytes] | None = None
+    path: str | os.PathLike,
+    files: Mapping[str, bytes] | None = None,
+    *,
+    mapped: bool = False,
+    groups: Collection[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """``({name: array}, {name: group})`` of the tensor file whose manifest is ``path``.
 
@@ -165,7 +238,10 @@ def load_tensors(
     (:func:`checked_entries`) against the data file's size before anything is allocated:
     the arrays returned hold at most the bytes of the data file. ``files`` gives the bytes
     of both files by name when the caller has read (and verified) them already. ``ValueError``
-    names the file, the entry and the rule broken.
+    names the file, the entry and the rule broken. ``mapped``: the arrays are read-only
+    views of the data file mapped in memory (no copy: its pages are read when used, and
+    the file must not change while they live). ``groups``: read only the tensors of these
+    groups (every entry is checked and its group returned all the same).
     """
     path = Path(path)
     if files is None:
@@ -177,9 +253,28 @@ def load_tensors(
     if files is not None:
         if name not in files:
             raise ValueError(f"{str(path)!r}: its data file {name!r} is not among the files read")
-        return _read_tensors(manifest, as_file(files[name]), len(files[name]), path)
+        return _read_tensors(manifest, as_file(files[name]), len(files[name]), path, groups)
     with open_confined(path.parent, name, "the data file", path) as (data, info):
-        return _read_tensors(manifest, data, info.st_size, path)
+        source = _Mapped(data, path.with_name(name)) if mapped else data
+        return _read_tensors(manifest, source, info.st_size, path, groups)
+
+
+def checkpoint_shapes(
+    path: str | os.PathLike, text: bytes, data_sizes: Mapping[str, int]
+) -> dict[str, tuple[int, ...]]:
+    """The shapes of the weights of the checkpoint whose manifest ``path`` holds ``text``,
+    its entries checked (:func:`checked_entries`) against the size its data file has in
+    ``data_sizes`` (by name), none of its data read."""
+    path = Path(path)
+    manifest = _parsed_manifest(text, path)
+    name = plain_name(manifest.get("data"), "the data file", path)
+    if name not in data_sizes:
+        raise ValueError(f"{str(path)!r}: its data file {name!r} is not among the files listed")
+    entries = checked_entries(manifest.get("tensors"), data_sizes[name], path)
+    unknown = sorted(e.name for e in entries if e.group not in (WEIGHTS, OPTIMIZER_STATE))
+    if unknown:
+        raise ValueError(f"{str(path)!r}: tensors {unknown} are neither weights nor state")
+    return {e.name: e.shape for e in entries if e.group == WEIGHTS}
 
 
 def _parsed_manifest(text: bytes, path: Path) -> dict:
@@ -197,10 +292,11 @@ def _parsed_manifest(text: bytes, path: Path) -> dict:
     return manifest
 
 
-def _read_tensors(manifest: dict, data, size: int, path: Path):
+def _read_tensors(manifest: dict, data, size: int, path: Path, groups=None):
     entries = checked_entries(manifest.get("tensors"), size, path)
     data_path = path.with_name(manifest["data"])
-    tensors = {e.name: _read_entry(e, data, data_path) for e in entries}
+    read = [e for e in entries if groups is None or e.group in groups]
+    tensors = {e.name: _read_entry(e, data, data_path) for e in read}
     return tensors, {e.name: e.group for e in entries}
 
 
@@ -296,8 +392,29 @@ def _checked_array(name: str, value) -> np.ndarray:
     return array
 
 
+class _Mapped:
+    """A data file read through mappings: one per tensor of :data:`MAPPED_FROM` bytes or
+    more (the pages a view has read leave the process's memory with the view), smaller
+    ones copied (a mapping each would pass the system's count of mappings)."""
+
+    def __init__(self, file, path: Path):
+        self.file, self.path = file, path
+
+    def view(self, entry: Entry) -> np.ndarray:
+        little = entry.dtype.newbyteorder("<")
+        if entry.nbytes < MAPPED_FROM:
+            array = _read_entry(entry, self.file, self.path)
+            array.flags.writeable = False
+            return array
+        mapped = np.memmap(self.file, little, "r", entry.offset, entry.shape)
+        return mapped.view(np.ndarray).astype(entry.dtype, copy=False)
+
+
 def _read_entry(entry: Entry, data, path: Path) -> np.ndarray:
-    """The array of ``entry``, read from the open data file (its bytes only)."""
+    """The array of ``entry``, read from the open data file (its bytes only), or a view of
+    the mapped one."""
+    if isinstance(data, _Mapped):
+        return data.view(entry)
     array = np.empty(entry.shape, dtype=entry.dtype.newbyteorder("<"))
     data.seek(entry.offset)
     if data.readinto(memoryview(array.reshape(-1).view(np.uint8))) != entry.nbytes:
@@ -309,6 +426,8 @@ __all__ = [
     "Checkpoint",
     "load_checkpoint",
     "load_tensors",
+    "TensorWriter",
     "save_checkpoint",
+    "save_manifest",
     "save_tensors",
 ]

@@ -29,6 +29,7 @@ low-rank adapters, :func:`onnxgrad.graph.lora.add_lora`), ready to deploy.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -38,32 +39,42 @@ from pathlib import Path
 
 import numpy as np
 from onnx import ModelProto
+from onnx.numpy_helper import to_array
 
+from onnxgrad._external_data import PACKED_TYPES, load_external_data
 from onnxgrad._files import is_data_file_of, save_model, write_atomically
 from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import (
+    PROTOBUF_LIMIT,
     ModelLike,
-    copy_message,
+    check_external_data_loaded,
+    checker_knows,
+    finalize_model,
     first_float_output,
+    header_only,
     load_model,
     model_from_bytes,
     np_dtype,
     onnx_errors_as_value_errors,
     protobuf_failures_as_memory_errors,
 )
+from onnxgrad._untrusted import read_bounded
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
-from onnxgrad.graph import replace_initializers_into_onnx
-from onnxgrad.graph.initializers import get_train_initializer, train_initializer_names
-from onnxgrad.graph.lora import lora_adapters, merge_lora
+from onnxgrad.graph.initializers import train_initializer_names
+from onnxgrad.graph.lora import QUANTIZED_MODES, lora_adapters, merge_lora
 from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.constants import constant_weights
 from onnxgrad.normalize.ste import quantized_activations as rounding
 from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training.artifacts.checkpoint import (
+    OPTIMIZER_STATE,
+    WEIGHTS,
     Checkpoint,
+    TensorWriter,
+    checkpoint_shapes,
     load_checkpoint,
-    save_checkpoint,
+    save_manifest,
     save_tensors,
 )
 from onnxgrad.training.artifacts.manifest import (
@@ -82,21 +93,27 @@ from onnxgrad.training.artifacts.webgpu import (
     sums_as_adds,
 )
 from onnxgrad.training.step._weights import no_weight_error, weights_reaching
-from onnxgrad.training.step.composition import LossModel, make_eval_step, make_train_step
+from onnxgrad.training.step.composition import (
+    LossModel,
+    make_loss_model,
+    train_step_of_loss,
+    weights_as_inputs,
+)
 from onnxgrad.training.step.learning_rate import BaseLearningRate, learning_rate_from_name
 from onnxgrad.training.step.losses import BaseLearningLoss, select_learning_loss
-from onnxgrad.training.step.master_weights import as_master, as_stored
+from onnxgrad.training.step.master_weights import as_stored
 from onnxgrad.training.step.train_step import StateSlot, TrainStep
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
 INFERENCE_MODEL = "inference_model.onnx"
 CHECKPOINT = "checkpoint.json"
+CHECKPOINT_DATA = "checkpoint.bin"
 DATA = "data.json"
 _MODELS = (TRAINING_MODEL, EVAL_MODEL, INFERENCE_MODEL)
 #: Every name an artifact folder may hold (a folder holding others is not replaced).
 KNOWN_FILES = frozenset(
-    {MANIFEST, CHECKPOINT, "checkpoint.bin", DATA, "data.bin"}
+    {MANIFEST, CHECKPOINT, CHECKPOINT_DATA, DATA, "data.bin"}
     | {name + suffix for name in _MODELS for suffix in ("", ".data")}
 )
 
@@ -176,42 +193,98 @@ def generate_artifacts(
     loss_object = select_learning_loss(loss)
     optimizer_object = _optimizer(optimizer, learning_rate)
     lr = float(learning_rate if learning_rate is not None else optimizer_object.eta0)
-    step = make_train_step.normalized(
-        copy_message(model),
-        weights,
-        loss=loss_object,
-        learning_rate=optimizer_object,
-        output=output,
-        loss_scale=loss_scale,
-        recompute=recompute,
-    )
-    initial = get_train_initializer.normalized(model)  # reads the model, changes nothing
-    checkpoint = Checkpoint(
-        weights=as_master({w: initial[w][0] for w in step.weights}),
-        optimizer_state=step.initial_state(),
-    )
-    del initial
     adapters = lora_adapters(model)
-    # the normalised model's last use: the eval step takes it over (no copy of its weights)
-    evaluation = make_eval_step.normalized(model, weights, loss=loss_object, output=output)
-    if target == "webgpu":
-        for role, graph in (("train step", step.model), ("eval", evaluation.model)):
-            sums_as_adds(graph.graph)
-            check_webgpu_model(graph, role)
-    manifest = _manifest(step, evaluation, lr, loss_object, optimizer_object, adapters, deployed)
+    pending, built = [model], {}  # fill takes the normalised model over: no copy of it
+    del model
 
     def fill(folder: Path) -> None:
-        save_model(step.model, folder / TRAINING_MODEL)
-        save_model(evaluation.model, folder / EVAL_MODEL)
-        save_model(deployed, folder / INFERENCE_MODEL)
-        save_checkpoint(checkpoint, folder / CHECKPOINT)
+        lm = make_loss_model.normalized(pending.pop(), loss_object, weights=weights, output=output)
+        evaluation = _eval_step(lm)
+        step, digests = _write_checkpoint_and_step(folder, lm, optimizer_object, step_options)
+        del lm  # the forward model and its trained weights go
+        if target == "webgpu":
+            for role, graph in (("train step", step.model), ("eval", evaluation.model)):
+                sums_as_adds(graph.graph)
+                check_webgpu_model(graph, role)
+        save_model(step.model, folder / TRAINING_MODEL, digests)
+        save_model(evaluation.model, folder / EVAL_MODEL, digests)
+        save_model(deployed, folder / INFERENCE_MODEL, digests)
         if data is not None:
             _save_data(step, *data, folder / DATA)
-        manifest["files"] = file_digests(folder, sorted(p.name for p in folder.iterdir()))
+        roles = (loss_object, optimizer_object, adapters)
+        manifest = _manifest(step, evaluation, lr, *roles, deployed)
+        manifest["files"] = _folder_digests(folder, digests)
         _write_json(folder / MANIFEST, manifest)
+        built.update(step=step, evaluation=evaluation)
 
+    step_options = {"loss_scale": loss_scale, "recompute": recompute}
     replace_folder(directory, fill, KNOWN_FILES)
+    step, evaluation = built["step"], built["evaluation"]
+    # the initial weights as views of the checkpoint written, the constant state as
+    # broadcast views of its value: no copy in memory (nor address space for the state)
+    weights = load_checkpoint(directory / CHECKPOINT, mapped=True, weights_only=True).weights
+    checkpoint = Checkpoint(weights, _constant_state(step))
     return TrainingArtifacts(directory, step, evaluation, deployed, checkpoint, lr)
+
+
+def _constant_state(step: TrainStep) -> dict[str, np.ndarray]:
+    """The initial optimizer state, each a read-only view of its one value."""
+    state = {}
+    for name, slot in step.state_slots.items():
+        value = np.array(slot.initial, np_dtype(slot.elem_type))
+        state[name] = np.broadcast_to(value, slot.shape)
+    return state
+
+
+def _write_checkpoint_and_step(
+    folder: Path, lm: LossModel, optimizer: BaseLearningRate, options: dict
+) -> tuple[TrainStep, dict]:
+    """Build the train step of ``lm`` (taking it over) and write the checkpoint: the trained
+    weights streamed from ``lm`` before the build turns them into inputs, the optimizer
+    state after (zeros as holes). Returns the step and ``{file name: digest}``."""
+    with TensorWriter(folder / CHECKPOINT_DATA) as checkpoint:
+        initializers = {init.name: init for init in lm.model.graph.initializer}
+        for name in lm.weights:
+            checkpoint.add(name, WEIGHTS, _tensor_view(initializers[name]))
+        del initializers
+        step = train_step_of_loss(lm, optimizer, **options)
+        for name, slot in step.state_slots.items():
+            dtype = np_dtype(slot.elem_type)
+            checkpoint.add_filled(name, OPTIMIZER_STATE, dtype, slot.shape, slot.initial)
+    written = [e["name"] for e in checkpoint.manifest["tensors"] if e["group"] == WEIGHTS]
+    if written != list(step.weights):  # the format lists them in the order of the inputs
+        raise AssertionError(f"checkpoint weights {written} != the train step's {step.weights}")
+    save_manifest(checkpoint.manifest, folder / CHECKPOINT)
+    return step, {CHECKPOINT_DATA: checkpoint.digest()}
+
+
+def _folder_digests(folder: Path, known: dict) -> dict:
+    """The digest of every file of ``folder`` by name: ``known`` (hashed as written), the
+    others read."""
+    names = sorted(p.name for p in folder.iterdir())
+    read = file_digests(folder, [name for name in names if name not in known])
+    return {name: known.get(name) or read[name] for name in names}
+
+
+def _eval_step(lm: LossModel) -> LossModel:
+    """The eval step of a loss model: its trained weights as inputs (a copy without their
+    data; ``lm`` is left whole for the train step)."""
+    return dataclasses.replace(lm, model=weights_as_inputs(lm.model, lm.weights))
+
+
+def _tensor_view(tensor) -> np.ndarray:
+    """The array of ``tensor``: a view of its raw data (little-endian, as ONNX stores it)
+    when it has some, else converted."""
+    if not tensor.HasField("raw_data") or tensor.data_type in PACKED_TYPES:
+        return to_array(tensor)
+    dtype = np_dtype(tensor.data_type).newbyteorder("<")
+    raw = tensor.raw_data
+    if len(raw) != dtype.itemsize * math.prod(tensor.dims):
+        raise ValueError(
+            f"weight {tensor.name!r} has {len(raw)} bytes of raw data, its dims "
+            f"{list(tensor.dims)} need {dtype.itemsize * math.prod(tensor.dims)}"
+        )
+    return np.frombuffer(raw, dtype).reshape(tuple(tensor.dims))
 
 
 def _save_data(step: TrainStep, X: np.ndarray, y: np.ndarray, path: Path) -> None:
@@ -235,8 +308,10 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     directory = Path(artifact_directory)
     manifest, files = read_artifacts(directory, _loaded_files)
     train = checked_train(manifest, directory / MANIFEST)
-    initial = load_checkpoint(directory / manifest["checkpoint"], files)
-    weight_shapes = _checked_weight_shapes(train, initial, directory)
+    sizes = {name: listed["bytes"] for name, listed in manifest["files"].items()}
+    checkpoint = directory / manifest["checkpoint"]
+    saved = checkpoint_shapes(checkpoint, files[checkpoint.name], sizes)
+    weight_shapes = _checked_weight_shapes(train, saved, directory)
     training_model = directory / manifest["training_model"]
     model = model_from_bytes(files[manifest["training_model"]], training_model, files)
     slots = {
@@ -269,9 +344,8 @@ def load_train_step(artifact_directory: str | os.PathLike) -> TrainStep:
     )
 
 
-def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) -> dict:
+def _checked_weight_shapes(train: dict, saved: dict, directory: Path) -> dict:
     shapes = {w["input"]: tuple(w["shape"]) for w in train["weights"]}
-    saved = {name: value.shape for name, value in initial.weights.items()}
     if shapes != saved:
         raise ValueError(
             f"{str(directory / MANIFEST)!r} declares weights {shapes}, its checkpoint holds {saved}"
@@ -281,10 +355,8 @@ def _checked_weight_shapes(train: dict, initial: Checkpoint, directory: Path) ->
 
 def _loaded_files(manifest: dict) -> set[str]:
     """The files :func:`load_train_step` loads: the training model with its external data,
-    and the checkpoint."""
-    checkpoint = Path(manifest["checkpoint"])
-    model = _model_files(manifest, "training_model")
-    return {*model, checkpoint.name, checkpoint.with_suffix(".bin").name}
+    and the checkpoint's manifest (its data is only digested)."""
+    return {*_model_files(manifest, "training_model"), Path(manifest["checkpoint"]).name}
 
 
 def _model_files(manifest: dict, entry: str) -> set[str]:
@@ -337,15 +409,11 @@ def merge_checkpoint(
     float16 or bfloat16 initializers. A model given in its own
     form (a converted model with ``ai.onnx.ml`` operators, weights held by ``Constant``
     nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
-    trained = None
-    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        manifest, files = read_artifacts(model, lambda m: _model_files(m, "inference_model"))
-        trained = {w["input"] for w in checked_train(manifest, model)["weights"]}
-        name = manifest["inference_model"]
-        model = model_from_bytes(files[name], Path(model) / name, files)  # the bytes digested
+    if quantized not in QUANTIZED_MODES:
+        raise ValueError(f"quantized must be one of {QUANTIZED_MODES}, got {quantized!r}")
     if not isinstance(checkpoint, Checkpoint):
-        checkpoint = load_checkpoint(checkpoint)
-    model = load_model(model)
+        checkpoint = load_checkpoint(checkpoint, mapped=True, weights_only=True)  # views
+    model, trained, load_rest = _inference_model(model, set(checkpoint.weights))
     checkpoint = Checkpoint(as_stored(model, checkpoint.weights), checkpoint.optimizer_state)
     if trained is not None and set(checkpoint.weights) != trained:
         raise ValueError(
@@ -353,11 +421,58 @@ def merge_checkpoint(
             f"{sorted(trained)}: a checkpoint of other artifacts?"
         )
     if needs_lowering(model) or constant_weights(model) & set(checkpoint.weights):
+        load_rest()
         trained = trained_model(model, checkpoint.weights)  # named as normalised
         return merge_lora(trained, quantized=quantized)
+    del load_rest  # an artifact folder's bytes go
     _check_matches(checkpoint, model)
-    merged = replace_initializers_into_onnx(model, checkpoint.weights)
-    return merge_lora(merged, quantized=quantized)
+    weights = checkpoint.weights
+    del checkpoint  # the weights go as they are merged
+    merged = _with_weights(model, weights)
+    return merge_lora(merged, quantized=quantized) if lora_adapters(merged) else merged
+
+
+def _inference_model(model: ModelLike, replaced: set[str]):
+    """``(model, trained, load_rest)``: the model to merge into (a ModelProto given is only
+    read; a file or an artifact folder's inference model is loaded without the external
+    data of the initializers ``replaced``), the weights an artifact folder trains (None for
+    a model), and a function loading the data left out."""
+    if isinstance(model, ModelProto):
+        check_external_data_loaded(model)
+        return model, None, lambda: None
+    if not isinstance(model, (str, os.PathLike)):
+        return load_model(model), None, lambda: None  # the TypeError naming it
+    folder = Path(model)
+    trained, files = None, None
+    if folder.is_dir():
+        manifest, files = read_artifacts(folder, lambda m: _model_files(m, "inference_model"))
+        trained = {w["input"] for w in checked_train(manifest, folder)["weights"]}
+        path = folder / manifest["inference_model"]
+        data = files[path.name]  # the bytes digested
+    else:
+        path = folder
+        if not path.exists():
+            raise ValueError(f"model file {str(path)!r} does not exist")
+        data = read_bounded(path, PROTOBUF_LIMIT, "model file")
+    loaded = model_from_bytes(data, path, files, skipped=replaced)
+    return loaded, trained, lambda: load_external_data(loaded, path.parent, str(path), files)
+
+
+def _with_weights(model: ModelProto, weights: dict[str, np.ndarray]) -> ModelProto:
+    """A copy of ``model`` whose initializers ``weights`` hold these values, written one at
+    a time and taken out of ``weights`` (their old data is never read: it may be left
+    external); checked."""
+    merged = header_only(model)
+    for init in model.graph.initializer:
+        tensor = merged.graph.initializer.add()
+        if init.name not in weights:
+            tensor.CopyFrom(init)
+            continue
+        tensor.name, tensor.data_type = init.name, init.data_type
+        tensor.dims.extend(init.dims)
+        array = weights.pop(init.name)  # a mapped view read: its pages go with it
+        tensor.raw_data = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    return finalize_model(merged, check=checker_knows(merged))
 
 
 def _check_matches(checkpoint: Checkpoint, model: ModelProto) -> None:

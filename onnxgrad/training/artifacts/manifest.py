@@ -101,23 +101,25 @@ def _checked_file(
         and is_count(expected.get("bytes"))
     ):
         raise ValueError(f"{str(manifest)!r}: the digest of {name!r} is malformed")
-    digest, size, chunks = hashlib.sha256(), 0, []
+    digest, size, data = hashlib.sha256(), 0, None
     with open_confined(folder, name, "a listed file", manifest) as (file, info):
-        if info.st_size == expected["bytes"]:
+        if info.st_size != expected["bytes"]:
+            size = info.st_size
+        elif keep:  # one buffer: chunks joined would hold the bytes twice
+            data = file.read(expected["bytes"] + 1)
+            digest.update(data)
+            size = len(data)
+        else:
             while size <= expected["bytes"] and (chunk := file.read(_CHUNK)):
                 digest.update(chunk)
                 size += len(chunk)
-                if keep:
-                    chunks.append(chunk)
-        else:
-            size = info.st_size
     if (digest.hexdigest(), size) != (expected["sha256"], expected["bytes"]):
         raise ValueError(
             f"{str(folder / name)!r} does not match its digest in {MANIFEST} ({size} bytes, "
             f"{expected['bytes']} listed): the folder mixes files of different runs or was "
             "changed since it was written; write it again"
         )
-    return b"".join(chunks) if keep else None
+    return data
 
 
 def checked_train(manifest: dict, where: str | os.PathLike) -> dict:

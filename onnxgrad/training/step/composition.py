@@ -181,6 +181,19 @@ def make_train_step(
         weight_name=weight_name,
         fixed_inputs=fixed_inputs,
     )
+    return train_step_of_loss(lm, learning_rate, backend, layout, loss_scale, recompute)
+
+
+def train_step_of_loss(
+    lm: LossModel,
+    learning_rate: BaseLearningRate,
+    backend: str = "onnx",
+    layout: str = "per_weight",
+    loss_scale: str | float | LossScaling | None = "auto",
+    recompute: str | Sequence[str] | None = TRAINING_RECOMPUTE,
+) -> TrainStep:
+    """The train step of a loss model (:func:`make_loss_model`), which it takes over (the
+    trained weights become inputs); the arguments as :func:`make_train_step`'s."""
     scaling = resolve_loss_scale(loss_scale, lm.model)
     scale = scale_loss(lm.model, lm.loss, scaling) if scaling else None
     trained_bytes = _initializer_bytes(lm.model, lm.weights)
