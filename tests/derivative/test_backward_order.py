@@ -243,12 +243,20 @@ def sigmoid_mlp(layers: int = 3) -> onnx.ModelProto:
     for node in model.graph.node:
         if node.op_type == "Tanh":
             node.op_type = "Sigmoid"
-    for info in [*model.graph.input, *model.graph.output]:
-        info.type.tensor_type.elem_type = TensorProto.FLOAT
-    for index, tensor in enumerate(model.graph.initializer):
-        array = numpy_helper.to_array(tensor).astype(np.float32)
-        model.graph.initializer[index].CopyFrom(numpy_helper.from_array(array, tensor.name))
-    return model
+    return _retyped(model, np.float32)
+
+
+def _retyped(model: onnx.ModelProto, dtype) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs, outputs and initializers are of ``dtype``."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    for info in [*copy.graph.input, *copy.graph.output]:
+        info.type.tensor_type.elem_type = elem
+    for index, tensor in enumerate(copy.graph.initializer):
+        array = numpy_helper.to_array(tensor).astype(dtype)
+        copy.graph.initializer[index].CopyFrom(numpy_helper.from_array(array, tensor.name))
+    return copy
 
 
 def test_backward_reading_the_loss_seed_constant_waits_for_the_gradient():
@@ -280,17 +288,8 @@ def test_backward_reading_the_loss_seed_constant_waits_for_the_gradient():
     values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     result = run_onnxruntime(gradient, {"x": x, **values})
     feeds = {"x": x.astype(np.float64), **{k: v.astype(np.float64) for k, v in values.items()}}
-    expected = onnx_numerical_vjp(_as_double(model), feeds, weights, seeds=[np.array(1.0)])
+    expected = onnx_numerical_vjp(
+        _retyped(model, np.float64), feeds, weights, seeds=[np.array(1.0)]
+    )
     for name, value in expected.items():
         np.testing.assert_allclose(result[f"{name}_grad"], value, rtol=1e-4, atol=1e-5)
-
-
-def _as_double(model: onnx.ModelProto) -> onnx.ModelProto:
-    double = onnx.ModelProto()
-    double.CopyFrom(model)
-    for info in [*double.graph.input, *double.graph.output]:
-        info.type.tensor_type.elem_type = TensorProto.DOUBLE
-    for index, tensor in enumerate(double.graph.initializer):
-        array = numpy_helper.to_array(tensor).astype(np.float64)
-        double.graph.initializer[index].CopyFrom(numpy_helper.from_array(array, tensor.name))
-    return double
