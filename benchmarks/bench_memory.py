@@ -27,7 +27,11 @@ each layer of the transformer and the Llama (:data:`BLOCKS`).
     python benchmarks/bench_memory.py [--size small|issue] [--models resnet18,llama]
         [--malloc default|mmap|both] [--steps 3]
         [--recompute default|none|attention|auto|blocks]
-        [--json out.json]
+        [--ort-python PATH] [--json out.json]
+
+``--ort-python`` runs onnxgrad's cases under another interpreter (its own onnxruntime, e.g.
+an environment with the current onnxruntime and no PyTorch); PyTorch's cases and the exports
+run under this one.
 """
 
 from __future__ import annotations
@@ -378,25 +382,32 @@ def _size_of(folder: Path) -> str:
 
 
 # -- the parent --------------------------------------------------------------------------------
-def run_case(framework: str, name: str, folder: Path, steps: int, mmap: bool) -> dict:
+def run_case(
+    framework: str, name: str, folder: Path, steps: int, mmap: bool, python: str = sys.executable
+) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if mmap:
         env["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
-    command = [sys.executable, __file__, "--child", framework, name, str(folder), str(steps)]
+    command = [python, __file__, "--child", framework, name, str(folder), str(steps)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def machine() -> str:
+def machine(ort_python: str) -> str:
     import onnx
-    import onnxruntime
     import torch
 
     import onnxgrad
 
+    ort_version = subprocess.run(
+        [ort_python, "-c", "import onnxruntime; print(onnxruntime.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     cpu = platform.processor() or platform.machine()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -405,7 +416,7 @@ def machine() -> str:
             break
     return (
         f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB; Python {platform.python_version()}, "
-        f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, onnx "
+        f"torch {torch.__version__}, onnxruntime {ort_version}, onnx "
         f"{onnx.__version__}, onnxgrad {onnxgrad.__version__}; one thread each"
     )
 
@@ -437,6 +448,11 @@ def main(argv=None) -> list[dict]:
         help="values onnxgrad's backward recomputes: make_train_step's default, none, "
         "attention in tiles (attention), that and cheap values (auto), each block's (blocks)",
     )
+    parser.add_argument(
+        "--ort-python",
+        default=sys.executable,
+        help="the interpreter of onnxgrad's cases (default: this one)",
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", nargs=4, metavar=("FRAMEWORK", "MODEL", "FOLDER", "STEPS"))
     args = parser.parse_args(argv)
@@ -452,7 +468,7 @@ def main(argv=None) -> list[dict]:
     os.environ["BENCH_SESSION_OPTIONS"] = ",".join(args.session_option)
     os.environ["BENCH_LAYOUT"] = args.layout
     os.environ["BENCH_RECOMPUTE"] = args.recompute
-    print(machine())
+    print(machine(args.ort_python))
     variants = {"default": [False], "mmap": [True], "both": [False, True]}[args.malloc]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
@@ -465,8 +481,9 @@ def main(argv=None) -> list[dict]:
             for mmap in variants:
                 row = {"model": name, "config": config, "mmap": mmap, "model_mib": weights_mib}
                 row["recompute"] = args.recompute
-                for framework in ("torch", "onnxgrad"):
-                    row[framework] = run_case(framework, name, folder, args.steps, mmap)
+                pythons = {"torch": sys.executable, "onnxgrad": args.ort_python}
+                for framework, python in pythons.items():
+                    row[framework] = run_case(framework, name, folder, args.steps, mmap, python)
                 rows.append(row)
                 _print_row(row)
     if args.json:

@@ -83,7 +83,9 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     forward_names = (
         name_forward_nodes(graph, engine.emitter.node_names) if request.recompute else set()
     )
-    _rewrite_in_place(model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes)
+    _rewrite_in_place(
+        model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes, seeds
+    )
     if request.recompute:
         _lighten_backward(model.graph, forward_names, types, request.recompute, seeds)
     if request.order_leaves:
@@ -112,9 +114,11 @@ def _rewrite_in_place(
     seed_inputs: list[ValueInfoProto],
     grad_outputs: list[ValueInfoProto],
     new_nodes: list,
+    seeds: dict[str, str],
 ) -> None:
     """Turn the request's private copy into the gradient model, so that no initializer is
-    ever copied: the differentiated ones become inputs, the others stay where they are."""
+    ever copied: the differentiated ones become inputs, the others stay where they are; the
+    ``seeds`` (output -> its gradient's seed) stay distinct values."""
     graph = model.graph
     replace_repeated(graph.input, _new_inputs(graph, request) + seed_inputs)
     replace_repeated(graph.output, grad_outputs + kept_outputs(graph.output, request))
@@ -126,7 +130,7 @@ def _rewrite_in_place(
     graph.name = f"{graph.name}_grad" if graph.name else "gradient"
     graph.node.extend(new_nodes)
     prune_graph(graph, keep_inputs=True)
-    clean_graph(graph)
+    clean_graph(graph, apart=seeds.values())
     model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     model.producer_name = model.producer_name or "onnxgrad"
 
@@ -194,7 +198,10 @@ def _ones_like(engine: Engine, name: str, types: dict[str, ValueType]) -> str:
         raise ValueError(f"the element type of output {name!r} is unknown: cannot seed ones")
     dtype = np_dtype(value.elem_type)
     if value.shape is not None and all(isinstance(d, int) for d in value.shape):
-        seed = engine.emitter.constant(np.ones(value.shape, dtype=dtype), f"{name}_seed/")
+        # a Constant of its own, not the emitter's shared one: a rule's ``1 - s`` read through
+        # the seed would count as depending on it, and ``late_backward`` would not delay it
+        ones = numpy_helper.from_array(np.ones(value.shape, dtype=dtype))
+        seed = engine.emitter.emit("Constant", [], 1, f"{name}_seed/", {"value": ones})[0]
         types[seed] = value
         return seed
     one = numpy_helper.from_array(np.array([1], dtype=dtype))

@@ -234,3 +234,62 @@ def _step_feeds(step, weights: dict, x: np.ndarray, label: np.ndarray) -> dict:
 def _new_weights(step, feeds: dict) -> dict[str, np.ndarray]:
     outputs = run_onnxruntime(step.model, {i.name: feeds[i.name] for i in step.model.graph.input})
     return step.unpack_weights(outputs)
+
+
+def sigmoid_mlp(layers: int = 3) -> onnx.ModelProto:
+    """``loss = sum(sigmoid(... sigmoid(x W0) ... W{layers-1}))`` in float32: each
+    Sigmoid's gradient ``g s (1 - s)`` has a ``1 - s`` computed from forward values only."""
+    model = tanh_mlp(layers)
+    for node in model.graph.node:
+        if node.op_type == "Tanh":
+            node.op_type = "Sigmoid"
+    return _retyped(model, np.float32)
+
+
+def _retyped(model: onnx.ModelProto, dtype) -> onnx.ModelProto:
+    """A copy of ``model`` whose inputs, outputs and initializers are of ``dtype``."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    for info in [*copy.graph.input, *copy.graph.output]:
+        info.type.tensor_type.elem_type = elem
+    for index, tensor in enumerate(copy.graph.initializer):
+        array = numpy_helper.to_array(tensor).astype(dtype)
+        copy.graph.initializer[index].CopyFrom(numpy_helper.from_array(array, tensor.name))
+    return copy
+
+
+def test_backward_reading_the_loss_seed_constant_waits_for_the_gradient():
+    """With a scalar loss the output gradient is a constant 1, equal to the ``1`` of the
+    Sigmoid rule's ``1 - s``: the two were merged, the ``Sub`` read the seed, counted as
+    depending on it and was left ungated, and onnxruntime ran it in the forward (each
+    layer's ``1 - s`` and ``s (1 - s)`` alive from the forward to their layer's backward: 2
+    of the 6 activations a layer an 8-layer Llama held at its step's peak). The seed now
+    stays its own value: no ``Sub`` reads it, each ``1 - s`` reads a gated value, and the
+    gradients are the finite differences'."""
+    layers = 3
+    model = sigmoid_mlp(layers)
+    weights = [f"W{k}" for k in range(layers)]
+    gradient = onnx_derivative(
+        model, weights, [], DerivativeOptions.Loss, loss="loss", recompute="attention"
+    )
+    seed = {o for n in gradient.graph.node if n.name.startswith("loss_seed/") for o in n.output}
+    assert len(seed) == 1
+    readers = [n for n in gradient.graph.node if seed.intersection(n.input)]
+    assert readers and all(n.op_type != "Sub" for n in readers)
+    gated = {
+        n.name
+        for n in gradient.graph.node
+        if n.op_type == "Sub" and any("_gated" in name for name in n.input)
+    }
+    # the last layer's backward starts from the seed: nothing deeper to wait for
+    assert gated == {f"t{k}_Grad/Sub" for k in range(layers - 1)}
+    x = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    result = run_onnxruntime(gradient, {"x": x, **values})
+    feeds = {"x": x.astype(np.float64), **{k: v.astype(np.float64) for k, v in values.items()}}
+    expected = onnx_numerical_vjp(
+        _retyped(model, np.float64), feeds, weights, seeds=[np.array(1.0)]
+    )
+    for name, value in expected.items():
+        np.testing.assert_allclose(result[f"{name}_grad"], value, rtol=1e-4, atol=1e-5)

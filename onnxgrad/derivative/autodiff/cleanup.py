@@ -21,6 +21,8 @@ subgraphs read, are left alone (the rewrites never look inside a subgraph).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from onnx import AttributeProto, GraphProto, NodeProto, numpy_helper
 
@@ -51,12 +53,15 @@ NONDETERMINISTIC = frozenset(
 )
 
 
-def clean_graph(graph: GraphProto) -> GraphProto:
-    """Simplify ``graph`` in place (see the module's docstring) and return it."""
+def clean_graph(graph: GraphProto, apart: Iterable[str] = ()) -> GraphProto:
+    """Simplify ``graph`` in place (see the module's docstring) and return it; the nodes
+    computing a value of ``apart`` are no common subexpression of another (a gradient seed
+    of ones stays distinct from a rule's constant one: what reads the seed is backward work
+    waiting for the gradient, :mod:`~onnxgrad.derivative.late_backward`)."""
     from onnxgrad.graph.select import prune_graph
 
     pinned = _pinned_names(graph)
-    nodes = _Simplifier(graph, pinned).run()
+    nodes = _Simplifier(graph, pinned, set(apart)).run()
     nodes = _write_outputs_directly(graph, nodes, pinned)
     replace_repeated(graph.node, _live(graph, nodes))
     prune_graph(graph, keep_inputs=True)
@@ -85,9 +90,10 @@ def _pinned_names(graph: GraphProto) -> set[str]:
 
 
 class _Simplifier:
-    def __init__(self, graph: GraphProto, pinned: set[str]):
+    def __init__(self, graph: GraphProto, pinned: set[str], apart: set[str]):
         self.graph = graph
         self.pinned = pinned
+        self.apart = apart
         self.alias: dict[str, str] = {}
         self.producer: dict[str, NodeProto] = {}
         self.constants = {i.name: i for i in graph.initializer}
@@ -223,6 +229,8 @@ class _Simplifier:
     def _common(self, node: NodeProto) -> bool:
         """Reuse the outputs of an identical earlier node."""
         if node.op_type in NONDETERMINISTIC or any(True for _ in subgraphs(node)):
+            return False
+        if self.apart.intersection(node.output):
             return False
         key = _node_key(node)
         earlier = self.seen.get(key)
