@@ -1,0 +1,375 @@
+r"""Tangent rules: ``op_type -> rule(ctx) -> [tangent of each output, or None]``.
+
+``ctx`` is a :class:`~onnxgrad.derivative.autodiff.tangent.TangentContext`; ``x``, ``y`` are
+the node's input and output, ``t`` the input's tangent, ``\dot y`` the result.
+
+* linear in their first input (reshapes, slices, gathers, sums, average pools): the node
+  again on ``t``;
+* elementwise: ``\dot y = f'(x) t`` (``y (1 - y) t`` for Sigmoid, ``t / 2y`` for Sqrt...);
+* products: ``\dot y = f(\dot a, b) + f(a, \dot b)`` for Mul, MatMul, Gemm, Conv, Einsum;
+* Softmax: ``\dot y = y t - y \sum y t``; LogSoftmax: ``t - \sum e^y t``;
+
+Domain-default operators only; an operator with no entry (or an input a rule does not
+differentiate) sends the caller back to the transposition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from onnxgrad._onnx_utils import FLOAT_TYPES
+from onnxgrad.derivative.autodiff.tangent import NoTangentRule, Tangent, TangentContext
+
+TangentRule = Callable[[TangentContext], list]
+
+TANGENT_RULES: dict[str, TangentRule] = {}
+
+
+def tangent_rule(*op_types: str):
+    def decorate(rule: TangentRule) -> TangentRule:
+        for op_type in op_types:
+            TANGENT_RULES[op_type] = rule
+        return rule
+
+    return decorate
+
+
+# -- linear -----------------------------------------------------------------------------------
+@tangent_rule(
+    "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather",
+    "GatherElements", "GatherND", "ReduceSum", "ReduceMean", "GlobalAveragePool",
+    "AveragePool", "Tile", "DepthToSpace", "SpaceToDepth", "Split", "CumSum", "Trilu",
+    "Compress", "ReverseSequence", "Neg",
+)  # fmt: skip
+def _linear_in_first(ctx: TangentContext) -> list:
+    """``f(t, rest)`` for ``f`` linear in its first input."""
+    ctx.only(0)
+    return [Tangent(n) for n in ctx.copy([ctx.exact(0), *ctx.node.inputs[1:]])]
+
+
+@tangent_rule("Expand")
+def _expand(ctx: TangentContext) -> list:
+    ctx.only(0)
+    (out,) = ctx.copy([ctx.loose(0), ctx.node.inputs[1]])
+    return [Tangent(out, ctx.is_exact(0))]
+
+
+@tangent_rule("Cast")
+def _cast(ctx: TangentContext) -> list:
+    if ctx.node.attr("to") not in FLOAT_TYPES:
+        return [None]
+    (out,) = ctx.copy([ctx.loose(0)])
+    return [Tangent(out, ctx.is_exact(0))]
+
+
+@tangent_rule("Dropout")
+def _dropout(ctx: TangentContext) -> list:
+    """Inference-mode Dropout is the identity (a training mode input is refused)."""
+    ctx.only(0)
+    if ctx.node.input(2) is not None or ctx.node.attr("training_mode", 0):
+        raise NoTangentRule(f"Dropout node {ctx.node.name!r} in training mode")
+    return [Tangent(ctx.loose(0), ctx.is_exact(0))]
+
+
+@tangent_rule("Pad")
+def _pad(ctx: TangentContext) -> list:
+    """Pad is linear in ``x``; a constant pad value pads the tangent with 0."""
+    ctx.only(0)
+    (out,) = ctx.copy([ctx.exact(0), ctx.node.inputs[1], None, *ctx.node.inputs[3:]])
+    return [Tangent(out)]
+
+
+@tangent_rule("Concat")
+def _concat(ctx: TangentContext) -> list:
+    inputs = [ctx.exact_or_zeros(i) for i in range(len(ctx.node.inputs))]
+    return [Tangent(ctx.copy(inputs)[0])]
+
+
+@tangent_rule("Add", "Sum")
+def _add(ctx: TangentContext) -> list:
+    return [ctx.sum([_term(ctx, i, ctx.loose(i)) for i in range(len(ctx.node.inputs))])]
+
+
+@tangent_rule("Sub")
+def _sub(ctx: TangentContext) -> list:
+    first, second = _term(ctx, 0, ctx.loose(0)), _term(ctx, 1, ctx.loose(1))
+    if first is None or second is None:
+        only = first or second
+        name = only.name if first else ctx.b.neg(only.name)
+        return [Tangent(name, only.exact)]
+    return [Tangent(ctx.b.op("Sub", first.name, second.name), first.exact or second.exact)]
+
+
+@tangent_rule("Mean")
+def _mean(ctx: TangentContext) -> list:
+    total = _add(ctx)[0]
+    scale = ctx.b.const(1.0 / len(ctx.node.inputs), like=ctx.like)
+    return [Tangent(ctx.b.mul(total.name, scale), total.exact)]
+
+
+@tangent_rule("Where")
+def _where(ctx: TangentContext) -> list:
+    ctx.only(1, 2)
+    terms = [_term(ctx, i, ctx.loose(i)) for i in (1, 2)]
+    zero = ctx.b.const(0, like=ctx.like)
+    chosen = [zero if t is None else t.name for t in terms]
+    exact = any(t is not None and t.exact for t in terms)
+    return [Tangent(ctx.b.op("Where", ctx.node.inputs[0], *chosen), exact)]
+
+
+def _term(ctx: TangentContext, index: int, tangent: str | None) -> Tangent | None:
+    """``tangent`` (of input ``index`` or a multiple of it) as a term of a broadcasting
+    op's output tangent: exact when the input is exact and already as large as the output."""
+    if tangent is None:
+        return None
+    return Tangent(tangent, ctx.is_exact(index) and _covers_output(ctx, index))
+
+
+def _covers_output(ctx: TangentContext, index: int) -> bool:
+    """Whether input ``index`` of a broadcasting node has the output's shape: every other
+    input broadcasts into it (declared shapes)."""
+    b, inputs = ctx.b, ctx.node.inputs
+    shape = b.shape(inputs[index])
+    if shape is None:
+        return False
+    for j, other in enumerate(inputs):
+        if j == index or not other:
+            continue
+        other_shape = b.shape(other)
+        if other_shape is None or len(other_shape) > len(shape):
+            return False
+        aligned = shape[len(shape) - len(other_shape) :]
+        if not all(d == 1 or (d is not None and d == e) for d, e in zip(other_shape, aligned)):
+            return False
+    return True
+
+
+# -- products ---------------------------------------------------------------------------------
+@tangent_rule("Mul")
+def _mul(ctx: TangentContext) -> list:
+    a, b = ctx.node.inputs
+    terms = []
+    if ctx.active(0):
+        terms.append(Tangent(ctx.b.mul(ctx.loose(0), b), ctx.is_exact(0)))
+    if ctx.active(1):
+        terms.append(Tangent(ctx.b.mul(a, ctx.loose(1)), ctx.is_exact(1)))
+    return [ctx.sum(terms)]
+
+
+@tangent_rule("Div")
+def _div(ctx: TangentContext) -> list:
+    """``(\\dot a - \\dot b y) / b``."""
+    b = ctx.node.inputs[1]
+    y = ctx.node.outputs[0]
+    if not ctx.active(1):
+        return [Tangent(ctx.b.op("Div", ctx.loose(0), b), ctx.is_exact(0))]
+    moved = ctx.b.mul(ctx.loose(1), y)
+    numerator = ctx.b.op("Sub", ctx.loose(0), moved) if ctx.active(0) else ctx.b.neg(moved)
+    return [Tangent(ctx.b.op("Div", numerator, b))]
+
+
+@tangent_rule("MatMul")
+def _matmul(ctx: TangentContext) -> list:
+    a, b = ctx.node.inputs
+    terms = []
+    if ctx.active(0):
+        terms.append(Tangent(ctx.b.op("MatMul", ctx.exact(0), b)))
+    if ctx.active(1):
+        terms.append(Tangent(ctx.b.op("MatMul", a, ctx.exact(1))))
+    return [ctx.sum(terms)]
+
+
+@tangent_rule("Einsum")
+def _einsum(ctx: TangentContext) -> list:
+    """Multilinear: one Einsum per input with a tangent."""
+    inputs = list(ctx.node.inputs)
+    terms = []
+    for i in range(len(inputs)):
+        if ctx.active(i):
+            swapped = [ctx.exact(i) if j == i else x for j, x in enumerate(inputs)]
+            terms.append(Tangent(ctx.copy(swapped)[0]))
+    return [ctx.sum(terms)]
+
+
+@tangent_rule("Gemm")
+def _gemm(ctx: TangentContext) -> list:
+    """``alpha (op(\\dot A) op(B) + op(A) op(\\dot B)) + beta \\dot C``."""
+    a, b = ctx.node.inputs[:2]
+    terms = []
+    if ctx.active(0):
+        terms.append(Tangent(ctx.copy([ctx.exact(0), b])[0]))
+    if ctx.active(1):
+        terms.append(Tangent(ctx.copy([a, ctx.exact(1)])[0]))
+    if ctx.active(2):
+        beta = ctx.node.attr("beta", 1.0)
+        c = ctx.loose(2)
+        c = c if beta == 1.0 else ctx.b.mul(c, ctx.b.const(beta, like=ctx.like))
+        terms.append(Tangent(c, False))
+    return [ctx.sum(terms)]
+
+
+@tangent_rule("Conv")
+def _conv(ctx: TangentContext) -> list:
+    x, w = ctx.node.inputs[:2]
+    terms = []
+    if ctx.active(0):
+        terms.append(Tangent(ctx.copy([ctx.exact(0), w])[0]))
+    if ctx.active(1):
+        terms.append(Tangent(ctx.copy([x, ctx.exact(1)])[0]))
+    if ctx.active(2):
+        rank = ctx.b.rank(w)
+        if rank is None:
+            raise NoTangentRule(f"Conv node {ctx.node.name!r}: bias tangent of unknown rank")
+        column = ctx.b.op("Reshape", ctx.exact(2), ctx.b.ints([-1] + [1] * (rank - 2)))
+        terms.append(Tangent(column, False))
+    return [ctx.sum(terms)]
+
+
+@tangent_rule("BatchNormalization")
+def _batch_norm(ctx: TangentContext) -> list:
+    """Inference mode, linear in ``x``: the node on ``t`` with zero bias and mean."""
+    ctx.only(0)
+    if ctx.node.attr("training_mode", 0) or len(ctx.node.outputs) > 1:
+        raise NoTangentRule(f"BatchNormalization node {ctx.node.name!r} in training mode")
+    _, scale, bias, _, var = ctx.node.inputs
+    zero = ctx.b.op("Mul", bias, ctx.b.const(0, like=ctx.like))
+    return [Tangent(ctx.copy([ctx.exact(0), scale, zero, zero, var])[0])]
+
+
+# -- elementwise ------------------------------------------------------------------------------
+def _scaled(ctx: TangentContext, factor: str) -> list:
+    """``t * factor``, ``factor`` of the input's shape."""
+    return [Tangent(ctx.b.mul(ctx.loose(0), factor), ctx.is_exact(0))]
+
+
+def _elementwise(op_type: str):
+    def decorate(derivative: Callable[[TangentContext, str, str], str]):
+        def rule(ctx: TangentContext) -> list:
+            ctx.only(0)
+            return _scaled(ctx, derivative(ctx, ctx.node.inputs[0], ctx.node.outputs[0]))
+
+        TANGENT_RULES[op_type] = rule
+        return derivative
+
+    return decorate
+
+
+@_elementwise("Exp")
+def _exp(ctx, x, y):
+    return y
+
+
+@_elementwise("Log")
+def _log(ctx, x, y):
+    return ctx.b.op("Reciprocal", x)
+
+
+@_elementwise("Sqrt")
+def _sqrt(ctx, x, y):
+    return ctx.b.op("Div", ctx.b.const(0.5, like=x), y)
+
+
+@_elementwise("Reciprocal")
+def _reciprocal(ctx, x, y):
+    return ctx.b.neg(ctx.b.mul(y, y))
+
+
+@_elementwise("Sigmoid")
+def _sigmoid(ctx, x, y):
+    return ctx.b.mul(y, ctx.b.op("Sub", ctx.b.const(1, like=x), y))
+
+
+@_elementwise("Tanh")
+def _tanh(ctx, x, y):
+    return ctx.b.op("Sub", ctx.b.const(1, like=x), ctx.b.mul(y, y))
+
+
+@_elementwise("Relu")
+def _relu(ctx, x, y):
+    return ctx.b.op("Cast", ctx.b.op("Greater", x, ctx.b.const(0, like=x)), to=ctx.b.dtype(x))
+
+
+@_elementwise("LeakyRelu")
+def _leaky_relu(ctx, x, y):
+    one, alpha = ctx.b.const(1, like=x), ctx.b.const(ctx.node.attr("alpha", 0.01), like=x)
+    return ctx.b.op("Where", ctx.b.op("Greater", x, ctx.b.const(0, like=x)), one, alpha)
+
+
+@_elementwise("Erf")
+def _erf(ctx, x, y):
+    scale = ctx.b.const(2 / np.sqrt(np.pi), like=x)
+    return ctx.b.mul(scale, ctx.b.op("Exp", ctx.b.neg(ctx.b.mul(x, x))))
+
+
+@_elementwise("Sin")
+def _sin(ctx, x, y):
+    return ctx.b.op("Cos", x)
+
+
+@_elementwise("Cos")
+def _cos(ctx, x, y):
+    return ctx.b.neg(ctx.b.op("Sin", x))
+
+
+@_elementwise("Abs")
+def _abs(ctx, x, y):
+    return ctx.b.op("Sign", x)
+
+
+@_elementwise("Softplus")
+def _softplus(ctx, x, y):
+    return ctx.b.op("Sigmoid", x)
+
+
+@tangent_rule("Pow")
+def _pow(ctx: TangentContext) -> list:
+    """``p x^{p-1} \\dot x + y \\log(x) \\dot p``."""
+    x, p = ctx.node.inputs
+    y = ctx.node.outputs[0]
+    terms = []
+    if ctx.active(0):
+        factor = _power_factor(ctx, x, p)
+        if factor is not None:
+            terms.append(Tangent(ctx.b.mul(ctx.loose(0), factor), ctx.is_exact(0)))
+    if ctx.active(1):
+        log = ctx.b.mul(y, ctx.b.op("Log", x))
+        terms.append(Tangent(ctx.b.mul(ctx.loose(1), log), ctx.is_exact(1)))
+    return [ctx.sum(terms)]
+
+
+def _power_factor(ctx: TangentContext, x: str, p: str) -> str | None:
+    r"""``p x^{p-1}`` in ``x``'s element type (``p`` may be an integer tensor), 0 where
+    ``p = 0`` (``0 \cdot 0^{-1}`` would be NaN at ``x = 0``); None for a constant 0."""
+    b = ctx.b
+    exponent = b.constant_value(p)
+    if exponent is not None and exponent.size == 1:
+        e = float(exponent.reshape(-1)[0])
+        if e == 0.0:
+            return None
+        shape = exponent.shape
+        if e == 2.0:
+            return b.mul(x, b.const(np.full(shape, 2.0), like=x))
+        lowered = b.op("Pow", x, b.const(np.full(shape, e - 1), like=x))
+        return b.mul(lowered, b.const(np.full(shape, e), like=x))
+    if not b.has_type(p) or b.dtype(p) != b.dtype(x):
+        p = b.op("Cast", p, to=b.dtype(x))
+    zero = b.const(0, like=x)
+    factor = b.mul(p, b.op("Pow", x, b.op("Sub", p, b.const(1, like=x))))
+    return b.op("Where", b.op("Equal", p, zero), zero, factor)
+
+
+# -- normalisations and pools -----------------------------------------------------------------
+@tangent_rule("Softmax", "LogSoftmax")
+def _softmax(ctx: TangentContext) -> list:
+    ctx.only(0)
+    if ctx.b.opset < 13:
+        raise NoTangentRule(f"{ctx.node.op_type} node {ctx.node.name!r} below opset 13")
+    t, y = ctx.exact(0), ctx.node.outputs[0]
+    axis = [ctx.node.attr("axis", -1)]
+    if ctx.node.op_type == "LogSoftmax":
+        mean = ctx.b.reduce_sum(ctx.b.mul(ctx.b.op("Exp", y), t), axis)
+        return [Tangent(ctx.b.op("Sub", t, mean))]
+    weighted = ctx.b.mul(y, t)
+    return [Tangent(ctx.b.op("Sub", weighted, ctx.b.mul(y, ctx.b.reduce_sum(weighted, axis))))]
