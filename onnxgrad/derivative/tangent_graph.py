@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onnx import GraphProto, ModelProto, ValueInfoProto, helper
+from onnx import GraphProto, ModelProto, NodeProto, ValueInfoProto, helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
@@ -19,12 +19,13 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     replace_repeated,
+    subgraphs,
 )
 from onnxgrad.derivative.api import graph_inputs, resolve_request
 from onnxgrad.derivative.autodiff.builder import GradBuilder
 from onnxgrad.derivative.autodiff.tangent import Tangent, TangentEngine, zeros_of
 from onnxgrad.derivative.options import DerivativeOptions
-from onnxgrad.graph.select import prune_graph
+from onnxgrad.graph._scopes import node_inputs
 
 
 def tangent_jvp(
@@ -95,10 +96,6 @@ def _rewrite_in_place(model, request, seeds, nodes, results, kept) -> None:
         info.CopyFrom(by_name[source])
         info.name = seed
         new_inputs.append(info)
-    weights = set(request.weights)
-    for index in reversed(range(len(graph.initializer))):
-        if graph.initializer[index].name in weights:
-            del graph.initializer[index]
     replace_repeated(graph.input, new_inputs)
     tangent_outputs = []
     for output in [o for o in graph.output if o.name in results]:
@@ -109,6 +106,21 @@ def _rewrite_in_place(model, request, seeds, nodes, results, kept) -> None:
     kept_names = {o.name for o in kept}
     keep = [o for o in graph.output if o.name in kept_names]
     replace_repeated(graph.output, tangent_outputs + keep)
-    graph.node.extend(nodes)
+    needed = {o.name for o in graph.output}
+    replace_repeated(graph.node, _live([*graph.node, *nodes], needed))
+    weights = set(request.weights)
+    for index in reversed(range(len(graph.initializer))):
+        name = graph.initializer[index].name
+        if name in weights or name not in needed:
+            del graph.initializer[index]
     graph.ClearField("value_info")
-    prune_graph(graph, keep_inputs=True)
+
+
+def _live(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
+    """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
+    kept = []
+    for node in reversed(nodes):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(node_inputs(node) if subgraphs(node) else node.input)
+    return kept[::-1]

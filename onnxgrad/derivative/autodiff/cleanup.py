@@ -222,7 +222,7 @@ class _Simplifier:
 
     def _common(self, node: NodeProto) -> bool:
         """Reuse the outputs of an identical earlier node."""
-        if node.op_type in NONDETERMINISTIC or any(True for _ in subgraphs(node)):
+        if node.op_type in NONDETERMINISTIC or subgraphs(node):
             return False
         key = _node_key(node)
         earlier = self.seen.get(key)
@@ -240,20 +240,25 @@ class _Simplifier:
 
 
 def _node_key(node: NodeProto) -> tuple:
-    attributes = []
-    for attr in sorted(node.attribute, key=lambda a: a.name):
-        copy = AttributeProto()
-        copy.CopyFrom(attr)
-        if copy.type == AttributeProto.TENSOR:
-            copy.t.name = ""
-        attributes.append(copy.SerializeToString(deterministic=True))
+    attributes = sorted(node.attribute, key=lambda a: a.name) if len(node.attribute) > 1 else []
     return (
         normalize_domain(node.domain),
         node.op_type,
         tuple(node.input),
         len(node.output),
-        tuple(attributes),
+        tuple(_attribute_key(a) for a in attributes or node.attribute),
     )
+
+
+def _attribute_key(attr: AttributeProto) -> bytes:
+    """The attribute's bytes, a tensor's name left out (two constants of the same value are
+    the same)."""
+    if attr.type == AttributeProto.TENSOR and attr.t.name:
+        copy = AttributeProto()
+        copy.CopyFrom(attr)
+        copy.t.name = ""
+        attr = copy
+    return attr.SerializeToString(deterministic=True)
 
 
 def _perm(node: NodeProto) -> list[int] | None:

@@ -17,6 +17,7 @@ A node without a tangent rule, or holding a subgraph, stops the pass with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -177,7 +178,7 @@ class TangentEngine:
             raise NoTangentRule(
                 f"no tangent rule for {domain or 'ai.onnx'}::{proto.op_type} (node {proto.name!r})"
             )
-        node = NodeView(proto, self.emitter.opset)
+        node = _PlainNodeView(proto, self.emitter.opset)
         results = rule(TangentContext(self, node, tangents))
         first = next(i for i, t in zip(proto.input, tangents) if t is not None)
         for output, tangent in zip(proto.output, results):
@@ -200,6 +201,21 @@ class TangentEngine:
             elem = types[first_input].elem_type
         types[output] = ValueType(elem, None)
         return elem
+
+
+class _PlainNodeView(NodeView):
+    """A :class:`NodeView` of a node without subgraphs (nothing captured to look for)."""
+
+    def __init__(self, proto: NodeProto, opset: int):
+        self.proto = proto
+        self.opset = opset
+        self.op_type = proto.op_type
+        self.domain = proto.domain
+        self.name = proto.name
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+        self._attributes = {a.name: a for a in proto.attribute}
+        self.captured = []
 
 
 def declared_types(graph: GraphProto) -> dict[str, ValueType]:
@@ -225,7 +241,7 @@ def declared_types(graph: GraphProto) -> dict[str, ValueType]:
 def _constants(graph: GraphProto) -> dict[str, TensorProto]:
     """The small constants rules may read by value (exponents, axes): the outputs of
     ``Constant`` nodes and initializers of at most 64 elements."""
-    found = {i.name: i for i in graph.initializer if int(np.prod(i.dims)) <= 64}
+    found = {i.name: i for i in graph.initializer if math.prod(i.dims) <= 64}
     for node in graph.node:
         if node.op_type == "Constant" and not node.domain and node.attribute:
             attribute = node.attribute[0]
