@@ -97,17 +97,18 @@ class TangentContext:
                 f"{self.node.op_type} node {self.node.name!r}: no tangent rule for inputs {others}"
             )
 
-    def copy(self, inputs: list[str | None], outputs: int | None = None) -> list[str]:
-        """The node again, same type and attributes, on ``inputs``; its new outputs."""
+    def copy(
+        self, inputs: list[str | None], outputs: int | None = None, op_type: str | None = None
+    ) -> list[str]:
+        """The node again (or an ``op_type`` node), same attributes, on ``inputs``; its new
+        outputs."""
         count = len(self.node.outputs) if outputs is None else outputs
-        b = self.b
-        names = [b.unique_name(f"{self.node.op_type}_out{i}") for i in range(count)]
+        b, op_type = self.b, op_type or self.node.op_type
+        names = [b.unique_name(f"{op_type}_out{i}") for i in range(count)]
         clean = ["" if i is None else i for i in inputs]
         while clean and clean[-1] == "":
             clean.pop()
-        proto = helper.make_node(
-            self.node.op_type, clean, names, name=b.unique_node_name(self.node.op_type)
-        )
+        proto = helper.make_node(op_type, clean, names, name=b.unique_node_name(op_type))
         proto.attribute.extend(self.node.proto.attribute)
         b.emit_nodes([proto])
         return names

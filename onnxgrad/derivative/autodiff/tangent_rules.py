@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from onnx import TensorProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES
 from onnxgrad.derivative.autodiff.tangent import NoTangentRule, Tangent, TangentContext
@@ -41,11 +42,14 @@ def tangent_rule(*op_types: str):
     "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather",
     "GatherElements", "GatherND", "ReduceSum", "ReduceMean", "GlobalAveragePool",
     "AveragePool", "Tile", "DepthToSpace", "SpaceToDepth", "Split", "CumSum", "Trilu",
-    "Compress", "ReverseSequence", "Neg",
+    "Compress", "ReverseSequence", "Neg", "Resize",
 )  # fmt: skip
 def _linear_in_first(ctx: TangentContext) -> list:
-    """``f(t, rest)`` for ``f`` linear in its first input."""
+    """``f(t, rest)`` for ``f`` linear in its first input (a Resize that fills points
+    outside its region of interest with a constant is not)."""
     ctx.only(0)
+    if ctx.node.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+        raise NoTangentRule(f"Resize node {ctx.node.name!r} in tf_crop_and_resize mode")
     return [Tangent(n) for n in ctx.copy([ctx.exact(0), *ctx.node.inputs[1:]])]
 
 
@@ -56,11 +60,16 @@ def _expand(ctx: TangentContext) -> list:
     return [Tangent(out, ctx.is_exact(0))]
 
 
-@tangent_rule("Cast")
+@tangent_rule("Cast", "CastLike")
 def _cast(ctx: TangentContext) -> list:
-    if ctx.node.attr("to") not in FLOAT_TYPES:
+    ctx.only(0)
+    like = ctx.node.input(1)
+    to = ctx.b.dtype(like) if like is not None and ctx.b.has_type(like) else ctx.node.attr("to")
+    if to not in FLOAT_TYPES:
+        if ctx.node.op_type == "CastLike" and to is None:
+            raise NoTangentRule(f"CastLike node {ctx.node.name!r}: unknown target type")
         return [None]
-    (out,) = ctx.copy([ctx.loose(0)])
+    (out,) = ctx.copy([ctx.loose(0), *ctx.node.inputs[1:]])
     return [Tangent(out, ctx.is_exact(0))]
 
 
@@ -210,7 +219,7 @@ def _gemm(ctx: TangentContext) -> list:
     return [ctx.sum(terms)]
 
 
-@tangent_rule("Conv")
+@tangent_rule("Conv", "ConvTranspose")
 def _conv(ctx: TangentContext) -> list:
     x, w = ctx.node.inputs[:2]
     terms = []
@@ -373,3 +382,175 @@ def _softmax(ctx: TangentContext) -> list:
         return [Tangent(ctx.b.op("Sub", t, mean))]
     weighted = ctx.b.mul(y, t)
     return [Tangent(ctx.b.op("Sub", weighted, ctx.b.mul(y, ctx.b.reduce_sum(weighted, axis))))]
+
+
+@tangent_rule("Clip")
+def _clip(ctx: TangentContext) -> list:
+    """``t`` where ``min <= x <= max``, 0 elsewhere."""
+    ctx.only(0)
+    b, x = ctx.b, ctx.node.inputs[0]
+    inside = None
+    for index, comparison in ((1, "GreaterOrEqual"), (2, "LessOrEqual")):
+        bound = ctx.node.input(index)
+        if bound is not None:
+            test = b.op(comparison, x, bound)
+            inside = test if inside is None else b.op("And", inside, test)
+    if inside is None:
+        return [Tangent(ctx.loose(0), ctx.is_exact(0))]
+    return _scaled(ctx, b.op("Cast", inside, to=b.dtype(x)))
+
+
+@tangent_rule("Max", "Min")
+def _max_min(ctx: TangentContext) -> list:
+    r"""Of two inputs: ``(\dot a + \dot b) / 2 \pm sign(a - b) (\dot a - \dot b) / 2``
+    (``+`` for Max), the tangent of the winner, their mean on ties (the central difference
+    there)."""
+    if len(ctx.node.inputs) != 2:
+        count = len(ctx.node.inputs)
+        raise NoTangentRule(f"{ctx.node.op_type} node {ctx.node.name!r} of {count} inputs")
+    b, (x, z) = ctx.b, ctx.node.inputs
+    half = b.const(0.5, like=ctx.like)
+    ta, tb = ctx.loose(0), ctx.loose(1)
+    total = ta if tb is None else (tb if ta is None else b.add(ta, tb))
+    difference = tb if ta is None else (ta if tb is None else b.op("Sub", ta, tb))
+    if ta is None:
+        difference = b.neg(difference)
+    side = b.mul(b.op("Sign", b.op("Sub", x, z)), difference)
+    combined = b.op("Add" if ctx.node.op_type == "Max" else "Sub", total, side)
+    return [Tangent(b.mul(combined, half))]
+
+
+@tangent_rule("PRelu")
+def _prelu(ctx: TangentContext) -> list:
+    r"""``t`` where ``x > 0``, ``slope t + x \dot{slope}`` elsewhere."""
+    b, (x, slope) = ctx.b, ctx.node.inputs
+    positive = b.op("Greater", x, b.const(0, like=x))
+    terms = []
+    if ctx.active(0):
+        factor = b.op("Where", positive, b.const(1, like=x), slope)
+        terms.append(Tangent(b.mul(ctx.exact(0), factor)))
+    if ctx.active(1):
+        terms.append(Tangent(b.op("Where", positive, b.const(0, like=x), b.mul(x, ctx.loose(1)))))
+    return [ctx.sum(terms)]
+
+
+@tangent_rule("ReduceSumSquare")
+def _reduce_sum_square(ctx: TangentContext) -> list:
+    """``ReduceSum(2 x t)`` over the same axes."""
+    ctx.only(0)
+    x = ctx.node.inputs[0]
+    twice = ctx.b.mul(ctx.b.mul(x, ctx.b.const(2, like=x)), ctx.exact(0))
+    axes = ctx.node.attr("axes")
+    if axes is not None:
+        return [Tangent(ctx.b.reduce_sum(twice, axes, bool(ctx.node.attr("keepdims", 1))))]
+    return [Tangent(ctx.copy([twice, *ctx.node.inputs[1:]], op_type="ReduceSum")[0])]
+
+
+@tangent_rule("TopK")
+def _top_k(ctx: TangentContext) -> list:
+    """The tangent read at the chosen indices."""
+    ctx.only(0)
+    axis = ctx.node.attr("axis", -1)
+    if axis < 0:
+        axis += len(_axes_from(ctx, ctx.node.inputs[0], 0))
+    values = ctx.b.op("GatherElements", ctx.exact(0), ctx.node.outputs[1], axis=axis)
+    return [Tangent(values), None]
+
+
+@tangent_rule("ScatterElements", "ScatterND")
+def _scatter(ctx: TangentContext) -> list:
+    """Linear in ``data`` and ``updates`` without a reduction."""
+    ctx.only(0, 2)
+    if ctx.node.attr("reduction", "none") != "none":
+        raise NoTangentRule(f"{ctx.node.op_type} node {ctx.node.name!r} with a reduction")
+    data, indices, updates = ctx.exact_or_zeros(0), ctx.node.inputs[1], ctx.exact_or_zeros(2)
+    return [Tangent(ctx.copy([data, indices, updates])[0])]
+
+
+@tangent_rule("LayerNormalization")
+def _layer_norm(ctx: TangentContext) -> list:
+    r"""With ``n = (x - \mu) r`` and ``r = 1 / \sigma`` over the normalised axes:
+    ``\dot n = r (t - mean(t) - n \, mean(n t))``, ``\dot y = \dot n s + n \dot s + \dot b``."""
+    if any(ctx.node.outputs[1:]):
+        raise NoTangentRule(f"LayerNormalization node {ctx.node.name!r}: mean/inv_std used")
+    b, x, scale = ctx.b, ctx.node.inputs[0], ctx.node.inputs[1]
+    axis = ctx.node.attr("axis", -1)
+    axes = list(range(axis, 0)) if axis < 0 else _axes_from(ctx, x, axis)
+    ones = b.op("ConstantOfShape", b.shape_of(scale), value=_one(ctx, x))
+    normalised, _, inv_std = ctx.copy([x, ones], outputs=3)
+    if ctx.node.attr("stash_type", TensorProto.FLOAT) != b.dtype(x):
+        inv_std = b.op("Cast", inv_std, to=b.dtype(x))
+    terms = []
+    if ctx.active(0):
+        t = ctx.exact(0)
+        centred = b.op("Sub", t, b.reduce("ReduceMean", t, axes, keepdims=True))
+        spread = b.mul(normalised, b.reduce("ReduceMean", b.mul(normalised, t), axes, True))
+        moved = b.mul(b.op("Sub", centred, spread), inv_std)
+        terms.append(Tangent(b.mul(moved, scale)))
+    if ctx.active(1):
+        terms.append(Tangent(b.mul(normalised, ctx.loose(1))))
+    if ctx.active(2):
+        terms.append(Tangent(ctx.loose(2), False))
+    return [ctx.sum(terms), None, None]
+
+
+def _axes_from(ctx: TangentContext, x: str, axis: int) -> list[int]:
+    rank = ctx.b.rank(x)
+    if rank is None:
+        raise NoTangentRule(f"{ctx.node.op_type} node {ctx.node.name!r}: input of unknown rank")
+    return list(range(axis, rank))
+
+
+def _one(ctx: TangentContext, like: str):
+    from onnx import numpy_helper
+
+    from onnxgrad._onnx_utils import np_dtype
+
+    return numpy_helper.from_array(np.ones([1], dtype=np_dtype(ctx.b.dtype(like))))
+
+
+@_elementwise("Sinh")
+def _sinh(ctx, x, y):
+    return ctx.b.op("Cosh", x)
+
+
+@_elementwise("Cosh")
+def _cosh(ctx, x, y):
+    return ctx.b.op("Sinh", x)
+
+
+@_elementwise("Tan")
+def _tan(ctx, x, y):
+    return ctx.b.op("Add", ctx.b.const(1, like=x), ctx.b.mul(y, y))
+
+
+@_elementwise("Atan")
+def _atan(ctx, x, y):
+    return ctx.b.op("Reciprocal", ctx.b.op("Add", ctx.b.const(1, like=x), ctx.b.mul(x, x)))
+
+
+@_elementwise("Softsign")
+def _softsign(ctx, x, y):
+    root = ctx.b.op("Add", ctx.b.const(1, like=x), ctx.b.op("Abs", x))
+    return ctx.b.op("Reciprocal", ctx.b.mul(root, root))
+
+
+@_elementwise("Elu")
+def _elu(ctx, x, y):
+    """1 where ``x > 0``, ``y + alpha`` elsewhere."""
+    b = ctx.b
+    alpha = b.const(ctx.node.attr("alpha", 1.0), like=x)
+    positive = b.op("Greater", x, b.const(0, like=x))
+    return b.op("Where", positive, b.const(1, like=x), b.op("Add", y, alpha))
+
+
+@_elementwise("Gelu")
+def _gelu(ctx, x, y):
+    r"""``\Phi(x) + x \varphi(x)`` (``approximate="none"``)."""
+    b = ctx.b
+    if ctx.node.attr("approximate", "none") != "none":
+        raise NoTangentRule(f"Gelu node {ctx.node.name!r} with approximate='tanh'")
+    cdf = b.mul(b.op("Add", b.op("Erf", b.mul(x, b.const(2**-0.5, like=x))), b.const(1, like=x)),
+                b.const(0.5, like=x))  # fmt: skip
+    density = b.op("Exp", b.mul(b.mul(x, x), b.const(-0.5, like=x)))
+    return b.op("Add", cdf, b.mul(x, b.mul(density, b.const((2 * np.pi) ** -0.5, like=x))))
