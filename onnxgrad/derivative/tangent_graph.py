@@ -23,7 +23,12 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative.api import graph_inputs, resolve_request
 from onnxgrad.derivative.autodiff.builder import GradBuilder
-from onnxgrad.derivative.autodiff.tangent import Tangent, TangentEngine, zeros_of
+from onnxgrad.derivative.autodiff.tangent import (
+    NoTangentRule,
+    Tangent,
+    TangentEngine,
+    zeros_of,
+)
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.graph._scopes import node_inputs
 
@@ -46,6 +51,8 @@ def tangent_jvp(
     engine = TangentEngine.for_graph(graph, default_opset(model), scope, set(sources))
     tangents = engine.run(seeds)
     outputs = [o for o in graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
+    if all(tangents.get(o.name) is None for o in outputs):
+        raise NoTangentRule("no output has a tangent: the transposition says why, or gives 0")
     results = {o.name: scope.unique(f"{o.name}_tangent") for o in outputs}
     b = GradBuilder(engine.emitter, "jvp_outputs/")
     nodes = engine.emitted_nodes
