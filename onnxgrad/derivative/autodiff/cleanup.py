@@ -51,42 +51,52 @@ NONDETERMINISTIC = frozenset(
 )
 
 
-def clean_graph(graph: GraphProto) -> GraphProto:
-    """Simplify ``graph`` in place (see the module's docstring) and return it."""
+def clean_graph(graph: GraphProto, nodes: list[NodeProto] | None = None) -> GraphProto:
+    """Simplify ``graph`` in place (see the module's docstring) and return it; ``nodes``:
+    the nodes to give it, in order, when they are not its own yet (they are copied once)."""
     from onnxgrad.graph.select import prune_graph
 
-    pinned = _pinned_names(graph)
-    nodes = _Simplifier(graph, pinned).run()
+    nodes = list(graph.node) if nodes is None else nodes
+    pinned = _pinned_names(nodes, graph)
+    nodes = _Simplifier(graph, nodes, pinned).run()
     nodes = _write_outputs_directly(graph, nodes, pinned)
-    replace_repeated(graph.node, _live(graph, nodes))
-    prune_graph(graph, keep_inputs=True)
+    needed = {o.name for o in graph.output}
+    live = _live(nodes, needed)
+    for node in live:
+        for sub in subgraphs(node):
+            prune_graph(sub, keep_inputs=True)
+    replace_repeated(graph.node, live)
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name not in needed:
+            del graph.initializer[index]
+    written = {o for node in live for o in node.output}
+    replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in written])
     return graph
 
 
-def _live(graph: GraphProto, nodes: list[NodeProto]) -> list[NodeProto]:
-    """The nodes some graph output depends on (the graph's own ``prune_graph`` then finds
-    nothing to drop, and copies the nodes once)."""
-    needed = {o.name for o in graph.output}
+def _live(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
+    """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
     kept = []
     for node in reversed(nodes):
         if needed.intersection(node.output):
             kept.append(node)
-            needed |= node_inputs(node)
+            needed.update(node_inputs(node) if subgraphs(node) else node.input)
     return kept[::-1]
 
 
-def _pinned_names(graph: GraphProto) -> set[str]:
+def _pinned_names(nodes: list[NodeProto], graph: GraphProto) -> set[str]:
     """Values that keep their name and producer: interface and subgraph reads."""
     names = {i.name for i in graph.input} | {o.name for o in graph.output}
-    for node in graph.node:
+    for node in nodes:
         for sub in subgraphs(node):
             names |= free_names(sub)
     return names
 
 
 class _Simplifier:
-    def __init__(self, graph: GraphProto, pinned: set[str]):
+    def __init__(self, graph: GraphProto, nodes: list[NodeProto], pinned: set[str]):
         self.graph = graph
+        self.nodes = nodes
         self.pinned = pinned
         self.alias: dict[str, str] = {}
         self.producer: dict[str, NodeProto] = {}
@@ -105,9 +115,9 @@ class _Simplifier:
         return name
 
     def run(self) -> list[NodeProto]:
-        """The simplified nodes (the graph's own, modified in place, not copied)."""
+        """The simplified nodes (modified in place, not copied)."""
         kept = []
-        for node in self.graph.node:
+        for node in self.nodes:
             for i, name in enumerate(node.input):
                 if name:
                     node.input[i] = self.resolve(name)
