@@ -554,3 +554,34 @@ def _gelu(ctx, x, y):
                 b.const(0.5, like=x))  # fmt: skip
     density = b.op("Exp", b.mul(b.mul(x, x), b.const(-0.5, like=x)))
     return b.op("Add", cdf, b.mul(x, b.mul(density, b.const((2 * np.pi) ** -0.5, like=x))))
+
+
+@tangent_rule("MaxPool")
+def _max_pool(ctx: TangentContext) -> list:
+    """``t`` read at each window's maximum: the flat indices the reverse rule routes its
+    gradient to (:mod:`.rules.pool`), so both modes pick the same element on ties."""
+    from onnxgrad.derivative.autodiff.rules.pool import (
+        _argmax_indices,
+        _flip,
+        _unit_steps,
+        _window_attrs,
+    )
+
+    ctx.only(0)
+    b, node, x = ctx.b, ctx.node, ctx.node.inputs[0]
+    kernel = list(node.attr("kernel_shape"))
+    if node.attr("storage_order", 0) or (
+        _unit_steps(node) and len(kernel) >= 3 and 1 not in kernel
+    ):
+        raise NoTangentRule(f"MaxPool node {node.name!r}: no flat indices of its maxima")
+    window = _window_attrs(b, node, x)
+    flipped = window.get("auto_pad") == "SAME_LOWER" and _unit_steps(node)
+    source, t = x, ctx.exact(0)
+    if flipped:
+        window["auto_pad"] = "SAME_UPPER"
+        source, t = _flip(b, x, len(kernel)), _flip(b, t, len(kernel))
+    indices = _argmax_indices(b, node, source, window)
+    if _unit_steps(node) and 1 not in kernel:
+        indices = b.squeeze(indices, [len(kernel) + 2])
+    gathered = b.op("Gather", b.op("Reshape", t, b.ints([-1])), indices)
+    return [Tangent(_flip(b, gathered, len(kernel)) if flipped else gathered), None]
