@@ -23,12 +23,14 @@ from onnxgrad._onnx_utils import (
 )
 from onnxgrad.derivative.api import graph_inputs, resolve_request
 from onnxgrad.derivative.autodiff.builder import GradBuilder
+from onnxgrad.derivative.autodiff.forward_rewrites import pool_before_relu
 from onnxgrad.derivative.autodiff.tangent import (
     NoTangentRule,
     Tangent,
     TangentEngine,
     zeros_of,
 )
+from onnxgrad.derivative.autodiff.value_types import infer_value_types
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.graph._scopes import node_inputs
 
@@ -41,14 +43,18 @@ def tangent_jvp(
 ) -> tuple[ModelProto, list[str], list[str]]:
     """The JVP of a normalised model the caller owns, rewritten in place into the result;
     returns it, its tangent inputs and its tangent outputs. Raises
-    :class:`~onnxgrad.derivative.autodiff.tangent.NoTangentRule` (the model untouched)
-    where a node on the way has no tangent rule."""
+    :class:`~onnxgrad.derivative.autodiff.tangent.NoTangentRule` where a node on the way
+    has no tangent rule, the model then computing what it did (its pools may have moved
+    before their ReLUs: :func:`~onnxgrad.derivative.autodiff.forward_rewrites.pool_before_relu`)."""
     request = resolve_request(model, weights, inputs, DerivativeOptions.KeepOutputs, None, None)
     graph = model.graph
+    pool_before_relu(graph)
     sources = [*request.inputs, *request.weights]
     scope = NameScope(all_names(graph))
     seeds = {s: scope.unique(f"{s}_tangent") for s in sources}
-    engine = TangentEngine.for_graph(graph, default_opset(model), scope, set(sources))
+    engine = TangentEngine.for_graph(
+        graph, default_opset(model), scope, set(sources), lambda: infer_value_types(model)
+    )
     tangents = engine.run(seeds)
     outputs = [o for o in graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     if all(tangents.get(o.name) is None for o in outputs):
@@ -60,7 +66,9 @@ def tangent_jvp(
     for output in outputs:
         value = _exact_output(b, output, tangents.get(output.name))
         _write_output(b, nodes, renamed.get(value, value), results[output.name], seeds, renamed)
-    _rewrite_in_place(model, request, seeds, nodes, results, outputs if keep_outputs else [])
+    engine.write_exposed_outputs()
+    kept = outputs if keep_outputs else []
+    _rewrite_in_place(model, request, seeds, engine.all_nodes(), results, kept)
     return finalize_model(model), list(seeds.values()), list(results.values())
 
 
@@ -89,7 +97,7 @@ def _write_output(b, nodes, value: str, name: str, seeds, renamed: dict) -> None
 
 def _rewrite_in_place(model, request, seeds, nodes, results, kept) -> None:
     """Inputs: the model's, the weights, the tangents; outputs: the tangents, then
-    ``kept``; nodes: the forward ones, then ``nodes``; the dead ones pruned."""
+    ``kept``; nodes: ``nodes`` (forward and tangent ones), the dead ones pruned."""
     graph: GraphProto = model.graph
     declared = {i.name: i for i in graph.input}
     initializers = {i.name: i for i in graph.initializer}
@@ -114,7 +122,7 @@ def _rewrite_in_place(model, request, seeds, nodes, results, kept) -> None:
     keep = [o for o in graph.output if o.name in kept_names]
     replace_repeated(graph.output, tangent_outputs + keep)
     needed = {o.name for o in graph.output}
-    replace_repeated(graph.node, _live([*graph.node, *nodes], needed))
+    replace_repeated(graph.node, _live(nodes, needed))
     weights = set(request.weights)
     for index in reversed(range(len(graph.initializer))):
         name = graph.initializer[index].name

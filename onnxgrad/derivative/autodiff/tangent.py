@@ -79,6 +79,15 @@ class TangentContext:
             return tangent
         return zeros_of(self.b, self.node.inputs[index], self.b.dtype(self.like))
 
+    def shape(self, name: str) -> tuple | None:
+        """The shape of a forward value (declared, else inferred), or None."""
+        return self._engine.shape(name)
+
+    def forward_output(self, index: int) -> str:
+        """Output ``index`` of the forward node (an optional one it will now compute, as
+        MaxPool's ``Indices``, added when the pass succeeds)."""
+        return self._engine.expose(self.node.proto, index, self.b)
+
     @property
     def like(self) -> str:
         """The first input with a tangent: its element type is the tangents' (for
@@ -127,22 +136,42 @@ class TangentContext:
 class TangentEngine:
     """Tangents of every value a source reaches, in one pass over ``graph``'s nodes."""
 
-    def __init__(self, graph: GraphProto, emitter: GraphEmitter):
+    def __init__(self, graph: GraphProto, emitter: GraphEmitter, infer=None):
         from onnxgrad.derivative.autodiff.tangent_rules import TANGENT_RULES
 
         self.graph = graph
         self.emitter = emitter
+        #: ``() -> {name: ValueType}``, shape inference run on the first shape not declared
+        self._infer = infer
+        self._inferred: Mapping[str, ValueType] | None = None
+        #: the forward nodes, each followed by the tangent nodes it gave
+        self.ordered: list[NodeProto] = []
+        #: optional outputs of forward nodes the tangents read: ``(node, index, name)``
+        self._exposed: list[tuple[NodeProto, int, str]] = []
         self.rules = TANGENT_RULES
         self.tangents: dict[str, Tangent] = {}
         self._exact: dict[str, str] = {}
 
     @classmethod
     def for_graph(
-        cls, graph: GraphProto, opset: int, scope: NameScope, sources: set[str]
+        cls, graph: GraphProto, opset: int, scope: NameScope, sources: set[str], infer=None
     ) -> TangentEngine:
-        """An engine over ``graph``, whose ``sources`` are variables (never constants)."""
+        """An engine over ``graph``, whose ``sources`` are variables (never constants);
+        ``infer``: shape inference, run once if a rule needs a shape the graph does not
+        declare."""
         constants = {k: v for k, v in _constants(graph).items() if k not in sources}
-        return cls(graph, GraphEmitter(scope, declared_types(graph), opset, constants=constants))
+        emitter = GraphEmitter(scope, declared_types(graph), opset, constants=constants)
+        return cls(graph, emitter, infer)
+
+    def shape(self, name: str) -> tuple | None:
+        """The shape of a forward value: declared, else inferred, else None."""
+        known = self.emitter.types.get(name)
+        if known is not None and known.shape is not None:
+            return known.shape
+        if self._inferred is None:
+            self._inferred = self._infer() if self._infer is not None else {}
+        inferred = self._inferred.get(name)
+        return None if inferred is None else inferred.shape
 
     @property
     def emitted_nodes(self) -> list[NodeProto]:
@@ -152,12 +181,38 @@ class TangentEngine:
         """Propagate the tangents ``{source: tangent input}``; returns every value's tangent."""
         self.tangents.update({source: Tangent(seed) for source, seed in seeds.items()})
         for proto in self.graph.node:
+            self.ordered.append(proto)
             tangents = [self.tangents.get(name) if name else None for name in proto.input]
             if any(t is not None for t in tangents):
+                emitted = len(self.emitter.nodes)
                 self._propagate(proto, tangents)
+                self.ordered.extend(self.emitter.nodes[emitted:])
             elif subgraphs(proto) and not self.tangents.keys().isdisjoint(node_inputs(proto)):
                 raise NoTangentRule(f"{proto.op_type} node {proto.name!r} holds a subgraph")
         return self.tangents
+
+    def all_nodes(self) -> list[NodeProto]:
+        """The forward nodes, each followed by its tangent nodes (onnxruntime runs them in
+        this order: a tangent is computed while its inputs are fresh), then the nodes
+        emitted after :meth:`run`."""
+        done = {id(node) for node in self.ordered}
+        return [*self.ordered, *(n for n in self.emitter.nodes if id(n) not in done)]
+
+    def expose(self, proto: NodeProto, index: int, b: GradBuilder) -> str:
+        """The name of ``proto``'s output ``index``, given one if it has none yet."""
+        if index < len(proto.output) and proto.output[index]:
+            return proto.output[index]
+        name = b.unique_name(f"{proto.op_type}_output{index}")
+        self._exposed.append((proto, index, name))
+        return name
+
+    def write_exposed_outputs(self) -> None:
+        """Give the forward nodes the outputs :meth:`expose` named (once the pass is done:
+        a refused pass leaves the graph as it was)."""
+        for proto, index, name in self._exposed:
+            while len(proto.output) <= index:
+                proto.output.append("")
+            proto.output[index] = name
 
     def exact(self, value: str, b: GradBuilder) -> str:
         """The tangent of ``value`` with its shape: ``Expand`` of a loose one, built once."""

@@ -39,7 +39,7 @@ def tangent_rule(*op_types: str):
 
 # -- linear -----------------------------------------------------------------------------------
 @tangent_rule(
-    "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather",
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather",
     "GatherElements", "GatherND", "ReduceSum", "ReduceMean", "GlobalAveragePool",
     "AveragePool", "Tile", "DepthToSpace", "SpaceToDepth", "Split", "CumSum", "Trilu",
     "Compress", "ReverseSequence", "Neg", "Resize",
@@ -73,6 +73,11 @@ def _cast(ctx: TangentContext) -> list:
     return [Tangent(out, ctx.is_exact(0))]
 
 
+@tangent_rule("Identity")
+def _identity(ctx: TangentContext) -> list:
+    return [Tangent(ctx.loose(0), ctx.is_exact(0))]
+
+
 @tangent_rule("Dropout")
 def _dropout(ctx: TangentContext) -> list:
     """Inference-mode Dropout is the identity (a training mode input is refused)."""
@@ -98,7 +103,9 @@ def _concat(ctx: TangentContext) -> list:
 
 @tangent_rule("Add", "Sum")
 def _add(ctx: TangentContext) -> list:
-    return [ctx.sum([_term(ctx, i, ctx.loose(i)) for i in range(len(ctx.node.inputs))])]
+    indices = range(len(ctx.node.inputs))
+    total = ctx.sum([_term(ctx, i, ctx.loose(i)) for i in indices])
+    return [Tangent(total.name, total.exact or _all_exact(ctx, indices))]
 
 
 @tangent_rule("Sub")
@@ -108,7 +115,8 @@ def _sub(ctx: TangentContext) -> list:
         only = first or second
         name = only.name if first else ctx.b.neg(only.name)
         return [Tangent(name, only.exact)]
-    return [Tangent(ctx.b.op("Sub", first.name, second.name), first.exact or second.exact)]
+    exact = first.exact or second.exact or _all_exact(ctx, (0, 1))
+    return [Tangent(ctx.b.op("Sub", first.name, second.name), exact)]
 
 
 @tangent_rule("Mean")
@@ -124,7 +132,7 @@ def _where(ctx: TangentContext) -> list:
     terms = [_term(ctx, i, ctx.loose(i)) for i in (1, 2)]
     zero = ctx.b.const(0, like=ctx.like)
     chosen = [zero if t is None else t.name for t in terms]
-    exact = any(t is not None and t.exact for t in terms)
+    exact = any(t is not None and t.exact for t in terms) or _all_exact(ctx, (1, 2))
     return [Tangent(ctx.b.op("Where", ctx.node.inputs[0], *chosen), exact)]
 
 
@@ -136,17 +144,24 @@ def _term(ctx: TangentContext, index: int, tangent: str | None) -> Tangent | Non
     return Tangent(tangent, ctx.is_exact(index) and _covers_output(ctx, index))
 
 
+def _all_exact(ctx: TangentContext, indices) -> bool:
+    """Whether every input of ``indices`` has an exact tangent: a broadcasting op of
+    their tangents then has the output's shape (besides a condition input, which the
+    output's broadcast includes too)."""
+    return all(ctx.is_exact(i) for i in indices)
+
+
 def _covers_output(ctx: TangentContext, index: int) -> bool:
     """Whether input ``index`` of a broadcasting node has the output's shape: every other
     input broadcasts into it (declared shapes)."""
-    b, inputs = ctx.b, ctx.node.inputs
-    shape = b.shape(inputs[index])
+    inputs = ctx.node.inputs
+    shape = ctx.shape(inputs[index])
     if shape is None:
         return False
     for j, other in enumerate(inputs):
         if j == index or not other:
             continue
-        other_shape = b.shape(other)
+        other_shape = ctx.shape(other)
         if other_shape is None or len(other_shape) > len(shape):
             return False
         aligned = shape[len(shape) - len(other_shape) :]
@@ -297,7 +312,9 @@ def _tanh(ctx, x, y):
 
 @_elementwise("Relu")
 def _relu(ctx, x, y):
-    return ctx.b.op("Cast", ctx.b.op("Greater", x, ctx.b.const(0, like=x)), to=ctx.b.dtype(x))
+    """``Cast(y > 0)``: read from ``y``, so that ``x`` has one reader and onnxruntime
+    fuses its producer with the ReLU (a Conv's, say); its Sign kernel is slower."""
+    return ctx.b.op("Cast", ctx.b.op("Greater", y, ctx.b.const(0, like=x)), to=ctx.b.dtype(x))
 
 
 @_elementwise("LeakyRelu")
@@ -574,14 +591,17 @@ def _max_pool(ctx: TangentContext) -> list:
         _unit_steps(node) and len(kernel) >= 3 and 1 not in kernel
     ):
         raise NoTangentRule(f"MaxPool node {node.name!r}: no flat indices of its maxima")
+    if not _unit_steps(node):  # the pool's own Indices are right
+        flat = b.op("Reshape", ctx.exact(0), b.ints([-1]))
+        return [Tangent(b.op("Gather", flat, ctx.forward_output(1))), None]
     window = _window_attrs(b, node, x)
-    flipped = window.get("auto_pad") == "SAME_LOWER" and _unit_steps(node)
+    flipped = window.get("auto_pad") == "SAME_LOWER"
     source, t = x, ctx.exact(0)
     if flipped:
         window["auto_pad"] = "SAME_UPPER"
         source, t = _flip(b, x, len(kernel)), _flip(b, t, len(kernel))
     indices = _argmax_indices(b, node, source, window)
-    if _unit_steps(node) and 1 not in kernel:
+    if 1 not in kernel:
         indices = b.squeeze(indices, [len(kernel) + 2])
     gathered = b.op("Gather", b.op("Reshape", t, b.ints([-1])), indices)
     return [Tangent(_flip(b, gathered, len(kernel)) if flipped else gathered), None]
