@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onnx import GraphProto, ModelProto, NodeProto, ValueInfoProto, helper
+from onnx import GraphProto, ModelProto, ValueInfoProto, helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
@@ -19,10 +19,10 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     replace_repeated,
-    subgraphs,
 )
 from onnxgrad.derivative.api import graph_inputs, resolve_request
 from onnxgrad.derivative.autodiff.builder import GradBuilder
+from onnxgrad.derivative.autodiff.cleanup import live_nodes
 from onnxgrad.derivative.autodiff.forward_rewrites import pool_before_relu
 from onnxgrad.derivative.autodiff.tangent import (
     NoTangentRule,
@@ -30,9 +30,9 @@ from onnxgrad.derivative.autodiff.tangent import (
     TangentEngine,
     zeros_of,
 )
+from onnxgrad.derivative.autodiff.tangent_rules import TANGENT_RULES
 from onnxgrad.derivative.autodiff.value_types import infer_value_types
 from onnxgrad.derivative.options import DerivativeOptions
-from onnxgrad.graph._scopes import node_inputs
 
 
 def tangent_jvp(
@@ -53,8 +53,9 @@ def tangent_jvp(
     scope = NameScope(all_names(graph))
     seeds = {s: scope.unique(f"{s}_tangent") for s in sources}
     engine = TangentEngine.for_graph(
-        graph, default_opset(model), scope, set(sources), lambda: infer_value_types(model)
-    )
+        graph, default_opset(model), scope, set(sources), TANGENT_RULES,
+        lambda: infer_value_types(model),
+    )  # fmt: skip
     tangents = engine.run(seeds)
     outputs = [o for o in graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     if all(tangents.get(o.name) is None for o in outputs):
@@ -122,20 +123,10 @@ def _rewrite_in_place(model, request, seeds, nodes, results, kept) -> None:
     keep = [o for o in graph.output if o.name in kept_names]
     replace_repeated(graph.output, tangent_outputs + keep)
     needed = {o.name for o in graph.output}
-    replace_repeated(graph.node, _live(nodes, needed))
+    replace_repeated(graph.node, live_nodes(nodes, needed))
     weights = set(request.weights)
     for index in reversed(range(len(graph.initializer))):
         name = graph.initializer[index].name
         if name in weights or name not in needed:
             del graph.initializer[index]
     graph.ClearField("value_info")
-
-
-def _live(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
-    """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
-    kept = []
-    for node in reversed(nodes):
-        if needed.intersection(node.output):
-            kept.append(node)
-            needed.update(node_inputs(node) if subgraphs(node) else node.input)
-    return kept[::-1]

@@ -61,7 +61,7 @@ def clean_graph(graph: GraphProto, nodes: list[NodeProto] | None = None) -> Grap
     nodes = _Simplifier(graph, nodes, pinned).run()
     nodes = _write_outputs_directly(graph, nodes, pinned)
     needed = {o.name for o in graph.output}
-    live = _live(nodes, needed)
+    live = live_nodes(nodes, needed)
     for node in live:
         for sub in subgraphs(node):
             prune_graph(sub, keep_inputs=True)
@@ -74,7 +74,7 @@ def clean_graph(graph: GraphProto, nodes: list[NodeProto] | None = None) -> Grap
     return graph
 
 
-def _live(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
+def live_nodes(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
     """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
     kept = []
     for node in reversed(nodes):

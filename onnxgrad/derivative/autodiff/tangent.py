@@ -136,11 +136,11 @@ class TangentContext:
 class TangentEngine:
     """Tangents of every value a source reaches, in one pass over ``graph``'s nodes."""
 
-    def __init__(self, graph: GraphProto, emitter: GraphEmitter, infer=None):
-        from onnxgrad.derivative.autodiff.tangent_rules import TANGENT_RULES
-
+    def __init__(self, graph: GraphProto, emitter: GraphEmitter, rules: Mapping, infer=None):
         self.graph = graph
         self.emitter = emitter
+        #: ``op_type -> rule`` (:data:`.tangent_rules.TANGENT_RULES`)
+        self.rules = rules
         #: ``() -> {name: ValueType}``, shape inference run on the first shape not declared
         self._infer = infer
         self._inferred: Mapping[str, ValueType] | None = None
@@ -148,20 +148,25 @@ class TangentEngine:
         self.ordered: list[NodeProto] = []
         #: optional outputs of forward nodes the tangents read: ``(node, index, name)``
         self._exposed: list[tuple[NodeProto, int, str]] = []
-        self.rules = TANGENT_RULES
         self.tangents: dict[str, Tangent] = {}
         self._exact: dict[str, str] = {}
 
     @classmethod
     def for_graph(
-        cls, graph: GraphProto, opset: int, scope: NameScope, sources: set[str], infer=None
+        cls,
+        graph: GraphProto,
+        opset: int,
+        scope: NameScope,
+        sources: set[str],
+        rules: Mapping,
+        infer=None,
     ) -> TangentEngine:
         """An engine over ``graph``, whose ``sources`` are variables (never constants);
         ``infer``: shape inference, run once if a rule needs a shape the graph does not
         declare."""
         constants = {k: v for k, v in _constants(graph).items() if k not in sources}
         emitter = GraphEmitter(scope, declared_types(graph), opset, constants=constants)
-        return cls(graph, emitter, infer)
+        return cls(graph, emitter, rules, infer)
 
     def shape(self, name: str) -> tuple | None:
         """The shape of a forward value: declared, else inferred, else None."""
@@ -234,7 +239,7 @@ class TangentEngine:
             raise NoTangentRule(
                 f"no tangent rule for {domain or 'ai.onnx'}::{proto.op_type} (node {proto.name!r})"
             )
-        node = _PlainNodeView(proto, self.emitter.opset)
+        node = NodeView(proto, self.emitter.opset)
         results = rule(TangentContext(self, node, tangents))
         first = next(i for i, t in zip(proto.input, tangents) if t is not None)
         for output, tangent in zip(proto.output, results):
@@ -257,21 +262,6 @@ class TangentEngine:
             elem = types[first_input].elem_type
         types[output] = ValueType(elem, None)
         return elem
-
-
-class _PlainNodeView(NodeView):
-    """A :class:`NodeView` of a node without subgraphs (nothing captured to look for)."""
-
-    def __init__(self, proto: NodeProto, opset: int):
-        self.proto = proto
-        self.opset = opset
-        self.op_type = proto.op_type
-        self.domain = proto.domain
-        self.name = proto.name
-        self.inputs = list(proto.input)
-        self.outputs = list(proto.output)
-        self._attributes = {a.name: a for a in proto.attribute}
-        self.captured = []
 
 
 def declared_types(graph: GraphProto) -> dict[str, ValueType]:

@@ -329,24 +329,21 @@ def _erf(ctx, x, y):
     return ctx.b.mul(scale, ctx.b.op("Exp", ctx.b.neg(ctx.b.mul(x, x))))
 
 
-@_elementwise("Sin")
-def _sin(ctx, x, y):
-    return ctx.b.op("Cos", x)
+#: ``f -> f'`` where the derivative is an operator of ``x``
+_DERIVATIVE_OPS = {
+    "Sin": "Cos",
+    "Abs": "Sign",
+    "Softplus": "Sigmoid",
+    "Sinh": "Cosh",
+    "Cosh": "Sinh",
+}
+for _op_type, _derivative in _DERIVATIVE_OPS.items():
+    _elementwise(_op_type)(lambda ctx, x, y, op_type=_derivative: ctx.b.op(op_type, x))
 
 
 @_elementwise("Cos")
 def _cos(ctx, x, y):
     return ctx.b.neg(ctx.b.op("Sin", x))
-
-
-@_elementwise("Abs")
-def _abs(ctx, x, y):
-    return ctx.b.op("Sign", x)
-
-
-@_elementwise("Softplus")
-def _softplus(ctx, x, y):
-    return ctx.b.op("Sigmoid", x)
 
 
 @tangent_rule("Pow")
@@ -524,16 +521,6 @@ def _one(ctx: TangentContext, like: str):
     from onnxgrad._onnx_utils import np_dtype
 
     return numpy_helper.from_array(np.ones([1], dtype=np_dtype(ctx.b.dtype(like))))
-
-
-@_elementwise("Sinh")
-def _sinh(ctx, x, y):
-    return ctx.b.op("Cosh", x)
-
-
-@_elementwise("Cosh")
-def _cosh(ctx, x, y):
-    return ctx.b.op("Sinh", x)
 
 
 @_elementwise("Tan")
