@@ -159,3 +159,27 @@ def test_a_node_without_tangent_rule_leaves_the_model_untouched():
     t = np.array([1.0, 2.0, 3.0, 4.0])
     got = _run(onnx_jvp(model), {"x": x, "x_tangent": t})["y_tangent"]
     np.testing.assert_allclose(got, 3.0 * np.exp(3.0))
+
+
+def test_castlike_gives_its_tangent_the_target_type():
+    """``y = CastLike(exp(x), z)^2``, ``x`` float32 and ``z`` float64: the tangent after the
+    cast is float64, and so are the constants of the rules after it."""
+    model = _model(
+        [
+            helper.make_node("Exp", ["x"], ["e"]),
+            helper.make_node("CastLike", ["e", "z"], ["c"]),
+            helper.make_node("Mul", ["c", "c"], ["y"]),
+        ],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("z", DOUBLE, [1]),
+        ],
+        [helper.make_tensor_value_info("y", DOUBLE, [3])],
+    )
+    x = np.array([0.1, 0.2, 0.3], np.float32)
+    t = np.array([1.0, 2.0, 3.0], np.float32)
+    got = _run(onnx_jvp(model, inputs=["x"]), {"x": x, "z": np.zeros(1), "x_tangent": t})
+    assert got["y_tangent"].dtype == np.float64
+    np.testing.assert_allclose(
+        got["y_tangent"], 2 * np.exp(2 * x.astype(np.float64)) * t, rtol=1e-6
+    )

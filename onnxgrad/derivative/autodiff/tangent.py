@@ -251,13 +251,16 @@ class TangentEngine:
             self.tangents[output] = tangent
 
     def _output_type(self, proto: NodeProto, output: str, first_input: str) -> int:
-        """The element type of ``output``: declared, else ``Cast``'s target, else that of
-        the node's first input with a tangent (every rule's op keeps its input's type)."""
+        """The element type of ``output``: declared, else ``Cast``'s or ``CastLike``'s
+        target, else that of the node's first input with a tangent (every other rule's op
+        keeps its input's type)."""
         types = self.emitter.types
         if output in types:
             return types[output].elem_type
         if proto.op_type == "Cast":
             elem = next(a.i for a in proto.attribute if a.name == "to")
+        elif proto.op_type == "CastLike" and proto.input[1] in types:
+            elem = types[proto.input[1]].elem_type
         else:
             elem = types[first_input].elem_type
         types[output] = ValueType(elem, None)
