@@ -212,9 +212,8 @@ def all_names(graph: onnx.GraphProto) -> set[str]:
     for node in graph.node:
         names.update(n for n in node.input if n)
         names.update(n for n in node.output if n)
-        for attr in node.attribute:
-            for sub in _subgraphs(attr):
-                names |= all_names(sub)
+        for sub in subgraphs(node):
+            names |= all_names(sub)
     return names
 
 
@@ -225,9 +224,14 @@ def _subgraphs(attr: onnx.AttributeProto) -> Iterable[onnx.GraphProto]:
         yield from attr.graphs
 
 
+_GRAPH_ATTRIBUTES = frozenset([onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS])
+
+
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The subgraphs held by a node's attributes (If branches, Loop/Scan bodies)."""
-    return [g for attr in node.attribute for g in _subgraphs(attr)]
+    return [
+        g for attr in node.attribute if attr.type in _GRAPH_ATTRIBUTES for g in _subgraphs(attr)
+    ]
 
 
 class NameScope:

@@ -33,8 +33,10 @@ from onnxgrad._onnx_utils import (
     replace_repeated,
 )
 from onnxgrad.derivative.api import derive_in_place
+from onnxgrad.derivative.autodiff.tangent import NoTangentRule
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.derivative.seeds import batch_seeds, check_seeds
+from onnxgrad.derivative.tangent_graph import tangent_jvp
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 from onnxgrad.normalize import normalized_model
@@ -77,7 +79,21 @@ def _jvp(
     keep_outputs: bool = False,
 ) -> tuple[ModelProto, list[str], list[str]]:
     """:func:`onnx_jvp` of a normalised model the caller owns, its tangent inputs and its
-    tangent outputs.
+    tangent outputs: by tangent propagation where every node on the way has a tangent rule
+    (:mod:`onnxgrad.derivative.tangent_graph`), else by transposition."""
+    try:
+        return tangent_jvp(model, weights, inputs, keep_outputs)
+    except NoTangentRule:
+        return _transposed_jvp(model, weights, inputs, keep_outputs)
+
+
+def _transposed_jvp(
+    model: ModelProto,
+    weights: Sequence[str] | None,
+    inputs: Sequence[str] | None,
+    keep_outputs: bool = False,
+) -> tuple[ModelProto, list[str], list[str]]:
+    """The JVP graph as the transposition of the reverse graph.
 
     The reverse graph keeps the model's outputs (so that the transposed one computes them,
     under the names it gave them, for the cotangents' shapes); the transposed graph keeps

@@ -43,7 +43,6 @@ from onnxgrad.derivative.recompute import (
     tiles_attention,
 )
 from onnxgrad.graph._builder import mark_structural_constants
-from onnxgrad.graph.select import prune_graph
 
 
 def native_derivative(request: DerivativeRequest) -> ModelProto:
@@ -128,9 +127,7 @@ def _rewrite_in_place(
             del graph.initializer[index]
     graph.ClearField("value_info")
     graph.name = f"{graph.name}_grad" if graph.name else "gradient"
-    graph.node.extend(new_nodes)
-    prune_graph(graph, keep_inputs=True)
-    clean_graph(graph, apart=seeds.values())
+    clean_graph(graph, [*graph.node, *new_nodes], apart=seeds.values())
     model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     model.producer_name = model.producer_name or "onnxgrad"
 

@@ -3,6 +3,7 @@ nodes (:class:`GradBuilder`) that knows types, shapes and the opset."""
 
 from __future__ import annotations
 
+import functools
 from collections import ChainMap
 from collections.abc import Mapping, MutableMapping, Sequence
 
@@ -31,9 +32,12 @@ class NodeView:
         self.inputs = list(proto.input)
         self.outputs = list(proto.output)
         self._attributes = {a.name: a for a in proto.attribute}
-        #: outer-scope values its subgraphs read (If branches, Loop and Scan bodies), sorted;
-        #: a rule receives ``needs`` and returns gradients for ``inputs + captured``
-        self.captured = sorted(node_inputs(proto) - set(proto.input) - {""})
+
+    @functools.cached_property
+    def captured(self) -> list[str]:
+        """Outer-scope values its subgraphs read (If branches, Loop and Scan bodies), sorted;
+        a rule receives ``needs`` and returns gradients for ``inputs + captured``."""
+        return sorted(node_inputs(self.proto) - set(self.proto.input) - {""})
 
     def input(self, index: int) -> str | None:
         """Name of input ``index``, or ``None`` when it is absent or omitted."""

@@ -53,45 +53,59 @@ NONDETERMINISTIC = frozenset(
 )
 
 
-def clean_graph(graph: GraphProto, apart: Iterable[str] = ()) -> GraphProto:
-    """Simplify ``graph`` in place (see the module's docstring) and return it; the nodes
-    computing a value of ``apart`` are no common subexpression of another (a gradient seed
-    of ones stays distinct from a rule's constant one: what reads the seed is backward work
-    waiting for the gradient, :mod:`~onnxgrad.derivative.late_backward`)."""
+def clean_graph(
+    graph: GraphProto, nodes: list[NodeProto] | None = None, apart: Iterable[str] = ()
+) -> GraphProto:
+    """Simplify ``graph`` in place (see the module's docstring) and return it; ``nodes``:
+    the nodes to give it, in order, when they are not its own yet (they are copied once).
+    The nodes computing a value of ``apart`` are no common subexpression of another (a
+    gradient seed of ones stays distinct from a rule's constant one: what reads the seed is
+    backward work waiting for the gradient, :mod:`~onnxgrad.derivative.late_backward`)."""
     from onnxgrad.graph.select import prune_graph
 
-    pinned = _pinned_names(graph)
-    nodes = _Simplifier(graph, pinned, set(apart)).run()
+    nodes = list(graph.node) if nodes is None else nodes
+    pinned = _pinned_names(nodes, graph)
+    nodes = _Simplifier(graph, nodes, pinned, set(apart)).run()
     nodes = _write_outputs_directly(graph, nodes, pinned)
-    replace_repeated(graph.node, _live(graph, nodes))
-    prune_graph(graph, keep_inputs=True)
+    needed = {o.name for o in graph.output}
+    live = live_nodes(nodes, needed)
+    for node in live:
+        for sub in subgraphs(node):
+            prune_graph(sub, keep_inputs=True)
+    replace_repeated(graph.node, live)
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name not in needed:
+            del graph.initializer[index]
+    written = {o for node in live for o in node.output}
+    replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in written])
     return graph
 
 
-def _live(graph: GraphProto, nodes: list[NodeProto]) -> list[NodeProto]:
-    """The nodes some graph output depends on (the graph's own ``prune_graph`` then finds
-    nothing to drop, and copies the nodes once)."""
-    needed = {o.name for o in graph.output}
+def live_nodes(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
+    """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
     kept = []
     for node in reversed(nodes):
         if needed.intersection(node.output):
             kept.append(node)
-            needed |= node_inputs(node)
+            needed.update(node_inputs(node) if subgraphs(node) else node.input)
     return kept[::-1]
 
 
-def _pinned_names(graph: GraphProto) -> set[str]:
+def _pinned_names(nodes: list[NodeProto], graph: GraphProto) -> set[str]:
     """Values that keep their name and producer: interface and subgraph reads."""
     names = {i.name for i in graph.input} | {o.name for o in graph.output}
-    for node in graph.node:
+    for node in nodes:
         for sub in subgraphs(node):
             names |= free_names(sub)
     return names
 
 
 class _Simplifier:
-    def __init__(self, graph: GraphProto, pinned: set[str], apart: set[str]):
+    def __init__(
+        self, graph: GraphProto, nodes: list[NodeProto], pinned: set[str], apart: set[str]
+    ):
         self.graph = graph
+        self.nodes = nodes
         self.pinned = pinned
         self.apart = apart
         self.alias: dict[str, str] = {}
@@ -111,9 +125,9 @@ class _Simplifier:
         return name
 
     def run(self) -> list[NodeProto]:
-        """The simplified nodes (the graph's own, modified in place, not copied)."""
+        """The simplified nodes (modified in place, not copied)."""
         kept = []
-        for node in self.graph.node:
+        for node in self.nodes:
             for i, name in enumerate(node.input):
                 if name:
                     node.input[i] = self.resolve(name)
@@ -228,7 +242,7 @@ class _Simplifier:
 
     def _common(self, node: NodeProto) -> bool:
         """Reuse the outputs of an identical earlier node."""
-        if node.op_type in NONDETERMINISTIC or any(True for _ in subgraphs(node)):
+        if node.op_type in NONDETERMINISTIC or subgraphs(node):
             return False
         if self.apart.intersection(node.output):
             return False
@@ -248,20 +262,25 @@ class _Simplifier:
 
 
 def _node_key(node: NodeProto) -> tuple:
-    attributes = []
-    for attr in sorted(node.attribute, key=lambda a: a.name):
-        copy = AttributeProto()
-        copy.CopyFrom(attr)
-        if copy.type == AttributeProto.TENSOR:
-            copy.t.name = ""
-        attributes.append(copy.SerializeToString(deterministic=True))
+    attributes = sorted(node.attribute, key=lambda a: a.name) if len(node.attribute) > 1 else []
     return (
         normalize_domain(node.domain),
         node.op_type,
         tuple(node.input),
         len(node.output),
-        tuple(attributes),
+        tuple(_attribute_key(a) for a in attributes or node.attribute),
     )
+
+
+def _attribute_key(attr: AttributeProto) -> bytes:
+    """The attribute's bytes, a tensor's name left out (two constants of the same value are
+    the same)."""
+    if attr.type == AttributeProto.TENSOR and attr.t.name:
+        copy = AttributeProto()
+        copy.CopyFrom(attr)
+        copy.t.name = ""
+        attr = copy
+    return attr.SerializeToString(deterministic=True)
 
 
 def _perm(node: NodeProto) -> list[int] | None:

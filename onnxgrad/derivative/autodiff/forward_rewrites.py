@@ -30,6 +30,8 @@ def pool_before_relu(graph: GraphProto) -> int:
     """Swap every ``Relu`` -> ``MaxPool`` pair of ``graph`` (not its subgraphs) whose ReLU
     output only that pool reads and whose pool has no ``Indices`` output; returns how many.
     The pool's output keeps its name, now given by the ReLU."""
+    if not any(is_default_op(node, "MaxPool") for node in graph.node):
+        return 0
     readers = Counter(name for node in graph.node for name in node_inputs(node))
     readers.update(output.name for output in graph.output)
     producer = {name: index for index, node in enumerate(graph.node) for name in node.output}
