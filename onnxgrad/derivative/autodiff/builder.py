@@ -80,6 +80,7 @@ class GraphEmitter:
         self.opsets = dict(opsets) if opsets else {"": opset}
         self.functions = tuple(functions)
         self.nodes: list[NodeProto] = []
+        self._storage = GraphProto()  # holds self.nodes: see _keep
         self._constants: dict[tuple, str] = {}
         self._constant_tensors: MutableMapping[str, TensorProto] = dict(constants or {})
         self._constant_values: MutableMapping[str, np.ndarray] = {}
@@ -136,8 +137,14 @@ class GraphEmitter:
         while clean_inputs and clean_inputs[-1] == "":
             clean_inputs.pop()
         attrs = {k: v for k, v in attrs.items() if v is not None}
-        self.nodes.append(helper.make_node(op_type, clean_inputs, outputs, name=name, **attrs))
+        self._keep(helper.make_node(op_type, clean_inputs, outputs, name=name, **attrs))
         return outputs
+
+    def _keep(self, node: NodeProto) -> None:
+        """Append ``node`` to :attr:`nodes`, stored inside one message: a node standing
+        alone has a protobuf arena of its own, four times its size."""
+        self._storage.node.append(node)
+        self.nodes.append(self._storage.node[-1])
 
     def constant(self, value: np.ndarray, prefix: str) -> str:
         """A ``Constant`` node (not an initializer, so the result is never taken for a weight)."""
@@ -148,7 +155,7 @@ class GraphEmitter:
         name = self.scope.unique(f"{prefix}cst")
         tensor = numpy_helper.from_array(value, name=name)
         node_name = self.node_names.unique(f"{prefix}Constant")
-        self.nodes.append(helper.make_node("Constant", [], [name], name=node_name, value=tensor))
+        self._keep(helper.make_node("Constant", [], [name], name=node_name, value=tensor))
         self.types[name] = ValueType(tensor.data_type, value.shape)
         self._constants[key] = name
         self._constant_values[name] = value
