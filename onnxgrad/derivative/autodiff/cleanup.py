@@ -109,7 +109,7 @@ class _Simplifier:
         kept = []
         for node in self.graph.node:
             for i, name in enumerate(node.input):
-                if name:
+                if name in self.alias:  # a write leaves the old string in the arena
                     node.input[i] = self.resolve(name)
             if self._simplify(node):
                 continue
