@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -323,6 +323,23 @@ def replace_repeated(field, values: Iterable) -> None:
     values = list(values)
     del field[:]
     field.extend(values)
+
+
+#: At most this many items are deleted from a repeated field one by one (each deletion moves
+#: the rest of the list); more, and the kept ones are copied once instead.
+IN_PLACE_DELETIONS = 256
+
+
+def retain(field, keep: Sequence[bool]) -> None:
+    """Keep the items of the repeated message ``field`` whose flag in ``keep`` is true, in
+    order. A few are deleted in place; many are dropped by copying the kept ones once (a
+    copy leaves the old items in the message's arena until the whole message goes)."""
+    dropped = [index for index, kept in enumerate(keep) if not kept]
+    if len(dropped) <= IN_PLACE_DELETIONS:
+        for index in reversed(dropped):
+            del field[index]
+    elif dropped:
+        replace_repeated(field, [item for item, kept in zip(field, keep, strict=True) if kept])
 
 
 def real_inputs(model: ModelProto) -> list[onnx.ValueInfoProto]:
