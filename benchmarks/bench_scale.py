@@ -219,11 +219,9 @@ def child_deep(model_path: str, whole: bool) -> dict:
     return {"nodes": len(model.graph.node), "steps": steps}
 
 
-def measure_deep(
-    kinds: list[str], sizes: list[int], workdir: Path, max_rss_gib: float
-) -> list[dict]:
-    """One row per step of :func:`child_deep` for each model kind and size."""
-    rows = []
+def measure_deep(kinds: list[str], sizes: list[int], workdir: Path, max_rss_gib: float):
+    """One row per step of :func:`child_deep` for each model kind and size, yielded as each
+    child ends."""
     for kind in kinds:
         for size in sizes:
             path = workdir / f"deep_{kind}_{size}.onnx"
@@ -236,8 +234,7 @@ def measure_deep(
             for whole in (False, True):
                 command = [sys.executable, __file__, "--child-deep", str(path)]
                 result = run_child(command + (["--whole"] if whole else []), max_rss_gib)
-                rows += _deep_rows(f"{kind}-{size}", result)
-    return rows
+                yield from _deep_rows(f"{kind}-{size}", result)
 
 
 def _deep_rows(model: str, result: dict) -> list[dict]:

@@ -117,13 +117,17 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
 
     Below IR 4 every initializer must also be a graph input, which rewrites do not keep:
     such models are raised to the lowest IR version their opsets allow (at least 4).
-    ``check_model(full_check=True)`` also runs strict shape inference, so a result that
-    passes here loads in onnxruntime. The check runs on a weightless view: no weight is
-    copied, and models past protobuf's 2 GiB limit are checked too.
+    The check is ``check_model(full_check=True)``: the checker, then strict shape inference
+    with type checks, so a result that passes here loads in onnxruntime. Both run on a
+    weightless view (no weight is copied, models past protobuf's 2 GiB limit are checked
+    too) and one after the other: ``full_check`` infers on a copy of the checker's model,
+    both held at once (0.5 KB a node more at the peak).
     """
     model.ir_version = supported_ir_version(model)
     if check:
-        onnx.checker.check_model(weightless_bytes(model), full_check=True)
+        view = weightless_bytes(model)
+        onnx.checker.check_model(view)
+        onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     return model
 
 
@@ -223,7 +227,13 @@ def _subgraphs(attr: onnx.AttributeProto) -> Iterable[onnx.GraphProto]:
 
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The subgraphs held by a node's attributes (If branches, Loop/Scan bodies)."""
-    return [g for attr in node.attribute for g in _subgraphs(attr)]
+    found = []  # a plain loop: called for every node by most passes
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
 
 
 class NameScope:
