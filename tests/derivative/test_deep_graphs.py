@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper, save_model
+from onnx import GraphProto, ModelProto, TensorProto, helper, numpy_helper, save_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL, LARGE = 3000, 12000
@@ -49,24 +49,22 @@ print(json.dumps({{"growth": status("VmHWM:") - before, "seconds": seconds,
 """
 
 
-def chain(nodes: int):
+def chain(nodes: int) -> ModelProto:
     """``nodes`` nodes: Add, Mul, Tanh, Add... each Add and Mul with its own weight."""
-    ops, graph_nodes, inits, prev = ("Add", "Mul", "Tanh"), [], [], "X"
-    for i in range(nodes):
-        op = ops[i % 3]
-        inputs = [prev] if op == "Tanh" else [prev, f"w{i}"]
-        if op != "Tanh":
-            inits.append(numpy_helper.from_array(np.full(8, 0.5, np.float32), f"w{i}"))
-        graph_nodes.append(helper.make_node(op, inputs, [f"v{i}"], name=f"n{i}"))
-        prev = f"v{i}"
-    graph = helper.make_graph(
-        graph_nodes,
-        "chain",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 8])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 8])],
-        inits,
+    model = helper.make_model(
+        GraphProto(name="chain"), opset_imports=[helper.make_opsetid("", 17)], ir_version=8
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    graph, value = model.graph, "X"
+    graph.input.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, ["N", 8]))
+    for i in range(nodes):
+        op = ("Add", "Mul", "Tanh")[i % 3]
+        node = graph.node.add(op_type=op, name=f"n{i}", input=[value], output=[f"v{i}"])
+        if op != "Tanh":
+            node.input.append(f"w{i}")
+            graph.initializer.append(numpy_helper.from_array(np.full(8, 0.5, np.float32), f"w{i}"))
+        value = f"v{i}"
+    graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, ["N", 8]))
+    return model
 
 
 def _measure(path: Path) -> dict:
