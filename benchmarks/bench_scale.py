@@ -219,9 +219,11 @@ def child_deep(model_path: str, whole: bool) -> dict:
     return {"nodes": len(model.graph.node), "steps": steps}
 
 
-def measure_deep(kinds: list[str], sizes: list[int], workdir: Path, max_rss_gib: float):
-    """One row per step of :func:`child_deep` for each model kind and size, yielded as each
-    child ends."""
+def measure_deep(
+    kinds: list[str], sizes: list[int], modes: list[str], workdir: Path, max_rss_gib: float
+):
+    """One row per step of :func:`child_deep` for each model kind, size and mode (``steps``:
+    pass by pass, ``whole``: ``onnx_derivative``), yielded as each child ends."""
     for kind in kinds:
         for size in sizes:
             path = workdir / f"deep_{kind}_{size}.onnx"
@@ -231,9 +233,9 @@ def measure_deep(kinds: list[str], sizes: list[int], workdir: Path, max_rss_gib:
                 )
                 writer.start()
                 writer.join()
-            for whole in (False, True):
+            for mode in modes:
                 command = [sys.executable, __file__, "--child-deep", str(path)]
-                result = run_child(command + (["--whole"] if whole else []), max_rss_gib)
+                result = run_child(command + (["--whole"] if mode == "whole" else []), max_rss_gib)
                 yield from _deep_rows(f"{kind}-{size}", result)
 
 
@@ -357,6 +359,7 @@ def main() -> None:
         "--deep-sizes", default="10000,50000,200000", help="node counts of the deep graphs"
     )
     parser.add_argument("--deep-kinds", default="chain,mlp", help="deep graphs: chain, mlp")
+    parser.add_argument("--deep-modes", default="steps,whole", help="deep graphs: steps, whole")
     parser.add_argument("--child-deep", help=argparse.SUPPRESS)
     parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -397,7 +400,8 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict]:
     if "deep" in wanted:
         sizes = [int(size) for size in args.deep_sizes.split(",")]
         kinds = args.deep_kinds.split(",")
-        for row in measure_deep(kinds, sizes, workdir, args.max_rss_gib):
+        modes = args.deep_modes.split(",")
+        for row in measure_deep(kinds, sizes, modes, workdir, args.max_rss_gib):
             rows.append(row)
             if "error" in row:
                 print(f"{row['model']:13s} FAILED: {row['error']}", flush=True)
