@@ -108,7 +108,7 @@ def test_the_gradient_of_a_chain_is_complete(measures):
 
 
 def test_memory_per_node_is_bounded(measures):
-    # about 15 KB a node at 12k (the gradient graph, with three times as many nodes as the
+    # about 13 KB a node at 12k (the gradient graph, with three times as many nodes as the
     # forward, onnx's check of it, the engine's tables); 23 KB before
     per_node = {n: m["growth"] / n / 1024 for n, m in measures.items()}
     assert per_node[LARGE] < 18, per_node
