@@ -1,5 +1,5 @@
 """Scale: derivatives of models with 1 GiB and 2.25 GiB of weights, a 4 GiB model end to end,
-and a 5,000-node graph.
+a 5,000-node graph and deep graphs.
 
 For each big model (a chain of 4096x4096 float32 MatMuls: 16 of them weigh 1 GiB, 36 weigh
 2.25 GiB, past protobuf's 2 GiB limit, so stored with external data), two measures, each in
@@ -24,7 +24,16 @@ product of the trained weights). ``e2e-test`` runs the same stages on 4 such Mat
 For the 5,000-node chain (Add, Mul, Tanh): the native gradient graph's node count against
 the forward graph's, onnxruntime's session-creation time and the median run time.
 
-    python benchmarks/bench_scale.py [--only 1gib,2gib,4gib,chain] [--workdir DIR] [--json FILE]
+Deep graphs (``deep``): chains of ``--deep-sizes`` nodes (Add, Mul, Tanh with 8-float
+weights, and an MLP of 16-wide MatMul, Add, Tanh layers), each in a child that
+``onnx.load``s the file: one row per normalisation pass (the private copy, then each pass of
+:data:`onnxgrad.normalize.pipeline.PASSES`), then the derivative built from the normalised
+model, then ``onnx_derivative`` as a whole in a fresh child; each row gives the step's time,
+its time per node and the process's peak RSS after it, the loaded model included, and the
+peak over the loaded model per node.
+
+    python benchmarks/bench_scale.py [--only 1gib,2gib,4gib,chain,deep] [--workdir DIR]
+        [--json FILE]
 
 The models (3.3 GB, 4 GiB more and its artifacts for ``4gib``) are written into ``--workdir``
 and kept there, or into a temporary folder removed at the end.
@@ -270,6 +279,106 @@ def child_chain(repeat: int) -> dict:
     }
 
 
+def write_deep_model(path: Path, kind: str, nodes: int) -> None:
+    """``chain``: Add, Mul, Tanh with a weight of 8 floats per Add and Mul; ``mlp``: layers
+    of MatMul (16x16), Add (bias), Tanh; about ``nodes`` nodes either way."""
+    from onnx import TensorProto, helper, numpy_helper, save_model
+
+    if kind == "chain":
+        save_model(chain_model(nodes), path)
+        return
+    width, graph_nodes, inits, prev = 16, [], [], "X"
+    for i in range(nodes // 3):
+        inits.append(numpy_helper.from_array(np.full((width, width), 0.1, np.float32), f"W{i}"))
+        inits.append(numpy_helper.from_array(np.zeros(width, np.float32), f"b{i}"))
+        graph_nodes += [
+            helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+            helper.make_node("Tanh", [f"a{i}"], [f"t{i}"], name=f"tanh{i}"),
+        ]
+        prev = f"t{i}"
+    graph = helper.make_graph(
+        graph_nodes,
+        "mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    save_model(model, path)
+
+
+def child_deep(model_path: str, whole: bool) -> dict:
+    """``onnx.load``, then each normalisation pass and the derivative timed one by one
+    (``whole``: ``onnx_derivative`` in one call); each step's seconds and the process peak
+    after it."""
+    import resource
+
+    import onnx
+
+    from onnxgrad import onnx_derivative
+    from onnxgrad._onnx_utils import load_model
+    from onnxgrad.derivative.api import derive_in_place
+    from onnxgrad.normalize.pipeline import PASSES
+
+    def peak_gib() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+    model = onnx.load(model_path)
+    steps = [("loaded", 0.0, peak_gib())]
+    if whole:
+        start = time.perf_counter()
+        onnx_derivative(model)
+        steps.append(("onnx_derivative", time.perf_counter() - start, peak_gib()))
+        return {"nodes": len(model.graph.node), "steps": steps}
+    timed = [("copy", load_model)] + [(step.name, step.run) for step in PASSES]
+    timed.append(("derivative", derive_in_place))
+    current = model
+    for name, run in timed:
+        start = time.perf_counter()
+        current = run(current)
+        steps.append((name, time.perf_counter() - start, peak_gib()))
+    return {"nodes": len(model.graph.node), "steps": steps}
+
+
+def measure_deep(
+    kinds: list[str], sizes: list[int], modes: list[str], workdir: Path, max_rss_gib: float
+):
+    """One row per step of :func:`child_deep` for each model kind, size and mode (``steps``:
+    pass by pass, ``whole``: ``onnx_derivative``), yielded as each child ends."""
+    for kind in kinds:
+        for size in sizes:
+            path = workdir / f"deep_{kind}_{size}.onnx"
+            if not path.exists():
+                writer = multiprocessing.get_context("spawn").Process(
+                    target=write_deep_model, args=(path, kind, size)
+                )
+                writer.start()
+                writer.join()
+            for mode in modes:
+                command = [sys.executable, __file__, "--child-deep", str(path)]
+                result = run_child(command + (["--whole"] if mode == "whole" else []), max_rss_gib)
+                yield from _deep_rows(f"{kind}-{size}", result)
+
+
+def _deep_rows(model: str, result: dict) -> list[dict]:
+    if "steps" not in result:
+        return [{"model": model, "step": "FAILED", "error": result.get("error", "?")}]
+    nodes, steps = result["nodes"], result["steps"]
+    loaded = steps[0][2]
+    return [
+        {
+            "model": model,
+            "step": name,
+            "seconds": seconds,
+            "ms_per_node": 1000 * seconds / nodes,
+            "peak_rss_gib": peak,
+            "kb_per_node_over_loaded": (peak - loaded) * GIB / 1024 / nodes,
+        }
+        for name, seconds, peak in steps
+    ]
+
+
 def run_child(command: list[str], max_rss_gib: float) -> dict:
     """Run ``command``; its wall time, peak RSS (GiB), exit status, last stdout line and
     stderr tail. A child whose RSS passes ``max_rss_gib`` is killed."""
@@ -365,7 +474,7 @@ def measure_big(name: str, workdir: Path, max_rss_gib: float) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="1gib,2gib,chain")
+    parser.add_argument("--only", default="1gib,2gib,chain,deep")
     parser.add_argument("--workdir", help="where the big models are written (kept)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of the chain's gradient")
     parser.add_argument("--max-rss-gib", type=float, default=16.0)
@@ -374,9 +483,19 @@ def main() -> None:
     parser.add_argument("--entry", default="derivative", help=argparse.SUPPRESS)
     parser.add_argument("--child-chain", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-e2e", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--deep-sizes", default="10000,50000,200000", help="node counts of the deep graphs"
+    )
+    parser.add_argument("--deep-kinds", default="chain,mlp", help="deep graphs: chain, mlp")
+    parser.add_argument("--deep-modes", default="steps,whole", help="deep graphs: steps, whole")
+    parser.add_argument("--child-deep", help=argparse.SUPPRESS)
+    parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_e2e:
         print(json.dumps(child_e2e(args.child_e2e, args.workdir)))
+        return
+    if args.child_deep:
+        print(json.dumps(child_deep(args.child_deep, args.whole)))
         return
     if args.child_api:
         print(json.dumps(child_api(args.child_api, args.entry)))
@@ -413,6 +532,21 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict]:
                     + (f"  FAILED: {row['error']}" if "error" in row else ""),
                     flush=True,
                 )
+    if "deep" in wanted:
+        sizes = [int(size) for size in args.deep_sizes.split(",")]
+        kinds = args.deep_kinds.split(",")
+        modes = args.deep_modes.split(",")
+        for row in measure_deep(kinds, sizes, modes, workdir, args.max_rss_gib):
+            rows.append(row)
+            if "error" in row:
+                print(f"{row['model']:13s} FAILED: {row['error']}", flush=True)
+                continue
+            print(
+                f"{row['model']:13s} {row['step']:18s} {row['seconds']:8.2f} s "
+                f"{row['ms_per_node']:6.3f} ms/node  peak RSS {row['peak_rss_gib']:5.2f} GiB "
+                f"({row['kb_per_node_over_loaded']:5.1f} KB/node over the loaded model)",
+                flush=True,
+            )
     if "chain" in wanted:
         command = [sys.executable, __file__, "--child-chain", "--repeat", str(args.repeat)]
         row = {"model": "chain-5000", **run_child(command, args.max_rss_gib)}

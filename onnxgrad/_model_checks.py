@@ -22,6 +22,7 @@ from onnxgrad._model_bounds import check_bounds
 from onnxgrad._onnx_utils import (
     normalize_domain,
     np_dtype,
+    replace_repeated,
     subgraphs,
     weightless_view,
 )
@@ -72,12 +73,7 @@ def _check_graph(graph: GraphProto, imported: set[str], outer: set[str]) -> None
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     order = topological_order(graph, defined, outer)
     if order != list(range(len(graph.node))):
-        nodes = [graph.node[i] for i in order]
-        copies = [NodeProto() for _ in nodes]
-        for copy, node in zip(copies, nodes, strict=True):
-            copy.CopyFrom(node)
-        del graph.node[:]
-        graph.node.extend(copies)
+        replace_repeated(graph.node, [graph.node[i] for i in order])
     known = outer | defined | {o for node in graph.node for o in node.output if o}
     for output in graph.output:
         if output.name not in known:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -121,13 +121,17 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
 
     Below IR 4 every initializer must also be a graph input, which rewrites do not keep:
     such models are raised to the lowest IR version their opsets allow (at least 4).
-    ``check_model(full_check=True)`` also runs strict shape inference, so a result that
-    passes here loads in onnxruntime. The check runs on a weightless view: no weight is
-    copied, and models past protobuf's 2 GiB limit are checked too.
+    The check is ``check_model(full_check=True)``: the checker, then strict shape inference
+    with type checks, so a result that passes here loads in onnxruntime. Both run on a
+    weightless view (no weight is copied, models past protobuf's 2 GiB limit are checked
+    too) and one after the other: ``full_check`` infers on a copy of the checker's model,
+    both held at once (0.5 KB a node more at the peak).
     """
     model.ir_version = supported_ir_version(model)
     if check:
-        onnx.checker.check_model(weightless_view(model), full_check=True)
+        view = weightless_bytes(model)
+        onnx.checker.check_model(view)
+        onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     return model
 
 
@@ -217,21 +221,15 @@ def all_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _subgraphs(attr: onnx.AttributeProto) -> Iterable[onnx.GraphProto]:
-    if attr.type == onnx.AttributeProto.GRAPH:
-        yield attr.g
-    elif attr.type == onnx.AttributeProto.GRAPHS:
-        yield from attr.graphs
-
-
-_GRAPH_ATTRIBUTES = frozenset([onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS])
-
-
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The subgraphs held by a node's attributes (If branches, Loop/Scan bodies)."""
-    return [
-        g for attr in node.attribute if attr.type in _GRAPH_ATTRIBUTES for g in _subgraphs(attr)
-    ]
+    found = []  # a plain loop: called for every node by most passes
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
 
 
 class NameScope:
@@ -298,6 +296,22 @@ def reduce_axes_are_input(op_type: str, opset: int) -> bool:
     return opset >= (13 if op_type == "ReduceSum" else 18)
 
 
+class MessageStore:
+    """Nodes and value infos made one at a time, kept together in one message: a message
+    standing alone has a protobuf arena of its own, about 1.6 KB for a small node that
+    takes 0.4 KB among others, which tens of thousands of them multiply."""
+
+    def __init__(self):
+        self._graph = onnx.GraphProto()
+
+    def keep(self, message: onnx.NodeProto | onnx.ValueInfoProto):
+        """The stored copy of ``message`` (a NodeProto or a ValueInfoProto)."""
+        is_node = isinstance(message, onnx.NodeProto)
+        field = self._graph.node if is_node else self._graph.value_info
+        field.append(message)
+        return field[-1]
+
+
 def copy_message(message):
     """A detached copy of a protobuf message."""
     copy = type(message)()
@@ -306,10 +320,32 @@ def copy_message(message):
 
 
 def replace_repeated(field, values: Iterable) -> None:
-    """Set a repeated message field to copies of ``values`` (which may be its own items)."""
-    values = [copy_message(v) for v in values]
+    """Set a repeated message field to copies of ``values`` (which may be its own items).
+
+    The items are copied once, into the field's own storage: a detached copy of each (its
+    own arena, about 1.6 KB for a small node against 0.4 KB in place) would cost four
+    times the graph for a moment. Items taken out of the field stay readable, as protobuf
+    keeps what a Python object still refers to."""
+    values = list(values)
     del field[:]
     field.extend(values)
+
+
+#: At most this many items are deleted from a repeated field one by one (each deletion moves
+#: the rest of the list); more, and the kept ones are copied once instead.
+IN_PLACE_DELETIONS = 256
+
+
+def retain(field, keep: Sequence[bool]) -> None:
+    """Keep the items of the repeated message ``field`` whose flag in ``keep`` is true, in
+    order. A few are deleted in place; many are dropped by copying the kept ones once (a
+    copy leaves the old items in the message's arena until the whole message goes)."""
+    dropped = [index for index, kept in enumerate(keep) if not kept]
+    if len(dropped) <= IN_PLACE_DELETIONS:
+        for index in reversed(dropped):
+            del field[index]
+    elif dropped:
+        replace_repeated(field, [item for item, kept in zip(field, keep, strict=True) if kept])
 
 
 def real_inputs(model: ModelProto) -> list[onnx.ValueInfoProto]:
@@ -327,18 +363,59 @@ def weightless_view(model: ModelProto) -> ModelProto:
     shape: shape inference and the checker give the same answers at a fraction of the
     cost, past protobuf's 2 GiB limit too. Small ones (shapes, axes) stay: inference reads
     their values."""
-    graph = model.graph
     view = header_only(model)
+    _weightless_initializers(model.graph, view.graph)
+    view.ir_version = supported_ir_version(model)
+    return view
+
+
+def weightless_bytes(model: ModelProto) -> bytes:
+    """:func:`weightless_view` serialised, without a copy of the nodes (0.4 KB a node in
+    memory, 40 bytes serialised): the view less its nodes, then a second ``graph`` field
+    holding only the nodes, which a parser merges into the first."""
+    shell = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(shell, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name not in ("node", "initializer"):
+            _copy_field(shell.graph, field, value)
+    _weightless_initializers(model.graph, shell.graph)
+    shell.ir_version = supported_ir_version(model)
+    node_key = _field_key(onnx.GraphProto, "node")
+    nodes = b"".join(_length_delimited(node_key, n.SerializeToString()) for n in model.graph.node)
+    return shell.SerializeToString() + _length_delimited(_field_key(ModelProto, "graph"), nodes)
+
+
+def _weightless_initializers(graph: onnx.GraphProto, view: onnx.GraphProto) -> None:
+    """Into ``view``: the small initializers of ``graph``, and an input for each big one."""
     declared = {i.name for i in graph.input}
     for init in graph.initializer:
         if tensor_nbytes(init) <= WEIGHTLESS_THRESHOLD and not _is_external(init):
-            view.graph.initializer.add().CopyFrom(init)
+            view.initializer.add().CopyFrom(init)
         elif init.name not in declared:
-            view.graph.input.append(
+            view.input.append(
                 onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
             )
-    view.ir_version = supported_ir_version(model)
-    return view
+
+
+def _field_key(message_type, field: str) -> bytes:
+    """The key of a length-delimited field (wire type 2) of ``message_type``."""
+    return _varint(message_type.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
+
+
+def _length_delimited(key: bytes, payload: bytes) -> bytes:
+    return key + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 encoding of a non-negative integer."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def serialized_size(model: ModelProto) -> int:

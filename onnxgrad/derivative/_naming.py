@@ -51,7 +51,12 @@ def free_gradient_names(
         wanted += [f"{o.name}_grad" for o in graph.output if o.name in request.outputs]
     fixed = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     fixed |= {o.name for o in kept_outputs(graph.output, request)}
-    clashes = [name for k, name in enumerate(wanted) if name in fixed or name in wanted[:k]]
+    seen: set[str] = set()
+    clashes = []
+    for name in wanted:
+        if name in fixed or name in seen:
+            clashes.append(name)
+        seen.add(name)
     if clashes:
         raise ValueError(
             f"cannot name the gradient values {clashes}: the model already has inputs, "

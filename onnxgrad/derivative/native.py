@@ -13,6 +13,7 @@ from onnx import GraphProto, ModelProto, ValueInfoProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
     MAX_IR_VERSION,
+    MessageStore,
     NameScope,
     all_names,
     default_opset,
@@ -47,6 +48,19 @@ from onnxgrad.graph._builder import mark_structural_constants
 
 def native_derivative(request: DerivativeRequest) -> ModelProto:
     """Build the gradient model described in :mod:`onnxgrad.derivative.api`."""
+    model = _gradient_model(request)  # the engine and its tables are gone before the check
+    try:
+        return finalize_model(model, check=request.checked)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        message = " ".join(str(exc).split())[:1000]
+        raise ValueError(
+            f"the gradient graph fails onnx's check ({message}): do the model's declared "
+            "types and shapes agree with what its graph computes?"
+        ) from exc
+
+
+def _gradient_model(request: DerivativeRequest) -> ModelProto:
+    """The request's model rewritten in place into the gradient model, unchecked."""
     model = request.model
     opset = default_opset(model)
     sources = [*request.inputs, *request.weights]
@@ -90,14 +104,7 @@ def native_derivative(request: DerivativeRequest) -> ModelProto:
     if request.order_leaves:
         readiest_leaves_last(model.graph)
     mark_structural_constants(model.graph)
-    try:
-        return finalize_model(model, check=request.checked)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        message = " ".join(str(exc).split())[:1000]
-        raise ValueError(
-            f"the gradient graph fails onnx's check ({message}): do the model's declared "
-            "types and shapes agree with what its graph computes?"
-        ) from exc
+    return model
 
 
 def _lighten_backward(graph, forward_names, types, recompute, seeds) -> None:
@@ -217,7 +224,7 @@ def _gradient_outputs(
     engine: Engine, gradients: dict[str, str | None], types: dict[str, ValueType]
 ) -> tuple[list[ValueInfoProto], list]:
     """One ``<x>_grad`` output per source; structural zeros become zeros of x's shape."""
-    outputs, nodes = [], []
+    outputs, nodes, store = [], [], MessageStore()
     values, node_names = engine.emitter.scope, engine.emitter.node_names
     for source, grad in gradients.items():
         name = f"{source}_grad"
@@ -226,8 +233,8 @@ def _gradient_outputs(
             nodes += zeros_like_nodes(source, name, value.elem_type, values, node_names)
         else:
             identity = node_names.unique(f"{name}_Identity")
-            nodes.append(helper.make_node("Identity", [grad], [name], name=identity))
-        outputs.append(value_info(name, value))
+            nodes.append(store.keep(helper.make_node("Identity", [grad], [name], name=identity)))
+        outputs.append(store.keep(value_info(name, value)))
     return outputs, nodes
 
 
@@ -236,9 +243,11 @@ def _new_inputs(graph: GraphProto, request: DerivativeRequest) -> list[ValueInfo
     inputs = {i.name: i for i in graph.input}
     result = [inputs[name] for name in graph_inputs(request.model)]
     initializers = {i.name: i for i in graph.initializer}
+    store = MessageStore()
     for weight in request.weights:
         init = initializers[weight]
-        result.append(helper.make_tensor_value_info(weight, init.data_type, list(init.dims)))
+        info = helper.make_tensor_value_info(weight, init.data_type, list(init.dims))
+        result.append(store.keep(info))
     return result
 
 

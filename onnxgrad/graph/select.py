@@ -12,6 +12,7 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     load_model,
     replace_repeated,
+    retain,
     subgraphs,
 )
 from onnxgrad.graph._scopes import node_inputs
@@ -148,13 +149,13 @@ def prune_graph(graph: GraphProto, keep_inputs: bool) -> None:
         for sub in subgraphs(node):
             prune_graph(sub, keep_inputs=True)
     needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(graph.node):
+    keep = [False] * len(graph.node)
+    for index in reversed(range(len(graph.node))):
+        node = graph.node[index]
         if needed.intersection(node.output):
-            kept.append(node)
+            keep[index] = True
             needed |= node_inputs(node)
-    if len(kept) < len(graph.node):
-        replace_repeated(graph.node, kept[::-1])
+    retain(graph.node, keep)
     _delete_unneeded(graph.initializer, lambda i: i.name in needed)
     _delete_unneeded(graph.sparse_initializer, lambda i: i.values.name in needed)
     if not keep_inputs:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 from onnx import FunctionProto, GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, np_dtype, reduce_axes_are_input
+from onnxgrad._onnx_utils import MessageStore, NameScope, np_dtype, reduce_axes_are_input
 from onnxgrad.derivative.autodiff.value_types import (
     UnknownTypeError,
     ValueType,
@@ -84,6 +84,7 @@ class GraphEmitter:
         self.opsets = dict(opsets) if opsets else {"": opset}
         self.functions = tuple(functions)
         self.nodes: list[NodeProto] = []
+        self._store = MessageStore()  # holds self.nodes
         self._constants: dict[tuple, str] = {}
         self._constant_tensors: MutableMapping[str, TensorProto] = dict(constants or {})
         self._constant_values: MutableMapping[str, np.ndarray] = {}
@@ -140,7 +141,8 @@ class GraphEmitter:
         while clean_inputs and clean_inputs[-1] == "":
             clean_inputs.pop()
         attrs = {k: v for k, v in attrs.items() if v is not None}
-        self.nodes.append(helper.make_node(op_type, clean_inputs, outputs, name=name, **attrs))
+        node = helper.make_node(op_type, clean_inputs, outputs, name=name, **attrs)
+        self.nodes.append(self._store.keep(node))
         return outputs
 
     def constant(self, value: np.ndarray, prefix: str) -> str:
@@ -152,7 +154,8 @@ class GraphEmitter:
         name = self.scope.unique(f"{prefix}cst")
         tensor = numpy_helper.from_array(value, name=name)
         node_name = self.node_names.unique(f"{prefix}Constant")
-        self.nodes.append(helper.make_node("Constant", [], [name], name=node_name, value=tensor))
+        node = helper.make_node("Constant", [], [name], name=node_name, value=tensor)
+        self.nodes.append(self._store.keep(node))
         self.types[name] = ValueType(tensor.data_type, value.shape)
         self._constants[key] = name
         self._constant_values[name] = value

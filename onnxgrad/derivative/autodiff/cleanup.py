@@ -129,7 +129,7 @@ class _Simplifier:
         kept = []
         for node in self.nodes:
             for i, name in enumerate(node.input):
-                if name:
+                if name in self.alias:  # a write leaves the old string in the arena
                     node.input[i] = self.resolve(name)
             if self._simplify(node):
                 continue
