@@ -1,6 +1,6 @@
 r"""Spectral transforms: STFT, lowered to framing, windowing and a product by the DFT basis.
 
-With ``x`` the signal ``[B, N, C]`` (``C = 1`` real, ``C = 2`` complex), frame step ``s``,
+With ``x`` the signal ``[B, N, C]`` (``C = 1`` real, ``C = 2`` complex; ``[B, N]`` real), frame step ``s``,
 window ``w`` of length ``L`` (all ones without one) and ``K`` bins (``L // 2 + 1`` when
 ``onesided``, else ``L``), frame ``f`` and bin ``k``:
 
@@ -51,20 +51,25 @@ def _frame_length(b, node) -> int:
     raise unsupported(node, "a frame length known at run time only (it sizes the DFT basis)")
 
 
-def _channels(b, node) -> int:
+def _sample_shape(b, node) -> list[int]:
+    """The shape of one sample: ``[]`` for a real signal ``[B, N]`` (which onnxruntime and
+    onnx's reference accept), ``[C]`` for ``[B, N, C]``."""
     shape = b.shape(node.inputs[0])
+    if shape is not None and len(shape) == 2:
+        return []
     if shape is None or len(shape) != 3 or shape[-1] not in (1, 2):
         raise unsupported(
             node, f"a signal of shape {shape} (the gradient needs [batch, length, 1 or 2])"
         )
-    return shape[-1]
+    return [shape[-1]]
 
 
 @register("STFT", since=17)
 def stft_grad(b, node, grads, needs):
     """The gradient of the signal and the window through the lowered STFT (module doc)."""
     signal, step, window = node.inputs[0], node.inputs[1], node.input(2)
-    length, channels = _frame_length(b, node), _channels(b, node)
+    length, sample = _frame_length(b, node), _sample_shape(b, node)
+    channels = sample[0] if sample else 1
     bins = length // 2 + 1 if node.attr("onesided", 1) else length
     low = Lowering(b, node)
     samples = low.op("Gather", low.op("Shape", signal), low.ints(1), axis=0)
@@ -78,9 +83,11 @@ def stft_grad(b, node, grads, needs):
         low.op("Unsqueeze", starts, low.ints([1])),
         low.ints(np.arange(length).reshape(1, length)),
     )  # [F, L]
-    framed = low.op("Gather", signal, positions, axis=1)  # [B, F, L, C]
+    framed = low.op("Gather", signal, positions, axis=1)  # [B, F, L, C] or [B, F, L]
     if window is not None:
-        framed = low.op("Mul", framed, low.op("Reshape", window, low.ints([length, 1])))
+        framed = low.op(
+            "Mul", framed, low.op("Reshape", window, low.ints([length] + [1] * len(sample)))
+        )
     rows = low.op("Reshape", framed, low.ints([0, 0, length * channels]))
     spectrum = low.op("MatMul", rows, low.const(dft_basis(length, bins, channels)))
     low.op("Reshape", spectrum, low.ints([0, 0, bins, 2]), output=node.outputs[0])
