@@ -1,54 +1,53 @@
 r"""Spectral transforms: STFT, lowered to framing, windowing and a product by the DFT basis.
 
-With ``x`` the signal ``[B, N, C]`` (``C = 1`` real, ``C = 2`` complex; ``[B, N]`` real), frame step ``s``,
-window ``w`` of length ``L`` (all ones without one) and ``K`` bins (``L // 2 + 1`` when
-``onesided``, else ``L``), frame ``f`` and bin ``k``:
+With ``x`` the signal ``[B, N, C]`` (``C = 1`` real, ``C = 2`` complex; ``[B, N]`` real),
+frame step ``s``, window ``w`` of length ``L`` (all ones without one) and ``K`` bins
+(``L // 2 + 1`` when ``onesided``, else ``L``), frame ``f`` and bin ``k``:
 
 .. math:: Y[b, f, k] = \sum_{n < L} x[b, f s + n]\, w[n]\, e^{-2 \pi i k n / L}
 
 a framing (a ``Gather`` of the positions ``f s + n``), a product by ``w`` and a ``MatMul``
-by the real basis of the DFT (``cos`` and ``sin`` of ``2 \pi k n / L``, real and imaginary
-parts interleaved). The engine differentiates that composition: the signal's gradient is
-the product of the output gradient by the transposed (conjugate) basis, windowed and
-overlap-added back into the signal (the ``Gather``'s scatter-add); the window's is
-``\sum_{b,f} \mathrm{Re}(\bar g\, \cdot)`` of the frames, the sum over frames of each frame
-times the conjugate-basis gradient. The frame length and the signal's last dimension must be
-static (they size the basis); the signal's length and the frame step may be known at run
-time only.
+by the real basis of the DFT (:func:`_dft_basis`). The engine differentiates that
+composition: the signal's gradient is the product of the output gradient by the transposed
+(conjugate) basis, windowed and overlap-added back into the signal (the ``Gather``'s
+scatter-add); the window's is the sum over batches and frames of each frame times that
+product. Sizes may be known at run time only (the signal's length, the frame step, the frame
+length); the signal's rank and last dimension must be known.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto, numpy_helper
 
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._lowering import Lowering
 from onnxgrad.derivative.autodiff.rules._nn_helpers import unsupported
 
 
-def dft_basis(length: int, bins: int, channels: int) -> np.ndarray:
-    """``[length * channels, 2 bins]``: row ``n C + c`` (sample ``n``, real or imaginary
-    part ``c``), column ``2 k + p`` (bin ``k``, real or imaginary part ``p``) of the DFT
-    ``Y_k = sum_n z_n e^{-2 pi i k n / L}`` written over the reals."""
-    k, n = np.arange(bins), np.arange(length)
-    angle = 2 * np.pi * (np.outer(n, k) % length) / length
-    cos, sin = np.cos(angle), np.sin(angle)
-    basis = np.zeros((length, channels, bins, 2))
-    basis[:, 0, :, 0], basis[:, 0, :, 1] = cos, -sin
-    if channels == 2:
-        basis[:, 1, :, 0], basis[:, 1, :, 1] = sin, cos
-    return basis.reshape(length * channels, 2 * bins)
-
-
-def _frame_length(b, node) -> int:
-    window, frame_length = node.input(2), node.input(3)
-    shape = None if window is None else b.static_shape(window)
-    if shape is not None and len(shape) == 1:
-        return shape[0]
-    value = None if frame_length is None else b.constant_value(frame_length)
-    if value is not None and np.size(value) == 1:
-        return int(np.asarray(value).reshape(()))
-    raise unsupported(node, "a frame length known at run time only (it sizes the DFT basis)")
+@register("STFT", since=17)
+def stft_grad(b, node, grads, needs):
+    """The gradient of the signal and the window through the lowered STFT (module doc)."""
+    signal, step, window = node.inputs[0], node.inputs[1], node.input(2)
+    sample = _sample_shape(b, node)
+    low = Lowering(b, node)
+    static = _static_frame_length(b, node)
+    length = low.ints(static) if static is not None else _frame_length(low, node)
+    samples = low.op("Gather", low.op("Shape", signal), low.ints(1), axis=0)
+    hop = low.op("Cast", step, to=TensorProto.INT64)
+    frames = low.op("Add", low.op("Div", low.op("Sub", samples, length), hop), low.ints(1))
+    starts = low.op("Unsqueeze", low.op("Mul", _range(low, frames), hop), low.ints([1]))
+    offsets = low.op("Unsqueeze", _range(low, length), low.ints([0]))
+    positions = low.op("Add", starts, offsets)  # [F, L]
+    framed = low.op("Gather", signal, positions, axis=1)  # [B, F, L, C] or [B, F, L]
+    if window is not None:
+        shaped = low.op("Reshape", window, low.ints([-1, *[1] * len(sample)]))
+        framed = low.op("Mul", framed, shaped)
+    rows = low.op("Reshape", framed, low.ints([0, 0, -1]))
+    basis = _dft_basis(low, node, length, static, sample[0] if sample else 1)
+    spectrum = low.op("MatMul", rows, basis)
+    low.op("Reshape", spectrum, low.ints([0, 0, -1, 2]), output=node.outputs[0])
+    return low.gradients(grads, [needs[0], False, len(needs) > 2 and needs[2], False])
 
 
 def _sample_shape(b, node) -> list[int]:
@@ -64,31 +63,55 @@ def _sample_shape(b, node) -> list[int]:
     return [shape[-1]]
 
 
-@register("STFT", since=17)
-def stft_grad(b, node, grads, needs):
-    """The gradient of the signal and the window through the lowered STFT (module doc)."""
-    signal, step, window = node.inputs[0], node.inputs[1], node.input(2)
-    length, sample = _frame_length(b, node), _sample_shape(b, node)
-    channels = sample[0] if sample else 1
-    bins = length // 2 + 1 if node.attr("onesided", 1) else length
-    low = Lowering(b, node)
-    samples = low.op("Gather", low.op("Shape", signal), low.ints(1), axis=0)
-    hop = low.op("Cast", step, to=7)  # int64
-    frames = low.op(
-        "Add", low.op("Div", low.op("Sub", samples, low.ints(length)), hop), low.ints(1)
-    )
-    starts = low.op("Mul", low.op("Range", low.ints(0), frames, low.ints(1)), hop)
-    positions = low.op(
-        "Add",
-        low.op("Unsqueeze", starts, low.ints([1])),
-        low.ints(np.arange(length).reshape(1, length)),
-    )  # [F, L]
-    framed = low.op("Gather", signal, positions, axis=1)  # [B, F, L, C] or [B, F, L]
+def _static_frame_length(b, node) -> int | None:
+    """``L`` when the window's shape or a constant ``frame_length`` gives it."""
+    window, frame_length = node.input(2), node.input(3)
+    shape = None if window is None else b.static_shape(window)
+    if shape is not None and len(shape) == 1:
+        return shape[0]
+    value = None if frame_length is None or window is not None else b.constant_value(frame_length)
+    return None if value is None else int(np.asarray(value).reshape(()))
+
+
+def _frame_length(low: Lowering, node) -> str:
+    """``L`` as a 0-D int64 computed at run time: the window's length, else ``frame_length``."""
+    window, frame_length = node.input(2), node.input(3)
     if window is not None:
-        framed = low.op(
-            "Mul", framed, low.op("Reshape", window, low.ints([length] + [1] * len(sample)))
+        return low.op("Squeeze", low.op("Shape", window), low.ints([0]))
+    if frame_length is None:
+        raise unsupported(node, "neither a window nor a frame_length")
+    return low.op("Cast", low.op("Reshape", frame_length, low.ints([])), to=TensorProto.INT64)
+
+
+def _range(low: Lowering, count: str) -> str:
+    return low.op("Range", low.ints(0), count, low.ints(1))
+
+
+def _dft_basis(low: Lowering, node, length: str, static: int | None, channels: int) -> str:
+    r"""``[L C, 2 K]``: row ``n C + c`` (sample ``n``, its real or imaginary part ``c``),
+    column ``2 k + p`` (bin ``k``, real or imaginary part ``p``) of the DFT over the reals,
+    :math:`z_n e^{-i\theta} = (\Re z \cos\theta + \Im z \sin\theta) + i (\Im z
+    \cos\theta - \Re z \sin\theta)`, :math:`\theta = 2\pi k n / L`. A constant computed in
+    float64 when ``L`` is static, else the ``DFT`` of the identity matrix (exact in the
+    signal's type; onnxruntime has no float64 ``Cos``)."""
+    onesided = node.attr("onesided", 1)
+    if static is not None:
+        bins = static // 2 + 1 if onesided else static
+        angle = 2 * np.pi * (np.outer(np.arange(static), np.arange(bins)) % static) / static
+        real = low.const(np.stack([np.cos(angle), -np.sin(angle)], axis=-1))
+    else:
+        square = low.op("Concat", *[low.op("Unsqueeze", length, low.ints([0]))] * 2, axis=0)
+        zeros = low.op(
+            "ConstantOfShape", square, value=numpy_helper.from_array(np.zeros(1, low.dtype))
         )
-    rows = low.op("Reshape", framed, low.ints([0, 0, length * channels]))
-    spectrum = low.op("MatMul", rows, low.const(dft_basis(length, bins, channels)))
-    low.op("Reshape", spectrum, low.ints([0, 0, bins, 2]), output=node.outputs[0])
-    return low.gradients(grads, [needs[0], False, needs[2] if len(needs) > 2 else False, False])
+        identity = low.op("Unsqueeze", low.op("EyeLike", zeros), low.ints([-1]))  # [L, L, 1]
+        if low.opset >= 20:
+            real = low.op("DFT", identity, "", low.ints(1), onesided=onesided)
+        else:
+            real = low.op("DFT", identity, axis=1, onesided=onesided)
+    if channels == 1:
+        return low.op("Flatten", real, axis=1)  # [L, K, 2] -> [L, 2 K]
+    swapped = low.op("Gather", real, low.ints([1, 0]), axis=2)
+    imaginary = low.op("Mul", swapped, low.const([-1.0, 1.0]))  # i e^{-i theta}: [sin, cos]
+    rows = [low.op("Unsqueeze", r, low.ints([1])) for r in (real, imaginary)]
+    return low.op("Flatten", low.op("Concat", *rows, axis=1), axis=2)  # [2 L, 2 K]
