@@ -6,7 +6,8 @@ The reference evaluator's ``BatchNormalization`` of opsets 9-13 normalises with 
 own statistics (its ``momentum`` attribute, which has a default, selects that path); the
 specification's one-output node is inference mode, ``(x - mean) / sqrt(var + eps) * scale +
 bias``, which onnxruntime computes, so the reference uses that formula at every opset. Its
-``GlobalMaxPool``, ``OneHot``, ``GatherElements``, ``Pad`` and ``STFT`` are replaced likewise (see each class).
+``GlobalMaxPool``, ``OneHot``, ``GatherElements``, ``Pad`` and ``STFT`` are replaced
+likewise (see each class).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ elements it copies:
 * edge: :math:`\sum_{i<p} \bar y_i` adds to :math:`x_0` and the sum of the right border to
   :math:`x_{n-1}`.
 
-Padding is separable, so the axes fold one after the other. A negative pad crops the input
-first (as onnxruntime does): the folded gradient is then zero-padded back over the cropped
-elements (pre-emphasis written as an edge ``Pad`` by ``(1, -1)``, a shift by one sample). Each folded border is placed by
+Padding is separable, so the axes fold one after the other. Each folded border is placed by
 a zero ``Pad`` (pads computed from ``n`` at run time when it is unknown), which needs no
-scatter with reduction (opset 16).
+scatter with reduction (opset 16). A negative pad crops the input first (as onnxruntime
+does): the folded gradient is then zero-padded back over the cropped elements (kaldi's
+pre-emphasis is an edge ``Pad`` by ``(1, -1)``, a shift by one sample).
 """
 
 from __future__ import annotations
