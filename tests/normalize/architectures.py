@@ -1,9 +1,11 @@
-"""Four more transformer architectures (tiny configs of transformers' own classes, random
+"""Five more transformer architectures (tiny configs of transformers' own classes, random
 weights, exported by torch with a float input) and every form onnxruntime's tools deploy of
-them: GPT-2, a Qwen2 decoder (grouped key/value heads, rotary), a ViT and a T5 encoder
-(relative position bias). Exports and forms are cached in ``$ONNXGRAD_TEST_CACHE``
-(default ``~/.cache/onnxgrad-tests``), keyed by the versions of the tools that made them and
-the digest of the builders (this module and :mod:`tests.normalize.deployed`)."""
+them: GPT-2, a Qwen2 decoder (grouped key/value heads, rotary), a ViT, a T5 encoder
+(relative position bias) and a Whisper encoder (log-mel features ``[B, 80, frames]``, two
+strided ``Conv1d`` with exact GELU, sinusoidal positions). Exports and forms are cached in
+``$ONNXGRAD_TEST_CACHE`` (default ``~/.cache/onnxgrad-tests``), keyed by the versions of the
+tools that made them and the digest of the builders (this module and
+:mod:`tests.normalize.deployed`)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,18 @@ from tests.normalize import deployed
 
 HIDDEN, SEQ, BATCH = deployed.HIDDEN, deployed.SEQ, deployed.BATCH
 IMAGE, PATCH, CHANNELS = 8, 4, 3
-ARCHITECTURES = ("gpt2", "qwen2", "vit", "t5")
+#: Whisper's mel bins and input frames (twice its positions: the second Conv1d has stride 2)
+MELS, FRAMES = 80, 16
+ARCHITECTURES = ("gpt2", "qwen2", "vit", "t5", "whisper")
 FORMS = deployed.FORMS
 #: onnxruntime.transformers.optimizer's model_type and head count of each architecture
-OPTIMIZER = {"gpt2": ("gpt2", 2), "qwen2": ("gpt2", 4), "vit": ("vit", 2), "t5": ("t5", 2)}
+OPTIMIZER = {
+    "gpt2": ("gpt2", 2),
+    "qwen2": ("gpt2", 4),
+    "vit": ("vit", 2),
+    "t5": ("t5", 2),
+    "whisper": ("bart", 2),  # onnxruntime's Whisper scripts optimize it as BART
+}
 #: the operators static quantization is limited to: T5's relative-position buckets (a
 #: ``Log`` of ``|i - j|``, minus infinity on the diagonal) quantized give onnxruntime itself
 #: out-of-range ``Gather`` indices, so its weighted operators and the bias lookup only
@@ -31,6 +41,7 @@ INPUT = {
     "qwen2": "inputs_embeds",
     "vit": "pixel_values",
     "t5": "inputs_embeds",
+    "whisper": "input_features",
 }
 
 
@@ -74,6 +85,19 @@ def module(kind: str):
             **common,
         )
         model = transformers.ViTForImageClassification(config)
+    elif kind == "whisper":
+        config = transformers.WhisperConfig(
+            d_model=HIDDEN,
+            encoder_layers=2,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=2 * HIDDEN,
+            num_mel_bins=MELS,
+            max_source_positions=FRAMES // 2,
+            **common,
+        )
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        model = WhisperEncoder(config)
     else:
         config = transformers.T5Config(
             vocab_size=50,
@@ -104,7 +128,9 @@ def export(kind: str, path: Path) -> None:
             return forward(self.model, kind, x)
 
     x = torch.from_numpy(feeds(kind)[name])
-    deployed._export(Wrapped(), (x,), [name], path)
+    # Whisper's encoder checks its frame count: the batch only is dynamic
+    dynamic = {name: {0: "batch"}} if kind == "whisper" else None
+    deployed._export(Wrapped(), (x,), [name], path, dynamic)
 
 
 def bert_ids(name: str) -> Path:
@@ -158,20 +184,24 @@ def bert_ids_feeds(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def forward(model, kind: str, x):
-    """The output the export names ``logits`` (T5: the encoder's last hidden state)."""
+    """The output the export names ``logits`` (T5, Whisper: the encoder's last hidden
+    state)."""
     import torch
 
     if kind == "vit":
         return model(pixel_values=x).logits
     if kind == "t5":
         return model(inputs_embeds=x).last_hidden_state
+    if kind == "whisper":
+        return model(input_features=x).last_hidden_state
     mask = torch.ones(x.shape[:2], dtype=torch.int64)
     return model(inputs_embeds=x, attention_mask=mask, use_cache=False).logits
 
 
 def feeds(kind: str, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    shape = (BATCH, CHANNELS, IMAGE, IMAGE) if kind == "vit" else (BATCH, SEQ, HIDDEN)
+    shapes = {"vit": (BATCH, CHANNELS, IMAGE, IMAGE), "whisper": (BATCH, MELS, FRAMES)}
+    shape = shapes.get(kind, (BATCH, SEQ, HIDDEN))
     return {INPUT[kind]: rng.standard_normal(shape).astype(np.float32)}
 
 

@@ -1,4 +1,4 @@
-"""Four more architectures (GPT-2, a Qwen2 decoder, a ViT, a T5 encoder) in every form
+"""Five more architectures (GPT-2, a Qwen2 decoder, a ViT, a T5 and a Whisper encoder) in every form
 onnxruntime's tools deploy (float32, optimized at levels 1 and 2, float16, int8 dynamic,
 static QDQ, 4-bit): each lowers to what onnxruntime computes, differentiates, and LoRA-trains
 through a train step onnxruntime loads at its default optimization level.
@@ -36,6 +36,14 @@ POINT = 4
 BOUND = {"float16": 2e-2}
 DEFAULT_BOUND = 1e-2
 EPS = 1e-3
+#: Whisper's 2560 input features each move its normalized outputs little: at 1e-3 the
+#: float32 outputs' rounding dominates the differences (7e-2 off torch's float64 autograd
+#: on the float32 file, 1e-2 at 1e-2, 4e-3 at 3e-2)
+EPS_OF = {"whisper": 3e-2}
+#: architectures whose output is a LayerNorm's (Whisper's encoder): the mean of each
+#: token's features is its bias's whatever the adapters do, so the target moves them by a
+#: zero-mean shift
+NORMALIZED_OUTPUT = ("whisper",)
 #: Adam on the adapters: small enough for the tiny ViT (whose logits are ~1e-2)
 LEARNING_RATE = 1e-3
 
@@ -54,7 +62,7 @@ def _input_gradient(model: onnx.ModelProto, name: str, feeds, seed) -> np.ndarra
     return dict(zip(names, out, strict=True))[f"{name}_grad"]
 
 
-def _finite_differences(model: onnx.ModelProto, name: str, feeds, seed) -> np.ndarray:
+def _finite_differences(model: onnx.ModelProto, name: str, feeds, seed, eps=EPS) -> np.ndarray:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -65,7 +73,7 @@ def _finite_differences(model: onnx.ModelProto, name: str, feeds, seed) -> np.nd
         x = np.asarray(values[name], dtype=np.float32)
         return [session.run(None, {name: x})[0].astype(np.float64)]
 
-    return numerical_vjp(function, {name: feeds[name]}, [name], [seed], eps=EPS)[name]
+    return numerical_vjp(function, {name: feeds[name]}, [name], [seed], eps=eps)[name]
 
 
 def _relative(got, want) -> float:
@@ -111,7 +119,8 @@ def test_input_gradient_of_architecture_form(kind, form):
     )
     seed = np.random.default_rng(1).standard_normal(outputs.shape).astype(np.float32)
     got = _input_gradient(model, name, feeds, seed)
-    want = _finite_differences(_reference(kind, form, model, feeds), name, feeds, seed)
+    reference = _reference(kind, form, model, feeds)
+    want = _finite_differences(reference, name, feeds, seed, EPS_OF.get(kind, EPS))
     bound = BOUND.get(form, DEFAULT_BOUND)
     if form == "float16":
         bound = max(bound, 2 * _torch_float16_error(kind, feeds, seed))
@@ -152,8 +161,7 @@ def test_lora_training_of_architecture_form(kind, form, tmp_path):
     step = load_train_step(tmp_path)
     feeds = architectures.feeds(kind)
     outputs = kernel_outputs(model, feeds)[0]  # a skip where this onnxruntime lacks a kernel
-    shift = np.random.default_rng(2).standard_normal((1,)).astype(np.float32)
-    target = outputs + shift * np.abs(outputs).max()
+    target = _target(kind, outputs)
     session = ort.InferenceSession(
         str(art.path("training_model.onnx")), providers=["CPUExecutionProvider"]
     )
@@ -171,6 +179,17 @@ def test_lora_training_of_architecture_form(kind, form, tmp_path):
         values = dict(zip([*step.weights, *step.state], new, strict=True))
     assert np.isfinite(losses).all()
     assert losses[-1] < 0.9 * losses[0]
+
+
+def _target(kind: str, outputs: np.ndarray) -> np.ndarray:
+    """The outputs shifted: by one number (a multiple of their largest), or for a
+    LayerNorm's output by a zero-mean vector along the features."""
+    rng = np.random.default_rng(2)
+    if kind in NORMALIZED_OUTPUT:
+        shift = rng.standard_normal(outputs.shape[-1]).astype(np.float32)
+        return outputs + 0.5 * (shift - shift.mean())
+    shift = rng.standard_normal((1,)).astype(np.float32)
+    return outputs + shift * np.abs(outputs).max()
 
 
 @pytest.mark.parametrize("form", ["opt1", "opt2"])
