@@ -502,7 +502,7 @@ def test_t5_relative_attention_bias_is_a_weight(folding):
 
 
 def _architecture_cases():
-    from tests.graph.architectures import ARCHITECTURES, forms
+    from tests.architectures import ARCHITECTURES, forms
 
     return [(a, f) for a in ARCHITECTURES for f in forms(a)]
 
@@ -566,10 +566,10 @@ def test_default_weights_of_every_deployed_form_are_the_parameters(architecture,
     import onnx
 
     from onnxgrad import onnx_derivative
-    from tests.graph import architectures
+    from tests import architectures
 
     try:
-        path = architectures.deployed(architecture, form)
+        path = architectures.deployed_form(architecture, form)
         params = architectures.parameters(architecture)
     except ImportError as error:  # no torch here and no cached export, or no 4-bit quantizer
         pytest.skip(f"{architecture} {form} cannot be made in this environment: {error}")

@@ -52,7 +52,7 @@ def export_bert(path: Path) -> None:
     _export(Classifier(), (embeds, mask), ["inputs_embeds", "attention_mask"], path)
 
 
-#: the config of the tiny decoders (Llama here, Qwen2 in :mod:`tests.normalize.architectures`)
+#: the config of the tiny decoders (Llama here, Qwen2 in :mod:`tests.architectures`)
 DECODER = {
     "vocab_size": 50,
     "hidden_size": HIDDEN,
