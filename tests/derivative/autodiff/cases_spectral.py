@@ -40,3 +40,28 @@ CASES = [
                  rtol=1e-4, atol=1e-5),
 ]
 # fmt: on
+
+
+def dft(id, shape, opset=17, length=None, axis=None, **attrs):
+    """DFT of a random input: the axis as an attribute before opset 20, an input after."""
+    inputs = {"input": rng.standard_normal(shape)}
+    if length is not None or (opset >= 20 and axis is not None):
+        inputs["dft_length"] = None if length is None else np.array(length, np.int64)
+    if opset >= 20 and axis is not None:
+        inputs["axis"] = np.array(axis, np.int64)
+    elif axis is not None:
+        attrs["axis"] = axis
+    return OpCase("DFT", inputs, attrs, opset=opset, dynamic_shapes=False, id=f"DFT-{id}")
+
+
+REAL_DFT = dft("real-onesided", (2, 6, 1), onesided=1)
+
+CASES += [
+    REAL_DFT,
+    dft("complex", (2, 5, 2)),
+    dft("complex-inverse-axis2", (1, 3, 4, 2), axis=2, inverse=1),
+    dft("real-padded", (2, 4, 1), length=6),
+    dft("complex-cut-axis-input", (2, 3, 5, 2), opset=20, length=3, axis=-2),
+    dft("real-axis1-opset20", (1, 4, 3, 1), opset=20, axis=1, onesided=1),
+    second_order(REAL_DFT, rtol=1e-4, atol=1e-5),
+]
