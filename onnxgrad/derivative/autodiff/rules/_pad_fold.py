@@ -54,7 +54,9 @@ def _fold_axis(b, g: str, x: str, axis, rank, pads: tuple[int, int], mode: str, 
     """Fold the borders of ``axis`` of ``g``: ``x`` cropped by ``cropped`` elements there
     was padded by ``pads``."""
     before, after = pads
-    size = _minus(b, _size(b, x, axis), cropped)
+    size = _size(b, x, axis)
+    if cropped:
+        size = _minus(b, size, cropped)
     total = _slice(b, g, before, -after if after else _LAST, axis)
     if before:
         if mode == "reflect":
