@@ -73,7 +73,9 @@ class Pad(OpRun):
 
     op_domain = ""
 
-    def _run(self, data, pads, constant_value=None, axes=None, mode=None):
+    def _run(self, data, pads=None, constant_value=None, axes=None, mode=None, value=None):
+        if constant_value is None:
+            constant_value = value  # an attribute before opset 11
         rank = data.ndim
         axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
         pads = np.asarray(pads, np.int64)
