@@ -3,8 +3,9 @@
 Every single-operator model of ``onnx.backend.test.case.node.collect_testcases()`` (the code
 behind onnx's backend test data; the ``*_expanded`` variants left out) is differentiated by
 ``onnx_derivative(backend="onnx")`` with respect to each float input that the operator's
-schema does not mark non-differentiable, when the operator has a float output. The model is
-converted to float64 and the gradient checked along random directions ``v``:
+schema does not mark non-differentiable (STFT's signal and window and DFT's input too: the
+schemas mark them so, but both are linear in each), when the operator has a float output.
+The model is converted to float64 and the gradient checked along random directions ``v``:
 
     <x_grad, v>  ==  (f(x + eps v) - f(x - eps v)) / (2 eps),   f = sum_k <y_k, g_k>
 
@@ -102,6 +103,12 @@ PLAIN = FLOATS | {
     TensorProto.STRING,
 }
 NON_DIFFERENTIABLE = onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
+#: inputs a schema marks non-differentiable though the operator is smooth in them (STFT is
+#: linear in its signal and its window, DFT in its input): checked like the others
+DIFFERENTIABLE_DESPITE_SCHEMA = {
+    "STFT": frozenset({"signal", "window"}),
+    "DFT": frozenset({"input"}),
+}
 STATUSES = ("ok", "not confirmed", "wrong", "missing", "failed", "skipped")
 EPS = 1e-6
 RTOL = 1e-4
@@ -340,7 +347,10 @@ def differentiable_inputs(model: ModelProto) -> list[str]:
         node.input[position]
         for node, position, parameter, _ in _formal_parameters(model)
         if node.input[position] in float_inputs
-        and parameter.differentiation_category != NON_DIFFERENTIABLE
+        and (
+            parameter.differentiation_category != NON_DIFFERENTIABLE
+            or parameter.name in DIFFERENTIABLE_DESPITE_SCHEMA.get(node.op_type, ())
+        )
     }
     return [i.name for i in graph.input if i.name in chosen]
 

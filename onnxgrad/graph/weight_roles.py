@@ -11,7 +11,10 @@ graph input (through differentiable edges), what a lookup (``Gather*``) reads fr
 with indices depending on a graph input (a quantized table included), and *index data*: the
 float values computed from the values of ids, bytes, masks or positions without a float
 input (``Cast``, ``OneHot``, ``Equal`` then ``Cast``, ``Where`` on a mask), and the float
-outputs a schema marks non-differentiable (``STFT``'s spectrum). Two reads of the data are
+outputs a schema marks non-differentiable. The *spectrum* of the data (what ``STFT`` or
+``DFT`` computes from it, then its power or magnitude: squares, sums, roots, moves) is data;
+a non-negative constant matrix multiplying it (``MatMul``, ``Gemm``) is a filterbank (mel,
+Kaldi's, constant-Q), a fixed transform like a rotary table, not a weight. Two reads of the data are
 not data: its *shape* (``Shape``, ``Size`` and what is computed from them and constants:
 positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale and zero
 point, and what they compute). A layer whose only data operand is index data is a lookup
@@ -59,8 +62,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import onnx
-from onnx import ModelProto, NodeProto
+from onnx import ModelProto, NodeProto, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, real_inputs, subgraphs
 from onnxgrad.graph._differentiable import input_is_differentiable, output_is_differentiable
@@ -89,6 +93,13 @@ _PURE_MOVES = frozenset(
 _STATISTICS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul"})
 #: transforms of the data's values whose schemas mark them non-differentiable
 _SPECTRAL = frozenset({"STFT", "DFT"})
+#: ops turning a spectrum into its power or magnitude, or moving it: still a spectrum
+_SPECTRUM_MAPS = _PURE_MOVES | {
+    "ReduceSumSquare", "ReduceSum", "ReduceL2", "Mul", "Div", "Pow", "Abs", "Sqrt", "Add",
+    "Sum", "Clip", "Max", "Concat", "Split", "Gather", "Pad",
+}  # fmt: skip
+#: the layers a filterbank multiplies a spectrum with
+_FILTERBANKS = frozenset({"MatMul", "Gemm"})
 #: ops broadcasting one number to a shape: a fill value, never a weight (TensorFlow's
 #: LayerNorm as a BatchNormalization over ones and zeros expanded to the batch)
 _FILLS = frozenset({"Expand", "Tile"})
@@ -250,6 +261,9 @@ class _Roles:
         #: comparisons, a float input cast to byte values) are index data
         self.statistics: set[str] = set()
         self.sources: dict[str, frozenset[str]] = {n: frozenset({n}) for n in candidates}
+        #: data values that are a spectrum of the data, its power or its magnitude
+        self.spectra: set[str] = set()
+        self.initializers = {i.name: i for i in model.graph.initializer}
         #: derived constants holding rows of a table (a lookup by constant indices)
         self.rows: set[str] = set()
         #: derived constants combined with statistics of the data (non-differentiable reads
@@ -328,6 +342,9 @@ class _Roles:
             floats = [o for o in node.output if o and self._is_float(o)]
             if not values:
                 self.statistics.update(o for o in node.output if o)
+            elif floats and node.op_type in _SPECTRAL:
+                data, outputs = values, floats
+                self.spectra.update(outputs)
             elif floats:  # OneHot's schema marks its output non-differentiable: still data
                 data, outputs = values, floats
                 self.index_data.update(outputs)
@@ -354,6 +371,8 @@ class _Roles:
         elif lookup:
             self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
         weight_found = lookup
+        if self._is_filterbank(node, constants, data):
+            constants = []
         for index, name in constants:
             if index == 0 and lookup:
                 continue
@@ -371,8 +390,34 @@ class _Roles:
         if not lookup and all(n in self.index_data for n in data if self._is_float(n)):
             self.index_data.update(outputs)
         self._track_root(node, data, outputs)
+        if self._keeps_a_spectrum(node, data, weight_found):
+            self.spectra.update(outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
+
+    def _keeps_a_spectrum(self, node: NodeProto, data: list[str], weight_found: bool) -> bool:
+        """Power, magnitude or a move of a spectrum, with no weight of its own."""
+        return (
+            node.op_type in _SPECTRUM_MAPS
+            and not normalize_domain(node.domain)
+            and not weight_found
+            and all(n in self.spectra for n in data)
+        )
+
+    def _is_filterbank(self, node: NodeProto, constants: list, data: list[str]) -> bool:
+        """A non-negative constant matrix multiplying a spectrum of the data (its power or
+        magnitude): a mel or constant-Q filterbank, a fixed transform (a trained layer on a
+        spectrum has weights of both signs)."""
+        if node.op_type not in _FILTERBANKS or normalize_domain(node.domain) or not data:
+            return False
+        if not all(n in self.spectra for n in data) or not constants:
+            return False
+        held = frozenset().union(*(self.sources[n] for _, n in constants))
+        return all(self._non_negative(n) for n in held)
+
+    def _non_negative(self, name: str) -> bool:
+        tensor = self.initializers.get(name)
+        return tensor is not None and bool(np.all(numpy_helper.to_array(tensor) >= 0))
 
     def _undifferentiated_outputs(self, node: NodeProto, outputs: list[str]) -> None:
         """Float outputs of data that a schema marks non-differentiable: statistics for a

@@ -502,7 +502,7 @@ def test_t5_relative_attention_bias_is_a_weight(folding):
 
 
 def _architecture_cases():
-    from tests.graph.architectures import ARCHITECTURES, forms
+    from tests.architectures import ARCHITECTURES, forms
 
     return [(a, f) for a in ARCHITECTURES for f in forms(a)]
 
@@ -566,10 +566,10 @@ def test_default_weights_of_every_deployed_form_are_the_parameters(architecture,
     import onnx
 
     from onnxgrad import onnx_derivative
-    from tests.graph import architectures
+    from tests import architectures
 
     try:
-        path = architectures.deployed(architecture, form)
+        path = architectures.deployed_form(architecture, form)
         params = architectures.parameters(architecture)
     except ImportError as error:  # no torch here and no cached export, or no 4-bit quantizer
         pytest.skip(f"{architecture} {form} cannot be made in this environment: {error}")
@@ -632,33 +632,71 @@ def test_a_float_input_cast_to_codes_and_one_hot_is_data():
     assert _weights(model) == ["w", "b"]
 
 
-def test_a_spectrum_is_data_and_a_log_guard_is_an_epsilon():
-    """onnx-asr's log-mel features: STFT (no gradient by its schema) of the waveform, power,
-    mel filterbank, ``log(mel + guard)``: the guard is no weight (before: it and every
-    constant after the STFT were)."""
+def _log_mel(front: list, inits: dict, spectral: str = "STFT"):
+    """``front`` (nodes making ``spectrum`` from ``x``), power, a ``MatMul`` by ``mel``,
+    ``log(mel + guard) / ln 10``, then ``Gemm`` by a trained ``head``."""
     node = helper.make_node
-    model = _model(
+    return _model(
         [
-            node("Unsqueeze", ["x", "last"], ["signal"]),
-            node("STFT", ["signal", "hop", "window"], ["spectrum"], onesided=1),
+            *front,
             node("ReduceSumSquare", ["spectrum", "last"], ["power"], keepdims=0),
             node("MatMul", ["power", "mel"], ["m"]),
             node("Add", ["m", "guard"], ["guarded"]),
             node("Log", ["guarded"], ["logm"]),
-            node("Div", ["logm", "ln10"], ["y"]),
+            node("Div", ["logm", "ln10"], ["features"]),
+            node("Flatten", ["features"], ["flat"]),
+            node("Gemm", ["flat", "head"], ["y"]),
         ],
         {
             "last": np.array([-1], np.int64),
-            "hop": np.array(4, np.int64),
-            "window": np.hanning(8).astype(np.float32),
-            "mel": np.abs(f32(5, 3)),
             "guard": np.float32(1e-5),
             "ln10": np.float32(2.3025851),
+            **inits,
         },
         [("x", F, [2, 32])],
         ["y"],
     )
-    assert _weights(model) == ["mel"]
+
+
+def _stft_front(inits: dict):
+    node = helper.make_node
+    nodes = [
+        node("Unsqueeze", ["x", "last"], ["signal"]),
+        node("STFT", ["signal", "hop", "window"], ["spectrum"], onesided=1),
+    ]
+    return nodes, {
+        "hop": np.array(4, np.int64),
+        "window": np.hanning(8).astype(np.float32),
+        **inits,
+    }
+
+
+def _dft_front(inits: dict):
+    node = helper.make_node
+    nodes = [
+        node("Reshape", ["x", "frames"], ["framed"]),
+        node("DFT", ["framed"], ["spectrum"], axis=2, onesided=1),
+    ]
+    return nodes, {"frames": np.array([2, 4, 8, 1], np.int64), **inits}
+
+
+@pytest.mark.parametrize("front", [_stft_front, _dft_front])
+def test_a_spectrum_is_data_its_filterbank_and_log_guard_are_not_weights(front):
+    """onnx-asr's log-mel features (STFT, or framing and DFT as wespeaker's): the power
+    spectrum times a non-negative mel filterbank, ``log(mel + guard)``: the filterbank is a
+    fixed transform (before: a default weight), the guard an epsilon; the trained head after
+    the features is the only weight."""
+    bins = 5
+    nodes, inits = front(
+        {"mel": np.abs(f32(bins, 3)), "head": f32(3 * 7 if front is _stft_front else 3 * 4, 2)}
+    )
+    assert _weights(_log_mel(nodes, inits)) == ["head"]
+
+
+def test_a_trained_layer_on_a_spectrum_is_a_weight():
+    """A dense layer on the power spectrum (weights of both signs) stays a weight."""
+    nodes, inits = _stft_front({"mel": f32(5, 3), "head": f32(21, 2)})
+    assert _weights(_log_mel(nodes, inits)) == ["mel", "head"]
 
 
 def test_a_fill_broadcast_from_one_number_is_not_a_weight_a_folded_beta_is():

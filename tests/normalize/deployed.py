@@ -52,7 +52,7 @@ def export_bert(path: Path) -> None:
     _export(Classifier(), (embeds, mask), ["inputs_embeds", "attention_mask"], path)
 
 
-#: the config of the tiny decoders (Llama here, Qwen2 in :mod:`tests.normalize.architectures`)
+#: the config of the tiny decoders (Llama here, Qwen2 in :mod:`tests.architectures`)
 DECODER = {
     "vocab_size": 50,
     "hidden_size": HIDDEN,
@@ -85,10 +85,11 @@ def export_llama(path: Path) -> None:
     _export(LanguageModel(), (torch.randn(BATCH, SEQ, HIDDEN),), ["inputs_embeds"], path)
 
 
-def _export(module, args, names, path: Path) -> None:
+def _export(module, args, names, path: Path, dynamic: dict | None = None) -> None:
+    """Opset 17, TorchScript exporter; ``dynamic`` axes (default: batch and sequence)."""
     import torch
 
-    dynamic = {name: {0: "batch", 1: "sequence"} for name in names}
+    dynamic = dynamic or {name: {0: "batch", 1: "sequence"} for name in names}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(

@@ -1,4 +1,4 @@
-"""Four more architectures (GPT-2, a Qwen2 decoder, a ViT, a T5 encoder) in every form
+"""Five more architectures (GPT-2, a Qwen2 decoder, a ViT, a T5 and a Whisper encoder) in every form
 onnxruntime's tools deploy (float32, optimized at levels 1 and 2, float16, int8 dynamic,
 static QDQ, 4-bit): each lowers to what onnxruntime computes, differentiates, and LoRA-trains
 through a train step onnxruntime loads at its default optimization level.
@@ -16,8 +16,8 @@ import pytest
 
 from onnxgrad import onnx_derivative
 from onnxgrad.normalize import normalized_model
+from tests import architectures
 from tests.derivative.fd import numerical_vjp
-from tests.normalize import architectures
 from tests.normalize.kernels import kernel_outputs, run
 from tests.normalize.unrounded import with_frozen_rounding
 
@@ -36,13 +36,26 @@ POINT = 4
 BOUND = {"float16": 2e-2}
 DEFAULT_BOUND = 1e-2
 EPS = 1e-3
+#: Whisper's 2560 input features each move its normalized outputs little: at 1e-3 the
+#: float32 outputs' rounding dominates the differences (7e-2 off torch's float64 autograd
+#: on the float32 file, 1e-2 at 1e-2, 4e-3 at 3e-2)
+EPS_OF = {"whisper": 3e-2}
+#: architectures whose output is a LayerNorm's (Whisper's encoder): the mean of each
+#: token's features is its bias's whatever the adapters do, so the target moves them by a
+#: zero-mean shift
+NORMALIZED_OUTPUT = ("whisper",)
 #: Adam on the adapters: small enough for the tiny ViT (whose logits are ~1e-2)
 LEARNING_RATE = 1e-3
 
 
+#: the forms of the matrix: what onnxruntime's tools make (the export's own Constant
+#: nodes promoted, a form of the weights-by-role property test, left out)
+FORMS = tuple(f for f in architectures.forms("gpt2") if f != "initializers")
+
+
 def _form(kind: str, name: str) -> onnx.ModelProto:
     try:
-        return onnx.load(architectures.form(kind, name))
+        return onnx.load(architectures.deployed_form(kind, name))
     except ImportError as exc:  # a tool whose kernel this onnxruntime build lacks
         pytest.skip(f"this onnxruntime cannot make the {name} form: {exc}")
 
@@ -54,7 +67,7 @@ def _input_gradient(model: onnx.ModelProto, name: str, feeds, seed) -> np.ndarra
     return dict(zip(names, out, strict=True))[f"{name}_grad"]
 
 
-def _finite_differences(model: onnx.ModelProto, name: str, feeds, seed) -> np.ndarray:
+def _finite_differences(model: onnx.ModelProto, name: str, feeds, seed, eps=EPS) -> np.ndarray:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -65,7 +78,7 @@ def _finite_differences(model: onnx.ModelProto, name: str, feeds, seed) -> np.nd
         x = np.asarray(values[name], dtype=np.float32)
         return [session.run(None, {name: x})[0].astype(np.float64)]
 
-    return numerical_vjp(function, {name: feeds[name]}, [name], [seed], eps=EPS)[name]
+    return numerical_vjp(function, {name: feeds[name]}, [name], [seed], eps=eps)[name]
 
 
 def _relative(got, want) -> float:
@@ -99,8 +112,8 @@ def _torch_float16_error(kind: str, feeds, seed) -> float:
     return _relative(grads[1], grads[0])
 
 
-@pytest.mark.parametrize("kind", architectures.ARCHITECTURES)
-@pytest.mark.parametrize("form", architectures.FORMS)
+@pytest.mark.parametrize("kind", architectures.FLOAT_INPUT)
+@pytest.mark.parametrize("form", FORMS)
 def test_input_gradient_of_architecture_form(kind, form):
     model = _form(kind, form)
     name = architectures.INPUT[kind]
@@ -111,14 +124,15 @@ def test_input_gradient_of_architecture_form(kind, form):
     )
     seed = np.random.default_rng(1).standard_normal(outputs.shape).astype(np.float32)
     got = _input_gradient(model, name, feeds, seed)
-    want = _finite_differences(_reference(kind, form, model, feeds), name, feeds, seed)
+    reference = _reference(kind, form, model, feeds)
+    want = _finite_differences(reference, name, feeds, seed, EPS_OF.get(kind, EPS))
     bound = BOUND.get(form, DEFAULT_BOUND)
     if form == "float16":
         bound = max(bound, 2 * _torch_float16_error(kind, feeds, seed))
     assert _relative(got, want) < bound
 
 
-@pytest.mark.parametrize("kind", architectures.ARCHITECTURES)
+@pytest.mark.parametrize("kind", architectures.FLOAT_INPUT)
 def test_input_gradient_of_float32_export_against_torch(kind):
     """The exported file's gradient against torch's float64 autograd of the module it came
     from: tight, where finite differences of float32 outputs are not."""
@@ -136,8 +150,8 @@ def test_input_gradient_of_float32_export_against_torch(kind):
     assert _relative(got, x.grad.numpy()) < 1e-5
 
 
-@pytest.mark.parametrize("kind", architectures.ARCHITECTURES)
-@pytest.mark.parametrize("form", architectures.FORMS)
+@pytest.mark.parametrize("kind", architectures.FLOAT_INPUT)
+@pytest.mark.parametrize("form", FORMS)
 def test_lora_training_of_architecture_form(kind, form, tmp_path):
     """add_lora, generate_artifacts, then steps in an onnxruntime session at its default
     optimization level (whose optimizers must accept what onnxgrad emits): finite losses,
@@ -152,8 +166,7 @@ def test_lora_training_of_architecture_form(kind, form, tmp_path):
     step = load_train_step(tmp_path)
     feeds = architectures.feeds(kind)
     outputs = kernel_outputs(model, feeds)[0]  # a skip where this onnxruntime lacks a kernel
-    shift = np.random.default_rng(2).standard_normal((1,)).astype(np.float32)
-    target = outputs + shift * np.abs(outputs).max()
+    target = _target(kind, outputs)
     session = ort.InferenceSession(
         str(art.path("training_model.onnx")), providers=["CPUExecutionProvider"]
     )
@@ -173,6 +186,17 @@ def test_lora_training_of_architecture_form(kind, form, tmp_path):
     assert losses[-1] < 0.9 * losses[0]
 
 
+def _target(kind: str, outputs: np.ndarray) -> np.ndarray:
+    """The outputs shifted: by one number (a multiple of their largest), or for a
+    LayerNorm's output by a zero-mean vector along the features."""
+    rng = np.random.default_rng(2)
+    if kind in NORMALIZED_OUTPUT:
+        shift = rng.standard_normal(outputs.shape[-1]).astype(np.float32)
+        return outputs + 0.5 * (shift - shift.mean())
+    shift = rng.standard_normal((1,)).astype(np.float32)
+    return outputs + shift * np.abs(outputs).max()
+
+
 @pytest.mark.parametrize("form", ["opt1", "opt2"])
 def test_weight_gradient_through_embed_layer_norm_into_attention(form):
     """onnxruntime's optimized BERT (``EmbedLayerNormalization`` whose mask index feeds each
@@ -181,7 +205,7 @@ def test_weight_gradient_through_embed_layer_norm_into_attention(form):
     differences of the deployed file."""
     import onnxruntime as ort
 
-    model = onnx.load(architectures.bert_ids(form))
+    model = onnx.load(architectures.deployed_form("bert", form))
     fused = [n for n in model.graph.node if n.op_type in ("EmbedLayerNormalization", "Attention")]
     if {n.op_type for n in fused} != {"EmbedLayerNormalization", "Attention"}:
         import onnxruntime as ort
@@ -189,7 +213,7 @@ def test_weight_gradient_through_embed_layer_norm_into_attention(form):
         pytest.skip(f"onnxruntime {ort.__version__}'s optimizer fuses neither on this export")
     floats = {i.name: i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
     names = sorted({name for n in fused for name in n.input if name in floats})
-    feeds = architectures.bert_ids_feeds(batch=3, seed=1)
+    feeds = architectures.feeds("bert", seed=1, batch=3)
     outputs = run(model, feeds)[0]
     seed = np.random.default_rng(1).standard_normal(outputs.shape).astype(np.float32)
     gradient = onnx_derivative(model, weights=names, inputs=[])

@@ -126,9 +126,8 @@ def _float_product(node, quantize, at):
     if len(node.input) > 3 and node.input[3]:
         made.append(helper.make_node("Cast", [node.input[3]], [f"{name}_z"], to=1))
         zero_w = f"{name}_z"
-        if node.op_type == "ConvInteger":  # one zero point per output channel: (M, 1, 1, 1)
-            made.append(_const(f"{name}_zshape", np.array([-1, 1, 1, 1], np.int64)))
-            made.append(helper.make_node("Reshape", [zero_w, f"{name}_zshape"], [f"{name}_zr"]))
+        if node.op_type == "ConvInteger":  # one zero point per output channel: (M, 1, ...)
+            made += _per_output_channel(weight, zero_w, f"{name}_zr")
             zero_w = f"{name}_zr"
         made.append(helper.make_node("Sub", [weight, zero_w], [f"{name}_wc"]))
         weight = f"{name}_wc"
@@ -136,6 +135,20 @@ def _float_product(node, quantize, at):
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     made.append(helper.make_node(float_op, [f"{name}_a", weight], [name], **attributes))
     return made
+
+
+def _per_output_channel(weight: str, values: str, output: str) -> list[onnx.NodeProto]:
+    """``values`` (one per output channel) reshaped to ``(M, 1, ...)`` of ``weight``'s rank
+    (1-D, 2-D or 3-D kernels)."""
+    return [
+        helper.make_node("Shape", [weight], [f"{output}_dims"], start=1),
+        helper.make_node("Div", [f"{output}_dims", f"{output}_dims"], [f"{output}_ones"]),
+        _const(f"{output}_lead", np.array([-1], np.int64)),
+        helper.make_node(
+            "Concat", [f"{output}_lead", f"{output}_ones"], [f"{output}_shape"], axis=0
+        ),
+        helper.make_node("Reshape", [values, f"{output}_shape"], [output]),
+    ]
 
 
 def _clipped(dequantize, quantize, constants, at):

@@ -6,7 +6,8 @@ The reference evaluator's ``BatchNormalization`` of opsets 9-13 normalises with 
 own statistics (its ``momentum`` attribute, which has a default, selects that path); the
 specification's one-output node is inference mode, ``(x - mean) / sqrt(var + eps) * scale +
 bias``, which onnxruntime computes, so the reference uses that formula at every opset. Its
-``GlobalMaxPool`` and ``OneHot`` are replaced likewise (see each class).
+``GlobalMaxPool``, ``OneHot``, ``GatherElements``, ``Pad`` and ``STFT`` are replaced
+likewise (see each class).
 """
 
 from __future__ import annotations
@@ -56,7 +57,70 @@ class OneHot(OpRun):
         return (np.moveaxis(result, -1, -1 if axis is None else axis),)
 
 
-_FIXED_OPS = [BatchNormalization, GlobalMaxPool, OneHot]
+class GatherElements(OpRun):
+    """onnx's reference handles at most 64 positions per axis (``numpy.choose``)."""
+
+    op_domain = ""
+
+    def _run(self, data, indices, axis=None):
+        axis = 0 if axis is None else axis
+        positions = np.where(indices < 0, indices + data.shape[axis], indices)
+        return (np.take_along_axis(data, positions, axis=axis),)
+
+
+class Pad(OpRun):
+    """onnx's reference refuses negative pads, which crop (onnxruntime crops, then pads)."""
+
+    op_domain = ""
+
+    def _run(self, data, pads=None, constant_value=None, axes=None, mode=None, value=None):
+        if constant_value is None:
+            constant_value = value  # an attribute before opset 11
+        rank = data.ndim
+        axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+        pads = np.asarray(pads, np.int64)
+        width = [[0, 0] for _ in range(rank)]
+        for k, axis in enumerate(axes):
+            width[axis] = [int(pads[k]), int(pads[k + len(axes)])]
+        crop = tuple(
+            slice(max(-a, 0), data.shape[i] - max(-b, 0)) for i, (a, b) in enumerate(width)
+        )
+        kept = data[crop]
+        width = [(max(a, 0), max(b, 0)) for a, b in width]
+        mode = (mode or "constant").decode() if isinstance(mode, bytes) else (mode or "constant")
+        if mode == "constant":
+            fill = 0 if constant_value is None else np.asarray(constant_value).item()
+            return (np.pad(kept, width, mode="constant", constant_values=fill),)
+        return (
+            np.pad(kept, width, mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode]),
+        )
+
+
+class STFT(OpRun):
+    """onnx's reference fails on a real signal of rank 2 ``[B, N]`` (onnx-asr's feature
+    extractors), which onnxruntime takes: the specification's frames, window and DFT, by
+    ``numpy.fft``."""
+
+    op_domain = ""
+
+    def _run(self, signal, frame_step, window=None, frame_length=None, onesided=None):
+        x = (
+            signal
+            if signal.ndim == 2
+            else signal[..., 0] + 1j * signal[..., -1] * (signal.shape[-1] == 2)
+        )
+        length = len(window) if window is not None else int(np.asarray(frame_length))
+        step = int(np.asarray(frame_step))
+        count = (x.shape[1] - length) // step + 1
+        starts = np.arange(count)[:, None] * step + np.arange(length)
+        frames = x[:, starts] * (1.0 if window is None else window)
+        spectrum = np.fft.fft(frames, axis=-1)
+        if onesided is None or onesided:
+            spectrum = spectrum[..., : length // 2 + 1]
+        return (np.stack([spectrum.real, spectrum.imag], axis=-1).astype(signal.dtype),)
+
+
+_FIXED_OPS = [BatchNormalization, GlobalMaxPool, OneHot, GatherElements, Pad, STFT]
 
 
 class Reference:

@@ -194,6 +194,11 @@ PAD = [
            opset=13, id="Pad-reflect-opset13"),
     OpCase("Pad", {"x": r(3, 1, 4), "pads": i64(2, 1, 0, 1, 3, 2)}, {"mode": "edge"},
            opset=11, id="Pad-edge-opset11"),
+    # negative pads crop first (onnx's reference refuses them: onnxruntime is the oracle)
+    OpCase("Pad", {"x": r(2, 6), "pads": i64(0, 1, 0, -1)}, {"mode": "edge"}, opset=17,
+           evaluator="onnxruntime", id="Pad-edge-shift"),
+    OpCase("Pad", {"x": r(3, 7), "pads": i64(-1, 2, 0, -2)}, {"mode": "reflect"}, opset=18,
+           evaluator="onnxruntime", id="Pad-reflect-crop"),
 ]
 
 RESIZE = [

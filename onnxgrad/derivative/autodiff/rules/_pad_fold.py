@@ -13,7 +13,9 @@ elements it copies:
 
 Padding is separable, so the axes fold one after the other. Each folded border is placed by
 a zero ``Pad`` (pads computed from ``n`` at run time when it is unknown), which needs no
-scatter with reduction (opset 16).
+scatter with reduction (opset 16). A negative pad crops the input first (as onnxruntime
+does): the folded gradient is then zero-padded back over the cropped elements (kaldi's
+pre-emphasis is an edge ``Pad`` by ``(1, -1)``, a shift by one sample).
 """
 
 from __future__ import annotations
@@ -36,19 +38,25 @@ def folded_pad_grad(b, node, g: str, mode: str) -> str:
     if pads is None or node.input(3) is not None:
         raise unsupported(node, f"mode={mode!r} and pads or axes known only at run time")
     rank = len(pads) // 2
-    if any(p < 0 for p in pads):
-        raise unsupported(node, "negative pads (cropping)")
+    crops = [max(-p, 0) for p in pads]
     x = node.inputs[0]
     for axis in range(rank):
-        before, after = pads[axis], pads[axis + rank]
+        before, after = max(pads[axis], 0), max(pads[axis + rank], 0)
         if before or after:
-            g = _fold_axis(b, g, x, axis, rank, (before, after), mode)
+            cropped = crops[axis] + crops[axis + rank]
+            g = _fold_axis(b, g, x, axis, rank, (before, after), mode, cropped)
+    if any(crops):
+        g = b.op("Pad", g, b.ints(crops))
     return g
 
 
-def _fold_axis(b, g: str, x: str, axis: int, rank: int, pads: tuple[int, int], mode: str):
+def _fold_axis(b, g: str, x: str, axis, rank, pads: tuple[int, int], mode: str, cropped: int):
+    """Fold the borders of ``axis`` of ``g``: ``x`` cropped by ``cropped`` elements there
+    was padded by ``pads``."""
     before, after = pads
     size = _size(b, x, axis)
+    if cropped:
+        size = _minus(b, size, cropped)
     total = _slice(b, g, before, -after if after else _LAST, axis)
     if before:
         if mode == "reflect":
