@@ -183,3 +183,39 @@ def test_castlike_gives_its_tangent_the_target_type():
     np.testing.assert_allclose(
         got["y_tangent"], 2 * np.exp(2 * x.astype(np.float64)) * t, rtol=1e-6
     )
+
+
+def test_a_layer_norm_after_an_add_runs_in_onnxruntime_at_its_default_level():
+    """onnxruntime fuses ``LayerNormalization(a + b)`` into a ``SkipLayerNormalization``
+    that leaves the mean and inverse deviation outputs unset: the tangent of a layer norm
+    reads neither (its moments are computed), and the JVP matches finite differences."""
+    ort = pytest.importorskip("onnxruntime")
+    f32 = TensorProto.FLOAT
+    rng = np.random.default_rng(3)
+    gamma, beta = (rng.standard_normal(8).astype(np.float32) for _ in range(2))
+    scale, bias = numpy_helper.from_array(gamma, "scale"), numpy_helper.from_array(beta, "bias")
+    model = _model(
+        [
+            helper.make_node("Add", ["x", "r"], ["s"]),
+            helper.make_node("LayerNormalization", ["s", "scale", "bias"], ["y"], axis=-1),
+        ],
+        [helper.make_tensor_value_info(n, f32, [2, 5, 8]) for n in ("x", "r")],
+        [helper.make_tensor_value_info("y", f32, [2, 5, 8])],
+        [scale, bias],
+    )
+    jvp = onnx_jvp(model, inputs=["x"])
+    assert not any(len(n.output) > 1 for n in jvp.graph.node if n.op_type == "LayerNormalization")
+    x, r, t = (rng.standard_normal((2, 5, 8)).astype(np.float32) for _ in range(3))
+    session = ort.InferenceSession(jvp.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    got = dict(zip(names, session.run(None, {"x": x, "r": r, "x_tangent": t})))["y_tangent"]
+
+    def layer_norm(v):
+        v = v.astype(np.float64)
+        centred = v - v.mean(-1, keepdims=True)
+        normed = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5)
+        return normed * gamma + beta
+
+    step = 1e-4
+    expected = (layer_norm(x + r + step * t) - layer_norm(x + r - step * t)) / (2 * step)
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from onnx import TensorProto
 
 from onnxgrad._onnx_utils import FLOAT_TYPES
+from onnxgrad.derivative.autodiff.rules.normalization import moments
 from onnxgrad.derivative.autodiff.tangent import NoTangentRule, Tangent, TangentContext
 
 TangentRule = Callable[[TangentContext], list]
@@ -490,10 +490,10 @@ def _layer_norm(ctx: TangentContext) -> list:
     b, x, scale = ctx.b, ctx.node.inputs[0], ctx.node.inputs[1]
     axis = ctx.node.attr("axis", -1)
     axes = list(range(axis, 0)) if axis < 0 else _axes_from(ctx, x, axis)
-    ones = b.op("ConstantOfShape", b.shape_of(scale), value=_one(ctx, x))
-    normalised, _, inv_std = ctx.copy([x, ones], outputs=3)
-    if ctx.node.attr("stash_type", TensorProto.FLOAT) != b.dtype(x):
-        inv_std = b.op("Cast", inv_std, to=b.dtype(x))
+    # the moments computed, not read from a copy's optional outputs: onnxruntime fuses
+    # Add + LayerNormalization into a SkipLayerNormalization that leaves those outputs unset
+    mean, inv_std = moments(b, x, axes, ctx.node.attr("epsilon", 1e-5))
+    normalised = b.mul(b.op("Sub", x, mean), inv_std)
     terms = []
     if ctx.active(0):
         t = ctx.exact(0)
@@ -513,14 +513,6 @@ def _axes_from(ctx: TangentContext, x: str, axis: int) -> list[int]:
     if rank is None:
         raise NoTangentRule(f"{ctx.node.op_type} node {ctx.node.name!r}: input of unknown rank")
     return list(range(axis, rank))
-
-
-def _one(ctx: TangentContext, like: str):
-    from onnx import numpy_helper
-
-    from onnxgrad._onnx_utils import np_dtype
-
-    return numpy_helper.from_array(np.ones([1], dtype=np_dtype(ctx.b.dtype(like))))
 
 
 @_elementwise("Tan")

@@ -40,7 +40,7 @@ def _normalized_input_grad(b: GradBuilder, h: str, xhat: str, inv: str, axes: li
     return b.mul(inv, b.op("Sub", b.op("Sub", h, mean_h), b.mul(xhat, mean_hx)))
 
 
-def _moments(b: GradBuilder, x: str, axes: list[int], epsilon: float) -> tuple[str, str]:
+def moments(b: GradBuilder, x: str, axes: list[int], epsilon: float) -> tuple[str, str]:
     """Mean and inverse standard deviation of ``x`` over ``axes`` (kept)."""
     mean = b.reduce("ReduceMean", x, axes, keepdims=True)
     centered = b.op("Sub", x, mean)
@@ -97,7 +97,7 @@ def _batch_normalization_training_grad(b, node, grads, needs):
     axes = all_but_channel(rank)
     momentum = node.attr("momentum", 0.9)
     results = [None] * 5
-    mean, inv = _moments(b, x, axes, node.attr("epsilon", 1e-5))
+    mean, inv = moments(b, x, axes, node.attr("epsilon", 1e-5))
     centered = b.op("Sub", x, mean)
     parts = []
     if g is not None:
@@ -142,7 +142,7 @@ def instance_normalization_grad(b, node, grads, needs):
     x, scale = node.inputs[0], node.inputs[1]
     rank = tensor_rank(b, node, x)
     spatial = list(range(2, rank))
-    mean, inv = _moments(b, x, spatial, node.attr("epsilon", 1e-5))
+    mean, inv = moments(b, x, spatial, node.attr("epsilon", 1e-5))
     xhat = b.mul(b.op("Sub", x, mean), inv)
     channel_sum = all_but_channel(rank)
     return [
@@ -161,7 +161,7 @@ def layer_normalization_grad(b, node, grads, needs):
     rank = tensor_rank(b, node, x)
     first = node.attr("axis", -1) % rank
     axes = list(range(first, rank))
-    mean, inv = _moments(b, x, axes, node.attr("epsilon", 1e-5))
+    mean, inv = moments(b, x, axes, node.attr("epsilon", 1e-5))
     xhat = b.mul(b.op("Sub", x, mean), inv)
     g, g_mean, g_inv = [*grads, None, None][:3]
     y_shape = b.shape(node.outputs[0])
