@@ -129,10 +129,25 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     """
     model.ir_version = supported_ir_version(model)
     if check:
+        _check_declared_shapes(model.graph)
         view = weightless_bytes(model)
         onnx.checker.check_model(view)
         onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     return model
+
+
+def _check_declared_shapes(graph: onnx.GraphProto) -> None:
+    """``ValueError`` naming an input or output of ``graph`` declared without a shape (an
+    unknown rank, which onnxruntime accepts) that no inference filled: onnx's checker
+    refuses such a model, and an unnamed checker message is all the user would get."""
+    for kind, infos in (("input", graph.input), ("output", graph.output)):
+        for info in infos:
+            if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape"):
+                raise ValueError(
+                    f"the model's {kind} {info.name!r} declares no shape and its rank cannot be "
+                    "inferred: onnx's checker refuses the result; declare the rank of the "
+                    "model's inputs (e.g. [None, None] for a matrix of any size)"
+                )
 
 
 def checker_knows(model: ModelProto) -> bool:

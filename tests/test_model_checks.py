@@ -243,3 +243,19 @@ def test_a_valid_model_still_runs_the_same(mlp):
     # the same float32 values up to the order of the sums: onnxruntime may fuse the forward
     # nodes of the larger graph differently (outputs ~0.2, from products of weights ~1)
     np.testing.assert_allclose(got["variable"], expected["variable"], rtol=1e-6, atol=1e-6)
+
+
+def test_an_input_without_shape_is_named_where_the_result_needs_one():
+    """onnxruntime takes an input declared with no shape (skl2onnx's ``DoubleTensorType()``),
+    onnx's checker refuses a model holding one: the error names it instead of quoting the
+    checker's "Field 'shape' of 'type' is required but missing"."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    for build in (lambda: add_loss_output(model, "log"), lambda: onnx_derivative(model)):
+        with pytest.raises(ValueError, match="input 'X' declares no shape"):
+            build()
