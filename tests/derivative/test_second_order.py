@@ -192,3 +192,62 @@ def test_control_flow_hvp_matches_finite_differences(case_id):
         np.testing.assert_allclose(
             hvp[f"{n}_grad_tangent"], expected, rtol=1e-5, atol=1e-6, err_msg=f"{case_id}: {n}"
         )
+
+
+@pytest.mark.parametrize("net", ["ScanNet", "WhileNet"])
+def test_torch_loop_hvp_equals_torch_func(net):
+    """``onnx_hvp`` of ``|f(x)|^2`` for torch's ``scan``/``while_loop`` exported by the
+    dynamo exporter (an ONNX ``Scan``/``Loop``) equals ``torch.func.jvp`` of
+    ``torch.func.grad`` on the eager loop, for the inputs and the parameters together."""
+    torch = pytest.importorskip("torch")
+    from onnxgrad import onnx_hvp
+    from tests.derivative import test_torch_recurrent as recurrent
+
+    class Loss(torch.nn.Module):
+        def __init__(self, inner, eager: bool):
+            super().__init__()
+            self.inner, self.eager = inner, eager
+
+        def forward(self, *xs):
+            outputs = self.inner.eager(*xs) if self.eager else self.inner(*xs)
+            return sum((o * o).sum() for o in outputs)
+
+    torch.manual_seed(0)
+    inner = getattr(recurrent, net)().eval()
+    shapes = {"ScanNet": [(2, 3), (5, 2, 3)], "WhileNet": [(3,)]}[net]
+    inputs = tuple(torch.randn(*s) for s in shapes)
+    model = recurrent.export(Loss(inner, eager=False), inputs, dynamo=True)
+    eager = Loss(inner, eager=True)
+    params = {k: v.detach() for k, v in eager.named_parameters()}
+    names = [i.name for i in model.graph.input]
+    hvp_model = onnx_hvp(model, weights=list(params), loss=model.graph.output[0].name)
+
+    tangents = tuple(torch.randn_like(x) for x in inputs)
+    param_tangents = {k: torch.randn_like(v) for k, v in params.items()}
+
+    def gradient(xs, ps):
+        return torch.func.grad(lambda xs, ps: torch.func.functional_call(eager, ps, xs), (0, 1))(
+            xs, ps
+        )
+
+    _, (x_hvp, p_hvp) = torch.func.jvp(gradient, (inputs, params), (tangents, param_tangents))
+    feeds = {n: x.numpy() for n, x in zip(names, inputs)}
+    feeds |= {f"{n}_tangent": t.numpy() for n, t in zip(names, tangents)}
+    feeds |= {k: v.numpy() for k, v in params.items()}
+    feeds |= {f"{k}_tangent": t.numpy() for k, t in param_tangents.items()}
+    wanted = {i.name for i in hvp_model.graph.input}
+    session = onnxruntime.InferenceSession(
+        hvp_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    got = dict(
+        zip(
+            [o.name for o in hvp_model.graph.output],
+            session.run(None, {k: v for k, v in feeds.items() if k in wanted}),
+        )
+    )
+    expected = dict(zip(names, x_hvp)) | p_hvp
+    assert set(got) == {f"{k}_grad_tangent" for k in expected}
+    for name, value in expected.items():
+        np.testing.assert_allclose(
+            got[f"{name}_grad_tangent"], value.numpy(), rtol=1e-4, atol=1e-5, err_msg=name
+        )
