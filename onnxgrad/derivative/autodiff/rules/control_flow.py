@@ -26,6 +26,13 @@ emits for it; its states are ``\bar s`` and the running sums ``\bar c``, its sca
 The result is a standard ``Scan`` of standard ops, so it can be differentiated again; nested
 Scan/Loop/If bodies are handled by the same rules inside the nested engine. Loop-carried
 values must keep their shape across iterations (they are stacked).
+
+onnxruntime's Scan requires a rank for every body output, and transposing the backward Scan
+again (forward mode, Hessian-vector products) makes outputs of its inputs: so every body
+input and output of the backward Scan is typed, from the forward node's outer values, else
+from what inference gives the forward body (a carried value of unknown rank takes its body
+output's shape, an output gradient slice its body output's), else from inference of the
+backward body itself.
 """
 
 from __future__ import annotations
