@@ -37,6 +37,7 @@ from onnxgrad.derivative.autodiff.tangent import NoTangentRule
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.derivative.seeds import batch_seeds, check_seeds
 from onnxgrad.derivative.tangent_graph import tangent_jvp
+from onnxgrad.graph._scopes import defined_names
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 from onnxgrad.normalize import normalized_model
@@ -114,7 +115,7 @@ def _transposed_jvp(
     )  # fmt: skip
     tangents = _tangent_model(transposed, sources, outputs, cotangents, keep_outputs, originals)
     result = transposed
-    rename_values(result.graph, originals)
+    _restore_output_names(result.graph, originals)
     seed_inputs = [i.name for i in result.graph.input if i.name in tangents]
     results = [o.name for o in result.graph.output if o.name in tangents]
     return finalize_model(result), seed_inputs, results
@@ -134,6 +135,17 @@ def _private_output_names(model: ModelProto) -> dict[str, str]:
     }
     rename_values(graph, renames)
     return {fresh: original for original, fresh in renames.items()}
+
+
+def _restore_output_names(graph, originals: dict[str, str]) -> None:
+    """Give the model's outputs back their names (``{fresh: original}``), in place, first
+    moving aside the values the derivations gave those names: the reverse graph's
+    ``<x>_grad`` where the model is itself a gradient (``onnx_hvp``), which the node that
+    computes it (a Scan kept for the states it saves) may still output."""
+    taken = defined_names(graph) & set(originals.values())
+    scope = NameScope(all_names(graph))
+    rename_values(graph, {name: scope.unique(f"{name}_transposed") for name in taken})
+    rename_values(graph, originals)
 
 
 def onnx_hvp(

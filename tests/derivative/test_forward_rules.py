@@ -36,14 +36,6 @@ def _run_jvp(case, jvp, feeds) -> dict:
     return dict(zip(names, evaluator(jvp, "onnxruntime").run(None, feeds)))
 
 
-#: cases whose JVP graph builds but onnxruntime refuses to run (known gaps, not wrong values)
-ORT_REFUSES = {
-    # the Loop rule's Scan over a Loop without condition, transposed once more, declares a
-    # body output without a rank, which onnxruntime's Scan requires
-    "Loop-trip-count": "Scan body output without a shape",
-}
-
-
 def _params(cases) -> list:
     """One parameter per case: the first of each operator and opset runs always, the other
     variants (attributes, second order, edge values) are marked slow."""
@@ -51,8 +43,6 @@ def _params(cases) -> list:
     for case in cases:
         marks = [] if (key := (case.domain, case.op_type, case.opset)) not in seen else [SLOW]
         seen.add(key)
-        if case.id in ORT_REFUSES:
-            marks.append(pytest.mark.xfail(reason=ORT_REFUSES[case.id], strict=True))
         params.append(pytest.param(case, id=case.id, marks=marks))
     return params
 

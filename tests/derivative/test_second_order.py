@@ -124,3 +124,130 @@ def test_cross_entropy_gradient_differentiates_again(opset, ignore_index):
         hvp_model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
     np.testing.assert_allclose(session.run(None, feeds)[0], hvp, rtol=1e-9, atol=1e-12)
+
+
+def _squared_norm_loss(model):
+    """``loss = sum_k |y_k|^2`` over the outputs of ``model``."""
+    from onnx import TensorProto, helper
+
+    squares = [f"{o.name}_square" for o in model.graph.output]
+    nodes = [
+        helper.make_node("ReduceSumSquare", [o.name], [s], keepdims=0)
+        for o, s in zip(model.graph.output, squares)
+    ]
+    nodes.append(helper.make_node("Sum", squares, ["loss"]))
+    graph = helper.make_graph(
+        [*model.graph.node, *nodes],
+        "loss",
+        list(model.graph.input),
+        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+        list(model.graph.initializer),
+    )
+    return helper.make_model(graph, opset_imports=list(model.opset_import))
+
+
+#: Scan, and Loop with a trip count and scan outputs, a condition only, both, and a carried
+#: value of no inferred rank: the HVP transposes their reverse rule's Scan once more
+CONTROL_FLOW = [
+    "Scan",
+    "Scan-two-streams-int-state",
+    "Loop-trip-count",
+    "Loop-condition-only",
+    "Loop-condition",
+    "Loop-unknown-rank-state",
+]
+
+
+@pytest.mark.parametrize("case_id", CONTROL_FLOW)
+def test_control_flow_hvp_matches_finite_differences(case_id):
+    """``onnx_hvp`` (forward-over-reverse) through Scan and Loop equals the central
+    difference of the gradient along the tangent, run by the case's own oracle."""
+    from onnxgrad import onnx_hvp
+    from tests.derivative.autodiff.cases_control_flow import CASES
+    from tests.derivative.autodiff.gradcheck import case_model, evaluator
+
+    case = next(c for c in CASES if c.id == case_id)
+    model, feeds = case_model(case, np.float64)
+    model = _squared_norm_loss(model)
+    wrt = case.differentiated
+    hvp_model = onnx_hvp(model, inputs=wrt)
+    assert {n.domain for n in hvp_model.graph.node} <= {""}
+    rng = np.random.default_rng(11)
+    direction = {n: rng.standard_normal(feeds[n].shape) for n in wrt}
+    tangents = {f"{n}_tangent": v for n, v in direction.items()}
+    names = [o.name for o in hvp_model.graph.output]
+    hvp = dict(zip(names, evaluator(hvp_model, case.evaluator).run(None, {**feeds, **tangents})))
+
+    gradient = onnx_derivative(model, weights=[], inputs=wrt, options=DerivativeOptions.Loss)
+    session = evaluator(gradient, case.evaluator)
+    grad_names = [o.name for o in gradient.graph.output]
+
+    def grads(sign):
+        moved = {n: feeds[n] + sign * 1e-6 * v for n, v in direction.items()}
+        return dict(zip(grad_names, session.run(None, {**feeds, **moved})))
+
+    plus, minus = grads(1.0), grads(-1.0)
+    for n in wrt:
+        expected = (plus[f"{n}_grad"] - minus[f"{n}_grad"]) / 2e-6
+        np.testing.assert_allclose(
+            hvp[f"{n}_grad_tangent"], expected, rtol=1e-5, atol=1e-6, err_msg=f"{case_id}: {n}"
+        )
+
+
+@pytest.mark.parametrize("net", ["ScanNet", "WhileNet"])
+def test_torch_loop_hvp_equals_torch_func(net):
+    """``onnx_hvp`` of ``|f(x)|^2`` for torch's ``scan``/``while_loop`` exported by the
+    dynamo exporter (an ONNX ``Scan``/``Loop``) equals ``torch.func.jvp`` of
+    ``torch.func.grad`` on the eager loop, for the inputs and the parameters together."""
+    torch = pytest.importorskip("torch")
+    from onnxgrad import onnx_hvp
+    from tests.derivative import test_torch_recurrent as recurrent
+
+    class Loss(torch.nn.Module):
+        def __init__(self, inner, eager: bool):
+            super().__init__()
+            self.inner, self.eager = inner, eager
+
+        def forward(self, *xs):
+            outputs = self.inner.eager(*xs) if self.eager else self.inner(*xs)
+            return sum((o * o).sum() for o in outputs)
+
+    torch.manual_seed(0)
+    inner = getattr(recurrent, net)().eval()
+    shapes = {"ScanNet": [(2, 3), (5, 2, 3)], "WhileNet": [(3,)]}[net]
+    inputs = tuple(torch.randn(*s) for s in shapes)
+    model = recurrent.export(Loss(inner, eager=False), inputs, dynamo=True)
+    eager = Loss(inner, eager=True)
+    params = {k: v.detach() for k, v in eager.named_parameters()}
+    names = [i.name for i in model.graph.input]
+    hvp_model = onnx_hvp(model, weights=list(params), loss=model.graph.output[0].name)
+
+    tangents = tuple(torch.randn_like(x) for x in inputs)
+    param_tangents = {k: torch.randn_like(v) for k, v in params.items()}
+
+    def gradient(xs, ps):
+        return torch.func.grad(lambda xs, ps: torch.func.functional_call(eager, ps, xs), (0, 1))(
+            xs, ps
+        )
+
+    _, (x_hvp, p_hvp) = torch.func.jvp(gradient, (inputs, params), (tangents, param_tangents))
+    feeds = {n: x.numpy() for n, x in zip(names, inputs)}
+    feeds |= {f"{n}_tangent": t.numpy() for n, t in zip(names, tangents)}
+    feeds |= {k: v.numpy() for k, v in params.items()}
+    feeds |= {f"{k}_tangent": t.numpy() for k, t in param_tangents.items()}
+    wanted = {i.name for i in hvp_model.graph.input}
+    session = onnxruntime.InferenceSession(
+        hvp_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    got = dict(
+        zip(
+            [o.name for o in hvp_model.graph.output],
+            session.run(None, {k: v for k, v in feeds.items() if k in wanted}),
+        )
+    )
+    expected = dict(zip(names, x_hvp)) | p_hvp
+    assert set(got) == {f"{k}_grad_tangent" for k in expected}
+    for name, value in expected.items():
+        np.testing.assert_allclose(
+            got[f"{name}_grad_tangent"], value.numpy(), rtol=1e-4, atol=1e-5, err_msg=name
+        )

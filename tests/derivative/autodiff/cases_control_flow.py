@@ -156,9 +156,10 @@ SCAN_CASES = [
 
 
 # -- Loop ---------------------------------------------------------------------------------------
-def loop_graph(with_condition=True):
+def loop_graph(with_condition=True, with_trip_count=True):
     """``v <- tanh(v * w) + v * iter`` while ``iter < 3`` (trip count 10 when the condition
-    is used, else 4), scan output ``v * v``."""
+    is used, else 4; the condition alone where there is no trip count), scan output
+    ``v * v``."""
     body = _loop_body(
         "loop_body",
         [
@@ -182,12 +183,53 @@ def loop_graph(with_condition=True):
         return [
             helper.make_node("Constant", [], ["limit"], value=_int(3)),
             helper.make_node(
-                "Loop", [trips, keep_going if with_condition else "", v0], raw, body=body
+                "Loop",
+                [trips if with_trip_count else "", keep_going if with_condition else "", v0],
+                raw,
+                body=body,
             ),
             *_with_shapes([r for r, _ in kept], outputs, [shape for _, shape in kept]),
         ]
 
     return graph
+
+
+def chained_loops(inputs, outputs):
+    """A Loop (condition only) whose final state starts a second Loop (trip count only):
+    inference gives the first Loop's result, hence the second's carried value, no rank; the
+    second body fixes it (``Reshape(v, [-1])``); scan output ``v * v``."""
+    first = _loop_body(
+        "first_body",
+        [
+            helper.make_node("Mul", ["a", "w"], ["aw"]),
+            helper.make_node("Tanh", ["aw"], ["a_next"]),
+            helper.make_node("Less", ["iter", "one"], ["cond_out"]),
+        ],
+        ["cond_out", "a_next"],
+        ["a"],
+    )
+    second = _loop_body(
+        "second_body",
+        [
+            helper.make_node("Reshape", ["v", "flat"], ["v_flat"]),
+            helper.make_node("Mul", ["v_flat", "w"], ["vw"]),
+            helper.make_node("Tanh", ["vw"], ["s"]),
+            helper.make_node("Add", ["s", "v_flat"], ["v_next"]),
+            helper.make_node("Mul", ["v_next", "v_next"], ["scan_t"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        ["cond_out", "v_next", "scan_t"],
+        ["v"],
+    )
+    flat = helper.make_tensor("flat_value", TensorProto.INT64, [1], [-1])
+    return [
+        helper.make_node("Constant", [], ["flat"], value=flat),
+        helper.make_node("Constant", [], ["one"], value=_int(1)),
+        helper.make_node("Constant", [], ["true"], value=_bool(True)),
+        helper.make_node("Loop", ["", "true", inputs[1]], ["v_mid"], body=first),
+        helper.make_node("Loop", [inputs[0], "", "v_mid"], ["v_final", "v_scanned"], body=second),
+        *_with_shapes(["v_final", "v_scanned"], outputs, [[3], [-1, 3]]),
+    ]
 
 
 def _with_shapes(raw, outputs, shapes):
@@ -278,6 +320,22 @@ LOOP_CASES = [
         n_outputs=2,
         evaluator="onnxruntime",  # the reference Loop runs no iteration without a condition
         id="Loop-trip-count",
+    ),
+    OpCase(
+        "Loop",
+        {**loop_inputs, "trips": None},
+        graph=loop_graph(with_trip_count=False),
+        n_outputs=2,
+        evaluator="onnxruntime",
+        id="Loop-condition-only",
+    ),
+    OpCase(
+        "Loop",
+        {"trips": np.array(3, dtype=np.int64), "v0": v0, "w": loop_w},
+        graph=chained_loops,
+        n_outputs=2,
+        evaluator="onnxruntime",
+        id="Loop-unknown-rank-state",
     ),
     OpCase(
         "Loop",

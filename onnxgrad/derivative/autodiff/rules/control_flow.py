@@ -26,6 +26,13 @@ emits for it; its states are ``\bar s`` and the running sums ``\bar c``, its sca
 The result is a standard ``Scan`` of standard ops, so it can be differentiated again; nested
 Scan/Loop/If bodies are handled by the same rules inside the nested engine. Loop-carried
 values must keep their shape across iterations (they are stacked).
+
+onnxruntime's Scan requires a rank for every body output, and transposing the backward Scan
+again (forward mode, Hessian-vector products) makes outputs of its inputs: so every body
+input and output of the backward Scan is typed, from the forward node's outer values, else
+from what inference gives the forward body (a carried value of unknown rank takes its body
+output's shape, an output gradient slice its body output's), else from inference of the
+backward body itself.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from dataclasses import dataclass
 
 from onnx import GraphProto, NodeProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, zeros_like_nodes
+from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, replace_repeated, zeros_like_nodes
 from onnxgrad.derivative.autodiff.builder import GradBuilder, NodeView
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.value_types import ValueType, infer_subgraph_types, value_info
@@ -100,18 +107,25 @@ def _branches_agree(b: GradBuilder, node: NodeView) -> bool:
 
 
 def _output_ranks(b: GradBuilder, branch: GraphProto) -> list[int | None]:
-    outer = {n: b.value_type(n) for n in free_names(branch) if b.has_type(n)}
+    types = _subgraph_types(b, branch)
+    ranks = []
+    for out in branch.output:
+        value = types.get(out.name)
+        ranks.append(None if value is None or value.shape is None else len(value.shape))
+    return ranks
+
+
+def _subgraph_types(b: GradBuilder, graph: GraphProto) -> dict[str, ValueType]:
+    """The types shape inference gives the values of ``graph`` (a branch or a body), its
+    outer values typed (and valued, where constant) as in the enclosing graph."""
+    types = {n: b.value_type(n) for n in free_names(graph) if b.has_type(n)}
     constants = {}
-    for name in free_names(branch):
+    for name in free_names(graph):
         value = b.constant_value(name)
         if value is not None:
             constants[name] = numpy_helper.from_array(value, name)
-    infer_subgraph_types(branch, outer, b.opset, constants)
-    ranks = []
-    for out in branch.output:
-        value = outer.get(out.name)
-        ranks.append(None if value is None or value.shape is None else len(value.shape))
-    return ranks
+    infer_subgraph_types(graph, types, b.opset, constants)
+    return types
 
 
 def _result_nodes(b: GradBuilder, source: str, grad: str | None, name: str) -> list[NodeProto]:
@@ -229,12 +243,19 @@ def _typed_slice(b: GradBuilder, info: ValueInfoProto, outer: str, axis: int):
     tensor = info.type.tensor_type
     if (tensor.elem_type and tensor.HasField("shape")) or not b.has_type(outer):
         return info
-    value = b.value_type(outer)
-    shape = None
-    if value.shape is not None:
-        shape = list(value.shape)
-        del shape[axis % len(shape)]
-    return value_info(info.name, _anonymous(ValueType(value.elem_type, shape and tuple(shape))))
+    return value_info(info.name, _anonymous(_slice_type(b, outer, axis)))
+
+
+def _slice_type(b: GradBuilder, x: str, axis: int) -> ValueType | None:
+    """The type of ``x`` without its ``axis`` (``None`` where ``x`` has no known type)."""
+    if not b.has_type(x):
+        return None
+    value = b.value_type(x)
+    if value.shape is None:
+        return value
+    shape = list(value.shape)
+    del shape[axis % len(shape)]
+    return ValueType(value.elem_type, tuple(shape))
 
 
 def _anonymous(value: ValueType) -> ValueType:
@@ -253,6 +274,48 @@ def _fresh_info(b: GradBuilder, base: str, value: ValueType) -> ValueInfoProto:
     name = b.unique_name(base)
     b.declare(name, value)
     return value_info(name, _anonymous(value))
+
+
+def _body_types(b: GradBuilder, body: GraphProto, inputs: list[ValueInfoProto]):
+    """The types inference gives the values of ``body`` with its inputs declared as
+    ``inputs``."""
+    typed = GraphProto()
+    typed.CopyFrom(body)
+    replace_repeated(typed.input, inputs)
+    return _subgraph_types(b, typed)
+
+
+def _typed_states(
+    b: GradBuilder, body: GraphProto, inputs: list[ValueInfoProto], states: dict[int, str]
+) -> tuple[list[ValueInfoProto], dict[str, ValueType]]:
+    """``(inputs, types)``: the body inputs, where a carried state ``inputs[i]`` of unknown
+    rank takes the shape inference gives the body output ``states[i]`` it becomes (a carried
+    value keeps its shape across iterations: the saved stack requires it), and the types of
+    the body's values with its inputs so declared."""
+    types = _body_types(b, body, inputs)
+    refined = list(inputs)
+    for i, output in states.items():
+        value, declared = types.get(output), _info_type(inputs[i])
+        if declared.shape is None and value is not None and value.shape is not None:
+            elem_type = declared.elem_type or value.elem_type
+            refined[i] = value_info(inputs[i].name, _anonymous(ValueType(elem_type, value.shape)))
+    if any(r is not i for r, i in zip(refined, inputs)):
+        types = _body_types(b, body, refined)
+    return refined, types
+
+
+def _declare_output_shapes(b: GradBuilder, graph: GraphProto) -> None:
+    """Body outputs declared without a shape get the one inference finds: onnxruntime's
+    Scan requires a rank for every body output."""
+    bare = [o for o in graph.output if not o.type.tensor_type.HasField("shape")]
+    if not bare:
+        return
+    types = _subgraph_types(b, graph)
+    for out in bare:
+        value = types.get(out.name)
+        if value is not None and value.shape is not None:
+            elem_type = out.type.tensor_type.elem_type or value.elem_type
+            out.CopyFrom(value_info(out.name, _anonymous(ValueType(elem_type, value.shape))))
 
 
 def _reverse_scan(
@@ -301,6 +364,7 @@ def _reverse_scan(
         list(forward.initializer),
     )
     prune_graph(graph, keep_inputs=True)
+    _declare_output_shapes(b, graph)
     initial = [c.seed for c in carried] + [b.zeros_like(c) for c in captured]
     inputs = [_read_plan(b, s) for s in streams]
     placed = [_write_plan(b, w) for w in wanted]
@@ -412,15 +476,21 @@ def _captured_sources(node: NodeView, needs: list[bool]) -> list[str]:
     return [c for c, need in zip(node.captured, needs[len(node.inputs) :]) if need]
 
 
-def _output_gradient_streams(b, body_outputs, grads, axes, directions):
-    """Streams of the given output gradients ``y_bar`` and the seeds they bind."""
+def _output_gradient_streams(b, body_outputs, grads, axes, directions, types):
+    """Streams of the given output gradients ``y_bar`` and the seeds they bind, each slice
+    typed like the body output ``y_t`` (as declared, else as inferred in ``types``, the
+    body's values), else like a slice of ``y_bar``."""
     streams, seeds = [], []
     for info, g, axis, direction in zip(body_outputs, grads, axes, directions):
         if g is None:
             continue
         value = _info_type(info)
+        if value.shape is None:
+            inferred = types.get(info.name) or _slice_type(b, g, axis)
+            if inferred is not None and inferred.shape is not None:
+                value = ValueType(value.elem_type or inferred.elem_type, inferred.shape)
         if not value.elem_type:
-            value = ValueType(b.dtype(g), None)
+            value = ValueType(b.dtype(g), value.shape)
         inner = _fresh_info(b, f"{info.name}_bar", value)
         streams.append(_Stream(g, inner, axis, 1 - direction))
         seeds.append((info.name, inner.name))
@@ -443,6 +513,10 @@ def scan_grad(b, node, grads, needs):
         _typed_slice(b, info, node.inputs[n + i], in_axes[i])
         for i, info in enumerate(body.input[n:])
     ]
+    inputs, types = _typed_states(
+        b, body, [*states, *slices], {j: body.output[j].name for j in range(n)}
+    )
+    states, slices = inputs[:n], inputs[n:]
     saved = node.outputs[n + k :]
 
     floats = [j for j in range(n) if _is_float(states[j])]
@@ -455,7 +529,7 @@ def scan_grad(b, node, grads, needs):
         _Stream(node.inputs[n + i], slices[i], in_axes[i], 1 - in_dirs[i]) for i in range(m)
     ]
     bar_streams, seeds = _output_gradient_streams(
-        b, body.output[n : n + k], grads[n : n + k], out_axes, out_dirs
+        b, body.output[n : n + k], grads[n : n + k], out_axes, out_dirs, types
     )
     wanted = [
         _Stream(node.inputs[n + i], slices[i], in_axes[i], 1 - in_dirs[i])
@@ -501,6 +575,10 @@ def loop_grad(b, node, grads, needs):
     states = [
         _typed_like(b, node, info, outer) for info, outer in zip(body.input[2:], node.inputs[2:])
     ]
+    inputs, types = _typed_states(
+        b, body, [*counters, *states], {2 + j: body.output[1 + j].name for j in range(n)}
+    )
+    states = inputs[2:]
     saved = node.outputs[n + k :]
 
     floats = [j for j in range(n) if _is_float(states[j])]
@@ -521,7 +599,7 @@ def loop_grad(b, node, grads, needs):
         )
         streams.append(_Stream(stacked, row, 0, 1))
     bar_streams, seeds = _output_gradient_streams(
-        b, body.output[1 + n : 1 + n + k], grads[n : n + k], [0] * k, [0] * k
+        b, body.output[1 + n : 1 + n + k], grads[n : n + k], [0] * k, [0] * k, types
     )
     captured = _captured_sources(node, needs)
     if not (carried or captured):
