@@ -1,5 +1,5 @@
 """Rule table entries: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split, Expand,
-Tile, DepthToSpace, SpaceToDepth, Pad, Resize, Col2Im."""
+Tile, Range, DepthToSpace, SpaceToDepth, Pad, Resize, Col2Im."""
 
 import numpy as np
 from onnx import helper
@@ -280,7 +280,24 @@ RESIZE_KEPT_SIZE = [
 ]
 # fmt: on
 
+#: a float Range: ``start`` and ``delta`` move every element, ``limit`` only the length
+RANGE = [
+    OpCase(
+        "Range",
+        {"start": np.array(1.3), "limit": np.array(9.7), "delta": np.array(1.9)},
+        opset=11,
+        id="Range-float",
+    ),
+    OpCase(
+        "Range",
+        {"start": np.array(2.0), "limit": np.array(-3.1), "delta": np.array(-0.7)},
+        opset=11,
+        id="Range-float-descending",
+    ),
+]
+
 CASES = RESHAPE + CONCAT_SPLIT + EXPAND_TILE + DEPTH_SPACE + PAD + RESIZE + RESIZE_KEPT_SIZE
+CASES += RANGE
 
 SECOND_ORDER_IDS = {
     "Reshape-13", "Flatten-axis-neg", "Transpose-perm", "Squeeze-input", "Unsqueeze-input",

@@ -6,9 +6,9 @@ Floor, Ceil, Round, Hardmax). The engine treats their outputs as constants and n
 for a rule. Ops with integer or boolean outputs would be skipped anyway; listing them keeps
 the table explicit.
 
-Two documented choices: ``Range`` is treated as a generator of constants (like
-``torch.arange``) even with float ``start``/``delta``, and ``OneHot``'s ``values`` input
-is non-differentiable, as the ONNX schema marks it. ``Mod`` is differentiable for floats
+A documented choice: ``OneHot``'s ``values`` input is non-differentiable, as the ONNX schema
+marks it. A float ``Range`` is differentiable in ``start`` and ``delta`` and has a rule
+(:mod:`.shape`). ``Mod`` is differentiable for floats
 and has a rule (:mod:`.elementwise`); ``Unique``'s values output is differentiable and has
 none, so the engine reports it.
 """
@@ -17,7 +17,7 @@ from onnxgrad.derivative.autodiff.registry import register_zero_gradient
 
 register_zero_gradient(
     # shapes, sizes and constants
-    "Shape", "Size", "ConstantOfShape", "Constant", "Range", "EyeLike",
+    "Shape", "Size", "ConstantOfShape", "Constant", "EyeLike",
     # random samples
     "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
     "Bernoulli",

@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._pad_fold import folded_pad_grad
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
+    arange,
     as_tensor,
     constant_ints,
     filled,
@@ -556,3 +557,21 @@ def _digits(b, radices: str, d: int) -> str:
     count = b.op("ReduceProd", radices, keepdims=0)
     flat = b.unsqueeze(b.op("Range", b.ints(0), count, b.ints(1)), [1])
     return b.op("Mod", b.op("Div", flat, _suffix_products(b, radices, d)), radices)
+
+
+@register("Range", since=11)
+def range_grad(b, node, grads, needs):
+    r"""``y_i = start + i \, delta`` for ``i < n = max(ceil((limit - start) / delta), 0)``:
+    :math:`\bar{start} = \sum_i g_i`, :math:`\bar{delta} = \sum_i i \, g_i`; ``limit`` only
+    moves the length ``n``, an integer, so its derivative is zero wherever it exists (the
+    engine reaches this rule for float ranges only: integer outputs carry no gradient)."""
+    (g,) = grads
+    results = [None, None, None]
+    if g is None:
+        return results
+    if needs[0]:
+        results[0] = b.reduce_sum(g, [0], keepdims=False)
+    if needs[2]:
+        steps = b.op("Cast", arange(b, b.op("Size", g)), to=b.dtype(g))
+        results[2] = b.reduce_sum(b.mul(g, steps), [0], keepdims=False)
+    return results
