@@ -60,6 +60,7 @@ from onnxgrad.graph.deployed_products import (
     share_first_products,
     weight_products,
 )
+from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.requantize import requantize_products
 
 LORA_METADATA = "onnxgrad.lora"
@@ -211,7 +212,9 @@ def lora_adapters(model: ModelProto) -> list[dict]:
 QUANTIZED_MODES = ("keep", "requantize")
 
 
-def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
+def merge_lora(
+    model: ModelLike, quantized: str = "keep", integer_branch: bool = False
+) -> ModelProto:
     """A copy of ``model`` whose adapters are folded into their weights,
     ``W <- W + s * reshape(A @ B, shape(W))`` (computed in float64), and removed.
 
@@ -220,9 +223,16 @@ def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
     ``s (x A) B``); ``"requantize"`` folds them too and quantizes ``W + s A B`` again in
     the base's format (same bits, blocks, axis, symmetric or not:
     :mod:`onnxgrad.graph.requantize`), each value within half a quantization step: the
-    result has exactly the deployed model's operators."""
+    result has exactly the deployed model's operators.
+
+    ``integer_branch=True`` computes the first product ``x A`` of a branch kept beside a
+    ``quantize_dynamic`` product from the codes of ``x`` the base already computes and ``A``
+    quantized per column (:mod:`onnxgrad.graph.integer_branch`): onnxruntime runs it with the
+    base's integer kernel, and the outputs move by the rounding of ``x`` and ``A``."""
     if quantized not in QUANTIZED_MODES:
         raise ValueError(f"quantized must be 'keep' or 'requantize', got {quantized!r}")
+    if not isinstance(integer_branch, bool):
+        raise TypeError(f"integer_branch must be True or False, got {integer_branch!r}")
     model = load_model(model)
     adapters = lora_adapters(model)
     if not adapters:
@@ -257,8 +267,23 @@ def merge_lora(model: ModelLike, quantized: str = "keep") -> ModelProto:
             graph.initializer.remove(initializers.pop(name))
     if requantized:
         requantize_products(model, requantized)
-    _set_adapters(model, [a for a in adapters if a not in folded])
+    kept = [a for a in adapters if a not in folded]
+    if kept and integer_branch:
+        _integer_branches(model, [a for a in kept if "sums" in a])
+    _set_adapters(model, kept)
     return finalize_model(model, check=checker_knows(model))
+
+
+def _integer_branches(model: ModelProto, adapters: list[dict]) -> None:
+    """The first products of ``adapters``' branches beside int8 products, in integers
+    (:mod:`onnxgrad.graph.integer_branch`); their records name the new nodes."""
+    graph = model.graph
+    candidates = {name for adapter in adapters for name in adapter["nodes"]}
+    names = NameScope(all_names(graph))
+    node_names = NameScope(n.name for n in graph.node if n.name)
+    replaced = integer_first_products(graph, candidates, default_opset(model), names, node_names)
+    for adapter in adapters:
+        adapter["nodes"] = _renamed(adapter["nodes"], replaced)
 
 
 def _check_adapter(adapter: object, initializers: dict) -> None:

@@ -39,17 +39,27 @@ from onnxgrad.graph.deployed_products import (
     share_first_products,
     weight_products,
 )
+from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.lora import lora_adapters
 
 
-def runtime_adapter_model(deployed: ModelLike, adapted: ModelLike) -> ModelProto:
+def runtime_adapter_model(
+    deployed: ModelLike, adapted: ModelLike, integer_branch: bool = False
+) -> ModelProto:
     """``deployed`` with a branch ``s (x A) B`` beside each product whose weight ``adapted``
     (``add_lora`` of ``deployed``) adapts; ``A`` and ``B`` are graph inputs defaulting to
     their values in ``adapted``. ``ValueError`` names an adapter whose weight ``deployed``
     does not read as the weight of a product.
 
+    ``integer_branch=True`` computes ``x A`` beside ``quantize_dynamic``'s products from the
+    activation's int8 codes and ``A`` quantized per column at run time
+    (:mod:`onnxgrad.graph.integer_branch`): faster, within the codes' rounding of the float
+    branch.
+
     onnx's checker is not run on the result: deployed models hold operators it refuses
     (onnxruntime's ``SimplifiedLayerNormalization`` in the default domain)."""
+    if not isinstance(integer_branch, bool):
+        raise TypeError(f"integer_branch must be True or False, got {integer_branch!r}")
     model = load_model(deployed)
     adapted = load_model(adapted)
     adapters = lora_adapters(adapted)
@@ -63,6 +73,7 @@ def runtime_adapter_model(deployed: ModelLike, adapted: ModelLike) -> ModelProto
     taken = all_names(graph)
     new_nodes: dict[str, list] = {}
     ranked = []
+    original = {node.name for node in graph.node}
     for adapter in adapters:
         found = _products_of(products, adapter, values)
         clash = sorted({adapter["a"], adapter["b"]} & taken)
@@ -79,6 +90,9 @@ def runtime_adapter_model(deployed: ModelLike, adapted: ModelLike) -> ModelProto
             ranked.append((nodes, int(rank)))
     insert_after(graph, new_nodes)
     share_first_products(graph, ranked, default_opset(model), names, node_names)
+    if integer_branch:
+        branch = {node.name for node in graph.node} - original
+        integer_first_products(graph, branch, default_opset(model), names, node_names)
     return finalize_model(model, check=False)
 
 

@@ -399,7 +399,10 @@ def _checked_slot_shape(slot: dict, weight_shapes: dict, directory: Path) -> tup
 @protobuf_failures_as_memory_errors()
 @onnx_errors_as_value_errors()
 def merge_checkpoint(
-    model: ModelLike, checkpoint: Checkpoint | str | os.PathLike, quantized: str = "keep"
+    model: ModelLike,
+    checkpoint: Checkpoint | str | os.PathLike,
+    quantized: str = "keep",
+    integer_branch: bool = False,
 ) -> ModelProto:
     """The deployable model: ``model`` (the inference model, or an artifact folder) with
     the weights of ``checkpoint`` (or the path of its ``.json``), low-rank adapters merged
@@ -408,7 +411,9 @@ def merge_checkpoint(
     quantizes the base again in its own format), float32 master weights rounded to their
     float16 or bfloat16 initializers. A model given in its own
     form (a converted model with ``ai.onnx.ml`` operators, weights held by ``Constant``
-    nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`)."""
+    nodes) keeps it, its weights trained (:func:`onnxgrad.normalize.trained.trained_model`).
+    ``integer_branch`` goes to :func:`~onnxgrad.graph.lora.merge_lora` (adapters kept beside
+    ``quantize_dynamic`` products computing ``x A`` from the codes of ``x``)."""
     if quantized not in QUANTIZED_MODES:
         raise ValueError(f"quantized must be one of {QUANTIZED_MODES}, got {quantized!r}")
     if not isinstance(checkpoint, Checkpoint):
@@ -423,13 +428,15 @@ def merge_checkpoint(
     if needs_lowering(model) or constant_weights(model) & set(checkpoint.weights):
         load_rest()
         trained = trained_model(model, checkpoint.weights)  # named as normalised
-        return merge_lora(trained, quantized=quantized)
+        return merge_lora(trained, quantized=quantized, integer_branch=integer_branch)
     del load_rest  # an artifact folder's bytes go
     _check_matches(checkpoint, model)
     weights = checkpoint.weights
     del checkpoint  # the weights go as they are merged
     merged = _with_weights(model, weights)
-    return merge_lora(merged, quantized=quantized) if lora_adapters(merged) else merged
+    if not lora_adapters(merged):
+        return merged
+    return merge_lora(merged, quantized=quantized, integer_branch=integer_branch)
 
 
 def _inference_model(model: ModelLike, replaced: set[str]):
