@@ -11,7 +11,9 @@ onnxconverter-common, int8 ``quantize_dynamic``, QDQ ``quantize_static``, 4-bit
 - ``keep``: ``merge_lora`` of the trained adapters (``merge_checkpoint(..., "keep")``):
   folded into float weights, kept beside a quantized base;
 - ``requantize``: folded everywhere, quantized bases quantized again in their own format;
-- ``runtime``: ``runtime_adapter_model(deployed, adapted)``, the adapters as graph inputs.
+- ``runtime``: ``runtime_adapter_model(deployed, adapted)``, the adapters as graph inputs;
+- ``keep-int``, ``runtime-int``: the same with ``integer_branch=True`` (int8 form only: the
+  branch's first product from the codes of ``x``, :mod:`onnxgrad.graph.integer_branch`).
 
 The adapters are trained stand-ins (``B`` random, so no branch is skipped). Each model runs
 in its own ``InferenceSession`` at onnxruntime's default optimization level, one intra-op
@@ -66,7 +68,7 @@ def _forms(folder: Path, kinds, forms, hidden: int) -> dict[tuple[str, str], Pat
     return made
 
 
-def _returned(model) -> dict:
+def _returned(model, form: str) -> dict:
     """The models that come back, by name (a refusal as its message)."""
     from onnxgrad import add_lora, merge_lora
     from onnxgrad.graph.lora_runtime import runtime_adapter_model
@@ -74,11 +76,17 @@ def _returned(model) -> dict:
 
     adapted = trained_adapters(add_lora(model, rank=RANK))
     found = {"adapted": adapted}
-    for name, make in (
+    makers = [
         ("keep", lambda: merge_lora(adapted)),
         ("requantize", lambda: merge_lora(adapted, quantized="requantize")),
         ("runtime", lambda: runtime_adapter_model(model, adapted)),
-    ):
+    ]
+    if form == "int8":
+        makers += [
+            ("keep-int", lambda: merge_lora(adapted, integer_branch=True)),
+            ("runtime-int", lambda: runtime_adapter_model(model, adapted, integer_branch=True)),
+        ]
+    for name, make in makers:
         try:
             found[name] = make()
         except ValueError as exc:
@@ -161,7 +169,7 @@ def main() -> None:
         folder, args.kinds.split(","), args.forms.split(","), args.hidden
     ).items():
         model = onnx.load(path)
-        returned = _returned(model)
+        returned = _returned(model, form)
         runnable = {k: v for k, v in returned.items() if not isinstance(v, str)}
         times = _times({"deployed": model, **runnable}, deployed.feeds(kind), args.rounds)
         share = _adapter_share(model, returned["adapted"])

@@ -218,6 +218,11 @@ BRANCH_OPS = frozenset(
 )
 
 
+#: the operators an integer branch adds (``integer_branch=True``): ``A`` quantized per column,
+#: ``x A`` from the codes of ``x``
+INTEGER_BRANCH_OPS = frozenset({"Abs", "ReduceMax", "Div", "Max", "Round", "MatMulInteger"})
+
+
 def operators(model: onnx.ModelProto) -> Counter:
     """``{(domain, op_type): count}`` of the main graph."""
     return Counter(
@@ -225,17 +230,21 @@ def operators(model: onnx.ModelProto) -> Counter:
     )
 
 
-def assert_deployed_form(deployed: onnx.ModelProto, got: onnx.ModelProto, beside: bool) -> None:
+def assert_deployed_form(
+    deployed: onnx.ModelProto, got: onnx.ModelProto, beside: bool, integer: bool = False
+) -> None:
     """``got`` holds every operator of ``deployed`` (as many times) plus, where adapters
-    stay ``beside`` their base, only the default-domain operators of :data:`BRANCH_OPS`;
-    nothing that exists for training (``Floor``, ``Round``, ``Where``...)."""
+    stay ``beside`` their base, only the default-domain operators of :data:`BRANCH_OPS`
+    (and :data:`INTEGER_BRANCH_OPS` for an ``integer`` branch); nothing that exists for
+    training (``Floor``, ``Where``, ``Round`` outside an integer branch...)."""
     want, have = operators(deployed), operators(got)
     if not beside:
         assert have == want, {k: have[k] - want[k] for k in want | have if have[k] != want[k]}
         return
     assert not want - have, f"deployed operators lost: {dict(want - have)}"
     extra = have - want
-    assert all(not d and op in BRANCH_OPS for d, op in extra), f"not an adapter's: {dict(extra)}"
+    allowed = BRANCH_OPS | INTEGER_BRANCH_OPS if integer else BRANCH_OPS
+    assert all(not d and op in allowed for d, op in extra), f"not an adapter's: {dict(extra)}"
     assert extra, "no adapter branch"
 
 

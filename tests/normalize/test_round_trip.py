@@ -27,15 +27,21 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 QUANTIZED = ("int8", "qdq", "int4")
+_CODES = {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+}
 #: onnxruntime's kernels computing a weight product, fused from the deployed operators
 PRODUCT_KERNELS = frozenset(
     {"QLinearMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "Gemm"}
 )
 
 
-def _optimized_operators(model: onnx.ModelProto, folder) -> Counter:
-    """The operators onnxruntime runs ``model`` with at its default optimization level (the
-    optimized graph it writes)."""
+def _optimized(model: onnx.ModelProto, folder) -> onnx.ModelProto:
+    """The graph onnxruntime runs ``model`` with at its default optimization level (the
+    optimized model it writes)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -43,8 +49,29 @@ def _optimized_operators(model: onnx.ModelProto, folder) -> Counter:
     options.log_severity_level = 3
     options.optimized_model_filepath = str(folder / "optimized.onnx")
     ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(options.optimized_model_filepath)
-    return Counter(n.op_type for n in optimized.graph.node)
+    return onnx.load(options.optimized_model_filepath)
+
+
+def _kernels(optimized: onnx.ModelProto, integer: bool) -> Counter:
+    """The product kernels of ``optimized``; for an ``integer`` branch, which reads the codes
+    ``DynamicQuantizeLinear`` gives the base, a ``DynamicQuantizeMatMul`` counts as the
+    ``MatMulIntegerToFloat`` it then becomes."""
+    kernels = Counter(n.op_type for n in optimized.graph.node if n.op_type in PRODUCT_KERNELS)
+    if integer:
+        kernels["MatMulIntegerToFloat"] += kernels.pop("DynamicQuantizeMatMul", 0)
+    return kernels
+
+
+def _fused_weights(optimized: onnx.ModelProto, deployed: onnx.ModelProto) -> set[str]:
+    """The integer weights of ``deployed`` that a product kernel of ``optimized`` reads."""
+    integer = {i.name for i in deployed.graph.initializer if i.data_type in _CODES}
+    return {
+        name
+        for n in optimized.graph.node
+        if n.op_type in PRODUCT_KERNELS
+        for name in n.input
+        if name in integer
+    }
 
 
 def _check(model: onnx.ModelProto) -> None:
@@ -90,17 +117,30 @@ def test_what_comes_back_keeps_the_deployed_form(forms, kind, form, tmp_path):
     deployed.assert_deployed_form(model, served, beside=True)
     for result in (adapted, keep, requantized):
         _check(result)
+    returned = {"adapted": trained, "keep": keep, "runtime": served}
+    integer = {}
+    if form == "int8":  # the branch's x A from the codes of x (integer_branch=True)
+        integer["keep-int"] = merge_lora(trained, integer_branch=True)
+        integer["runtime-int"] = runtime_adapter_model(model, trained, integer_branch=True)
+        for result in integer.values():
+            deployed.assert_deployed_form(model, result, beside=True, integer=True)
     # the branch beside a product leaves it to onnxruntime's fusions: every product kernel
     # (QDQ: QLinearMatMul) and every Add folded into one (a bias) stay fused
-    fused = _optimized_operators(model, tmp_path)
-    for name, result in {"adapted": trained, "keep": keep, "runtime": served}.items():
-        got = _optimized_operators(result, tmp_path)
-        lost = Counter({op: fused[op] for op in PRODUCT_KERNELS}) - got
+    optimized = _optimized(model, tmp_path)
+    for name, result in {**returned, **integer}.items():
+        got = _optimized(result, tmp_path)
+        lost = _kernels(optimized, name in integer) - _kernels(got, name in integer)
         assert not lost, f"{name}: onnxruntime no longer fuses {dict(lost)}"
+        unfused = _fused_weights(optimized, model) - _fused_weights(got, model)
+        assert not unfused, f"{name}: no product kernel reads {sorted(unfused)}"
+        fused_adds = Counter(n.op_type for n in optimized.graph.node)["Add"]
+        got_adds = Counter(n.op_type for n in got.graph.node)["Add"]
         sums = deployed.operators(result)["", "Add"] - deployed.operators(model)["", "Add"]
-        assert got["Add"] - fused["Add"] <= sums, f"{name}: Adds no longer fused"
+        assert got_adds - fused_adds <= sums, f"{name}: Adds no longer fused"
 
     for result in (trained, keep, served):
         np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=exact)
+    for result in integer.values():  # within the rounding of x and A: ~2 % of the effect
+        np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=0.05 * effect)
     tolerance = 0.25 * effect if quantized else exact
     np.testing.assert_allclose(_predicted(requantized, feeds), reference, rtol=0, atol=tolerance)
