@@ -17,6 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxgrad import add_lora, merge_lora
 from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.graph.lora_runtime import runtime_adapter_model
+from onnxgrad.training import merge_checkpoint
+from onnxgrad.training.artifacts.checkpoint import Checkpoint
 from tests.normalize.integer_products import dynamic_quantize
 
 K, H, N, ROWS, RANK = 24, 16, 5, 12, 4
@@ -49,10 +51,11 @@ def _quantized(name: str, shape, scale: float, rng) -> list:
     ]
 
 
-@pytest.fixture(scope="module")
-def deployed() -> onnx.ModelProto:
+@pytest.fixture(scope="module", params=[17, 21])
+def deployed(request) -> onnx.ModelProto:
     """``y1 = x W1 + b``, ``y2 = x W2`` (one ``DynamicQuantizeLinear`` of ``x`` for both),
-    ``z = relu(y1) W3``: the int8 form ``quantize_dynamic`` writes."""
+    ``z = relu(y1) W3``: the int8 form ``quantize_dynamic`` writes, at an opset where
+    ``ReduceMax`` takes its axes as an attribute (17) and one where they are an input (21)."""
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "x_scale", "x_zero"])]
     nodes += _integer_product("x", "w1", "y1", bias="b1")
@@ -76,7 +79,10 @@ def deployed() -> onnx.ModelProto:
         ],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    opsets = [helper.make_opsetid("", request.param)]
+    return helper.make_model(
+        graph, opset_imports=opsets, ir_version=10 if request.param > 19 else 8
+    )
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +208,17 @@ def test_a_kept_integer_branch_folds_again(trained, x):
     )
     for name, value in _run(direct, {"x": x}).items():
         np.testing.assert_array_equal(_run(again, {"x": x})[name], value)
+
+
+def test_merge_checkpoint_passes_the_option(trained, x):
+    values = {init.name: numpy_helper.to_array(init) for init in trained.graph.initializer}
+    names = [name for a in lora_adapters(trained) for name in (a["a"], a["b"])]
+    checkpoint = Checkpoint({name: values[name] for name in names})
+    merged = merge_checkpoint(trained, checkpoint, integer_branch=True)
+    expected = _run(merge_lora(trained, integer_branch=True), {"x": x})
+    for name, value in _run(merged, {"x": x}).items():
+        np.testing.assert_array_equal(value, expected[name])
+    assert "MatMulInteger" in {n.op_type for n in merged.graph.node if "lora" in n.name}
 
 
 def test_integer_branch_is_a_bool(trained, deployed):
