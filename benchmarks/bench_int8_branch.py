@@ -36,9 +36,9 @@ alike, not kept).
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+from bench_round_trip import _times  # interleaved rounds, one thread, CPU time
 from onnx import TensorProto, helper, numpy_helper
 
 ROWS, RANK = 1024, 8
@@ -88,31 +88,6 @@ def _models(k: int, n: int, rng) -> dict:
         opsets = [helper.make_opsetid("", 17)]
         models[name] = helper.make_model(graph, opset_imports=opsets, ir_version=8)
     return models
-
-
-def _times(models: dict, feeds: dict, rounds: int) -> dict[str, float]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    sessions = {
-        name: ort.InferenceSession(
-            m.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-        for name, m in models.items()
-    }
-    for session in sessions.values():
-        for _ in range(5):
-            session.run(None, feeds)
-    samples: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(rounds):
-        for name, session in sessions.items():
-            start = time.thread_time()
-            session.run(None, feeds)
-            samples[name].append(time.thread_time() - start)
-    return {name: float(np.median(v)) * 1e3 for name, v in samples.items()}
 
 
 def main() -> None:
