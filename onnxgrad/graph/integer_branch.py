@@ -17,9 +17,10 @@ into ``MatMulIntegerToFloat``, the base's own kernel; ``A``'s quantization (a fe
 ``O(K r)`` a run where ``A`` is an input (the runtime adapter model).
 
 The branch then differs from the float one by the rounding of ``x`` (the base's own) and of
-``A`` (at most half a step ``s_A / 2`` an entry): measured on the int8 forms of a small Llama
-and BERT, about 2 % of the adapters' effect on the outputs, when the base's own rounding is
-1.5 % of the outputs. Training keeps the float branch; this form is asked for
+``A`` (at most half a step ``s_A / 2`` an entry), and by the later layers' rounding this moves:
+on the int8 forms of a small Llama and BERT, below the base's own rounding with adapters of a
+moderate effect, above it on the BERT with adapters moving the logits as much as the logits
+(docs/deployed-models.md). Training keeps the float branch; this form is asked for
 (``integer_branch=True`` of ``merge_lora``, ``merge_checkpoint``, ``runtime_adapter_model``).
 """
 
