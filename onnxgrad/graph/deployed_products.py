@@ -8,10 +8,12 @@ the float input ``x`` and the node whose first output is the float product ``y``
 
 - ``MatMul(x, W)``, ``Gemm(x, W)`` (``W`` float), ``MatMulNBits(x, codes)``,
   ``DynamicQuantizeMatMul(x, codes)``: ``y`` is the node's output;
-- ``MatMul(x, DequantizeLinear(q))`` through ``Transpose``/``Identity``/``Cast`` (QDQ):
+- ``MatMul(x, DequantizeLinear(q))`` or ``Gemm(x, DequantizeLinear(q), c)`` (``transB``
+  a swap of the codes' layout) through ``Transpose``/``Identity``/``Cast`` (QDQ):
   ``x`` is its (dequantized) activation, ``y`` the ``MatMul``'s output or, where that is
   quantized again (``MatMul -> QuantizeLinear -> DequantizeLinear``, the pattern onnxruntime
-  fuses into ``QLinearMatMul``), the ``DequantizeLinear``'s output;
+  fuses into ``QLinearMatMul`` or, for ``Gemm``, ``QGemm``), the ``DequantizeLinear``'s
+  output;
 - ``MatMulInteger(DynamicQuantizeLinear(x), q)`` followed by ``Cast`` and the ``Mul`` by
   the scales (``quantize_dynamic``): ``y`` is the last ``Mul``'s output;
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
@@ -144,7 +146,7 @@ def _product(node: NodeProto, context) -> Product | None:
     if key == ("", "MatMul") and len(node.input) == 2:
         return _matmul(node, context)
     if key == ("", "Gemm") and len(node.input) >= 2:
-        return _gemm(node, inits)
+        return _gemm(node, context)
     if key == (MS, "MatMulNBits") and node.input[1] in inits:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         shape = (int(attrs.get("K", 0)), int(attrs.get("N", 0)))
@@ -177,16 +179,26 @@ def _integer_matrix(name: str, inits) -> bool:
 
 
 def _matmul(node: NodeProto, context) -> Product | None:
-    inits, producers, readers = context
+    inits = context[0]
     weight = node.input[1]
     if weight in inits:
         init = inits[weight]
         if init.data_type in FLOAT_TYPES and len(init.dims) == 2:
             return _made(weight, "MatMul", node, node.input[0], tuple(init.dims), inits, weight)
         return None
-    dequantize, perm = dequantize_behind(weight, producers)
+    return _qdq_product(node, context)
+
+
+def _qdq_product(node: NodeProto, context, transposed: bool = False, alpha: float = 1.0):
+    """The product of a ``MatMul`` or ``Gemm`` ``node`` whose weight (input 1) is
+    dequantized from integer codes (QDQ), ``transposed`` where the node reads it ``N x K``
+    (``Gemm``'s ``transB``): one more swap of the codes' layout."""
+    inits, producers, readers = context
+    dequantize, perm = dequantize_behind(node.input[1], producers)
     if dequantize is None or not _integer_matrix(dequantize.input[0], inits):
         return None
+    if transposed:
+        perm = [1, 0] if perm in (None, [0, 1]) else None
     dims = tuple(inits[dequantize.input[0]].dims)
     shape = tuple(dims[i] for i in perm) if perm else dims
     quantize, output = _requantized_output(node, readers)
@@ -201,6 +213,7 @@ def _matmul(node: NodeProto, context) -> Product | None:
         dequantize,
         perm=tuple(perm) if perm else None,
         requantized_by=quantize,
+        alpha=alpha,
     )
 
 
@@ -250,15 +263,20 @@ def dequantize_behind(value: str, producers) -> tuple[NodeProto | None, list[int
     return node, perm
 
 
-def _gemm(node: NodeProto, inits) -> Product | None:
+def _gemm(node: NodeProto, context) -> Product | None:
+    inits = context[0]
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     weight = node.input[1]
-    if attrs.get("transA", 0) or weight not in inits or len(inits[weight].dims) != 2:
-        return None
     transposed = bool(attrs.get("transB", 0))
+    alpha = float(attrs.get("alpha", 1.0))
+    if attrs.get("transA", 0):
+        return None
+    if weight not in inits:
+        return _qdq_product(node, context, transposed, alpha)
+    if len(inits[weight].dims) != 2:
+        return None
     dims = tuple(inits[weight].dims)
     shape = dims[::-1] if transposed else dims
-    alpha = float(attrs.get("alpha", 1.0))
     return _made(
         weight,
         "Gemm",

@@ -109,7 +109,7 @@ def add_lora(
                 initializers[weight], int(rank), scale, rng, names, node_names, graph
             )
             new_nodes.extend(nodes)
-            _rewire(graph, weight, adapter["output"], skip=set(adapter["nodes"]))
+            rewire(graph, weight, adapter["output"], skip=set(adapter["nodes"]))
         adapters.append(adapter)
     insert_after(graph, branches)
     shared = share_first_products(graph, ranked, default_opset(model), names, node_names)
@@ -262,7 +262,7 @@ def merge_lora(
             kept = [n for n in graph.node if n.name not in removed]
             del graph.node[:]
             graph.node.extend(kept)
-            _rewire(graph, adapter["output"], adapter["weight"], skip=set())
+            rewire(graph, adapter["output"], adapter["weight"], skip=set())
         for name in (adapter["a"], adapter["b"]):
             graph.initializer.remove(initializers.pop(name))
     if requantized:
@@ -354,10 +354,7 @@ def _adapter(init, rank, scale, rng, names, node_names, graph):
     the adapter's record."""
     shape = tuple(init.dims)
     rows, cols = shape[0], int(np.prod(shape[1:], dtype=np.int64))
-    dtype = np_dtype(init.data_type)
-    half = init.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    if half:
-        dtype = np.dtype(np.float32)
+    dtype = _adapter_dtype(init)
     a = names.unique(f"{init.name}_lora_A")
     b = names.unique(f"{init.name}_lora_B")
     graph.initializer.extend(
@@ -368,6 +365,31 @@ def _adapter(init, rank, scale, rng, names, node_names, graph):
             numpy_helper.from_array(np.zeros((rank, cols), dtype=dtype), name=b),
         ]
     )
+    nodes, output = weight_update(init, a, b, scale, names, node_names)
+    record = {
+        "weight": init.name,
+        "a": a,
+        "b": b,
+        "scale": scale,
+        "output": output,
+        "nodes": [n.name for n in nodes],
+    }
+    return nodes, record
+
+
+def _adapter_dtype(init) -> np.dtype:
+    """The adapters' type: float32 over a float16 or bfloat16 weight, else the weight's."""
+    if init.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        return np.dtype(np.float32)
+    return np_dtype(init.data_type)
+
+
+def weight_update(init, a: str, b: str, scale: float, names, node_names):
+    """The nodes computing ``W + s reshape(A @ B, shape(W))`` over the float initializer
+    ``init`` from the adapters named ``a`` and ``b`` (cast to ``W``'s type over a float16 or
+    bfloat16 ``W``), and the name of that sum."""
+    shape = tuple(init.dims)
+    dtype = _adapter_dtype(init)
     value = {k: names.unique(f"{init.name}_lora_{k}") for k in ("AB", "scale", "delta", "shape")}
     output = names.unique(f"{init.name}_lora")
 
@@ -387,7 +409,7 @@ def _adapter(init, rank, scale, rng, names, node_names, graph):
         node("Mul", [value["AB"], value["scale"]], value["delta"]),
     ]
     delta = value["delta"]
-    if half:
+    if dtype != np_dtype(init.data_type):
         narrowed = names.unique(f"{init.name}_lora_cast")
         nodes.append(node("Cast", [delta], narrowed, to=init.data_type))
         delta = narrowed
@@ -404,18 +426,10 @@ def _adapter(init, rank, scale, rng, names, node_names, graph):
         nodes.append(node("Reshape", [delta, value["shape"]], reshaped))
         delta = reshaped
     nodes.append(node("Add", [init.name, delta], output))
-    record = {
-        "weight": init.name,
-        "a": a,
-        "b": b,
-        "scale": scale,
-        "output": output,
-        "nodes": [n.name for n in nodes],
-    }
-    return nodes, record
+    return nodes, output
 
 
-def _rewire(graph, old: str, new: str, skip: set[str]) -> None:
+def rewire(graph, old: str, new: str, skip: set[str]) -> None:
     """Make every node of ``graph`` (but ``skip``) read ``new`` instead of ``old``."""
     for node in graph.node:
         if node.name in skip:
@@ -443,4 +457,11 @@ def _set_adapters(model: ModelProto, adapters: list[dict]) -> None:
         model.metadata_props.add(key=LORA_METADATA, value=json.dumps(adapters))
 
 
-__all__ = ["LORA_METADATA", "add_lora", "lora_adapters", "merge_lora"]
+__all__ = [
+    "LORA_METADATA",
+    "add_lora",
+    "lora_adapters",
+    "merge_lora",
+    "rewire",
+    "weight_update",
+]

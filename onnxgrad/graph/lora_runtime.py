@@ -23,9 +23,11 @@ the deployed model did); a trained checkpoint's adapters, written as an ``.onnx_
 
 from __future__ import annotations
 
+import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import (
+    FLOAT_TYPES,
     ModelLike,
     NameScope,
     all_names,
@@ -40,7 +42,7 @@ from onnxgrad.graph.deployed_products import (
     weight_products,
 )
 from onnxgrad.graph.integer_branch import integer_first_products
-from onnxgrad.graph.lora import lora_adapters
+from onnxgrad.graph.lora import lora_adapters, rewire, weight_update
 
 
 def runtime_adapter_model(
@@ -48,8 +50,10 @@ def runtime_adapter_model(
 ) -> ModelProto:
     """``deployed`` with a branch ``s (x A) B`` beside each product whose weight ``adapted``
     (``add_lora`` of ``deployed``) adapts; ``A`` and ``B`` are graph inputs defaulting to
-    their values in ``adapted``. ``ValueError`` names an adapter whose weight ``deployed``
-    does not read as the weight of a product.
+    their values in ``adapted``. A float weight that other nodes read too (a convolution's
+    kernel, an embedding tied to a head) is updated instead, ``W + s reshape(A B)`` before
+    its readers. ``ValueError`` names an adapter whose weight ``deployed`` has neither as a
+    float initializer nor as the weight of a product.
 
     ``integer_branch=True`` computes ``x A`` beside ``quantize_dynamic``'s products from the
     activation's int8 codes and ``A`` quantized per column at run time
@@ -72,15 +76,19 @@ def runtime_adapter_model(
     node_names = NameScope(n.name for n in graph.node if n.name)
     taken = all_names(graph)
     new_nodes: dict[str, list] = {}
-    ranked = []
+    ranked, updates = [], []
     original = {node.name for node in graph.node}
     for adapter in adapters:
-        found = _products_of(products, adapter, values)
         clash = sorted({adapter["a"], adapter["b"]} & taken)
         if clash:
             raise ValueError(f"adapter of {adapter['weight']!r}: {clash} already name values")
+        found = _products_of(products, adapter, values, graph)
         for key in ("a", "b"):
             _add_overridable(graph, values[adapter[key]])
+        if not found:
+            init = next(i for i in graph.initializer if i.name == adapter["weight"])
+            updates.append(_updated_weight(graph, init, adapter, names, node_names))
+            continue
         rank = values[adapter["a"]].dims[-1]
         for product in found:
             nodes = add_branch(
@@ -89,6 +97,7 @@ def runtime_adapter_model(
             new_nodes.setdefault(product.node.name, []).extend(nodes)
             ranked.append((nodes, int(rank)))
     insert_after(graph, new_nodes)
+    _prepend(graph, [node for nodes in updates for node in nodes])
     share_first_products(graph, ranked, default_opset(model), names, node_names)
     if integer_branch:
         branch = {node.name for node in graph.node} - original
@@ -96,18 +105,28 @@ def runtime_adapter_model(
     return finalize_model(model, check=False)
 
 
-def _products_of(products: dict, adapter: dict, values: dict) -> list:
+def _products_of(products: dict, adapter: dict, values: dict, graph) -> list:
     """The products adapting ``adapter``'s weight (one branch each, sharing ``A`` and
-    ``B``); ``ValueError`` naming the weight when there is none or ``A B`` does not have the
-    shape of its weight."""
+    ``B``), or ``[]`` for a float initializer of ``graph`` that a node other than a product
+    reads (a convolution's kernel, an embedding tied to a head): it is updated before all
+    its readers (:func:`_updated_weight`). ``ValueError`` naming the weight when it is
+    neither or ``A B`` does not have its shape."""
     weight = adapter["weight"]
     found = products.get(weight, [])
+    rows, cols = values[adapter["a"]].dims[0], values[adapter["b"]].dims[-1]
+    init = next((i for i in graph.initializer if i.name == weight), None)
+    readers = {node.name for node in graph.node if weight in node.input}
+    if init is not None and init.data_type in FLOAT_TYPES and readers - {p.reader for p in found}:
+        dims = list(init.dims)
+        if not dims or (rows, cols) != (dims[0], int(np.prod(dims[1:], dtype=np.int64))):
+            raise ValueError(f"adapter of {weight!r}: A B is [{rows}, {cols}], W is {dims}")
+        return []
     if not found:
         raise ValueError(
             f"adapter of {weight!r}: the deployed model reads that weight in no MatMul, Gemm, "
-            "MatMulNBits, MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul or QDQ MatMul"
+            "MatMulNBits, MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul or QDQ MatMul "
+            "or Gemm, and has no float initializer of that name"
         )
-    rows, cols = values[adapter["a"]].dims[0], values[adapter["b"]].dims[-1]
     for product in found:
         k, n = product.shape
         if (rows, cols) != ((n, k) if product.transposed else (k, n)):
@@ -116,6 +135,23 @@ def _products_of(products: dict, adapter: dict, values: dict) -> list:
                 f"{product.node.name!r} reads a weight of shape [{k}, {n}]"
             )
     return found
+
+
+def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
+    """``W + s reshape(A B, shape(W))`` from the fed ``A`` and ``B``, read instead of ``W``
+    by every node (``K N r`` per run whatever the batch: a convolution's kernel, which no
+    ``x A`` branch computes without a convolution of its own)."""
+    nodes, output = weight_update(
+        init, adapter["a"], adapter["b"], adapter["scale"], names, node_names
+    )
+    rewire(graph, init.name, output, skip=set())
+    return nodes
+
+
+def _prepend(graph, nodes: list) -> None:
+    kept = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *kept])
 
 
 def _add_overridable(graph, value: TensorProto) -> None:

@@ -131,3 +131,52 @@ def test_a_weight_read_twice_gets_a_branch_at_each_product():
     adapted = w + a @ b
     got = _run(base, {"x": x, "w_lora_A": a, "w_lora_B": b})
     np.testing.assert_allclose(got, x @ adapted @ adapted, rtol=1e-4, atol=1e-2)
+
+
+def test_a_weight_other_nodes_read_too_is_updated_for_all_of_them():
+    """An embedding ``E`` tied to a product, ``y = E[ids] E``, and a convolution kernel:
+    every reader gets ``W + s reshape(A B)`` (a branch beside the ``MatMul`` alone would
+    leave the ``Gather`` and the ``Conv`` reading the untrained weight)."""
+    e = RNG.standard_normal((K, K)).astype(np.float32)
+    kernel = RNG.standard_normal((3, 2, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["e", "ids"], ["h"], name="lookup"),
+        helper.make_node("MatMul", ["h", "e"], ["y"], name="head"),
+        helper.make_node("Conv", ["signal", "kernel"], ["z"], name="conv"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("signal", TensorProto.FLOAT, [1, 2, 8]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, K]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3, 6]),
+        ],
+        [numpy_helper.from_array(e, "e"), numpy_helper.from_array(kernel, "kernel")],
+    )
+    deployed = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    base = runtime_adapter_model(deployed, add_lora(deployed, rank=2))
+    trained = {
+        "e_lora_A": RNG.standard_normal((K, 2)).astype(np.float32),
+        "e_lora_B": RNG.standard_normal((2, K)).astype(np.float32),
+        "kernel_lora_A": RNG.standard_normal((3, 2)).astype(np.float32),
+        "kernel_lora_B": RNG.standard_normal((2, 6)).astype(np.float32),
+    }
+    ids = np.array([3, 0, 7], dtype=np.int64)
+    signal = RNG.standard_normal((1, 2, 8)).astype(np.float32)
+    session = ort.InferenceSession(base.SerializeToString(), providers=["CPUExecutionProvider"])
+    y, z = session.run(None, {"ids": ids, "signal": signal, **trained})
+    tied = e + trained["e_lora_A"] @ trained["e_lora_B"]
+    np.testing.assert_allclose(y, tied[ids] @ tied, rtol=1e-4, atol=1e-3)
+    moved = kernel + (trained["kernel_lora_A"] @ trained["kernel_lora_B"]).reshape(3, 2, 3)
+    want = np.stack([np.einsum("ck,ctk->t", moved[o], _windows(signal[0])) for o in range(3)])
+    np.testing.assert_allclose(z[0], want, rtol=1e-4, atol=1e-4)
+
+
+def _windows(signal: np.ndarray, width: int = 3) -> np.ndarray:
+    """``[channels, positions, width]``: the valid sliding windows of ``signal``."""
+    positions = signal.shape[-1] - width + 1
+    return np.stack([signal[:, t : t + width] for t in range(positions)], axis=1)

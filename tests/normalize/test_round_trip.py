@@ -1,10 +1,12 @@
 """What comes back ships like what went in: for each form onnxruntime's tools make of a tiny
-Llama and a tiny BERT, the adapted model, the merged ones (``keep`` and ``requantize``) and
-the runtime adapter model hold the deployed file's operators (plus the adapters' own branch
-where it stays beside a quantized base, nothing that exists for training), pass onnx's
-checker where it knows their operators, and predict what the training graph (the normalised
-adapted model, with the same trained adapters) predicts: to float rounding where adapters
-are kept or folded into float weights, within the re-quantization error otherwise."""
+Llama and a tiny BERT (and of one architecture per class of product,
+:data:`ARCHITECTURE_CASES`), the adapted model, the merged ones (``keep`` and ``requantize``)
+and the runtime adapter model hold the deployed file's operators (plus the adapters' own
+branch where it stays beside a quantized base, nothing that exists for training), pass
+onnx's checker where it knows their operators, and predict what the training graph (the
+normalised adapted model, with the same trained adapters) predicts: to float rounding where
+adapters are kept or folded into float weights, within the re-quantization error
+otherwise."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import pytest
 
 from onnxgrad import add_lora, merge_lora
 from onnxgrad._onnx_utils import checker_knows
+from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.graph.lora_runtime import runtime_adapter_model
 from onnxgrad.normalize import normalized_model
+from tests import architectures
 from tests.normalize import deployed
 from tests.normalize.integer_products import u8s8_kernel_path, with_exact_integer_products
 from tests.normalize.kernels import run
@@ -98,11 +102,34 @@ def _predicted(model: onnx.ModelProto, feeds) -> np.ndarray:
 @pytest.mark.parametrize("form", deployed.FORMS)
 def test_what_comes_back_keeps_the_deployed_form(forms, kind, form, tmp_path):
     model = onnx.load(forms(kind, form))
+    _assert_round_trip(model, form, deployed.feeds(kind), tmp_path)
+
+
+#: one small architecture per class of product the round trip must find: GPT-2's ``Gemm``
+#: over QDQ weights (``QGemm``), the convolution kernels of a ViT's patch embedding (which
+#: the runtime adapter model updates, no product reading them) over float and 4-bit bases
+ARCHITECTURE_CASES = [("gpt2", "qdq"), ("vit", "float32"), ("vit", "int4")]
+
+
+@pytest.mark.parametrize(("kind", "form"), ARCHITECTURE_CASES)
+def test_architecture_comes_back_in_its_form(kind, form, tmp_path):
+    try:
+        model = onnx.load(architectures.deployed_form(kind, form))
+    except ImportError as exc:  # a tool whose kernel this onnxruntime build lacks
+        pytest.skip(f"this onnxruntime cannot make the {form} form: {exc}")
+    adapted = _assert_round_trip(model, form, architectures.feeds(kind), tmp_path)
+    export = onnx.load(architectures.deployed_form(kind, "float32"))
+    # every weight its float32 export adapts has an adapter in this form too
+    assert len(lora_adapters(adapted)) == len(lora_adapters(add_lora(export, rank=4)))
+
+
+def _assert_round_trip(model: onnx.ModelProto, form: str, feeds, tmp_path) -> onnx.ModelProto:
+    """Every model that comes back from ``model`` keeps its form and predicts what the
+    training graph predicts (module docstring); returns the adapted model."""
     quantized = form in QUANTIZED
     adapted = add_lora(model, rank=4)
     deployed.assert_deployed_form(model, adapted, beside=True)
     trained = deployed.trained_adapters(adapted)
-    feeds = deployed.feeds(kind)
     before = _predicted(model, feeds)
     reference = run(normalized_model(trained), feeds)[0]  # the training graph
     effect = np.abs(reference - before).max()
@@ -144,3 +171,4 @@ def test_what_comes_back_keeps_the_deployed_form(forms, kind, form, tmp_path):
         np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=0.05 * effect)
     tolerance = 0.25 * effect if quantized else exact
     np.testing.assert_allclose(_predicted(requantized, feeds), reference, rtol=0, atol=tolerance)
+    return adapted
