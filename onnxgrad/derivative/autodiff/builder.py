@@ -37,7 +37,9 @@ class NodeView:
     def captured(self) -> list[str]:
         """Outer-scope values its subgraphs read (If branches, Loop and Scan bodies), sorted;
         a rule receives ``needs`` and returns gradients for ``inputs + captured``."""
-        return sorted(node_inputs(self.proto) - set(self.proto.input) - {""})
+        if not self._attributes:  # no attribute, no subgraph
+            return []
+        return sorted(node_inputs(self.proto) - set(self.inputs) - {""})
 
     def input(self, index: int) -> str | None:
         """Name of input ``index``, or ``None`` when it is absent or omitted."""

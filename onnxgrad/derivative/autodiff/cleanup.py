@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from onnx import AttributeProto, GraphProto, NodeProto, numpy_helper
+from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, numpy_helper
 
 from onnxgrad._onnx_utils import normalize_domain, replace_repeated, subgraphs
 from onnxgrad.graph._scopes import free_names, node_inputs
@@ -127,10 +127,12 @@ class _Simplifier:
     def run(self) -> list[NodeProto]:
         """The simplified nodes (modified in place, not copied)."""
         kept = []
+        alias = self.alias
         for node in self.nodes:
-            for i, name in enumerate(node.input):
-                if name in self.alias:  # a write leaves the old string in the arena
-                    node.input[i] = self.resolve(name)
+            if not alias.keys().isdisjoint(node.input):
+                for i, name in enumerate(node.input):
+                    if name in alias:  # a write leaves the old string in the arena
+                        node.input[i] = self.resolve(name)
             if self._simplify(node):
                 continue
             kept.append(node)
@@ -144,37 +146,39 @@ class _Simplifier:
 
     def _simplify(self, node: NodeProto) -> bool:
         """Rewrite ``node`` in place; ``True`` when it is no longer needed."""
-        domain = normalize_domain(node.domain)
-        if domain == "" and node.op_type == "Identity" and self._free(node):
+        if normalize_domain(node.domain):
+            return self._common(node)
+        op = node.op_type
+        if op == "Identity" and self._free(node):
             self.alias[node.output[0]] = node.input[0]
             return True
-        if domain == "" and node.op_type == "Cast":
+        if op == "Cast":
             to = next((a.i for a in node.attribute if a.name == "to"), None)
             if to is not None and self.elem_types.get(node.input[0]) == to and self._free(node):
                 self.alias[node.output[0]] = node.input[0]
                 return True
             self.elem_types[node.output[0]] = to
-        if domain == "" and node.op_type == "Transpose":
+        elif op == "Transpose":
             return self._transpose(node)
-        if domain == "" and node.op_type == "Reshape":
+        elif op == "Reshape":
             self._reshape(node)
-        if domain == "":
+        elif op in BINARY_ELEMENTWISE:
             self._skip_expand(node)
-            self._track_shape(node)
+        self._track_shape(node, op)
         return self._common(node)
 
     def _shape_root(self, name: str) -> str:
         return self.shape_roots.get(name, name)
 
     def _is_scalar_constant(self, name: str) -> bool:
-        value = self._constant(name)
-        return value is not None and value.ndim == 0
+        tensor = self._constant_tensor(name)
+        return tensor is not None and not tensor.dims
 
-    def _track_shape(self, node: NodeProto) -> None:
+    def _track_shape(self, node: NodeProto, op: str) -> None:
         """Record the outputs of elementwise nodes that keep the shape of an input."""
-        if node.op_type in UNARY_ELEMENTWISE and len(node.input) == 1:
+        if op in UNARY_ELEMENTWISE and len(node.input) == 1:
             self.shape_roots[node.output[0]] = self._shape_root(node.input[0])
-        elif node.op_type in BINARY_ELEMENTWISE and len(node.input) == 2:
+        elif op in BINARY_ELEMENTWISE and len(node.input) == 2:
             a, b = node.input
             if self._shape_root(a) == self._shape_root(b) or self._is_scalar_constant(b):
                 self.shape_roots[node.output[0]] = self._shape_root(a)
@@ -228,21 +232,32 @@ class _Simplifier:
             node.input[0] = inner.input[0]
 
     def _constant(self, name: str) -> np.ndarray | None:
+        tensor = self._constant_tensor(name)
+        if tensor is not None:
+            return numpy_helper.to_array(tensor)
+        node = self.producer.get(name)
+        if node is None or node.op_type != "Constant" or normalize_domain(node.domain):
+            return None
+        for attr in node.attribute:
+            if attr.name == "value_ints":
+                return np.array(attr.ints, dtype=np.int64)
+        return None
+
+    def _constant_tensor(self, name: str) -> TensorProto | None:
+        """The tensor of an initializer or of a ``Constant``'s ``value``, else ``None``."""
         if name in self.constants:
-            return numpy_helper.to_array(self.constants[name])
+            return self.constants[name]
         node = self.producer.get(name)
         if node is None or node.op_type != "Constant" or normalize_domain(node.domain):
             return None
         for attr in node.attribute:
             if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
-            if attr.name == "value_ints":
-                return np.array(attr.ints, dtype=np.int64)
+                return attr.t
         return None
 
     def _common(self, node: NodeProto) -> bool:
         """Reuse the outputs of an identical earlier node."""
-        if node.op_type in NONDETERMINISTIC or subgraphs(node):
+        if node.op_type in NONDETERMINISTIC or (node.attribute and subgraphs(node)):
             return False
         if self.apart.intersection(node.output):
             return False
