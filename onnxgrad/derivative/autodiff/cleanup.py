@@ -277,14 +277,13 @@ class _Simplifier:
 
 
 def _node_key(node: NodeProto) -> tuple:
-    attributes = sorted(node.attribute, key=lambda a: a.name) if len(node.attribute) > 1 else []
-    return (
-        normalize_domain(node.domain),
-        node.op_type,
-        tuple(node.input),
-        len(node.output),
-        tuple(_attribute_key(a) for a in attributes or node.attribute),
-    )
+    key = (normalize_domain(node.domain), node.op_type, tuple(node.input), len(node.output))
+    attributes = node.attribute
+    if not attributes:
+        return key
+    if len(attributes) > 1:
+        attributes = sorted(attributes, key=lambda a: a.name)
+    return (*key, *(_attribute_key(a) for a in attributes))
 
 
 def _attribute_key(attr: AttributeProto) -> bytes:
