@@ -41,11 +41,11 @@ def readiest_leaves_last(graph: GraphProto) -> None:
     by decreasing depth (longest chain of producers), ties in their order."""
     nodes = list(graph.node)
     reads = [node_inputs(node) for node in nodes]
-    depth = node_depths(nodes, reads)
     read = set().union(*reads)
     leaves = [i for i, node in enumerate(nodes) if read.isdisjoint(node.output)]
     if len(leaves) < 2:
         return
+    depth = node_depths(nodes, reads)
     moved = set(leaves)
     leaves.sort(key=lambda i: -depth[i])
     order = [node for i, node in enumerate(nodes) if i not in moved] + [nodes[i] for i in leaves]

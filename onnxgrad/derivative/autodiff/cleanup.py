@@ -65,8 +65,8 @@ def clean_graph(
 
     nodes = list(graph.node) if nodes is None else nodes
     pinned = _pinned_names(nodes, graph)
-    nodes = _Simplifier(graph, nodes, pinned, set(apart)).run()
-    nodes = _write_outputs_directly(graph, nodes, pinned)
+    simplifier = _Simplifier(graph, nodes, pinned, set(apart))
+    nodes = _write_outputs_directly(graph, simplifier.run(), pinned, simplifier.producer)
     needed = {o.name for o in graph.output}
     live = live_nodes(nodes, needed)
     for node in live:
@@ -85,9 +85,9 @@ def live_nodes(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
     """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
     kept = []
     for node in reversed(nodes):
-        if needed.intersection(node.output):
+        if not needed.isdisjoint(node.output):
             kept.append(node)
-            needed.update(node_inputs(node) if subgraphs(node) else node.input)
+            needed.update(node_inputs(node) if node.attribute else node.input)
     return kept[::-1]
 
 
@@ -259,7 +259,7 @@ class _Simplifier:
         """Reuse the outputs of an identical earlier node."""
         if node.op_type in NONDETERMINISTIC or (node.attribute and subgraphs(node)):
             return False
-        if self.apart.intersection(node.output):
+        if self.apart and not self.apart.isdisjoint(node.output):
             return False
         key = _node_key(node)
         earlier = self.seen.get(key)
@@ -313,11 +313,11 @@ def _set_ints(node: NodeProto, name: str, values: list[int]) -> None:
 
 
 def _write_outputs_directly(
-    graph: GraphProto, nodes: list[NodeProto], pinned: set[str]
+    graph: GraphProto, nodes: list[NodeProto], pinned: set[str], producers: dict[str, NodeProto]
 ) -> list[NodeProto]:
     """``y = Identity(x)`` with ``y`` a graph output: the producer of ``x`` writes ``y``
-    (when ``x`` is an intermediate value of this graph only, renamed everywhere)."""
-    producers = {o: node for node in nodes for o in node.output if o}
+    (when ``x`` is an intermediate value of this graph only, renamed everywhere);
+    ``producers``: the node computing each value, for ``nodes`` at least."""
     renamed: dict[str, str] = {}
     dropped = set()
     for node in nodes:
@@ -332,12 +332,13 @@ def _write_outputs_directly(
         return nodes
     kept = [n for n in nodes if id(n) not in dropped]
     for node in kept:
-        for i, name in enumerate(node.input):
-            if name in renamed:
-                node.input[i] = renamed[name]
-        for i, name in enumerate(node.output):
-            if name in renamed:
-                node.output[i] = renamed[name]
+        if not renamed.keys().isdisjoint(node.input):
+            for i, name in enumerate(node.input):
+                if name in renamed:
+                    node.input[i] = renamed[name]
+    for source, target in renamed.items():
+        outputs = producers[source].output
+        outputs[list(outputs).index(source)] = target
     outputs = {o.name for o in graph.output}
     infos = [v for v in graph.value_info if v.name not in outputs]
     for info in infos:
