@@ -70,14 +70,15 @@ def clean_graph(
     needed = {o.name for o in graph.output}
     live = live_nodes(nodes, needed)
     for node in live:
-        for sub in subgraphs(node):
+        for sub in subgraphs(node) if node.attribute else ():
             prune_graph(sub, keep_inputs=True)
     replace_repeated(graph.node, live)
     for index in reversed(range(len(graph.initializer))):
         if graph.initializer[index].name not in needed:
             del graph.initializer[index]
-    written = {o for node in live for o in node.output}
-    replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in written])
+    if graph.value_info:
+        written = {o for node in live for o in node.output}
+        replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in written])
     return graph
 
 
@@ -95,7 +96,7 @@ def _pinned_names(nodes: list[NodeProto], graph: GraphProto) -> set[str]:
     """Values that keep their name and producer: interface and subgraph reads."""
     names = {i.name for i in graph.input} | {o.name for o in graph.output}
     for node in nodes:
-        for sub in subgraphs(node):
+        for sub in subgraphs(node) if node.attribute else ():
             names |= free_names(sub)
     return names
 
