@@ -100,7 +100,7 @@ def new_node(
 def _attribute(name: str, value) -> AttributeProto:
     kind = type(value)
     if kind is int or kind is bool:
-        return AttributeProto(name=name, type=AttributeProto.INT, i=value)
+        return AttributeProto(name=name, type=AttributeProto.INT, i=int(value))
     if kind is float:
         return AttributeProto(name=name, type=AttributeProto.FLOAT, f=value)
     if kind is str:
