@@ -93,11 +93,13 @@ def new_node(
     for key in sorted(attrs):
         value = attrs[key]
         if value is not None:
-            node.attribute.append(_attribute(key, value))
+            node.attribute.append(node_attribute(key, value))
     return node
 
 
-def _attribute(name: str, value) -> AttributeProto:
+def node_attribute(name: str, value) -> AttributeProto:
+    """``helper.make_attribute(name, value)``, made directly for ints, bools, floats,
+    strings and int lists."""
     kind = type(value)
     if kind is int or kind is bool:
         return AttributeProto(name=name, type=AttributeProto.INT, i=int(value))
