@@ -66,7 +66,8 @@ def onnx_jvp(
         (:mod:`onnxgrad.derivative.seeds`); ``None``: one tangent, no extra axis.
     """
     seeds = check_seeds(seeds)
-    return _batched(*_jvp(normalized_model(model), weights, inputs, keep_outputs), seeds)
+    checked = seeds is None  # batch_seeds checks the batched graph
+    return _batched(*_jvp(normalized_model(model), weights, inputs, keep_outputs, checked), seeds)
 
 
 def _batched(model: ModelProto, seed_inputs, results, seeds: int | None) -> ModelProto:
@@ -78,14 +79,16 @@ def _jvp(
     weights: Sequence[str] | None,
     inputs: Sequence[str] | None,
     keep_outputs: bool = False,
+    checked: bool = True,
 ) -> tuple[ModelProto, list[str], list[str]]:
     """:func:`onnx_jvp` of a normalised model the caller owns, its tangent inputs and its
     tangent outputs: by tangent propagation where every node on the way has a tangent rule
-    (:mod:`onnxgrad.derivative.tangent_graph`), else by transposition."""
+    (:mod:`onnxgrad.derivative.tangent_graph`), else by transposition (``checked``: onnx's
+    full check of the result, off for one checked once rewritten)."""
     try:
-        return tangent_jvp(model, weights, inputs, keep_outputs)
+        return tangent_jvp(model, weights, inputs, keep_outputs, checked)
     except NoTangentRule:
-        return _transposed_jvp(model, weights, inputs, keep_outputs)
+        return _transposed_jvp(model, weights, inputs, keep_outputs, checked)
 
 
 def _transposed_jvp(
@@ -93,6 +96,7 @@ def _transposed_jvp(
     weights: Sequence[str] | None,
     inputs: Sequence[str] | None,
     keep_outputs: bool = False,
+    checked: bool = True,
 ) -> tuple[ModelProto, list[str], list[str]]:
     """The JVP graph as the transposition of the reverse graph.
 
@@ -118,7 +122,7 @@ def _transposed_jvp(
     _restore_output_names(result.graph, originals)
     seed_inputs = [i.name for i in result.graph.input if i.name in tangents]
     results = [o.name for o in result.graph.output if o.name in tangents]
-    return finalize_model(result), seed_inputs, results
+    return finalize_model(result, check=checked), seed_inputs, results
 
 
 def _private_output_names(model: ModelProto) -> dict[str, str]:

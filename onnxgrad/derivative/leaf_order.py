@@ -40,11 +40,12 @@ def readiest_leaves_last(graph: GraphProto) -> None:
     """Reorder ``graph`` (topologically sorted) in place: the leaves after every other node,
     by decreasing depth (longest chain of producers), ties in their order."""
     nodes = list(graph.node)
-    depth = node_depths(nodes)
-    read = set().union(*(node_inputs(node) for node in nodes))
-    leaves = [i for i, node in enumerate(nodes) if not read.intersection(node.output)]
+    reads = [node_inputs(node) for node in nodes]
+    read = set().union(*reads)
+    leaves = [i for i, node in enumerate(nodes) if read.isdisjoint(node.output)]
     if len(leaves) < 2:
         return
+    depth = node_depths(nodes, reads)
     moved = set(leaves)
     leaves.sort(key=lambda i: -depth[i])
     order = [node for i, node in enumerate(nodes) if i not in moved] + [nodes[i] for i in leaves]
@@ -64,12 +65,14 @@ def readiness_order(graph: GraphProto, values: Sequence[str]) -> list[str]:
     return [values[k] for k in ranked]
 
 
-def node_depths(nodes: Sequence[NodeProto]) -> list[int]:
+def node_depths(nodes: Sequence[NodeProto], reads: Sequence[set[str]] | None = None) -> list[int]:
     """Each node's longest chain of producers, itself included (``nodes`` topologically
-    sorted; values read from outer scopes count as inputs)."""
-    made_by = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    sorted; values read from outer scopes count as inputs; ``reads``: each node's
+    :func:`node_inputs`, when the caller has them)."""
+    reads = [node_inputs(node) for node in nodes] if reads is None else reads
+    made_by = {name: i for i, node in enumerate(nodes) for name in node.output}
     depth = [0] * len(nodes)
-    for i, node in enumerate(nodes):
-        reads = node_inputs(node)
-        depth[i] = 1 + max((depth[made_by[r]] for r in reads if made_by.get(r, i) < i), default=0)
+    for i, read in enumerate(reads):
+        producers = [made_by[r] for r in read if r in made_by]
+        depth[i] = 1 + max((depth[p] for p in producers if p < i), default=0)
     return depth

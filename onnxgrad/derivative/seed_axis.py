@@ -33,6 +33,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import NameScope
+from onnxgrad.derivative.autodiff.builder import node_attribute
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
 
@@ -132,7 +133,11 @@ class SeedAxis:
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
         out = out or self.scope.unique(f"seeded_{op_type}")
         name = self.scope.unique(f"{op_type}_seeded")
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=name, **attrs))
+        node = NodeProto(op_type=op_type, input=inputs, output=[out], name=name)
+        for key in sorted(attrs):
+            if attrs[key] is not None:
+                node.attribute.append(node_attribute(key, attrs[key]))
+        self.nodes.append(node)
         return out
 
     def ints(self, values) -> str:
@@ -143,10 +148,16 @@ class SeedAxis:
 
     def same(self, node: NodeProto, inputs: list[str], **changed) -> None:
         """``node`` over ``inputs``, its attributes updated with ``changed``."""
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute} | changed
-        copy = helper.make_node(
-            node.op_type, inputs, list(node.output), name=node.name, domain=node.domain, **attrs
-        )
+        kept = {a.name: a for a in node.attribute}
+        copy = NodeProto(
+            op_type=node.op_type, input=inputs, output=node.output, name=node.name,
+            domain=node.domain,
+        )  # fmt: skip
+        for key in sorted(kept.keys() | changed.keys()):
+            if key not in changed:
+                copy.attribute.append(kept[key])
+            elif changed[key] is not None:
+                copy.attribute.append(node_attribute(key, changed[key]))
         self.nodes.append(copy)
 
     def is_batched(self, name: str) -> bool:

@@ -89,19 +89,31 @@ def _inferred(model: ModelProto) -> tuple[dict, dict]:
     except Exception:  # ranks only choose rules: unknown ones fall back to a Scan
         inferred = weightless_view(model).graph
     shapes, types = {}, {}
+    read: dict[bytes, tuple | None] = {}  # values share few types: each read once
     for info in [*inferred.input, *inferred.output, *inferred.value_info]:
-        tensor = info.type.tensor_type
-        if not info.type.HasField("tensor_type"):
-            continue
-        types[info.name] = tensor.elem_type
-        if tensor.HasField("shape"):
-            shapes[info.name] = [
-                d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim
-            ]
+        key = info.type.SerializeToString()
+        if key not in read:
+            read[key] = _elem_and_dims(info.type)
+        if read[key] is not None:
+            types[info.name], dims = read[key]
+            if dims is not None:
+                shapes[info.name] = list(dims)
     for init in inferred.initializer:
         types[init.name] = init.data_type
         shapes[init.name] = list(init.dims)
     return shapes, types
+
+
+def _elem_and_dims(value_type) -> tuple[int, tuple | None] | None:
+    """``(element type, dims or None)`` of a tensor type (``None`` for an unknown dim),
+    ``None`` for another type."""
+    if not value_type.HasField("tensor_type"):
+        return None
+    tensor = value_type.tensor_type
+    if not tensor.HasField("shape"):
+        return tensor.elem_type, None
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+    return tensor.elem_type, dims
 
 
 def _int_constants(graph: GraphProto) -> dict[str, np.ndarray]:

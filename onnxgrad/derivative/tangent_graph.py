@@ -40,9 +40,11 @@ def tangent_jvp(
     weights: Sequence[str] | None,
     inputs: Sequence[str] | None,
     keep_outputs: bool = False,
+    checked: bool = True,
 ) -> tuple[ModelProto, list[str], list[str]]:
-    """The JVP of a normalised model the caller owns, rewritten in place into the result;
-    returns it, its tangent inputs and its tangent outputs. Raises
+    """The JVP of a normalised model the caller owns, rewritten in place into the result
+    (``checked``: by onnx's full check); returns it, its tangent inputs and its tangent
+    outputs. Raises
     :class:`~onnxgrad.derivative.autodiff.tangent.NoTangentRule` where a node on the way
     has no tangent rule, the model then computing what it did (its pools may have moved
     before their ReLUs: :func:`~onnxgrad.derivative.autodiff.forward_rewrites.pool_before_relu`)."""
@@ -70,7 +72,7 @@ def tangent_jvp(
     engine.write_exposed_outputs()
     kept = outputs if keep_outputs else []
     _rewrite_in_place(model, request, seeds, engine.all_nodes(), results, kept)
-    return finalize_model(model), list(seeds.values()), list(results.values())
+    return finalize_model(model, check=checked), list(seeds.values()), list(results.values())
 
 
 def _exact_output(b: GradBuilder, output, tangent: Tangent | None) -> str:

@@ -32,9 +32,11 @@ def free_names(graph: GraphProto) -> set[str]:
 
 def node_inputs(node: NodeProto) -> set[str]:
     """The names a node reads: its inputs and the free names of its subgraphs."""
-    names = {i for i in node.input if i}
-    for sub in subgraphs(node):
-        names |= free_names(sub)
+    names = set(node.input)
+    names.discard("")
+    if node.attribute:  # most nodes have none, and no subgraph to look for
+        for sub in subgraphs(node):
+            names |= free_names(sub)
     return names
 
 

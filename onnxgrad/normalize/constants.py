@@ -47,6 +47,8 @@ def promote_constant_weights(model: ModelProto) -> ModelProto:
     """Move the float ``Constant`` nodes that hold parameters (see the module docstring) to
     initializers of the main graph, same names and values."""
     chosen = constant_weights(model)
+    if not chosen:
+        return model
     promoted = []
     for graph in _graphs(model.graph):
         kept = []
@@ -66,6 +68,8 @@ def promote_constant_weights(model: ModelProto) -> ModelProto:
 
 def constant_weights(model: ModelProto) -> set[str]:
     """The outputs of the ``Constant`` nodes :func:`promote_constant_weights` promotes."""
+    if not any(_float_constant_node(n) for g in _graphs(model.graph) for n in g.node):
+        return set()  # no candidate: the analyses below would find nothing
     counts = _name_counts(model.graph)
     slots = _parameter_reads(model.graph)
     opsets = model_opsets(model)
@@ -86,11 +90,21 @@ def _graphs(graph: GraphProto):
             yield from _graphs(sub)
 
 
+def _float_constant_node(node: NodeProto) -> bool:
+    """Whether ``node`` is a default-domain float ``Constant`` (not marked structural)."""
+    if node.op_type != "Constant" or normalize_domain(node.domain) or len(node.attribute) != 1:
+        return False
+    if node.doc_string == STRUCTURAL_CONSTANT:
+        return False
+    attribute = node.attribute[0]
+    if attribute.name == "value":
+        return attribute.t.data_type in FLOAT_TYPES
+    return attribute.name in ("value_floats", "value_float")
+
+
 def _float_constant(node: NodeProto) -> TensorProto | None:
     """The value of a default-domain float ``Constant`` node, as a new tensor, or ``None``."""
-    if node.op_type != "Constant" or normalize_domain(node.domain) or len(node.attribute) != 1:
-        return None
-    if node.doc_string == STRUCTURAL_CONSTANT:
+    if not _float_constant_node(node):
         return None
     attribute = node.attribute[0]
     if attribute.name == "value" and attribute.t.data_type in FLOAT_TYPES:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, TensorProto, helper
 
+from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad.normalize.integer_product import dynamic_round_trip, lowered_integer_products
 from onnxgrad.normalize.lowering import Lowerer, lower_nodes, reading_only
 from onnxgrad.normalize.ste import (
@@ -289,7 +290,17 @@ STRAIGHT_THROUGH = {
 }
 
 
+#: The operators without which no straight-through rewrite applies: the ``Cast`` and ``Mul``
+#: ones only rewrite what reads a ``DynamicQuantizeLinear``.
+STRAIGHT_THROUGH_SOURCES = frozenset({("", "DequantizeLinear"), ("", "DynamicQuantizeLinear")})
+
+
 def lowered_quantized(model: ModelProto) -> ModelProto:
     """``model`` with onnxruntime's quantized operators lowered (module docstring)."""
     lowered = lowered_integer_products(lower_nodes(model, QUANTIZED_LOWERINGS))
+    if not any(
+        (normalize_domain(n.domain), n.op_type) in STRAIGHT_THROUGH_SOURCES
+        for n in lowered.graph.node
+    ):
+        return lowered  # a float model: not one node (each inferred anew) to rewrite
     return lower_nodes(lowered, STRAIGHT_THROUGH)

@@ -134,6 +134,8 @@ def _rank_facts(model: ModelProto) -> list[_Fact]:
         inferred = infer_shapes_bounded(view)
     except Exception:  # inference is a hint here: a model it cannot read stays as it is
         return []
+    if _every_rank_known(inferred.graph):
+        return []  # no rule applies to a value of known rank
     declared = _declared_ranks(model.graph.output)
     for last_word in (False, True):
         if last_word:
@@ -144,6 +146,20 @@ def _rank_facts(model: ModelProto) -> list[_Fact]:
         if facts:
             return facts
     return []
+
+
+def _every_rank_known(graph: GraphProto) -> bool:
+    """Whether every input and node output of ``graph``, which holds no subgraph, has a
+    known rank (or is no tensor)."""
+    infos = [*graph.input, *graph.value_info, *graph.output]
+    known = {i.name for i in infos if not i.type.HasField("tensor_type") or _has_shape(i)}
+    known |= {i.name for i in graph.initializer}
+    if any(i.name not in known for i in graph.input):
+        return False
+    for node in graph.node:
+        if subgraphs(node) or any(o and o not in known for o in node.output):
+            return False
+    return True
 
 
 def _declared_where_unknown(inferred, declared) -> None:

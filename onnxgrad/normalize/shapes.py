@@ -27,7 +27,7 @@ def reconciled_shapes(model: ModelProto) -> ModelProto:
     inferred = _inferred_types(model)
     for info in declared:
         found = inferred.get(info.name)
-        if found is not None and _has_tensor_type(info):
+        if found is not None and _has_tensor_type(info) and info.type != found:
             _reconcile(info.type, found)
     return model
 

@@ -431,8 +431,9 @@ def expand_tiled_attention(
         nodes.nodes[-1].metadata_props.extend(node.metadata_props)
         expanded.extend(nodes.nodes)
         count += 1
-    del graph.node[:]
-    graph.node.extend(expanded)
+    if count:
+        del graph.node[:]
+        graph.node.extend(expanded)
     return count
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from onnx import AttributeProto, GraphProto, NodeProto, numpy_helper
+from onnx import AttributeProto, GraphProto, NodeProto, TensorProto, numpy_helper
 
 from onnxgrad._onnx_utils import normalize_domain, replace_repeated, subgraphs
 from onnxgrad.graph._scopes import free_names, node_inputs
@@ -65,19 +65,20 @@ def clean_graph(
 
     nodes = list(graph.node) if nodes is None else nodes
     pinned = _pinned_names(nodes, graph)
-    nodes = _Simplifier(graph, nodes, pinned, set(apart)).run()
-    nodes = _write_outputs_directly(graph, nodes, pinned)
+    simplifier = _Simplifier(graph, nodes, pinned, set(apart))
+    nodes = _write_outputs_directly(graph, simplifier.run(), pinned, simplifier.producer)
     needed = {o.name for o in graph.output}
     live = live_nodes(nodes, needed)
     for node in live:
-        for sub in subgraphs(node):
+        for sub in subgraphs(node) if node.attribute else ():
             prune_graph(sub, keep_inputs=True)
     replace_repeated(graph.node, live)
     for index in reversed(range(len(graph.initializer))):
         if graph.initializer[index].name not in needed:
             del graph.initializer[index]
-    written = {o for node in live for o in node.output}
-    replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in written])
+    if graph.value_info:
+        written = {o for node in live for o in node.output}
+        replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in written])
     return graph
 
 
@@ -85,9 +86,9 @@ def live_nodes(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
     """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
     kept = []
     for node in reversed(nodes):
-        if needed.intersection(node.output):
+        if not needed.isdisjoint(node.output):
             kept.append(node)
-            needed.update(node_inputs(node) if subgraphs(node) else node.input)
+            needed.update(node_inputs(node) if node.attribute else node.input)
     return kept[::-1]
 
 
@@ -95,9 +96,30 @@ def _pinned_names(nodes: list[NodeProto], graph: GraphProto) -> set[str]:
     """Values that keep their name and producer: interface and subgraph reads."""
     names = {i.name for i in graph.input} | {o.name for o in graph.output}
     for node in nodes:
-        for sub in subgraphs(node):
+        for sub in subgraphs(node) if node.attribute else ():
             names |= free_names(sub)
     return names
+
+
+class _Node:
+    """A node with its fields read once (protobuf decodes a string field at every read);
+    :meth:`set_input` writes both."""
+
+    __slots__ = ("domain", "inputs", "op", "outputs", "proto")
+
+    def __init__(self, proto: NodeProto):
+        self.proto = proto
+        self.domain = normalize_domain(proto.domain)
+        self.op = proto.op_type
+        self.inputs = list(proto.input)
+        self.outputs = list(proto.output)
+
+    def set_input(self, index: int, name: str) -> None:
+        self.proto.input[index] = name
+        self.inputs[index] = name
+
+    def is_default(self, op: str) -> bool:
+        return self.op == op and not self.domain
 
 
 class _Simplifier:
@@ -109,9 +131,9 @@ class _Simplifier:
         self.pinned = pinned
         self.apart = apart
         self.alias: dict[str, str] = {}
-        self.producer: dict[str, NodeProto] = {}
+        self.producer: dict[str, _Node] = {}
         self.constants = {i.name: i for i in graph.initializer}
-        self.seen: dict[tuple, NodeProto] = {}
+        self.seen: dict[tuple, _Node] = {}
         #: value -> a value known to have the same shape (elementwise chains)
         self.shape_roots: dict[str, str] = {}
         self.elem_types = {i.name: i.data_type for i in graph.initializer}
@@ -127,133 +149,151 @@ class _Simplifier:
     def run(self) -> list[NodeProto]:
         """The simplified nodes (modified in place, not copied)."""
         kept = []
-        for node in self.nodes:
-            for i, name in enumerate(node.input):
-                if name in self.alias:  # a write leaves the old string in the arena
-                    node.input[i] = self.resolve(name)
+        alias = self.alias
+        for proto in self.nodes:
+            node = _Node(proto)
+            if not alias.keys().isdisjoint(node.inputs):
+                for i, name in enumerate(node.inputs):
+                    if name in alias:  # a write leaves the old string in the arena
+                        node.set_input(i, self.resolve(name))
             if self._simplify(node):
                 continue
-            kept.append(node)
-            for output in node.output:
+            kept.append(proto)
+            for output in node.outputs:
                 self.producer[output] = node
         return kept
 
-    def _free(self, node: NodeProto) -> bool:
+    def _free(self, node: _Node) -> bool:
         """Whether every output of ``node`` may be replaced by another value."""
-        return not self.pinned.intersection(node.output)
+        return self.pinned.isdisjoint(node.outputs)
 
-    def _simplify(self, node: NodeProto) -> bool:
+    def _simplify(self, node: _Node) -> bool:
         """Rewrite ``node`` in place; ``True`` when it is no longer needed."""
-        domain = normalize_domain(node.domain)
-        if domain == "" and node.op_type == "Identity" and self._free(node):
-            self.alias[node.output[0]] = node.input[0]
+        if node.domain:
+            return self._common(node)
+        op = node.op
+        if op == "Identity" and self._free(node):
+            self.alias[node.outputs[0]] = node.inputs[0]
             return True
-        if domain == "" and node.op_type == "Cast":
-            to = next((a.i for a in node.attribute if a.name == "to"), None)
-            if to is not None and self.elem_types.get(node.input[0]) == to and self._free(node):
-                self.alias[node.output[0]] = node.input[0]
+        if op == "Cast":
+            to = next((a.i for a in node.proto.attribute if a.name == "to"), None)
+            if to is not None and self.elem_types.get(node.inputs[0]) == to and self._free(node):
+                self.alias[node.outputs[0]] = node.inputs[0]
                 return True
-            self.elem_types[node.output[0]] = to
-        if domain == "" and node.op_type == "Transpose":
+            self.elem_types[node.outputs[0]] = to
+        elif op == "Transpose":
             return self._transpose(node)
-        if domain == "" and node.op_type == "Reshape":
+        elif op == "Reshape":
             self._reshape(node)
-        if domain == "":
+        elif op in BINARY_ELEMENTWISE:
             self._skip_expand(node)
-            self._track_shape(node)
+        self._track_shape(node)
         return self._common(node)
 
     def _shape_root(self, name: str) -> str:
         return self.shape_roots.get(name, name)
 
     def _is_scalar_constant(self, name: str) -> bool:
-        value = self._constant(name)
-        return value is not None and value.ndim == 0
+        tensor = self._constant_tensor(name)
+        return tensor is not None and not tensor.dims
 
-    def _track_shape(self, node: NodeProto) -> None:
+    def _track_shape(self, node: _Node) -> None:
         """Record the outputs of elementwise nodes that keep the shape of an input."""
-        if node.op_type in UNARY_ELEMENTWISE and len(node.input) == 1:
-            self.shape_roots[node.output[0]] = self._shape_root(node.input[0])
-        elif node.op_type in BINARY_ELEMENTWISE and len(node.input) == 2:
-            a, b = node.input
+        inputs = node.inputs
+        if node.op in UNARY_ELEMENTWISE and len(inputs) == 1:
+            self.shape_roots[node.outputs[0]] = self._shape_root(inputs[0])
+        elif node.op in BINARY_ELEMENTWISE and len(inputs) == 2:
+            a, b = inputs
             if self._shape_root(a) == self._shape_root(b) or self._is_scalar_constant(b):
-                self.shape_roots[node.output[0]] = self._shape_root(a)
+                self.shape_roots[node.outputs[0]] = self._shape_root(a)
             elif self._is_scalar_constant(a):
-                self.shape_roots[node.output[0]] = self._shape_root(b)
+                self.shape_roots[node.outputs[0]] = self._shape_root(b)
 
-    def _skip_expand(self, node: NodeProto) -> None:
+    def _skip_expand(self, node: _Node) -> None:
         """``op(Expand(s, Shape(x)), t)`` -> ``op(s, t)`` when ``t`` has the shape of ``x``."""
-        if node.op_type not in BINARY_ELEMENTWISE or node.op_type == "Pow":
+        if node.op == "Pow" or len(node.inputs) != 2:
             return
-        if len(node.input) != 2:
-            return
-        for i, name in enumerate(node.input):
+        for i, name in enumerate(node.inputs):
             source = self._expanded_like(name)
-            if source is not None and self._shape_root(node.input[1 - i]) == source[1]:
-                node.input[i] = source[0]
+            if source is not None and self._shape_root(node.inputs[1 - i]) == source[1]:
+                node.set_input(i, source[0])
 
     def _expanded_like(self, name: str) -> tuple[str, str] | None:
         """``(s, root of x)`` when ``name = Expand(s, Shape(x))``."""
         expand = self.producer.get(name)
-        if expand is None or expand.op_type != "Expand" or normalize_domain(expand.domain):
+        if expand is None or not expand.is_default("Expand"):
             return None
-        shape = self.producer.get(expand.input[1])
-        if shape is None or shape.op_type != "Shape" or normalize_domain(shape.domain):
+        shape = self.producer.get(expand.inputs[1])
+        if shape is None or not shape.is_default("Shape"):
             return None
-        if shape.attribute:
+        if shape.proto.attribute:
             return None
-        return expand.input[0], self._shape_root(shape.input[0])
+        return expand.inputs[0], self._shape_root(shape.inputs[0])
 
-    def _transpose(self, node: NodeProto) -> bool:
-        inner = self.producer.get(node.input[0])
-        if inner is None or inner.op_type != "Transpose" or normalize_domain(inner.domain):
+    def _transpose(self, node: _Node) -> bool:
+        inner = self.producer.get(node.inputs[0])
+        if inner is None or not inner.is_default("Transpose"):
             return self._common(node)
-        first, second = _perm(inner), _perm(node)
+        first, second = _perm(inner.proto), _perm(node.proto)
         if first is None or second is None or len(first) != len(second):
             return self._common(node)
         composed = [first[p] for p in second]
-        node.input[0] = inner.input[0]
-        _set_ints(node, "perm", composed)
+        node.set_input(0, inner.inputs[0])
+        _set_ints(node.proto, "perm", composed)
         if composed == sorted(composed) and self._free(node):
-            self.alias[node.output[0]] = node.input[0]
+            self.alias[node.outputs[0]] = node.inputs[0]
             return True
         return self._common(node)
 
-    def _reshape(self, node: NodeProto) -> None:
-        inner = self.producer.get(node.input[0])
-        if inner is None or inner.op_type != "Reshape" or normalize_domain(inner.domain):
+    def _reshape(self, node: _Node) -> None:
+        inner = self.producer.get(node.inputs[0])
+        if inner is None or not inner.is_default("Reshape"):
             return
-        shape = self._constant(node.input[1]) if len(node.input) > 1 else None
+        shape = self._constant(node.inputs[1]) if len(node.inputs) > 1 else None
         if shape is not None and shape.size and (shape != 0).all():
-            node.input[0] = inner.input[0]
+            node.set_input(0, inner.inputs[0])
 
     def _constant(self, name: str) -> np.ndarray | None:
-        if name in self.constants:
-            return numpy_helper.to_array(self.constants[name])
+        tensor = self._constant_tensor(name)
+        if tensor is not None:
+            return numpy_helper.to_array(tensor)
         node = self.producer.get(name)
-        if node is None or node.op_type != "Constant" or normalize_domain(node.domain):
+        if node is None or not node.is_default("Constant"):
             return None
-        for attr in node.attribute:
-            if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
+        for attr in node.proto.attribute:
             if attr.name == "value_ints":
                 return np.array(attr.ints, dtype=np.int64)
         return None
 
-    def _common(self, node: NodeProto) -> bool:
+    def _constant_tensor(self, name: str) -> TensorProto | None:
+        """The tensor of an initializer or of a ``Constant``'s ``value``, else ``None``."""
+        if name in self.constants:
+            return self.constants[name]
+        node = self.producer.get(name)
+        if node is None or not node.is_default("Constant"):
+            return None
+        for attr in node.proto.attribute:
+            if attr.name == "value":
+                return attr.t
+        return None
+
+    def _common(self, node: _Node) -> bool:
         """Reuse the outputs of an identical earlier node."""
-        if node.op_type in NONDETERMINISTIC or subgraphs(node):
+        attributes = node.proto.attribute
+        if node.op in NONDETERMINISTIC or (attributes and subgraphs(node.proto)):
             return False
-        if self.apart.intersection(node.output):
+        if self.apart and not self.apart.isdisjoint(node.outputs):
             return False
-        key = _node_key(node)
+        key = (node.domain, node.op, tuple(node.inputs), len(node.outputs))
+        if attributes:
+            key += _attributes_key(attributes)
         earlier = self.seen.get(key)
         if earlier is None:
             self.seen[key] = node
             return False
-        if not self._free(node) or len(earlier.output) != len(node.output):
+        if not self._free(node) or len(earlier.outputs) != len(node.outputs):
             return False
-        for mine, theirs in zip(node.output, earlier.output):
+        for mine, theirs in zip(node.outputs, earlier.outputs):
             if mine:
                 if not theirs:
                     return False
@@ -261,15 +301,11 @@ class _Simplifier:
         return True
 
 
-def _node_key(node: NodeProto) -> tuple:
-    attributes = sorted(node.attribute, key=lambda a: a.name) if len(node.attribute) > 1 else []
-    return (
-        normalize_domain(node.domain),
-        node.op_type,
-        tuple(node.input),
-        len(node.output),
-        tuple(_attribute_key(a) for a in attributes or node.attribute),
-    )
+def _attributes_key(attributes) -> tuple[bytes, ...]:
+    """The attributes' bytes, by name."""
+    if len(attributes) > 1:
+        attributes = sorted(attributes, key=lambda a: a.name)
+    return tuple(_attribute_key(a) for a in attributes)
 
 
 def _attribute_key(attr: AttributeProto) -> bytes:
@@ -299,11 +335,11 @@ def _set_ints(node: NodeProto, name: str, values: list[int]) -> None:
 
 
 def _write_outputs_directly(
-    graph: GraphProto, nodes: list[NodeProto], pinned: set[str]
+    graph: GraphProto, nodes: list[NodeProto], pinned: set[str], producers: dict[str, _Node]
 ) -> list[NodeProto]:
     """``y = Identity(x)`` with ``y`` a graph output: the producer of ``x`` writes ``y``
-    (when ``x`` is an intermediate value of this graph only, renamed everywhere)."""
-    producers = {o: node for node in nodes for o in node.output if o}
+    (when ``x`` is an intermediate value of this graph only, renamed everywhere);
+    ``producers``: the node computing each value, for ``nodes`` at least."""
     renamed: dict[str, str] = {}
     dropped = set()
     for node in nodes:
@@ -318,12 +354,13 @@ def _write_outputs_directly(
         return nodes
     kept = [n for n in nodes if id(n) not in dropped]
     for node in kept:
-        for i, name in enumerate(node.input):
-            if name in renamed:
-                node.input[i] = renamed[name]
-        for i, name in enumerate(node.output):
-            if name in renamed:
-                node.output[i] = renamed[name]
+        if not renamed.keys().isdisjoint(node.input):
+            for i, name in enumerate(node.input):
+                if name in renamed:
+                    node.input[i] = renamed[name]
+    for source, target in renamed.items():
+        outputs = producers[source].proto.output
+        outputs[list(outputs).index(source)] = target
     outputs = {o.name for o in graph.output}
     infos = [v for v in graph.value_info if v.name not in outputs]
     for info in infos:

@@ -11,6 +11,7 @@ body (:mod:`~onnxgrad.derivative.autodiff.functions`) before it is declared miss
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 
 from onnx import FunctionProto, GraphProto, NodeProto, TensorProto
@@ -78,27 +79,34 @@ class Engine:
     def reaches_through_floats(self, sources: Sequence[str], seeds: Mapping[str, str]) -> bool:
         """Whether a seeded output depends on a source through float values, counting the
         piecewise-constant operators (Hardmax, Floor, Sign...) whose derivative is 0."""
-        reached = active_values(self.nodes, sources, self._is_float, through_zero=True)
+        reached = active_values(
+            self.nodes, sources, self._is_float, through_zero=True, reads=self._reads
+        )
         return not reached.isdisjoint(seeds)
 
     # -- analysis ---------------------------------------------------------------------------
+    @functools.cached_property
+    def _reads(self) -> list[set[str]]:
+        """What each node reads (:func:`node_inputs`), in the order of :attr:`nodes`."""
+        return [node_inputs(node) for node in self.nodes]
+
     def _is_float(self, name: str) -> bool:
         value = self.types.get(name)
         return value is None or value.elem_type in FLOAT_TYPES
 
     def _active_values(self, sources: Iterable[str]) -> set[str]:
         """Values depending differentiably on a source."""
-        return active_values(self.nodes, sources, self._is_float)
+        return active_values(self.nodes, sources, self._is_float, reads=self._reads)
 
     def _nodes_on_path(self, active: set[str], seeds: dict[str, str]) -> list[NodeProto]:
         """Nodes with an active output from which a seed is reachable (a node whose needed
         outputs are all inactive, as TopK's indices, passes no gradient and needs no rule)."""
         needed = set(seeds)
         path = []
-        for node in reversed(self.nodes):
+        for node, read in zip(reversed(self.nodes), reversed(self._reads)):
             if not any(o in needed and o in active for o in node.output):
                 continue
-            needed.update(node_inputs(node))
+            needed.update(read)
             if not has_zero_gradient(node.domain, node.op_type):
                 path.append(node)
         return path[::-1]

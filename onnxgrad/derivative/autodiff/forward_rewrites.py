@@ -82,6 +82,8 @@ def gathers_as_split(graph: GraphProto, types: dict, opset: int) -> int:
         if key_position is not None:
             key, position = key_position
             groups.setdefault(key, {}).setdefault(position, index)
+    if not groups:
+        return 0
     scope = NameScope(all_names(graph))
     replaced: dict[int, list[NodeProto]] = {}
     removed: set[int] = set()

@@ -116,9 +116,14 @@ def _shape_inferred(view: ModelProto) -> dict[str, ValueType]:
         inferred = view
         types.failure = " ".join(str(exc).split())[:500]
     graph = inferred.graph
+    read: dict[bytes, ValueType | None] = {}  # values share few types: each read once
     for info in [*graph.input, *graph.value_info, *graph.output]:
-        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-            types[info.name] = _value_type(info)
+        key = info.type.SerializeToString()
+        if key not in read:
+            tensor = info.type.HasField("tensor_type") and info.type.tensor_type.elem_type
+            read[key] = _value_type(info) if tensor else None
+        if read[key] is not None:
+            types[info.name] = read[key]
     for init in graph.initializer:
         types[init.name] = ValueType(init.data_type, tuple(init.dims))
     return types

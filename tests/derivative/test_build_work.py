@@ -1,0 +1,118 @@
+"""The reverse build does no work a model does not need: passes with nothing to rewrite
+return before their per-node analyses (checked by making those analyses fail), and the
+engine's own node maker writes what ``onnx.helper.make_node`` writes. Speed itself is
+measured in ``benchmarks/bench_modes.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import onnxgrad.normalize.constants as constants
+import onnxgrad.normalize.lowering as lowering
+import onnxgrad.normalize.ranks as ranks
+from onnxgrad import onnx_derivative
+from onnxgrad.derivative.autodiff.builder import new_node
+from onnxgrad.normalize import normalized_model
+from tests.derivative.fd import onnx_numerical_vjp
+
+D = TensorProto.DOUBLE
+
+
+def float_model() -> onnx.ModelProto:
+    """``y = Cast(tanh(x W) * 2 + b)``: Mul, Cast and float initializers, no quantized
+    operator, no Constant node, no subgraph, every rank known."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float64), "W")
+    b = numpy_helper.from_array(rng.standard_normal(4).astype(np.float64), "b")
+    two = numpy_helper.from_array(np.array(2, dtype=np.float64), "two")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["xw"]),
+        helper.make_node("Tanh", ["xw"], ["t"]),
+        helper.make_node("Mul", ["t", "two"], ["t2"]),
+        helper.make_node("Add", ["t2", "b"], ["s"]),
+        helper.make_node("Cast", ["s"], ["y"], to=D),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", D, [2, 3])],
+        [helper.make_tensor_value_info("y", D, [2, 4])],
+        [w, b, two],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _fails(*_, **__):
+    raise AssertionError("an analysis ran on a model that needs none")
+
+
+def test_float_model_skips_the_analyses_it_does_not_need(monkeypatch):
+    """No node re-inferred for a straight-through rewrite (Mul and Cast are in that table,
+    but only rewrite what reads a DynamicQuantizeLinear), no weight analysis without a
+    float Constant, no rank rule walked when inference ranks every value."""
+    monkeypatch.setattr(lowering, "_infer_into", _fails)
+    monkeypatch.setattr(constants, "differentiable_values", _fails)
+    monkeypatch.setattr(ranks, "_walk", _fails)
+    model = float_model()
+    gradient = onnx_derivative(model, weights=["W", "b"], inputs=["x"])
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 3)), **_weights(model)}
+    seed = rng.standard_normal((2, 4))
+    got = ReferenceEvaluator(gradient).run(None, {**feeds, "y_grad": seed})
+    expected = onnx_numerical_vjp(model, feeds, ["x", "W", "b"], [seed])
+    for value, name in zip(got[:3], ["x", "W", "b"], strict=True):
+        np.testing.assert_allclose(value, expected[name], rtol=1e-6, atol=1e-8)
+
+
+def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {
+        i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name in ("W", "b")
+    }
+
+
+def test_analyses_still_run_where_they_find_something(monkeypatch):
+    """The early returns do not hide work: a float Constant weight is promoted, a value
+    whose rank inference cannot tell gets one, a DequantizeLinear is rewritten."""
+    model = float_model()
+    weight = model.graph.initializer[0]
+    constant = helper.make_node("Constant", [], ["W"], value=weight)
+    del model.graph.initializer[0]
+    model.graph.node.insert(0, constant)
+    assert "W" in {i.name for i in normalized_model(model).graph.initializer}
+
+    monkeypatch.setattr(ranks, "_walk", _fails)
+    unranked = float_model()
+    unranked.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(AssertionError, match="an analysis ran"):
+        normalized_model(unranked)
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {},
+        {"axis": 1},
+        {"keepdims": True},
+        {"alpha": 0.5},
+        {"mode": "constant"},
+        {"perm": [0, 2, 1]},
+        {"perm": (1, 0)},
+        {"axes": [np.int64(0)], "value": np.int64(3)},
+        {"scales": [0.5, 2.0]},
+        {"value": numpy_helper.from_array(np.ones((2,), np.float32), "v")},
+        {"to": D, "saturate": None},
+    ],
+    ids=lambda a: ",".join(a) or "none",
+)
+def test_node_maker_writes_what_make_node_writes(attributes):
+    store = onnx.GraphProto()
+    made = new_node(store.node, "Op", ["a", "", "b"], ["y"], "name", attributes)
+    expected = helper.make_node(
+        "Op", ["a", "", "b"], ["y"], name="name", **{k: v for k, v in attributes.items()}
+    )
+    assert made == expected
+    assert made.SerializeToString() == expected.SerializeToString()
