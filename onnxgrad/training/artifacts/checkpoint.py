@@ -153,11 +153,12 @@ class TensorWriter:
         self._entries: list[dict] = []
         self.manifest: dict | None = None
 
-    def add(self, name: str, group: str, array: np.ndarray) -> None:
-        """Append ``array`` (any byte order: written little-endian)."""
+    def add(self, name: str, group: str, array: np.ndarray) -> int:
+        """Append ``array`` (any byte order: written little-endian); its offset."""
         array = _little_endian(_checked_array(name, array))
         self._start(name, group, array.dtype, array.shape)
         self._file.write(array.reshape(-1).view(np.uint8))
+        return self._entries[-1]["offset"]
 
     def add_filled(
         self, name: str, group: str, dtype: np.dtype, shape: tuple[int, ...], value: float
