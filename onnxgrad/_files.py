@@ -45,7 +45,8 @@ _DIGEST_DIGITS = 16
 class DigestingFile:
     """A binary file written from its start, keeping the SHA-256 and the size of what it
     holds; :meth:`zeros` leaves a hole (a sparse file: zeros written without memory or disk
-    writes, only hashed)."""
+    writes, only hashed); :meth:`zero_tail` ends the file with a hole the digest leaves out,
+    recorded as a count of zeros instead."""
 
     _ZEROS = memoryview(bytes(1 << 22))
 
@@ -53,9 +54,11 @@ class DigestingFile:
         self._file = open(path, "wb")  # noqa: SIM115 (closed by close / __exit__)
         self._sha256 = hashlib.sha256()
         self.size = 0
+        self._tail = 0
 
     def write(self, data) -> None:
         """Append ``data`` (bytes, or any C-contiguous buffer of bytes)."""
+        self._check_no_tail()
         view = memoryview(data).cast("B")
         self._file.write(view)
         self._sha256.update(view)
@@ -63,6 +66,7 @@ class DigestingFile:
 
     def zeros(self, count: int) -> None:
         """Append ``count`` zero bytes as a hole."""
+        self._check_no_tail()
         self._file.seek(count, os.SEEK_CUR)
         self.size += count
         while count:
@@ -70,13 +74,27 @@ class DigestingFile:
             self._sha256.update(chunk)
             count -= len(chunk)
 
+    def zero_tail(self, count: int) -> None:
+        """Append ``count`` zero bytes as a hole, not hashed: the digest's ``zeros`` counts
+        them (the SHA-256 covers the ``bytes - zeros`` first bytes); only more zero tail
+        may follow."""
+        self._file.seek(count, os.SEEK_CUR)
+        self.size += count
+        self._tail += count
+
+    def _check_no_tail(self) -> None:
+        if self._tail:
+            raise ValueError("nothing but zeros may follow the zero tail of a DigestingFile")
+
     def close(self) -> None:
         self._file.truncate(self.size)  # a trailing hole
         self._file.close()
 
     def digest(self) -> dict:
-        """``{"sha256": hex digest, "bytes": size}`` of what was written."""
-        return {"sha256": self._sha256.hexdigest(), "bytes": self.size}
+        """``{"sha256": hex digest, "bytes": size}`` of what was written, and ``"zeros":
+        count`` when it ends with a zero tail (:meth:`zero_tail`)."""
+        digest = {"sha256": self._sha256.hexdigest(), "bytes": self.size}
+        return {**digest, "zeros": self._tail} if self._tail else digest
 
     def __enter__(self) -> DigestingFile:
         return self

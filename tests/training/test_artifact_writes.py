@@ -1,9 +1,14 @@
-"""The artifacts write each big weight once: the inference model points into the checkpoint.
+"""The artifacts write each big weight once (the inference model points into the checkpoint)
+and hash no zeros (Adam's zero moments are a tail of the checkpoint the digest counts).
 
-References: numpy (the model's output, the bytes of the weights), onnxruntime and
+References: numpy (the model's output, the bytes of the weights), hashlib, onnxruntime and
 ``onnx.load`` reading the inference model as any user would."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import shutil
 
 import numpy as np
 import onnx
@@ -15,6 +20,7 @@ from onnxgrad.training import (
     Checkpoint,
     generate_artifacts,
     load_train_step,
+    load_checkpoint,
     merge_checkpoint,
     save_checkpoint,
 )
@@ -103,18 +109,52 @@ def test_a_trained_checkpoint_merges_into_the_shared_model(folder, tmp_path):
         np.testing.assert_array_equal(values[name], value)
 
 
-def test_a_changed_byte_of_a_shared_weight_is_refused(folder, tmp_path):
+def _dense_copy(folder, tmp_path, changed: int | None = None):
+    """A copy of the folder, its holes written as zeros, byte ``changed`` of the checkpoint's
+    data flipped."""
     copy = tmp_path / "art"
     copy.mkdir()
     for path in folder.iterdir():
         (copy / path.name).write_bytes(path.read_bytes())
-    data = bytearray((copy / "checkpoint.bin").read_bytes())
-    data[W.nbytes // 2] ^= 1  # inside W, which both the checkpoint and the model read
-    (copy / "checkpoint.bin").write_bytes(bytes(data))
+    if changed is not None:
+        data = bytearray((copy / "checkpoint.bin").read_bytes())
+        data[changed] ^= 1
+        (copy / "checkpoint.bin").write_bytes(bytes(data))
+    return copy
+
+
+@pytest.mark.parametrize("where", ["weight", "zero tail"])
+def test_a_changed_byte_of_the_checkpoint_is_refused(folder, tmp_path, where):
+    # inside W, which both the checkpoint and the model read; or the last byte of Adam's
+    # zero moments, which no digest hashes
+    size = (folder / "checkpoint.bin").stat().st_size
+    copy = _dense_copy(folder, tmp_path, W.nbytes // 2 if where == "weight" else size - 1)
     with pytest.raises(ValueError, match=r"checkpoint\.bin.*does not match its digest"):
         read_manifest(copy)
     with pytest.raises(ValueError, match=r"checkpoint\.bin.*does not match its digest"):
-        merge_checkpoint(copy, copy / "checkpoint.json")
+        load_train_step(copy)
+    if where == "weight":
+        with pytest.raises(ValueError, match=r"checkpoint\.bin.*does not match its digest"):
+            merge_checkpoint(copy, copy / "checkpoint.json")
+
+
+def test_the_zero_moments_are_a_tail_the_digest_counts(folder, tmp_path):
+    manifest = json.loads((folder / "artifacts.json").read_text())
+    listed = manifest["files"]["checkpoint.bin"]
+    entries = json.loads((folder / "checkpoint.json").read_text())["tensors"]
+    state = [e for e in entries if e["name"].endswith(("_m", "_v"))]  # Adam's moments
+    assert {e["name"] for e in state} == {f"{w}_{m}" for w in "Wbs" for m in "mv"}, entries
+    data = (folder / "checkpoint.bin").read_bytes()
+    tail = len(data) - listed["zeros"]
+    assert listed["bytes"] == len(data) and listed["zeros"] >= 2 * W.nbytes
+    assert all(e["offset"] >= tail for e in state)  # every zero moment in the tail
+    assert hashlib.sha256(data[:tail]).hexdigest() == listed["sha256"]
+    assert not any(data[tail:])
+    loaded = load_checkpoint(folder / "checkpoint.json", mapped=True)
+    assert all(not value.any() for value in loaded.optimizer_state.values() if value.size > 1)
+    # the zeros written out (a copy without holes) read the same
+    assert read_manifest(_dense_copy(folder, tmp_path))["files"] == manifest["files"]
+    shutil.rmtree(tmp_path / "art")
 
 
 def test_no_sharing_where_a_merge_rebuilds_the_model(tmp_path):
