@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxgrad.training import (
     Checkpoint,
     generate_artifacts,
-    load_train_step,
     load_checkpoint,
+    load_train_step,
     merge_checkpoint,
     save_checkpoint,
 )

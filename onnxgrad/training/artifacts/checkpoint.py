@@ -144,9 +144,9 @@ class TensorWriter:
     """The data file of a tensor file written one tensor at a time, each straight from its
     buffer (:meth:`add`) or, for a constant, without one (:meth:`add_filled`: zeros as a
     hole of a sparse file, all placed at the end, where the digest counts them rather than
-    hashes them: :meth:`DigestingFile.zero_tail`), hashed as written; :attr:`manifest` once closed (the caller
-    writes it, :func:`save_manifest`). ``data_name``: the data file's name in the manifest
-    (default: ``path``'s)."""
+    hashes them: :meth:`DigestingFile.zero_tail`), hashed as written; :attr:`manifest` once
+    closed (the caller writes it, :func:`save_manifest`). ``data_name``: the data file's
+    name in the manifest (default: ``path``'s)."""
 
     def __init__(self, path: str | os.PathLike, data_name: str | None = None):
         self._file = DigestingFile(path)
