@@ -258,7 +258,7 @@ def _write_checkpoint_and_step(
         initializers = {init.name: init for init in lm.model.graph.initializer}
         for name in lm.weights:
             array = tensor_view(initializers[name])
-            shared.offer(name, array, checkpoint.add(name, WEIGHTS, array))
+            shared.offer(initializers[name], checkpoint.add(name, WEIGHTS, array), array.nbytes)
             del array
         del initializers
         step = train_step_of_loss(lm, optimizer, **options)

@@ -3,9 +3,10 @@
 The artifacts' ``inference_model.onnx`` is the model as given, with its initial weights;
 ``checkpoint.bin`` holds the same initial weights (raw little-endian, each at a multiple of
 64 bytes, :mod:`onnxgrad.training.artifacts.checkpoint`), which is exactly how ONNX stores
-external data. So an initializer of at least :data:`SHARED_FROM` bytes whose name, element
-type, dims and bytes are those of a checkpoint weight is written as a reference into
-``checkpoint.bin`` (``location``, ``offset``, ``length``) instead of a second copy: every
+external data. So an initializer of at least :data:`SHARED_FROM` bytes of raw data equal to
+the normalised model's tensor written as a checkpoint weight (name, element type, dims,
+bytes) is written as a reference into ``checkpoint.bin`` (``location``, ``offset``,
+``length``) instead of a second copy: every
 ONNX reader (onnxruntime, ``onnx.load``) resolves it beside the model, and the folder's
 digests (``artifacts.json``) cover both files. Smaller weights stay in the model (a browser
 fetches a small model's bytes alone).
@@ -47,26 +48,23 @@ class SharedWeights:
         self._initializers = {
             init.name: init
             for init in model.graph.initializer
-            if init.data_location != TensorProto.EXTERNAL and tensor_nbytes(init) >= SHARED_FROM
+            if init.HasField("raw_data") and tensor_nbytes(init) >= SHARED_FROM
         }
         self.references: dict[str, TensorProto] = {}
 
-    def offer(self, name: str, written: np.ndarray, offset: int) -> None:
-        """``written`` (little-endian) was written at ``offset``: share it when the
-        initializer ``name`` holds the same bytes."""
-        init = self._initializers.pop(name, None)
-        if init is None or list(init.dims) != list(written.shape):
+    def offer(self, tensor: TensorProto, offset: int, nbytes: int) -> None:
+        """``tensor`` (of the normalised model) was written at ``offset``, ``nbytes`` long,
+        little-endian: share it when the initializer of its name is the same message (same
+        type, dims and raw bytes; protobuf compares them in place, no copy of the data)."""
+        init = self._initializers.pop(tensor.name, None)
+        if init is None or init != tensor:
             return
-        if np_dtype(init.data_type).newbyteorder("<") != written.dtype.newbyteorder("<"):
-            return
-        if not _same_bytes(tensor_view(init), written):
-            return
-        reference = TensorProto(name=name, data_type=init.data_type, dims=init.dims)
+        reference = TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
         reference.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self._data_name), ("offset", offset)):
             reference.external_data.add(key=key, value=str(value))
-        reference.external_data.add(key="length", value=str(written.nbytes))
-        self.references[name] = reference
+        reference.external_data.add(key="length", value=str(nbytes))
+        self.references[init.name] = reference
 
 
 def tensor_view(tensor: TensorProto) -> np.ndarray:
@@ -82,20 +80,3 @@ def tensor_view(tensor: TensorProto) -> np.ndarray:
             f"{list(tensor.dims)} need {dtype.itemsize * math.prod(tensor.dims)}"
         )
     return np.frombuffer(raw, dtype).reshape(tuple(tensor.dims))
-
-
-def _same_bytes(first: np.ndarray, second: np.ndarray) -> bool:
-    """Whether two arrays hold the same bytes, little-endian (NaN payloads included),
-    compared a slice at a time (no array-sized temporary)."""
-    a = np.ascontiguousarray(first, first.dtype.newbyteorder("<")).reshape(-1).view(np.uint8)
-    b = np.ascontiguousarray(second, second.dtype.newbyteorder("<")).reshape(-1).view(np.uint8)
-    if a.shape != b.shape:
-        return False
-    return all(
-        np.array_equal(a[start : start + _COMPARED], b[start : start + _COMPARED])
-        for start in range(0, a.size, _COMPARED)
-    )
-
-
-#: Bytes compared at once.
-_COMPARED = 1 << 20
