@@ -109,6 +109,12 @@ def test_a_trained_checkpoint_merges_into_the_shared_model(folder, tmp_path):
         np.testing.assert_array_equal(values[name], value)
 
 
+def test_a_checkpoint_without_a_shared_weight_is_refused_naming_it(folder, tmp_path):
+    save_checkpoint(Checkpoint(weights={"b": B, "s": B}), tmp_path / "partial.json")
+    with pytest.raises(ValueError, match=r"holds weights \['b', 's'\], the artifacts train"):
+        merge_checkpoint(folder, tmp_path / "partial.json")
+
+
 def _dense_copy(folder, tmp_path, changed: int | None = None):
     """A copy of the folder, its holes written as zeros, byte ``changed`` of the checkpoint's
     data flipped."""

@@ -453,7 +453,9 @@ def _inference_model(model: ModelLike, replaced: set[str]):
         if not path.exists():
             raise ValueError(f"model file {str(path)!r} does not exist")
         data = read_bounded(path, PROTOBUF_LIMIT, "model file")
-    loaded = model_from_bytes(data, path, files, skipped=replaced)
+    # an artifact folder's trained weights may point into its checkpoint: never read here
+    skipped = replaced | (trained or set())
+    loaded = model_from_bytes(data, path, files, skipped=skipped)
     return loaded, trained, lambda: load_external_data(loaded, path.parent, str(path), files)
 
 
