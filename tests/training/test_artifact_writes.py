@@ -174,3 +174,19 @@ def test_no_sharing_where_a_merge_rebuilds_the_model(tmp_path):
     session = ort.InferenceSession(merged.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = (X.astype(np.float64) @ trained["W"] + trained["b"]) * 0.25
     np.testing.assert_allclose(session.run(None, {"X": X})[0], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("claim", ["all zeros", "more than the file", "not a count"])
+def test_a_forged_zero_tail_is_refused(folder, tmp_path, claim):
+    # a forger rewrites the manifest: the zeros claimed are checked, not trusted
+    copy = _dense_copy(folder, tmp_path)
+    manifest = json.loads((copy / "artifacts.json").read_text())
+    listed = manifest["files"]["checkpoint.bin"]
+    zeros = {"all zeros": listed["bytes"], "more than the file": listed["bytes"] + 1}
+    listed["zeros"] = zeros.get(claim, -1)
+    if claim == "all zeros":
+        listed["sha256"] = hashlib.sha256(b"").hexdigest()
+    (copy / "artifacts.json").write_text(json.dumps(manifest))
+    expected = "does not match its digest" if claim == "all zeros" else "is malformed"
+    with pytest.raises(ValueError, match=rf"checkpoint\.bin.*{expected}"):
+        read_manifest(copy)
