@@ -119,12 +119,13 @@ def _checked_file(
             data = file.read(expected["bytes"] + 1)
             digest.update(memoryview(data)[:hashed])
             size = len(data) if data.count(0, hashed) == len(data) - hashed else -1
-        else:
-            while size < hashed and (chunk := file.read(min(_CHUNK, hashed - size))):
+        else:  # past what is listed: one byte more read tells a file that grew
+            limit = hashed if zeros else expected["bytes"] + 1
+            while size < limit and (chunk := file.read(min(_CHUNK, limit - size))):
                 digest.update(chunk)
                 size += len(chunk)
-            if size == hashed and zeros_from(file.fileno(), hashed, expected["bytes"]):
-                size = expected["bytes"]
+            if zeros and size == hashed:
+                size = _zero_tail_end(file.fileno(), hashed, expected["bytes"])
     if (digest.hexdigest(), size) != (expected["sha256"], expected["bytes"]):
         raise ValueError(
             f"{str(folder / name)!r} does not match its digest in {MANIFEST} ({size} bytes, "
@@ -132,6 +133,14 @@ def _checked_file(
             "changed since it was written; write it again"
         )
     return data
+
+
+def _zero_tail_end(descriptor: int, start: int, end: int) -> int:
+    """``end`` when bytes ``[start, end)`` of ``descriptor`` are zero and the file ends
+    there, else -1 (a size no digest lists)."""
+    if zeros_from(descriptor, start, end) and not os.pread(descriptor, 1, end):
+        return end
+    return -1
 
 
 def zeros_from(descriptor: int, start: int, end: int) -> bool:
