@@ -8,7 +8,8 @@ a child process whose peak resident memory the parent reads from ``wait4``'s rus
 * ``api``: ``onnx.load`` then ``onnx_derivative(model)``; the time is the derivative's, the
   peak includes the loaded model; ``step`` and ``artifacts`` the same for
   ``make_train_step(model)`` and ``generate_artifacts(model)`` (Adam: its state is written
-  into the checkpoint);
+  into the checkpoint), with the GiB that passed through the entry's ``write`` and ``read``
+  calls (``/proc/self/io``);
 * ``cli``: ``onnxgrad derivative model.onnx -o grad.onnx`` end to end (read, check, derive,
   write).
 
@@ -125,6 +126,7 @@ def child_api(model_path: str, entry: str) -> dict:
     from onnxgrad.training import generate_artifacts, make_train_step
 
     model = onnx.load(model_path)
+    io_before = _io_counts()
     start = time.perf_counter()
     if entry == "derivative":
         nodes = len(onnx_derivative(model).graph.node)
@@ -136,7 +138,19 @@ def child_api(model_path: str, entry: str) -> dict:
                 generate_artifacts(model, artifact_directory=folder).train_step.model.graph.node
             )
     seconds = time.perf_counter() - start
-    return {"derivative_s": seconds, "gradient_nodes": nodes}
+    moved = {f"{k}_gib": (v - io_before[k]) / GIB for k, v in _io_counts().items()}
+    return {"derivative_s": seconds, "gradient_nodes": nodes, **moved}
+
+
+def _io_counts() -> dict:
+    """``{"written", "read"}`` so far: the bytes through the process's ``write`` and ``read``
+    calls (``/proc/self/io``'s ``wchar`` and ``rchar``; empty where there is none)."""
+    try:
+        text = Path("/proc/self/io").read_text()
+    except OSError:
+        return {}
+    counts = dict(line.split(": ") for line in text.splitlines())
+    return {"written": int(counts["wchar"]), "read": int(counts["rchar"])}
 
 
 def child_e2e(stage: str, workdir: str) -> dict:
@@ -523,7 +537,11 @@ def run(args: argparse.Namespace, workdir: Path) -> list[dict]:
         if name in wanted:
             for row in measure(name, workdir, args.max_rss_gib):
                 rows.append(row)
-                extra = {k: row[k] for k in ("losses", "max_relative_error") if k in row}
+                extra = {
+                    k: round(row[k], 3) if k.endswith("_gib") else row[k]
+                    for k in ("written_gib", "read_gib", "losses", "max_relative_error")
+                    if k in row
+                }
                 print(
                     f"{row['model']:24s} {row['mode']:13s} time {row['derivative_s']:7.2f} s"
                     f"  peak RSS {row['peak_rss_gib']:6.2f} GiB"

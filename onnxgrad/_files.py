@@ -17,14 +17,20 @@ import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from onnx import ModelProto, TensorProto
 from onnx.numpy_helper import to_array
 
 from onnxgrad._leftovers import held, remove_leftovers
-from onnxgrad._onnx_utils import PROTOBUF_LIMIT, header_only, serialized_size, tensor_nbytes
+from onnxgrad._onnx_utils import (
+    PROTOBUF_LIMIT,
+    header_only,
+    serialized_size,
+    tensor_nbytes,
+    tensor_serialized_size,
+)
 
 #: Permissions of a new file before the umask, as ``open`` gives them.
 NEW_FILE_MODE = 0o666
@@ -39,7 +45,8 @@ _DIGEST_DIGITS = 16
 class DigestingFile:
     """A binary file written from its start, keeping the SHA-256 and the size of what it
     holds; :meth:`zeros` leaves a hole (a sparse file: zeros written without memory or disk
-    writes, only hashed)."""
+    writes, only hashed); :meth:`zero_tail` ends the file with a hole the digest leaves out,
+    recorded as a count of zeros instead."""
 
     _ZEROS = memoryview(bytes(1 << 22))
 
@@ -47,9 +54,11 @@ class DigestingFile:
         self._file = open(path, "wb")  # noqa: SIM115 (closed by close / __exit__)
         self._sha256 = hashlib.sha256()
         self.size = 0
+        self._tail = 0
 
     def write(self, data) -> None:
         """Append ``data`` (bytes, or any C-contiguous buffer of bytes)."""
+        self._check_no_tail()
         view = memoryview(data).cast("B")
         self._file.write(view)
         self._sha256.update(view)
@@ -57,6 +66,7 @@ class DigestingFile:
 
     def zeros(self, count: int) -> None:
         """Append ``count`` zero bytes as a hole."""
+        self._check_no_tail()
         self._file.seek(count, os.SEEK_CUR)
         self.size += count
         while count:
@@ -64,13 +74,27 @@ class DigestingFile:
             self._sha256.update(chunk)
             count -= len(chunk)
 
+    def zero_tail(self, count: int) -> None:
+        """Append ``count`` zero bytes as a hole, not hashed: the digest's ``zeros`` counts
+        them (the SHA-256 covers the ``bytes - zeros`` first bytes); only more zero tail
+        may follow."""
+        self._file.seek(count, os.SEEK_CUR)
+        self.size += count
+        self._tail += count
+
+    def _check_no_tail(self) -> None:
+        if self._tail:
+            raise ValueError("nothing but zeros may follow the zero tail of a DigestingFile")
+
     def close(self) -> None:
         self._file.truncate(self.size)  # a trailing hole
         self._file.close()
 
     def digest(self) -> dict:
-        """``{"sha256": hex digest, "bytes": size}`` of what was written."""
-        return {"sha256": self._sha256.hexdigest(), "bytes": self.size}
+        """``{"sha256": hex digest, "bytes": size}`` of what was written, and ``"zeros":
+        count`` when it ends with a zero tail (:meth:`zero_tail`)."""
+        digest = {"sha256": self._sha256.hexdigest(), "bytes": self.size}
+        return {**digest, "zeros": self._tail} if self._tail else digest
 
     def __enter__(self) -> DigestingFile:
         return self
@@ -177,18 +201,31 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     write_atomically(path, lambda temporary: Path(temporary).write_bytes(data))
 
 
-def save_model(model: ModelProto, path: str | os.PathLike, digests: dict | None = None) -> None:
+def save_model(
+    model: ModelProto,
+    path: str | os.PathLike,
+    digests: dict | None = None,
+    external: Mapping[str, TensorProto] | None = None,
+) -> None:
     """Write ``model`` to ``path`` atomically; past protobuf's 2 GiB limit, its big
     initializers go to ``<name>.<digest>.data`` beside ``path`` (beside the link when
     ``path`` is one: runtimes look for it there) as external data, written first, so the
     model never points at a missing file or at another save's data (module docstring).
     ``digests`` (when given) receives ``{file name: DigestingFile.digest()}`` of each file
-    written, hashed as it was written."""
+    written, hashed as it was written. ``external`` maps names of initializers to the
+    tensors written in their place (references to data already written beside ``path``;
+    ``model`` itself is only read)."""
     digests = {} if digests is None else digests
-    if serialized_size(model) < PROTOBUF_LIMIT:
+    initializers = _initializers(model, external or {})
+    size = serialized_size(model) - sum(
+        tensor_serialized_size(init) - tensor_serialized_size(external[init.name])
+        for init in model.graph.initializer
+        if init.name in (external or {})
+    )
+    if size < PROTOBUF_LIMIT:
 
         def write(temporary: str) -> None:
-            digests[Path(path).name] = _write_in_pieces(model, temporary)
+            digests[Path(path).name] = _write_in_pieces(model, initializers, temporary)
 
         write_atomically(path, write)
         return
@@ -198,14 +235,19 @@ def save_model(model: ModelProto, path: str | os.PathLike, digests: dict | None 
             f"{str(path)!r} is not a regular file"
         )
     given = Path(path)  # runtimes resolve the data beside the path they open, link or not
-    location = _write_weights_by_digest(model, given, digests)
-    header = _without_big_weights(model, location).SerializeToString()
+    location = _write_weights_by_digest(initializers, given, digests)
+    header = _without_big_weights(model, initializers, location).SerializeToString()
     write_bytes(given, header)
     digests[given.name] = {"sha256": hashlib.sha256(header).hexdigest(), "bytes": len(header)}
     _remove_earlier_data(given, location)
 
 
-def _write_weights_by_digest(model: ModelProto, given: Path, digests: dict) -> str:
+def _initializers(model: ModelProto, external: Mapping[str, TensorProto]) -> list[TensorProto]:
+    """The initializers of ``model`` as written: those named in ``external`` replaced."""
+    return [external.get(init.name, init) for init in model.graph.initializer]
+
+
+def _write_weights_by_digest(initializers: list, given: Path, digests: dict) -> str:
     """Write the big weights to a temporary file beside ``given``, then rename it after
     its digest (recorded in ``digests``); the file name (relative to ``given``'s folder)."""
     nominal = given.with_name(f"{given.name}.data")
@@ -213,7 +255,7 @@ def _write_weights_by_digest(model: ModelProto, given: Path, digests: dict) -> s
     try:
         with held(temporary):
             remove_leftovers(nominal)
-            digest = _write_weights(model, str(temporary))
+            digest = _write_weights(initializers, str(temporary))
             location = f"{given.name}.{digest['sha256'][:_DIGEST_DIGITS]}.data"
             digests[location] = digest
             os.replace(temporary, given.with_name(location))
@@ -239,16 +281,17 @@ def is_data_file_of(name: str, model_name: str) -> bool:
     )
 
 
-def _write_in_pieces(model: ModelProto, path: str) -> dict:
-    """Serialise ``model`` into ``path`` one initializer at a time: the model without its
-    initializers, then for each a model holding only it. Parsing concatenated messages merges
+def _write_in_pieces(model: ModelProto, initializers: list, path: str) -> dict:
+    """Serialise ``model`` into ``path`` one initializer at a time (``initializers``, its
+    own or tensors standing for them): the model without its initializers, then for each a
+    model holding only it. Parsing concatenated messages merges
     them (repeated fields appended in order), so the file reads back as ``model``; memory
     holds one initializer's bytes at a time instead of the whole model's (each serialised
     alone, framed as ``ModelProto.graph`` (field 7) holding one ``initializer`` (field 5)).
     Returns the file's digest."""
     with DigestingFile(path) as file:
         file.write(header_only(model).SerializeToString())
-        for init in model.graph.initializer:
+        for init in initializers:
             tensor = init.SerializeToString()
             framed = _length_delimited(_INITIALIZER_FIELD, len(tensor))
             file.write(_length_delimited(_GRAPH_FIELD, len(framed) + len(tensor)) + framed)
@@ -275,12 +318,13 @@ def _is_big(init: TensorProto) -> bool:
     return init.data_location != TensorProto.EXTERNAL and tensor_nbytes(init) >= EXTERNAL_THRESHOLD
 
 
-def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
-    """A copy of ``model`` whose big initializers point into ``location`` (no data copied):
-    at offsets aligned to 4 KiB, in graph order, as :func:`_write_weights` writes them."""
+def _without_big_weights(model: ModelProto, initializers: list, location: str) -> ModelProto:
+    """A copy of ``model`` holding ``initializers`` whose big ones point into ``location``
+    (no data copied): at offsets aligned to 4 KiB, in graph order, as
+    :func:`_write_weights` writes them."""
     header = header_only(model)
     offset = 0
-    for init in model.graph.initializer:
+    for init in initializers:
         copy = header.graph.initializer.add()
         if not _is_big(init):
             copy.CopyFrom(init)
@@ -295,11 +339,10 @@ def _without_big_weights(model: ModelProto, location: str) -> ModelProto:
     return header
 
 
-def _write_weights(model: ModelProto, path: str) -> dict:
-    """Write the big initializers of ``model`` to ``path`` (4 KiB aligned); the file's
-    digest."""
+def _write_weights(initializers: list, path: str) -> dict:
+    """Write the big ``initializers`` to ``path`` (4 KiB aligned); the file's digest."""
     with DigestingFile(path) as data:
-        for init in filter(_is_big, model.graph.initializer):
+        for init in filter(_is_big, initializers):
             raw = init.raw_data if init.HasField("raw_data") else to_array(init).tobytes()
             data.write(raw)
             data.write(b"\0" * (-len(raw) % _ALIGNMENT))

@@ -143,9 +143,10 @@ def _manifest_path(path: str | os.PathLike) -> Path:
 class TensorWriter:
     """The data file of a tensor file written one tensor at a time, each straight from its
     buffer (:meth:`add`) or, for a constant, without one (:meth:`add_filled`: zeros as a
-    hole of a sparse file), hashed as written; :attr:`manifest` once closed (the caller
-    writes it, :func:`save_manifest`). ``data_name``: the data file's name in the manifest
-    (default: ``path``'s)."""
+    hole of a sparse file, all placed at the end, where the digest counts them rather than
+    hashes them: :meth:`DigestingFile.zero_tail`), hashed as written; :attr:`manifest` once
+    closed (the caller writes it, :func:`save_manifest`). ``data_name``: the data file's
+    name in the manifest (default: ``path``'s)."""
 
     def __init__(self, path: str | os.PathLike, data_name: str | None = None):
         self._file = DigestingFile(path)
@@ -153,11 +154,12 @@ class TensorWriter:
         self._entries: list[dict] = []
         self.manifest: dict | None = None
 
-    def add(self, name: str, group: str, array: np.ndarray) -> None:
-        """Append ``array`` (any byte order: written little-endian)."""
+    def add(self, name: str, group: str, array: np.ndarray) -> int:
+        """Append ``array`` (any byte order: written little-endian); its offset."""
         array = _little_endian(_checked_array(name, array))
         self._start(name, group, array.dtype, array.shape)
         self._file.write(array.reshape(-1).view(np.uint8))
+        return self._entries[-1]["offset"]
 
     def add_filled(
         self, name: str, group: str, dtype: np.dtype, shape: tuple[int, ...], value: float
@@ -165,42 +167,55 @@ class TensorWriter:
         """Append a tensor of ``shape`` whose every element is ``value``."""
         dtype = np.dtype(dtype).newbyteorder("<")
         count = math.prod(shape)
-        self._start(name, group, dtype, shape)
-        if value == 0:
-            self._file.zeros(count * dtype.itemsize)
+        if value == 0:  # placed after the others, in the zero tail
+            self._entries.append(self._entry(name, group, dtype, shape, offset=None))
             return
+        self._start(name, group, dtype, shape)
         chunk = np.full(min(count, _FILL_CHUNK), value, dtype)
         for start in range(0, count, _FILL_CHUNK):
             self._file.write(chunk[: min(_FILL_CHUNK, count - start)].view(np.uint8))
 
     def _start(self, name: str, group: str, dtype: np.dtype, shape) -> None:
+        entry = self._entry(name, group, dtype, shape, offset=None)
+        self._file.zeros(-self._file.size % ALIGNMENT)
+        entry["offset"] = self._file.size
+        self._entries.append(entry)
+
+    def _entry(self, name: str, group: str, dtype: np.dtype, shape, offset) -> dict:
         if any(e["name"] == name for e in self._entries):
             raise ValueError(f"tensor {name!r} is written twice")
         if dtype.name not in DTYPES:
             raise TypeError(
                 f"tensor {name!r} has dtype {dtype}, a tensor file holds {sorted(DTYPES)}"
             )
-        self._file.zeros(-self._file.size % ALIGNMENT)
-        nbytes = dtype.itemsize * math.prod(shape)
-        self._entries.append(
-            {
-                "name": name,
-                "group": group,
-                "dtype": dtype.name,
-                "shape": [int(d) for d in shape],
-                "offset": self._file.size,
-                "nbytes": nbytes,
-            }
-        )
+        return {
+            "name": name,
+            "group": group,
+            "dtype": dtype.name,
+            "shape": [int(d) for d in shape],
+            "offset": offset,
+            "nbytes": dtype.itemsize * math.prod(shape),
+        }
+
+    def _write_zero_tail(self) -> None:
+        """Place the zero tensors (offset still unknown) after all others, as one hole the
+        digest counts instead of hashing."""
+        for entry in self._entries:
+            if entry["offset"] is None:
+                self._file.zero_tail(-self._file.size % ALIGNMENT)
+                entry["offset"] = self._file.size
+                self._file.zero_tail(entry["nbytes"])
 
     def digest(self) -> dict:
-        """The data file's ``{"sha256", "bytes"}``."""
+        """The data file's ``{"sha256", "bytes"}`` (and ``"zeros"``, its zero tail)."""
         return self._file.digest()
 
     def __enter__(self) -> TensorWriter:
         return self
 
     def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self._write_zero_tail()
         self._file.__exit__(*exc)
         if exc[0] is None:
             self.manifest = {

@@ -39,9 +39,8 @@ from pathlib import Path
 
 import numpy as np
 from onnx import ModelProto
-from onnx.numpy_helper import to_array
 
-from onnxgrad._external_data import PACKED_TYPES, load_external_data
+from onnxgrad._external_data import load_external_data
 from onnxgrad._files import is_data_file_of, save_model, write_atomically
 from onnxgrad._folders import replace_folder
 from onnxgrad._onnx_utils import (
@@ -62,9 +61,7 @@ from onnxgrad._untrusted import read_bounded
 from onnxgrad.derivative.recompute import TRAINING_RECOMPUTE
 from onnxgrad.graph.initializers import train_initializer_names
 from onnxgrad.graph.lora import QUANTIZED_MODES, lora_adapters, merge_lora
-from onnxgrad.graph.ml_lowering import needs_lowering
 from onnxgrad.normalize import normalized_model
-from onnxgrad.normalize.constants import constant_weights
 from onnxgrad.normalize.ste import quantized_activations as rounding
 from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training.artifacts.checkpoint import (
@@ -85,6 +82,11 @@ from onnxgrad.training.artifacts.manifest import (
     file_digests,
     read_artifacts,
     read_manifest,
+)
+from onnxgrad.training.artifacts.shared_weights import (
+    SharedWeights,
+    merged_in_place,
+    tensor_view,
 )
 from onnxgrad.training.artifacts.webgpu import (
     check_target,
@@ -194,13 +196,18 @@ def generate_artifacts(
     optimizer_object = _optimizer(optimizer, learning_rate)
     lr = float(learning_rate if learning_rate is not None else optimizer_object.eta0)
     adapters = lora_adapters(model)
+    # the browser fetches a model's bytes alone; a merge of the folder reads no shared data
+    sharing = target != "webgpu" and merged_in_place(deployed, weights)
     pending, built = [model], {}  # fill takes the normalised model over: no copy of it
     del model
 
     def fill(folder: Path) -> None:
         lm = make_loss_model.normalized(pending.pop(), loss_object, weights=weights, output=output)
         evaluation = _eval_step(lm)
-        step, digests = _write_checkpoint_and_step(folder, lm, optimizer_object, step_options)
+        shared = SharedWeights(deployed if sharing else ModelProto(), CHECKPOINT_DATA)
+        step, digests = _write_checkpoint_and_step(
+            folder, lm, optimizer_object, step_options, shared
+        )
         del lm  # the forward model and its trained weights go
         if target == "webgpu":
             for role, graph in (("train step", step.model), ("eval", evaluation.model)):
@@ -208,7 +215,7 @@ def generate_artifacts(
                 check_webgpu_model(graph, role)
         save_model(step.model, folder / TRAINING_MODEL, digests)
         save_model(evaluation.model, folder / EVAL_MODEL, digests)
-        save_model(deployed, folder / INFERENCE_MODEL, digests)
+        save_model(deployed, folder / INFERENCE_MODEL, digests, external=shared.references)
         if data is not None:
             _save_data(step, *data, folder / DATA)
         roles = (loss_object, optimizer_object, adapters)
@@ -237,15 +244,22 @@ def _constant_state(step: TrainStep) -> dict[str, np.ndarray]:
 
 
 def _write_checkpoint_and_step(
-    folder: Path, lm: LossModel, optimizer: BaseLearningRate, options: dict
+    folder: Path,
+    lm: LossModel,
+    optimizer: BaseLearningRate,
+    options: dict,
+    shared: SharedWeights,
 ) -> tuple[TrainStep, dict]:
     """Build the train step of ``lm`` (taking it over) and write the checkpoint: the trained
-    weights streamed from ``lm`` before the build turns them into inputs, the optimizer
-    state after (zeros as holes). Returns the step and ``{file name: digest}``."""
+    weights streamed from ``lm`` before the build turns them into inputs (each offered to
+    ``shared``), the optimizer state after (zeros as holes). Returns the step and ``{file
+    name: digest}``."""
     with TensorWriter(folder / CHECKPOINT_DATA) as checkpoint:
         initializers = {init.name: init for init in lm.model.graph.initializer}
         for name in lm.weights:
-            checkpoint.add(name, WEIGHTS, _tensor_view(initializers[name]))
+            array = tensor_view(initializers[name])
+            shared.offer(initializers[name], checkpoint.add(name, WEIGHTS, array), array.nbytes)
+            del array
         del initializers
         step = train_step_of_loss(lm, optimizer, **options)
         for name, slot in step.state_slots.items():
@@ -270,21 +284,6 @@ def _eval_step(lm: LossModel) -> LossModel:
     """The eval step of a loss model: its trained weights as inputs (a copy without their
     data; ``lm`` is left whole for the train step)."""
     return dataclasses.replace(lm, model=weights_as_inputs(lm.model, lm.weights))
-
-
-def _tensor_view(tensor) -> np.ndarray:
-    """The array of ``tensor``: a view of its raw data (little-endian, as ONNX stores it)
-    when it has some, else converted."""
-    if not tensor.HasField("raw_data") or tensor.data_type in PACKED_TYPES:
-        return to_array(tensor)
-    dtype = np_dtype(tensor.data_type).newbyteorder("<")
-    raw = tensor.raw_data
-    if len(raw) != dtype.itemsize * math.prod(tensor.dims):
-        raise ValueError(
-            f"weight {tensor.name!r} has {len(raw)} bytes of raw data, its dims "
-            f"{list(tensor.dims)} need {dtype.itemsize * math.prod(tensor.dims)}"
-        )
-    return np.frombuffer(raw, dtype).reshape(tuple(tensor.dims))
 
 
 def _save_data(step: TrainStep, X: np.ndarray, y: np.ndarray, path: Path) -> None:
@@ -425,7 +424,7 @@ def merge_checkpoint(
             f"the checkpoint holds weights {sorted(checkpoint.weights)}, the artifacts train "
             f"{sorted(trained)}: a checkpoint of other artifacts?"
         )
-    if needs_lowering(model) or constant_weights(model) & set(checkpoint.weights):
+    if not merged_in_place(model, checkpoint.weights):
         load_rest()
         trained = trained_model(model, checkpoint.weights)  # named as normalised
         return merge_lora(trained, quantized=quantized, integer_branch=integer_branch)
@@ -461,7 +460,9 @@ def _inference_model(model: ModelLike, replaced: set[str]):
         if not path.exists():
             raise ValueError(f"model file {str(path)!r} does not exist")
         data = read_bounded(path, PROTOBUF_LIMIT, "model file")
-    loaded = model_from_bytes(data, path, files, skipped=replaced)
+    # an artifact folder's trained weights may point into its checkpoint: never read here
+    skipped = replaced | (trained or set())
+    loaded = model_from_bytes(data, path, files, skipped=skipped)
     return loaded, trained, lambda: load_external_data(loaded, path.parent, str(path), files)
 
 

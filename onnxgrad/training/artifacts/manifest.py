@@ -1,6 +1,7 @@
 """``artifacts.json`` read as untrusted input: every field checked, every file digested.
 
-The manifest lists under ``files`` each file of the folder with its SHA-256 digest and size.
+The manifest lists under ``files`` each file of the folder with its SHA-256 digest and size
+(and ``zeros``: that many last bytes are zero, checked without hashing, holes unread).
 :func:`read_manifest` refuses a folder whose files differ from that list (a folder mixing two
 runs, a file changed or swapped since), naming the file. Each listed file is read once,
 through a checked descriptor (:func:`onnxgrad._untrusted.open_confined`), and its digest is
@@ -12,6 +13,7 @@ an error, never a mix.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -29,12 +31,16 @@ from onnxgrad._untrusted import (
 
 MANIFEST = "artifacts.json"
 FORMAT = "onnxgrad.artifacts"
-#: Version 2 added ``files``, the digests.
-VERSION = 2
+#: Version 2 added ``files``, the digests; version 3 their ``zeros`` (a file's last
+#: ``zeros`` bytes are zero and left out of its SHA-256: the optimizer's zero state).
+VERSION = 3
+#: The versions this reader knows.
+VERSIONS = (2, 3)
 #: The entries naming a file the loaders read.
 FILE_ENTRIES = ("training_model", "eval_model", "inference_model", "checkpoint")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 2**20
+_ZEROS = bytes(_CHUNK)
 
 
 def file_digests(folder: Path, names) -> dict[str, dict]:
@@ -68,10 +74,10 @@ def read_artifacts(
         raise ValueError(f"{str(path)!r} is not a JSON manifest: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} is not an {FORMAT} manifest")
-    if manifest.get("version") != VERSION:
+    if manifest.get("version") not in VERSIONS:
         raise ValueError(
             f"{str(path)!r} is version {manifest.get('version')!r} of {FORMAT}, this reader "
-            f"knows version {VERSION} (files with digests): write the folder again"
+            f"knows versions {VERSIONS} (files with digests): write the folder again"
         )
     files = manifest.get("files")
     if not isinstance(files, dict):
@@ -94,25 +100,32 @@ def _checked_file(
     """Read ``name`` once and compare the digest of what was read with ``expected``; its
     bytes when ``keep``."""
     plain_name(name, "a listed file", manifest)
+    zeros = expected.get("zeros", 0) if isinstance(expected, dict) else None
     if not (
         isinstance(expected, dict)
         and isinstance(expected.get("sha256"), str)
         and _SHA256.fullmatch(expected["sha256"])
         and is_count(expected.get("bytes"))
+        and is_count(zeros)
+        and zeros <= expected["bytes"]
     ):
         raise ValueError(f"{str(manifest)!r}: the digest of {name!r} is malformed")
+    hashed = expected["bytes"] - zeros
     digest, size, data = hashlib.sha256(), 0, None
     with open_confined(folder, name, "a listed file", manifest) as (file, info):
         if info.st_size != expected["bytes"]:
             size = info.st_size
         elif keep:  # one buffer: chunks joined would hold the bytes twice
             data = file.read(expected["bytes"] + 1)
-            digest.update(data)
-            size = len(data)
-        else:
-            while size <= expected["bytes"] and (chunk := file.read(_CHUNK)):
+            digest.update(memoryview(data)[:hashed])
+            size = len(data) if data.count(0, hashed) == len(data) - hashed else -1
+        else:  # past what is listed: one byte more read tells a file that grew
+            limit = hashed if zeros else expected["bytes"] + 1
+            while size < limit and (chunk := file.read(min(_CHUNK, limit - size))):
                 digest.update(chunk)
                 size += len(chunk)
+            if zeros and size == hashed:
+                size = _zero_tail_end(file.fileno(), hashed, expected["bytes"])
     if (digest.hexdigest(), size) != (expected["sha256"], expected["bytes"]):
         raise ValueError(
             f"{str(folder / name)!r} does not match its digest in {MANIFEST} ({size} bytes, "
@@ -120,6 +133,45 @@ def _checked_file(
             "changed since it was written; write it again"
         )
     return data
+
+
+def _zero_tail_end(descriptor: int, start: int, end: int) -> int:
+    """``end`` when bytes ``[start, end)`` of ``descriptor`` are zero and the file ends
+    there, else -1 (a size no digest lists)."""
+    if zeros_from(descriptor, start, end) and not os.pread(descriptor, 1, end):
+        return end
+    return -1
+
+
+def zeros_from(descriptor: int, start: int, end: int) -> bool:
+    """Whether bytes ``[start, end)`` of the open file ``descriptor`` are all zero: the holes
+    of a sparse file are (``SEEK_DATA`` skips them unread), its data is read and compared."""
+    position = start
+    while position < end:
+        data, hole = _next_data(descriptor, position, end)
+        if data >= end:
+            return True
+        while data < hole:
+            chunk = os.pread(descriptor, min(_CHUNK, hole - data), data)
+            if not chunk or chunk != _ZEROS[: len(chunk)]:
+                return False
+            data += len(chunk)
+        position = hole
+    return True
+
+
+def _next_data(descriptor: int, position: int, end: int) -> tuple[int, int]:
+    """``(start, end)`` of the next span of ``descriptor`` at or after ``position`` that may
+    hold data (all of ``[position, end)`` where the system cannot tell holes)."""
+    if not hasattr(os, "SEEK_DATA"):
+        return position, end
+    try:
+        data = os.lseek(descriptor, position, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # holes up to the end of the file
+            return end, end
+        return position, end  # a file system without SEEK_DATA
+    return data, min(os.lseek(descriptor, data, os.SEEK_HOLE), end)
 
 
 def checked_train(manifest: dict, where: str | os.PathLike) -> dict:
