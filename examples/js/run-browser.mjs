@@ -6,7 +6,7 @@
 //
 // --webgpu starts Chromium with WebGPU on (and, on a machine without a GPU, SwiftShader's
 // software Vulkan as its adapter); without it the GPU is off, as the WASM page wants.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -23,6 +23,11 @@ const { values, positionals } = parseArgs({
 });
 if (positionals.length !== 1) {
   console.error('usage: node run-browser.mjs URL [--out FOLDER]');
+  process.exit(2);
+}
+if (values.out && existsSync(join(values.out, 'artifacts.json'))) {
+  // an artifact folder's inference model may read its weights from checkpoint.bin
+  console.error(`--out ${values.out} holds artifacts: save the trained checkpoint elsewhere`);
   process.exit(2);
 }
 const WEBGPU_FLAGS = [

@@ -6,7 +6,7 @@
 // ARTIFACTS is the folder `onnxgrad artifacts` wrote; the data file (default
 // ARTIFACTS/data.json) holds one tensor per data input of the train step. With --out, the
 // trained checkpoint is written there as checkpoint.json + checkpoint.bin.
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import ort from 'onnxruntime-node';
@@ -29,6 +29,11 @@ const { values, positionals } = parseArgs({
 });
 if (positionals.length !== 1) {
   console.error('usage: node train-node.mjs ARTIFACTS [--data FILE.json] [--epochs N] ...');
+  process.exit(2);
+}
+if (values.out && existsSync(join(values.out, 'artifacts.json'))) {
+  // an artifact folder's inference model may read its weights from checkpoint.bin
+  console.error(`--out ${values.out} holds artifacts: save the trained checkpoint elsewhere`);
   process.exit(2);
 }
 const folder = positionals[0];

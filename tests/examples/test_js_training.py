@@ -232,6 +232,15 @@ def test_node_trains_like_python(js_env, case, tmp_path):
     _check(case, json.loads(result.stdout), tmp_path)
 
 
+def test_node_refuses_to_write_over_the_artifacts_checkpoint(js_env, case):
+    folder = case["art"].directory
+    before = (folder / "checkpoint.bin").read_bytes()
+    command = ["node", str(EXAMPLE / "train-node.mjs"), str(folder), "--out", str(folder)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=EXAMPLE)
+    assert result.returncode == 2 and "holds artifacts" in result.stderr, result.stderr
+    assert (folder / "checkpoint.bin").read_bytes() == before
+
+
 def test_browser_trains_like_python(server, case, tmp_path):
     served, base = server
     name = case["art"].directory.name

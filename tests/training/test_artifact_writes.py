@@ -109,6 +109,17 @@ def test_a_trained_checkpoint_merges_into_the_shared_model(folder, tmp_path):
         np.testing.assert_array_equal(values[name], value)
 
 
+def test_the_artifacts_own_checkpoint_is_not_overwritten(folder):
+    # the inference model reads W from checkpoint.bin: a trained checkpoint saved over it
+    # would change that model silently (and break the folder's digests)
+    before = (folder / "checkpoint.bin").read_bytes()
+    trained = Checkpoint(weights={"W": W * 2, "b": B, "s": np.ones(SIDE, np.float32)})
+    with pytest.raises(ValueError, match=r"checkpoint of the artifacts in .*elsewhere"):
+        save_checkpoint(trained, folder / "checkpoint.json")
+    assert (folder / "checkpoint.bin").read_bytes() == before
+    load_train_step(folder)  # the folder still verifies
+
+
 def test_a_checkpoint_without_a_shared_weight_is_refused_naming_it(folder, tmp_path):
     save_checkpoint(Checkpoint(weights={"b": B, "s": B}), tmp_path / "partial.json")
     with pytest.raises(ValueError, match=r"holds weights \['b', 's'\], the artifacts train"):

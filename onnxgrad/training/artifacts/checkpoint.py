@@ -41,6 +41,7 @@ from onnxgrad._untrusted import (
     plain_name,
     read_bounded,
 )
+from onnxgrad.training.artifacts.manifest import MANIFEST
 
 FORMAT = "onnxgrad.tensors"
 VERSION = 1
@@ -77,9 +78,23 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | os.PathLike) -> None:
     overlap = sorted(set(checkpoint.weights) & set(checkpoint.optimizer_state))
     if overlap:
         raise ValueError(f"names {overlap} are both weights and optimizer state")
+    _refuse_artifacts_checkpoint(_manifest_path(path))
     groups = {name: WEIGHTS for name in checkpoint.weights}
     groups.update({name: OPTIMIZER_STATE for name in checkpoint.optimizer_state})
     save_tensors({**checkpoint.weights, **checkpoint.optimizer_state}, path, groups)
+
+
+def _refuse_artifacts_checkpoint(path: Path) -> None:
+    """An artifact folder's own checkpoint is not overwritten: its ``artifacts.json`` digests
+    it and its inference model may read its big weights from the ``.bin`` as external data,
+    so a trained checkpoint written there would change that model without a word."""
+    data = path.with_suffix(".bin")
+    if data.exists() and (path.parent / MANIFEST).exists():
+        raise ValueError(
+            f"{os.fspath(path)!r} is the checkpoint of the artifacts in "
+            f"{os.fspath(path.parent)!r}: their {MANIFEST} digests it and their inference "
+            f"model may read weights from {data.name}; save the trained checkpoint elsewhere"
+        )
 
 
 def load_checkpoint(
