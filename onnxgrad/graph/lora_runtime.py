@@ -43,10 +43,14 @@ from onnxgrad.graph.deployed_products import (
 )
 from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.lora import lora_adapters, rewire, weight_update
+from onnxgrad.graph.lora_requantized import requantized_weight_nodes
+
+#: How :func:`runtime_adapter_model` applies the fed adapters.
+APPLY_MODES = ("branch", "weights")
 
 
 def runtime_adapter_model(
-    deployed: ModelLike, adapted: ModelLike, integer_branch: bool = False
+    deployed: ModelLike, adapted: ModelLike, integer_branch: bool = False, apply: str = "branch"
 ) -> ModelProto:
     """``deployed`` with a branch ``s (x A) B`` beside each product whose weight ``adapted``
     (``add_lora`` of ``deployed``) adapts; ``A`` and ``B`` are graph inputs defaulting to
@@ -64,6 +68,10 @@ def runtime_adapter_model(
     (onnxruntime's ``SimplifiedLayerNormalization`` in the default domain)."""
     if not isinstance(integer_branch, bool):
         raise TypeError(f"integer_branch must be True or False, got {integer_branch!r}")
+    if not isinstance(apply, str):
+        raise TypeError(f"apply must be a string, one of {APPLY_MODES}, got {apply!r}")
+    if apply not in APPLY_MODES:
+        raise ValueError(f"apply must be one of {APPLY_MODES}, got {apply!r}")
     model = load_model(deployed)
     adapted = load_model(adapted)
     adapters = lora_adapters(adapted)
@@ -85,9 +93,18 @@ def runtime_adapter_model(
         found = _products_of(products, adapter, values, graph)
         for key in ("a", "b"):
             _add_overridable(graph, values[adapter[key]])
-        if not found:
-            init = next(i for i in graph.initializer if i.name == adapter["weight"])
-            updates.append(_updated_weight(graph, init, adapter, names, node_names))
+        float_weight = _float_initializer(graph, adapter["weight"])
+        if not found or (apply == "weights" and float_weight is not None):
+            updates.append(_updated_weight(graph, float_weight, adapter, names, node_names))
+            continue
+        if apply == "weights" and all(p.kind == "DequantizeLinear" for p in found):
+            for reader in dict.fromkeys(p.reader for p in found):
+                product = next(p for p in found if p.reader == reader)
+                updates.append(
+                    requantized_weight_nodes(
+                        graph, product, adapter, default_opset(model), names, node_names
+                    )
+                )
             continue
         rank = values[adapter["a"]].dims[-1]
         for product in found:
@@ -146,6 +163,12 @@ def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
     )
     rewire(graph, init.name, output, skip=set())
     return nodes
+
+
+def _float_initializer(graph, name: str) -> TensorProto | None:
+    return next(
+        (i for i in graph.initializer if i.name == name and i.data_type in FLOAT_TYPES), None
+    )
 
 
 def _prepend(graph, nodes: list) -> None:
