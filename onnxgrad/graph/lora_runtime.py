@@ -64,6 +64,18 @@ def runtime_adapter_model(
     (:mod:`onnxgrad.graph.integer_branch`): faster, within the codes' rounding of the float
     branch.
 
+    ``apply`` says how the fed adapters reach the products. ``"branch"`` (the default) adds
+    ``s (x A) B`` beside each one: ``M r (K + N)`` more per run for ``M`` rows and an
+    ``M x N`` sum, the cheaper one for few rows (decoding a token per run).
+    ``"weights"`` updates the weights once per run instead, whatever ``M``: a float weight
+    becomes ``W + s A B`` (``K N r``, cheaper once ``M > K N / (K + N)``: batches, a
+    prompt), a QDQ weight is quantized again from ``W + s A B`` in the graph as
+    ``merge_lora(..., quantized="requantize")`` does (:mod:`onnxgrad.graph.lora_requantized`:
+    its codes, the deployed ``DequantizeLinear`` reading them). The products whose codes
+    only their own kernel reads (``MatMulNBits``, ``MatMulInteger``,
+    ``DynamicQuantizeMatMul``, ``QLinearMatMul``) keep the branch either way. ``ValueError``
+    for another value, ``TypeError`` for a non-string.
+
     onnx's checker is not run on the result: deployed models hold operators it refuses
     (onnxruntime's ``SimplifiedLayerNormalization`` in the default domain)."""
     if not isinstance(integer_branch, bool):
