@@ -1,8 +1,9 @@
-r"""Fed adapters folded into a QDQ weight once per run, quantized again in the graph.
+r"""Fed adapters folded into a quantized weight once per run, quantized again in the graph.
 
-For a weight the deployed model reads as ``DequantizeLinear(q, s_q, z_q)`` (QDQ; one group
-per tensor or one per index of ``axis``), :func:`requantized_weight_nodes` computes, from the
-adapters ``A`` and ``B`` fed at run time,
+For a weight the deployed model reads as ``DequantizeLinear(q, s_q, z_q)`` (QDQ) or as
+``quantize_dynamic``'s ``MatMulInteger(x_q, q, x_z, z_q)`` times ``s_q`` (one group per
+tensor, or one per index of ``axis``: per column for ``MatMulInteger``),
+:func:`requantized_weight_nodes` computes, from the adapters ``A`` and ``B`` fed at run time,
 
     W' = (q - z_q) s_q + s A B,
     lo = min(min_g W', 0),  hi = max(max_g W', 0)          (per group g),
@@ -12,64 +13,104 @@ adapters ``A`` and ``B`` fed at run time,
 
 exactly the rule ``merge_lora(..., quantized="requantize")`` applies with numpy
 (:mod:`onnxgrad.graph.requantize`), here in float32: the same codes but where ``W' / s'``
-lands within float32 rounding of a half step. The deployed ``DequantizeLinear`` then reads
-``q'``, ``s'`` and ``z'``: the product's pattern is unchanged and onnxruntime still fuses it
-(``QLinearMatMul``, ``QGemm``). The cost is ``K N r`` plus a few passes over ``K x N`` per
-run, whatever the number of rows.
+lands within float32 rounding of a half step. The deployed operators then read ``q'``,
+``s'`` and ``z'``: the product's pattern is unchanged and onnxruntime still fuses it
+(``QLinearMatMul``, ``QGemm``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``), though
+it can no longer pre-pack codes computed per run. The cost is ``K N r`` plus a dozen passes
+over ``K x N`` per run, whatever the number of rows.
 """
-
 from __future__ import annotations
 
-import numpy as np
-from onnx import NodeProto, helper, numpy_helper
+from dataclasses import dataclass
 
-from onnxgrad._onnx_utils import reduce_axes_are_input
+import numpy as np
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import default_opset, reduce_axes_are_input
 from onnxgrad.graph.deployed_products import Product
+from onnxgrad.graph.requantize import integer_product_scale
 
 
 def requantized_weight_nodes(
-    graph, product: Product, adapter: dict, opset: int, names, node_names
+    model: ModelProto, product: Product, adapter: dict, names, node_names
 ) -> list[NodeProto]:
     """The nodes computing ``q', s', z'`` (module docstring) from ``adapter``'s fed ``A``
-    and ``B`` for the QDQ ``product``; its ``DequantizeLinear`` is rewired to read them.
-    The nodes read only initializers and graph inputs: the caller puts them first.
-    ``ValueError`` naming the weight for a blocked ``DequantizeLinear`` or a scale or zero
-    point that is not an initializer."""
-    dequantize = next(n for n in graph.node if n.name == product.reader)
-    inits = {init.name: init for init in graph.initializer}
+    and ``B`` for ``product``, a QDQ weight (its ``DequantizeLinear`` rewired to read them)
+    or ``quantize_dynamic``'s ``MatMulInteger`` (its codes and zero point, and the ``Mul``
+    by the weight's scale). The nodes read only initializers and graph inputs: the caller
+    puts them first. ``ValueError`` naming the weight for a blocked ``DequantizeLinear``, a
+    scale or zero point that is not an initializer or that another node reads too."""
+    graph = model.graph
+    reader = next(n for n in graph.node if n.name == product.reader)
     weight = product.weight
-    if any(a.name == "block_size" and a.i for a in dequantize.attribute):
-        raise ValueError(f"weight {weight!r}: a blocked DequantizeLinear is not re-quantized")
-    scale_name, zero_name = [*dequantize.input[1:], ""][:2]
+    if product.kind == "MatMulInteger":
+        scale_name, zero_name = integer_product_scale(model, product), [*reader.input, ""][3]
+        axis, attributes = 1, []
+        scale_reader = _only_reader(graph, scale_name, weight)
+    else:
+        if any(a.name == "block_size" and a.i for a in reader.attribute):
+            raise ValueError(f"weight {weight!r}: a blocked DequantizeLinear is not re-quantized")
+        scale_name, zero_name = [*reader.input[1:], ""][:2]
+        axis = next((a.i for a in reader.attribute if a.name == "axis"), 1)
+        attributes = list(reader.attribute)
+    inits = {init.name: init for init in graph.initializer}
     if scale_name not in inits or (zero_name and zero_name not in inits):
         raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
-    codes = numpy_helper.to_array(inits[weight])
-    scale = numpy_helper.to_array(inits[scale_name])
-    zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros((), codes.dtype)
-    axis = next((a.i for a in dequantize.attribute if a.name == "axis"), 1) % codes.ndim
+    base = _Base(
+        numpy_helper.to_array(inits[weight]),
+        numpy_helper.to_array(inits[scale_name]),
+        numpy_helper.to_array(inits[zero_name]) if zero_name else None,
+        axis % len(inits[weight].dims),
+    )
+    build = _Builder(f"{weight}_lora", base.scale.dtype, names, node_names)
+    dequantized = build.node("DequantizeLinear", [weight, scale_name, zero_name])
+    build.nodes[-1].attribute.extend(attributes or [helper.make_attribute("axis", base.axis)])
+    values = build.node("Add", [dequantized, _delta(build, product, adapter)])
+    codes, step, zero = _quantized_again(build, base, values, default_opset(model))
+    if product.kind == "MatMulInteger":
+        reader.input[1] = codes
+        while len(reader.input) < 4:
+            reader.input.append("")
+        reader.input[3] = zero
+        scale_reader.input[list(scale_reader.input).index(scale_name)] = step
+    else:
+        del reader.input[:]
+        reader.input.extend([codes, step, zero])
+    return build.nodes
+
+
+@dataclass(frozen=True)
+class _Base:
+    """A quantized weight's codes, scales (one, or one per index of ``axis``) and zero
+    points (``None``: absent)."""
+
+    codes: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray | None
+    axis: int
+
+
+def _quantized_again(build: _Builder, base: _Base, values: str, opset: int):
+    """``(codes, scales, zero points)`` of ``values`` quantized as ``base`` (module
+    docstring)."""
+    codes, scale = base.codes, base.scale
+    zero = base.zero if base.zero is not None else np.zeros((), codes.dtype)
     per_axis = scale.size > 1
-    count = codes.shape[axis] if per_axis else 1
-    build = _Builder(f"{weight}_lora", scale.dtype, names, node_names)
-    values = build.node("Add", [_dequantized(build, dequantize), _delta(build, product, adapter)])
-    others = [i for i in range(codes.ndim) if i != axis] if per_axis else None
+    count = codes.shape[base.axis] if per_axis else 1
+    others = [i for i in range(codes.ndim) if i != base.axis] if per_axis else None
     inputs, attributes = _reduced(values, others, opset, build)
     lo = build.node("Min", [build.node("ReduceMin", inputs, **attributes), build.constant(0.0)])
     hi = build.node("Max", [build.node("ReduceMax", inputs, **attributes), build.constant(0.0)])
     info = np.iinfo(codes.dtype)
     zeros = np.broadcast_to(zero.reshape(-1), (count,)).astype(np.float64)
     middle = 0 if info.min < 0 else (info.max + 1) // 2
-    keeps_zero = not zero_name or bool(np.all(zero == middle)) or zero.size < count
+    keeps_zero = base.zero is None or bool(np.all(zero == middle)) or zero.size < count
     shape = scale.shape if per_axis else ()
     if keeps_zero:
         up = np.where(info.max > zeros, info.max - zeros, np.inf).reshape(shape)
         down = np.where(info.min < zeros, info.min - zeros, -np.inf).reshape(shape)
-        step = build.node(
-            "Max",
-            [
-                build.node("Div", [hi, build.constant(up)]),
-                build.node("Div", [lo, build.constant(down)]),
-            ],
-        )
+        upper = build.node("Div", [hi, build.constant(up)])
+        step = build.node("Max", [upper, build.node("Div", [lo, build.constant(down)])])
         new_zero = build.array(np.broadcast_to(zero.reshape(-1), (count,)).reshape(shape))
     else:
         span = build.node("Sub", [hi, lo])
@@ -77,17 +118,25 @@ def requantized_weight_nodes(
     positive = build.node("Greater", [step, build.constant(0.0)])
     step = build.node("Where", [positive, step, build.constant(1.0)])
     if not keeps_zero:
-        shifted = build.node(
-            "Sub", [build.constant(float(info.min)), build.node("Div", [lo, step])]
-        )
+        below = build.node("Div", [lo, step])
+        shifted = build.node("Sub", [build.constant(float(info.min)), below])
         bounds = [build.constant(float(info.min)), build.constant(float(info.max))]
         clipped = build.node("Clip", [build.node("Round", [shifted]), *bounds])
         new_zero = build.node("Cast", [clipped], to=helper.np_dtype_to_tensor_dtype(codes.dtype))
-    attributes = {"axis": axis} if per_axis else {}
+    attributes = {"axis": base.axis} if per_axis else {}
     new_codes = build.node("QuantizeLinear", [values, step, new_zero], **attributes)
-    del dequantize.input[:]
-    dequantize.input.extend([new_codes, step, new_zero])
-    return build.nodes
+    return new_codes, step, new_zero
+
+
+def _only_reader(graph, name: str, weight: str) -> NodeProto:
+    """The one node reading ``name`` (a weight's scale), else ``ValueError``."""
+    readers = [n for n in graph.node if name in n.input]
+    if len(readers) != 1:
+        raise ValueError(
+            f"weight {weight!r}: its scale {name!r} is read by {len(readers)} nodes; it "
+            "cannot be re-quantized alone"
+        )
+    return readers[0]
 
 
 class _Builder:
@@ -113,14 +162,6 @@ class _Builder:
 
     def array(self, value: np.ndarray) -> str:
         return self.node("Constant", [], value=numpy_helper.from_array(np.asarray(value)))
-
-
-def _dequantized(build: _Builder, dequantize: NodeProto) -> str:
-    """``(q - z_q) s_q``: a copy of the deployed ``DequantizeLinear`` (its inputs, before
-    they are rewired)."""
-    output = build.node("DequantizeLinear", list(dequantize.input))
-    build.nodes[-1].attribute.extend(dequantize.attribute)
-    return output
 
 
 def _delta(build: _Builder, product: Product, adapter: dict) -> str:

@@ -69,11 +69,11 @@ def runtime_adapter_model(
     ``M x N`` sum, the cheaper one for few rows (decoding a token per run).
     ``"weights"`` updates the weights once per run instead, whatever ``M``: a float weight
     becomes ``W + s A B`` (``K N r``, cheaper once ``M > K N / (K + N)``: batches, a
-    prompt), a QDQ weight is quantized again from ``W + s A B`` in the graph as
-    ``merge_lora(..., quantized="requantize")`` does (:mod:`onnxgrad.graph.lora_requantized`:
-    its codes, the deployed ``DequantizeLinear`` reading them). The products whose codes
-    only their own kernel reads (``MatMulNBits``, ``MatMulInteger``,
-    ``DynamicQuantizeMatMul``, ``QLinearMatMul``) keep the branch either way. ``ValueError``
+    prompt), a QDQ or ``quantize_dynamic`` (``MatMulInteger``) weight is quantized again
+    from ``W + s A B`` in the graph as ``merge_lora(..., quantized="requantize")`` does
+    (:mod:`onnxgrad.graph.lora_requantized`: its codes, the deployed operators reading them).
+    ``MatMulNBits``, ``DynamicQuantizeMatMul`` and ``QLinearMatMul`` weights keep the branch
+    either way. ``ValueError``
     for another value, ``TypeError`` for a non-string.
 
     onnx's checker is not run on the result: deployed models hold operators it refuses
@@ -109,14 +109,10 @@ def runtime_adapter_model(
         if not found or (apply == "weights" and float_weight is not None):
             updates.append(_updated_weight(graph, float_weight, adapter, names, node_names))
             continue
-        if apply == "weights" and all(p.kind == "DequantizeLinear" for p in found):
+        if apply == "weights" and _requantizable(found, graph):
             for reader in dict.fromkeys(p.reader for p in found):
                 product = next(p for p in found if p.reader == reader)
-                updates.append(
-                    requantized_weight_nodes(
-                        graph, product, adapter, default_opset(model), names, node_names
-                    )
-                )
+                updates.append(requantized_weight_nodes(model, product, adapter, names, node_names))
             continue
         rank = values[adapter["a"]].dims[-1]
         for product in found:
@@ -175,6 +171,15 @@ def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
     )
     rewire(graph, init.name, output, skip=set())
     return nodes
+
+
+def _requantizable(found: list, graph) -> bool:
+    """Whether ``apply="weights"`` quantizes these products' weight again per run: QDQ
+    weights, and ``quantize_dynamic``'s ``MatMulInteger`` codes that no other node reads."""
+    if all(p.kind == "DequantizeLinear" for p in found):
+        return True
+    readers = [n for n in graph.node if found[0].weight in n.input]
+    return len(found) == 1 and found[0].kind == "MatMulInteger" and len(readers) == 1
 
 
 def _float_initializer(graph, name: str) -> TensorProto | None:

@@ -297,3 +297,54 @@ def test_a_bad_apply_is_refused(apply, error):
     deployed, _, _ = _deployed()
     with pytest.raises(error, match="apply must be"):
         runtime_adapter_model(deployed, add_lora(deployed, rank=2), apply=apply)
+
+
+def _int8_deployed() -> onnx.ModelProto:
+    """``quantize_dynamic``'s product: ``Cast(MatMulInteger(DynamicQuantizeLinear(x), q))``
+    times the activation's and the weight's per-column scales."""
+    initializers = {
+        "q": RNG.integers(-127, 128, (K, N)).astype(np.int8),
+        "q_scale": (RNG.random(N) * 0.01 + 0.005).astype(np.float32),
+        "q_zero": np.zeros(N, np.int8),
+    }
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dq"),
+        helper.make_node("MatMulInteger", ["xq", "q", "xz", "q_zero"], ["p"], name="product"),
+        helper.make_node("Cast", ["p"], ["pf"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xs", "q_scale"], ["scales"], name="scales"),
+        helper.make_node("Mul", ["pf", "scales"], ["y"], name="scaled"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+        [numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_int8_codes_are_requantized_per_run(tmp_path):
+    """``apply="weights"`` over ``quantize_dynamic``'s ``MatMulInteger``: the codes and the
+    scales it reads are the requantized merge's, and onnxruntime still fuses the chain."""
+    deployed = _int8_deployed()
+    adapted = add_lora(deployed, rank=2, alpha=3.0)
+    trained = _trained(adapted)
+    base = runtime_adapter_model(deployed, adapted, apply="weights")
+    product = next(n for n in base.graph.node if n.name == "product")
+    scales = next(n for n in base.graph.node if n.name == "scales")
+    x = RNG.standard_normal((5, K)).astype(np.float32)
+    feeds = {"x": x, **trained}
+    codes, scale, y = _outputs(base, feeds, [product.input[1], scales.input[1], "y"])
+    merged = merge_lora(_with_adapters(adapted, trained), quantized="requantize")
+    inits = {i.name: numpy_helper.to_array(i) for i in merged.graph.initializer}
+    np.testing.assert_array_equal(codes, inits["q"])
+    assert not np.array_equal(codes, numpy_helper.to_array(deployed.graph.initializer[0]))
+    np.testing.assert_allclose(scale, inits["q_scale"], rtol=1e-6)
+    np.testing.assert_allclose(y, _outputs(merged, {"x": x}, ["y"])[0], rtol=1e-5, atol=1e-5)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(base.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    kernels = {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+    assert kernels & {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+    assert "MatMulInteger" not in kernels
