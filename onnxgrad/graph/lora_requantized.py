@@ -19,6 +19,7 @@ lands within float32 rounding of a half step. The deployed operators then read `
 it can no longer pre-pack codes computed per run. The cost is ``K N r`` plus a dozen passes
 over ``K x N`` per run, whatever the number of rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

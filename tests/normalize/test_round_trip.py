@@ -174,9 +174,9 @@ def _assert_round_trip(model: onnx.ModelProto, form: str, feeds, tmp_path) -> on
         np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=0.05 * effect)
     tolerance = 0.25 * effect if quantized else exact
     np.testing.assert_allclose(_predicted(requantized, feeds), reference, rtol=0, atol=tolerance)
-    # weights updated per run: float ones as the training graph, QDQ ones as the merge
-    # quantizes them again (same codes; int8 and 4-bit products keep their branch)
-    requantized_like = form == "qdq"
+    # weights updated per run: float ones as the training graph, QDQ and int8 ones as the
+    # merge quantizes them again (same codes; 4-bit products keep their branch)
+    requantized_like = form in ("qdq", "int8")
     want = _predicted(requantized if requantized_like else trained, feeds)
     tolerance = 1e-3 * effect if requantized_like else exact
     np.testing.assert_allclose(_predicted(weighted, feeds), want, rtol=0, atol=tolerance)
