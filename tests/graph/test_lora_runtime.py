@@ -348,3 +348,23 @@ def test_int8_codes_are_requantized_per_run(tmp_path):
     kernels = {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
     assert kernels & {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
     assert "MatMulInteger" not in kernels
+
+
+def test_weights_applied_per_run_over_a_transposed_qdq_gemm():
+    """A QDQ ``Gemm`` with ``transB``, per-channel codes ``N x K`` and ``alpha``: the update
+    ``s A B`` (in the ``N x K`` layout the ``Gemm`` reads) quantized again gives the
+    requantized merge's outputs."""
+    from tests.graph.test_qdq_gemm_products import _qdq_gemm
+
+    deployed = _qdq_gemm()
+    deployed.ir_version = 8  # what onnxruntime 1.19 loads
+    adapted = add_lora(deployed, rank=2)
+    trained = _trained(adapted)
+    base = runtime_adapter_model(deployed, adapted, apply="weights")
+    merged = merge_lora(_with_adapters(adapted, trained), quantized="requantize")
+    x = RNG.standard_normal((5, deployed.graph.input[0].type.tensor_type.shape.dim[1].dim_value))
+    x = x.astype(np.float32)
+    got = _outputs(base, {"x": x, **trained}, ["y"])[0]
+    want = _outputs(merged, {"x": x}, ["y"])[0]
+    assert np.abs(want - _outputs(deployed, {"x": x}, ["y"])[0]).max() > 0.1
+    np.testing.assert_array_equal(got, want)
