@@ -56,7 +56,13 @@ that come back): every one keeps its deployed form; every merged one runs in 0.9
 adds about the same time in every architecture (1.4-1.6 ms beside int8 products, 1.9-2.7 ms
 beside QDQ ones, 1.3-2.0 ms in the runtime model over float weights), 1.11-1.47x of the
 faster int8 files, 1.16-1.42x (QDQ), 1.00-1.25x (4-bit), 1.13-1.24x (runtime, float): the
-table is in docs/deployed-models.md."""
+table is in docs/deployed-models.md.
+
+``runtime-w`` (``apply="weights"``, 7 rounds, the same five architectures): at 64 x 16 over
+float weights (float32, opt_level 2, float16) 1.00-1.05x where the branch is 1.12-1.25x,
+over int8 1.05-1.15x (branch 1.12-1.42x), over QDQ 1.12-1.36x (branch 1.17-1.44x); at one
+row (``--batch 1 --seq 1`` for GPT-2 and Qwen2, ``--batch 1`` for the encoders) the branch
+is the faster in 18 of 19 cells (weights 1.06-2.89x over quantized files)."""
 
 from __future__ import annotations
 
