@@ -15,9 +15,9 @@ exactly the rule ``merge_lora(..., quantized="requantize")`` applies with numpy
 (:mod:`onnxgrad.graph.requantize`), here in float32: the same codes but where ``W' / s'``
 lands within float32 rounding of a half step. The deployed operators then read ``q'``,
 ``s'`` and ``z'``: the product's pattern is unchanged and onnxruntime still fuses it
-(``QLinearMatMul``, ``QGemm``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``), though
-it can no longer pre-pack codes computed per run. The cost is ``K N r`` plus a dozen passes
-over ``K x N`` per run, whatever the number of rows.
+(``QLinearMatMul``, ``QGemm``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``) over
+codes that are no longer constants. The cost is ``K N r`` plus a few passes over ``K x N``
+per run, whatever the number of rows.
 """
 
 from __future__ import annotations
