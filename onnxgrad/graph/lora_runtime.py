@@ -72,8 +72,8 @@ def runtime_adapter_model(
     prompt), a QDQ or ``quantize_dynamic`` (``MatMulInteger``) weight is quantized again
     from ``W + s A B`` in the graph as ``merge_lora(..., quantized="requantize")`` does
     (:mod:`onnxgrad.graph.lora_requantized`: its codes, the deployed operators reading them).
-    ``MatMulNBits``, ``DynamicQuantizeMatMul`` and ``QLinearMatMul`` weights keep the branch
-    either way. ``ValueError``
+    ``MatMulNBits``, 4-bit QDQ, ``DynamicQuantizeMatMul`` and ``QLinearMatMul`` weights keep
+    the branch either way. ``ValueError``
     for another value, ``TypeError`` for a non-string.
 
     onnx's checker is not run on the result: deployed models hold operators it refuses
@@ -174,8 +174,12 @@ def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
 
 
 def _requantizable(found: list, graph) -> bool:
-    """Whether ``apply="weights"`` quantizes these products' weight again per run: QDQ
-    weights, and ``quantize_dynamic``'s ``MatMulInteger`` codes that no other node reads."""
+    """Whether ``apply="weights"`` quantizes these products' weight again per run: 8-bit
+    QDQ codes, and ``quantize_dynamic``'s ``MatMulInteger`` codes that no other node reads
+    (4-bit codes keep the branch)."""
+    codes = next(i for i in graph.initializer if i.name == found[0].weight)
+    if codes.data_type not in (TensorProto.INT8, TensorProto.UINT8):
+        return False
     if all(p.kind == "DequantizeLinear" for p in found):
         return True
     readers = [n for n in graph.node if found[0].weight in n.input]

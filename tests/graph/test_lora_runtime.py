@@ -368,3 +368,25 @@ def test_weights_applied_per_run_over_a_transposed_qdq_gemm():
     want = _outputs(merged, {"x": x}, ["y"])[0]
     assert np.abs(want - _outputs(deployed, {"x": x}, ["y"])[0]).max() > 0.1
     np.testing.assert_array_equal(got, want)
+
+
+def test_four_bit_qdq_codes_keep_the_branch():
+    """``apply="weights"`` over int4 QDQ codes (no 4-bit quantization built per run): the
+    ``DequantizeLinear`` still reads the deployed codes and a branch reads the activation."""
+    codes = helper.make_tensor("q", TensorProto.INT4, (K, N), RNG.integers(-8, 8, K * N))
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "s"], ["w"], name="dqw"),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="product"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int4",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, N])],
+        [codes, numpy_helper.from_array(np.float32(0.1), "s")],
+    )
+    deployed = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    base = runtime_adapter_model(deployed, add_lora(deployed, rank=2), apply="weights")
+    dequantize = next(n for n in base.graph.node if n.name == "dqw")
+    assert list(dequantize.input) == ["q", "s"]
+    assert sorted(n.op_type for n in base.graph.node if "x" in n.input) == ["MatMul", "MatMul"]
