@@ -43,10 +43,14 @@ from onnxgrad.graph.deployed_products import (
 )
 from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.lora import lora_adapters, rewire, weight_update
+from onnxgrad.graph.lora_requantized import requantized_weight_nodes
+
+#: How :func:`runtime_adapter_model` applies the fed adapters.
+APPLY_MODES = ("branch", "weights")
 
 
 def runtime_adapter_model(
-    deployed: ModelLike, adapted: ModelLike, integer_branch: bool = False
+    deployed: ModelLike, adapted: ModelLike, integer_branch: bool = False, apply: str = "branch"
 ) -> ModelProto:
     """``deployed`` with a branch ``s (x A) B`` beside each product whose weight ``adapted``
     (``add_lora`` of ``deployed``) adapts; ``A`` and ``B`` are graph inputs defaulting to
@@ -60,10 +64,26 @@ def runtime_adapter_model(
     (:mod:`onnxgrad.graph.integer_branch`): faster, within the codes' rounding of the float
     branch.
 
+    ``apply`` says how the fed adapters reach the products. ``"branch"`` (the default) adds
+    ``s (x A) B`` beside each one: ``M r (K + N)`` more per run for ``M`` rows and an
+    ``M x N`` sum, the cheaper one for few rows (decoding a token per run).
+    ``"weights"`` updates the weights once per run instead, whatever ``M``: a float weight
+    becomes ``W + s A B`` (``K N r``, cheaper once ``M > K N / (K + N)``: batches, a
+    prompt), a QDQ or ``quantize_dynamic`` (``MatMulInteger``) weight is quantized again
+    from ``W + s A B`` in the graph as ``merge_lora(..., quantized="requantize")`` does
+    (:mod:`onnxgrad.graph.lora_requantized`: its codes, the deployed operators reading them).
+    ``MatMulNBits``, 4-bit QDQ, ``DynamicQuantizeMatMul`` and ``QLinearMatMul`` weights keep
+    the branch either way. ``ValueError``
+    for another value, ``TypeError`` for a non-string.
+
     onnx's checker is not run on the result: deployed models hold operators it refuses
     (onnxruntime's ``SimplifiedLayerNormalization`` in the default domain)."""
     if not isinstance(integer_branch, bool):
         raise TypeError(f"integer_branch must be True or False, got {integer_branch!r}")
+    if not isinstance(apply, str):
+        raise TypeError(f"apply must be a string, one of {APPLY_MODES}, got {apply!r}")
+    if apply not in APPLY_MODES:
+        raise ValueError(f"apply must be one of {APPLY_MODES}, got {apply!r}")
     model = load_model(deployed)
     adapted = load_model(adapted)
     adapters = lora_adapters(adapted)
@@ -85,9 +105,14 @@ def runtime_adapter_model(
         found = _products_of(products, adapter, values, graph)
         for key in ("a", "b"):
             _add_overridable(graph, values[adapter[key]])
-        if not found:
-            init = next(i for i in graph.initializer if i.name == adapter["weight"])
-            updates.append(_updated_weight(graph, init, adapter, names, node_names))
+        float_weight = _float_initializer(graph, adapter["weight"])
+        if not found or (apply == "weights" and float_weight is not None):
+            updates.append(_updated_weight(graph, float_weight, adapter, names, node_names))
+            continue
+        if apply == "weights" and _requantizable(found, graph):
+            for reader in dict.fromkeys(p.reader for p in found):
+                product = next(p for p in found if p.reader == reader)
+                updates.append(requantized_weight_nodes(model, product, adapter, names, node_names))
             continue
         rank = values[adapter["a"]].dims[-1]
         for product in found:
@@ -146,6 +171,25 @@ def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
     )
     rewire(graph, init.name, output, skip=set())
     return nodes
+
+
+def _requantizable(found: list, graph) -> bool:
+    """Whether ``apply="weights"`` quantizes these products' weight again per run: 8-bit
+    QDQ codes, and ``quantize_dynamic``'s ``MatMulInteger`` codes that no other node reads
+    (4-bit codes keep the branch)."""
+    codes = next(i for i in graph.initializer if i.name == found[0].weight)
+    if codes.data_type not in (TensorProto.INT8, TensorProto.UINT8):
+        return False
+    if all(p.kind == "DequantizeLinear" for p in found):
+        return True
+    readers = [n for n in graph.node if found[0].weight in n.input]
+    return len(found) == 1 and found[0].kind == "MatMulInteger" and len(readers) == 1
+
+
+def _float_initializer(graph, name: str) -> TensorProto | None:
+    return next(
+        (i for i in graph.initializer if i.name == name and i.data_type in FLOAT_TYPES), None
+    )
 
 
 def _prepend(graph, nodes: list) -> None:

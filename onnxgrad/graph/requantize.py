@@ -74,10 +74,10 @@ def _product_parameters(model: ModelProto, product: Product) -> tuple[str, str]:
         return inputs[2], inputs[3]
     if product.kind == "QLinearMatMul":
         return inputs[4], inputs[5]
-    return _integer_product_scale(model, product), inputs[3]
+    return integer_product_scale(model, product), inputs[3]
 
 
-def _integer_product_scale(model: ModelProto, product: Product) -> str:
+def integer_product_scale(model: ModelProto, product: Product) -> str:
     """The float initializer ``quantize_dynamic`` multiplies into ``Cast(MatMulInteger)``:
     an input of a ``Mul`` of the chain, or of the ``Mul`` computing the scales' product."""
     inits = {init.name: init for init in model.graph.initializer}

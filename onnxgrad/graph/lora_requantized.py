@@ -1,0 +1,195 @@
+r"""Fed adapters folded into a quantized weight once per run, quantized again in the graph.
+
+For a weight the deployed model reads as ``DequantizeLinear(q, s_q, z_q)`` (QDQ) or as
+``quantize_dynamic``'s ``MatMulInteger(x_q, q, x_z, z_q)`` times ``s_q`` (one group per
+tensor, or one per index of ``axis``: per column for ``MatMulInteger``),
+:func:`requantized_weight_nodes` computes, from the adapters ``A`` and ``B`` fed at run time,
+
+    W' = (q - z_q) s_q + s A B,
+    lo = min(min_g W', 0),  hi = max(max_g W', 0)          (per group g),
+    symmetric (z kept):  s' = max(hi / (q_max - z), lo / (q_min - z)),
+    asymmetric:          s' = (hi - lo) / (q_max - q_min),  z' = clip(round(q_min - lo / s'))
+    q' = QuantizeLinear(W', s', z')                          (saturating, half to even)
+
+exactly the rule ``merge_lora(..., quantized="requantize")`` applies with numpy
+(:mod:`onnxgrad.graph.requantize`), here in float32: the same codes but where ``W' / s'``
+lands within float32 rounding of a half step. The deployed operators then read ``q'``,
+``s'`` and ``z'``: the product's pattern is unchanged and onnxruntime still fuses it
+(``QLinearMatMul``, ``QGemm``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``) over
+codes that are no longer constants. The cost is ``K N r`` plus a few passes over ``K x N``
+per run, whatever the number of rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from onnxgrad._onnx_utils import default_opset, reduce_axes_are_input
+from onnxgrad.graph.deployed_products import Product
+from onnxgrad.graph.requantize import integer_product_scale
+
+
+def requantized_weight_nodes(
+    model: ModelProto, product: Product, adapter: dict, names, node_names
+) -> list[NodeProto]:
+    """The nodes computing ``q', s', z'`` (module docstring) from ``adapter``'s fed ``A``
+    and ``B`` for ``product``, a QDQ weight (its ``DequantizeLinear`` rewired to read them)
+    or ``quantize_dynamic``'s ``MatMulInteger`` (its codes and zero point, and the ``Mul``
+    by the weight's scale). The nodes read only initializers and graph inputs: the caller
+    puts them first. ``ValueError`` naming the weight for a blocked ``DequantizeLinear``, a
+    scale or zero point that is not an initializer or that another node reads too."""
+    graph = model.graph
+    reader = next(n for n in graph.node if n.name == product.reader)
+    weight = product.weight
+    if product.kind == "MatMulInteger":
+        scale_name, zero_name = integer_product_scale(model, product), [*reader.input, ""][3]
+        axis, attributes = 1, []
+        scale_reader = _only_reader(graph, scale_name, weight)
+    else:
+        if any(a.name == "block_size" and a.i for a in reader.attribute):
+            raise ValueError(f"weight {weight!r}: a blocked DequantizeLinear is not re-quantized")
+        scale_name, zero_name = [*reader.input[1:], ""][:2]
+        axis = next((a.i for a in reader.attribute if a.name == "axis"), 1)
+        attributes = list(reader.attribute)
+    inits = {init.name: init for init in graph.initializer}
+    if scale_name not in inits or (zero_name and zero_name not in inits):
+        raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
+    base = _Base(
+        numpy_helper.to_array(inits[weight]),
+        numpy_helper.to_array(inits[scale_name]),
+        numpy_helper.to_array(inits[zero_name]) if zero_name else None,
+        axis % len(inits[weight].dims),
+    )
+    build = _Builder(f"{weight}_lora", base.scale.dtype, names, node_names)
+    dequantized = build.node("DequantizeLinear", [weight, scale_name, zero_name])
+    build.nodes[-1].attribute.extend(attributes or [helper.make_attribute("axis", base.axis)])
+    values = build.node("Add", [dequantized, _delta(build, product, adapter)])
+    codes, step, zero = _quantized_again(build, base, values, default_opset(model))
+    if product.kind == "MatMulInteger":
+        reader.input[1] = codes
+        while len(reader.input) < 4:
+            reader.input.append("")
+        reader.input[3] = zero
+        scale_reader.input[list(scale_reader.input).index(scale_name)] = step
+    else:
+        del reader.input[:]
+        reader.input.extend([codes, step, zero])
+    return build.nodes
+
+
+@dataclass(frozen=True)
+class _Base:
+    """A quantized weight's codes, scales (one, or one per index of ``axis``) and zero
+    points (``None``: absent)."""
+
+    codes: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray | None
+    axis: int
+
+
+def _quantized_again(build: _Builder, base: _Base, values: str, opset: int):
+    """``(codes, scales, zero points)`` of ``values`` quantized as ``base`` (module
+    docstring)."""
+    codes, scale = base.codes, base.scale
+    zero = base.zero if base.zero is not None else np.zeros((), codes.dtype)
+    per_axis = scale.size > 1
+    count = codes.shape[base.axis] if per_axis else 1
+    others = [i for i in range(codes.ndim) if i != base.axis] if per_axis else None
+    inputs, attributes = _reduced(values, others, opset, build)
+    lo = build.node("Min", [build.node("ReduceMin", inputs, **attributes), build.constant(0.0)])
+    hi = build.node("Max", [build.node("ReduceMax", inputs, **attributes), build.constant(0.0)])
+    info = np.iinfo(codes.dtype)
+    zeros = np.broadcast_to(zero.reshape(-1), (count,)).astype(np.float64)
+    middle = 0 if info.min < 0 else (info.max + 1) // 2
+    keeps_zero = base.zero is None or bool(np.all(zero == middle)) or zero.size < count
+    shape = scale.shape if per_axis else ()
+    if keeps_zero:
+        up = np.where(info.max > zeros, info.max - zeros, np.inf).reshape(shape)
+        down = np.where(info.min < zeros, info.min - zeros, -np.inf).reshape(shape)
+        upper = build.node("Div", [hi, build.constant(up)])
+        step = build.node("Max", [upper, build.node("Div", [lo, build.constant(down)])])
+        new_zero = build.array(np.broadcast_to(zero.reshape(-1), (count,)).reshape(shape))
+    else:
+        span = build.node("Sub", [hi, lo])
+        step = build.node("Div", [span, build.constant(float(info.max - info.min))])
+    positive = build.node("Greater", [step, build.constant(0.0)])
+    step = build.node("Where", [positive, step, build.constant(1.0)])
+    if not keeps_zero:
+        below = build.node("Div", [lo, step])
+        shifted = build.node("Sub", [build.constant(float(info.min)), below])
+        bounds = [build.constant(float(info.min)), build.constant(float(info.max))]
+        clipped = build.node("Clip", [build.node("Round", [shifted]), *bounds])
+        new_zero = build.node("Cast", [clipped], to=helper.np_dtype_to_tensor_dtype(codes.dtype))
+    attributes = {"axis": base.axis} if per_axis else {}
+    new_codes = build.node("QuantizeLinear", [values, step, new_zero], **attributes)
+    return new_codes, step, new_zero
+
+
+def _only_reader(graph, name: str, weight: str) -> NodeProto:
+    """The one node reading ``name`` (a weight's scale), else ``ValueError``."""
+    readers = [n for n in graph.node if name in n.input]
+    if len(readers) != 1:
+        raise ValueError(
+            f"weight {weight!r}: its scale {name!r} is read by {len(readers)} nodes; it "
+            "cannot be re-quantized alone"
+        )
+    return readers[0]
+
+
+class _Builder:
+    """Nodes and constants of one weight's update, named after it, in ``dtype``."""
+
+    def __init__(self, base: str, dtype, names, node_names):
+        self.base, self.dtype, self.names, self.node_names = (
+            base,
+            np.dtype(dtype),
+            names,
+            node_names,
+        )
+        self.nodes: list[NodeProto] = []
+
+    def node(self, op: str, inputs: list[str], **attributes) -> str:
+        output = self.names.unique(f"{self.base}_{op}")
+        name = self.node_names.unique(f"{self.base}_{op}")
+        self.nodes.append(helper.make_node(op, inputs, [output], name=name, **attributes))
+        return output
+
+    def constant(self, value) -> str:
+        return self.array(np.asarray(value, dtype=self.dtype))
+
+    def array(self, value: np.ndarray) -> str:
+        return self.node("Constant", [], value=numpy_helper.from_array(np.asarray(value)))
+
+
+def _delta(build: _Builder, product: Product, adapter: dict) -> str:
+    """``s A B`` in the codes' layout: ``A B`` has the weight's layout as its product reads
+    it (``N x K`` for a ``Gemm`` with ``transB``), undone through the layout operators."""
+    a, b = adapter["a"], adapter["b"]
+    if build.dtype != np.float32:
+        a = build.node("Cast", [a], to=helper.np_dtype_to_tensor_dtype(build.dtype))
+        b = build.node("Cast", [b], to=helper.np_dtype_to_tensor_dtype(build.dtype))
+    delta = build.node("Mul", [build.node("MatMul", [a, b]), build.constant(adapter["scale"])])
+    perm = _adapter_to_codes(product)
+    return build.node("Transpose", [delta], perm=perm) if perm else delta
+
+
+def _adapter_to_codes(product: Product) -> list[int] | None:
+    """The permutation from ``A B``'s layout to the codes' (``None``: the same)."""
+    perm = list(product.perm) if product.perm else None
+    if product.transposed:  # perm composes the layout operators with transB's swap
+        perm = None if perm == [1, 0] else [1, 0]
+    return [int(i) for i in np.argsort(perm)] if perm else None
+
+
+def _reduced(values: str, axes: list[int] | None, opset: int, build: _Builder):
+    """``(inputs, attributes)`` of a ``Reduce*`` of ``values`` over ``axes`` (``None``:
+    all) without kept dimensions."""
+    if axes is None:
+        return [values], {"keepdims": 0}
+    if reduce_axes_are_input("ReduceMax", opset):
+        return [values, build.array(np.asarray(axes, dtype=np.int64))], {"keepdims": 0}
+    return [values], {"keepdims": 0, "axes": axes}
