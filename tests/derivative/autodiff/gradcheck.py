@@ -59,6 +59,9 @@ class OpCase:
     evaluator: str | Callable = "reference"
     ort_rtol: float = 2e-3
     ort_atol: float = 2e-3
+    #: non-float inputs fed at run time as graph inputs (the others are initializers,
+    #: constants to the rules), as an axis known at run time only
+    fed: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.id:
@@ -88,7 +91,7 @@ def case_model(case: OpCase, dtype=np.float64, dynamic: bool = False) -> tuple[M
         node_inputs.append(name)
         is_float = value.dtype.type in FLOATS
         value = value.astype(dtype) if is_float else value
-        if is_float and name not in case.constants:
+        if (is_float and name not in case.constants) or name in case.fed:
             feeds[name] = value
             dims = [None] * value.ndim if dynamic else list(value.shape)
             elem = helper.np_dtype_to_tensor_dtype(value.dtype)
