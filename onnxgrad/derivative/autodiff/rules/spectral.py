@@ -241,6 +241,8 @@ def _dft_transposed(b, node, grads, needs, axis: int | None):
         grad = _fitted_along(b, grad, _length_along(b, x, *where), *where)
     if shape[-1] == 1:
         grad = b.op("Slice", grad, b.ints([0]), b.ints([1]), b.ints([-1]))
+    if node.input(1) is not None:  # x's shape, which inference loses through the Pad
+        grad = b.op("Reshape", grad, b.op("Shape", x))
     return [grad if needs[0] else None, *[None] * (len(needs) - 1)]
 
 
