@@ -131,14 +131,16 @@ def _dft_basis(
 def dft_grad(b, node, grads, needs):
     """DFT along ``axis`` lowered as STFT's frames are: the axis moved before the last (real
     and imaginary parts), cut or zero-padded to ``dft_length``, a ``MatMul`` by the basis,
-    the axis moved back. The input's rank and last dimension must be known."""
+    the axis moved back. The input's rank must be known; an axis fed at run time, an irfft
+    or an input whose last dimension is not known take :func:`_dft_transposed`."""
     x = node.inputs[0]
     shape = b.shape(x)
-    if shape is None or len(shape) < 3 or shape[-1] not in (1, 2):
+    if shape is None or len(shape) < 3:
         raise unsupported(node, f"an input of shape {shape} (the gradient needs [..., 1 or 2])")
     rank = len(shape)
     axis = _dft_axis(b, node, rank)
-    if axis is None or (node.attr("inverse", 0) and node.attr("onesided", 0)):
+    irfft = node.attr("inverse", 0) and node.attr("onesided", 0)
+    if axis is None or irfft or shape[-1] not in (1, 2):
         return _dft_transposed(b, node, grads, needs, axis)
     low = Lowering(b, node)
     perm = [*(i for i in range(rank - 1) if i != axis), axis, rank - 1]
@@ -207,31 +209,30 @@ def _dft_transposed(b, node, grads, needs, axis: int | None):
     symmetric, :math:`F^H = n F^{-1}`) with Hermitian weights :math:`w_k = 2` but
     :math:`w_0 = w_{n/2} = 1` on the ``n // 2 + 1`` bins of a half spectrum:
 
-    * ``y = F x``: :math:`\bar x = n F^{-1} \bar y`; one-sided (real ``x``, the first bins),
-      the same with :math:`\bar y` zero-padded to ``n`` bins (by the DFT's ``dft_length``);
+    * ``y = F x``: :math:`\bar x = n F^{-1} \bar y`; one-sided (the first bins), the same
+      with :math:`\bar y` zero-padded to ``n`` bins (by the DFT's ``dft_length``);
     * ``y = F^{-1} x``: :math:`\bar x = F \bar y / n`; one-sided (irfft, real ``y``), as
       :math:`\mathrm{irfft}_n(Z)_j = \frac1n \sum_k w_k \Re(Z_k e^{2\pi i k j / n})`:
       :math:`\bar x = (w / n)\, \mathrm{rfft}_n(\bar y)`;
 
-    the real part where ``x`` is real; where ``dft_length`` cuts or zero-pads the input to
-    ``n`` values (``n // 2 + 1`` bins for an irfft), the transpose pads or cuts back."""
+    the real part where ``x`` is real (its last dimension 1); where ``dft_length`` cuts or
+    zero-pads the input to ``n`` values (``n // 2 + 1`` bins for an irfft), the transpose
+    pads or cuts back."""
     x, (g,) = node.inputs[0], grads
     shape = b.shape(x)
     rank, inverse, onesided = len(shape), node.attr("inverse", 0), node.attr("onesided", 0)
-    if onesided and not inverse and shape[-1] != 1:
-        raise unsupported(node, "onesided=1 on a complex input with an axis known at run time")
     axis_input = None if b.opset < 20 else _axis_input(b, node, axis)
-    n = _transform_length(b, node, shape, axis, axis_input, onesided and inverse)
+    static, n = _transform_length(b, node, shape, axis, axis_input, onesided and inverse)
     scale = b.op("Cast", n, to=b.dtype(g))
     axis_attrs = {"axis": node.attr("axis", 1)} if b.opset < 20 else {}
     axis_args = [axis_input] if axis_input is not None else []
     where = (rank, axis, axis_input)
+    weights = _hermitian_weights(b, static, n, g, *where) if onesided and inverse else None
 
     def dft(value, **attrs):
         return b.op("DFT", value, n, *axis_args, **axis_attrs, **attrs)
 
-    if onesided and inverse:
-        weights = _hermitian_weights(b, n, g, rank, axis, axis_input)
+    if weights is not None:
         grad = b.mul(dft(g, onesided=1), b.op("Div", weights, scale))
     elif inverse:
         grad = b.op("Div", dft(g), scale)
@@ -239,8 +240,9 @@ def _dft_transposed(b, node, grads, needs, axis: int | None):
         grad = b.mul(dft(g, inverse=1), scale)  # a half spectrum zero-padded to n bins
     if node.input(1) is not None:
         grad = _fitted_along(b, grad, _length_along(b, x, *where), *where)
-    if shape[-1] == 1:
-        grad = b.op("Slice", grad, b.ints([0]), b.ints([1]), b.ints([-1]))
+    if shape[-1] != 2:  # the real part of a real input's gradient
+        size = b.ints([1]) if shape[-1] == 1 else b.op("Shape", x, start=-1)
+        grad = b.op("Slice", grad, b.ints([0]), size, b.ints([-1]))
     if node.input(1) is not None:  # x's shape, which inference loses through the Pad
         grad = b.op("Reshape", grad, b.op("Shape", x))
     return [grad if needs[0] else None, *[None] * (len(needs) - 1)]
@@ -260,21 +262,27 @@ def _position(b, rank: int, axis: int | None, axis_input: str | None) -> str:
     return b.op("Mod", axis_input, b.ints(rank))
 
 
-def _transform_length(b, node, shape, axis, axis_input, irfft: bool) -> str:
-    """``n`` (0-D int64): ``dft_length``, else the input's length along the axis (``2 (K -
-    1)`` for an irfft of ``K`` bins); a constant wherever it is known when building."""
+def _transform_length(b, node, shape, axis, axis_input, irfft: bool) -> tuple[int | None, str]:
+    """``(n or None, n as a 0-D int64)``: ``dft_length``, else the input's length along the
+    axis (``2 (K - 1)`` for an irfft of ``K`` bins); a constant wherever it is known when
+    building."""
     given = node.input(1)
-    if given is not None:
-        value = b.constant_value(given)
-        if value is not None:
-            return b.ints(int(np.asarray(value).reshape(())))
-        return b.op("Cast", b.op("Reshape", given, b.ints([])), to=TensorProto.INT64)
+    value = None if given is None else b.constant_value(given)
     size = None if axis is None else shape[axis]
-    if isinstance(size, int):
-        return b.ints(2 * (size - 1) if irfft else size)
+    static = (
+        int(np.asarray(value).reshape(()))
+        if value is not None
+        else (2 * (size - 1) if irfft else size)
+        if given is None and isinstance(size, int)
+        else None
+    )
+    if static is not None:
+        return static, b.ints(static)
+    if given is not None:
+        return None, b.op("Cast", b.op("Reshape", given, b.ints([])), to=TensorProto.INT64)
     position = _position(b, len(shape), axis, axis_input)
     size = b.op("Gather", b.op("Shape", node.inputs[0]), position, axis=0)
-    return b.op("Mul", b.op("Sub", size, b.ints(1)), b.ints(2)) if irfft else size
+    return None, b.op("Mul", b.op("Sub", size, b.ints(1)), b.ints(2)) if irfft else size
 
 
 def _unsqueezed(b, scalar: str) -> str:
@@ -288,20 +296,26 @@ def _length_along(b, x: str, rank: int, axis, axis_input) -> str:
 
 
 def _fitted_along(b, value: str, size: str, rank: int, axis, axis_input) -> str:
-    """``value`` cut or zero-padded along the transformed axis to ``size`` (``[1]``)."""
-    position = _unsqueezed(b, _position(b, rank, axis, axis_input))
-    cut = b.op("Slice", value, b.ints([0]), size, position)
-    have = b.op("Gather", b.op("Shape", cut), position, axis=0)
+    """``value`` cut or zero-padded along the transformed axis to ``size`` (``[1]``); the
+    pads a full ``2 rank`` vector, with which shape inference keeps the rank."""
+    position = _position(b, rank, axis, axis_input)
+    axes = _unsqueezed(b, position)
+    cut = b.op("Slice", value, b.ints([0]), size, axes)
+    have = b.op("Gather", b.op("Shape", cut), axes, axis=0)
     extra = b.op("Max", b.op("Sub", size, have), b.ints([0]))
-    if b.opset >= 18:
-        return b.op("Pad", cut, b.op("Concat", b.ints([0]), extra, axis=0), "", position)
-    ends = [b.ints([0] * (rank + axis)), extra, b.ints([0] * (rank - axis - 1))]
-    return b.op("Pad", cut, b.op("Concat", *ends, axis=0))
+    slots = b.op("Range", b.ints(0), b.ints(2 * rank), b.ints(1))
+    at_end = b.op("Equal", slots, b.op("Add", position, b.ints(rank)))
+    return b.op("Pad", cut, b.op("Where", at_end, extra, b.ints([0])))
 
 
-def _hermitian_weights(b, n: str, like: str, rank: int, axis, axis_input) -> str:
+def _hermitian_weights(b, static, n: str, like: str, rank: int, axis, axis_input) -> str:
     """``w_k = 2 - [k = 0] - [2 k = n]`` for ``k < n // 2 + 1``, shaped to broadcast along
-    the transformed axis of a rank-``rank`` value."""
+    the transformed axis of a rank-``rank`` value (a constant where ``n`` and the axis are
+    known when building)."""
+    if static is not None and axis is not None:
+        k = np.arange(static // 2 + 1)
+        weights = 2.0 - (k == 0) - (2 * k == static)
+        return b.const(weights.reshape([-1 if a == axis else 1 for a in range(rank)]), like=like)
     bins = b.op("Add", b.op("Div", n, b.ints(2)), b.ints(1))
     k = b.op("Range", b.ints(0), bins, b.ints(1))
     first = b.op("Cast", b.op("Equal", k, b.ints(0)), to=b.dtype(like))
