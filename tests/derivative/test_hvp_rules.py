@@ -8,9 +8,7 @@ The sample keeps CI short: the first case of each operator (one per domain and t
 a fifth of the table's first-order cases, chosen by table order, so deterministic), and the
 cases that exercise a code path of their own (a DFT axis fed at run time, irfft, carried
 values of no inferred rank). ``autodiff/test_closure.py`` checks the second derivative of
-every case by reverse-over-reverse. Not in the sample because it fails: a ``dft_length``
-cutting the input along an axis fed at run time (``DFT-complex-cut-run-time-axis``), whose
-rank shape inference loses past the DFT where the transposed JVP derives it a third time."""
+every case by reverse-over-reverse."""
 
 from __future__ import annotations
 
@@ -28,6 +26,7 @@ from tests.derivative.autodiff.test_closure import (
 OWN_PATHS = {
     "DFT-rfft-run-time-axis",
     "DFT-irfft",
+    "DFT-complex-cut-run-time-axis",
     "Loop-unknown-rank-state-unfixed",
     "Scan-unknown-rank-state",
 }
