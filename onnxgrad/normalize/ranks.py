@@ -120,6 +120,8 @@ def _carried_ranks(model: ModelProto) -> list[_Fact]:
     whose body output gets another rank or none dropped, until all those left hold). Each
     kept rank holds in every iteration by induction; the Loop's or Scan's output (the last
     carried value) has it too."""
+    if not any(_body(node) for graph in _graphs(model.graph) for node in graph.node):
+        return []  # no inference spent on models without a Loop or a Scan
     view = weightless_view(model)
     candidates = list(_carried_candidates(view))
     while candidates:
