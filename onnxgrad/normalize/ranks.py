@@ -15,7 +15,11 @@ onnx's inference leaves a value's rank unknown in cases where it is fixed by the
   ``Unsqueeze`` and ``Squeeze`` with constant axes give ``rank x = rank y -+ len(axes)``;
 * the inputs and the output of a ``Concat`` share one rank: one known fixes the others (a
   ``Squeeze`` without axes on ``[batch, 1, 4]``, whose rank depends on ``batch``, gets the
-  rank of what it is concatenated with, through a ``Slice`` say).
+  rank of what it is concatenated with, through a ``Slice`` say);
+* a value a ``Loop`` or ``Scan`` carries keeps its initial value's rank where the body
+  keeps it: a fixed point (every such rank assumed for the body's input, the assumptions
+  whose body output gets another rank or none dropped until those left hold), true in
+  every iteration by induction; the body's input and the node's output are declared so.
 
 A value read where the schema fixes its rank has that rank in every run that succeeds, so
 the declarations hold for the model's valid inputs. Each round infers the model (weights left
@@ -61,13 +65,24 @@ RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 def refined_ranks(model: ModelProto) -> ModelProto:
     """``model`` with value_info declaring the ranks (and schema-fixed dims) onnx's shape
     inference leaves unknown (see the module docstring); a model with none is left as is."""
+    _refine(model)
+    for _ in range(MAX_ROUNDS):  # a carried rank found may give the next Loop's
+        carried = _carried_ranks(model)
+        if not carried:
+            break
+        _declare(model, carried)
+        _refine(model)
+    _declare_inferred_outputs(model)
+    return model
+
+
+def _refine(model: ModelProto) -> None:
+    """Rounds of inference and declaration until the rules find nothing more."""
     for _ in range(MAX_ROUNDS):
         facts = _rank_facts(model)
         if not facts:
             break
         _declare(model, facts)
-    _declare_inferred_outputs(model)
-    return model
 
 
 def _declare_inferred_outputs(model: ModelProto) -> None:
@@ -84,6 +99,131 @@ def _declare_inferred_outputs(model: ModelProto) -> None:
     for output in bare:
         if output.name in shapes:
             output.type.tensor_type.shape.CopyFrom(shapes[output.name])
+
+
+# -- the ranks of the values a Loop or a Scan carries: a fixed point -------------------------
+@dataclass(frozen=True)
+class _Carried:
+    """A value a Loop or Scan carries from one iteration to the next: its initial value
+    has rank ``fact.dims``'s length; ``fact`` declares the body's input so, the body
+    computes ``output`` from it, and ``final`` declares the node's output so."""
+
+    fact: _Fact
+    output: str
+    final: _Fact | None
+
+
+def _carried_ranks(model: ModelProto) -> list[_Fact]:
+    """The ranks of carried values that inference leaves unknown in the body, where the
+    body keeps them: the greatest fixed point of "the body's carried input has its initial
+    value's rank" (every such hypothesis declared at once, the rounds run, the hypotheses
+    whose body output gets another rank or none dropped, until all those left hold). Each
+    kept rank holds in every iteration by induction; the Loop's or Scan's output (the last
+    carried value) has it too."""
+    if not any(_body(node) for graph in _graphs(model.graph) for node in graph.node):
+        return []  # no inference spent on models without a Loop or a Scan
+    view = weightless_view(model)
+    candidates = list(_carried_candidates(view))
+    while candidates:
+        trial = ModelProto()
+        trial.CopyFrom(view)
+        _declare(trial, [c.fact for c in candidates])
+        _refine(trial)
+        ranks = _inferred_ranks(trial)
+        if ranks is None:
+            return []
+        kept = [c for c in candidates if ranks[c.fact.graph].get(c.output) == len(c.fact.dims)]
+        if len(kept) == len(candidates):
+            return [f for c in kept for f in (c.fact, c.final) if f is not None]
+        candidates = kept
+    return []
+
+
+def _carried_candidates(model: ModelProto) -> Iterator[_Carried]:
+    """A hypothesis for each carried value whose initial value's rank is known and whose
+    body input declares none (onnx's inference may find it from the initial value, but
+    onnxruntime wants a body's outputs shaped before it runs a Scan or a Loop). Loop:
+    inputs ``M, cond, v...``, body ``iter, cond, v...`` -> ``cond, v..., scans...``; Scan
+    from opset 9: the states first in the inputs and outputs."""
+    ranks = _inferred_ranks(model) if _opset(model) >= 9 else None
+    if ranks is None:
+        return
+    graphs = list(_graphs(model.graph))
+    index_of = {id(g): k for k, g in enumerate(graphs)}
+    for k, graph in enumerate(graphs):
+        for node in graph.node:
+            body = _body(node)
+            if body is None:
+                continue
+            positions = _carried_positions(node, body)
+            for (initial, body_input, body_output), final in zip(positions, node.output):
+                rank = ranks[k].get(initial)
+                elem = body_input.type.tensor_type.elem_type or ranks[k].elem(initial)
+                if rank is None or _has_shape(body_input) or not elem:
+                    continue
+                dims = (None,) * rank
+                known = not final or ranks[k].get(final) is not None
+                yield _Carried(
+                    _Fact(index_of[id(body)], body_input.name, elem, dims),
+                    body_output.name,
+                    None if known else _Fact(k, final, elem, dims),
+                )
+
+
+def _body(node: NodeProto) -> GraphProto | None:
+    if normalize_domain(node.domain) or node.op_type not in ("Loop", "Scan"):
+        return None
+    return next((a.g for a in node.attribute if a.name == "body"), None)
+
+
+def _carried_positions(node: NodeProto, body: GraphProto):
+    """``(initial value, body input, body output)`` of each carried value."""
+    if node.op_type == "Loop":
+        states = range(len(node.input) - 2)
+        return [(node.input[2 + i], body.input[2 + i], body.output[1 + i]) for i in states]
+    scans = _int(node, "num_scan_inputs") or 0
+    states = range(len(node.input) - scans)
+    return [(node.input[i], body.input[i], body.output[i]) for i in states]
+
+
+class _Visible(dict):
+    """The ranks of the values a graph sees (its own and its parents'), ``None`` where
+    unknown; :meth:`elem` their element types."""
+
+    def __init__(self, ranks: dict, elems: dict):
+        super().__init__(ranks)
+        self.elems = elems
+
+    def elem(self, name: str) -> int:
+        return self.elems.get(name, 0)
+
+
+def _inferred_ranks(model: ModelProto) -> list[_Visible] | None:
+    """What inference knows of every graph's visible values, graphs numbered as
+    :func:`_graphs` does; None where inference cannot read the model."""
+    try:
+        inferred = infer_shapes_bounded(weightless_view(model))
+    except Exception:  # inference is a hint here
+        return None
+    found: list[_Visible] = []
+
+    def visit(graph: GraphProto, parent: _Visible | None) -> None:
+        scope = _scope(graph, None, 0)
+        ranks = {n: None if d is None else len(d) for n, d in scope.dims.items()}
+        visible = _Visible(
+            {**(parent or {}), **ranks}, {**(parent.elems if parent else {}), **scope.elem}
+        )
+        found.append(visible)
+        for node in graph.node:
+            for sub in subgraphs(node):
+                visit(sub, visible)
+
+    visit(inferred.graph, None)
+    return found
+
+
+def _opset(model: ModelProto) -> int:
+    return next((o.version for o in model.opset_import if not normalize_domain(o.domain)), 0)
 
 
 @dataclass

@@ -206,3 +206,25 @@ def test_ok_gradients_are_run_on_onnxruntime(coverage):
     assert "agrees" in verdicts
     assert set(verdicts) <= {"agrees", "model not run"}, verdicts
     assert "### On onnxruntime" in coverage.markdown(outcomes)
+
+
+def test_an_input_computed_in_float16_is_judged_at_float16_steps(coverage):
+    """CausalConvWithState refuses float64, so the float64 model casts its inputs back to
+    float16 before the node: a step of 1e-6 vanished in that rounding (finite differences 0,
+    the case called wrong); the step and tolerance are now float16's, and the detail says so."""
+    outcomes = coverage.run({"CausalConvWithState"})
+    by_case = {o.case: o for o in outcomes}
+    silu = by_case["test_causal_conv_with_state_silu_fp16"]
+    assert silu.status == "ok", silu.detail
+    assert silu.detail.startswith("in float16 (the schema refuses float64)")
+    assert {o.status for o in outcomes} == {"ok"}, [(o.case, o.detail) for o in outcomes]
+
+
+def test_a_gradient_graph_gets_only_the_output_gradients_it_takes(coverage):
+    """MaxPool's indices output is integer: its gradient graph takes no ``z_grad``, which the
+    harness fed (an onnxruntime that loads opset 22 refused the name: the two argmax cases
+    failed)."""
+    outcomes = coverage.run({"MaxPool"})
+    argmax = [o for o in outcomes if "with_argmax" in o.case]
+    assert len(argmax) == 2
+    assert {o.status for o in argmax} == {"ok"}, [(o.case, o.detail) for o in argmax]

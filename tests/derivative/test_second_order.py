@@ -126,26 +126,6 @@ def test_cross_entropy_gradient_differentiates_again(opset, ignore_index):
     np.testing.assert_allclose(session.run(None, feeds)[0], hvp, rtol=1e-9, atol=1e-12)
 
 
-def _squared_norm_loss(model):
-    """``loss = sum_k |y_k|^2`` over the outputs of ``model``."""
-    from onnx import TensorProto, helper
-
-    squares = [f"{o.name}_square" for o in model.graph.output]
-    nodes = [
-        helper.make_node("ReduceSumSquare", [o.name], [s], keepdims=0)
-        for o, s in zip(model.graph.output, squares)
-    ]
-    nodes.append(helper.make_node("Sum", squares, ["loss"]))
-    graph = helper.make_graph(
-        [*model.graph.node, *nodes],
-        "loss",
-        list(model.graph.input),
-        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
-        list(model.graph.initializer),
-    )
-    return helper.make_model(graph, opset_imports=list(model.opset_import))
-
-
 #: Scan, and Loop with a trip count and scan outputs, a condition only, both, and a carried
 #: value of no inferred rank: the HVP transposes their reverse rule's Scan once more
 CONTROL_FLOW = [
@@ -162,36 +142,11 @@ CONTROL_FLOW = [
 def test_control_flow_hvp_matches_finite_differences(case_id):
     """``onnx_hvp`` (forward-over-reverse) through Scan and Loop equals the central
     difference of the gradient along the tangent, run by the case's own oracle."""
-    from onnxgrad import onnx_hvp
     from tests.derivative.autodiff.cases_control_flow import CASES
-    from tests.derivative.autodiff.gradcheck import case_model, evaluator
+    from tests.derivative.autodiff.gradcheck import check_hvp
 
     case = next(c for c in CASES if c.id == case_id)
-    model, feeds = case_model(case, np.float64)
-    model = _squared_norm_loss(model)
-    wrt = case.differentiated
-    hvp_model = onnx_hvp(model, inputs=wrt)
-    assert {n.domain for n in hvp_model.graph.node} <= {""}
-    rng = np.random.default_rng(11)
-    direction = {n: rng.standard_normal(feeds[n].shape) for n in wrt}
-    tangents = {f"{n}_tangent": v for n, v in direction.items()}
-    names = [o.name for o in hvp_model.graph.output]
-    hvp = dict(zip(names, evaluator(hvp_model, case.evaluator).run(None, {**feeds, **tangents})))
-
-    gradient = onnx_derivative(model, weights=[], inputs=wrt, options=DerivativeOptions.Loss)
-    session = evaluator(gradient, case.evaluator)
-    grad_names = [o.name for o in gradient.graph.output]
-
-    def grads(sign):
-        moved = {n: feeds[n] + sign * 1e-6 * v for n, v in direction.items()}
-        return dict(zip(grad_names, session.run(None, {**feeds, **moved})))
-
-    plus, minus = grads(1.0), grads(-1.0)
-    for n in wrt:
-        expected = (plus[f"{n}_grad"] - minus[f"{n}_grad"]) / 2e-6
-        np.testing.assert_allclose(
-            hvp[f"{n}_grad_tangent"], expected, rtol=1e-5, atol=1e-6, err_msg=f"{case_id}: {n}"
-        )
+    check_hvp(case, rtol=1e-5, atol=1e-6, seed=11)
 
 
 @pytest.mark.parametrize("net", ["ScanNet", "WhileNet"])

@@ -231,3 +231,96 @@ def test_a_squeeze_without_axes_gets_its_rank_from_its_users_or_its_declaration(
 
     expected = (projected(1) - projected(-1)) / (2 * step)
     assert np.sum(computed["x_grad"] * direction) == pytest.approx(expected, rel=1e-3)
+
+
+def _carried_loops(grow: bool):
+    """A Loop (condition only) whose result starts a second Loop (trip count 2): inference
+    gives neither Loop's carried value a rank; the second body keeps it (``tanh(v) + v``),
+    or with ``grow`` adds one (``Unsqueeze(v, 0)``, a rank no iteration count fixes)."""
+    counters = [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+    ]
+
+    def body(name, nodes, state, result):
+        infos = [helper.make_tensor_value_info(n, FLOAT, None) for n in state]
+        outputs = [
+            helper.make_tensor_value_info(n, TensorProto.BOOL if k == 0 else FLOAT, None)
+            for k, n in enumerate(result)
+        ]
+        return helper.make_graph(nodes, name, counters + infos, outputs)
+
+    first = body(
+        "first",
+        [
+            helper.make_node("Tanh", ["a"], ["a_next"]),
+            helper.make_node("Less", ["i", "one"], ["c_out"]),
+        ],
+        ["a"],
+        ["c_out", "a_next"],
+    )
+    step = (
+        [helper.make_node("Unsqueeze", ["v", "axis0"], ["v_next"])]
+        if grow
+        else [
+            helper.make_node("Tanh", ["v"], ["t"]),
+            helper.make_node("Add", ["t", "v"], ["v_next"]),
+        ]
+    )
+    second = body(
+        "second",
+        [*step, helper.make_node("Identity", ["c"], ["c_out2"])],
+        ["v"],
+        ["c_out2", "v_next"],
+    )
+    nodes = [
+        helper.make_node("Loop", ["", "true", "x"], ["v_mid"], body=first),
+        helper.make_node("Loop", ["two", "", "v_mid"], ["y"], body=second),
+    ]
+    initializers = [
+        _ints("axis0", [0]),
+        _ints("two", 2),
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array(True), "true"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", FLOAT, None)],
+        initializers,
+    )
+
+
+def _body_input_ranks(model) -> dict[str, int]:
+    from onnxgrad.graph._scopes import iter_graphs
+
+    return {
+        i.name: len(i.type.tensor_type.shape.dim)
+        for graph in iter_graphs(model.graph)
+        if graph is not model.graph
+        for i in graph.input
+        if i.type.tensor_type.HasField("shape")
+    }
+
+
+def test_a_loop_carried_value_keeps_its_initial_rank_by_induction():
+    """Neither inference nor a rule gives the carried values a rank; the fixed point over
+    carried ranks declares both bodies' inputs and both Loops' results at rank 2, the ranks
+    onnxruntime computes."""
+    model = _carried_loops(grow=False)
+    assert not {"a", "v"} & set(_body_input_ranks(model))
+    refined = refined_ranks(onnx.ModelProto.FromString(model.SerializeToString()))
+    assert {n: r for n, r in _body_input_ranks(refined).items() if n in "av"} == {"a": 2, "v": 2}
+    declared = _declared_ranks(refined)
+    feeds = {"x": np.ones((2, 3), np.float32)}
+    assert {n: declared[n] for n in ("v_mid", "y")} == _run_ranks(model, feeds, ["v_mid", "y"])
+
+
+def test_a_carried_value_whose_rank_the_body_changes_gets_no_rank():
+    """``v <- Unsqueeze(v, 0)``: the assumption 'v keeps rank 2' gives the body's output rank
+    3, so it is dropped; the first Loop's, which holds, stays."""
+    refined = refined_ranks(_carried_loops(grow=True))
+    ranks = _body_input_ranks(refined)
+    assert ranks.get("a") == 2
+    assert "v" not in ranks
+    assert _declared_ranks(refined).get("y") is None

@@ -194,11 +194,10 @@ def loop_graph(with_condition=True, with_trip_count=True):
     return graph
 
 
-def chained_loops(inputs, outputs):
-    """A Loop (condition only) whose final state starts a second Loop (trip count only):
-    inference gives the first Loop's result, hence the second's carried value, no rank; the
-    second body fixes it (``Reshape(v, [-1])``); scan output ``v * v``."""
-    first = _loop_body(
+def _first_of_chain():
+    """A Loop body (condition only, one iteration): ``a <- tanh(a * w)``; inference gives
+    the Loop's result no rank."""
+    return _loop_body(
         "first_body",
         [
             helper.make_node("Mul", ["a", "w"], ["aw"]),
@@ -208,13 +207,22 @@ def chained_loops(inputs, outputs):
         ["cond_out", "a_next"],
         ["a"],
     )
+
+
+def chained_loops(fixed=True):
+    """A Loop (condition only) whose final state starts a second Loop (trip count only):
+    inference gives the first Loop's result, hence the second's carried value, no rank;
+    the second body fixes it (``Reshape(v, [-1])``) or, unfixed, keeps it only by
+    induction (the rank pass's fixed point over carried ranks); scan output ``v * v``."""
+    flat_nodes = [helper.make_node("Reshape", ["v", "flat"], ["v_flat"])] if fixed else []
+    v = "v_flat" if fixed else "v"
     second = _loop_body(
         "second_body",
         [
-            helper.make_node("Reshape", ["v", "flat"], ["v_flat"]),
-            helper.make_node("Mul", ["v_flat", "w"], ["vw"]),
+            *flat_nodes,
+            helper.make_node("Mul", [v, "w"], ["vw"]),
             helper.make_node("Tanh", ["vw"], ["s"]),
-            helper.make_node("Add", ["s", "v_flat"], ["v_next"]),
+            helper.make_node("Add", ["s", v], ["v_next"]),
             helper.make_node("Mul", ["v_next", "v_next"], ["scan_t"]),
             helper.make_node("Identity", ["cond_in"], ["cond_out"]),
         ],
@@ -222,13 +230,33 @@ def chained_loops(inputs, outputs):
         ["v"],
     )
     flat = helper.make_tensor("flat_value", TensorProto.INT64, [1], [-1])
+
+    def graph(inputs, outputs):
+        return [
+            helper.make_node("Constant", [], ["flat"], value=flat),
+            helper.make_node("Constant", [], ["one"], value=_int(1)),
+            helper.make_node("Constant", [], ["true"], value=_bool(True)),
+            helper.make_node("Loop", ["", "true", inputs[1]], ["v_mid"], body=_first_of_chain()),
+            helper.make_node(
+                "Loop", [inputs[0], "", "v_mid"], ["v_final", "v_scanned"], body=second
+            ),
+            *_with_shapes(["v_final", "v_scanned"], outputs, [[3], [-1, 3]]),
+        ]
+
+    return graph
+
+
+def scan_after_loop(inputs, outputs):
+    """The RNN Scan whose initial state is a Loop's result (no rank from inference), its
+    body fixing none."""
     return [
-        helper.make_node("Constant", [], ["flat"], value=flat),
         helper.make_node("Constant", [], ["one"], value=_int(1)),
         helper.make_node("Constant", [], ["true"], value=_bool(True)),
-        helper.make_node("Loop", ["", "true", inputs[1]], ["v_mid"], body=first),
-        helper.make_node("Loop", [inputs[0], "", "v_mid"], ["v_final", "v_scanned"], body=second),
-        *_with_shapes(["v_final", "v_scanned"], outputs, [[3], [-1, 3]]),
+        helper.make_node("Loop", ["", "true", inputs[0]], ["h_mid"], body=_first_of_chain()),
+        helper.make_node(
+            "Scan", ["h_mid", inputs[1]], ["h_last", "ys"], body=_rnn_body(), num_scan_inputs=1
+        ),
+        *_with_shapes(["h_last", "ys"], outputs, [[3, 2], [4, 3, 2]]),
     ]
 
 
@@ -332,10 +360,25 @@ LOOP_CASES = [
     OpCase(
         "Loop",
         {"trips": np.array(3, dtype=np.int64), "v0": v0, "w": loop_w},
-        graph=chained_loops,
+        graph=chained_loops(),
         n_outputs=2,
         evaluator="onnxruntime",
         id="Loop-unknown-rank-state",
+    ),
+    OpCase(
+        "Loop",
+        {"trips": np.array(3, dtype=np.int64), "v0": v0, "w": loop_w},
+        graph=chained_loops(fixed=False),
+        n_outputs=2,
+        evaluator="onnxruntime",
+        id="Loop-unknown-rank-state-unfixed",
+    ),
+    OpCase(
+        "Scan",
+        {"h0": h0, "x": x, "w": w},
+        graph=scan_after_loop,
+        n_outputs=2,
+        id="Scan-unknown-rank-state",  # onnxruntime runs the model only once ranks are declared
     ),
     OpCase(
         "Loop",

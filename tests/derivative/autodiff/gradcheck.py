@@ -59,6 +59,9 @@ class OpCase:
     evaluator: str | Callable = "reference"
     ort_rtol: float = 2e-3
     ort_atol: float = 2e-3
+    #: non-float inputs fed at run time as graph inputs (the others are initializers,
+    #: constants to the rules), as an axis known at run time only
+    fed: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.id:
@@ -88,7 +91,7 @@ def case_model(case: OpCase, dtype=np.float64, dynamic: bool = False) -> tuple[M
         node_inputs.append(name)
         is_float = value.dtype.type in FLOATS
         value = value.astype(dtype) if is_float else value
-        if is_float and name not in case.constants:
+        if (is_float and name not in case.constants) or name in case.fed:
             feeds[name] = value
             dims = [None] * value.ndim if dynamic else list(value.shape)
             elem = helper.np_dtype_to_tensor_dtype(value.dtype)
@@ -283,3 +286,61 @@ def _rename_value(model, old: str, new: str) -> None:
     for output in model.graph.output:
         if output.name == old:
             output.name = new
+
+
+def squared_norm_loss(model: ModelProto) -> ModelProto:
+    """``loss = sum_k |y_k|^2`` over the float outputs of ``model``, in float64."""
+    floats = [
+        o.name
+        for o in model.graph.output
+        if o.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.DOUBLE)
+    ]
+    nodes = []
+    for name in floats:
+        nodes.append(helper.make_node("ReduceSumSquare", [name], [f"{name}_sq"], keepdims=0))
+        nodes.append(helper.make_node("Cast", [f"{name}_sq"], [f"{name}_sq64"], to=11))
+    nodes.append(helper.make_node("Sum", [f"{n}_sq64" for n in floats], ["loss"]))
+    graph = helper.make_graph(
+        [*model.graph.node, *nodes],
+        "loss",
+        list(model.graph.input),
+        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+        list(model.graph.initializer),
+    )
+    return helper.make_model(graph, opset_imports=list(model.opset_import))
+
+
+def check_hvp(case: OpCase, kind=None, eps=None, rtol=1e-4, atol=1e-5, seed=3) -> None:
+    """``onnx_hvp`` (forward-over-reverse) of :func:`squared_norm_loss` equals the central
+    difference of the reverse gradient along the tangent, run by ``kind`` (the case's
+    oracle by default); ``atol`` scales with the largest expected value."""
+    from onnxgrad import DerivativeOptions, onnx_hvp
+
+    kind = kind or case.evaluator
+    eps = eps or case.eps
+    model, feeds = case_model(case, np.float64)
+    model = squared_norm_loss(model)
+    wrt = case.differentiated
+    hvp_model = onnx_hvp(model, inputs=wrt)
+    assert {n.domain for n in hvp_model.graph.node} <= {""}, "non-standard op emitted"
+    rng = np.random.default_rng(seed)
+    direction = {n: np.asarray(rng.standard_normal(np.shape(feeds[n]))) for n in wrt}
+    tangents = {f"{n}_tangent": v for n, v in direction.items()}
+    names = [o.name for o in hvp_model.graph.output]
+    hvp = dict(zip(names, evaluator(hvp_model, kind).run(None, {**feeds, **tangents})))
+    gradient = onnx_derivative(model, weights=[], inputs=wrt, options=DerivativeOptions.Loss)
+    session = evaluator(gradient, kind)
+    grad_names = [o.name for o in gradient.graph.output]
+
+    def grads(sign):
+        moved = {n: np.asarray(feeds[n] + sign * eps * v) for n, v in direction.items()}
+        return dict(zip(grad_names, session.run(None, {**feeds, **moved})))
+
+    plus, minus = grads(1.0), grads(-1.0)
+    for n in wrt:
+        expected = (plus[f"{n}_grad"] - minus[f"{n}_grad"]) / (2 * eps)
+        scale = max(1.0, float(np.max(np.abs(expected))))
+        np.testing.assert_allclose(
+            hvp[f"{n}_grad_tangent"], expected, rtol=rtol, atol=atol * scale,
+            err_msg=f"{case.id}: {n}",
+        )  # fmt: skip

@@ -14,6 +14,10 @@ composition: the signal's gradient is the product of the output gradient by the 
 scatter-add); the window's is the sum over batches and frames of each frame times that
 product. Sizes may be known at run time only (the signal's length, the frame step, the frame
 length); the signal's rank and last dimension must be known.
+
+DFT along an axis fed at run time, and the real inverse of half a spectrum (irfft), take
+the transposed transform instead: a DFT of the output gradient along the same axis
+(:func:`_dft_transposed`).
 """
 
 from __future__ import annotations
@@ -127,15 +131,17 @@ def _dft_basis(
 def dft_grad(b, node, grads, needs):
     """DFT along ``axis`` lowered as STFT's frames are: the axis moved before the last (real
     and imaginary parts), cut or zero-padded to ``dft_length``, a ``MatMul`` by the basis,
-    the axis moved back. The input's rank and last dimension must be known."""
+    the axis moved back. An axis fed at run time, an irfft, or an input whose rank or last
+    dimension is not known take :func:`_dft_transposed`."""
     x = node.inputs[0]
     shape = b.shape(x)
-    if shape is None or len(shape) < 3 or shape[-1] not in (1, 2):
+    if shape is not None and len(shape) < 3:
         raise unsupported(node, f"an input of shape {shape} (the gradient needs [..., 1 or 2])")
-    if node.attr("inverse", 0) and node.attr("onesided", 0):
-        raise unsupported(node, "inverse=1 and onesided=1 (a real inverse of half a spectrum)")
-    rank = len(shape)
+    rank = None if shape is None else len(shape)
     axis = _dft_axis(b, node, rank)
+    irfft = node.attr("inverse", 0) and node.attr("onesided", 0)
+    if axis is None or irfft or shape is None or shape[-1] not in (1, 2):
+        return _dft_transposed(b, node, grads, needs, axis)
     low = Lowering(b, node)
     perm = [*(i for i in range(rank - 1) if i != axis), axis, rank - 1]
     moved = x if axis == rank - 2 else low.op("Transpose", x, perm=perm)
@@ -154,9 +160,9 @@ def dft_grad(b, node, grads, needs):
     return low.gradients(grads, [needs[0], *[False] * (len(needs) - 1)])
 
 
-def _dft_axis(b, node, rank: int) -> int:
+def _dft_axis(b, node, rank: int | None) -> int | None:
     """The transformed axis: the attribute (default 1) before opset 20, then a constant
-    input (default -2)."""
+    input (default -2); None for an axis known at run time only."""
     if b.opset < 20:
         axis = node.attr("axis", 1)
     elif node.input(2) is None:
@@ -164,8 +170,12 @@ def _dft_axis(b, node, rank: int) -> int:
     else:
         value = b.constant_value(node.input(2))
         if value is None:
-            raise unsupported(node, "an axis known at run time only")
+            return None
         axis = int(np.asarray(value).reshape(()))
+    if rank is None:
+        if axis < 0:
+            raise unsupported(node, f"axis {axis} of an input of unknown rank")
+        return axis
     axis = axis + rank if axis < 0 else axis
     if not 0 <= axis < rank - 1:
         raise unsupported(node, f"axis {axis} of a rank-{rank} input")
@@ -195,3 +205,140 @@ def _cut_or_padded(low: Lowering, moved: str, length: str, rank: int) -> str:
     extra = low.op("Max", low.op("Sub", end, size), low.ints([0]))
     pads = low.op("Concat", low.ints([0] * (2 * rank - 2)), extra, low.ints([0]), axis=0)
     return low.op("Pad", cut, pads)
+
+
+def _dft_transposed(b, node, grads, needs, axis: int | None):
+    r"""The input's gradient as a DFT of the output's, along the same axis (an input fed at
+    run time too), for a length-``n`` transform ``F`` (:math:`F_{kj} = e^{-2\pi i k j / n}`,
+    symmetric, :math:`F^H = n F^{-1}`) with Hermitian weights :math:`w_k = 2` but
+    :math:`w_0 = w_{n/2} = 1` on the ``n // 2 + 1`` bins of a half spectrum:
+
+    * ``y = F x``: :math:`\bar x = n F^{-1} \bar y`; one-sided (the first bins), the same
+      with :math:`\bar y` zero-padded to ``n`` bins (by the DFT's ``dft_length``);
+    * ``y = F^{-1} x``: :math:`\bar x = F \bar y / n`; one-sided (irfft, real ``y``), as
+      :math:`\mathrm{irfft}_n(Z)_j = \frac1n \sum_k w_k \Re(Z_k e^{2\pi i k j / n})`:
+      :math:`\bar x = (w / n)\, \mathrm{rfft}_n(\bar y)`;
+
+    the real part where ``x`` is real (its last dimension 1); where ``dft_length`` cuts or
+    zero-pads the input to ``n`` values (``n // 2 + 1`` bins for an irfft), the transpose
+    pads or cuts back."""
+    x, (g,) = node.inputs[0], grads
+    shape = b.shape(x)
+    inverse, onesided = node.attr("inverse", 0), node.attr("onesided", 0)
+    rank = len(shape) if shape is not None else b.op("Size", b.op("Shape", x))
+    last = None if shape is None else shape[-1]
+    axis_input = None if b.opset < 20 else _axis_input(b, node, axis)
+    static, n = _transform_length(b, node, shape, rank, axis, axis_input, onesided and inverse)
+    scale = b.op("Cast", n, to=b.dtype(g))
+    axis_attrs = {"axis": node.attr("axis", 1)} if b.opset < 20 else {}
+    axis_args = [axis_input] if axis_input is not None else []
+    where = (rank, axis, axis_input)
+    weights = _hermitian_weights(b, static, n, g, *where) if onesided and inverse else None
+
+    def dft(value, **attrs):
+        return b.op("DFT", value, n, *axis_args, **axis_attrs, **attrs)
+
+    if weights is not None:
+        grad = b.mul(dft(g, onesided=1), b.op("Div", weights, scale))
+    elif inverse:
+        grad = b.op("Div", dft(g), scale)
+    else:
+        grad = b.mul(dft(g, inverse=1), scale)  # a half spectrum zero-padded to n bins
+    if node.input(1) is not None:
+        grad = _fitted_along(b, grad, _length_along(b, x, *where), *where)
+    if last != 2:  # the real part of a real input's gradient
+        size = b.ints([1]) if last == 1 else b.op("Shape", x, start=-1)
+        grad = b.op("Slice", grad, b.ints([0]), size, b.ints([-1]))
+    if node.input(1) is not None:  # x's shape, which inference loses through the Pad
+        grad = b.op("Reshape", grad, b.op("Shape", x))
+    return [grad if needs[0] else None, *[None] * (len(needs) - 1)]
+
+
+def _axis_input(b, node, axis: int | None) -> str:
+    """The axis as a 0-D int64 (the node's own input where it is fed at run time)."""
+    if axis is None:
+        return b.op("Reshape", node.input(2), b.ints([]))
+    return b.ints(axis)
+
+
+def _rank_value(b, rank: int | str) -> str:
+    """The rank as a 0-D int64: a constant, or ``rank`` itself computed at run time."""
+    return b.ints(rank) if isinstance(rank, int) else rank
+
+
+def _position(b, rank: int | str, axis: int | None, axis_input: str | None) -> str:
+    """The transformed axis as a 0-D int64 in ``[0, rank)``."""
+    if axis is not None:
+        return b.ints(axis)
+    return b.op("Mod", axis_input, _rank_value(b, rank))
+
+
+def _transform_length(
+    b, node, shape, rank, axis, axis_input, irfft: bool
+) -> tuple[int | None, str]:
+    """``(n or None, n as a 0-D int64)``: ``dft_length``, else the input's length along the
+    axis (``2 (K - 1)`` for an irfft of ``K`` bins); a constant wherever it is known when
+    building."""
+    given = node.input(1)
+    value = None if given is None else b.constant_value(given)
+    size = None if axis is None or shape is None else shape[axis]
+    static = (
+        int(np.asarray(value).reshape(()))
+        if value is not None
+        else (2 * (size - 1) if irfft else size)
+        if given is None and isinstance(size, int)
+        else None
+    )
+    if static is not None:
+        return static, b.ints(static)
+    if given is not None:
+        return None, b.op("Cast", b.op("Reshape", given, b.ints([])), to=TensorProto.INT64)
+    position = _position(b, rank, axis, axis_input)
+    size = b.op("Gather", b.op("Shape", node.inputs[0]), position, axis=0)
+    return None, b.op("Mul", b.op("Sub", size, b.ints(1)), b.ints(2)) if irfft else size
+
+
+def _unsqueezed(b, scalar: str) -> str:
+    return b.op("Unsqueeze", scalar, b.ints([0]))
+
+
+def _length_along(b, x: str, rank: int | str, axis, axis_input) -> str:
+    """``x``'s length along the transformed axis, ``[1]`` int64."""
+    position = _unsqueezed(b, _position(b, rank, axis, axis_input))
+    return b.op("Gather", b.op("Shape", x), position, axis=0)
+
+
+def _fitted_along(b, value: str, size: str, rank: int | str, axis, axis_input) -> str:
+    """``value`` cut or zero-padded along the transformed axis to ``size`` (``[1]``); the
+    pads a full ``2 rank`` vector, with which shape inference keeps the rank."""
+    position = _position(b, rank, axis, axis_input)
+    axes = _unsqueezed(b, position)
+    cut = b.op("Slice", value, b.ints([0]), size, axes)
+    have = b.op("Gather", b.op("Shape", cut), axes, axis=0)
+    extra = b.op("Max", b.op("Sub", size, have), b.ints([0]))
+    rank = _rank_value(b, rank)
+    slots = b.op("Range", b.ints(0), b.op("Mul", rank, b.ints(2)), b.ints(1))
+    at_end = b.op("Equal", slots, b.op("Add", position, rank))
+    return b.op("Pad", cut, b.op("Where", at_end, extra, b.ints([0])))
+
+
+def _hermitian_weights(b, static, n: str, like: str, rank: int | str, axis, axis_input) -> str:
+    """``w_k = 2 - [k = 0] - [2 k = n]`` for ``k < n // 2 + 1``, shaped to broadcast along
+    the transformed axis of a rank-``rank`` value (a constant where ``n`` and the axis are
+    known when building)."""
+    if static is not None and axis is not None and isinstance(rank, int):
+        k = np.arange(static // 2 + 1)
+        weights = 2.0 - (k == 0) - (2 * k == static)
+        return b.const(weights.reshape([-1 if a == axis else 1 for a in range(rank)]), like=like)
+    bins = b.op("Add", b.op("Div", n, b.ints(2)), b.ints(1))
+    k = b.op("Range", b.ints(0), bins, b.ints(1))
+    first = b.op("Cast", b.op("Equal", k, b.ints(0)), to=b.dtype(like))
+    middle = b.op("Cast", b.op("Equal", b.op("Mul", k, b.ints(2)), n), to=b.dtype(like))
+    weights = b.op("Sub", b.op("Sub", b.const(2.0, like=like), first), middle)
+    at_axis = b.op(
+        "Equal",
+        b.op("Range", b.ints(0), _rank_value(b, rank), b.ints(1)),
+        _position(b, rank, axis, axis_input),
+    )
+    shape = b.op("Where", at_axis, _unsqueezed(b, bins), b.ints([1]))
+    return b.op("Reshape", weights, shape)
