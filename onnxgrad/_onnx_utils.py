@@ -11,6 +11,7 @@ initializers declared as inputs instead (same names, types and shapes, no data).
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper
 
 from onnxgrad._external_data import PACKED_TYPES, all_tensors, load_external_data
+from onnxgrad._strict_inference import PIECE_NODES, infer_strictly
 from onnxgrad._untrusted import read_bounded
 
 #: The highest IR version onnxruntime-training 1.19.2 loads.
@@ -125,14 +127,20 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     with type checks, so a result that passes here loads in onnxruntime. Both run on a
     weightless view (no weight is copied, models past protobuf's 2 GiB limit are checked
     too) and one after the other: ``full_check`` infers on a copy of the checker's model,
-    both held at once (0.5 KB a node more at the peak).
+    both held at once (0.5 KB a node more at the peak). Past
+    :data:`~onnxgrad._strict_inference.PIECE_NODES` nodes the inference runs in pieces
+    (:mod:`onnxgrad._strict_inference`: the same checks, a bounded part of the graph held
+    at a time).
     """
     model.ir_version = supported_ir_version(model)
     if check:
         _check_declared_shapes(model.graph)
-        view = weightless_bytes(model)
+        shell = weightless_shell(model)
+        view = weightless_bytes(model, shell)
         onnx.checker.check_model(view)
-        onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
+        if len(model.graph.node) > PIECE_NODES:
+            view = None  # freed: the pieces are serialised one at a time
+        infer_strictly(shell, model.graph.node, view)
     return model
 
 
@@ -391,10 +399,25 @@ def weightless_view(model: ModelProto) -> ModelProto:
     return view
 
 
-def weightless_bytes(model: ModelProto) -> bytes:
+def weightless_bytes(model: ModelProto, shell: ModelProto | None = None) -> bytes:
     """:func:`weightless_view` serialised, without a copy of the nodes (0.4 KB a node in
-    memory, 40 bytes serialised): the view less its nodes, then a second ``graph`` field
-    holding only the nodes, which a parser merges into the first."""
+    memory, 40 bytes serialised): the view less its nodes (``shell``, when the caller has
+    it), then a second ``graph`` field holding only the nodes, which a parser merges into
+    the first."""
+    shell = weightless_shell(model) if shell is None else shell
+    node_key = _field_key(onnx.GraphProto, "node")
+    nodes = io.BytesIO()
+    for node in model.graph.node:
+        nodes.write(_length_delimited(node_key, node.SerializeToString()))
+    view = io.BytesIO()
+    view.write(shell.SerializeToString())
+    view.write(_field_key(ModelProto, "graph") + _varint(nodes.tell()))
+    view.write(nodes.getbuffer())
+    return view.getvalue()
+
+
+def weightless_shell(model: ModelProto) -> ModelProto:
+    """:func:`weightless_view` without the nodes (no node copied)."""
     shell = ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
@@ -404,9 +427,7 @@ def weightless_bytes(model: ModelProto) -> bytes:
             _copy_field(shell.graph, field, value)
     _weightless_initializers(model.graph, shell.graph)
     shell.ir_version = supported_ir_version(model)
-    node_key = _field_key(onnx.GraphProto, "node")
-    nodes = b"".join(_length_delimited(node_key, n.SerializeToString()) for n in model.graph.node)
-    return shell.SerializeToString() + _length_delimited(_field_key(ModelProto, "graph"), nodes)
+    return shell
 
 
 def _weightless_initializers(graph: onnx.GraphProto, view: onnx.GraphProto) -> None:

@@ -41,7 +41,9 @@ def readiest_leaves_last(graph: GraphProto) -> None:
     by decreasing depth (longest chain of producers), ties in their order."""
     nodes = list(graph.node)
     depth = node_depths(nodes)
-    read = set().union(*(node_inputs(node) for node in nodes))
+    read: set[str] = set()
+    for node in nodes:  # not ``set().union(*sets)``: that holds every node's set at once
+        read.update(node_inputs(node))
     leaves = [i for i, node in enumerate(nodes) if not read.intersection(node.output)]
     if len(leaves) < 2:
         return
