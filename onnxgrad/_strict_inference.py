@@ -1,23 +1,26 @@
-"""onnx's strict shape inference with type checks, run on a big graph piece by piece.
+"""onnx's checker and strict shape inference with type checks, run on a big graph piece by
+piece.
 
-onnx infers a graph node after node: the types of a node's outputs follow from the types of
-its inputs and from the values of the constants it reads (initializers, ``Constant``
-outputs), and are checked against what the graph declares for them (outputs, value
-infos). Run on a whole graph, it holds the parsed graph and the type of every value at
-once: 4.8 KB a node of a chain's gradient graph (three gradient nodes per forward node),
-more than the graph itself.
+onnx checks a graph node after node (each input produced before, each value produced once,
+each node against its schema) and infers it the same way: the types of a node's outputs
+follow from the types of its inputs and from the values of the constants it reads
+(initializers, ``Constant`` outputs), and are checked against what the graph declares for
+them (outputs, value infos). Run on a whole graph, the checker holds the parsed graph (2.7
+KB a node of a chain's gradient graph, three gradient nodes per forward node) and the
+inference that and the type of every value (4.8 KB), more than the graph itself.
 
-:func:`infer_in_pieces` runs it on consecutive pieces of :data:`PIECE_NODES` nodes, each a
-model of its own holding the piece's nodes and, for what they read from before the piece,
+:func:`check_in_pieces` runs both on consecutive pieces of :data:`PIECE_NODES` nodes, each
+a model of its own holding the piece's nodes and, for what they read from before the piece,
 the graph inputs and small initializers, the ``Constant`` nodes of earlier pieces (their
-values size what a node computes), and the values earlier pieces computed declared as
+values size what a node computes), and the values earlier pieces computed, declared as
 inputs of the type onnx inferred for them there; the piece's outputs and value infos are
 those the graph declares. The first piece also holds every graph input and initializer
-(onnx checks an initializer against the input of the same name). Each node is thus
-inferred from the same input types and constants, and checked against the same
-declarations, as in the whole graph: an error on the whole graph is one on a piece, naming the same
-node (onnx reports the errors of one piece, the first of the whole graph's among them).
-Between pieces only the types and constants a later piece reads are kept.
+(onnx checks an initializer against the input of the same name). Each node is thus checked
+and inferred from the same definitions, input types and constants, and against the same
+declarations, as in the whole graph, and a value written again by a later piece is refused
+in onnx's words: an error on the whole graph is one on a piece, naming the same node (onnx
+reports the errors of one piece, the first of the whole graph's among them). Between pieces
+only the names written, and the types and constants a later piece reads, are kept.
 """
 
 from __future__ import annotations
@@ -31,34 +34,27 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
 PIECE_NODES = 8192
 
 
-def infer_strictly(shell: ModelProto, nodes: Sequence[NodeProto], view: bytes | None) -> None:
-    """``onnx.shape_inference.infer_shapes(check_type=True, strict_mode=True)`` of the model
-    made of ``shell`` (everything but the nodes) and ``nodes``: on ``view`` (that model
-    serialised) in one go, in pieces of :data:`PIECE_NODES` nodes when ``view`` is
-    ``None``; raises what onnx raises."""
-    if view is not None:
-        onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
-    else:
-        infer_in_pieces(shell, nodes)
-
-
-def infer_in_pieces(
+def check_in_pieces(
     shell: ModelProto, nodes: Sequence[NodeProto], piece_nodes: int = PIECE_NODES
-) -> None:
-    """onnx's strict inference of ``shell`` with ``nodes``, ``piece_nodes`` nodes at a time
-    (see the module docstring)."""
-    graph = shell.graph
+) -> bool:
+    """onnx's checker, then its strict inference with type checks, of the model made of
+    ``shell`` (everything but the nodes) and ``nodes``, ``piece_nodes`` nodes at a time (see
+    the module docstring); raises what onnx raises. ``False`` (nothing judged wrong) when a
+    value read across pieces has no inferred type, which no piece could declare: the caller
+    checks the whole graph."""
     header = ModelProto()
     header.CopyFrom(shell)
     header.ClearField("graph")
+    header.graph.name = shell.graph.name
     last_read = _last_reading_piece(nodes, piece_nodes)
-    sources = _Sources(graph)
+    sources = _Sources(shell.graph)
+    produced: set[str] = set()  # by the nodes of earlier pieces
     types: dict[str, bytes] = {}  # value -> its ValueInfoProto, serialised
     constants: dict[str, bytes] = {}  # value -> the Constant node making it, serialised
     expiring: dict[int, list[str]] = {}
     for index, start in enumerate(range(0, len(nodes), piece_nodes)):
-        piece_nodes_ = [nodes[i] for i in range(start, min(start + piece_nodes, len(nodes)))]
-        written = {name for node in piece_nodes_ for name in node.output if name}
+        piece_nodes_ = nodes[start : start + piece_nodes]
+        written = _written_once(piece_nodes_, produced)
         piece = ModelProto()
         piece.CopyFrom(header)
         if index == 0:
@@ -68,14 +64,18 @@ def infer_in_pieces(
                 piece.graph.node.add().MergeFromString(constants[name])
             elif name in types:
                 piece.graph.input.add().MergeFromString(types[name])
+            elif name in produced:
+                return False
             elif index:
                 sources.add(piece.graph, name)
         piece.graph.node.extend(piece_nodes_)
         sources.add_declarations(piece.graph, written)
-        inferred = onnx.shape_inference.infer_shapes(
-            piece.SerializeToString(), check_type=True, strict_mode=True
-        )
+        serialized = piece.SerializeToString()
         del piece
+        onnx.checker.check_model(serialized)
+        inferred = onnx.shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True)
+        del serialized
+        produced |= written
         later = {name for name in written if last_read.get(name, -1) > index}
         for info in [*inferred.graph.value_info, *inferred.graph.output]:
             if info.name in later:
@@ -89,6 +89,20 @@ def infer_in_pieces(
         for name in expiring.pop(index, ()):
             types.pop(name, None)
             constants.pop(name, None)
+    return True
+
+
+def _written_once(nodes: Sequence[NodeProto], produced: set[str]) -> set[str]:
+    """The values ``nodes`` write; ``ValidationError`` (onnx's words) for one an earlier
+    piece wrote (within a piece, onnx's checker sees it)."""
+    written = {name for node in nodes for name in node.output[:] if name}
+    again = written & produced
+    if again:
+        raise onnx.checker.ValidationError(
+            "Graph must be in single static assignment (SSA) form, however "
+            f"'{min(again)}' has been used as output names multiple times."
+        )
+    return written
 
 
 class _Sources:
@@ -138,8 +152,11 @@ def _node_reads(node: NodeProto) -> Iterator[str]:
     """The node's inputs, and every name its subgraphs mention: those the enclosing graph
     defines are the ones they read from it (a superset is harmless: a name the piece does
     not know is left undeclared, as it is in the whole graph)."""
-    yield from filter(None, node.input)
-    for attribute in node.attribute:
+    yield from filter(None, node.input[:])  # a slice: a third of the time of iterating
+    attributes = node.attribute
+    if not attributes:
+        return
+    for attribute in attributes:
         if attribute.type == AttributeProto.GRAPH:
             yield from _mentioned(attribute.g)
         elif attribute.type == AttributeProto.GRAPHS:

@@ -1,5 +1,5 @@
-"""onnx's strict inference run piece by piece raises where it raises on the whole graph, and
-passes where it passes: each case is judged by onnx on the whole model first."""
+"""onnx's checker and strict inference run piece by piece raise where they raise on the
+whole graph, and pass where they pass: each case is judged by onnx on the whole model first."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxgrad._onnx_utils as utils
-from onnxgrad._strict_inference import infer_in_pieces
+from onnxgrad._strict_inference import check_in_pieces
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -109,13 +109,13 @@ BREAKAGES = {
 
 def _pieces(model, piece_nodes):
     shell = utils.weightless_shell(model)
-    infer_in_pieces(shell, model.graph.node, piece_nodes)
+    assert check_in_pieces(shell, model.graph.node, piece_nodes)
 
 
 @pytest.mark.parametrize("piece_nodes", [1, 2, 3, 100])
 def test_a_valid_graph_passes_in_pieces(piece_nodes):
     model = _valid()
-    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    onnx.checker.check_model(model, full_check=True)
     _pieces(model, piece_nodes)
 
 
@@ -143,3 +143,42 @@ def test_finalize_model_infers_a_big_graph_in_pieces(monkeypatch):
     _bad_types(model)
     with pytest.raises(onnx.shape_inference.InferenceError, match="bad_add"):
         utils.finalize_model(model)
+
+
+def _unsorted(model):
+    # a node reading a value a later piece computes
+    model.graph.node.insert(1, helper.make_node("Neg", ["x3"], ["early"], name="too_early"))
+
+
+def _written_twice(model):
+    model.graph.node.append(helper.make_node("Neg", ["x"], ["x1"], name="again"))
+
+
+def _bad_attribute(model):
+    model.graph.node.append(helper.make_node("Relu", ["x4"], ["r2"], name="relu_attr", alpha=1.0))
+
+
+CHECKER_BREAKAGES = {"unsorted": _unsorted, "written_twice": _written_twice}
+CHECKER_BREAKAGES["attribute"] = _bad_attribute
+
+
+@pytest.mark.parametrize("piece_nodes", [1, 3])
+@pytest.mark.parametrize("breakage", sorted(CHECKER_BREAKAGES))
+def test_a_graph_the_checker_refuses_fails_in_pieces(breakage, piece_nodes):
+    model = _valid()
+    CHECKER_BREAKAGES[breakage](model)
+    with pytest.raises(onnx.checker.ValidationError) as whole:
+        onnx.checker.check_model(model)
+    with pytest.raises(onnx.checker.ValidationError) as pieces:
+        _pieces(model, piece_nodes)
+    assert str(whole.value).split("==>")[0].strip()[:60] in str(pieces.value), (whole, pieces)
+
+
+def test_a_value_read_across_pieces_without_a_type_leaves_it_to_the_whole_graph():
+    model = _valid()
+    # a custom-domain node onnx cannot infer: its output has no type
+    model.opset_import.append(helper.make_opsetid("custom", 1))
+    model.graph.node.insert(2, helper.make_node("Op", ["x"], ["opaque"], domain="custom"))
+    model.graph.node.append(helper.make_node("Identity", ["opaque"], ["seen"]))
+    shell = utils.weightless_shell(model)
+    assert not check_in_pieces(shell, model.graph.node, 2)

@@ -97,11 +97,13 @@ def _gradient_model(request: DerivativeRequest) -> ModelProto:
         name_forward_nodes(graph, engine.emitter.node_names) if request.recompute else set()
     )
     new_nodes = engine.emitted_nodes + tail_nodes
-    del engine, gradients, tail_nodes  # the engine's tables go before the clean-up, not its nodes
+    kept_types = types if request.recompute else None
+    # the engine's tables, the names and types go before the clean-up (not the engine's nodes)
+    del engine, gradients, tail_nodes, scope, types
     _rewrite_in_place(model, request, seed_inputs, grad_outputs, new_nodes, seeds)
     del new_nodes, grad_outputs, seed_inputs  # copied into the graph
     if request.recompute:
-        _lighten_backward(model.graph, forward_names, types, request.recompute, seeds)
+        _lighten_backward(model.graph, forward_names, kept_types, request.recompute, seeds)
     if request.order_leaves:
         readiest_leaves_last(model.graph)
     mark_structural_constants(model.graph)
