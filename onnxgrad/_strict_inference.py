@@ -40,8 +40,8 @@ def check_in_pieces(
     """onnx's checker, then its strict inference with type checks, of the model made of
     ``shell`` (everything but the nodes) and ``nodes``, ``piece_nodes`` nodes at a time (see
     the module docstring); raises what onnx raises. ``False`` (nothing judged wrong) when a
-    value read across pieces has no inferred type, which no piece could declare: the caller
-    checks the whole graph."""
+    value read across pieces has no inferred type an input can declare: the caller checks
+    the whole graph."""
     header = ModelProto()
     header.CopyFrom(shell)
     header.ClearField("graph")
@@ -78,7 +78,7 @@ def check_in_pieces(
         produced |= written
         later = {name for name in written if last_read.get(name, -1) > index}
         for info in [*inferred.graph.value_info, *inferred.graph.output]:
-            if info.name in later:
+            if info.name in later and _declarable(info.type):
                 types[info.name] = info.SerializeToString()
         for node in piece_nodes_:
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -90,6 +90,13 @@ def check_in_pieces(
             types.pop(name, None)
             constants.pop(name, None)
     return True
+
+
+def _declarable(value_type: onnx.TypeProto) -> bool:
+    """Whether the checker accepts an input of this inferred type (a tensor type may come
+    without its element type)."""
+    kind = value_type.WhichOneof("value")
+    return kind is not None and (kind != "tensor_type" or value_type.tensor_type.elem_type != 0)
 
 
 def _written_once(nodes: Sequence[NodeProto], produced: set[str]) -> set[str]:
