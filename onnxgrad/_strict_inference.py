@@ -57,6 +57,7 @@ def check_in_pieces(
         written = _written_once(piece_nodes_, produced)
         piece = ModelProto()
         piece.CopyFrom(header)
+        unranked: list[onnx.ValueInfoProto] = []  # inputs of an unknown rank
         if index == 0:
             sources.add_all(piece.graph)
         for name in _reads(piece_nodes_) - written:
@@ -64,6 +65,8 @@ def check_in_pieces(
                 piece.graph.node.add().MergeFromString(constants[name])
             elif name in types:
                 piece.graph.input.add().MergeFromString(types[name])
+                if not piece.graph.input[-1].type.tensor_type.HasField("shape"):
+                    unranked.append(piece.graph.input[-1])
             elif name in produced:
                 return False
             elif index:
@@ -71,8 +74,8 @@ def check_in_pieces(
         piece.graph.node.extend(piece_nodes_)
         sources.add_declarations(piece.graph, written)
         serialized = piece.SerializeToString()
-        del piece
-        onnx.checker.check_model(serialized)
+        onnx.checker.check_model(_with_shapes(piece, unranked) if unranked else serialized)
+        del piece, unranked
         inferred = onnx.shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True)
         del serialized
         produced |= written
@@ -93,10 +96,18 @@ def check_in_pieces(
 
 
 def _declarable(value_type: onnx.TypeProto) -> bool:
-    """Whether the checker accepts an input of this inferred type (a tensor type may come
-    without its element type)."""
-    kind = value_type.WhichOneof("value")
-    return kind is not None and (kind != "tensor_type" or value_type.tensor_type.elem_type != 0)
+    """Whether an input can declare this inferred type: a tensor type with its element type
+    (the rank may be unknown: see :func:`_with_shapes`)."""
+    return value_type.WhichOneof("value") == "tensor_type" and value_type.tensor_type.elem_type != 0
+
+
+def _with_shapes(piece: ModelProto, unranked: list[onnx.ValueInfoProto]) -> bytes:
+    """``piece`` serialised for onnx's checker, which wants a shape on every input: the
+    ``unranked`` inputs (values of an unknown rank, which the whole graph reads as such and
+    the piece's inference too) get an empty one, which the checker does not read further."""
+    for info in unranked:
+        info.type.tensor_type.shape.SetInParent()
+    return piece.SerializeToString()
 
 
 def _written_once(nodes: Sequence[NodeProto], produced: set[str]) -> set[str]:

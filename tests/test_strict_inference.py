@@ -182,3 +182,29 @@ def test_a_value_read_across_pieces_without_a_type_leaves_it_to_the_whole_graph(
     model.graph.node.append(helper.make_node("Identity", ["opaque"], ["seen"]))
     shell = utils.weightless_shell(model)
     assert not check_in_pieces(shell, model.graph.node, 2)
+
+
+@pytest.mark.parametrize("piece_nodes", [1, 2])
+def test_a_value_of_unknown_rank_read_across_pieces_passes(piece_nodes):
+    # the checker wants a shape on every input; the piece's inference must still read the
+    # value as of unknown rank (a Reshape to dims only known at run time)
+    relus, last = _chain(3)
+    nodes = [
+        helper.make_node("Reshape", ["x", "dims"], ["u"], name="reshape"),
+        *relus,
+        helper.make_node("Neg", ["u"], ["n"], name="neg"),
+        helper.make_node("Shape", ["n"], ["s"], name="shape"),
+    ]
+    model = _model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", F, [2, 3]),
+            helper.make_tensor_value_info("dims", I64, ["k"]),
+        ],
+        [
+            helper.make_tensor_value_info(last, F, [2, 3]),
+            helper.make_tensor_value_info("s", I64, ["r"]),
+        ],
+    )
+    onnx.checker.check_model(model, full_check=True)
+    _pieces(model, piece_nodes)
