@@ -254,9 +254,11 @@ def _cycle(nodes: list[NodeProto], producer: dict[str, int], waiting: list[int])
 
 def _reads(node: NodeProto) -> Iterable[str]:
     """Each distinct name a node reads, once per name (inputs and subgraphs' free names)."""
-    from onnxgrad.graph._scopes import free_names  # onnxgrad.graph imports this module
+    names = set(node.input[:])  # a slice: a third of the time of iterating the field
+    names.discard("")
+    if node.attribute:
+        from onnxgrad.graph._scopes import free_names  # onnxgrad.graph imports this module
 
-    names = {name for name in node.input if name}
-    for sub in subgraphs(node):
-        names |= free_names(sub)
+        for sub in subgraphs(node):
+            names |= free_names(sub)
     return names

@@ -9,7 +9,6 @@ import pytest
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
-    IN_PLACE_DELETIONS,
     replace_repeated,
     retain,
     weightless_bytes,
@@ -31,13 +30,29 @@ def test_replace_repeated_takes_the_fields_own_items_in_any_order():
     assert [node.name for node in graph.node] == expected
 
 
-@pytest.mark.parametrize("dropped", [0, 3, IN_PLACE_DELETIONS + 1])
+def test_replace_repeated_moves_the_fields_own_items_without_copying_them():
+    # a copy would leave the held message detached: the renaming below would not show
+    graph, other = _graph(6), _graph(2)
+    held = list(graph.node)
+    replace_repeated(graph.node, [held[4], other.node[1], held[0], held[4]])
+    assert [node.name for node in graph.node] == ["n4", "n1", "n0", "n4"]
+    held[4].name, held[0].name = "renamed4", "renamed0"
+    assert [node.name for node in graph.node] == ["renamed4", "n1", "renamed0", "n4"]
+    other.node[1].name = "changed"  # an item from elsewhere is copied
+    assert graph.node[1].name == "n1"
+    assert [node.name for node in held[1:4]] == ["n1", "n2", "n3"]  # dropped, still readable
+
+
+@pytest.mark.parametrize("dropped", [0, 3, 300])
 def test_retain_keeps_the_flagged_items_in_order(dropped):
-    count = 2 * IN_PLACE_DELETIONS + 10
+    count = 2 * 300 + 10
     graph = _graph(count)
+    first = graph.node[0]
     keep = [i % 2 == 0 or i >= 2 * dropped for i in range(count)]
     retain(graph.node, keep)
     assert [node.name for node in graph.node] == [f"n{i}" for i in range(count) if keep[i]]
+    first.name = "renamed"
+    assert graph.node[0].name == "renamed"
 
 
 def test_weightless_bytes_parse_into_the_weightless_view():

@@ -40,12 +40,13 @@ def readiest_leaves_last(graph: GraphProto) -> None:
     """Reorder ``graph`` (topologically sorted) in place: the leaves after every other node,
     by decreasing depth (longest chain of producers), ties in their order."""
     nodes = list(graph.node)
-    reads = [node_inputs(node) for node in nodes]
-    read = set().union(*reads)
+    read: set[str] = set()
+    for node in nodes:  # not ``set().union(*sets)``: that holds every node's set at once
+        read.update(node_inputs(node))
     leaves = [i for i, node in enumerate(nodes) if read.isdisjoint(node.output)]
     if len(leaves) < 2:
         return
-    depth = node_depths(nodes, reads)
+    depth = node_depths(nodes)
     moved = set(leaves)
     leaves.sort(key=lambda i: -depth[i])
     order = [node for i, node in enumerate(nodes) if i not in moved] + [nodes[i] for i in leaves]
@@ -69,7 +70,7 @@ def node_depths(nodes: Sequence[NodeProto], reads: Sequence[set[str]] | None = N
     """Each node's longest chain of producers, itself included (``nodes`` topologically
     sorted; values read from outer scopes count as inputs; ``reads``: each node's
     :func:`node_inputs`, when the caller has them)."""
-    reads = [node_inputs(node) for node in nodes] if reads is None else reads
+    reads = map(node_inputs, nodes) if reads is None else reads  # one set alive at a time
     made_by = {name: i for i, node in enumerate(nodes) for name in node.output}
     depth = [0] * len(nodes)
     for i, read in enumerate(reads):

@@ -96,11 +96,14 @@ def _gradient_model(request: DerivativeRequest) -> ModelProto:
     forward_names = (
         name_forward_nodes(graph, engine.emitter.node_names) if request.recompute else set()
     )
-    _rewrite_in_place(
-        model, request, seed_inputs, grad_outputs, engine.emitted_nodes + tail_nodes, seeds
-    )
+    new_nodes = engine.emitted_nodes + tail_nodes
+    kept_types = types if request.recompute else None
+    # the engine's tables, the names and types go before the clean-up (not the engine's nodes)
+    del engine, gradients, tail_nodes, scope, types
+    _rewrite_in_place(model, request, seed_inputs, grad_outputs, new_nodes, seeds)
+    del new_nodes, grad_outputs, seed_inputs  # copied into the graph
     if request.recompute:
-        _lighten_backward(model.graph, forward_names, types, request.recompute, seeds)
+        _lighten_backward(model.graph, forward_names, kept_types, request.recompute, seeds)
     if request.order_leaves:
         readiest_leaves_last(model.graph)
     mark_structural_constants(model.graph)
@@ -124,7 +127,8 @@ def _rewrite_in_place(
 ) -> None:
     """Turn the request's private copy into the gradient model, so that no initializer is
     ever copied: the differentiated ones become inputs, the others stay where they are; the
-    ``seeds`` (output -> its gradient's seed) stay distinct values."""
+    ``seeds`` (output -> its gradient's seed) stay distinct values; ``new_nodes`` (the
+    gradient's nodes) are moved into the graph, the list emptied."""
     graph = model.graph
     replace_repeated(graph.input, _new_inputs(graph, request) + seed_inputs)
     replace_repeated(graph.output, grad_outputs + kept_outputs(graph.output, request))
@@ -134,7 +138,9 @@ def _rewrite_in_place(
             del graph.initializer[index]
     graph.ClearField("value_info")
     graph.name = f"{graph.name}_grad" if graph.name else "gradient"
-    clean_graph(graph, [*graph.node, *new_nodes], apart=seeds.values())
+    graph.node.extend(new_nodes)  # copied once; emptied, the list frees the engine's copies
+    new_nodes.clear()
+    clean_graph(graph, apart=seeds.values())
     model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     model.producer_name = model.producer_name or "onnxgrad"
 
