@@ -66,14 +66,12 @@ def readiness_order(graph: GraphProto, values: Sequence[str]) -> list[str]:
     return [values[k] for k in ranked]
 
 
-def node_depths(nodes: Sequence[NodeProto], reads: Sequence[set[str]] | None = None) -> list[int]:
+def node_depths(nodes: Sequence[NodeProto]) -> list[int]:
     """Each node's longest chain of producers, itself included (``nodes`` topologically
-    sorted; values read from outer scopes count as inputs; ``reads``: each node's
-    :func:`node_inputs`, when the caller has them)."""
-    reads = map(node_inputs, nodes) if reads is None else reads  # one set alive at a time
+    sorted; values read from outer scopes count as inputs)."""
     made_by = {name: i for i, node in enumerate(nodes) for name in node.output}
     depth = [0] * len(nodes)
-    for i, read in enumerate(reads):
-        producers = [made_by[r] for r in read if r in made_by]
+    for i, node in enumerate(nodes):  # one node's read set alive at a time
+        producers = [made_by[r] for r in node_inputs(node) if r in made_by]
         depth[i] = 1 + max((depth[p] for p in producers if p < i), default=0)
     return depth
