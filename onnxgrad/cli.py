@@ -251,7 +251,6 @@ def _fail(prog: str, message: str) -> None:
 
 def cmd_info(args: argparse.Namespace) -> None:
     original = read_model(args.model)
-    from onnxgrad._onnx_utils import default_opset as _default_opset
     from onnxgrad.graph.ml_lowering import lowerable_nodes
     from onnxgrad.normalize.constants import constant_weights
     from onnxgrad.normalize.report import deployed_operator_lines, deployed_operators
@@ -259,7 +258,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 
     lowered = lowerable_nodes(original)
     deployed = deployed_operators(original)
-    opset, promoted = _default_opset(original), len(constant_weights(original))
+    opset, promoted = _imported_opset(original), len(constant_weights(original))
     header = f"  ir_version {original.ir_version}, opsets {_opsets_text(original)}" + (
         f", producer {original.producer_name}" if original.producer_name else ""
     )
@@ -313,13 +312,20 @@ def _shared_weight_lines(model: ModelProto, weights) -> list[str]:
     return [f"shared trainable initializers ({len(shared)}, each trained as one):", *_table(shared)]
 
 
-def _normalisation_lines(opset: int, promoted: int, model: ModelProto) -> list[str]:
+def _imported_opset(model: ModelProto) -> int | None:
+    """The default-domain opset ``model`` imports (``None``: it imports ``ai.onnx.ml`` only)."""
+    return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)
+
+
+def _normalisation_lines(opset: int | None, promoted: int, model: ModelProto) -> list[str]:
     """What :func:`onnxgrad.normalize.normalized_model` changed, in words: the default-domain
-    ``opset`` the model had, the number of Constant weights it ``promoted``."""
+    ``opset`` the model had (``None``: none), the number of Constant weights it ``promoted``."""
     from onnxgrad._onnx_utils import default_opset
 
     changes = []
-    if default_opset(model) != opset:
+    if opset is None:
+        changes.append(f"default-domain opset {default_opset(model)} imported")
+    elif default_opset(model) != opset:
         changes.append(f"default-domain opset {opset} raised to {default_opset(model)}")
     if promoted:
         changes.append(f"{promoted} weights stored as Constant nodes made initializers")
