@@ -271,7 +271,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]
     size = sum(int(value.size) for value, _ in weights.values())
-    stops = _ops_without_rule(model) + _dry_build_failures(model)
+    stops, without_rule = _dry_build_failures(model), _ops_without_rule(model)
     lines = [
         f"model: {args.model}",
         header,
@@ -291,7 +291,12 @@ def cmd_info(args: argparse.Namespace) -> None:
         f"ops ({len(graph.node)} nodes):",
         *_wrapped(_op_counts(model)),
         "ops without a native gradient rule" + (" (once lowered):" if lowered else ":"),
-        *_wrapped(", ".join(_ops_without_rule(model)) or "none"),
+        *_wrapped(", ".join(without_rule) or "none"),
+        *(
+            ["  (no gradient flows through them: the build needs none)"]
+            if without_rule and not stops
+            else []
+        ),
         "what stops differentiation or training (a dry build of both):",
         *([f"  {line}" for line in stops] or ["  nothing: the gradient and the train step build"]),
     ]
