@@ -25,8 +25,12 @@ normalisation writes) has that value's role.
 
 A value computed from initializers alone, or from them and shapes, is a *derived constant*;
 the initializers behind it share its role, except one number broadcast to a shape
-(``Expand``, ``Tile``: a fill value). An initializer is a weight when a derived constant
-holding it meets data in a parameter role:
+(``Expand``, ``Tile``: a fill value) and the constants of *coordinates*: values computed
+from the data's shape by a ``Range`` over it or by arithmetic with its values (a detector's
+anchor grid ``Range(w) + 0.5`` times its stride, a sine position encoding
+``2 pi i / (h + eps)``); a constant only moved or broadcast by a shape keeps its role.
+An initializer is a weight when a derived constant holding it meets data in a parameter
+role:
 
 * **layer**: an input of ``MatMul``, ``Gemm``, ``Conv``, a normalisation layer, ``Concat``
   or any op without a role below (custom and contrib ops included), a graph output;
@@ -350,6 +354,8 @@ class _Roles:
                 self.index_data.update(outputs)
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
+            if self._computes_a_grid(node, diff):
+                held = frozenset()
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
             from_rows = table or any(n in self.rows for _, n in constants)
             fill = node.op_type in _FILLS and _is_single(self.shapes.get(node.input[0]))
@@ -437,6 +443,16 @@ class _Roles:
             return True
         read = [n for n in node.input if n in self.any_data]
         return bool(read) and all(n in self.shape_only for n in read)
+
+    def _computes_a_grid(self, node: NodeProto, diff: list[tuple[int, str]]) -> bool:
+        """Whether ``node`` computes coordinates from the data's shape: a ``Range`` over it,
+        or arithmetic with values of the shape (``Range(w) + 0.5``, a stride times a grid,
+        ``2 pi i / (h + eps)``). Its constants are coordinates (offsets, strides, sine
+        position encodings' scales), not parameters; a constant moved or broadcast by a
+        shape (``Expand``, ``Reshape``, ``Resize``'s sizes, ``Slice``'s ends) keeps its role."""
+        if not any(n in self.shape_only for n in node.input):
+            return False
+        return node.op_type == "Range" or any(n in self.shape_only for _, n in diff)
 
     def _index_values(self, node: NodeProto) -> list[str]:
         """The data values (ids, bytes, masks, positions, index data) a node without float
