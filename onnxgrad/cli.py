@@ -271,7 +271,8 @@ def cmd_info(args: argparse.Namespace) -> None:
     inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]
     size = sum(int(value.size) for value, _ in weights.values())
-    stops, without_rule = _dry_build_failures(model), _ops_without_rule(model)
+    failures, without_rule = _dry_build_failures(model), _ops_without_rule(model)
+    stops = [*without_rule, *failures] if failures else []
     lines = [
         f"model: {args.model}",
         header,

@@ -264,3 +264,30 @@ def test_a_model_importing_only_ai_onnx_ml_is_differentiated(tmp_path):
     assert info.returncode == 0, info.stderr
     assert "default-domain opset 13 imported" in info.stdout
     assert "nothing: the gradient and the train step build" in info.stdout
+
+
+def test_an_output_dimension_traced_static_follows_the_input():
+    """An exporter traced with 54 rows declares the output ``[batch, 54, 4]``; onnxruntime
+    runs 10 rows with a warning. Inference cannot confirm the 54 (a reshape to a computed
+    shape): it becomes unknown, so the gradient's seed takes 10 rows; ``x_grad = g W^T``."""
+    from onnx import TensorProto, helper
+
+    weight = RNG.normal(size=(4, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Reshape", ["h", "s"], ["y"]),
+        ],
+        "traced",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "rows", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 54, 4])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    gradient = onnx_derivative(model, inputs=["x"], weights=[])
+    x = RNG.normal(size=(1, 10, 4)).astype(np.float32)
+    g = RNG.normal(size=(1, 10, 4)).astype(np.float32)
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    (x_grad,) = session.run(["x_grad"], {"x": x, "y_grad": g})
+    np.testing.assert_allclose(x_grad, g @ weight.T, rtol=1e-5, atol=1e-6)
