@@ -74,6 +74,8 @@ INPUTS = {
     "smart-turn-v3.2-cpu.onnx": {"input_features": (1, 80, 800)},
     "lore_process.onnx": {"slct_logi_feat": (1, 10, 256), "dets": Ids((1, 10, 8), 256)},
     "cycle_center_net_v1.onnx": {"input": (1, 3, 32, 32)},
+    "plcmos_v2.onnx": {"degraded_audio": (1, 1, 20, 257), "rater_embed": (1, 64)},
+    "PP-OCRv6_det_small.onnx": {"x": (1, 3, 32, 32)},
 }
 #: learning rates other than the default: a 4-class softmax pulled to ``1 - p`` (targets
 #: summing to 3) overshoots at Adam's 1e-3, and falls at 1e-4 (SGD at 1e-3 falls steadily)
@@ -230,7 +232,7 @@ def test_default_artifacts_train(name, prepared, tmp_path):
     outputs = [step.loss, *step.new_weights, *step.new_state]
     losses = []
     for _ in range(5):
-        feeds = {**model.feeds, step.label: (1 - first).astype(np.float32), **values}
+        feeds = {**model.feeds, step.label: np.asarray(1 - first, np.float32), **values}
         feeds[step.learning_rate] = np.array(art.learning_rate, np.float32)
         wanted = {i.name for i in session.get_inputs()}
         loss, *new = session.run(outputs, {k: v for k, v in feeds.items() if k in wanted})

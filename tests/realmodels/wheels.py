@@ -30,6 +30,8 @@ WHEELS = {
     "pipecat-ai": "1.14.0",  # smart-turn: Whisper encoder, static QDQ int8
     "lineless-table-rec": "0.0.4",  # LORE: box ids into position tables + transformer
     "wired-table-rec": "0.0.3",  # CenterNet-style DLA table detector, opset 11
+    "speechmos": "0.0.1.1",  # PLCMOS: GRU + Gemm over two inputs, a 0-d output
+    "rapidocr": "3.10.0",  # PP-OCRv6 small detector (paddle2onnx, GELU, opset 11)
 }
 
 
