@@ -26,6 +26,8 @@ def rules_opset(model: ModelProto) -> ModelProto:
         return model
     if default_opset(model) >= RULES_OPSET:
         return model
+    if model.ir_version < 4:  # IR 3 lists initializers as inputs; the converter needs that
+        model.ir_version = 4  # or IR 4, which only stops requiring it
     return raised_opset(model, RULES_OPSET)
 
 

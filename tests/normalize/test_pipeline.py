@@ -291,3 +291,26 @@ def test_an_output_dimension_traced_static_follows_the_input():
     session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
     (x_grad,) = session.run(["x_grad"], {"x": x, "y_grad": g})
     np.testing.assert_allclose(x_grad, g @ weight.T, rtol=1e-5, atol=1e-6)
+
+
+def test_an_ir3_model_whose_initializer_is_not_an_input_is_raised():
+    """onnxruntime's ``datasets/mul_1.onnx``: IR 3, opset 7, ``Y = X W`` with ``W`` an
+    initializer not listed among the inputs (onnxruntime runs it). onnx's version converter
+    refused it ("Input W is undefined"); ``W_grad = g X``."""
+    from onnx import TensorProto, helper
+
+    weight = np.arange(1, 7, dtype=np.float32).reshape(3, 2)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "W"], ["Y"])],
+        "mul",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 2])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)], ir_version=3)
+    x = RNG.normal(size=(3, 2)).astype(np.float32)
+    g = RNG.normal(size=(3, 2)).astype(np.float32)
+    gradient = onnx_derivative(model, weights=["W"])
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    (w_grad,) = session.run(["W_grad"], {"X": x, "W": weight, "Y_grad": g})
+    np.testing.assert_allclose(w_grad, g * x, rtol=1e-6)
