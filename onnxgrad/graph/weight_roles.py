@@ -28,7 +28,9 @@ the initializers behind it share its role, except one number broadcast to a shap
 (``Expand``, ``Tile``: a fill value) and the constants of *coordinates*: values computed
 from the data's shape by a ``Range`` over it or by arithmetic with its values (a detector's
 anchor grid ``Range(w) + 0.5`` times its stride, a sine position encoding
-``2 pi i / (h + eps)``); a constant only moved or broadcast by a shape keeps its role.
+``2 pi i / (h + eps)``, or such a grid a static export folded: a table of three or more
+distinct multiples of 1/2 added to or scaling the data); a constant only moved or broadcast
+by a shape keeps its role.
 An initializer is a weight when a derived constant holding it meets data in a parameter
 role:
 
@@ -206,6 +208,18 @@ def _quantized_biases(op_type: str) -> frozenset[int] | None:
     if op_type.startswith(_QUANTIZED_PREFIXES) or op_type in {"MatMulInteger", "ConvInteger"}:
         return frozenset()
     return None
+
+
+#: a folded grid has one entry per anchor (thousands); hand-written tables are smaller
+_GRID_SIZE = 16
+
+
+def _is_half_integer_grid(values: np.ndarray) -> bool:
+    """At least :data:`_GRID_SIZE` finite values, three distinct, all multiples of 1/2."""
+    doubled = np.asarray(values, np.float64).ravel() * 2
+    if doubled.size < _GRID_SIZE or not np.all(np.isfinite(doubled)):
+        return False
+    return bool(np.all(doubled == np.round(doubled))) and np.unique(doubled).size >= 3
 
 
 def _spans_one_axis(shape: Shape) -> bool | None:
@@ -565,6 +579,8 @@ class _Roles:
             return index not in _POSITION_TABLES.get(op, frozenset())
         if op in _NEVER:
             return False
+        if (op in _SCALES or op in _SHIFTS) and self._is_folded_grid(node.input[index]):
+            return False
         if op in _SCALES:
             return self._is_scale(node, index, data)
         if op in _SHIFTS:
@@ -578,6 +594,18 @@ class _Roles:
                 return False  # an epsilon: log(W x + eps)
             return any(n in self.affine for n in data)
         return True
+
+    def _is_folded_grid(self, name: str) -> bool:
+        """Coordinates a static export folded (a detector's anchor centres ``k + 1/2``, its
+        strides 8, 16, 32): a table of one entry per anchor, at least three distinct values,
+        every one a multiple of 1/2, added to or multiplying the data. Trained biases and
+        scales take arbitrary values (a fresh model's ones and zeros are one value)."""
+        arrays = [
+            numpy_helper.to_array(self.initializers[n])
+            for n in self.sources.get(name, ())
+            if n in self.initializers
+        ]
+        return bool(arrays) and all(_is_half_integer_grid(a) for a in arrays)
 
     def _one_feature_affine(self, data: list[str]) -> bool:
         """Whether some data operand is an affine value of one feature (``[N, 1]``)."""

@@ -784,3 +784,32 @@ def test_coordinates_computed_from_the_shape_are_not_weights_tables_they_index_a
     )
     model.graph.node.insert(3, node("Unsqueeze", ["w", "zero1"], ["w1"]))
     assert _weights(model) == ["kernel", "table", "embedding"]
+
+
+def test_a_folded_anchor_grid_and_its_strides_are_not_weights_a_bias_is():
+    """A static detector export folds its decoding: anchor centres ``k + 1/2`` added to the
+    box distances and strides 8, 16, 32 scaling them. A bias of trained values is a weight,
+    and so is a fresh model's bias of zeros."""
+    node = helper.make_node
+    centres = np.tile(np.arange(20, dtype=np.float32) % 8 + 0.5, (2, 1))[None]
+    strides = np.repeat(np.array([[8, 16, 32, 32]], np.float32), 5, axis=1)
+    model = _model(
+        [
+            node("MatMul", ["x", "kernel"], ["h"]),
+            node("Add", ["h", "bias"], ["hb"]),
+            node("Add", ["hb", "zeros"], ["distances"]),
+            node("Add", ["centres", "distances"], ["boxes"]),
+            node("Mul", ["boxes", "strides"], ["y"]),
+        ],
+        {
+            "kernel": f32(20, 20),
+            "bias": f32(20),
+            "zeros": np.zeros(20, np.float32),
+            "centres": centres,
+            "strides": strides,
+        },
+        [("x", F, [1, 2, 20])],
+        ["y"],
+        shape=[1, 2, 20],
+    )
+    assert _weights(model) == ["kernel", "bias", "zeros"]
