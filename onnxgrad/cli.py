@@ -251,7 +251,6 @@ def _fail(prog: str, message: str) -> None:
 
 def cmd_info(args: argparse.Namespace) -> None:
     original = read_model(args.model)
-    from onnxgrad._onnx_utils import default_opset as _default_opset
     from onnxgrad.graph.ml_lowering import lowerable_nodes
     from onnxgrad.normalize.constants import constant_weights
     from onnxgrad.normalize.report import deployed_operator_lines, deployed_operators
@@ -259,7 +258,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 
     lowered = lowerable_nodes(original)
     deployed = deployed_operators(original)
-    opset, promoted = _default_opset(original), len(constant_weights(original))
+    opset, promoted = _imported_opset(original), len(constant_weights(original))
     header = f"  ir_version {original.ir_version}, opsets {_opsets_text(original)}" + (
         f", producer {original.producer_name}" if original.producer_name else ""
     )
@@ -272,7 +271,8 @@ def cmd_info(args: argparse.Namespace) -> None:
     inputs = real_inputs(model)
     constants = [init for init in graph.initializer if init.name not in weights]
     size = sum(int(value.size) for value, _ in weights.values())
-    stops = _ops_without_rule(model) + _dry_build_failures(model)
+    failures, without_rule = _dry_build_failures(model), _ops_without_rule(model)
+    stops = [*without_rule, *failures] if failures else []
     lines = [
         f"model: {args.model}",
         header,
@@ -292,7 +292,12 @@ def cmd_info(args: argparse.Namespace) -> None:
         f"ops ({len(graph.node)} nodes):",
         *_wrapped(_op_counts(model)),
         "ops without a native gradient rule" + (" (once lowered):" if lowered else ":"),
-        *_wrapped(", ".join(_ops_without_rule(model)) or "none"),
+        *_wrapped(", ".join(without_rule) or "none"),
+        *(
+            ["  (no gradient flows through them: the build needs none)"]
+            if without_rule and not stops
+            else []
+        ),
         "what stops differentiation or training (a dry build of both):",
         *([f"  {line}" for line in stops] or ["  nothing: the gradient and the train step build"]),
     ]
@@ -313,13 +318,20 @@ def _shared_weight_lines(model: ModelProto, weights) -> list[str]:
     return [f"shared trainable initializers ({len(shared)}, each trained as one):", *_table(shared)]
 
 
-def _normalisation_lines(opset: int, promoted: int, model: ModelProto) -> list[str]:
+def _imported_opset(model: ModelProto) -> int | None:
+    """The default-domain opset ``model`` imports (``None``: it imports ``ai.onnx.ml`` only)."""
+    return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)
+
+
+def _normalisation_lines(opset: int | None, promoted: int, model: ModelProto) -> list[str]:
     """What :func:`onnxgrad.normalize.normalized_model` changed, in words: the default-domain
-    ``opset`` the model had, the number of Constant weights it ``promoted``."""
+    ``opset`` the model had (``None``: none), the number of Constant weights it ``promoted``."""
     from onnxgrad._onnx_utils import default_opset
 
     changes = []
-    if default_opset(model) != opset:
+    if opset is None:
+        changes.append(f"default-domain opset {default_opset(model)} imported")
+    elif default_opset(model) != opset:
         changes.append(f"default-domain opset {opset} raised to {default_opset(model)}")
     if promoted:
         changes.append(f"{promoted} weights stored as Constant nodes made initializers")

@@ -25,8 +25,14 @@ normalisation writes) has that value's role.
 
 A value computed from initializers alone, or from them and shapes, is a *derived constant*;
 the initializers behind it share its role, except one number broadcast to a shape
-(``Expand``, ``Tile``: a fill value). An initializer is a weight when a derived constant
-holding it meets data in a parameter role:
+(``Expand``, ``Tile``: a fill value) and the constants of *coordinates*: values computed
+from the data's shape by a ``Range`` over it or by arithmetic with its values (a detector's
+anchor grid ``Range(w) + 0.5`` times its stride, a sine position encoding
+``2 pi i / (h + eps)``, or such a grid a static export folded: a table of three or more
+distinct multiples of 1/2 added to or scaling the data); a constant only moved or broadcast
+by a shape keeps its role.
+An initializer is a weight when a derived constant holding it meets data in a parameter
+role:
 
 * **layer**: an input of ``MatMul``, ``Gemm``, ``Conv``, a normalisation layer, ``Concat``
   or any op without a role below (custom and contrib ops included), a graph output;
@@ -204,6 +210,18 @@ def _quantized_biases(op_type: str) -> frozenset[int] | None:
     return None
 
 
+#: a folded grid has one entry per anchor (thousands); hand-written tables are smaller
+_GRID_SIZE = 16
+
+
+def _is_half_integer_grid(values: np.ndarray) -> bool:
+    """At least :data:`_GRID_SIZE` finite values, three distinct, all multiples of 1/2."""
+    doubled = np.asarray(values, np.float64).ravel() * 2
+    if doubled.size < _GRID_SIZE or not np.all(np.isfinite(doubled)):
+        return False
+    return bool(np.all(doubled == np.round(doubled))) and np.unique(doubled).size >= 3
+
+
 def _spans_one_axis(shape: Shape) -> bool | None:
     """Whether a broadcast operand varies along exactly one axis (``None``: unknown)."""
     if shape is None:
@@ -350,6 +368,8 @@ class _Roles:
                 self.index_data.update(outputs)
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
+            if self._computes_a_grid(node, diff):
+                held = frozenset()
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
             from_rows = table or any(n in self.rows for _, n in constants)
             fill = node.op_type in _FILLS and _is_single(self.shapes.get(node.input[0]))
@@ -437,6 +457,16 @@ class _Roles:
             return True
         read = [n for n in node.input if n in self.any_data]
         return bool(read) and all(n in self.shape_only for n in read)
+
+    def _computes_a_grid(self, node: NodeProto, diff: list[tuple[int, str]]) -> bool:
+        """Whether ``node`` computes coordinates from the data's shape: a ``Range`` over it,
+        or arithmetic with values of the shape (``Range(w) + 0.5``, a stride times a grid,
+        ``2 pi i / (h + eps)``). Its constants are coordinates (offsets, strides, sine
+        position encodings' scales), not parameters; a constant moved or broadcast by a
+        shape (``Expand``, ``Reshape``, ``Resize``'s sizes, ``Slice``'s ends) keeps its role."""
+        if not any(n in self.shape_only for n in node.input):
+            return False
+        return node.op_type == "Range" or any(n in self.shape_only for _, n in diff)
 
     def _index_values(self, node: NodeProto) -> list[str]:
         """The data values (ids, bytes, masks, positions, index data) a node without float
@@ -549,6 +579,8 @@ class _Roles:
             return index not in _POSITION_TABLES.get(op, frozenset())
         if op in _NEVER:
             return False
+        if (op in _SCALES or op in _SHIFTS) and self._is_folded_grid(node.input[index]):
+            return False
         if op in _SCALES:
             return self._is_scale(node, index, data)
         if op in _SHIFTS:
@@ -562,6 +594,18 @@ class _Roles:
                 return False  # an epsilon: log(W x + eps)
             return any(n in self.affine for n in data)
         return True
+
+    def _is_folded_grid(self, name: str) -> bool:
+        """Coordinates a static export folded (a detector's anchor centres ``k + 1/2``, its
+        strides 8, 16, 32): a table of one entry per anchor, at least three distinct values,
+        every one a multiple of 1/2, added to or multiplying the data. Trained biases and
+        scales take arbitrary values (a fresh model's ones and zeros are one value)."""
+        arrays = [
+            numpy_helper.to_array(self.initializers[n])
+            for n in self.sources.get(name, ())
+            if n in self.initializers
+        ]
+        return bool(arrays) and all(_is_half_integer_grid(a) for a in arrays)
 
     def _one_feature_affine(self, data: list[str]) -> bool:
         """Whether some data operand is an affine value of one feature (``[N, 1]``)."""

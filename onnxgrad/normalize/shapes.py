@@ -6,7 +6,10 @@ inputs (a loss's label, an output's gradient) they make graphs onnxruntime refus
 declarations of the main graph's outputs and values are checked against onnx's shape
 inference of the model without them: a rank or element type that disagrees is replaced by
 the inferred one, a static dimension that disagrees becomes unknown. Where inference knows
-nothing the declaration stays.
+nothing the declaration stays, except an output's static dimensions that inference cannot
+confirm: they become unknown (an exporter traced with 54 boxes declares ``[batch, 54, 4]``
+for an output whose middle dimension follows an input; onnxruntime computes ``[1, 10, 4]``
+with a warning, and refuses a gradient seed declared ``54``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,21 @@ def reconciled_shapes(model: ModelProto) -> ModelProto:
         found = inferred.get(info.name)
         if found is not None and _has_tensor_type(info) and info.type != found:
             _reconcile(info.type, found)
+    for info in graph.output:
+        if _has_tensor_type(info):
+            _unconfirmed_dims_unknown(info.type, inferred.get(info.name))
     return model
+
+
+def _unconfirmed_dims_unknown(declared: TypeProto, inferred: TypeProto | None) -> None:
+    """The static dimensions of ``declared`` that ``inferred`` does not give become unknown."""
+    target = declared.tensor_type
+    found = inferred.tensor_type if inferred is not None else None
+    known = found is not None and found.HasField("shape")
+    for k, mine in enumerate(target.shape.dim):
+        theirs = found.shape.dim[k] if known and k < len(found.shape.dim) else None
+        if mine.HasField("dim_value") and (theirs is None or not theirs.HasField("dim_value")):
+            mine.ClearField("dim_value")
 
 
 def _inferred_types(model: ModelProto) -> dict[str, TypeProto]:

@@ -733,3 +733,83 @@ def test_a_fill_broadcast_from_one_number_is_not_a_weight_a_folded_beta_is():
         ["y"],
     )
     assert _weights(model) == ["gamma", "beta"]
+
+
+def test_coordinates_computed_from_the_shape_are_not_weights_tables_they_index_are():
+    """A detector's anchor grid (``Range(w) + 0.5`` times its stride, float ``Range`` start
+    and step) and a sine position encoding (``sin(2 pi i / (w + eps))``) are added to the
+    data: coordinates, not biases. A learned position table sliced to the data's width or
+    gathered by positions is a weight."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("MatMul", ["x", "kernel"], ["h"]),
+            node("Shape", ["h"], ["s"]),
+            node("Gather", ["s", "one"], ["w"]),
+            node("Cast", ["w"], ["wf"], to=F),
+            node("Range", ["start", "wf", "delta"], ["r"]),
+            node("Add", ["r", "half"], ["centres"]),
+            node("Mul", ["centres", "stride"], ["anchors"]),
+            node("Unsqueeze", ["anchors", "last"], ["column"]),
+            node("Add", ["h", "column"], ["boxes"]),
+            node("Add", ["wf", "eps"], ["span"]),
+            node("Div", ["r", "span"], ["ratio"]),
+            node("Mul", ["ratio", "two_pi"], ["angle"]),
+            node("Sin", ["angle"], ["wave"]),
+            node("Unsqueeze", ["wave", "last"], ["wave_column"]),
+            node("Add", ["boxes", "wave_column"], ["encoded"]),
+            node("Slice", ["table", "zero1", "w1", "zero1"], ["rows"]),
+            node("Add", ["encoded", "rows"], ["placed"]),
+            node("Cast", ["r"], ["positions"], to=TensorProto.INT64),
+            node("Gather", ["embedding", "positions"], ["learned"]),
+            node("Add", ["placed", "learned"], ["y"]),
+        ],
+        {
+            "kernel": f32(4, 4),
+            "one": np.array(1, np.int64),
+            "start": np.float32(0),
+            "delta": np.float32(1),
+            "half": np.float32(0.5),
+            "stride": np.float32(8),
+            "last": np.array([-1], np.int64),
+            "eps": np.float32(1e-6),
+            "two_pi": np.float32(2 * np.pi),
+            "table": f32(16, 4),
+            "zero1": np.array([0], np.int64),
+            "embedding": f32(16, 4) + 1,
+        },
+        X,
+        ["y"],
+        shape=[None, 8, 4],
+    )
+    model.graph.node.insert(3, node("Unsqueeze", ["w", "zero1"], ["w1"]))
+    assert _weights(model) == ["kernel", "table", "embedding"]
+
+
+def test_a_folded_anchor_grid_and_its_strides_are_not_weights_a_bias_is():
+    """A static detector export folds its decoding: anchor centres ``k + 1/2`` added to the
+    box distances and strides 8, 16, 32 scaling them. A bias of trained values is a weight,
+    and so is a fresh model's bias of zeros."""
+    node = helper.make_node
+    centres = np.tile(np.arange(20, dtype=np.float32) % 8 + 0.5, (2, 1))[None]
+    strides = np.repeat(np.array([[8, 16, 32, 32]], np.float32), 5, axis=1)
+    model = _model(
+        [
+            node("MatMul", ["x", "kernel"], ["h"]),
+            node("Add", ["h", "bias"], ["hb"]),
+            node("Add", ["hb", "zeros"], ["distances"]),
+            node("Add", ["centres", "distances"], ["boxes"]),
+            node("Mul", ["boxes", "strides"], ["y"]),
+        ],
+        {
+            "kernel": f32(20, 20),
+            "bias": f32(20),
+            "zeros": np.zeros(20, np.float32),
+            "centres": centres,
+            "strides": strides,
+        },
+        [("x", F, [1, 2, 20])],
+        ["y"],
+        shape=[1, 2, 20],
+    )
+    assert _weights(model) == ["kernel", "bias", "zeros"]

@@ -213,3 +213,104 @@ def test_info_names_what_stops_the_build(tmp_path):
     assert "default-domain opset 11 raised to 13" in result.stdout
     assert "declares a negative dimension" not in result.stdout + result.stderr
     assert "nothing: the gradient and the train step build" in result.stdout
+
+
+def _ml_only_regressor() -> onnx.ModelProto:
+    """A model importing ``ai.onnx.ml`` alone, IR 3, as old converters wrote them:
+    ``y = x C^T + b``."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(
+        "LinearRegressor", ["x"], ["y"], domain="ai.onnx.ml", targets=2,
+        coefficients=[0.5, -1.0, 2.0, 1.5, 0.25, -0.75], intercepts=[0.1, -0.2],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "ml_only",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+    )
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=3
+    )
+
+
+def test_a_model_importing_only_ai_onnx_ml_is_differentiated(tmp_path):
+    """Without a default-domain import every entry refused the model ("does not import the
+    default ONNX domain"); the gradient is ``g C`` for ``x`` and ``g^T x`` for ``C``."""
+    model = _ml_only_regressor()
+    coefficients = np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], np.float32)
+    x = RNG.normal(size=(4, 3)).astype(np.float32)
+    g = RNG.normal(size=(4, 2)).astype(np.float32)
+    weights = get_train_initializer(model)
+    assert sorted(v[0].size for v in weights.values()) == [2, 6]
+    gradient = onnx_derivative(model)
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": x, "y_grad": g, **{n: v[0] for n, v in weights.items()}}
+    wanted = {i.name for i in session.get_inputs()}
+    results = dict(
+        zip(
+            [o.name for o in session.get_outputs()],
+            session.run(None, {k: v for k, v in feeds.items() if k in wanted}),
+        )
+    )
+    np.testing.assert_allclose(results["x_grad"], g @ coefficients, rtol=1e-5)
+    (coef,) = [n for n, v in weights.items() if v[0].size == 6]
+    found = results[f"{coef}_grad"]
+    expected = g.T @ x
+    np.testing.assert_allclose(found, expected if found.shape == expected.shape else expected.T)
+    save(model, tmp_path / "ml.onnx")
+    info = run_in_process("info", "ml.onnx", cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    assert "default-domain opset 13 imported" in info.stdout
+    assert "nothing: the gradient and the train step build" in info.stdout
+
+
+def test_an_output_dimension_traced_static_follows_the_input():
+    """An exporter traced with 54 rows declares the output ``[batch, 54, 4]``; onnxruntime
+    runs 10 rows with a warning. Inference cannot confirm the 54 (a reshape to a computed
+    shape): it becomes unknown, so the gradient's seed takes 10 rows; ``x_grad = g W^T``."""
+    from onnx import TensorProto, helper
+
+    weight = RNG.normal(size=(4, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Reshape", ["h", "s"], ["y"]),
+        ],
+        "traced",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "rows", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 54, 4])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    gradient = onnx_derivative(model, inputs=["x"], weights=[])
+    x = RNG.normal(size=(1, 10, 4)).astype(np.float32)
+    g = RNG.normal(size=(1, 10, 4)).astype(np.float32)
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    (x_grad,) = session.run(["x_grad"], {"x": x, "y_grad": g})
+    np.testing.assert_allclose(x_grad, g @ weight.T, rtol=1e-5, atol=1e-6)
+
+
+def test_an_ir3_model_whose_initializer_is_not_an_input_is_raised():
+    """onnxruntime's ``datasets/mul_1.onnx``: IR 3, opset 7, ``Y = X W`` with ``W`` an
+    initializer not listed among the inputs (onnxruntime runs it). onnx's version converter
+    refused it ("Input W is undefined"); ``W_grad = g X``."""
+    from onnx import TensorProto, helper
+
+    weight = np.arange(1, 7, dtype=np.float32).reshape(3, 2)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "W"], ["Y"])],
+        "mul",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 2])],
+        [numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)], ir_version=3)
+    x = RNG.normal(size=(3, 2)).astype(np.float32)
+    g = RNG.normal(size=(3, 2)).astype(np.float32)
+    gradient = onnx_derivative(model, weights=["W"])
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    (w_grad,) = session.run(["W_grad"], {"X": x, "W": weight, "Y_grad": g})
+    np.testing.assert_allclose(w_grad, g * x, rtol=1e-6)

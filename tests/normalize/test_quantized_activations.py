@@ -150,6 +150,22 @@ def test_info_says_how_each_quantized_node_is_differentiated(tmp_path):
     assert "QuantizeLinear x1: activations: the file's own derivative" in exact.stdout
 
 
+def test_info_reports_no_stop_for_a_dynamic_quantization_whose_gradient_builds(tmp_path):
+    """``quantize_dynamic``'s ``DynamicQuantizeLinear`` has no rule, and no gradient flows
+    through it (its codes are integers, its scale is read held): ``info`` listed it as
+    stopping the build, which builds."""
+    from tests.cli.helpers import run_in_process
+
+    model, _ = _dynamic_int8(tmp_path)
+    onnx.save(model, tmp_path / "int8.onnx")
+    onnx_derivative(model)  # builds
+    make_train_step(model)
+    result = run_in_process("info", "int8.onnx", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    stops = result.stdout.split("what stops differentiation or training")[1]
+    assert "nothing: the gradient and the train step build" in stops, stops
+
+
 def _scale_slope(x: np.ndarray) -> np.ndarray:
     """``d s / d x`` of ``s = (max(0, max x) - min(0, min x)) / 255`` (numpy) where the
     maximum and the minimum are single elements on either side of 0."""

