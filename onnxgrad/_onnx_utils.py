@@ -116,7 +116,7 @@ def default_opset(model: ModelProto) -> int:
     raise ValueError("the model does not import the default ONNX domain")
 
 
-def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
+def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) -> ModelProto:
     """Clamp the IR version to what onnxruntime-training accepts and validate the model.
 
     Below IR 4 every initializer must also be a graph input, which rewrites do not keep:
@@ -125,14 +125,16 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     with type checks, so a result that passes here loads in onnxruntime. Both run on a
     weightless view (no weight is copied, models past protobuf's 2 GiB limit are checked
     too) and one after the other: ``full_check`` infers on a copy of the checker's model,
-    both held at once (0.5 KB a node more at the peak).
+    both held at once (0.5 KB a node more at the peak). ``infer=False``: the checker only,
+    for a model whose types follow from a graph the caller inferred strictly.
     """
     model.ir_version = supported_ir_version(model)
     if check:
         _check_declared_shapes(model.graph)
         view = weightless_bytes(model)
         onnx.checker.check_model(view)
-        onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
+        if infer:
+            onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     return model
 
 

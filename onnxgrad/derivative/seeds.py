@@ -22,7 +22,7 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     replace_repeated,
-    weightless_view,
+    weightless_bytes,
 )
 from onnxgrad.derivative.seed_axis import SeedAxis
 from onnxgrad.graph._scopes import node_inputs
@@ -41,9 +41,15 @@ def check_seeds(seeds: int | None) -> int | None:
 def batch_seeds(
     model: ModelProto, seed_inputs: Sequence[str], results: Sequence[str], seeds: int
 ) -> ModelProto:
-    """``model`` (owned by the caller, rewritten in place) with a leading axis of ``seeds``
-    on the inputs ``seed_inputs`` and on the outputs ``results``, which must be linear in
-    them; the other inputs and outputs keep their shapes."""
+    """``model`` (owned by the caller, rewritten in place, not checked yet) with a leading
+    axis of ``seeds`` on the inputs ``seed_inputs`` and on the outputs ``results``, which
+    must be linear in them; the other inputs and outputs keep their shapes.
+
+    Checked once: onnx's strict shape inference with type checks on the one-seed graph
+    (whose shapes the rules read), then onnx's checker on the batched one. No second
+    inference: a batched value has its one-seed type with ``seeds`` in front, the others
+    keep theirs, and each rule writes nodes valid for those types (the rule table's tests
+    load and run them in onnxruntime)."""
     graph = model.graph
     linear, rest = _split_nodes(graph, set(seed_inputs))
     scope = NameScope(all_names(graph))
@@ -63,7 +69,7 @@ def batch_seeds(
     for info in [*graph.input, *graph.output]:
         if info.name in batched:
             _prepend_axis(info, seeds)
-    return finalize_model(model)
+    return finalize_model(model, infer=False)
 
 
 def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
@@ -83,11 +89,10 @@ def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
 
 
 def _inferred(model: ModelProto) -> tuple[dict, dict]:
-    """``({value: dims}, {value: element type})`` by onnx's shape inference."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(weightless_view(model)).graph
-    except Exception:  # ranks only choose rules: unknown ones fall back to a Scan
-        inferred = weightless_view(model).graph
+    """``({value: dims}, {value: element type})`` by onnx's strict shape inference with
+    type checks (``InferenceError`` where the graph is inconsistent)."""
+    view = weightless_bytes(model)
+    inferred = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True).graph
     shapes, types = {}, {}
     read: dict[bytes, tuple | None] = {}  # values share few types: each read once
     for info in [*inferred.input, *inferred.output, *inferred.value_info]:
