@@ -254,6 +254,8 @@ class NameScope:
 
     def __init__(self, used: Iterable[str] = ()):
         self._used = set(used)
+        #: the last suffix handed out for a base: the ones below it are all taken
+        self._last: dict[str, int] = {}
 
     def reserve(self, name: str) -> None:
         self._used.add(name)
@@ -262,12 +264,15 @@ class NameScope:
         return name in self._used
 
     def unique(self, base: str) -> str:
-        """``base`` itself if free, otherwise ``base_1``, ``base_2``..."""
-        name, i = base, 0
+        """``base`` itself if free, otherwise ``base_1``, ``base_2``... (names are never
+        released, so the search resumes where the last one for ``base`` stopped)."""
+        i = self._last.get(base, 0)
+        name = f"{base}_{i}" if i else base
         while name in self._used:
             i += 1
             name = f"{base}_{i}"
         self._used.add(name)
+        self._last[base] = i
         return name
 
 

@@ -51,9 +51,9 @@ def batch_seeds(
     keep theirs, and each rule writes nodes valid for those types (the rule table's tests
     load and run them in onnxruntime)."""
     graph = model.graph
-    linear, rest = _split_nodes(graph, set(seed_inputs))
+    linear, rest, touched = _split_nodes(graph, set(seed_inputs))
     scope = NameScope(all_names(graph))
-    shapes, types = _inferred(model)
+    shapes, types = _inferred(model, touched)
     axis = SeedAxis(seeds, scope, shapes, _int_constants(graph), types, default_opset(model))
     axis.batched.update(seed_inputs)
     for node in linear:
@@ -88,14 +88,17 @@ def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
     return axis.nodes
 
 
-def _inferred(model: ModelProto) -> tuple[dict, dict]:
-    """``({value: dims}, {value: element type})`` by onnx's strict shape inference with
-    type checks (``InferenceError`` where the graph is inconsistent)."""
+def _inferred(model: ModelProto, wanted: set[str]) -> tuple[dict, dict]:
+    """``({value: dims}, {value: element type})`` of the values ``wanted``, by onnx's strict
+    shape inference with type checks of the whole graph (``InferenceError`` where it is
+    inconsistent)."""
     view = weightless_bytes(model)
     inferred = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True).graph
     shapes, types = {}, {}
     read: dict[bytes, tuple | None] = {}  # values share few types: each read once
     for info in [*inferred.input, *inferred.output, *inferred.value_info]:
+        if info.name not in wanted:
+            continue
         key = info.type.SerializeToString()
         if key not in read:
             read[key] = _elem_and_dims(info.type)
@@ -150,17 +153,20 @@ def _name_nodes(graph: GraphProto, scope: NameScope) -> None:
                 _name_nodes(attr.g, scope)
 
 
-def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list]:
-    """``(nodes reading a seed directly or not, the others)``, each in graph order."""
+def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[str]]:
+    """``(nodes reading a seed directly or not, the others, the values the first read or
+    write)``, nodes in graph order."""
     reached = set(seeds)
-    linear, rest = [], []
+    linear, rest, touched = [], [], set()
     for node in graph.node:
-        if reached.isdisjoint(node_inputs(node)):
+        reads = node_inputs(node)
+        if reached.isdisjoint(reads):
             rest.append(node)
         else:
             linear.append(node)
             reached.update(node.output)
-    return linear, rest
+            touched |= reads
+    return linear, rest, touched | reached
 
 
 def _renamed(info: ValueInfoProto, name: str) -> ValueInfoProto:

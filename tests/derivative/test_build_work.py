@@ -17,6 +17,7 @@ import onnxgrad.normalize.constants as constants
 import onnxgrad.normalize.lowering as lowering
 import onnxgrad.normalize.ranks as ranks
 from onnxgrad import add_loss_output, onnx_derivative, onnx_hvp, onnx_jvp
+from onnxgrad._onnx_utils import NameScope
 from onnxgrad.derivative.autodiff.builder import new_node
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import onnx_numerical_vjp
@@ -186,3 +187,25 @@ def test_batched_seeds_still_check_the_batched_graph(monkeypatch):
     monkeypatch.setitem(seed_axis._RULES, "Mul", broken_rule)
     with pytest.raises(onnx.checker.ValidationError, match="nowhere"):
         onnx_jvp(float_model(), inputs=["x"], seeds=SEEDS)
+
+
+def test_name_scope_resumes_where_it_stopped():
+    """``NameScope.unique`` resumes its search at the last suffix it gave a base (the seed
+    axis asks for hundreds of ``Unsqueeze_seeded``): the names are those of a search from
+    the start, reserved names and bases that look like suffixed names included."""
+    used = {"a", "a_2", "b_1"}
+    scope, expected = NameScope(used), set(used)
+
+    def first_free(base: str) -> str:
+        name, i = base, 0
+        while name in expected:
+            i += 1
+            name = f"{base}_{i}"
+        expected.add(name)
+        return name
+
+    for step, base in enumerate(["a", "a", "b", "a_1", "a", "b", "b_1", "a", "b"] * 3):
+        if step == 10:
+            scope.reserve("a_9")
+            expected.add("a_9")
+        assert scope.unique(base) == first_free(base)
