@@ -54,7 +54,8 @@ def batch_seeds(
     linear, rest, touched = _split_nodes(graph, set(seed_inputs))
     scope = NameScope(all_names(graph))
     shapes, types = _inferred(model, touched)
-    axis = SeedAxis(seeds, scope, shapes, _int_constants(graph), types, default_opset(model))
+    constants = _int_constants(graph, touched)
+    axis = SeedAxis(seeds, scope, shapes, constants, types, default_opset(model))
     axis.batched.update(seed_inputs)
     for node in linear:
         axis.rewrite(node)
@@ -124,12 +125,14 @@ def _elem_and_dims(value_type) -> tuple[int, tuple | None] | None:
     return tensor.elem_type, dims
 
 
-def _int_constants(graph: GraphProto) -> dict[str, np.ndarray]:
-    """The values of the small integer initializers and ``Constant`` nodes."""
+def _int_constants(graph: GraphProto, wanted: set[str]) -> dict[str, np.ndarray]:
+    """The values of the small integer initializers and ``Constant`` nodes named in
+    ``wanted``."""
     found = {}
-    tensors = [(t.name, t) for t in graph.initializer]
+    tensors = [(t.name, t) for t in graph.initializer if t.name in wanted]
     for node in graph.node:
-        if node.op_type == "Constant" and not node.domain and node.attribute:
+        constant = node.op_type == "Constant" and not node.domain and node.attribute
+        if constant and node.output[0] in wanted:
             attr = node.attribute[0]
             if attr.name == "value":
                 tensors.append((node.output[0], attr.t))
