@@ -231,10 +231,12 @@ def all_names(graph: onnx.GraphProto) -> set[str]:
     names |= {i.values.name for i in graph.sparse_initializer if i.values.name}
     names |= {o.name for o in graph.output}
     for node in graph.node:
-        names.update(n for n in node.input if n)
-        names.update(n for n in node.output if n)
-        for sub in subgraphs(node):
-            names |= all_names(sub)
+        names.update(node.input)
+        names.update(node.output)
+        if node.attribute:  # most nodes have none, and no subgraph
+            for sub in subgraphs(node):
+                names |= all_names(sub)
+    names.discard("")
     return names
 
 

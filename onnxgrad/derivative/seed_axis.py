@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import NameScope
 from onnxgrad.derivative.autodiff.builder import node_attribute
@@ -149,7 +149,11 @@ class SeedAxis:
     def ints(self, values) -> str:
         """An int64 initializer holding ``values``."""
         out = self.scope.unique("seeded_const")
-        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), out))
+        array = np.asarray(values, dtype="<i8")  # what numpy_helper.from_array writes
+        self.initializers.append(
+            TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
+                        raw_data=array.tobytes())
+        )  # fmt: skip
         return out
 
     def same(self, node: NodeProto, inputs: list[str], **changed) -> None:
