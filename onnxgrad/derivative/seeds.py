@@ -162,13 +162,13 @@ def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[st
     reached = set(seeds)
     linear, rest, touched = [], [], set()
     for node in graph.node:
-        reads = node_inputs(node)
+        reads = node_inputs(node) if node.attribute else node.input  # no subgraph to read
         if reached.isdisjoint(reads):
             rest.append(node)
         else:
             linear.append(node)
             reached.update(node.output)
-            touched |= reads
+            touched.update(reads)
     return linear, rest, touched | reached
 
 
