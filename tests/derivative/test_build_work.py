@@ -19,6 +19,7 @@ import onnxgrad.normalize.ranks as ranks
 from onnxgrad import add_loss_output, onnx_derivative, onnx_hvp, onnx_jvp
 from onnxgrad._onnx_utils import NameScope
 from onnxgrad.derivative.autodiff.builder import new_node
+from onnxgrad.graph.loss import _unused as first_free_from_start
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import onnx_numerical_vjp
 
@@ -195,17 +196,8 @@ def test_name_scope_resumes_where_it_stopped():
     the start, reserved names and bases that look like suffixed names included."""
     used = {"a", "a_2", "b_1"}
     scope, expected = NameScope(used), set(used)
-
-    def first_free(base: str) -> str:
-        name, i = base, 0
-        while name in expected:
-            i += 1
-            name = f"{base}_{i}"
-        expected.add(name)
-        return name
-
     for step, base in enumerate(["a", "a", "b", "a_1", "a", "b", "b_1", "a", "b"] * 3):
         if step == 10:
             scope.reserve("a_9")
             expected.add("a_9")
-        assert scope.unique(base) == first_free(base)
+        assert scope.unique(base) == first_free_from_start(base, expected)
