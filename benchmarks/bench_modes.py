@@ -2,10 +2,11 @@
 
 For each model (an MLP, torchvision's resnet18 written by hand, a 4-layer Llama fed
 embeddings), differentiated with respect to its float input: the time to build the reverse
-(``onnx_derivative``), forward (``onnx_jvp``) and batched forward (``onnx_jvp(seeds=k)``)
-graphs, their node counts, and the median time of one run with onnxruntime on CPU, one
-thread. onnx-ad 0.3.0's ``reverse``/``forward`` (seed axis trailing, ``layout="onnx"``) are
-built and run in the same process, alternately, and their results compared with ours.
+(``onnx_derivative``), forward (``onnx_jvp``), batched forward (``onnx_jvp(seeds=k)``) and
+batched reverse (``onnx_derivative(seeds=k)``) graphs, their node counts, and the median
+time of one run with onnxruntime on CPU, one thread. onnx-ad 0.3.0's ``reverse``/``forward``
+(seed axis trailing, ``layout="onnx"``) are built and run in the same process, alternately,
+and their results compared with ours.
 
     python benchmarks/bench_modes.py [--repeat 20] [--seeds 8] [--builds 5] [--only resnet18]
         [--json out.json]
@@ -141,6 +142,9 @@ def builders(model, seeds: int) -> dict:
         ("reverse", "onnxgrad"): lambda: onnx_derivative(model, weights=[], inputs=[name]),
         ("forward", "onnxgrad"): lambda: onnx_jvp(model, inputs=[name]),
         ("batched", "onnxgrad"): lambda: onnx_jvp(model, inputs=[name], seeds=seeds),
+        ("batched reverse", "onnxgrad"): lambda: onnx_derivative(
+            model, weights=[], inputs=[name], seeds=seeds
+        ),
     }
     if onnx_ad is None:
         return ours
@@ -148,14 +152,17 @@ def builders(model, seeds: int) -> dict:
         ("reverse", "onnx-ad"): lambda: onnx_ad.reverse(model, inputs=[name], layout="onnx"),
         ("forward", "onnx-ad"): lambda: onnx_ad.forward(model, inputs=[name], layout="onnx"),
         ("batched", "onnx-ad"): lambda: onnx_ad.forward(model, inputs=[name], layout="onnx"),
+        ("batched reverse", "onnx-ad"): lambda: onnx_ad.reverse(
+            model, inputs=[name], layout="onnx"
+        ),
     }
 
 
 def seed_array(mode: str, x, y, seeds: int, rng) -> np.ndarray:
     """Random seeds, seed axis leading: tangents shaped like ``x`` or output gradients like
     ``y``, one (no seed axis) or ``seeds`` of them."""
-    shape = (x if mode != "reverse" else y).shape
-    if mode == "batched":
+    shape = (y if mode.endswith("reverse") else x).shape
+    if mode.startswith("batched"):
         shape = (seeds, *shape)
     return rng.standard_normal(shape).astype(np.float32)
 
@@ -164,7 +171,7 @@ def laid_out(seed: np.ndarray, library: str, mode: str) -> np.ndarray:
     """``seed`` as ``library`` takes it: onnx-ad's ``layout="onnx"`` has a trailing axis."""
     if library == "onnxgrad":
         return seed
-    return np.moveaxis(seed, 0, -1) if mode == "batched" else seed[..., None]
+    return np.moveaxis(seed, 0, -1) if mode.startswith("batched") else seed[..., None]
 
 
 def derivative_result(session, feeds: dict, library: str, mode: str) -> np.ndarray:
@@ -172,7 +179,7 @@ def derivative_result(session, feeds: dict, library: str, mode: str) -> np.ndarr
     value = session.run(None, feeds)[-1]
     if library == "onnx-ad":
         value = np.moveaxis(value, -1, 0)
-        return value if mode == "batched" else value[0]
+        return value if mode.startswith("batched") else value[0]
     return value
 
 
@@ -196,7 +203,7 @@ def compare(name: str, model, x: np.ndarray, seeds: int, repeat: int, rounds: in
     rng = np.random.default_rng(0)
     built = build_all(model, seeds, rounds)
     rows = []
-    for mode in ("reverse", "forward", "batched"):
+    for mode in ("reverse", "forward", "batched", "batched reverse"):
         libraries = [lib for lib in ("onnxgrad", "onnx-ad") if (mode, lib) in built]
         entries = {lib: built[(mode, lib)] for lib in libraries}
         sessions = {lib: _session(_named(graph)) for lib, (graph, *_) in entries.items()}
@@ -230,7 +237,7 @@ def print_table(rows: list[dict], seeds: int) -> None:
     )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        mode = f"batched ({seeds} seeds)" if r["mode"] == "batched" else r["mode"]
+        mode = f"{r['mode']} ({seeds} seeds)" if r["mode"].startswith("batched") else r["mode"]
         print(
             f"| {r['model']} | {mode} | {r['library']} | {r['build_s']:.3f} | "
             f"{r['build_cpu_s']:.3f} | {r['nodes']} | "

@@ -118,7 +118,7 @@ def default_opset(model: ModelProto) -> int:
     raise ValueError("the model does not import the default ONNX domain")
 
 
-def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
+def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) -> ModelProto:
     """Clamp the IR version to what onnxruntime-training accepts and validate the model.
 
     Below IR 4 every initializer must also be a graph input, which rewrites do not keep:
@@ -130,7 +130,8 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
     both held at once (0.5 KB a node more at the peak). Past
     :data:`~onnxgrad._strict_inference.PIECE_NODES` nodes both run piece by piece
     (:mod:`onnxgrad._strict_inference`: the same checks, a bounded part of the graph held
-    at a time).
+    at a time). ``infer=False``: the checker only (the pieces still infer, to type what
+    crosses them), for a model whose types follow from a graph the caller inferred strictly.
     """
     model.ir_version = supported_ir_version(model)
     if check:
@@ -139,7 +140,8 @@ def finalize_model(model: ModelProto, check: bool = True) -> ModelProto:
         if len(model.graph.node) <= PIECE_NODES or not check_in_pieces(shell, model.graph.node):
             view = weightless_bytes(model, shell)
             onnx.checker.check_model(view)
-            onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
+            if infer:
+                onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     return model
 
 
@@ -236,10 +238,12 @@ def all_names(graph: onnx.GraphProto) -> set[str]:
     names |= {i.values.name for i in graph.sparse_initializer if i.values.name}
     names |= {o.name for o in graph.output}
     for node in graph.node:
-        names.update(n for n in node.input if n)
-        names.update(n for n in node.output if n)
-        for sub in subgraphs(node):
-            names |= all_names(sub)
+        names.update(node.input)
+        names.update(node.output)
+        if node.attribute:  # most nodes have none, and no subgraph
+            for sub in subgraphs(node):
+                names |= all_names(sub)
+    names.discard("")
     return names
 
 
@@ -262,6 +266,8 @@ class NameScope:
 
     def __init__(self, used: Iterable[str] = ()):
         self._used = set(used)
+        #: the last suffix handed out for a base: the ones below it are all taken
+        self._last: dict[str, int] = {}
 
     def reserve(self, name: str) -> None:
         self._used.add(name)
@@ -270,12 +276,15 @@ class NameScope:
         return name in self._used
 
     def unique(self, base: str) -> str:
-        """``base`` itself if free, otherwise ``base_1``, ``base_2``..."""
-        name, i = base, 0
+        """``base`` itself if free, otherwise ``base_1``, ``base_2``... (names are never
+        released, so the search resumes where the last one for ``base`` stopped)."""
+        i = self._last.get(base, 0)
+        name = f"{base}_{i}" if i else base
         while name in self._used:
             i += 1
             name = f"{base}_{i}"
         self._used.add(name)
+        self._last[base] = i
         return name
 
 

@@ -141,6 +141,7 @@ def onnx_derivative(
         backend,
         outputs=outputs,
         recompute=recompute,
+        checked=seeds is None,  # batch_seeds checks the batched graph
     )
     if seeds is None:
         return result

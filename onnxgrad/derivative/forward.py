@@ -169,14 +169,16 @@ def onnx_hvp(
     ``onnx_derivative(options=DerivativeOptions.Loss)``; ``seeds=k``: ``k`` tangents
     per run, as for :func:`onnx_jvp`.
     """
+    seeds = check_seeds(seeds)
     gradient = derive_in_place(
         normalized_model(model), weights=weights, inputs=inputs,
-        options=DerivativeOptions.Loss, loss=loss, label=label,
+        options=DerivativeOptions.Loss, loss=loss, label=label, checked=False,
     )  # fmt: skip
     sources = _gradient_sources(gradient)
     wanted = {f"{s}_grad" for s in sources}
     replace_repeated(gradient.graph.output, [o for o in gradient.graph.output if o.name in wanted])
-    return _batched(*_jvp(gradient, weights=[], inputs=sources), check_seeds(seeds))
+    jvp = _jvp(gradient, weights=[], inputs=sources, checked=seeds is None)
+    return _batched(*jvp, seeds)
 
 
 def _gradient_sources(reverse: ModelProto) -> list[str]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import NameScope
 from onnxgrad.derivative.autodiff.builder import node_attribute
@@ -77,11 +77,12 @@ class SeedAxis:
     def rewrite(self, node: NodeProto) -> None:
         """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
         (:meth:`flush`) with the other nodes next to it that no rule covers."""
-        if node_inputs(node).isdisjoint(self.batched):
+        reads = node_inputs(node)
+        if reads.isdisjoint(self.batched):
             self.nodes.append(node)
             return
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        plain = not node_inputs(node) - set(node.input)
+        plain = not reads.difference(node.input)
         if rule is None or not plain:
             self._defer(node)
             return
@@ -92,12 +93,17 @@ class SeedAxis:
             del self.nodes[start:], self.initializers[constants:]
             self._defer(node)
         elif carried:
-            self.batched.update(o for o in node.output if o)
+            self._carry(node)
+
+    def _carry(self, node: NodeProto) -> None:
+        """``node``'s outputs carry the seed axis."""
+        self.batched.update(node.output)
+        self.batched.discard("")
 
     def _defer(self, node: NodeProto) -> None:
         """``node`` joins the nodes to run in one ``Scan``: its outputs carry the axis."""
         self._pending.append(node)
-        self.batched.update(o for o in node.output if o)
+        self._carry(node)
 
     def flush(self) -> None:
         """The deferred nodes, in one ``Scan`` over the seed axis of the batched values they
@@ -143,11 +149,19 @@ class SeedAxis:
     def ints(self, values) -> str:
         """An int64 initializer holding ``values``."""
         out = self.scope.unique("seeded_const")
-        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), out))
+        array = np.asarray(values, dtype="<i8")  # what numpy_helper.from_array writes
+        self.initializers.append(
+            TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
+                        raw_data=array.tobytes())
+        )  # fmt: skip
         return out
 
     def same(self, node: NodeProto, inputs: list[str], **changed) -> None:
-        """``node`` over ``inputs``, its attributes updated with ``changed``."""
+        """``node`` over ``inputs``, its attributes updated with ``changed`` (``node`` itself
+        where nothing changes)."""
+        if not changed and inputs == node.input:
+            self.nodes.append(node)
+            return
         kept = {a.name: a for a in node.attribute}
         copy = NodeProto(
             op_type=node.op_type, input=inputs, output=node.output, name=node.name,

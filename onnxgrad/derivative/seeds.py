@@ -22,7 +22,7 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     replace_repeated,
-    weightless_view,
+    weightless_bytes,
 )
 from onnxgrad.derivative.seed_axis import SeedAxis
 from onnxgrad.graph._scopes import node_inputs
@@ -41,14 +41,21 @@ def check_seeds(seeds: int | None) -> int | None:
 def batch_seeds(
     model: ModelProto, seed_inputs: Sequence[str], results: Sequence[str], seeds: int
 ) -> ModelProto:
-    """``model`` (owned by the caller, rewritten in place) with a leading axis of ``seeds``
-    on the inputs ``seed_inputs`` and on the outputs ``results``, which must be linear in
-    them; the other inputs and outputs keep their shapes."""
+    """``model`` (owned by the caller, rewritten in place, not checked yet) with a leading
+    axis of ``seeds`` on the inputs ``seed_inputs`` and on the outputs ``results``, which
+    must be linear in them; the other inputs and outputs keep their shapes.
+
+    Checked once: onnx's strict shape inference with type checks on the one-seed graph
+    (whose shapes the rules read), then onnx's checker on the batched one. No second
+    inference: a batched value has its one-seed type with ``seeds`` in front, the others
+    keep theirs, and each rule writes nodes valid for those types (the rule table's tests
+    load and run them in onnxruntime)."""
     graph = model.graph
-    linear, rest = _split_nodes(graph, set(seed_inputs))
+    linear, rest, touched = _split_nodes(graph, set(seed_inputs))
     scope = NameScope(all_names(graph))
-    shapes, types = _inferred(model)
-    axis = SeedAxis(seeds, scope, shapes, _int_constants(graph), types, default_opset(model))
+    shapes, types = _inferred(model, touched)
+    constants = _int_constants(graph, touched)
+    axis = SeedAxis(seeds, scope, shapes, constants, types, default_opset(model))
     axis.batched.update(seed_inputs)
     for node in linear:
         axis.rewrite(node)
@@ -63,7 +70,7 @@ def batch_seeds(
     for info in [*graph.input, *graph.output]:
         if info.name in batched:
             _prepend_axis(info, seeds)
-    return finalize_model(model)
+    return finalize_model(model, infer=False)
 
 
 def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
@@ -82,15 +89,17 @@ def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
     return axis.nodes
 
 
-def _inferred(model: ModelProto) -> tuple[dict, dict]:
-    """``({value: dims}, {value: element type})`` by onnx's shape inference."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(weightless_view(model)).graph
-    except Exception:  # ranks only choose rules: unknown ones fall back to a Scan
-        inferred = weightless_view(model).graph
+def _inferred(model: ModelProto, wanted: set[str]) -> tuple[dict, dict]:
+    """``({value: dims}, {value: element type})`` of the values ``wanted``, by onnx's strict
+    shape inference with type checks of the whole graph (``InferenceError`` where it is
+    inconsistent)."""
+    view = weightless_bytes(model)
+    inferred = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True).graph
     shapes, types = {}, {}
     read: dict[bytes, tuple | None] = {}  # values share few types: each read once
     for info in [*inferred.input, *inferred.output, *inferred.value_info]:
+        if info.name not in wanted:
+            continue
         key = info.type.SerializeToString()
         if key not in read:
             read[key] = _elem_and_dims(info.type)
@@ -116,12 +125,14 @@ def _elem_and_dims(value_type) -> tuple[int, tuple | None] | None:
     return tensor.elem_type, dims
 
 
-def _int_constants(graph: GraphProto) -> dict[str, np.ndarray]:
-    """The values of the small integer initializers and ``Constant`` nodes."""
+def _int_constants(graph: GraphProto, wanted: set[str]) -> dict[str, np.ndarray]:
+    """The values of the small integer initializers and ``Constant`` nodes named in
+    ``wanted``."""
     found = {}
-    tensors = [(t.name, t) for t in graph.initializer]
+    tensors = [(t.name, t) for t in graph.initializer if t.name in wanted]
     for node in graph.node:
-        if node.op_type == "Constant" and not node.domain and node.attribute:
+        constant = node.op_type == "Constant" and not node.domain and node.attribute
+        if constant and node.output[0] in wanted:
             attr = node.attribute[0]
             if attr.name == "value":
                 tensors.append((node.output[0], attr.t))
@@ -145,17 +156,20 @@ def _name_nodes(graph: GraphProto, scope: NameScope) -> None:
                 _name_nodes(attr.g, scope)
 
 
-def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list]:
-    """``(nodes reading a seed directly or not, the others)``, each in graph order."""
+def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[str]]:
+    """``(nodes reading a seed directly or not, the others, the values the first read or
+    write)``, nodes in graph order."""
     reached = set(seeds)
-    linear, rest = [], []
+    linear, rest, touched = [], [], set()
     for node in graph.node:
-        if reached.isdisjoint(node_inputs(node)):
+        reads = node_inputs(node) if node.attribute else node.input  # no subgraph to read
+        if reached.isdisjoint(reads):
             rest.append(node)
         else:
             linear.append(node)
             reached.update(node.output)
-    return linear, rest
+            touched.update(reads)
+    return linear, rest, touched | reached
 
 
 def _renamed(info: ValueInfoProto, name: str) -> ValueInfoProto:

@@ -1,6 +1,7 @@
 """The reverse build does no work a model does not need: passes with nothing to rewrite
-return before their per-node analyses (checked by making those analyses fail), and the
-engine's own node maker writes what ``onnx.helper.make_node`` writes. Speed itself is
+return before their per-node analyses (checked by making those analyses fail), the
+engine's own node maker writes what ``onnx.helper.make_node`` writes, and batched seeds
+infer shapes once. Speed itself is
 measured in ``benchmarks/bench_modes.py``."""
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import onnxgrad.derivative.seed_axis as seed_axis
 import onnxgrad.normalize.constants as constants
 import onnxgrad.normalize.lowering as lowering
 import onnxgrad.normalize.ranks as ranks
-from onnxgrad import onnx_derivative
+from onnxgrad import add_loss_output, onnx_derivative, onnx_hvp, onnx_jvp
+from onnxgrad._onnx_utils import NameScope
 from onnxgrad.derivative.autodiff.builder import new_node
+from onnxgrad.graph.loss import _unused as first_free_from_start
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import onnx_numerical_vjp
 
@@ -116,3 +120,84 @@ def test_node_maker_writes_what_make_node_writes(attributes):
     )
     assert made == expected
     assert made.SerializeToString() == expected.SerializeToString()
+
+
+#: no dimension of ``float_model`` is 7: a graph input shaped ``[7, ...]`` carries the seeds
+SEEDS = 7
+
+
+def _infer_no_seed_axis(real):
+    """``onnx.shape_inference.infer_shapes``, failing on a graph with the seed axis."""
+
+    def infer(model, *args, **kwargs):
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model)
+        for info in proto.graph.input:
+            dims = info.type.tensor_type.shape.dim
+            if dims and dims[0].dim_value == SEEDS:
+                raise AssertionError(f"shape inference ran on the batched graph ({info.name})")
+        return real(model, *args, **kwargs)
+
+    return infer
+
+
+def _central_difference_jvp(model, feeds: dict, tangent: np.ndarray) -> np.ndarray:
+    """``J t`` by central differences in float64 along ``t`` (the input ``x``)."""
+    run = ReferenceEvaluator(model)
+    h = 1e-6
+    plus = run.run(None, {"x": feeds["x"] + h * tangent})[0]
+    minus = run.run(None, {"x": feeds["x"] - h * tangent})[0]
+    return (plus - minus) / (2 * h)
+
+
+def test_batched_seeds_infer_the_one_seed_graph_only(monkeypatch):
+    """The batched graph's types follow from the one-seed graph's: ``seeds=k`` infers the
+    one-seed graph (the rules read its ranks) and runs onnx's checker on the batched one,
+    with no second inference; the results still equal finite differences per seed."""
+    monkeypatch.setattr(
+        onnx.shape_inference, "infer_shapes", _infer_no_seed_axis(onnx.shape_inference.infer_shapes)
+    )
+    model = float_model()
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((2, 3)), **_weights(model)}
+    tangents = rng.standard_normal((SEEDS, 2, 3))
+    jvp = onnx_jvp(model, inputs=["x"], seeds=SEEDS)
+    (got,) = ReferenceEvaluator(jvp).run(None, {**feeds, "x_tangent": tangents})
+    for i in range(SEEDS):
+        expected = _central_difference_jvp(model, feeds, tangents[i])
+        np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-8)
+
+    cotangents = rng.standard_normal((SEEDS, 2, 4))
+    vjp = onnx_derivative(model, weights=[], inputs=["x"], seeds=SEEDS)
+    (got,) = ReferenceEvaluator(vjp).run(None, {**feeds, "y_grad": cotangents})
+    for i in range(SEEDS):
+        expected = onnx_numerical_vjp(model, feeds, ["x"], [cotangents[i]])["x"]
+        np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-8)
+
+    hvp = onnx_hvp(add_loss_output(model), inputs=["x"], seeds=SEEDS)
+    assert [d.dim_value for d in hvp.graph.output[0].type.tensor_type.shape.dim] == [SEEDS, 2, 3]
+
+
+def test_batched_seeds_still_check_the_batched_graph(monkeypatch):
+    """Without the second inference, onnx's checker still refuses a batched graph a rule
+    broke (here a ``Mul`` rule that reads a value no node computes)."""
+
+    def broken_rule(sa, node):
+        sa.same(node, ["nowhere"])
+        return True
+
+    monkeypatch.setitem(seed_axis._RULES, "Mul", broken_rule)
+    with pytest.raises(onnx.checker.ValidationError, match="nowhere"):
+        onnx_jvp(float_model(), inputs=["x"], seeds=SEEDS)
+
+
+def test_name_scope_resumes_where_it_stopped():
+    """``NameScope.unique`` resumes its search at the last suffix it gave a base (the seed
+    axis asks for hundreds of ``Unsqueeze_seeded``): the names are those of a search from
+    the start, reserved names and bases that look like suffixed names included."""
+    used = {"a", "a_2", "b_1"}
+    scope, expected = NameScope(used), set(used)
+    for step, base in enumerate(["a", "a", "b", "a_1", "a", "b", "b_1", "a", "b"] * 3):
+        if step == 10:
+            scope.reserve("a_9")
+            expected.add("a_9")
+        assert scope.unique(base) == first_free_from_start(base, expected)
