@@ -8,6 +8,7 @@ tensor, or one per index of ``axis``: per column for ``MatMulInteger``),
     W' = (q - z_q) s_q + s A B,
     lo = min(min_g W', 0),  hi = max(max_g W', 0)          (per group g),
     symmetric (z kept):  s' = max(hi / (q_max - z), lo / (q_min - z)),
+                         (q_min: 2 z - q_max where the deployed codes never reach the type's lowest)
     asymmetric:          s' = (hi - lo) / (q_max - q_min),  z' = clip(round(q_min - lo / s'))
     q' = QuantizeLinear(W', s', z')                          (saturating, half to even)
 
@@ -29,7 +30,7 @@ from onnx import ModelProto, NodeProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import default_opset, reduce_axes_are_input
 from onnxgrad.graph.deployed_products import Product
-from onnxgrad.graph.requantize import integer_product_scale
+from onnxgrad.graph.requantize import integer_product_scale, symmetric_code_range
 
 
 def requantized_weight_nodes(
@@ -108,8 +109,9 @@ def _quantized_again(build: _Builder, base: _Base, values: str, opset: int):
     keeps_zero = base.zero is None or bool(np.all(zero == middle)) or zero.size < count
     shape = scale.shape if per_axis else ()
     if keeps_zero:
-        up = np.where(info.max > zeros, info.max - zeros, np.inf).reshape(shape)
-        down = np.where(info.min < zeros, info.min - zeros, -np.inf).reshape(shape)
+        low, high = symmetric_code_range(codes, middle)
+        up = np.where(high > zeros, high - zeros, np.inf).reshape(shape)
+        down = np.where(low < zeros, low - zeros, -np.inf).reshape(shape)
         upper = build.node("Div", [hi, build.constant(up)])
         step = build.node("Max", [upper, build.node("Div", [lo, build.constant(down)])])
         new_zero = build.array(np.broadcast_to(zero.reshape(-1), (count,)).reshape(shape))

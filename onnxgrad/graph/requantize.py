@@ -7,7 +7,10 @@ the same code width, the same groups sharing a scale, the same kind of zero poin
 
 - zero points absent, or all at the middle of the code range (0 for int8, 128 for uint8,
   ``2^{b-1}`` for ``b``-bit codes): symmetric, ``z`` kept,
-  ``s = max(hi / (q_max - z), lo / (q_min - z))``;
+  ``s = max(hi / (q_max - z), lo / (q_min - z))``, where ``q_min`` is the type's lowest code
+  only if the deployed codes use it, else ``2 z - q_max`` (a restricted range, as
+  onnxruntime's symmetric int8 weights ``[-127, 127]``): with nothing added, the codes and
+  scales come back unchanged (:func:`symmetric_code_range`);
 - otherwise asymmetric: ``s = (hi - lo) / (q_max - q_min)``, ``z = round(q_min - lo / s)``;
 
 then ``c = clip(round(w / s) + z, q_min, q_max)``: every value within half a step of ``W'``.
@@ -106,6 +109,16 @@ def _scale_readers(model: ModelProto, product: Product, scale: str) -> list[str]
     """The first ``Mul`` reading ``scale``: the product's own (any other reader makes
     :func:`_check_private` refuse)."""
     return [n.name for n in model.graph.node if scale in n.input and n.op_type == "Mul"][:1]
+
+
+def symmetric_code_range(codes: np.ndarray, middle: int) -> tuple[int, int]:
+    """``(q_min, q_max)`` of a symmetric requantization of ``codes`` (zero point ``middle``):
+    the type's range, less its lowest code where ``codes`` never use it (a restricted
+    range ``[2 middle - q_max, q_max]``, so that the scale of unchanged values is theirs)."""
+    info = np.iinfo(codes.dtype)
+    if codes.size and int(codes.min()) == info.min:
+        return info.min, info.max
+    return max(info.min, 2 * middle - info.max), info.max
 
 
 def _quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, code_range, scale_dtype):
@@ -252,8 +265,9 @@ def _requantize_codes(inits, weight: str, scale_name: str, zero_name: str, axis:
     middle = 0 if info.min < 0 else (info.max + 1) // 2
     # a zero point shared by groups with scales of their own stays as it is
     fixed = not zero_name or bool(np.all(zero == middle)) or zero.size < count
+    code_range = symmetric_code_range(codes, middle) if fixed else (info.min, info.max)
     new_codes, new_scale, new_zero = _quantize_groups(
-        values, zero_groups, fixed, (info.min, info.max), scale.dtype
+        values, zero_groups, fixed, code_range, scale.dtype
     )
     new_codes = np.moveaxis(new_codes, 0, axis) if per_axis else new_codes[0]
     _replace(inits, weight, new_codes)

@@ -221,3 +221,42 @@ def test_a_weight_stored_transposed_is_requantized_in_its_storage_layout():
     assert np.all(np.abs(weight - (base + update)) <= 0.5 * step + 1e-7)
     x = RNG.standard_normal((3, k)).astype(np.float32)
     np.testing.assert_allclose(run(merged, {"x": x})[0], x @ weight, rtol=1e-4, atol=1e-4)
+
+
+def _symmetric_weight(k, n, per_axis, dtype, restricted):
+    """``DequantizeLinear(q) -> MatMul`` with zero points at the middle of the codes, whose
+    lowest code is ``2 z - q_max`` (a restricted range, as onnxruntime's symmetric int8
+    weights ``[-127, 127]``) or the type's, in every column; the highest stays below
+    ``q_max`` (the negative end sets the scale)."""
+    info = np.iinfo(dtype)
+    middle = 0 if info.min < 0 else (info.max + 1) // 2
+    low = 2 * middle - info.max if restricted else info.min
+    model = _dequantize_linear(k, n, per_axis, signed=True)
+    inits = {i.name: i for i in model.graph.initializer}
+    codes = RNG.integers(low, info.max - 20, (k, n))
+    codes[0] = low
+    shape = tuple(inits["qz"].dims)
+    inits["q"].CopyFrom(numpy_helper.from_array(codes.astype(dtype), "q"))
+    inits["qz"].CopyFrom(numpy_helper.from_array(np.full(shape, middle, dtype), "qz"))
+    return model
+
+
+@pytest.mark.parametrize("restricted", [True, False], ids=["restricted", "full_range"])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("per_axis", [False, True], ids=["per_tensor", "per_column"])
+def test_requantizing_unchanged_symmetric_weights_keeps_their_codes(per_axis, dtype, restricted):
+    """Adapters not yet trained (``B = 0``) add nothing: the requantized merge and the
+    runtime model updating the weights per run give back the deployed codes and scales,
+    whether the deployed quantizer used the type's lowest code or not."""
+    from onnxgrad.graph.lora_runtime import runtime_adapter_model
+
+    model = _symmetric_weight(16, 6, per_axis, dtype, restricted)
+    adapted = add_lora(model, rank=2)
+    merged = merge_lora(adapted, quantized="requantize")
+    _, _, before = _dequantized(model)
+    _, _, after = _dequantized(merged)
+    for name in ("q", "qs", "qz"):
+        np.testing.assert_array_equal(after[name], before[name])
+    x = RNG.standard_normal((4, 16)).astype(np.float32)
+    runtime = runtime_adapter_model(model, adapted, apply="weights")
+    np.testing.assert_array_equal(run(runtime, {"x": x})[0], run(model, {"x": x})[0])
