@@ -101,27 +101,6 @@ def _pinned_names(nodes: list[NodeProto], graph: GraphProto) -> set[str]:
     return names
 
 
-class _Node:
-    """A node with its fields read once (protobuf decodes a string field at every read);
-    :meth:`set_input` writes both."""
-
-    __slots__ = ("domain", "inputs", "op", "outputs", "proto")
-
-    def __init__(self, proto: NodeProto):
-        self.proto = proto
-        self.domain = normalize_domain(proto.domain)
-        self.op = proto.op_type
-        self.inputs = list(proto.input)
-        self.outputs = list(proto.output)
-
-    def set_input(self, index: int, name: str) -> None:
-        self.proto.input[index] = name
-        self.inputs[index] = name
-
-    def is_default(self, op: str) -> bool:
-        return self.op == op and not self.domain
-
-
 class _Simplifier:
     def __init__(
         self, graph: GraphProto, nodes: list[NodeProto], pinned: set[str], apart: set[str]
@@ -131,9 +110,9 @@ class _Simplifier:
         self.pinned = pinned
         self.apart = apart
         self.alias: dict[str, str] = {}
-        self.producer: dict[str, _Node] = {}
+        self.producer: dict[str, NodeProto] = {}
         self.constants = {i.name: i for i in graph.initializer}
-        self.seen: dict[tuple, _Node] = {}
+        self.seen: dict[tuple, NodeProto] = {}
         #: value -> a value known to have the same shape (elementwise chains)
         self.shape_roots: dict[str, str] = {}
         self.elem_types = {i.name: i.data_type for i in graph.initializer}
@@ -150,44 +129,43 @@ class _Simplifier:
         """The simplified nodes (modified in place, not copied)."""
         kept = []
         alias = self.alias
-        for proto in self.nodes:
-            node = _Node(proto)
-            if not alias.keys().isdisjoint(node.inputs):
-                for i, name in enumerate(node.inputs):
+        for node in self.nodes:
+            if not alias.keys().isdisjoint(node.input):
+                for i, name in enumerate(node.input):
                     if name in alias:  # a write leaves the old string in the arena
-                        node.set_input(i, self.resolve(name))
+                        node.input[i] = self.resolve(name)
             if self._simplify(node):
                 continue
-            kept.append(proto)
-            for output in node.outputs:
+            kept.append(node)
+            for output in node.output:
                 self.producer[output] = node
         return kept
 
-    def _free(self, node: _Node) -> bool:
+    def _free(self, node: NodeProto) -> bool:
         """Whether every output of ``node`` may be replaced by another value."""
-        return self.pinned.isdisjoint(node.outputs)
+        return not self.pinned.intersection(node.output)
 
-    def _simplify(self, node: _Node) -> bool:
+    def _simplify(self, node: NodeProto) -> bool:
         """Rewrite ``node`` in place; ``True`` when it is no longer needed."""
-        if node.domain:
+        if normalize_domain(node.domain):
             return self._common(node)
-        op = node.op
+        op = node.op_type
         if op == "Identity" and self._free(node):
-            self.alias[node.outputs[0]] = node.inputs[0]
+            self.alias[node.output[0]] = node.input[0]
             return True
         if op == "Cast":
-            to = next((a.i for a in node.proto.attribute if a.name == "to"), None)
-            if to is not None and self.elem_types.get(node.inputs[0]) == to and self._free(node):
-                self.alias[node.outputs[0]] = node.inputs[0]
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            if to is not None and self.elem_types.get(node.input[0]) == to and self._free(node):
+                self.alias[node.output[0]] = node.input[0]
                 return True
-            self.elem_types[node.outputs[0]] = to
+            self.elem_types[node.output[0]] = to
         elif op == "Transpose":
             return self._transpose(node)
         elif op == "Reshape":
             self._reshape(node)
         elif op in BINARY_ELEMENTWISE:
             self._skip_expand(node)
-        self._track_shape(node)
+        self._track_shape(node, op)
         return self._common(node)
 
     def _shape_root(self, name: str) -> str:
@@ -197,70 +175,71 @@ class _Simplifier:
         tensor = self._constant_tensor(name)
         return tensor is not None and not tensor.dims
 
-    def _track_shape(self, node: _Node) -> None:
+    def _track_shape(self, node: NodeProto, op: str) -> None:
         """Record the outputs of elementwise nodes that keep the shape of an input."""
-        inputs = node.inputs
-        if node.op in UNARY_ELEMENTWISE and len(inputs) == 1:
-            self.shape_roots[node.outputs[0]] = self._shape_root(inputs[0])
-        elif node.op in BINARY_ELEMENTWISE and len(inputs) == 2:
-            a, b = inputs
+        if op in UNARY_ELEMENTWISE and len(node.input) == 1:
+            self.shape_roots[node.output[0]] = self._shape_root(node.input[0])
+        elif op in BINARY_ELEMENTWISE and len(node.input) == 2:
+            a, b = node.input
             if self._shape_root(a) == self._shape_root(b) or self._is_scalar_constant(b):
-                self.shape_roots[node.outputs[0]] = self._shape_root(a)
+                self.shape_roots[node.output[0]] = self._shape_root(a)
             elif self._is_scalar_constant(a):
-                self.shape_roots[node.outputs[0]] = self._shape_root(b)
+                self.shape_roots[node.output[0]] = self._shape_root(b)
 
-    def _skip_expand(self, node: _Node) -> None:
+    def _skip_expand(self, node: NodeProto) -> None:
         """``op(Expand(s, Shape(x)), t)`` -> ``op(s, t)`` when ``t`` has the shape of ``x``."""
-        if node.op == "Pow" or len(node.inputs) != 2:
+        if node.op_type not in BINARY_ELEMENTWISE or node.op_type == "Pow":
             return
-        for i, name in enumerate(node.inputs):
+        if len(node.input) != 2:
+            return
+        for i, name in enumerate(node.input):
             source = self._expanded_like(name)
-            if source is not None and self._shape_root(node.inputs[1 - i]) == source[1]:
-                node.set_input(i, source[0])
+            if source is not None and self._shape_root(node.input[1 - i]) == source[1]:
+                node.input[i] = source[0]
 
     def _expanded_like(self, name: str) -> tuple[str, str] | None:
         """``(s, root of x)`` when ``name = Expand(s, Shape(x))``."""
         expand = self.producer.get(name)
-        if expand is None or not expand.is_default("Expand"):
+        if expand is None or expand.op_type != "Expand" or normalize_domain(expand.domain):
             return None
-        shape = self.producer.get(expand.inputs[1])
-        if shape is None or not shape.is_default("Shape"):
+        shape = self.producer.get(expand.input[1])
+        if shape is None or shape.op_type != "Shape" or normalize_domain(shape.domain):
             return None
-        if shape.proto.attribute:
+        if shape.attribute:
             return None
-        return expand.inputs[0], self._shape_root(shape.inputs[0])
+        return expand.input[0], self._shape_root(shape.input[0])
 
-    def _transpose(self, node: _Node) -> bool:
-        inner = self.producer.get(node.inputs[0])
-        if inner is None or not inner.is_default("Transpose"):
+    def _transpose(self, node: NodeProto) -> bool:
+        inner = self.producer.get(node.input[0])
+        if inner is None or inner.op_type != "Transpose" or normalize_domain(inner.domain):
             return self._common(node)
-        first, second = _perm(inner.proto), _perm(node.proto)
+        first, second = _perm(inner), _perm(node)
         if first is None or second is None or len(first) != len(second):
             return self._common(node)
         composed = [first[p] for p in second]
-        node.set_input(0, inner.inputs[0])
-        _set_ints(node.proto, "perm", composed)
+        node.input[0] = inner.input[0]
+        _set_ints(node, "perm", composed)
         if composed == sorted(composed) and self._free(node):
-            self.alias[node.outputs[0]] = node.inputs[0]
+            self.alias[node.output[0]] = node.input[0]
             return True
         return self._common(node)
 
-    def _reshape(self, node: _Node) -> None:
-        inner = self.producer.get(node.inputs[0])
-        if inner is None or not inner.is_default("Reshape"):
+    def _reshape(self, node: NodeProto) -> None:
+        inner = self.producer.get(node.input[0])
+        if inner is None or inner.op_type != "Reshape" or normalize_domain(inner.domain):
             return
-        shape = self._constant(node.inputs[1]) if len(node.inputs) > 1 else None
+        shape = self._constant(node.input[1]) if len(node.input) > 1 else None
         if shape is not None and shape.size and (shape != 0).all():
-            node.set_input(0, inner.inputs[0])
+            node.input[0] = inner.input[0]
 
     def _constant(self, name: str) -> np.ndarray | None:
         tensor = self._constant_tensor(name)
         if tensor is not None:
             return numpy_helper.to_array(tensor)
         node = self.producer.get(name)
-        if node is None or not node.is_default("Constant"):
+        if node is None or node.op_type != "Constant" or normalize_domain(node.domain):
             return None
-        for attr in node.proto.attribute:
+        for attr in node.attribute:
             if attr.name == "value_ints":
                 return np.array(attr.ints, dtype=np.int64)
         return None
@@ -270,30 +249,27 @@ class _Simplifier:
         if name in self.constants:
             return self.constants[name]
         node = self.producer.get(name)
-        if node is None or not node.is_default("Constant"):
+        if node is None or node.op_type != "Constant" or normalize_domain(node.domain):
             return None
-        for attr in node.proto.attribute:
+        for attr in node.attribute:
             if attr.name == "value":
                 return attr.t
         return None
 
-    def _common(self, node: _Node) -> bool:
+    def _common(self, node: NodeProto) -> bool:
         """Reuse the outputs of an identical earlier node."""
-        attributes = node.proto.attribute
-        if node.op in NONDETERMINISTIC or (attributes and subgraphs(node.proto)):
+        if node.op_type in NONDETERMINISTIC or (node.attribute and subgraphs(node)):
             return False
-        if self.apart and not self.apart.isdisjoint(node.outputs):
+        if self.apart and not self.apart.isdisjoint(node.output):
             return False
-        key = (node.domain, node.op, tuple(node.inputs), len(node.outputs))
-        if attributes:
-            key += _attributes_key(attributes)
+        key = _node_key(node)
         earlier = self.seen.get(key)
         if earlier is None:
             self.seen[key] = node
             return False
-        if not self._free(node) or len(earlier.outputs) != len(node.outputs):
+        if not self._free(node) or len(earlier.output) != len(node.output):
             return False
-        for mine, theirs in zip(node.outputs, earlier.outputs):
+        for mine, theirs in zip(node.output, earlier.output):
             if mine:
                 if not theirs:
                     return False
@@ -301,11 +277,14 @@ class _Simplifier:
         return True
 
 
-def _attributes_key(attributes) -> tuple[bytes, ...]:
-    """The attributes' bytes, by name."""
+def _node_key(node: NodeProto) -> tuple:
+    key = (normalize_domain(node.domain), node.op_type, tuple(node.input), len(node.output))
+    attributes = node.attribute
+    if not attributes:
+        return key
     if len(attributes) > 1:
         attributes = sorted(attributes, key=lambda a: a.name)
-    return tuple(_attribute_key(a) for a in attributes)
+    return (*key, *(_attribute_key(a) for a in attributes))
 
 
 def _attribute_key(attr: AttributeProto) -> bytes:
@@ -335,7 +314,7 @@ def _set_ints(node: NodeProto, name: str, values: list[int]) -> None:
 
 
 def _write_outputs_directly(
-    graph: GraphProto, nodes: list[NodeProto], pinned: set[str], producers: dict[str, _Node]
+    graph: GraphProto, nodes: list[NodeProto], pinned: set[str], producers: dict[str, NodeProto]
 ) -> list[NodeProto]:
     """``y = Identity(x)`` with ``y`` a graph output: the producer of ``x`` writes ``y``
     (when ``x`` is an intermediate value of this graph only, renamed everywhere);
@@ -359,7 +338,7 @@ def _write_outputs_directly(
                 if name in renamed:
                     node.input[i] = renamed[name]
     for source, target in renamed.items():
-        outputs = producers[source].proto.output
+        outputs = producers[source].output
         outputs[list(outputs).index(source)] = target
     outputs = {o.name for o in graph.output}
     infos = [v for v in graph.value_info if v.name not in outputs]
