@@ -65,8 +65,9 @@ def clean_graph(
 
     nodes = list(graph.node) if nodes is None else nodes
     pinned = _pinned_names(nodes, graph)
-    simplifier = _Simplifier(graph, nodes, pinned, set(apart))
-    nodes = _write_outputs_directly(graph, simplifier.run(), pinned, simplifier.producer)
+    nodes, producers = _simplified(graph, nodes, pinned, set(apart))
+    nodes = _write_outputs_directly(graph, nodes, pinned, producers)
+    del producers  # the clean-up is a deep graph's memory peak: no table outlives its use
     needed = {o.name for o in graph.output}
     live = live_nodes(nodes, needed)
     for node in live:
@@ -80,6 +81,13 @@ def clean_graph(
         written = {o for node in live for o in node.output}
         replace_repeated(graph.value_info, [v for v in graph.value_info if v.name in written])
     return graph
+
+
+def _simplified(graph, nodes, pinned, apart) -> tuple[list[NodeProto], dict[str, NodeProto]]:
+    """The simplifier's nodes and producers; its other tables (common subexpressions) are
+    freed on return."""
+    simplifier = _Simplifier(graph, nodes, pinned, apart)
+    return simplifier.run(), simplifier.producer
 
 
 def live_nodes(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
