@@ -73,6 +73,8 @@ class SeedAxis:
         self._pending: list[NodeProto] = []
         #: the constants the rules made
         self.initializers: list[TensorProto] = []
+        #: the name of the initializer made for each ``(shape, bytes)`` by :meth:`ints`
+        self._ints: dict[tuple, str] = {}
 
     def rewrite(self, node: NodeProto) -> None:
         """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
@@ -90,6 +92,8 @@ class SeedAxis:
         start, constants = len(self.nodes), len(self.initializers)
         carried = rule(self, node)
         if carried is None:
+            dropped = {t.name for t in self.initializers[constants:]}
+            self._ints = {k: n for k, n in self._ints.items() if n not in dropped}
             del self.nodes[start:], self.initializers[constants:]
             self._defer(node)
         elif carried:
@@ -147,13 +151,17 @@ class SeedAxis:
         return out
 
     def ints(self, values) -> str:
-        """An int64 initializer holding ``values``."""
-        out = self.scope.unique("seeded_const")
+        """An int64 initializer holding ``values``, one per distinct value (the rules ask
+        for the same few axes and counts again and again)."""
         array = np.asarray(values, dtype="<i8")  # what numpy_helper.from_array writes
-        self.initializers.append(
-            TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
-                        raw_data=array.tobytes())
-        )  # fmt: skip
+        key = array.shape, array.tobytes()
+        out = self._ints.get(key)
+        if out is None:
+            out = self._ints[key] = self.scope.unique("seeded_const")
+            self.initializers.append(
+                TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
+                            raw_data=key[1])
+            )  # fmt: skip
         return out
 
     def same(self, node: NodeProto, inputs: list[str], **changed) -> None:
