@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from onnxgrad._onnx_utils import NameScope
+from onnxgrad._onnx_utils import NameScope, subgraphs
 from onnxgrad.derivative.autodiff.builder import node_attribute
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
@@ -79,12 +79,13 @@ class SeedAxis:
     def rewrite(self, node: NodeProto) -> None:
         """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
         (:meth:`flush`) with the other nodes next to it that no rule covers."""
-        reads = node_inputs(node)
-        if reads.isdisjoint(self.batched):
+        inner = subgraphs(node)  # most nodes have none: their reads are their inputs
+        reads = node_inputs(node) if inner else node.input
+        if self.batched.isdisjoint(reads):
             self.nodes.append(node)
             return
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        plain = not reads.difference(node.input)
+        plain = not inner or not reads.difference(node.input)
         if rule is None or not plain:
             self._defer(node)
             return

@@ -103,16 +103,20 @@ def _inferred(model: ModelProto, wanted: set[str]) -> tuple[dict, dict]:
     inferred = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True).graph
     shapes, types = {}, {}
     read: dict[bytes, tuple | None] = {}  # values share few types: each read once
-    for info in [*inferred.input, *inferred.output, *inferred.value_info]:
-        if info.name not in wanted:
-            continue
-        key = info.type.SerializeToString()
-        if key not in read:
-            read[key] = _elem_and_dims(info.type)
-        if read[key] is not None:
-            types[info.name], dims = read[key]
-            if dims is not None:
-                shapes[info.name] = list(dims)
+    for infos in (inferred.input, inferred.output, inferred.value_info):
+        for info in infos:
+            name = info.name
+            if name not in wanted:
+                continue
+            value_type = info.type
+            key = value_type.SerializeToString()
+            found = read.get(key, False)
+            if found is False:
+                found = read[key] = _elem_and_dims(value_type)
+            if found is not None:
+                types[name], dims = found
+                if dims is not None:
+                    shapes[name] = list(dims)
     for init in inferred.initializer:
         types[init.name] = init.data_type
         shapes[init.name] = list(init.dims)
