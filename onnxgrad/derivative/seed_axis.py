@@ -73,8 +73,8 @@ class SeedAxis:
         self._pending: list[NodeProto] = []
         #: the constants the rules made
         self.initializers: list[TensorProto] = []
-        #: the name of the initializer made for each ``(shape, bytes)`` by :meth:`ints`
-        self._ints: dict[tuple, str] = {}
+        #: what :meth:`ints` and :meth:`op` made, by what they were asked: each made once
+        self._made: dict[tuple, str] = {}
 
     def rewrite(self, node: NodeProto) -> None:
         """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
@@ -94,7 +94,8 @@ class SeedAxis:
         carried = rule(self, node)
         if carried is None:
             dropped = {t.name for t in self.initializers[constants:]}
-            self._ints = {k: n for k, n in self._ints.items() if n not in dropped}
+            dropped.update(o for n in self.nodes[start:] for o in n.output)
+            self._made = {k: n for k, n in self._made.items() if n not in dropped}
             del self.nodes[start:], self.initializers[constants:]
             self._defer(node)
         elif carried:
@@ -142,7 +143,15 @@ class SeedAxis:
     # helpers for the rules
 
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
-        out = out or self.scope.unique(f"seeded_{op_type}")
+        """The output of a node ``op_type(*inputs, **attrs)``: ``out``, or a new name where
+        none is given, the same for the same node asked again (the operators the rules
+        emit are deterministic)."""
+        if out is None:
+            key = op_type, inputs, repr(sorted(attrs.items()))
+            out = self._made.get(key)
+            if out is not None:
+                return out
+            out = self._made[key] = self.scope.unique(f"seeded_{op_type}")
         name = self.scope.unique(f"{op_type}_seeded")
         node = NodeProto(op_type=op_type, input=inputs, output=[out], name=name)
         for key in sorted(attrs):
@@ -156,9 +165,9 @@ class SeedAxis:
         for the same few axes and counts again and again)."""
         array = np.asarray(values, dtype="<i8")  # what numpy_helper.from_array writes
         key = array.shape, array.tobytes()
-        out = self._ints.get(key)
+        out = self._made.get(key)
         if out is None:
-            out = self._ints[key] = self.scope.unique("seeded_const")
+            out = self._made[key] = self.scope.unique("seeded_const")
             self.initializers.append(
                 TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
                             raw_data=key[1])
