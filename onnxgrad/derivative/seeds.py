@@ -14,12 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import (
-    GraphProto,
-    ModelProto,
-    ValueInfoProto,
-    numpy_helper,
-)
+from onnx import GraphProto, ModelProto, ValueInfoProto, numpy_helper
 
 from onnxgrad._onnx_utils import (
     NameScope,
@@ -178,7 +173,7 @@ def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[st
         reads, writes = node.input, node.output
         names.update(reads)
         names.update(writes)
-        inner = subgraphs(node) if node.attribute else ()  # most nodes have no attribute
+        inner = subgraphs(node)  # most nodes have none: their reads are their inputs
         if inner:
             reads = node_inputs(node)
             for sub in inner:
