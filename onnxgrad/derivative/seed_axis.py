@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from onnxgrad._onnx_utils import NameScope
+from onnxgrad._onnx_utils import NameScope, subgraphs
 from onnxgrad.derivative.autodiff.builder import node_attribute
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
@@ -73,16 +73,19 @@ class SeedAxis:
         self._pending: list[NodeProto] = []
         #: the constants the rules made
         self.initializers: list[TensorProto] = []
+        #: what :meth:`ints` and :meth:`op` made, by what they were asked: each made once
+        self._made: dict[tuple, str] = {}
 
     def rewrite(self, node: NodeProto) -> None:
         """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
         (:meth:`flush`) with the other nodes next to it that no rule covers."""
-        reads = node_inputs(node)
-        if reads.isdisjoint(self.batched):
+        inner = subgraphs(node)  # most nodes have none: their reads are their inputs
+        reads = node_inputs(node) if inner else node.input
+        if self.batched.isdisjoint(reads):
             self.nodes.append(node)
             return
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        plain = not reads.difference(node.input)
+        plain = not inner or not reads.difference(node.input)
         if rule is None or not plain:
             self._defer(node)
             return
@@ -90,6 +93,9 @@ class SeedAxis:
         start, constants = len(self.nodes), len(self.initializers)
         carried = rule(self, node)
         if carried is None:
+            dropped = {t.name for t in self.initializers[constants:]}
+            dropped.update(o for n in self.nodes[start:] for o in n.output)
+            self._made = {k: n for k, n in self._made.items() if n not in dropped}
             del self.nodes[start:], self.initializers[constants:]
             self._defer(node)
         elif carried:
@@ -137,7 +143,15 @@ class SeedAxis:
     # helpers for the rules
 
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
-        out = out or self.scope.unique(f"seeded_{op_type}")
+        """The output of a node ``op_type(*inputs, **attrs)``: ``out``, or a new name where
+        none is given, the same for the same node asked again (the operators the rules
+        emit are deterministic)."""
+        if out is None:
+            key = op_type, inputs, repr(sorted(attrs.items()))
+            out = self._made.get(key)
+            if out is not None:
+                return out
+            out = self._made[key] = self.scope.unique(f"seeded_{op_type}")
         name = self.scope.unique(f"{op_type}_seeded")
         node = NodeProto(op_type=op_type, input=inputs, output=[out], name=name)
         for key in sorted(attrs):
@@ -147,13 +161,17 @@ class SeedAxis:
         return out
 
     def ints(self, values) -> str:
-        """An int64 initializer holding ``values``."""
-        out = self.scope.unique("seeded_const")
+        """An int64 initializer holding ``values``, one per distinct value (the rules ask
+        for the same few axes and counts again and again)."""
         array = np.asarray(values, dtype="<i8")  # what numpy_helper.from_array writes
-        self.initializers.append(
-            TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
-                        raw_data=array.tobytes())
-        )  # fmt: skip
+        key = array.shape, array.tobytes()
+        out = self._made.get(key)
+        if out is None:
+            out = self._made[key] = self.scope.unique("seeded_const")
+            self.initializers.append(
+                TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
+                            raw_data=key[1])
+            )  # fmt: skip
         return out
 
     def same(self, node: NodeProto, inputs: list[str], **changed) -> None:

@@ -22,6 +22,7 @@ from onnxgrad._onnx_utils import (
     default_opset,
     finalize_model,
     replace_repeated,
+    subgraphs,
     weightless_bytes,
 )
 from onnxgrad.derivative.seed_axis import SeedAxis
@@ -51,8 +52,8 @@ def batch_seeds(
     keep theirs, and each rule writes nodes valid for those types (the rule table's tests
     load and run them in onnxruntime)."""
     graph = model.graph
-    linear, rest, touched = _split_nodes(graph, set(seed_inputs))
-    scope = NameScope(all_names(graph))
+    linear, rest, touched, names = _split_nodes(graph, set(seed_inputs))
+    scope = NameScope(names)
     shapes, types = _inferred(model, touched)
     constants = _int_constants(graph, touched)
     axis = SeedAxis(seeds, scope, shapes, constants, types, default_opset(model))
@@ -97,16 +98,20 @@ def _inferred(model: ModelProto, wanted: set[str]) -> tuple[dict, dict]:
     inferred = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True).graph
     shapes, types = {}, {}
     read: dict[bytes, tuple | None] = {}  # values share few types: each read once
-    for info in [*inferred.input, *inferred.output, *inferred.value_info]:
-        if info.name not in wanted:
-            continue
-        key = info.type.SerializeToString()
-        if key not in read:
-            read[key] = _elem_and_dims(info.type)
-        if read[key] is not None:
-            types[info.name], dims = read[key]
-            if dims is not None:
-                shapes[info.name] = list(dims)
+    for infos in (inferred.input, inferred.output, inferred.value_info):
+        for info in infos:
+            name = info.name
+            if name not in wanted:
+                continue
+            value_type = info.type
+            key = value_type.SerializeToString()
+            found = read.get(key, False)
+            if found is False:
+                found = read[key] = _elem_and_dims(value_type)
+            if found is not None:
+                types[name], dims = found
+                if dims is not None:
+                    shapes[name] = list(dims)
     for init in inferred.initializer:
         types[init.name] = init.data_type
         shapes[init.name] = list(init.dims)
@@ -151,25 +156,36 @@ def _name_nodes(graph: GraphProto, scope: NameScope) -> None:
     for node in graph.node:
         if not node.name:
             node.name = scope.unique(f"{node.op_type}_seeded")
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                _name_nodes(attr.g, scope)
+        if node.attribute:  # most nodes have none, and no subgraph
+            for sub in subgraphs(node):
+                _name_nodes(sub, scope)
 
 
-def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[str]]:
+def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[str], set[str]]:
     """``(nodes reading a seed directly or not, the others, the values the first read or
-    write)``, nodes in graph order."""
+    write, every value name of the graph and its subgraphs)``, nodes in graph order: one
+    pass over the nodes for both."""
     reached = set(seeds)
     linear, rest, touched = [], [], set()
+    names = {v.name for v in [*graph.input, *graph.initializer, *graph.output]}
+    names.update(t.values.name for t in graph.sparse_initializer)
     for node in graph.node:
-        reads = node_inputs(node) if node.attribute else node.input  # no subgraph to read
+        reads, writes = node.input, node.output
+        names.update(reads)
+        names.update(writes)
+        inner = subgraphs(node)  # most nodes have none: their reads are their inputs
+        if inner:
+            reads = node_inputs(node)
+            for sub in inner:
+                names |= all_names(sub)
         if reached.isdisjoint(reads):
             rest.append(node)
         else:
             linear.append(node)
-            reached.update(node.output)
+            reached.update(writes)
             touched.update(reads)
-    return linear, rest, touched | reached
+    names.discard("")
+    return linear, rest, touched | reached, names
 
 
 def _renamed(info: ValueInfoProto, name: str) -> ValueInfoProto:

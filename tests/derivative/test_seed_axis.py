@@ -222,3 +222,40 @@ def test_nodes_without_a_rule_next_to_each_other_share_one_scan():
     batched = batch_seeds(copy_message(model), ["x"], ["y"], K)
     assert [n.op_type for n in batched.graph.node].count("Scan") == 2
     _assert_k_runs(model, batched, feeds, seeded)
+
+
+def test_a_helper_node_asked_twice_is_made_once():
+    """Two ``Pad`` nodes over the same pads: the seed axis prepended to the pads (two
+    ``Slice``, one ``Concat``) and its constants are made once, read by both."""
+    model, feeds, seeded = _case(
+        [node("Pad", ["x", "p"], ["a"]), node("Pad", ["x", "p"], ["b"], mode="edge"),
+         node("Add", ["a", "b"], ["y"])],
+        _r(2, 3), constants=[("p", [1, 0, 0, 2])],
+    )  # fmt: skip
+    batched = batch_seeds(copy_message(model), ["x"], ["y"], K)
+    ops = [n.op_type for n in batched.graph.node]
+    assert (ops.count("Slice"), ops.count("Concat")) == (2, 1), ops
+    values = [numpy_helper.to_array(t).tobytes() for t in batched.graph.initializer]
+    assert len(values) == len(set(values)), "one initializer per distinct value"
+    _assert_k_runs(model, batched, feeds, seeded)
+
+
+def test_what_a_rule_gave_up_on_is_not_reused():
+    """A ``Gemm`` whose batched ``C`` has an unknown rank falls back to a ``Scan`` after its
+    rule made the product: a later ``Gemm`` over the same operands makes it again rather
+    than read a node that was dropped."""
+    from onnxgrad._onnx_utils import NameScope
+    from onnxgrad.derivative.seed_axis import SeedAxis
+
+    shapes = {"a": [2, 4], "b": [4, 5], "c": [2, 5]}  # no rank for "unknown"
+    given = {"a", "b", "c", "unknown"}
+    axis = SeedAxis(K, NameScope(given), shapes, {}, {}, 18)
+    axis.batched.update({"a", "c", "unknown"})
+    axis.rewrite(node("Gemm", ["a", "b", "unknown"], ["y1"]))
+    axis.rewrite(node("Gemm", ["a", "b", "c"], ["y2"]))
+    axis.flush()
+    defined = given | {t.name for t in axis.initializers}
+    for made in axis.nodes:
+        assert set(made.input) <= defined, (made.op_type, list(made.input))
+        defined.update(made.output)
+    assert {"y1", "y2"} <= defined
