@@ -18,9 +18,12 @@ those the graph declares. The first piece also holds every graph input and initi
 (onnx checks an initializer against the input of the same name). Each node is thus checked
 and inferred from the same definitions, input types and constants, and against the same
 declarations, as in the whole graph, and a value written again by a later piece is refused
-in onnx's words: an error on the whole graph is one on a piece, naming the same node (onnx
-reports the errors of one piece, the first of the whole graph's among them). Between pieces
-only the names written, and the types and constants a later piece reads, are kept.
+in onnx's words, as is a node writing a graph input or initializer, and a graph output no
+node writes: an error on the whole graph is one on a piece, naming the same node (onnx
+reports the errors of one piece, the first of the whole graph's among them). A graph with an
+operator onnx has no schema for is checked whole (onnx's inference then skips the graph).
+Between pieces only the names written, and the types and constants a later piece reads, are
+kept.
 """
 
 from __future__ import annotations
@@ -42,19 +45,22 @@ def check_in_pieces(
     the module docstring); raises what onnx raises. ``False`` (nothing judged wrong) when a
     value read across pieces has no inferred type an input can declare: the caller checks
     the whole graph."""
+    if not all(_has_schema(node) for node in nodes):
+        return False  # onnx's inference of a whole graph skips on such an op: so must we
     header = ModelProto()
     header.CopyFrom(shell)
     header.ClearField("graph")
     header.graph.name = shell.graph.name
     last_read = _last_reading_piece(nodes, piece_nodes)
     sources = _Sources(shell.graph)
+    given = sources.inputs.keys() | sources.initializers.keys()
     produced: set[str] = set()  # by the nodes of earlier pieces
     types: dict[str, bytes] = {}  # value -> its ValueInfoProto, serialised
     constants: dict[str, bytes] = {}  # value -> the Constant node making it, serialised
     expiring: dict[int, list[str]] = {}
     for index, start in enumerate(range(0, len(nodes), piece_nodes)):
         piece_nodes_ = nodes[start : start + piece_nodes]
-        written = _written_once(piece_nodes_, produced)
+        written = _written_once(piece_nodes_, produced, given)
         piece = ModelProto()
         piece.CopyFrom(header)
         unranked: list[onnx.ValueInfoProto] = []  # inputs of an unknown rank
@@ -92,7 +98,22 @@ def check_in_pieces(
         for name in expiring.pop(index, ()):
             types.pop(name, None)
             constants.pop(name, None)
+    _check_outputs_written(sources, produced | given)
     return True
+
+
+def _has_schema(node: NodeProto) -> bool:
+    return onnx.defs.has(node.op_type, node.domain)
+
+
+def _check_outputs_written(sources: _Sources, defined: set[str]) -> None:
+    """``ValidationError`` (onnx's words) for a graph output nothing defines: a piece
+    declares only the outputs its nodes write."""
+    missing = sorted(name for name in sources.outputs if name not in defined)
+    if missing:
+        raise onnx.checker.ValidationError(
+            f"Graph output '{missing[0]}' is not an output of any node in graph."
+        )
 
 
 def _declarable(value_type: onnx.TypeProto) -> bool:
@@ -110,11 +131,12 @@ def _with_shapes(piece: ModelProto, unranked: list[onnx.ValueInfoProto]) -> byte
     return piece.SerializeToString()
 
 
-def _written_once(nodes: Sequence[NodeProto], produced: set[str]) -> set[str]:
+def _written_once(nodes: Sequence[NodeProto], produced: set[str], given) -> set[str]:
     """The values ``nodes`` write; ``ValidationError`` (onnx's words) for one an earlier
-    piece wrote (within a piece, onnx's checker sees it)."""
+    piece wrote or the graph ``given`` as an input or initializer (within a piece, onnx's
+    checker sees it)."""
     written = {name for node in nodes for name in node.output[:] if name}
-    again = written & produced
+    again = written & produced | written & given
     if again:
         raise onnx.checker.ValidationError(
             "Graph must be in single static assignment (SSA) form, however "

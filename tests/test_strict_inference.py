@@ -141,6 +141,18 @@ def _bad_attribute(model):
     model.graph.node.append(helper.make_node("Relu", ["x4"], ["r2"], name="relu_attr", alpha=1.0))
 
 
+def _writes_an_input(model):
+    model.graph.node.append(helper.make_node("Relu", ["x4"], ["x"], name="writes_x"))
+
+
+def _writes_an_initializer(model):
+    model.graph.node.append(helper.make_node("Relu", ["x4"], ["w"], name="writes_w"))
+
+
+def _output_nothing_writes(model):
+    model.graph.output.append(helper.make_tensor_value_info("zz", F, [2, 3]))
+
+
 INFERENCE, CHECKER = onnx.shape_inference.InferenceError, onnx.checker.ValidationError
 #: name -> (how the valid graph is broken, what onnx raises on the whole graph)
 CASES = {name: (breakage, INFERENCE) for name, breakage in BREAKAGES.items()}
@@ -148,6 +160,9 @@ CASES.update(
     unsorted=(_unsorted, CHECKER),
     written_twice=(_written_twice, CHECKER),
     attribute=(_bad_attribute, CHECKER),
+    writes_an_input=(_writes_an_input, CHECKER),
+    writes_an_initializer=(_writes_an_initializer, CHECKER),
+    output_nothing_writes=(_output_nothing_writes, CHECKER),
 )
 
 
@@ -198,3 +213,26 @@ def test_a_value_of_unknown_rank_read_across_pieces_passes(piece_nodes):
     )
     onnx.checker.check_model(model, full_check=True)
     _pieces(model, piece_nodes)
+
+
+def test_an_op_without_a_schema_leaves_the_graph_to_the_whole_check():
+    # onnx's inference of a whole graph stops at an op it has no schema for, and so
+    # reports nothing after it: a piece without that op must not judge what follows
+    relus, last = _chain(3, "a")
+    nodes = [
+        helper.make_node("Gelu", ["x"], ["y"], name="gelu", domain="com.microsoft"),
+        helper.make_node("Relu", ["x"], ["a"], name="relu_a"),
+        *relus,
+        helper.make_node("Relu", [last], ["z"], name="relu_z"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [2, 3])],
+        [
+            helper.make_tensor_value_info("y", F, [2, 3]),
+            helper.make_tensor_value_info("z", I64, [2, 3]),
+        ],
+    )
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.checker.check_model(model, full_check=True)  # onnx says nothing
+    assert not check_in_pieces(utils.weightless_shell(model), model.graph.node, 2)
