@@ -39,13 +39,17 @@ def reconciled_shapes(model: ModelProto) -> ModelProto:
 
 
 def _unconfirmed_dims_unknown(declared: TypeProto, inferred: TypeProto | None) -> None:
-    """The static dimensions of ``declared`` that ``inferred`` does not give become unknown."""
-    target = declared.tensor_type
-    found = inferred.tensor_type if inferred is not None else None
-    known = found is not None and found.HasField("shape")
-    for k, mine in enumerate(target.shape.dim):
-        theirs = found.shape.dim[k] if known and k < len(found.shape.dim) else None
-        if mine.HasField("dim_value") and (theirs is None or not theirs.HasField("dim_value")):
+    """The static dimensions of ``declared`` that ``inferred`` gives as not static (a traced
+    size the inputs do not fix) become unknown; where inference knows nothing (no type, no
+    rank, another rank) the declaration stays."""
+    if inferred is None or not inferred.tensor_type.HasField("shape"):
+        return
+    found = inferred.tensor_type.shape.dim
+    target = declared.tensor_type.shape.dim
+    if len(found) != len(target):
+        return
+    for mine, theirs in zip(target, found, strict=True):
+        if mine.HasField("dim_value") and not theirs.HasField("dim_value"):
             mine.ClearField("dim_value")
 
 

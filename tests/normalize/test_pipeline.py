@@ -293,6 +293,28 @@ def test_an_output_dimension_traced_static_follows_the_input():
     np.testing.assert_allclose(x_grad, g @ weight.T, rtol=1e-5, atol=1e-6)
 
 
+def test_a_declared_dimension_inference_knows_nothing_of_stays():
+    """After an op onnx has no schema for, inference gives the output no type: the
+    exporter's ``[2, 10]`` stays (only a dimension inference gives as not static goes)."""
+    from onnx import TensorProto, helper
+
+    from onnxgrad.normalize.shapes import reconciled_shapes
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft"),
+            helper.make_node("Relu", ["g"], ["z"]),
+        ],
+        "opaque",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 10])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 10])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = reconciled_shapes(helper.make_model(graph, opset_imports=opsets, ir_version=8))
+    dims = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [2, 10]
+
+
 def test_an_ir3_model_whose_initializer_is_not_an_input_is_raised():
     """onnxruntime's ``datasets/mul_1.onnx``: IR 3, opset 7, ``Y = X W`` with ``W`` an
     initializer not listed among the inputs (onnxruntime runs it). onnx's version converter
