@@ -46,16 +46,16 @@ def integer_first_products(
     below 11 (no ``Round``) are left as they are."""
     if opset < 11:
         return {}
-    position = {node.name: i for i, node in enumerate(graph.node)}
-    codes = {}
-    for node in graph.node:
+    codes = {}  # x -> (position, the first DynamicQuantizeLinear of x)
+    for i, node in enumerate(graph.node):
         if is_default_op(node, "DynamicQuantizeLinear"):
-            codes.setdefault(node.input[0], node)
+            codes.setdefault(node.input[0], (i, node))
     new_nodes: dict[str, list[NodeProto]] = {}
-    for node in graph.node:
-        quantize = codes.get(node.input[0]) if is_default_op(node, "MatMul") else None
-        before = quantize is not None and position[quantize.name] < position[node.name]
-        if node.name in candidates and before:
+    for i, node in enumerate(graph.node):
+        if node.name not in candidates or not is_default_op(node, "MatMul"):
+            continue
+        position, quantize = codes.get(node.input[0], (i, None))
+        if quantize is not None and position < i:
             new_nodes[node.name] = _integer_product(node, quantize, opset, names, node_names)
     if new_nodes:
         ordered = [n for node in graph.node for n in new_nodes.get(node.name, [node])]

@@ -46,7 +46,8 @@ def requantized_weight_nodes(
     reader = next(n for n in graph.node if n.name == product.reader)
     weight = product.weight
     if product.kind == "MatMulInteger":
-        scale_name, zero_name = integer_product_scale(model, product), [*reader.input, ""][3]
+        scale_name = integer_product_scale(model, product)
+        zero_name = reader.input[3] if len(reader.input) > 3 else ""
         axis, attributes = 1, []
         scale_reader = _only_reader(graph, scale_name, weight)
     else:

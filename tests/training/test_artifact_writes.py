@@ -24,6 +24,7 @@ from onnxgrad.training import (
     merge_checkpoint,
     save_checkpoint,
 )
+from onnxgrad.training.artifacts.checkpoint import save_tensors
 from onnxgrad.training.artifacts.manifest import read_manifest
 from onnxgrad.training.artifacts.shared_weights import SHARED_FROM
 
@@ -116,6 +117,8 @@ def test_the_artifacts_own_checkpoint_is_not_overwritten(folder):
     trained = Checkpoint(weights={"W": W * 2, "b": B, "s": np.ones(SIDE, np.float32)})
     with pytest.raises(ValueError, match=r"checkpoint of the artifacts in .*elsewhere"):
         save_checkpoint(trained, folder / "checkpoint.json")
+    with pytest.raises(ValueError, match=r"checkpoint of the artifacts in .*elsewhere"):
+        save_tensors(trained.weights, folder / "checkpoint.json")
     assert (folder / "checkpoint.bin").read_bytes() == before
     load_train_step(folder)  # the folder still verifies
 

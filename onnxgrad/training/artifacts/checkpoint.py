@@ -60,6 +60,8 @@ WEIGHTS = "weights"
 #: Tensors of at least this many bytes are mapped rather than copied by ``mapped`` loads.
 MAPPED_FROM = 1 << 20
 OPTIMIZER_STATE = "optimizer_state"
+#: the checkpoint's manifest in an artifact folder
+ARTIFACT_CHECKPOINT = "checkpoint.json"
 
 
 @dataclass
@@ -78,7 +80,6 @@ def save_checkpoint(checkpoint: Checkpoint, path: str | os.PathLike) -> None:
     overlap = sorted(set(checkpoint.weights) & set(checkpoint.optimizer_state))
     if overlap:
         raise ValueError(f"names {overlap} are both weights and optimizer state")
-    _refuse_artifacts_checkpoint(_manifest_path(path))
     groups = {name: WEIGHTS for name in checkpoint.weights}
     groups.update({name: OPTIMIZER_STATE for name in checkpoint.optimizer_state})
     save_tensors({**checkpoint.weights, **checkpoint.optimizer_state}, path, groups)
@@ -89,7 +90,8 @@ def _refuse_artifacts_checkpoint(path: Path) -> None:
     it and its inference model may read its big weights from the ``.bin`` as external data,
     so a trained checkpoint written there would change that model without a word."""
     data = path.with_suffix(".bin")
-    if data.exists() and (path.parent / MANIFEST).exists():
+    own = path.name == ARTIFACT_CHECKPOINT and (path.parent / MANIFEST).exists()
+    if own and data.exists():
         raise ValueError(
             f"{os.fspath(path)!r} is the checkpoint of the artifacts in "
             f"{os.fspath(path.parent)!r}: their {MANIFEST} digests it and their inference "
@@ -129,6 +131,7 @@ def save_tensors(
     at all; the data file is written first.
     """
     path = _manifest_path(path)
+    _refuse_artifacts_checkpoint(path)
     data_path = path.with_suffix(".bin")
     arrays = {name: _checked_array(name, value) for name, value in tensors.items()}
     manifest = {}

@@ -65,6 +65,7 @@ from onnxgrad.normalize import normalized_model
 from onnxgrad.normalize.ste import quantized_activations as rounding
 from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training.artifacts.checkpoint import (
+    ARTIFACT_CHECKPOINT,
     OPTIMIZER_STATE,
     WEIGHTS,
     Checkpoint,
@@ -109,7 +110,7 @@ from onnxgrad.training.step.train_step import StateSlot, TrainStep
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
 INFERENCE_MODEL = "inference_model.onnx"
-CHECKPOINT = "checkpoint.json"
+CHECKPOINT = ARTIFACT_CHECKPOINT
 CHECKPOINT_DATA = "checkpoint.bin"
 DATA = "data.json"
 _MODELS = (TRAINING_MODEL, EVAL_MODEL, INFERENCE_MODEL)
