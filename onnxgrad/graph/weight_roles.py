@@ -216,8 +216,12 @@ _GRID_SIZE = 16
 
 def _is_half_integer_grid(values: np.ndarray) -> bool:
     """At least :data:`_GRID_SIZE` finite values, three distinct, all multiples of 1/2."""
-    doubled = np.asarray(values, np.float64).ravel() * 2
-    if doubled.size < _GRID_SIZE or not np.all(np.isfinite(doubled)):
+    flat = np.asarray(values).ravel()
+    head = flat[:_GRID_SIZE].astype(np.float64) * 2  # a trained table fails here, uncopied
+    if flat.size < _GRID_SIZE or not np.all(head == np.round(head)):
+        return False
+    doubled = flat.astype(np.float64) * 2
+    if not np.all(np.isfinite(doubled)):
         return False
     return bool(np.all(doubled == np.round(doubled))) and np.unique(doubled).size >= 3
 
