@@ -49,7 +49,10 @@ role:
   from it by ``Sub`` (a bias), or spanning exactly one axis (a per-feature bias, TensorFlow's
   folded ``beta - mean k`` included); one number added where the sum only feeds ``Log``,
   ``Sqrt``, ``Reciprocal`` or a divisor is an epsilon (``log(W x + eps)``); ``c - x`` with
-  ``c`` one number is a complement (``1 - p``), never a bias.
+  ``c`` one number is a complement (``1 - p``), never a bias; a table added to attention
+  scores (``q k^T``, scaled, masked) on their way to a ``Softmax`` is a relative-position
+  bias an export folded (Swin's) when it holds many finite values not linear in ``j - i``
+  (a folded ALiBi is, and a mask holds two or three values).
 
 *Affine* values are float graph inputs, outputs of layers (``MatMul``, ``Gemm``, ``Conv``
 with a constant operand, a frozen or dequantized weight included), scaled or shifted affine
@@ -226,6 +229,37 @@ def _is_half_integer_grid(values: np.ndarray) -> bool:
     return bool(np.all(doubled == np.round(doubled))) and np.unique(doubled).size >= 3
 
 
+#: what attention scores go through between ``q k^T`` and their ``Softmax``
+_SCORE_STEPS = frozenset(
+    {"Mul", "Div", "Add", "Sub", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Where"}
+)
+#: more distinct values than a mask holds (0, a fill, their sum)
+_BIAS_VALUES = 4
+#: no learned bias reaches this; masks' fills do
+_BIAS_BOUND = 1e3
+
+
+def _is_bias_table(values: np.ndarray) -> bool:
+    """A learned bias over (query, key) pairs: two trailing axes of more than one entry,
+    finite and below a mask's fill, of more than three distinct values, and not linear in
+    ``j - i`` along the keys (ALiBi's ``-m |i - j|`` is, within each causal half: its slope
+    is constant in ``j``)."""
+    if values.ndim < 2 or min(values.shape[-2:]) < 2 or not np.all(np.isfinite(values)):
+        return False
+    if np.abs(values).max() >= _BIAS_BOUND:
+        return False  # a mask's fill (-1e4, -1e9, the lowest float) folded in
+    if np.unique(values).size < _BIAS_VALUES:
+        return False
+    steps = np.diff(values.astype(np.float64), axis=-1)
+    upper = np.triu(np.ones(steps.shape[-2:], bool))  # keys at or after the query
+    lower = ~upper
+    for half in (upper, lower):
+        spread = steps[..., half]
+        if spread.size and np.ptp(spread, axis=-1).max() > 1e-6 * (np.abs(spread).max() + 1):
+            return True
+    return False
+
+
 def _spans_one_axis(shape: Shape) -> bool | None:
     """Whether a broadcast operand varies along exactly one axis (``None``: unknown)."""
     if shape is None:
@@ -298,11 +332,16 @@ class _Roles:
         #: the value each data value is a rearrangement of (slices, signs, concatenations)
         self.root: dict[str, str] = {}
         self.weights: set[str] = set()
+        #: attention scores: products of two data values (``q k^T``), scaled, masked, moved
+        self.scores: set[str] = set()
         #: ``(op_type, input index)`` of each use of a value in the main graph
         self.uses: dict[str, list[tuple[str, int]]] = {}
+        #: the nodes reading each value in the main graph
+        self.readers: dict[str, list[NodeProto]] = {}
         for node in model.graph.node:
             for index, name in enumerate(node.input):
                 self.uses.setdefault(name, []).append((node.op_type, index))
+                self.readers.setdefault(name, []).append(node)
         rounded = fake_quantized(model.graph)
         inside = {id(n) for _, nodes in rounded.values() for n in nodes}
         for node in model.graph.node:
@@ -373,7 +412,7 @@ class _Roles:
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
             if self._computes_a_grid(node, diff):
-                held = frozenset()
+                held = self._tables_added(node, held)
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
             from_rows = table or any(n in self.rows for _, n in constants)
             fill = node.op_type in _FILLS and _is_single(self.shapes.get(node.input[0]))
@@ -414,6 +453,7 @@ class _Roles:
         if not lookup and all(n in self.index_data for n in data if self._is_float(n)):
             self.index_data.update(outputs)
         self._track_root(node, data, outputs)
+        self._track_scores(node, data, outputs)
         if self._keeps_a_spectrum(node, data, weight_found):
             self.spectra.update(outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
@@ -471,6 +511,19 @@ class _Roles:
         if not any(n in self.shape_only for n in node.input):
             return False
         return node.op_type == "Range" or any(n in self.shape_only for _, n in diff)
+
+    def _tables_added(self, node: NodeProto, held: frozenset[str]) -> frozenset[str]:
+        """Of the constants of a node computing coordinates, the bias tables it adds (Swin's
+        folded position bias added to a window mask computed from the shape): they keep
+        their role; offsets, strides and scales are coordinates."""
+        if node.op_type not in _SHIFTS:
+            return frozenset()
+        return frozenset(
+            n
+            for n in held
+            if n in self.initializers
+            and _is_bias_table(numpy_helper.to_array(self.initializers[n]))
+        )
 
     def _index_values(self, node: NodeProto) -> list[str]:
         """The data values (ids, bytes, masks, positions, index data) a node without float
@@ -596,8 +649,46 @@ class _Roles:
                 return False
             if _is_single(shape) and self._guards_a_singularity(node.output[0]):
                 return False  # an epsilon: log(W x + eps)
+            if self._is_position_bias(node, index, data):
+                return True
             return any(n in self.affine for n in data)
         return True
+
+    def _track_scores(self, node: NodeProto, data: list[str], outputs: list[str]) -> None:
+        """Attention scores: a ``MatMul`` of two data values (``q k^T``), then what scales,
+        masks or moves them."""
+        product = node.op_type == "MatMul" and len(data) == 2
+        step = node.op_type in _SCORE_STEPS and data and all(n in self.scores for n in data)
+        if product or step:
+            self.scores.update(outputs)
+
+    def _is_position_bias(self, node: NodeProto, index: int, data: list[str]) -> bool:
+        """A relative-position bias an export folded (Swin's ``Gather(table, index)`` made
+        one ``[1, heads, S, S]`` constant): a term added to attention scores on their way to
+        a ``Softmax``, spanning several axes, holding many finite values, and not a function
+        of ``j - i`` linear in it (a folded ALiBi slope) nor a mask (two or three values:
+        ``0`` and a fill)."""
+        if node.op_type != "Add" or not data or not all(n in self.scores for n in data):
+            return False
+        if not self._reaches_softmax(node.output[0]):
+            return False
+        arrays = [
+            numpy_helper.to_array(self.initializers[n])
+            for n in self.sources.get(node.input[index], ())
+            if n in self.initializers
+        ]
+        return bool(arrays) and all(_is_bias_table(a) for a in arrays)
+
+    def _reaches_softmax(self, name: str, steps: int = 4) -> bool:
+        """Whether ``name`` feeds a ``Softmax`` within ``steps`` score steps (a mask added,
+        a reshape)."""
+        for reader in self.readers.get(name, ()):
+            if reader.op_type in ("Softmax", "LogSoftmax"):
+                return True
+            onward = steps and reader.op_type in _SCORE_STEPS and reader.output
+            if onward and self._reaches_softmax(reader.output[0], steps - 1):
+                return True
+        return False
 
     def _is_folded_grid(self, name: str) -> bool:
         """Coordinates a static export folded (a detector's anchor centres ``k + 1/2``, its

@@ -39,13 +39,17 @@ def reconciled_shapes(model: ModelProto) -> ModelProto:
 
 
 def _unconfirmed_dims_unknown(declared: TypeProto, inferred: TypeProto | None) -> None:
-    """The static dimensions of ``declared`` that ``inferred`` gives as not static (a traced
-    size the inputs do not fix) become unknown; where inference knows nothing (no type, no
-    rank, another rank) the declaration stays."""
-    if inferred is None or not inferred.tensor_type.HasField("shape"):
+    """The static dimensions of ``declared`` that ``inferred`` does not confirm (a traced
+    size the inputs do not fix: inference typed the output, but gives that dimension as
+    not static, or no rank) become unknown; where inference did not reach the output (no
+    inferred type: it failed, or stopped at an op without a schema) the declaration stays."""
+    if inferred is None:
         return
-    found = inferred.tensor_type.shape.dim
     target = declared.tensor_type.shape.dim
+    if not inferred.tensor_type.HasField("shape"):
+        found = [onnx.TensorShapeProto.Dimension()] * len(target)
+    else:
+        found = inferred.tensor_type.shape.dim
     if len(found) != len(target):
         return
     for mine, theirs in zip(target, found, strict=True):

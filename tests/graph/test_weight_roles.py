@@ -90,6 +90,94 @@ def test_attention_scale_mask_and_fill_value_are_constants_projections_are_weigh
     assert _weights(model) == ["wq", "bq"]
 
 
+def _scores_plus(table: np.ndarray, then_mask=None) -> list[str]:
+    """The default weights of ``softmax(x wq (x wk)^T + table [+ mask])``."""
+    node = helper.make_node
+    nodes = [
+        node("MatMul", ["x", "wq"], ["q"]),
+        node("MatMul", ["x", "wk"], ["k"]),
+        node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        node("MatMul", ["q", "kt"], ["scores"]),
+        node("Add", ["scores", "table"], ["biased"]),
+    ]
+    inits = {"wq": f32(4, 4), "wk": f32(4, 5)[:, :4].copy(), "table": table}
+    if then_mask is not None:
+        nodes.append(node("Add", ["biased", "mask"], ["masked"]))
+        inits["mask"] = then_mask
+    nodes.append(node("Softmax", [nodes[-1].output[0]], ["y"]))
+    return sorted(_weights(_model(nodes, inits, X, ["y"])))
+
+
+def _alibi(slopes: np.ndarray) -> np.ndarray:
+    """ALiBi's ``-m_h |i - j|`` over 8 positions, ``[1, heads, 8, 8]``."""
+    distance = np.abs(np.arange(8)[None] - np.arange(8)[:, None])
+    return (-slopes[:, None, None] * distance)[None].astype(np.float32)
+
+
+def test_a_relative_position_bias_folded_into_the_scores_is_a_weight():
+    # Swin as torch.onnx writes it: Gather(table, constant index) folded into one
+    # [1, heads, S, S] constant added to the scores
+    folded = np.random.default_rng(3).normal(0, 0.02, (1, 1, 8, 8)).astype(np.float32)
+    assert _scores_plus(folded) == ["table", "wk", "wq"]
+    causal = np.triu(np.full((8, 8), -1e9, np.float32), 1)[None, None]
+    assert _scores_plus(folded, then_mask=causal) == ["table", "wk", "wq"]
+
+
+def test_a_folded_bias_added_to_a_window_mask_computed_from_the_shape_is_a_weight():
+    # Swin's shifted windows: the bias is first added to a mask the export computes from the
+    # shape (here zeros of the scores' shape), then to the scores
+    node = helper.make_node
+    table = np.random.default_rng(4).normal(0, 0.02, (1, 8, 8)).astype(np.float32)
+    model = _model(
+        [
+            node("MatMul", ["x", "wq"], ["q"]),
+            node("Transpose", ["q"], ["qt"], perm=[0, 2, 1]),
+            node("MatMul", ["q", "qt"], ["scores"]),
+            node("Shape", ["scores"], ["shape"]),
+            node("ConstantOfShape", ["shape"], ["window"]),
+            node("Add", ["table", "window"], ["bias"]),
+            node("Add", ["scores", "bias"], ["biased"]),
+            node("Softmax", ["biased"], ["y"]),
+        ],
+        {"wq": f32(4, 4), "table": table},
+        X,
+        ["y"],
+    )
+    assert sorted(_weights(model)) == ["table", "wq"]
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        _alibi(np.array([0.5, 0.25], np.float32)),  # a folded ALiBi: linear in j - i
+        np.triu(np.full((8, 8), -1e9, np.float32), 1)[None, None],  # a causal mask
+        np.triu(np.full((8, 8), -np.inf, np.float32), 1)[None, None],
+        _alibi(np.array([0.5], np.float32)) + np.triu(np.full((8, 8), -1e9, np.float32), 1),
+    ],
+    ids=["alibi", "mask", "inf-mask", "alibi-and-mask"],
+)
+def test_alibi_and_masks_added_to_the_scores_are_not_weights(table):
+    assert _scores_plus(table) == ["wk", "wq"]
+
+
+def test_a_table_added_to_non_affine_data_elsewhere_is_not_a_bias():
+    # a sine position table added after an activation (Whisper's encoder adds its table after
+    # a GELU), not to attention scores
+    node = helper.make_node
+    positions = np.sin(np.arange(32).reshape(8, 4) / 3.0).astype(np.float32)
+    model = _model(
+        [
+            node("MatMul", ["x", "w"], ["h"]),
+            node("Tanh", ["h"], ["g"]),
+            node("Add", ["g", "positions"], ["y"]),
+        ],
+        {"w": f32(4, 4), "positions": positions},
+        X,
+        ["y"],
+    )
+    assert _weights(model) == ["w"]
+
+
 def _rotary(x, cos, sin, out):
     """``x cos + rotate_half(x) sin``, ``rotate_half(x) = [-x2, x1]`` (halves of the last
     axis), as transformers writes rotary embeddings."""
