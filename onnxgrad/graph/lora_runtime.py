@@ -43,14 +43,19 @@ from onnxgrad.graph.deployed_products import (
 )
 from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.lora import lora_adapters, rewire, weight_update
+from onnxgrad.graph.lora_choice import chosen_per_run, crossover_rows
 from onnxgrad.graph.lora_requantized import requantized_weight_nodes
 
 #: How :func:`runtime_adapter_model` applies the fed adapters.
-APPLY_MODES = ("branch", "weights")
+APPLY_MODES = ("auto", "branch", "weights")
 
 
 def runtime_adapter_model(
-    deployed: ModelLike, adapted: ModelLike, integer_branch: bool = False, apply: str = "branch"
+    deployed: ModelLike,
+    adapted: ModelLike,
+    integer_branch: bool = False,
+    apply: str = "auto",
+    rows: int | None = None,
 ) -> ModelProto:
     """``deployed`` with a branch ``s (x A) B`` beside each product whose weight ``adapted``
     (``add_lora`` of ``deployed``) adapts; ``A`` and ``B`` are graph inputs defaulting to
@@ -84,8 +89,17 @@ def runtime_adapter_model(
         raise TypeError(f"apply must be a string, one of {APPLY_MODES}, got {apply!r}")
     if apply not in APPLY_MODES:
         raise ValueError(f"apply must be one of {APPLY_MODES}, got {apply!r}")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise ValueError(f"rows must be a non-negative integer or None, got {rows!r}")
     model = load_model(deployed)
     adapted = load_model(adapted)
+    if apply == "auto":
+        built = [
+            runtime_adapter_model(model, adapted, integer_branch, mode) for mode in APPLY_MODES[1:]
+        ]
+        activations, updates, branches = _choices(model, adapted)
+        threshold = crossover_rows(updates, branches) if rows is None else rows
+        return chosen_per_run(model, *built, activations, threshold)
     adapters = lora_adapters(adapted)
     if not adapters:
         raise ValueError("the adapted model has no LoRA adapter (add_lora records them)")
@@ -128,6 +142,32 @@ def runtime_adapter_model(
         branch = {node.name for node in graph.node} - original
         integer_first_products(graph, branch, default_opset(model), names, node_names)
     return finalize_model(model, check=False)
+
+
+def _choices(model: ModelProto, adapted: ModelProto):
+    """What ``"branch"`` and ``"weights"`` do differently: ``(x, K)`` of each product
+    branched in one and updated in the other, ``(K, N, r, storage)`` of each such weight
+    (:data:`~onnxgrad.graph.lora_choice.UPDATE_COST`) and ``(K, N, r)`` of each product."""
+    graph = model.graph
+    products = weight_products(model)
+    values = {init.name: init for init in adapted.graph.initializer}
+    activations, updates, branches = [], [], []
+    for adapter in lora_adapters(adapted):
+        found = _products_of(products, adapter, values, graph)
+        if not found:
+            continue
+        if _float_initializer(graph, adapter["weight"]) is not None:
+            storage = "float"
+        elif _requantizable(found, graph):
+            storage = "int8" if found[0].kind == "MatMulInteger" else "qdq"
+        else:
+            continue
+        rank = int(values[adapter["a"]].dims[-1])
+        (k, n) = found[0].shape
+        updates.append((k, n, rank, storage))
+        branches.extend((*p.shape, rank) for p in found)
+        activations.extend((p.x, p.shape[0]) for p in found)
+    return activations, updates, branches
 
 
 def _products_of(products: dict, adapter: dict, values: dict, graph) -> list:
