@@ -162,8 +162,8 @@ def _feeds(kind: str, seq: int | None) -> dict:
     return {k: v[:, :seq] for k, v in feeds.items()} if seq else feeds
 
 
-def _returned(model, form: str) -> dict:
-    """The models that come back, by name (a refusal as its message)."""
+def _returned(model, form: str, only: set[str] | None = None) -> dict:
+    """The models that come back, by name (a refusal as its message; ``only``: these)."""
     from onnxgrad import add_lora, merge_lora
     from onnxgrad.graph.lora_runtime import runtime_adapter_model
     from tests.normalize.deployed import trained_adapters
@@ -175,13 +175,19 @@ def _returned(model, form: str) -> dict:
         ("requantize", lambda: merge_lora(adapted, quantized="requantize")),
         ("runtime", lambda: runtime_adapter_model(model, adapted)),
         ("runtime-w", lambda: runtime_adapter_model(model, adapted, apply="weights")),
+        ("runtime-a", lambda: runtime_adapter_model(model, adapted, apply="auto")),
     ]
     if form == "int8":
         makers += [
             ("keep-int", lambda: merge_lora(adapted, integer_branch=True)),
-            ("runtime-int", lambda: runtime_adapter_model(model, adapted, integer_branch=True)),
+            (
+                "runtime-int",
+                lambda: runtime_adapter_model(model, adapted, integer_branch=True, apply="branch"),
+            ),
         ]
     for name, make in makers:
+        if only and name not in only:
+            continue
         try:
             found[name] = make()
         except ValueError as exc:
@@ -258,12 +264,46 @@ WEIGHT_UPDATE_OPS = frozenset(
 )
 
 
+def _sides(returned) -> tuple | None:
+    """``(weights side, branch side)`` of an ``apply="auto"`` model, each one flat model (the
+    nodes before its ``If`` but the choice's, then one body's but those recomputing an outer
+    node), or ``None`` for a model without that ``If``."""
+    import re
+
+    import onnx
+
+    from onnxgrad.graph.lora_choice import CHOOSER
+
+    nodes = list(returned.graph.node)
+    if not nodes or not nodes[-1].name.startswith(CHOOSER):
+        return None
+    outer = [n for n in nodes if not n.name.startswith(CHOOSER)]
+    written = {o for n in outer for o in n.output}
+    views = {}
+    for attribute in nodes[-1].attribute:
+        own = [
+            n
+            for n in attribute.g.node
+            if not all(re.sub(r"/(weights|branch)(_\d+)?$", "", o) in written for o in n.output)
+        ]
+        views[attribute.name] = onnx.ModelProto()
+        views[attribute.name].CopyFrom(returned)
+        del views[attribute.name].graph.node[:]
+        views[attribute.name].graph.node.extend([*outer, *own])
+    return views["then_branch"], views["else_branch"]
+
+
 def _kept_form(model, returned, beside: bool, name: str) -> str:
     """``ok`` where ``returned`` holds the deployed operators plus, ``beside`` the base, only
     an adapter branch's (``tests.normalize.deployed.assert_deployed_form``) or, for
     ``runtime-w``, a weight update's, else the miss."""
     from tests.normalize.deployed import BRANCH_OPS, assert_deployed_form, operators
 
+    sides = _sides(returned) if name == "runtime-a" else None
+    if sides is not None:
+        kept = [_kept_form(model, sides[0], beside, "runtime-w")]
+        kept.append(_kept_form(model, sides[1], beside, "runtime"))
+        return "ok" if kept == ["ok", "ok"] else " / ".join(kept)
     if name == "runtime-w":
         lost = operators(model) - operators(returned)
         extra = {op for domain, op in operators(returned) - operators(model) if not domain}
@@ -286,6 +326,7 @@ def main() -> None:
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--seq", type=int, default=None, help="the first SEQ tokens only")
+    parser.add_argument("--only", default="", help="these models that come back (runtime,...)")
     args = parser.parse_args()
     BATCH = args.batch
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -302,7 +343,7 @@ def main() -> None:
         folder, args.kinds.split(","), args.forms.split(","), args.hidden
     ).items():
         model = onnx.load(path)
-        returned = _returned(model, form)
+        returned = _returned(model, form, set(filter(None, args.only.split(","))))
         runnable = {k: v for k, v in returned.items() if not isinstance(v, str)}
         times = _times({"deployed": model, **runnable}, _feeds(kind, args.seq), args.rounds)
         share = _adapter_share(model, returned["adapted"])

@@ -4,30 +4,44 @@ r"""One runtime adapter model that picks, per run, the cheaper way to apply the 
 ways: ``"branch"`` adds ``s (x A) B`` beside each product (``M r (K + N)`` for ``M`` rows),
 ``"weights"`` updates the weights once per run (``K N r``, and over quantized weights a few
 passes over ``K x N`` to quantize them again), whatever ``M``. :func:`chosen_per_run` puts
-both in one ``If`` of standard ONNX, decided by the rows of the first adapted product's
+both in one ``If`` of standard ONNX, decided by the rows ``M`` of an adapted product's
 activation ``x`` (``K`` values a row), a shape known only at run time (batch x sequence):
 
-    rows = Size(x) / K,        If(rows > T, weights body, branch body),
+    If(M > T, weights body, branch body),
     T = sum_w c_w r_w K_w N_w / sum_p r_p (K_p + N_p)
 
 (``w`` the updated weights, ``p`` the branches' products, ``c_w`` the measured cost of one
-update's multiply-add against a branch's, :data:`UPDATE_COST`). The nodes computing ``x``
-(those the two models share, before any adapted weight is read) stay outside the ``If``;
-both bodies read the outer initializers and inputs, so the deployed weights are stored once
-and the adapters stay overridable inputs.
+update's multiply-add against a branch's, :data:`UPDATE_COST`). ``M`` is counted from the
+graph inputs' dimensions where onnx's shape inference gives ``x``'s leading dimensions their
+names (``batch x sequence``: ``Shape``, ``Gather``, ``Mul``), else as ``Size(x) / K`` after
+the nodes computing ``x``, which then run outside the ``If`` (those the two models compute
+alike). Each body is one whole model; both read the outer initializers and inputs (the
+deployed weights stored once, the adapters still overridable inputs), but for copies of the
+scalars and vectors (scales, zero points, biases) onnxruntime's fusions need as constants of
+their own graph. onnxruntime optimizes each body as it does the model alone (the same fused
+kernels); running a body costs about 0.2 us a node more than the main graph (1.32, one thread).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import NameScope, all_names, subgraphs
+from onnxgrad._onnx_utils import NameScope, all_names, default_opset, subgraphs, weightless_view
 from onnxgrad.graph._scopes import node_inputs
 
 #: the cost of a weight update's multiply-add of ``K N r`` against a branch's, by how the
 #: weight is stored (measured: ``benchmarks/bench_round_trip.py``, docs/deployed-models.md)
 UPDATE_COST = {"float": 1.0, "int8": 4.0, "qdq": 16.0}
+#: the name of the nodes choosing (``CHOOSER/...``, the ``If`` last)
+CHOOSER = "adapters_chosen_per_run"
+#: operators onnxruntime's QDQ passes propagate a quantization pair over, or fuse
+MOVABLE = frozenset(
+    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Identity", "Cast"}
+    | {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather", "Expand"}
+    | {"MaxPool", "Resize", "Concat", "Split", "Shape", "Constant"}
+)
 
 
 def crossover_rows(updates: list[tuple[int, int, int, str]], branches: list[tuple]) -> int:
@@ -45,70 +59,120 @@ def chosen_per_run(
     activations: list[tuple[str, int]],
     rows: int,
 ) -> ModelProto:
-    """One model running ``weights``' nodes when the first of ``activations`` (``(x, K)``
-    of the adapted products) whose ancestors both models compute as ``deployed`` does has
-    more than ``rows`` rows, ``branch``'s otherwise. ``branch`` itself where the two have
-    the same nodes or no activation is computed before an adapted weight is read."""
-    if _node_bytes(branch) == _node_bytes(weights):
+    """One model running ``weights``' nodes when the adapted products read more than
+    ``rows`` rows, ``branch``'s otherwise (module docstring); ``activations`` are the
+    ``(x, K)`` of those products. ``branch`` itself where the two have the same nodes,
+    below opset 11, or where no activation's rows can be counted before its product;
+    ``weights`` or ``branch`` alone where its rows are static."""
+    if _node_bytes(branch) == _node_bytes(weights) or default_opset(branch) < 11:
         return branch
-    point = _decision_point(deployed, branch, weights, activations)
-    if point is None:
-        return branch
-    x, k, prefix = point
-    outer = {o for node in prefix for o in node.output}
     names = NameScope(all_names(branch.graph) | all_names(weights.graph))
-    bodies = [_body(m, outer, names, tag) for m, tag in ((weights, "weights"), (branch, "branch"))]
-    size = names.unique(f"{x}_size")
-    limit = names.unique(f"{x}_rows_limit")
-    condition = names.unique(f"{x}_many_rows")
-    chooser = [
-        helper.make_node("Size", [x], [size], name=names.unique("adapters_rows")),
-        helper.make_node(
-            "Constant",
-            [],
-            [limit],
-            name=names.unique("adapters_rows_limit"),
-            value=numpy_helper.from_array(np.asarray(rows * k, dtype=np.int64)),
-        ),
-        helper.make_node("Greater", [size, limit], [condition], name=names.unique("many_rows")),
+    prefix: list[NodeProto] = []
+    counted = _rows_of_inputs(deployed, activations, rows)
+    if counted is None:
+        point = _decision_point(branch, weights, activations)
+        if point is None:
+            return branch
+        x, k, prefix = point
+        counted = ([(x, None)], k, rows * k)
+    factors, static, limit = counted
+    if not factors:
+        return weights if static > rows else branch
+    condition, chooser = _more_rows_than(factors, limit, names)
+    bodies = [_body(m, prefix, names, tag) for m, tag in ((weights, "weights"), (branch, "branch"))]
+    chooser.append(
         helper.make_node(
             "If",
             [condition],
             [o.name for o in branch.graph.output],
-            name=names.unique("adapters_applied"),
+            name=names.unique(f"{CHOOSER}/applied"),
             then_branch=bodies[0],
             else_branch=bodies[1],
-        ),
-    ]
+        )
+    )
     return _outer_model(branch, weights, prefix, chooser)
+
+
+def _rows_of_inputs(deployed: ModelProto, activations, rows: int):
+    """``(factors, static, limit)``: the rows of one activation ``x`` are ``static`` times
+    the product of ``factors``, ``(graph input, axis)`` whose dimension names (onnx's
+    shape inference) ``x``'s leading dimensions carry, so that it has more than ``rows``
+    rows where that product exceeds ``limit``; ``None`` where no activation's are known."""
+    inputs = {}
+    for value in deployed.graph.input:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.dim_param:
+                inputs.setdefault(dim.dim_param, (value.name, axis))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(weightless_view(deployed))
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return None
+    shapes = {v.name: v.type.tensor_type for v in inferred.graph.value_info}
+    for x, _ in activations:
+        known = shapes.get(x)
+        if known is None or not known.HasField("shape") or len(known.shape.dim) < 2:
+            continue
+        leading = known.shape.dim[:-1]
+        if all(d.dim_value > 0 or d.dim_param in inputs for d in leading):
+            static = int(np.prod([d.dim_value for d in leading if d.dim_value > 0]))
+            factors = [inputs[d.dim_param] for d in leading if d.dim_value <= 0]
+            return factors, static, rows // static
+    return None
+
+
+def _more_rows_than(factors, limit: int, names: NameScope):
+    """``(the condition, its nodes)``: the product of ``factors`` above ``limit``, each
+    factor ``(value, axis)`` one dimension of ``value`` or, ``axis`` ``None``, its size.
+    The nodes are named ``CHOOSER/...``."""
+    nodes, product = [], None
+
+    def name(base: str) -> str:
+        return names.unique(f"{CHOOSER}/{base}")
+
+    for value, axis in factors:
+        size = name(f"{value}_rows")
+        if axis is None:
+            nodes.append(helper.make_node("Size", [value], [size], name=size))
+        else:
+            shape, index = name(f"{value}_shape"), name(f"{value}_axis")
+            nodes.append(helper.make_node("Shape", [value], [shape], name=shape))
+            nodes.append(_constant(index, axis))
+            nodes.append(helper.make_node("Gather", [shape, index], [size], name=size))
+        if product is not None:
+            total = name("rows")
+            nodes.append(helper.make_node("Mul", [product, size], [total], name=total))
+            size = total
+        product = size
+    bound, condition = name("limit"), name("many_rows")
+    nodes.append(_constant(bound, limit))
+    nodes.append(helper.make_node("Greater", [product, bound], [condition], name=condition))
+    return condition, nodes
+
+
+def _constant(name: str, value: int) -> NodeProto:
+    tensor = numpy_helper.from_array(np.asarray(value, dtype=np.int64))
+    return helper.make_node("Constant", [], [name], name=name, value=tensor)
 
 
 def _node_bytes(model: ModelProto) -> list[bytes]:
     return [node.SerializeToString() for node in model.graph.node]
 
 
-def _decision_point(deployed, branch, weights, activations):
-    """``(x, K, the deployed nodes computing x)`` for the first activation whose ancestors
-    both built models hold unchanged, or ``None``."""
-    producers = {o: node for node in deployed.graph.node for o in node.output}
-    order = {id(node): i for i, node in enumerate(deployed.graph.node)}
-    built = [_by_output(branch), _by_output(weights)]
+def _decision_point(branch: ModelProto, weights: ModelProto, activations):
+    """``(x, K, the nodes computing x)`` for the first activation whose ancestors in
+    ``branch`` ``weights`` holds unchanged too (a convolution's kernel updated the same way
+    in both included), or ``None``."""
+    producers = {o: node for node in branch.graph.node for o in node.output}
+    order = {id(node): i for i, node in enumerate(branch.graph.node)}
+    other = {node.output[0]: node.SerializeToString() for node in weights.graph.node if node.output}
     candidates = sorted(
         dict(activations).items(), key=lambda item: order.get(id(producers.get(item[0])), -1)
     )
     for x, k in candidates:
         prefix = _ancestors(x, producers, order)
-        if all(_unchanged(node, models) for node in prefix for models in built):
+        if all(other.get(node.output[0]) == node.SerializeToString() for node in prefix):
             return x, k, prefix
     return None
-
-
-def _by_output(model: ModelProto) -> dict[str, bytes]:
-    return {node.output[0]: node.SerializeToString() for node in model.graph.node if node.output}
-
-
-def _unchanged(node: NodeProto, built: dict[str, bytes]) -> bool:
-    return built.get(node.output[0]) == node.SerializeToString()
 
 
 def _ancestors(name: str, producers: dict, order: dict) -> list[NodeProto]:
@@ -123,12 +187,24 @@ def _ancestors(name: str, producers: dict, order: dict) -> list[NodeProto]:
     return sorted(found.values(), key=lambda node: order[id(node)])
 
 
-def _body(model: ModelProto, outer: set[str], names: NameScope, tag: str):
-    """``model``'s nodes outside ``outer``'s producers as an ``If`` body: every value they
-    write renamed (a body may not shadow the outer names), the graph outputs its outputs."""
+def _body(model: ModelProto, prefix: list[NodeProto], names: NameScope, tag: str):
+    """``model``'s nodes outside ``prefix`` as an ``If`` body: every value they write
+    renamed (a body may not shadow the outer names), the graph outputs its outputs. The
+    quantization and layout nodes of ``prefix`` it reads are computed again inside
+    (:func:`_recomputed_reads`), the rank-0 and rank-1 initializers it reads copied in."""
     graph = model.graph
+    outer = {o for node in prefix for o in node.output}
     nodes = [n for n in graph.node if not (n.output and n.output[0] in outer)]
+    nodes = [*_recomputed_reads(prefix, nodes), *nodes]
     renamed = {o: names.unique(f"{o}/{tag}") for n in nodes for o in n.output if o}
+    read = {name for node in nodes for name in node_inputs(node)}
+    overridable = {i.name for i in graph.input}
+    own = [
+        init
+        for init in graph.initializer
+        if init.name in read and len(init.dims) <= 1 and init.name not in overridable
+    ]
+    renamed.update({init.name: names.unique(f"{init.name}/{tag}") for init in own})
     body_nodes = [_renamed(node, renamed, names, tag) for node in nodes]
     outputs = []
     for output in graph.output:
@@ -145,7 +221,34 @@ def _body(model: ModelProto, outer: set[str], names: NameScope, tag: str):
             copy = helper.make_empty_tensor_value_info(renamed[info.name])
             copy.type.CopyFrom(info.type)
             infos.append(copy)
-    return helper.make_graph(body_nodes, f"{graph.name}_{tag}", [], outputs, value_info=infos)
+    initializers = [_renamed_tensor(init, renamed[init.name]) for init in own]
+    return helper.make_graph(
+        body_nodes, f"{graph.name}_{tag}", [], outputs, initializers, value_info=infos
+    )
+
+
+def _recomputed_reads(prefix: list[NodeProto], nodes: list[NodeProto]) -> list[NodeProto]:
+    """The nodes of ``prefix`` that ``nodes`` read and that onnxruntime's quantization
+    passes move or cross (:data:`MOVABLE`), with those they read in turn: a body computes
+    them again (a pass over one activation each), so that no such pattern spans the ``If``
+    boundary (one that does makes onnxruntime 1.32's ``QDQPropagationTransformer`` abort)."""
+    producers = {o: node for node in prefix for o in node.output}
+    wanted = [producers[n] for node in nodes for n in node_inputs(node) if n in producers]
+    copied: dict[int, NodeProto] = {}
+    while wanted:
+        node = wanted.pop()
+        if id(node) in copied or node.op_type not in MOVABLE:
+            continue
+        copied[id(node)] = node
+        wanted.extend(producers[i] for i in node_inputs(node) if i in producers)
+    return [node for node in prefix if id(node) in copied]
+
+
+def _renamed_tensor(tensor, name: str):
+    copy = type(tensor)()
+    copy.CopyFrom(tensor)
+    copy.name = name
+    return copy
 
 
 def _renamed(node: NodeProto, renamed: dict[str, str], names: NameScope, tag: str) -> NodeProto:
@@ -179,8 +282,13 @@ def _outer_model(branch, weights, prefix, chooser) -> ModelProto:
     graph = model.graph
     known = {init.name for init in graph.initializer}
     graph.initializer.extend(i for i in weights.graph.initializer if i.name not in known)
-    kept = {o for node in prefix for o in node.output}
-    infos = [info for info in graph.value_info if info.name in kept]
+    read = {name for node in [*prefix, *chooser] for name in node_inputs(node)}
+    read |= {i.name for i in graph.input} | {o.name for o in graph.output}
+    kept = [init for init in graph.initializer if init.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    values = {o for node in prefix for o in node.output}
+    infos = [info for info in graph.value_info if info.name in values]
     del graph.value_info[:]
     graph.value_info.extend(infos)
     del graph.node[:]
@@ -191,4 +299,4 @@ def _outer_model(branch, weights, prefix, chooser) -> ModelProto:
     return model
 
 
-__all__ = ["UPDATE_COST", "chosen_per_run", "crossover_rows"]
+__all__ = ["CHOOSER", "UPDATE_COST", "chosen_per_run", "crossover_rows"]

@@ -54,7 +54,7 @@ def runtime_adapter_model(
     deployed: ModelLike,
     adapted: ModelLike,
     integer_branch: bool = False,
-    apply: str = "auto",
+    apply: str = "branch",
     rows: int | None = None,
 ) -> ModelProto:
     """``deployed`` with a branch ``s (x A) B`` beside each product whose weight ``adapted``
