@@ -107,7 +107,8 @@ def _rows_of_inputs(deployed: ModelProto, activations, rows: int):
         inferred = onnx.shape_inference.infer_shapes(weightless_view(deployed))
     except (onnx.shape_inference.InferenceError, ValueError):
         return None
-    shapes = {v.name: v.type.tensor_type for v in inferred.graph.value_info}
+    values = [*inferred.graph.input, *inferred.graph.value_info]
+    shapes = {v.name: v.type.tensor_type for v in values}
     for x, _ in activations:
         known = shapes.get(x)
         if known is None or not known.HasField("shape") or len(known.shape.dim) < 2:
