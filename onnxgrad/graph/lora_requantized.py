@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import ModelProto, NodeProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import default_opset, reduce_axes_are_input
 from onnxgrad.graph.deployed_products import Product
@@ -80,6 +80,152 @@ def requantized_weight_nodes(
         del reader.input[:]
         reader.input.extend([codes, step, zero])
     return build.nodes
+
+
+def requantized_nbits_nodes(
+    model: ModelProto, product: Product, adapter: dict, names, node_names
+) -> list[NodeProto]:
+    r"""The nodes computing, from ``adapter``'s fed ``A`` and ``B``, the packed codes, the
+    scales and (where the node has them) the zero points of ``W' = W + s A B`` that
+    ``merge_lora(..., quantized="requantize")`` writes for ``product``, a ``MatMulNBits``
+    (``b`` bits, blocks of ``block_size`` along ``K`` of each of the ``N`` rows of
+    ``W^T``, codes packed ``8 / b`` to a byte, least significant first):
+
+        codes = (p // 2^{b i}) mod 2^b,   W'^T = (codes - z) s + s_A (A B)^T   (0 past K)
+        per block: the rule of the module docstring with ``q_min = 0``, ``q_max = 2^b - 1``
+        (symmetric about ``2^{b-1}`` where the node has no zero points or they all are),
+        p' = sum_i codes'_i 2^{b i}
+
+    in ``int32`` (``Div``, ``Mod``, ``ReduceSum``: no bitwise operator needed). The node
+    then reads ``p'``, ``s'`` and ``z'``; onnxruntime runs ``MatMulNBits`` over codes
+    computed at run time (1.19.2 and 1.32). ``ValueError`` naming the weight for a node with
+    ``g_idx``, float zero points, or codes, scales or zero points another node reads."""
+    graph = model.graph
+    reader = next(n for n in graph.node if n.name == product.reader)
+    weight = product.weight
+    inputs = [*reader.input, "", ""][:5]
+    attributes = {a.name: helper.get_attribute_value(a) for a in reader.attribute}
+    bits, block = attributes.get("bits", 4), attributes["block_size"]
+    k, n = attributes["K"], attributes["N"]
+    inits = {init.name: init for init in graph.initializer}
+    zero_name = inputs[3]
+    if inputs[4]:
+        raise ValueError(f"MatMulNBits weight {weight!r}: a g_idx is not re-quantized")
+    for name in filter(None, inputs[1:4]):
+        if name not in inits or sum(name in node.input for node in graph.node) != 1:
+            raise ValueError(f"MatMulNBits weight {weight!r}: {name!r} is not its own initializer")
+    if zero_name and inits[zero_name].data_type != TensorProto.UINT8:
+        raise ValueError(f"MatMulNBits weight {weight!r}: float zero points are not re-quantized")
+    blocks, levels, middle = -(-k // block), 1 << bits, 1 << (bits - 1)
+    build = _Builder(f"{weight}_lora", np.float32, names, node_names, default_opset(model))
+    packed = _Packing(build, bits)
+    codes = packed.unpacked(weight, (n, blocks, block))
+    fixed = not zero_name
+    if zero_name:
+        zeros = _unpacked_rows(inits[zero_name], bits, n)[:, :blocks]
+        fixed = bool(np.all(zeros == middle))
+    zero = build.constant(middle) if fixed else build.array(zeros[..., None].astype(np.float32))
+    scale_dtype = numpy_helper.to_array(inits[inputs[2]]).dtype
+    scales = build.node("Reshape", [inputs[2], build.shape((n, blocks, 1))])
+    if scale_dtype != np.float32:
+        scales = build.node("Cast", [scales], to=TensorProto.FLOAT)
+    values = build.node("Mul", [build.node("Sub", [codes, zero]), scales])
+    delta = _blocked_delta(build, product, adapter, (n, blocks, block))
+    values = build.node("Add", [values, delta])
+    if blocks * block > k:  # the padding past K holds zeros, whatever its codes were
+        inside = (np.arange(blocks * block) < k).astype(np.float32).reshape(1, blocks, block)
+        values = build.node("Mul", [values, build.array(inside)])
+    axis, kept = _block_axis(values, build)
+    lo = build.node("Min", [build.node("ReduceMin", axis, **kept), build.constant(0)])
+    hi = build.node("Max", [build.node("ReduceMax", axis, **kept), build.constant(0)])
+    if fixed:
+        up = build.node("Div", [hi, build.constant(levels - 1 - middle)])
+        step = build.node("Max", [up, build.node("Div", [lo, build.constant(-middle)])])
+    else:
+        step = build.node("Div", [build.node("Sub", [hi, lo]), build.constant(levels - 1)])
+    positive = build.node("Greater", [step, build.constant(0.0)])
+    step = build.node("Where", [positive, step, build.constant(1.0)])
+    new_scales = build.node("Cast", [step], to=helper.np_dtype_to_tensor_dtype(scale_dtype))
+    if scale_dtype != np.float32:
+        step = build.node("Cast", [new_scales], to=TensorProto.FLOAT)
+    bounds = [build.constant(0.0), build.constant(levels - 1)]
+    if not fixed:
+        below = build.node("Neg", [build.node("Div", [lo, step])])
+        zero = build.node("Clip", [build.node("Round", [below]), *bounds])
+    scaled = build.node("Round", [build.node("Div", [values, step])])
+    new_codes = build.node("Clip", [build.node("Add", [scaled, zero]), *bounds])
+    reader.input[1] = packed.packed(new_codes, tuple(inits[weight].dims))
+    reader.input[2] = build.node("Reshape", [new_scales, build.shape(inits[inputs[2]].dims)])
+    if not fixed:
+        width = -(-blocks * bits // 8) * (8 // bits)
+        rows = build.node("Reshape", [zero, build.shape((n, blocks))])
+        if width > blocks:
+            rows = build.node("Pad", [rows, build.shape((0, 0, 0, width - blocks))])
+        reader.input[3] = packed.packed(rows, tuple(inits[zero_name].dims))
+    return build.nodes
+
+
+class _Packing:
+    """``b``-bit codes packed ``8 / b`` to a byte, least significant first, in ``int32``."""
+
+    def __init__(self, build: _Builder, bits: int):
+        self.build, self.per_byte, self.levels = build, 8 // bits, 1 << bits
+        powers = (self.levels ** np.arange(self.per_byte)).astype(np.int32)
+        self.powers = build.array(powers.reshape(1, -1))
+
+    def unpacked(self, packed: str, shape: tuple) -> str:
+        """The codes of ``packed`` (uint8), as float values of ``shape``."""
+        build = self.build
+        wide = build.node("Cast", [packed], to=TensorProto.INT32)
+        column = build.node("Reshape", [wide, build.shape((-1, 1))])
+        shifted = build.node("Div", [column, self.powers])
+        codes = build.node("Mod", [shifted, build.array(np.int32(self.levels))])
+        values = build.node("Cast", [codes], to=TensorProto.FLOAT)
+        return build.node("Reshape", [values, build.shape(shape)])
+
+    def packed(self, codes: str, dims: tuple) -> str:
+        """``codes`` (float, whole, in ``[0, 2^b)``) packed into uint8 of shape ``dims``."""
+        build = self.build
+        whole = build.node("Cast", [codes], to=TensorProto.INT32)
+        grouped = build.node("Reshape", [whole, build.shape((-1, self.per_byte))])
+        weighted = build.node("Mul", [grouped, self.powers])
+        axis, dropped = _last_axis(weighted, build)
+        total = build.node("ReduceSum", axis, **dropped)
+        codes = build.node("Cast", [total], to=TensorProto.UINT8)
+        return build.node("Reshape", [codes, build.shape(dims)])
+
+
+def _unpacked_rows(zero: TensorProto, bits: int, n: int) -> np.ndarray:
+    """A ``MatMulNBits``'s packed zero points as ``N`` rows of codes."""
+    raw = numpy_helper.to_array(zero).astype(np.int64).reshape(-1, 1)
+    codes = (raw >> (bits * np.arange(8 // bits))) & ((1 << bits) - 1)
+    return codes.reshape(n, -1)
+
+
+def _blocked_delta(build: _Builder, product: Product, adapter: dict, shape: tuple) -> str:
+    """``s (A B)^T`` as ``N`` rows of blocks, ``K`` padded with zeros to whole blocks."""
+    blocks, block = shape[1:]
+    product_ab = build.node("MatMul", [adapter["a"], adapter["b"]])
+    delta = build.node("Mul", [product_ab, build.constant(adapter["scale"])])
+    rows = build.node("Transpose", [delta], perm=[1, 0])
+    k = product.shape[0]
+    if blocks * block > k:
+        rows = build.node("Pad", [rows, build.shape((0, 0, 0, blocks * block - k))])
+    return build.node("Reshape", [rows, build.shape(shape)])
+
+
+def _block_axis(values: str, build: _Builder):
+    """``(inputs, attributes)`` of a ``Reduce*`` over the last of three axes, kept."""
+    if reduce_axes_are_input("ReduceMax", build.opset):
+        return [values, build.shape((2,))], {"keepdims": 1}
+    return [values], {"keepdims": 1, "axes": [2]}
+
+
+def _last_axis(values: str, build: _Builder):
+    """``(inputs, attributes)`` of a ``ReduceSum`` over the last of two axes, dropped."""
+    if reduce_axes_are_input("ReduceSum", build.opset):
+        return [values, build.shape((1,))], {"keepdims": 0}
+    return [values], {"keepdims": 0, "axes": [1]}
 
 
 @dataclass(frozen=True)
@@ -146,13 +292,14 @@ def _only_reader(graph, name: str, weight: str) -> NodeProto:
 class _Builder:
     """Nodes and constants of one weight's update, named after it, in ``dtype``."""
 
-    def __init__(self, base: str, dtype, names, node_names):
+    def __init__(self, base: str, dtype, names, node_names, opset: int = 0):
         self.base, self.dtype, self.names, self.node_names = (
             base,
             np.dtype(dtype),
             names,
             node_names,
         )
+        self.opset = opset
         self.nodes: list[NodeProto] = []
 
     def node(self, op: str, inputs: list[str], **attributes) -> str:
@@ -166,6 +313,10 @@ class _Builder:
 
     def array(self, value: np.ndarray) -> str:
         return self.node("Constant", [], value=numpy_helper.from_array(np.asarray(value)))
+
+    def shape(self, dims) -> str:
+        """A constant ``int64`` vector (a shape, pads or axes)."""
+        return self.array(np.asarray(dims, dtype=np.int64))
 
 
 def _delta(build: _Builder, product: Product, adapter: dict) -> str:

@@ -44,7 +44,7 @@ from onnxgrad.graph.deployed_products import (
 from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.lora import lora_adapters, rewire, weight_update
 from onnxgrad.graph.lora_choice import chosen_per_run, crossover_rows
-from onnxgrad.graph.lora_requantized import requantized_weight_nodes
+from onnxgrad.graph.lora_requantized import requantized_nbits_nodes, requantized_weight_nodes
 
 #: How :func:`runtime_adapter_model` applies the fed adapters.
 APPLY_MODES = ("auto", "branch", "weights")
@@ -123,10 +123,15 @@ def runtime_adapter_model(
         if not found or (apply == "weights" and float_weight is not None):
             updates.append(_updated_weight(graph, float_weight, adapter, names, node_names))
             continue
-        if apply == "weights" and _requantizable(found, graph):
+        if apply == "weights" and _requantizable(found, graph, default_opset(model)):
+            requantized = (
+                requantized_nbits_nodes
+                if found[0].kind == "MatMulNBits"
+                else requantized_weight_nodes
+            )
             for reader in dict.fromkeys(p.reader for p in found):
                 product = next(p for p in found if p.reader == reader)
-                updates.append(requantized_weight_nodes(model, product, adapter, names, node_names))
+                updates.append(requantized(model, product, adapter, names, node_names))
             continue
         rank = values[adapter["a"]].dims[-1]
         for product in found:
@@ -158,8 +163,8 @@ def _choices(model: ModelProto, adapted: ModelProto):
             continue
         if _float_initializer(graph, adapter["weight"]) is not None:
             storage = "float"
-        elif _requantizable(found, graph):
-            storage = "int8" if found[0].kind == "MatMulInteger" else "qdq"
+        elif _requantizable(found, graph, default_opset(model)):
+            storage = {"MatMulInteger": "int8", "MatMulNBits": "nbits"}.get(found[0].kind, "qdq")
         else:
             continue
         rank = int(values[adapter["a"]].dims[-1])
@@ -213,17 +218,22 @@ def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
     return nodes
 
 
-def _requantizable(found: list, graph) -> bool:
+def _requantizable(found: list, graph, opset: int) -> bool:
     """Whether ``apply="weights"`` quantizes these products' weight again per run: 8-bit
-    QDQ codes, and ``quantize_dynamic``'s ``MatMulInteger`` codes that no other node reads
-    (4-bit codes keep the branch)."""
+    QDQ codes, and the codes of ``quantize_dynamic``'s ``MatMulInteger`` or of a
+    ``MatMulNBits`` (without ``g_idx``, opset 13 or later) that no other node reads (4-bit
+    QDQ codes keep the branch)."""
     codes = next(i for i in graph.initializer if i.name == found[0].weight)
     if codes.data_type not in (TensorProto.INT8, TensorProto.UINT8):
         return False
     if all(p.kind == "DequantizeLinear" for p in found):
         return True
     readers = [n for n in graph.node if found[0].weight in n.input]
-    return len(found) == 1 and found[0].kind == "MatMulInteger" and len(readers) == 1
+    if len(found) != 1 or len(readers) != 1:
+        return False
+    if found[0].kind == "MatMulNBits":
+        return opset >= 13 and (len(readers[0].input) < 5 or not readers[0].input[4])
+    return found[0].kind == "MatMulInteger"
 
 
 def _float_initializer(graph, name: str) -> TensorProto | None:
