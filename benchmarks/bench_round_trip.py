@@ -260,7 +260,7 @@ def _beside(name: str, form: str) -> bool:
 WEIGHT_UPDATE_OPS = frozenset(
     {"MatMul", "Mul", "Add", "Sub", "Div", "Min", "Max", "ReduceMin", "ReduceMax", "Greater"}
     | {"Where", "Round", "Clip", "Cast", "Constant", "Transpose", "Reshape"}
-    | {"QuantizeLinear", "DequantizeLinear"}
+    | {"QuantizeLinear", "DequantizeLinear", "Mod", "Pad", "ReduceSum", "Neg"}
 )
 
 

@@ -175,8 +175,8 @@ def _assert_round_trip(model: onnx.ModelProto, form: str, feeds, tmp_path) -> on
     tolerance = 0.25 * effect if quantized else exact
     np.testing.assert_allclose(_predicted(requantized, feeds), reference, rtol=0, atol=tolerance)
     # weights updated per run: float ones as the training graph, QDQ and int8 ones as the
-    # merge quantizes them again (same codes; 4-bit products keep their branch)
-    requantized_like = form in ("qdq", "int8")
+    # merge quantizes them again (same codes, 4-bit blocks packed again included)
+    requantized_like = form in ("qdq", "int8", "int4")
     want = _predicted(requantized if requantized_like else trained, feeds)
     tolerance = 1e-3 * effect if requantized_like else exact
     np.testing.assert_allclose(_predicted(weighted, feeds), want, rtol=0, atol=tolerance)
@@ -184,9 +184,11 @@ def _assert_round_trip(model: onnx.ModelProto, form: str, feeds, tmp_path) -> on
 
 
 #: what ``runtime_adapter_model(..., apply="weights")`` adds to the deployed operators:
-#: ``W + s A B`` and, over a QDQ weight, its quantization again
+#: ``W + s A B`` and, over a quantized weight, its quantization again (4-bit codes unpacked
+#: and packed again: ``Mod``, ``Pad``, ``ReduceSum``)
 WEIGHT_UPDATE_OPS = deployed.BRANCH_OPS | {
-    *("Sub", "Div", "Min", "Max", "ReduceMin", "ReduceMax", "Greater", "Where", "Round", "Clip")
+    *("Sub", "Div", "Min", "Max", "ReduceMin", "ReduceMax", "Greater", "Where", "Round", "Clip"),
+    *("Mod", "Pad", "ReduceSum", "Neg"),
 }
 
 
