@@ -30,7 +30,11 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import default_opset, reduce_axes_are_input
 from onnxgrad.graph.deployed_products import Product
-from onnxgrad.graph.requantize import integer_product_scale, symmetric_code_range
+from onnxgrad.graph.requantize import (
+    integer_product_scale,
+    kept_zero_point,
+    symmetric_code_range,
+)
 
 
 def requantized_weight_nodes(
@@ -252,8 +256,7 @@ def _quantized_again(build: _Builder, base: _Base, values: str, opset: int):
     hi = build.node("Max", [build.node("ReduceMax", inputs, **attributes), build.constant(0.0)])
     info = np.iinfo(codes.dtype)
     zeros = np.broadcast_to(zero.reshape(-1), (count,)).astype(np.float64)
-    middle = 0 if info.min < 0 else (info.max + 1) // 2
-    keeps_zero = base.zero is None or bool(np.all(zero == middle)) or zero.size < count
+    keeps_zero, middle = kept_zero_point(base.zero, codes.dtype, count)
     shape = scale.shape if per_axis else ()
     if keeps_zero:
         low, high = symmetric_code_range(codes, middle)

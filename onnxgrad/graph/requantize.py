@@ -121,6 +121,17 @@ def symmetric_code_range(codes: np.ndarray, middle: int) -> tuple[int, int]:
     return max(info.min, 2 * middle - info.max), info.max
 
 
+def kept_zero_point(zero: np.ndarray | None, dtype, groups: int) -> tuple[bool, int]:
+    """``(kept, middle)``: whether re-quantizing codes of ``dtype`` in ``groups`` groups is
+    symmetric, keeping their zero points ``zero`` (``None``: absent): absent, all at the
+    ``middle`` of the code range (0 signed, ``2^{b-1}`` unsigned), or one shared by groups
+    with scales of their own (left as it is)."""
+    info = np.iinfo(dtype)
+    middle = 0 if info.min < 0 else (info.max + 1) // 2
+    kept = zero is None or bool(np.all(zero == middle)) or zero.size < groups
+    return kept, middle
+
+
 def _quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, code_range, scale_dtype):
     """``(codes, scales, zero points)`` of ``w`` (groups along axis 0, float64) with
     ``zero`` (one per group) kept where ``fixed`` (module docstring)."""
@@ -262,9 +273,7 @@ def _requantize_codes(inits, weight: str, scale_name: str, zero_name: str, axis:
     shape = (count,) + (1,) * (groups.ndim - 1)
     values = (groups - zero_groups.reshape(shape)) * scale_groups.reshape(shape)
     values = values + (np.moveaxis(update, axis, 0) if per_axis else update[None])
-    middle = 0 if info.min < 0 else (info.max + 1) // 2
-    # a zero point shared by groups with scales of their own stays as it is
-    fixed = not zero_name or bool(np.all(zero == middle)) or zero.size < count
+    fixed, middle = kept_zero_point(zero if zero_name else None, codes.dtype, count)
     code_range = symmetric_code_range(codes, middle) if fixed else (info.min, info.max)
     new_codes, new_scale, new_zero = _quantize_groups(
         values, zero_groups, fixed, code_range, scale.dtype
