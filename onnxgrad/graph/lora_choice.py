@@ -33,7 +33,7 @@ from onnxgrad.graph._scopes import node_inputs
 
 #: the cost of a weight update's multiply-add of ``K N r`` against a branch's, by how the
 #: weight is stored (measured: ``benchmarks/bench_round_trip.py``, docs/deployed-models.md)
-UPDATE_COST = {"float": 1.0, "int8": 4.0, "qdq": 16.0, "nbits": 16.0}
+UPDATE_COST = {"float": 1.0, "int8": 4.0, "qdq": 16.0, "nbits": 48.0}
 #: the name of the nodes choosing (``CHOOSER/...``, the ``If`` last)
 CHOOSER = "adapters_chosen_per_run"
 #: operators onnxruntime's QDQ passes propagate a quantization pair over, or fuse
