@@ -74,12 +74,16 @@ def runtime_adapter_model(
     ``M x N`` sum, the cheaper one for few rows (decoding a token per run).
     ``"weights"`` updates the weights once per run instead, whatever ``M``: a float weight
     becomes ``W + s A B`` (``K N r``, cheaper once ``M > K N / (K + N)``: batches, a
-    prompt), a QDQ or ``quantize_dynamic`` (``MatMulInteger``) weight is quantized again
-    from ``W + s A B`` in the graph as ``merge_lora(..., quantized="requantize")`` does
-    (:mod:`onnxgrad.graph.lora_requantized`: its codes, the deployed operators reading them).
-    ``MatMulNBits``, 4-bit QDQ, ``DynamicQuantizeMatMul`` and ``QLinearMatMul`` weights keep
-    the branch either way. ``ValueError``
-    for another value, ``TypeError`` for a non-string.
+    prompt), a QDQ, ``quantize_dynamic`` (``MatMulInteger``) or ``MatMulNBits`` weight is
+    quantized again from ``W + s A B`` in the graph as
+    ``merge_lora(..., quantized="requantize")`` does (:mod:`onnxgrad.graph.lora_requantized`:
+    its codes, the deployed operators reading them). 4-bit QDQ, ``DynamicQuantizeMatMul`` and
+    ``QLinearMatMul`` weights keep the branch either way. ``"auto"`` runs one or the other per
+    run, in one ``If`` on the rows of an adapted product's activation
+    (:mod:`onnxgrad.graph.lora_choice`): the weights above ``rows`` rows (``None``: the
+    measured crossover of the adapted products, :func:`~onnxgrad.graph.lora_choice.crossover_rows`),
+    the branch up to it. ``ValueError`` for another value or a negative ``rows``,
+    ``TypeError`` for a non-string ``apply``.
 
     onnx's checker is not run on the result: deployed models hold operators it refuses
     (onnxruntime's ``SimplifiedLayerNormalization`` in the default domain)."""
