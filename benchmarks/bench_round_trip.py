@@ -17,8 +17,10 @@ onnxconverter-common, int8 ``quantize_dynamic``, QDQ ``quantize_static``, 4-bit
 - ``requantize``: folded everywhere, quantized bases quantized again in their own format;
 - ``runtime``: ``runtime_adapter_model(deployed, adapted)``, the adapters as graph inputs;
 - ``runtime-w``: the same with ``apply="weights"``: the fed adapters update the weights once
-  per run (float ``W + s A B``, QDQ codes quantized again) instead of a branch per row
-  (``--batch 1 --seq 1``: one decoding step);
+  per run (float ``W + s A B``, QDQ, int8 and 4-bit codes quantized again) instead of a
+  branch per row (``--batch 1 --seq 1``: one decoding step);
+- ``runtime-a``: ``apply="auto"``, one ``If`` choosing either per run from the rows (each
+  body's form checked as its explicit model's);
 - ``keep-int``, ``runtime-int``: the same with ``integer_branch=True`` (int8 form only: the
   branch's first product from the codes of ``x``, :mod:`onnxgrad.graph.integer_branch`).
 
@@ -58,11 +60,14 @@ beside QDQ ones, 1.3-2.0 ms in the runtime model over float weights), 1.11-1.47x
 faster int8 files, 1.16-1.42x (QDQ), 1.00-1.25x (4-bit), 1.13-1.24x (runtime, float): the
 table is in docs/deployed-models.md.
 
-``runtime-w`` (``apply="weights"``, 7 rounds, the same five architectures): at 64 x 16 over
-float weights (float32, opt_level 2, float16) 1.00-1.05x where the branch is 1.12-1.25x,
-over int8 1.05-1.15x (branch 1.12-1.42x), over QDQ 1.12-1.36x (branch 1.17-1.44x); at one
-row (``--batch 1 --seq 1`` for GPT-2 and Qwen2, ``--batch 1`` for the encoders) the branch
-is the faster in 18 of 19 cells (weights 1.06-2.89x over quantized files)."""
+``runtime-w`` and ``runtime-a`` (``apply="weights"``, ``"auto"``; ``--only
+runtime,runtime-w,runtime-a``, the same five architectures, 7 rounds at 64 x 16, 201 at one
+row): at 64 x 16 the weights update meets the target in 22 of 30 cells (1.00-1.18x over
+float and int8 weights, 1.15-1.36x over QDQ, 1.5-1.8x over 4-bit blocks), the branch in 10,
+``"auto"`` in 22 (within 0.08x of the weights over float and int8, the branch over QDQ and
+4-bit); at one row (``--batch 1 --seq 1`` for GPT-2 and Qwen2, ``--batch 1`` for the
+encoders) the branch in 9, ``"auto"`` in 1 (0.03-0.44x above the branch: onnxruntime runs
+an ``If`` body's nodes more slowly)."""
 
 from __future__ import annotations
 
