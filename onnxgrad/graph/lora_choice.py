@@ -80,11 +80,13 @@ def chosen_per_run(
         return weights if static > rows else branch
     condition, chooser = _more_rows_than(factors, limit, names)
     bodies = [_body(m, prefix, names, tag) for m, tag in ((weights, "weights"), (branch, "branch"))]
+    outside = {o for node in prefix for o in node.output}
+    written = {o for node in branch.graph.node for o in node.output} - outside
     chooser.append(
         helper.make_node(
             "If",
             [condition],
-            [o.name for o in branch.graph.output],
+            [o.name for o in branch.graph.output if o.name in written],
             name=names.unique(f"{CHOOSER}/applied"),
             then_branch=bodies[0],
             else_branch=bodies[1],
@@ -190,14 +192,17 @@ def _ancestors(name: str, producers: dict, order: dict) -> list[NodeProto]:
 
 def _body(model: ModelProto, prefix: list[NodeProto], names: NameScope, tag: str):
     """``model``'s nodes outside ``prefix`` as an ``If`` body: every value they write
-    renamed (a body may not shadow the outer names), the graph outputs its outputs. The
+    renamed (a body may not shadow the outer names), the graph outputs they write its
+    outputs (an output that is an input, an initializer or written before the ``If`` stays
+    as it is). The
     quantization and layout nodes of ``prefix`` it reads are computed again inside
     (:func:`_recomputed_reads`), the rank-0 and rank-1 initializers it reads copied in."""
     graph = model.graph
     outer = {o for node in prefix for o in node.output}
     nodes = [n for n in graph.node if not (n.output and n.output[0] in outer)]
     nodes = [*_recomputed_reads(prefix, nodes), *nodes]
-    renamed = {o: names.unique(f"{o}/{tag}") for n in nodes for o in n.output if o}
+    written = {o for n in nodes for o in n.output if o}
+    renamed = {o: names.unique(f"{o}/{tag}") for o in written}
     read = {name for node in nodes for name in node_inputs(node)}
     overridable = {i.name for i in graph.input}
     own = [
@@ -209,11 +214,9 @@ def _body(model: ModelProto, prefix: list[NodeProto], names: NameScope, tag: str
     body_nodes = [_renamed(node, renamed, names, tag) for node in nodes]
     outputs = []
     for output in graph.output:
-        value = renamed.get(output.name)
-        if value is None:  # an outer value or input read as it is
-            value = names.unique(f"{output.name}/{tag}")
-            body_nodes.append(helper.make_node("Identity", [output.name], [value]))
-        info = helper.make_empty_tensor_value_info(value)
+        if output.name not in written:  # an input, initializer or outer value: no If output
+            continue
+        info = helper.make_empty_tensor_value_info(renamed[output.name])
         info.type.CopyFrom(output.type)
         outputs.append(info)
     infos = []

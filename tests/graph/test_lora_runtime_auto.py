@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxgrad import add_lora
@@ -187,3 +188,50 @@ def test_rows_counted_after_the_nodes_computing_the_activation():
         np.testing.assert_allclose(_ort(auto, feeds), want, rtol=1e-6, atol=1e-6)
         reference = ReferenceEvaluator(_at_opset_21(auto)).run(["y"], feeds)[0]
         np.testing.assert_allclose(reference, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_with_its_own_if_and_an_input_as_output():
+    """The deployed model's own ``If`` (its branches reading a value the bodies rename) and
+    an input that is also an output (left outside the choice): onnx's checker accepts the
+    result, and it computes each mode's outputs for its rows."""
+    w = RNG.standard_normal((8, 8)).astype(np.float32)
+    w2 = RNG.standard_normal((8, 4)).astype(np.float32)
+    relu = onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["h"], ["t"])], "then", [], [_value("t", None)]
+    )
+    neg = onnx.helper.make_graph(
+        [onnx.helper.make_node("Neg", ["h"], ["e"])], "else", [], [_value("e", None)]
+    )
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", "w"], ["h"], name="first"),
+        onnx.helper.make_node("If", ["flag"], ["g"], name="own", then_branch=relu, else_branch=neg),
+        onnx.helper.make_node("MatMul", ["g", "w2"], ["y"], name="second"),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "nested",
+        [
+            _value("x", ["batch", 8]),
+            onnx.helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [_value("y", ["batch", 4]), _value("x", ["batch", 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")],
+    )
+    deployed = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    adapted = add_lora(deployed, rank=2)
+    adapters = _trained(adapted)
+    auto = runtime_adapter_model(deployed, adapted, apply="auto", rows=ROWS)
+    onnx.checker.check_model(auto)
+    assert [o for o in auto.graph.node[-1].output] == ["y"]
+    for rows, mode in ((1, "branch"), (17, "weights")):
+        x = RNG.standard_normal((rows, 8)).astype(np.float32)
+        feeds = {"x": x, "flag": np.array(rows > 1), **adapters}
+        want = _ort(runtime_adapter_model(deployed, adapted, apply=mode), feeds)
+        np.testing.assert_allclose(_ort(auto, feeds), want, rtol=1e-5, atol=1e-5)
+        reference = ReferenceEvaluator(auto).run(["y", "x"], feeds)
+        np.testing.assert_allclose(reference[0], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(reference[1], x)
+
+
+def _value(name: str, shape, elem_type: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, elem_type, shape)
