@@ -95,6 +95,8 @@ def runtime_adapter_model(
         raise ValueError(f"apply must be one of {APPLY_MODES}, got {apply!r}")
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
         raise ValueError(f"rows must be a non-negative integer or None, got {rows!r}")
+    if rows is not None and apply != "auto":
+        raise ValueError(f"rows is the threshold of apply='auto', not of apply={apply!r}")
     model = load_model(deployed)
     adapted = load_model(adapted)
     if apply == "auto":

@@ -135,11 +135,17 @@ def test_the_crossover_is_the_update_against_the_branch_per_row():
     assert crossover_rows([], []) == 1
 
 
-@pytest.mark.parametrize("rows", [-1, True, 2.5])
-def test_a_bad_rows_is_refused(rows):
+@pytest.mark.parametrize(
+    ("rows", "apply", "message"),
+    [
+        *((rows, "auto", "rows must be") for rows in (-1, True, 2.5)),
+        *((3, apply, "threshold of apply='auto'") for apply in ("branch", "weights")),
+    ],
+)
+def test_a_bad_rows_is_refused(rows, apply, message):
     deployed = MODELS["int8 MatMulInteger"]()
-    with pytest.raises(ValueError, match="rows must be"):
-        runtime_adapter_model(deployed, add_lora(deployed, rank=2), apply="auto", rows=rows)
+    with pytest.raises(ValueError, match=message):
+        runtime_adapter_model(deployed, add_lora(deployed, rank=2), apply=apply, rows=rows)
 
 
 def test_float_and_four_bit_products_give_the_outputs_of_the_mode_for_the_rows():
