@@ -135,7 +135,7 @@ def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) ->
     """
     model.ir_version = supported_ir_version(model)
     if check:
-        _check_declared_shapes(model.graph)
+        check_declared_shapes(model.graph)
         shell = weightless_shell(model)
         if len(model.graph.node) <= PIECE_NODES or not check_in_pieces(shell, model.graph.node):
             view = weightless_bytes(model, shell)
@@ -145,7 +145,7 @@ def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) ->
     return model
 
 
-def _check_declared_shapes(graph: onnx.GraphProto) -> None:
+def check_declared_shapes(graph: onnx.GraphProto) -> None:
     """``ValueError`` naming an input or output of ``graph`` declared without a shape (an
     unknown rank, which onnxruntime accepts) that no inference filled: onnx's checker
     refuses such a model, and an unnamed checker message is all the user would get."""
@@ -415,15 +415,20 @@ def weightless_bytes(model: ModelProto, shell: ModelProto | None = None) -> byte
     memory, 40 bytes serialised): the view less its nodes (``shell``, when the caller has
     it), then a second ``graph`` field holding only the nodes, which a parser merges into
     the first."""
-    shell = weightless_shell(model) if shell is None else shell
+    return model_bytes(weightless_shell(model) if shell is None else shell, model.graph.node)
+
+
+def model_bytes(shell: ModelProto, nodes: Iterable[onnx.NodeProto]) -> bytes:
+    """``shell`` serialised with ``nodes`` after its graph's own, none copied: a second
+    ``graph`` field holding only the nodes, which a parser merges into the first."""
     node_key = _field_key(onnx.GraphProto, "node")
-    nodes = io.BytesIO()
-    for node in model.graph.node:
-        nodes.write(_length_delimited(node_key, node.SerializeToString()))
+    serialised = io.BytesIO()
+    for node in nodes:
+        serialised.write(_length_delimited(node_key, node.SerializeToString()))
     view = io.BytesIO()
     view.write(shell.SerializeToString())
-    view.write(_field_key(ModelProto, "graph") + _varint(nodes.tell()))
-    view.write(nodes.getbuffer())
+    view.write(_field_key(ModelProto, "graph") + _varint(serialised.tell()))
+    view.write(serialised.getbuffer())
     return view.getvalue()
 
 
