@@ -11,6 +11,7 @@ initializers declared as inputs instead (same names, types and shapes, no data).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import os
@@ -467,6 +468,7 @@ def _length_delimited(key: bytes, payload: bytes) -> bytes:
     return key + _varint(len(payload)) + payload
 
 
+@functools.lru_cache(maxsize=4096)  # the sizes of nodes, asked for every node serialised
 def _varint(value: int) -> bytes:
     """Protobuf's base-128 encoding of a non-negative integer."""
     out = bytearray()

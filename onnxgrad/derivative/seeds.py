@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import GraphProto, ModelProto, TypeProto, numpy_helper
+from onnx import GraphProto, ModelProto, NodeProto, TypeProto, numpy_helper
 
 from onnxgrad._onnx_utils import (
     WEIGHTLESS_THRESHOLD,
@@ -57,10 +57,11 @@ def batch_seeds(
     they write declared with its one-seed type, ``seeds`` in front where it carries the
     seed axis: a rule writing an ill-typed node is refused here, not by onnxruntime."""
     graph = model.graph
-    linear, rest, touched, names = _split_nodes(graph, set(seed_inputs))
+    split = _split_nodes(graph, set(seed_inputs))
+    linear, rest, names = split.linear, split.rest, split.names
     scope = NameScope(names)
-    known = _inferred(model, touched)
-    constants = _int_constants(graph, touched)
+    known = _inferred(model, split.touched)
+    constants = _int_constants(graph, split.touched, split.constants)
     axis = SeedAxis(seeds, scope, known.shapes, constants, known.elem_types, default_opset(model))
     axis.batched.update(seed_inputs)
     for node in linear:
@@ -73,7 +74,9 @@ def batch_seeds(
     seeded = nodes[len(rest) :]
     rewritten = [o for node in linear for o in node.output if o]
     defined = names.difference(rewritten, once).union(once.values())
-    local = _seeded_model(model, seeded, rest, axis, known, [*rewritten, *results], defined)
+    local = _seeded_model(
+        model, seeded, split.constants, axis, known, [*rewritten, *results], defined
+    )
     replace_repeated(graph.node, nodes)
     graph.initializer.extend(axis.initializers)
     _name_nodes(graph, scope)
@@ -164,7 +167,7 @@ class _Local:
 def _seeded_model(
     model: ModelProto,
     seeded: list,
-    rest: list,
+    constant_nodes: dict[str, NodeProto],
     axis: SeedAxis,
     known: _Known,
     declared: list[str],
@@ -193,7 +196,7 @@ def _seeded_model(
         if t.name in reads and tensor_nbytes(t) <= WEIGHTLESS_THRESHOLD
     ]
     graph.initializer.extend([*small, *axis.initializers])
-    constants = [n for n in rest if n.op_type == "Constant" and n.output[0] in reads]
+    constants = [node for name, node in constant_nodes.items() if name in reads]
     given = {t.name for t in small} | {n.output[0] for n in constants}
     typed = _TypeCache(axis)
     unknown = []
@@ -257,19 +260,21 @@ def _elem_and_dims(value_type) -> tuple[int, tuple | None] | None:
     return tensor.elem_type, dims
 
 
-def _int_constants(graph: GraphProto, wanted: set[str]) -> dict[str, np.ndarray]:
-    """The values of the small integer initializers and ``Constant`` nodes named in
-    ``wanted``."""
+def _int_constants(
+    graph: GraphProto, wanted: set[str], constants: dict[str, NodeProto]
+) -> dict[str, np.ndarray]:
+    """The values of the small integer initializers and ``Constant`` nodes (``constants``)
+    named in ``wanted``."""
     found = {}
     tensors = [(t.name, t) for t in graph.initializer if t.name in wanted]
-    for node in graph.node:
-        constant = node.op_type == "Constant" and not node.domain and node.attribute
-        if constant and node.output[0] in wanted:
-            attr = node.attribute[0]
-            if attr.name == "value":
-                tensors.append((node.output[0], attr.t))
-            elif attr.name in ("value_int", "value_ints"):
-                found[node.output[0]] = np.array(attr.i if attr.name == "value_int" else attr.ints)
+    for name, node in constants.items():
+        if name not in wanted:
+            continue
+        attr = node.attribute[0]
+        if attr.name == "value":
+            tensors.append((name, attr.t))
+        elif attr.name in ("value_int", "value_ints"):
+            found[name] = np.array(attr.i if attr.name == "value_int" else attr.ints)
     for name, tensor in tensors:
         small = int(np.prod(tensor.dims)) <= 64
         if small and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
@@ -288,17 +293,31 @@ def _name_nodes(graph: GraphProto, scope: NameScope) -> None:
                 _name_nodes(sub, scope)
 
 
-def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[str], set[str]]:
-    """``(nodes reading a seed directly or not, the others, the values the first read or
-    write, every value name of the graph and its subgraphs)``, nodes in graph order: one
-    pass over the nodes for both."""
+@dataclass
+class _Split:
+    """The nodes of a graph split by whether they read a seed, directly or not."""
+
+    #: the nodes reading a seed, in graph order
+    linear: list
+    #: the others, in graph order
+    rest: list
+    #: the values the linear nodes read or write
+    touched: set[str]
+    #: every value name the graph and its subgraphs define
+    names: set[str]
+    #: the ``Constant`` nodes of the rest by their output
+    constants: dict[str, NodeProto]
+
+
+def _split_nodes(graph: GraphProto, seeds: set[str]) -> _Split:
+    """:class:`_Split` of ``graph``: one pass over its nodes."""
     reached = set(seeds)
-    linear, rest, touched = [], [], set()
-    names = {v.name for v in [*graph.input, *graph.initializer, *graph.output]}
+    split = _Split([], [], set(), set(), {})
+    linear, rest, touched, names = split.linear, split.rest, split.touched, split.names
+    names.update(v.name for v in [*graph.input, *graph.initializer, *graph.output])
     names.update(t.values.name for t in graph.sparse_initializer)
     for node in graph.node:
         reads, writes = node.input, node.output
-        names.update(reads)
         names.update(writes)
         inner = subgraphs(node)  # most nodes have none: their reads are their inputs
         if inner:
@@ -307,12 +326,15 @@ def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[st
                 names |= all_names(sub)
         if reached.isdisjoint(reads):
             rest.append(node)
+            if node.op_type == "Constant" and not node.domain and node.attribute:
+                split.constants[writes[0]] = node
         else:
             linear.append(node)
             reached.update(writes)
             touched.update(reads)
     names.discard("")
-    return linear, rest, touched | reached, names
+    touched |= reached
+    return split
 
 
 def _prepend_axis(value_type: TypeProto, seeds: int) -> None:
