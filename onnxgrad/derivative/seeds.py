@@ -232,13 +232,33 @@ class _TypeCache:
         return True
 
 
+def _with_ranks(local: _Local) -> bytes | None:
+    """The seeded model for onnx's checker, which wants a shape on every graph input: the
+    inputs of unknown rank given one (the checker reads no rank; inference keeps them
+    unknown). ``None`` where every input has one."""
+    unranked = [
+        info
+        for info in local.shell.graph.input
+        if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape")
+    ]
+    if not unranked:
+        return None
+    for info in unranked:
+        info.type.tensor_type.shape.SetInParent()
+    try:
+        return model_bytes(local.shell, local.nodes)
+    finally:
+        for info in unranked:
+            info.type.tensor_type.ClearField("shape")
+
+
 def _check_seeded(local: _Local) -> None:
     """onnx's checker and strict inference with type checks of the seeded nodes alone:
     ``ValueError`` naming the node onnx refuses (one whose result contradicts its declared
     type, or whose attributes or inputs its schema refuses)."""
     view = model_bytes(local.shell, local.nodes)
     try:
-        onnx.checker.check_model(view)
+        onnx.checker.check_model(_with_ranks(local) or view)
         onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         message = " ".join(str(exc).split())[:1000]
