@@ -404,8 +404,13 @@ def weightless_view(model: ModelProto) -> ModelProto:
     """A copy of ``model`` whose big initializers are graph inputs of the same type and
     shape: shape inference and the checker give the same answers at a fraction of the
     cost, past protobuf's 2 GiB limit too. Small ones (shapes, axes) stay: inference reads
-    their values."""
+    their values. The main graph's nodes lose their ``metadata_props``, which neither
+    reads (an exporter's notes: torch's stack traces are 95% of a dynamo export's node
+    bytes, serialised and parsed again by every check)."""
     view = header_only(model)
+    for node in view.graph.node:
+        if node.metadata_props:
+            node.ClearField("metadata_props")
     _weightless_initializers(model.graph, view.graph)
     view.ir_version = supported_ir_version(model)
     return view
@@ -413,18 +418,24 @@ def weightless_view(model: ModelProto) -> ModelProto:
 
 def weightless_bytes(model: ModelProto, shell: ModelProto | None = None) -> bytes:
     """:func:`weightless_view` serialised, without a copy of the nodes (0.4 KB a node in
-    memory, 40 bytes serialised): the view less its nodes (``shell``, when the caller has
-    it), then a second ``graph`` field holding only the nodes, which a parser merges into
-    the first."""
+    memory, 40 bytes serialised; see :func:`model_bytes`): the view less its nodes
+    (``shell``, when the caller has it), then a second ``graph`` field holding only the
+    nodes, which a parser merges into the first."""
     return model_bytes(weightless_shell(model) if shell is None else shell, model.graph.node)
 
 
 def model_bytes(shell: ModelProto, nodes: Iterable[onnx.NodeProto]) -> bytes:
-    """``shell`` serialised with ``nodes`` after its graph's own, none copied: a second
-    ``graph`` field holding only the nodes, which a parser merges into the first."""
+    """``shell`` serialised with ``nodes`` after its graph's own, none copied but those with
+    ``metadata_props``, one at a time, to leave these out (see :func:`weightless_view`): a
+    second ``graph`` field holding only the nodes, which a parser merges into the first."""
     node_key = _field_key(onnx.GraphProto, "node")
     serialised = io.BytesIO()
     for node in nodes:
+        if node.metadata_props:
+            light = onnx.NodeProto()
+            light.CopyFrom(node)
+            light.ClearField("metadata_props")
+            node = light
         serialised.write(_length_delimited(node_key, node.SerializeToString()))
     view = io.BytesIO()
     view.write(shell.SerializeToString())
