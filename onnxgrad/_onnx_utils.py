@@ -11,6 +11,7 @@ initializers declared as inputs instead (same names, types and shapes, no data).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import os
@@ -135,7 +136,7 @@ def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) ->
     """
     model.ir_version = supported_ir_version(model)
     if check:
-        _check_declared_shapes(model.graph)
+        check_declared_shapes(model.graph)
         shell = weightless_shell(model)
         if len(model.graph.node) <= PIECE_NODES or not check_in_pieces(shell, model.graph.node):
             view = weightless_bytes(model, shell)
@@ -145,7 +146,7 @@ def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) ->
     return model
 
 
-def _check_declared_shapes(graph: onnx.GraphProto) -> None:
+def check_declared_shapes(graph: onnx.GraphProto) -> None:
     """``ValueError`` naming an input or output of ``graph`` declared without a shape (an
     unknown rank, which onnxruntime accepts) that no inference filled: onnx's checker
     refuses such a model, and an unnamed checker message is all the user would get."""
@@ -403,8 +404,13 @@ def weightless_view(model: ModelProto) -> ModelProto:
     """A copy of ``model`` whose big initializers are graph inputs of the same type and
     shape: shape inference and the checker give the same answers at a fraction of the
     cost, past protobuf's 2 GiB limit too. Small ones (shapes, axes) stay: inference reads
-    their values."""
+    their values. The main graph's nodes lose their ``metadata_props``, which neither
+    reads (an exporter's notes: torch's stack traces are 95% of a dynamo export's node
+    bytes, serialised and parsed again by every check)."""
     view = header_only(model)
+    for node in view.graph.node:
+        if node.metadata_props:
+            node.ClearField("metadata_props")
     _weightless_initializers(model.graph, view.graph)
     view.ir_version = supported_ir_version(model)
     return view
@@ -412,18 +418,29 @@ def weightless_view(model: ModelProto) -> ModelProto:
 
 def weightless_bytes(model: ModelProto, shell: ModelProto | None = None) -> bytes:
     """:func:`weightless_view` serialised, without a copy of the nodes (0.4 KB a node in
-    memory, 40 bytes serialised): the view less its nodes (``shell``, when the caller has
-    it), then a second ``graph`` field holding only the nodes, which a parser merges into
-    the first."""
-    shell = weightless_shell(model) if shell is None else shell
+    memory, 40 bytes serialised; see :func:`model_bytes`): the view less its nodes
+    (``shell``, when the caller has it), then a second ``graph`` field holding only the
+    nodes, which a parser merges into the first."""
+    return model_bytes(weightless_shell(model) if shell is None else shell, model.graph.node)
+
+
+def model_bytes(shell: ModelProto, nodes: Iterable[onnx.NodeProto]) -> bytes:
+    """``shell`` serialised with ``nodes`` after its graph's own, none copied but those with
+    ``metadata_props``, one at a time, to leave these out (see :func:`weightless_view`): a
+    second ``graph`` field holding only the nodes, which a parser merges into the first."""
     node_key = _field_key(onnx.GraphProto, "node")
-    nodes = io.BytesIO()
-    for node in model.graph.node:
-        nodes.write(_length_delimited(node_key, node.SerializeToString()))
+    serialised = io.BytesIO()
+    for node in nodes:
+        if node.metadata_props:
+            light = onnx.NodeProto()
+            light.CopyFrom(node)
+            light.ClearField("metadata_props")
+            node = light
+        serialised.write(_length_delimited(node_key, node.SerializeToString()))
     view = io.BytesIO()
     view.write(shell.SerializeToString())
-    view.write(_field_key(ModelProto, "graph") + _varint(nodes.tell()))
-    view.write(nodes.getbuffer())
+    view.write(_field_key(ModelProto, "graph") + _varint(serialised.tell()))
+    view.write(serialised.getbuffer())
     return view.getvalue()
 
 
@@ -462,6 +479,7 @@ def _length_delimited(key: bytes, payload: bytes) -> bytes:
     return key + _varint(len(payload)) + payload
 
 
+@functools.lru_cache(maxsize=4096)  # the sizes of nodes, asked for every node serialised
 def _varint(value: int) -> bytes:
     """Protobuf's base-128 encoding of a non-negative integer."""
     out = bytearray()

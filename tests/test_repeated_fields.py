@@ -70,8 +70,12 @@ def test_weightless_bytes_parse_into_the_weightless_view():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.metadata_props.add(key="k", value="v")
     model.functions.add(name="f", domain="local")
+    model.graph.node[3].metadata_props.add(key="trace", value="an exporter's stack trace")
     parsed = onnx.ModelProto()
     parsed.ParseFromString(weightless_bytes(model))
     assert parsed == weightless_view(model)
     assert [i.name for i in parsed.graph.initializer] == ["small"]
     assert [i.name for i in parsed.graph.input] == ["x0", "big"]
+    assert parsed.metadata_props == model.metadata_props
+    assert not any(node.metadata_props for node in parsed.graph.node), "not read by checks"
+    assert len(model.graph.node[3].metadata_props) == 1, "the model keeps its own"

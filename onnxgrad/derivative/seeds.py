@@ -11,18 +11,23 @@ Jacobian's factors) run once; the others, the part linear in the seed, carry the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import GraphProto, ModelProto, ValueInfoProto, numpy_helper
+from onnx import GraphProto, ModelProto, NodeProto, TypeProto, numpy_helper
 
 from onnxgrad._onnx_utils import (
+    WEIGHTLESS_THRESHOLD,
     NameScope,
     all_names,
+    check_declared_shapes,
     default_opset,
     finalize_model,
+    model_bytes,
     replace_repeated,
     subgraphs,
+    tensor_nbytes,
     weightless_bytes,
 )
 from onnxgrad.derivative.seed_axis import SeedAxis
@@ -46,23 +51,32 @@ def batch_seeds(
     axis of ``seeds`` on the inputs ``seed_inputs`` and on the outputs ``results``, which
     must be linear in them; the other inputs and outputs keep their shapes.
 
-    Checked once: onnx's strict shape inference with type checks on the one-seed graph
-    (whose shapes the rules read), then onnx's checker on the batched one. No second
-    inference: a batched value has its one-seed type with ``seeds`` in front, the others
-    keep theirs, and each rule writes nodes valid for those types (the rule table's tests
-    load and run them in onnxruntime)."""
+    Each node is checked once, by onnx's checker and strict shape inference with type
+    checks: the one-seed graph whole (the rules read its types; the nodes reading no seed
+    stay as they are), then the seeded nodes alone (:func:`_check_seeded`), every value
+    they write declared with its one-seed type, ``seeds`` in front where it carries the
+    seed axis: a rule writing an ill-typed node is refused here, not by onnxruntime."""
     graph = model.graph
-    linear, rest, touched, names = _split_nodes(graph, set(seed_inputs))
+    split = _split_nodes(graph, set(seed_inputs))
+    linear, rest, names = split.linear, split.rest, split.names
     scope = NameScope(names)
-    shapes, types = _inferred(model, touched)
-    constants = _int_constants(graph, touched)
-    axis = SeedAxis(seeds, scope, shapes, constants, types, default_opset(model))
+    known = _inferred(model, split.touched)
+    constants = _int_constants(graph, split.touched, split.constants)
+    axis = SeedAxis(seeds, scope, known.shapes, constants, known.elem_types, default_opset(model))
     axis.batched.update(seed_inputs)
     for node in linear:
         axis.rewrite(node)
     axis.flush()
     nodes = [*rest, *axis.nodes]
-    nodes += _spread_results(axis, nodes, [r for r in results if r not in axis.batched])
+    computed_once = [r for r in results if r not in axis.batched]
+    spread, once = _spread_results(axis, nodes, computed_once, known)
+    nodes += spread
+    seeded = nodes[len(rest) :]
+    rewritten = [o for node in linear for o in node.output if o]
+    defined = names.difference(rewritten, once).union(once.values())
+    local = _seeded_model(
+        model, seeded, split.constants, axis, known, [*rewritten, *results], defined
+    )
     replace_repeated(graph.node, nodes)
     graph.initializer.extend(axis.initializers)
     _name_nodes(graph, scope)
@@ -70,16 +84,24 @@ def batch_seeds(
     replace_repeated(graph.value_info, [v for v in graph.value_info if v.name not in batched])
     for info in [*graph.input, *graph.output]:
         if info.name in batched:
-            _prepend_axis(info, seeds)
-    return finalize_model(model, infer=False)
+            _prepend_axis(info.type, seeds)
+    if local.unknown:  # onnx's checker of the whole batched graph names them
+        return finalize_model(model)
+    _check_seeded(local)
+    return finalize_model(model, check=False)
 
 
-def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
-    """Nodes repeating, for every seed, the ``results`` computed once (renamed in ``nodes``
-    to make room)."""
+def _spread_results(
+    axis: SeedAxis, nodes: list, results: list[str], known: _Known
+) -> tuple[list, dict[str, str]]:
+    """Nodes repeating, for every seed, the ``results`` computed once, and the new names of
+    those (renamed in ``nodes`` to make room, their types in ``known`` too)."""
     if not results:
-        return []
+        return [], {}
     once = {r: axis.scope.unique(f"{r}_once") for r in results}
+    for result, computed in once.items():
+        if result in known.types:
+            known.types[computed] = known.types[result]
     scratch = GraphProto()
     scratch.node.extend(nodes)
     rename_values(scratch, once)
@@ -87,35 +109,163 @@ def _spread_results(axis: SeedAxis, nodes: list, results: list[str]) -> list:
     axis.nodes = []
     for result, computed in once.items():
         axis.op("Identity", axis.spread(computed), out=result)
-    return axis.nodes
+    return axis.nodes, once
 
 
-def _inferred(model: ModelProto, wanted: set[str]) -> tuple[dict, dict]:
-    """``({value: dims}, {value: element type})`` of the values ``wanted``, by onnx's strict
-    shape inference with type checks of the whole graph (``InferenceError`` where it is
-    inconsistent)."""
+@dataclass
+class _Known:
+    """What onnx's strict inference of the one-seed graph says of the values the seeded
+    nodes read or write: per-seed dimensions (``None`` where unknown) of those of known
+    rank, element types, and the inferred types themselves (serialised)."""
+
+    shapes: dict[str, list] = field(default_factory=dict)
+    elem_types: dict[str, int] = field(default_factory=dict)
+    types: dict[str, bytes] = field(default_factory=dict)
+
+
+def _inferred(model: ModelProto, wanted: set[str]) -> _Known:
+    """The types of the values ``wanted`` by onnx's strict shape inference with type checks
+    of the whole graph, after onnx's checker (``InferenceError``, ``ValidationError`` where
+    the graph is invalid)."""
+    check_declared_shapes(model.graph)
     view = weightless_bytes(model)
+    onnx.checker.check_model(view)
     inferred = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True).graph
-    shapes, types = {}, {}
+    known = _Known()
     read: dict[bytes, tuple | None] = {}  # values share few types: each read once
     for infos in (inferred.input, inferred.output, inferred.value_info):
         for info in infos:
             name = info.name
             if name not in wanted:
                 continue
-            value_type = info.type
-            key = value_type.SerializeToString()
+            key = info.type.SerializeToString()
             found = read.get(key, False)
             if found is False:
-                found = read[key] = _elem_and_dims(value_type)
+                found = read[key] = _elem_and_dims(info.type)
             if found is not None:
-                types[name], dims = found
+                known.types[name] = key
+                known.elem_types[name], dims = found
                 if dims is not None:
-                    shapes[name] = list(dims)
+                    known.shapes[name] = list(dims)
     for init in inferred.initializer:
-        types[init.name] = init.data_type
-        shapes[init.name] = list(init.dims)
-    return shapes, types
+        known.elem_types[init.name] = init.data_type
+        known.shapes[init.name] = list(init.dims)
+    return known
+
+
+@dataclass
+class _Local:
+    """The seeded nodes as a model of their own (:func:`_seeded_model`), less its nodes."""
+
+    shell: ModelProto
+    nodes: list
+    #: values read that the one-seed graph's inference did not type, or that the batched
+    #: graph does not define
+    unknown: list[str]
+
+
+def _seeded_model(
+    model: ModelProto,
+    seeded: list,
+    constant_nodes: dict[str, NodeProto],
+    axis: SeedAxis,
+    known: _Known,
+    declared: list[str],
+    defined: set[str],
+) -> _Local:
+    """The ``seeded`` nodes as a model of their own, for onnx to check: the values they
+    read from the rest of ``model`` (``defined`` there) are its inputs, typed as the
+    one-seed graph's inference typed them (``seeds`` in front for the seed inputs), or its
+    initializers and ``Constant`` nodes where they are small constants (their values shape
+    what they reach); every value of ``declared`` has its one-seed type, ``seeds`` in front
+    where it carries the seed axis."""
+    made = {o for node in seeded for o in node.output}
+    made.update(t.name for t in axis.initializers)
+    reads: dict[str, None] = {}
+    for node in seeded:
+        for name in node_inputs(node) if node.attribute else node.input:
+            if name and name not in made:
+                reads[name] = None
+    shell = ModelProto(ir_version=model.ir_version)
+    shell.opset_import.extend(model.opset_import)
+    graph = shell.graph
+    graph.name = "seeded"
+    small = [
+        t
+        for t in model.graph.initializer
+        if t.name in reads and tensor_nbytes(t) <= WEIGHTLESS_THRESHOLD
+    ]
+    graph.initializer.extend([*small, *axis.initializers])
+    constants = [node for name, node in constant_nodes.items() if name in reads]
+    given = {t.name for t in small} | {n.output[0] for n in constants}
+    typed = _TypeCache(axis)
+    unknown = []
+    for name in reads:
+        if name in given:
+            continue
+        if name not in defined or not typed.add(graph.input, name, known.types.get(name)):
+            unknown.append(name)
+    for name in declared:
+        typed.add(graph.value_info, name, known.types.get(name))
+    return _Local(shell, [*constants, *seeded], unknown)
+
+
+class _TypeCache:
+    """Value infos typed from serialised one-seed types, ``seeds`` in front for the batched
+    values, each distinct type parsed once."""
+
+    def __init__(self, axis: SeedAxis):
+        self.axis = axis
+        self.parsed: dict[tuple[bytes, bool], TypeProto] = {}
+
+    def add(self, infos, name: str, key: bytes | None) -> bool:
+        """A value info of ``name`` appended to ``infos`` where its type is known."""
+        if key is None:
+            return False
+        batched = name in self.axis.batched
+        value_type = self.parsed.get((key, batched))
+        if value_type is None:
+            value_type = self.parsed[key, batched] = TypeProto.FromString(key)
+            if batched:
+                _prepend_axis(value_type, self.axis.seeds)
+        infos.add(name=name).type.CopyFrom(value_type)
+        return True
+
+
+def _with_ranks(local: _Local) -> bytes | None:
+    """The seeded model for onnx's checker, which wants a shape on every graph input: the
+    inputs of unknown rank given one (the checker reads no rank; inference keeps them
+    unknown). ``None`` where every input has one."""
+    unranked = [
+        info
+        for info in local.shell.graph.input
+        if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape")
+    ]
+    if not unranked:
+        return None
+    for info in unranked:
+        info.type.tensor_type.shape.SetInParent()
+    try:
+        return model_bytes(local.shell, local.nodes)
+    finally:
+        for info in unranked:
+            info.type.tensor_type.ClearField("shape")
+
+
+def _check_seeded(local: _Local) -> None:
+    """onnx's checker and strict inference with type checks of the seeded nodes alone:
+    ``ValueError`` naming the node onnx refuses (one whose result contradicts its declared
+    type, or whose attributes or inputs its schema refuses)."""
+    view = model_bytes(local.shell, local.nodes)
+    try:
+        onnx.checker.check_model(_with_ranks(local) or view)
+        onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        message = " ".join(str(exc).split())[:1000]
+        raise ValueError(
+            f"a seed-axis rule wrote an invalid node: onnx refuses the seeded nodes "
+            f"({message}); the batched graph would contradict the one-seed graph's types"
+        ) from exc
 
 
 def _elem_and_dims(value_type) -> tuple[int, tuple | None] | None:
@@ -130,19 +280,21 @@ def _elem_and_dims(value_type) -> tuple[int, tuple | None] | None:
     return tensor.elem_type, dims
 
 
-def _int_constants(graph: GraphProto, wanted: set[str]) -> dict[str, np.ndarray]:
-    """The values of the small integer initializers and ``Constant`` nodes named in
-    ``wanted``."""
+def _int_constants(
+    graph: GraphProto, wanted: set[str], constants: dict[str, NodeProto]
+) -> dict[str, np.ndarray]:
+    """The values of the small integer initializers and ``Constant`` nodes (``constants``)
+    named in ``wanted``."""
     found = {}
     tensors = [(t.name, t) for t in graph.initializer if t.name in wanted]
-    for node in graph.node:
-        constant = node.op_type == "Constant" and not node.domain and node.attribute
-        if constant and node.output[0] in wanted:
-            attr = node.attribute[0]
-            if attr.name == "value":
-                tensors.append((node.output[0], attr.t))
-            elif attr.name in ("value_int", "value_ints"):
-                found[node.output[0]] = np.array(attr.i if attr.name == "value_int" else attr.ints)
+    for name, node in constants.items():
+        if name not in wanted:
+            continue
+        attr = node.attribute[0]
+        if attr.name == "value":
+            tensors.append((name, attr.t))
+        elif attr.name in ("value_int", "value_ints"):
+            found[name] = np.array(attr.i if attr.name == "value_int" else attr.ints)
     for name, tensor in tensors:
         small = int(np.prod(tensor.dims)) <= 64
         if small and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
@@ -161,17 +313,31 @@ def _name_nodes(graph: GraphProto, scope: NameScope) -> None:
                 _name_nodes(sub, scope)
 
 
-def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[str], set[str]]:
-    """``(nodes reading a seed directly or not, the others, the values the first read or
-    write, every value name of the graph and its subgraphs)``, nodes in graph order: one
-    pass over the nodes for both."""
+@dataclass
+class _Split:
+    """The nodes of a graph split by whether they read a seed, directly or not."""
+
+    #: the nodes reading a seed, in graph order
+    linear: list
+    #: the others, in graph order
+    rest: list
+    #: the values the linear nodes read or write
+    touched: set[str]
+    #: every value name the graph and its subgraphs define
+    names: set[str]
+    #: the ``Constant`` nodes of the rest by their output
+    constants: dict[str, NodeProto]
+
+
+def _split_nodes(graph: GraphProto, seeds: set[str]) -> _Split:
+    """:class:`_Split` of ``graph``: one pass over its nodes."""
     reached = set(seeds)
-    linear, rest, touched = [], [], set()
-    names = {v.name for v in [*graph.input, *graph.initializer, *graph.output]}
+    split = _Split([], [], set(), set(), {})
+    linear, rest, touched, names = split.linear, split.rest, split.touched, split.names
+    names.update(v.name for v in [*graph.input, *graph.initializer, *graph.output])
     names.update(t.values.name for t in graph.sparse_initializer)
     for node in graph.node:
         reads, writes = node.input, node.output
-        names.update(reads)
         names.update(writes)
         inner = subgraphs(node)  # most nodes have none: their reads are their inputs
         if inner:
@@ -180,23 +346,19 @@ def _split_nodes(graph: GraphProto, seeds: set[str]) -> tuple[list, list, set[st
                 names |= all_names(sub)
         if reached.isdisjoint(reads):
             rest.append(node)
+            if node.op_type == "Constant" and not node.domain and node.attribute:
+                split.constants[writes[0]] = node
         else:
             linear.append(node)
             reached.update(writes)
             touched.update(reads)
     names.discard("")
-    return linear, rest, touched | reached, names
+    touched |= reached
+    return split
 
 
-def _renamed(info: ValueInfoProto, name: str) -> ValueInfoProto:
-    copy = ValueInfoProto()
-    copy.CopyFrom(info)
-    copy.name = name
-    return copy
-
-
-def _prepend_axis(info: ValueInfoProto, seeds: int) -> None:
-    tensor = info.type.tensor_type
+def _prepend_axis(value_type: TypeProto, seeds: int) -> None:
+    tensor = value_type.tensor_type
     dims = list(tensor.shape.dim) if tensor.HasField("shape") else None
     if dims is None:
         return

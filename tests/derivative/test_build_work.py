@@ -126,15 +126,17 @@ def test_node_maker_writes_what_make_node_writes(attributes):
 SEEDS = 7
 
 
-def _infer_no_seed_axis(real):
-    """``onnx.shape_inference.infer_shapes``, failing on a graph with the seed axis."""
+def _recording(real, batched: list):
+    """``onnx.shape_inference.infer_shapes``, recording in ``batched`` the node outputs of
+    every graph it infers with the seed axis (a graph input shaped ``[SEEDS, ...]``)."""
 
     def infer(model, *args, **kwargs):
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model)
         for info in proto.graph.input:
             dims = info.type.tensor_type.shape.dim
             if dims and dims[0].dim_value == SEEDS:
-                raise AssertionError(f"shape inference ran on the batched graph ({info.name})")
+                batched.append({o for node in proto.graph.node for o in node.output})
+                break
         return real(model, *args, **kwargs)
 
     return infer
@@ -149,12 +151,13 @@ def _central_difference_jvp(model, feeds: dict, tangent: np.ndarray) -> np.ndarr
     return (plus - minus) / (2 * h)
 
 
-def test_batched_seeds_infer_the_one_seed_graph_only(monkeypatch):
-    """The batched graph's types follow from the one-seed graph's: ``seeds=k`` infers the
-    one-seed graph (the rules read its ranks) and runs onnx's checker on the batched one,
-    with no second inference; the results still equal finite differences per seed."""
+def test_batched_seeds_infer_each_node_once(monkeypatch):
+    """``seeds=k`` infers the one-seed graph (the rules read its types), then the seeded
+    nodes alone with the seed axis, not the forward nodes again (``xw = x W`` and
+    ``t = tanh(xw)`` read no seed); the results still equal finite differences per seed."""
+    batched: list[set[str]] = []
     monkeypatch.setattr(
-        onnx.shape_inference, "infer_shapes", _infer_no_seed_axis(onnx.shape_inference.infer_shapes)
+        onnx.shape_inference, "infer_shapes", _recording(onnx.shape_inference.infer_shapes, batched)
     )
     model = float_model()
     rng = np.random.default_rng(2)
@@ -173,8 +176,42 @@ def test_batched_seeds_infer_the_one_seed_graph_only(monkeypatch):
         expected = onnx_numerical_vjp(model, feeds, ["x"], [cotangents[i]])["x"]
         np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-8)
 
+    assert len(batched) == 2, "one inference with the seed axis per batched build"
+    for outputs in batched:
+        assert outputs and outputs.isdisjoint({"xw", "t"}), sorted(outputs)
+
     hvp = onnx_hvp(add_loss_output(model), inputs=["x"], seeds=SEEDS)
     assert [d.dim_value for d in hvp.graph.output[0].type.tensor_type.shape.dim] == [SEEDS, 2, 3]
+
+
+def _cast_to_float(sa, node):
+    """A broken ``Mul`` rule: its result cast to float32 (the model computes in float64)."""
+    sa.op("Cast", node.input[0], out=node.output[0], to=TensorProto.FLOAT)
+    return True
+
+
+def _sum_over_seeds(sa, node):
+    """A broken ``Mul`` rule: its result summed over the seed axis (one rank short)."""
+    sa.op("ReduceSum", node.input[0], sa.ints([0]), out=node.output[0], keepdims=0)
+    return True
+
+
+@pytest.mark.parametrize(
+    ("rule", "found"),
+    [(_cast_to_float, "elem type"), (_sum_over_seeds, "rank")],
+    ids=["element type", "rank"],
+)
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+def test_an_ill_typed_seeded_node_is_refused_at_build(monkeypatch, rule, found, mode):
+    """A rule writing a node whose result contradicts the one-seed type with the seed axis
+    in front (another element type, the seed axis lost) is refused when the graph is built,
+    naming the node, not when onnxruntime loads it; onnx's checker alone accepts both."""
+    monkeypatch.setitem(seed_axis._RULES, "Mul", rule)
+    with pytest.raises(ValueError, match=f"invalid node.*{found}.*node name: (Cast|ReduceSum)"):
+        if mode == "jvp":
+            onnx_jvp(float_model(), inputs=["x"], seeds=SEEDS)
+        else:
+            onnx_derivative(float_model(), weights=[], inputs=["x"], seeds=SEEDS)
 
 
 def test_batched_seeds_still_check_the_batched_graph(monkeypatch):

@@ -202,6 +202,28 @@ def test_a_node_without_a_rule_runs_in_a_scan():
     _assert_k_runs(model, batched, feeds, seeded)
 
 
+def test_a_value_of_unknown_rank_read_by_a_seeded_node_is_checked():
+    """``r = Reshape(u, s)`` with ``s`` fed at run time has no rank: the ``CastLike`` reading
+    it runs in a ``Scan``, and the check of the seeded nodes takes ``r`` as an input of
+    unknown rank (onnx's checker wants a shape on every input; inference must not get
+    one)."""
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3]),
+        helper.make_tensor_value_info("u", TensorProto.DOUBLE, [6]),
+        helper.make_tensor_value_info("s", TensorProto.INT64, [None]),
+    ]
+    graph = helper.make_graph(
+        [node("Reshape", ["u", "s"], ["r"]), node("CastLike", ["x", "r"], ["y"])],
+        "unranked", inputs, [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    model = onnx.shape_inference.infer_shapes(model)
+    feeds = {"x": _r(2, 3), "u": _r(6), "s": np.array([2, 3], dtype=np.int64)}
+    batched = batch_seeds(copy_message(model), ["x"], ["y"], K)
+    assert [n.op_type for n in batched.graph.node].count("Scan") == 1
+    _assert_k_runs(model, batched, feeds, ("x",))
+
+
 def test_a_result_computed_once_is_repeated_for_every_seed():
     model, feeds, seeded = _case([node("Tanh", ["u"], ["y"])], _r(2), u=_r(2, 3))
     batched = batch_seeds(copy_message(model), ["x"], ["y"], K)
