@@ -1,4 +1,4 @@
-"""Tiny models of thirteen architectures (random weights, every parameter distinct), each
+"""Tiny models of nineteen architectures (random weights, every parameter distinct), each
 exported once by torch and turned into the forms onnxruntime's tools deploy, in one cache:
 ``~/.cache/onnxgrad-tests/architectures/<digest of this module and of
 tests/normalize/deployed.py>`` (``$ONNXGRAD_TEST_CACHE``), its forms keyed by the
@@ -13,10 +13,16 @@ onnxruntime that made them (exports made by one environment serve another, witho
 * :data:`FLOAT_INPUT`: transformers taking a float input (the one the deployed-forms matrix
   differentiates): GPT-2, a Qwen2 decoder (grouped key/value heads, rotary), a ViT, a T5
   encoder (relative position bias) and a Whisper encoder (log-mel features
-  ``[B, 80, frames]``, two ``Conv1d`` with exact GELU, sinusoidal positions).
+  ``[B, 80, frames]``, two ``Conv1d`` with exact GELU, sinusoidal positions);
+* :data:`THIRD_SET`: Mistral, BLOOM, GPT-NeoX, ALBERT and BART over token ids and a
+  Segformer classifier over pixels, randomized like the small ones.
+
+``$ONNXGRAD_TEST_FORMS_OF`` (an onnxruntime version) reads the forms another onnxruntime made
+where they exist (the 4-bit form of onnxruntime >= 1.20 in the training environment).
 
 The weights-by-role property test (``tests/graph/test_weight_roles.py``) reads every
-architecture in every form, the deployed-forms matrix
+architecture in every form (the third set in :data:`SUITE_FORM`, every form in
+``benchmarks/sweep_architectures.py``), the deployed-forms matrix
 (``tests/normalize/test_architecture_forms.py``) the float-input ones and BERT's fusions.
 """
 
@@ -86,8 +92,27 @@ INPUT = {
 STATIC_OP_TYPES = {"t5": ["MatMul", "Gemm", "Gather"]}
 
 
+#: the one form of each :data:`THIRD_SET` architecture the suite checks (every form:
+#: ``benchmarks/sweep_architectures.py``)
+SUITE_FORM = {
+    "mistral": "int8",  # a quantized embedding over ids, sliding-window masks
+    "bloom": "float16",  # ALiBi slopes and masks in float16
+    "neox": "opt2",  # onnxruntime's GPT-NeoX fusions, rotary on a quarter of each head
+    "albert": "opt2",  # one layer's weights read twice, BERT fusions
+    "bart": "float32",  # cross attention, tied embeddings, the logits' bias buffer
+    "segformer": "initializers",  # every Constant an initializer
+}
+
+
 def forms(architecture: str) -> tuple[str, ...]:
     return FORMS + OPTIMIZED if architecture in OPTIMIZER else FORMS
+
+
+def suite_forms(architecture: str) -> tuple[str, ...]:
+    """The forms the suite checks: every one, one of a :data:`THIRD_SET` architecture."""
+    if architecture in SUITE_FORM:
+        return (SUITE_FORM[architecture],)
+    return forms(architecture)
 
 
 def cache_dir() -> Path:
@@ -431,7 +456,10 @@ def deployed_form(architecture: str, form: str) -> Path:
     source = exported(architecture)
     if form == "float32":
         return source
-    target = cache_dir() / f"{architecture}_{form}_ort{onnxruntime.__version__}.onnx"
+    made_by = os.environ.get("ONNXGRAD_TEST_FORMS_OF", onnxruntime.__version__)
+    target = cache_dir() / f"{architecture}_{form}_ort{made_by}.onnx"
+    if not target.exists():  # forms another onnxruntime made are read, never made, here
+        target = cache_dir() / f"{architecture}_{form}_ort{onnxruntime.__version__}.onnx"
     if target.exists():
         return target
     partial = target.with_suffix(".partial")

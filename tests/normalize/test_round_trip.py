@@ -108,8 +108,9 @@ def test_what_comes_back_keeps_the_deployed_form(forms, kind, form, tmp_path):
 
 #: one small architecture per class of product the round trip must find: GPT-2's ``Gemm``
 #: over QDQ weights (``QGemm``), the convolution kernels of a ViT's patch embedding (which
-#: the runtime adapter model updates, no product reading them) over float and 4-bit bases
-ARCHITECTURE_CASES = [("gpt2", "qdq"), ("vit", "float32"), ("vit", "int4")]
+#: the runtime adapter model updates, no product reading them) over float and 4-bit bases,
+#: GPT-NeoX's int8 products whose bias a GELU reads (onnxruntime's ``BiasGelu`` kept)
+ARCHITECTURE_CASES = [("gpt2", "qdq"), ("vit", "float32"), ("vit", "int4"), ("neox", "int8")]
 
 
 @pytest.mark.parametrize(("kind", "form"), ARCHITECTURE_CASES)
