@@ -11,7 +11,11 @@ each, against references that are not onnxgrad:
 - ``lora``: ``add_lora`` + ``generate_artifacts`` + 15 Adam steps at onnxruntime's default
   optimization level, losses finite and falling (``test_architecture_forms.py``);
 - ``round trip``: ``merge_lora`` keep/requantize and ``runtime_adapter_model`` hold the
-  deployed operators and predict what the training graph does (``test_round_trip.py``).
+  deployed operators and predict what the training graph does (``test_round_trip.py``);
+- ``speed`` (not by default): what comes back against the deployed file, one thread, batch
+  64, ``ROUNDS`` interleaved runs (``bench_round_trip.py``'s timing and models, rank 8):
+  the merged model (``keep`` over float weights, ``requantize`` over quantized ones) and the
+  runtime adapter model, with the adapters' share of the products' FLOPs.
 
 ``python benchmarks/sweep_architectures.py [--kinds mistral,bart] [--forms int8,qdq]
 [--checks weights,gradient]``: one line per cell, ``ok`` or the failure; the exit status is
@@ -31,11 +35,13 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: the point differentiated: not a calibration batch of static quantization (seeds 0-3),
 #: whose extreme activations sit on the clipping bounds
 POINT = 4
 CHECKS = ("lowered", "weights", "gradient", "lora", "round_trip")
+ROUNDS, SPEED_BATCH = 31, 64
 #: relative error of the directional derivative against central differences (float16: its
 #: outputs' rounding over a step of ``EPS``)
 BOUND = {"float16": 5e-2}
@@ -169,6 +175,22 @@ def check_lowered(model: onnx.ModelProto, feeds) -> str:
     return f"{'ok' if error < 2e-3 else 'FAIL'} relative {error:.1e}"
 
 
+def check_speed(model: onnx.ModelProto, kind: str, form: str) -> str:
+    from bench_round_trip import _adapter_share, _returned, _times
+
+    from tests import architectures
+
+    returned = _returned(model, form)
+    merged = "requantize" if form in ("int8", "qdq", "int4") else "keep"
+    models = {"deployed": model, merged: returned[merged], "runtime": returned["runtime"]}
+    times = _times(models, architectures.feeds(kind, POINT, batch=SPEED_BATCH), ROUNDS)
+    share = _adapter_share(model, returned["adapted"])
+    ratios = ", ".join(
+        f"{n} {times[n] / times['deployed']:.2f}x" for n in models if n != "deployed"
+    )
+    return f"deployed {times['deployed']:.2f} ms, {ratios} (adapter FLOP share {share:.1%})"
+
+
 def _run_check(check: str, kind: str, form: str, folder: Path) -> str:
     from tests import architectures
 
@@ -184,6 +206,8 @@ def _run_check(check: str, kind: str, form: str, folder: Path) -> str:
 
         weights(kind, form)
         return "ok"
+    if check == "speed":
+        return check_speed(model, kind, form)
     if check == "gradient":
         source = onnx.load(architectures.deployed_form(kind, "float32"))
         return check_gradient(model, architectures.feeds(kind, POINT), form, source)

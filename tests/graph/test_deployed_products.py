@@ -1,5 +1,6 @@
 """Where an adapter's branch joins a deployed int8 product with a bias: after the bias ``Add``
-(onnxruntime folds that bias into ``MatMulIntegerToFloat``), except where a GELU reads the
+(onnxruntime folds that bias, ``[N]`` or ``[1, N]``, into ``MatMulIntegerToFloat`` or
+``DynamicQuantizeMatMul``), except where a GELU reads the
 sum, whose bias onnxruntime folds into ``BiasGelu`` / ``FastGelu`` (GPT-NeoX, BLOOM, BERT
 MLPs): a branch between the bias and the GELU left onnxruntime 1.19 a ``Gelu`` and an
 unfused ``Add`` per layer."""
@@ -51,14 +52,14 @@ def _residual(x: str, y: str) -> list:
     return [helper.make_node("Add", [x, "x_wide"], [y])]
 
 
-def _int8_model(tmp_path, after) -> onnx.ModelProto:
+def _int8_model(tmp_path, after, bias_shape=(N,)) -> onnx.ModelProto:
     """``after(x W + b)`` over ``[ROWS, K]``, quantized by onnxruntime's ``quantize_dynamic``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     rng = np.random.default_rng(0)
     constants = {
         "w": rng.standard_normal((K, N)) * 0.3,
-        "b": rng.standard_normal(N) * 0.3,
+        "b": rng.standard_normal(bias_shape) * 0.3,
         "sqrt2": np.sqrt(2.0),
         "one": 1.0,
         "half": 0.5,
@@ -117,10 +118,13 @@ def test_a_branch_beside_an_int8_product_joins_before_a_bias_a_gelu_reads(tmp_pa
         assert _unfused_adds(adapted, tmp_path) <= _unfused_adds(model, tmp_path) + 1
 
 
-def test_a_branch_beside_an_int8_product_joins_after_a_bias_a_residual_reads(tmp_path):
-    model = _int8_model(tmp_path, _residual)
+@pytest.mark.parametrize("bias_shape", [(N,), (1, N)])  # [1, N]: BART's logits bias
+def test_a_branch_beside_an_int8_product_joins_after_a_bias_a_residual_reads(tmp_path, bias_shape):
+    model = _int8_model(tmp_path, _residual, bias_shape)
     (product,) = weight_products(model)["w_quantized"]
     assert product.node.op_type == "Add" and "b" in product.node.input
+    adapted = trained_adapters(add_lora(model, rank=4))
+    assert _unfused_adds(adapted, tmp_path) <= _unfused_adds(model, tmp_path) + 1
 
 
 def _unfused_adds(model: onnx.ModelProto, folder) -> int:
