@@ -1,4 +1,4 @@
-"""Tiny models of thirteen architectures (random weights, every parameter distinct), each
+"""Tiny models of nineteen architectures (random weights, every parameter distinct), each
 exported once by torch and turned into the forms onnxruntime's tools deploy, in one cache:
 ``~/.cache/onnxgrad-tests/architectures/<digest of this module and of
 tests/normalize/deployed.py>`` (``$ONNXGRAD_TEST_CACHE``), its forms keyed by the
@@ -13,10 +13,16 @@ onnxruntime that made them (exports made by one environment serve another, witho
 * :data:`FLOAT_INPUT`: transformers taking a float input (the one the deployed-forms matrix
   differentiates): GPT-2, a Qwen2 decoder (grouped key/value heads, rotary), a ViT, a T5
   encoder (relative position bias) and a Whisper encoder (log-mel features
-  ``[B, 80, frames]``, two ``Conv1d`` with exact GELU, sinusoidal positions).
+  ``[B, 80, frames]``, two ``Conv1d`` with exact GELU, sinusoidal positions);
+* :data:`THIRD_SET`: Mistral, BLOOM, GPT-NeoX, ALBERT and BART over token ids and a
+  Segformer classifier over pixels, randomized like the small ones.
+
+``$ONNXGRAD_TEST_FORMS_OF`` (an onnxruntime version) reads the forms another onnxruntime made
+where they exist (the 4-bit form of onnxruntime >= 1.20 in the training environment).
 
 The weights-by-role property test (``tests/graph/test_weight_roles.py``) reads every
-architecture in every form, the deployed-forms matrix
+architecture in every form (the third set in :data:`SUITE_FORM`, every form in
+``benchmarks/sweep_architectures.py``), the deployed-forms matrix
 (``tests/normalize/test_architecture_forms.py``) the float-input ones and BERT's fusions.
 """
 
@@ -46,7 +52,13 @@ SAMPLES, WINDOW, HOP, BANDS = 64, 16, 4, 6
 
 AS_FED = ("mlp", "cnn", "gru", "bytes", "classes", "melspec", "llama", "bert")
 FLOAT_INPUT = ("gpt2", "qwen2", "vit", "t5", "whisper")
-ARCHITECTURES = AS_FED + FLOAT_INPUT
+#: a third set, as fed (token ids, except Segformer's pixels): a Mistral decoder (sliding
+#: window shorter than the sequence), BLOOM (ALiBi), GPT-NeoX (parallel attention, rotary on a
+#: quarter of each head), ALBERT (factorized embedding, one layer's weights read by both
+#: layers), BART (encoder-decoder, cross attention, embeddings tied to the head) and a
+#: Segformer classifier (overlapping patch convolutions, reduced keys, depthwise Mix-FFN)
+THIRD_SET = ("mistral", "bloom", "neox", "albert", "bart", "segformer")
+ARCHITECTURES = AS_FED + FLOAT_INPUT + THIRD_SET
 #: the forms of every architecture; onnxruntime's transformer optimizer only for transformers
 FORMS = ("float32", "initializers", "float16", "int8", "qdq", "int4")
 OPTIMIZED = ("opt1", "opt2")
@@ -59,6 +71,12 @@ OPTIMIZER = {
     "vit": ("vit", 2, WIDE),
     "t5": ("t5", 2, WIDE),
     "whisper": ("bart", 2, WIDE),  # onnxruntime's Whisper scripts optimize it as BART
+    "mistral": ("gpt2", 2, WIDE),
+    "bloom": ("gpt2", 2, WIDE),
+    "neox": ("gpt_neox", 2, WIDE),
+    "albert": ("bert", 2, WIDE),
+    "bart": ("bart", 2, WIDE),
+    "segformer": ("vit", 0, 0),  # widths differ by stage: heads and width detected
 }
 #: the float input of each :data:`FLOAT_INPUT` export (the one differentiated)
 INPUT = {
@@ -74,8 +92,27 @@ INPUT = {
 STATIC_OP_TYPES = {"t5": ["MatMul", "Gemm", "Gather"]}
 
 
+#: the one form of each :data:`THIRD_SET` architecture the suite checks (every form:
+#: ``benchmarks/sweep_architectures.py``)
+SUITE_FORM = {
+    "mistral": "int8",  # a quantized embedding over ids, sliding-window masks
+    "bloom": "float16",  # ALiBi slopes and masks in float16
+    "neox": "opt2",  # onnxruntime's GPT-NeoX fusions, rotary on a quarter of each head
+    "albert": "opt2",  # one layer's weights read twice, BERT fusions
+    "bart": "float32",  # cross attention, tied embeddings, the logits' bias buffer
+    "segformer": "initializers",  # every Constant an initializer
+}
+
+
 def forms(architecture: str) -> tuple[str, ...]:
     return FORMS + OPTIMIZED if architecture in OPTIMIZER else FORMS
+
+
+def suite_forms(architecture: str) -> tuple[str, ...]:
+    """The forms the suite checks: every one, one of a :data:`THIRD_SET` architecture."""
+    if architecture in SUITE_FORM:
+        return (SUITE_FORM[architecture],)
+    return forms(architecture)
 
 
 def cache_dir() -> Path:
@@ -231,6 +268,50 @@ def _wide_transformer(kind: str):
     return transformers.T5EncoderModel(config).eval()
 
 
+def _third_set(kind: str):
+    """The :data:`THIRD_SET` modules at ``WIDE``, two layers, every parameter drawn anew."""
+    import transformers as tf
+
+    common = {"attn_implementation": "eager"}
+    decoder = {
+        "vocab_size": VOCAB, "hidden_size": WIDE, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "max_position_embeddings": 32, **common,
+    }  # fmt: skip
+    if kind == "mistral":
+        config = tf.MistralConfig(
+            **decoder, intermediate_size=2 * WIDE, num_key_value_heads=1, sliding_window=3
+        )
+        return _randomized(tf.MistralForCausalLM(config))
+    if kind == "bloom":
+        config = tf.BloomConfig(vocab_size=VOCAB, hidden_size=WIDE, n_layer=2, n_head=2, **common)
+        return _randomized(tf.BloomForCausalLM(config))
+    if kind == "neox":
+        config = tf.GPTNeoXConfig(
+            **decoder, intermediate_size=2 * WIDE, use_parallel_residual=True, rotary_pct=0.25
+        )
+        return _randomized(tf.GPTNeoXForCausalLM(config))
+    if kind == "albert":
+        config = tf.AlbertConfig(
+            vocab_size=VOCAB, embedding_size=HIDDEN, hidden_size=WIDE, num_hidden_layers=2,
+            num_attention_heads=2, intermediate_size=2 * WIDE, max_position_embeddings=32,
+            num_labels=3, **common,
+        )  # fmt: skip
+        return _randomized(tf.AlbertForSequenceClassification(config))
+    if kind == "bart":
+        config = tf.BartConfig(
+            vocab_size=VOCAB, d_model=WIDE, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=2 * WIDE,
+            decoder_ffn_dim=2 * WIDE, max_position_embeddings=32, **common,
+        )  # fmt: skip
+        return _randomized(tf.BartForConditionalGeneration(config))
+    config = tf.SegformerConfig(
+        num_channels=CHANNELS, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+        hidden_sizes=[16, WIDE], patch_sizes=[3, 3], strides=[2, 2],
+        num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=3,
+    )  # fmt: skip
+    return _randomized(tf.SegformerForImageClassification(config))
+
+
 def module(architecture: str):
     """The PyTorch module of ``architecture`` (the same weights every call)."""
     small = _small_modules()
@@ -238,6 +319,8 @@ def module(architecture: str):
         return _randomized(small[architecture]())
     if architecture == "llama":
         return _llama()
+    if architecture in THIRD_SET:
+        return _third_set(architecture)
     return _wide_transformer(architecture)
 
 
@@ -249,8 +332,14 @@ def forward(model, architecture: str, *args):
     names = [n for n, _ in _inputs(architecture)]
     if architecture in ("mlp", "cnn", "gru", "bytes", "classes", "melspec"):
         return model(*args)
-    if architecture in ("llama", "bert", "vit"):
+    if architecture in ("llama", "bert", "vit", "albert", "segformer"):
         return model(**dict(zip(names, args))).logits
+    if architecture == "bart":
+        return model(**dict(zip(names, args)), use_cache=False).logits
+    if architecture in THIRD_SET:  # a mask of ones: without one, transformers looks for
+        (ids,) = args  # packed sequences in the positions (torch.diff, no ONNX symbolic)
+        mask = torch.ones(ids.shape, dtype=torch.int64)
+        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     if architecture in ("t5", "whisper"):
         return model(**dict(zip(names, args))).last_hidden_state
     (x,) = args
@@ -267,7 +356,12 @@ def _inputs(architecture: str) -> list[tuple[str, tuple]]:
         "bert": [(n, (BATCH, WIDE_SEQ)) for n in ("input_ids", "attention_mask", "token_type_ids")],
         "vit": [("pixel_values", (BATCH, CHANNELS, IMAGE, IMAGE))],
         "whisper": [("input_features", (BATCH, MELS, FRAMES))],
+        "albert": [(n, (BATCH, SEQ)) for n in ("input_ids", "attention_mask", "token_type_ids")],
+        "bart": [(n, (BATCH, SEQ)) for n in ("input_ids", "decoder_input_ids")],
+        "segformer": [("pixel_values", (BATCH, CHANNELS, IMAGE, IMAGE))],
     }
+    if architecture in ("mistral", "bloom", "neox"):
+        return [("input_ids", (BATCH, SEQ))]
     if architecture in shapes:
         return shapes[architecture]
     if architecture in FLOAT_INPUT:
@@ -289,7 +383,7 @@ def feeds(architecture: str, seed: int = 0, batch: int = BATCH, padded: bool = T
                 values[name][-1, -2:] = 0
         elif name == "token_type_ids":
             values[name] = rng.integers(0, 2, shape)
-        elif name in ("input_ids", "data"):
+        elif name in ("input_ids", "decoder_input_ids", "data"):
             high = {"bytes": 256, "classes": 10, "bert": 50}.get(architecture, VOCAB)
             values[name] = rng.integers(1, high, shape).astype(np.int64)
         else:
@@ -300,9 +394,16 @@ def feeds(architecture: str, seed: int = 0, batch: int = BATCH, padded: bool = T
 # -- the files -----------------------------------------------------------------------------
 
 
+#: buffers that are weights by their role in the graph: BART's ``final_logits_bias``, zeros
+#: added to the logits (a bias of its head that PyTorch registers as a buffer and leaves at
+#: zero; a fine-tuning of the file may train it like the head's other bias)
+BIAS_BUFFERS = {"bart": ("final_logits_bias",)}
+
+
 def parameters(architecture: str) -> list[np.ndarray]:
     """The values of ``module(architecture).parameters()`` that PyTorch trains (Whisper's
-    sinusoidal positions are frozen), saved beside the export."""
+    sinusoidal positions are frozen), and its :data:`BIAS_BUFFERS`, saved beside the
+    export."""
     path = exported(architecture).with_suffix(".npz")
     with np.load(path) as saved:
         return [saved[k] for k in sorted(saved.files, key=int)]
@@ -318,6 +419,8 @@ def exported(architecture: str) -> Path:
 
     built = module(architecture)
     values = [p.detach().numpy() for p in built.parameters() if p.requires_grad]
+    buffers = dict(built.named_buffers())
+    values += [buffers[name].numpy() for name in BIAS_BUFFERS.get(architecture, ())]
     np.savez(path.with_suffix(".npz"), **{str(i): v for i, v in enumerate(values)})
 
     class Wrapped(torch.nn.Module):
@@ -353,7 +456,10 @@ def deployed_form(architecture: str, form: str) -> Path:
     source = exported(architecture)
     if form == "float32":
         return source
-    target = cache_dir() / f"{architecture}_{form}_ort{onnxruntime.__version__}.onnx"
+    made_by = os.environ.get("ONNXGRAD_TEST_FORMS_OF", onnxruntime.__version__)
+    target = cache_dir() / f"{architecture}_{form}_ort{made_by}.onnx"
+    if not target.exists():  # forms another onnxruntime made are read, never made, here
+        target = cache_dir() / f"{architecture}_{form}_ort{onnxruntime.__version__}.onnx"
     if target.exists():
         return target
     partial = target.with_suffix(".partial")

@@ -19,8 +19,11 @@ the float input ``x`` and the node whose first output is the float product ``y``
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
   ``DequantizeLinear``'s output.
 
-Where a bias ``Add`` (a 1-D constant) alone reads ``y`` of a ``quantize_dynamic`` or 4-bit
-product, ``y`` is that ``Add``'s output: onnxruntime folds the bias into the product's kernel.
+Where a bias ``Add`` (a constant ``[1, ..., 1, N]``) alone reads ``y`` of a
+``quantize_dynamic`` or 4-bit product, ``y`` is that ``Add``'s output: onnxruntime folds the
+bias into the product's kernel; unless a GELU reads the sum (``Erf`` or ``Tanh`` through
+``Mul``/``Div``/``Pow``, or a fused ``Gelu``), where onnxruntime folds the bias into
+``BiasGelu`` / ``FastGelu`` instead.
 
 A low-rank adapter kept beside such a product adds ``s (x A) B`` to ``y``
 (:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``. Where ``y``
@@ -113,17 +116,36 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
 
 
 def _bias_add(node: NodeProto, context) -> NodeProto | None:
-    """The ``Add`` of a bias (a 1-D constant) that alone reads ``node``'s output: for
+    """The ``Add`` of a bias (a constant ``[N]``, or ``[1, N]`` as BART's logits bias) that
+    alone reads ``node``'s output: for
     :data:`BIASED` products onnxruntime folds it into the kernel, so a branch is added after
     it, ``(y + b) + s x A B``, not between them."""
     inits, producers, readers = context
     add = _only_reader(node.output[0], readers, "Add")
-    if add is None:
+    if add is None or _read_by_gelu(add.output[0], readers):
         return None
     other = [name for name in add.input if name != node.output[0]]
     if len(other) != 1 or _constant_dims(other[0], inits, producers) is None:
         return None
-    return add if len(_constant_dims(other[0], inits, producers)) == 1 else None
+    dims = _constant_dims(other[0], inits, producers)
+    return add if dims and all(d == 1 for d in dims[:-1]) else None
+
+
+#: the operators a GELU's argument passes through before its ``Erf`` or ``Tanh``
+_GELU_ARITHMETIC = frozenset({"Mul", "Div", "Pow", "Add"})
+_FUSED_GELU = frozenset({"Gelu", "FastGelu", "QuickGelu", "BiasGelu"})
+
+
+def _read_by_gelu(name: str, readers, depth: int = 3) -> bool:
+    """``name`` is the argument of a GELU: read by a fused one, or, within ``depth``
+    arithmetic nodes, by the ``Erf`` (exact) or ``Tanh`` (approximate) of one."""
+    for reader in readers.get(name, []):
+        if reader.op_type in _FUSED_GELU or reader.op_type in ("Erf", "Tanh"):
+            return True
+        arithmetic = depth > 1 and reader.op_type in _GELU_ARITHMETIC
+        if arithmetic and _read_by_gelu(reader.output[0], readers, depth - 1):
+            return True
+    return False
 
 
 def _constant_dims(name: str, inits, producers) -> list[int] | None:

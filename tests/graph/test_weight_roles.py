@@ -586,13 +586,13 @@ def test_t5_relative_attention_bias_is_a_weight(folding):
     assert any(np.array_equal(v, bias.detach().numpy()) for v, _ in found.values())
 
 
-# -- the property on eleven architectures in their deployed forms ---------------------------
+# -- the property on nineteen architectures in their deployed forms ------------------------
 
 
 def _architecture_cases():
-    from tests.architectures import ARCHITECTURES, forms
+    from tests.architectures import ARCHITECTURES, suite_forms
 
-    return [(a, f) for a in ARCHITECTURES for f in forms(a)]
+    return [(a, f) for a in ARCHITECTURES for f in suite_forms(a)]
 
 
 def _file_values(model) -> dict[str, np.ndarray]:

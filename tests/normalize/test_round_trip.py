@@ -102,13 +102,15 @@ def _predicted(model: onnx.ModelProto, feeds) -> np.ndarray:
 @pytest.mark.parametrize("form", deployed.FORMS)
 def test_what_comes_back_keeps_the_deployed_form(forms, kind, form, tmp_path):
     model = onnx.load(forms(kind, form))
-    _assert_round_trip(model, form, deployed.feeds(kind), tmp_path)
+    source = onnx.load(forms(kind, "float32"))
+    _assert_round_trip(model, form, deployed.feeds(kind), tmp_path, source)
 
 
 #: one small architecture per class of product the round trip must find: GPT-2's ``Gemm``
 #: over QDQ weights (``QGemm``), the convolution kernels of a ViT's patch embedding (which
-#: the runtime adapter model updates, no product reading them) over float and 4-bit bases
-ARCHITECTURE_CASES = [("gpt2", "qdq"), ("vit", "float32"), ("vit", "int4")]
+#: the runtime adapter model updates, no product reading them) over float and 4-bit bases,
+#: GPT-NeoX's int8 products whose bias a GELU reads (onnxruntime's ``BiasGelu`` kept)
+ARCHITECTURE_CASES = [("gpt2", "qdq"), ("vit", "float32"), ("vit", "int4"), ("neox", "int8")]
 
 
 @pytest.mark.parametrize(("kind", "form"), ARCHITECTURE_CASES)
@@ -117,15 +119,22 @@ def test_architecture_comes_back_in_its_form(kind, form, tmp_path):
         model = onnx.load(architectures.deployed_form(kind, form))
     except ImportError as exc:  # a tool whose kernel this onnxruntime build lacks
         pytest.skip(f"this onnxruntime cannot make the {form} form: {exc}")
-    adapted = _assert_round_trip(model, form, architectures.feeds(kind), tmp_path)
     export = onnx.load(architectures.deployed_form(kind, "float32"))
+    adapted = _assert_round_trip(model, form, architectures.feeds(kind), tmp_path, export)
     # every weight its float32 export adapts has an adapter in this form too
     assert len(lora_adapters(adapted)) == len(lora_adapters(add_lora(export, rank=4)))
 
 
-def _assert_round_trip(model: onnx.ModelProto, form: str, feeds, tmp_path) -> onnx.ModelProto:
+def _assert_round_trip(
+    model: onnx.ModelProto, form: str, feeds, tmp_path, source: onnx.ModelProto | None = None
+) -> onnx.ModelProto:
     """Every model that comes back from ``model`` keeps its form and predicts what the
-    training graph predicts (module docstring); returns the adapted model."""
+    training graph predicts (module docstring); returns the adapted model. Where rounding
+    enters (float16 weights, requantized codes, an integer branch's codes of ``x``), within
+    a fraction of the adapters' effect or the precision of the form itself, how far
+    ``model`` is from its float32 ``source`` (randomized layers of 0.3 std give activations
+    whose int8 step is coarse: Mistral's int8 file is 0.09 off its source, its integer
+    branch 0.05 off the training graph)."""
     quantized = form in QUANTIZED
     adapted = add_lora(model, rank=4)
     deployed.assert_deployed_form(model, adapted, beside=True)
@@ -134,7 +143,8 @@ def _assert_round_trip(model: onnx.ModelProto, form: str, feeds, tmp_path) -> on
     reference = run(normalized_model(trained), feeds)[0]  # the training graph
     effect = np.abs(reference - before).max()
     assert effect > 0
-    exact = 5e-3 * effect if form == "float16" else 1e-5 * effect + 1e-6
+    precision = 0.0 if source is None else float(np.abs(before - run(source, feeds)[0]).max())
+    exact = max(5e-3 * effect, precision) if form == "float16" else 1e-5 * effect + 1e-6
 
     keep = merge_lora(trained)
     deployed.assert_deployed_form(model, keep, beside=quantized)
@@ -171,8 +181,11 @@ def _assert_round_trip(model: onnx.ModelProto, form: str, feeds, tmp_path) -> on
     for result in (trained, keep, served):
         np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=exact)
     for result in integer.values():  # within the rounding of x and A: ~2 % of the effect
-        np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=0.05 * effect)
-    tolerance = 0.25 * effect if quantized else exact
+        tolerance = max(0.05 * effect, precision)
+        np.testing.assert_allclose(_predicted(result, feeds), reference, rtol=0, atol=tolerance)
+    # requantized codes: a new rounding of every weight where the training graph reads the
+    # deployed codes, so up to two roundings of the form's precision
+    tolerance = max(0.25 * effect, 2 * precision) if quantized else exact
     np.testing.assert_allclose(_predicted(requantized, feeds), reference, rtol=0, atol=tolerance)
     # weights updated per run: float ones as the training graph, QDQ and int8 ones as the
     # merge quantizes them again (same codes, 4-bit blocks packed again included)

@@ -52,16 +52,24 @@ def with_frozen_rounding(
     at.update(_max_positions(model, feeds))
     if masks_from is not None:
         at.update(_relu_inputs_by_node(model, masks_from, feeds))
+    moved = _moved_codes(graph, dynamic)
     nodes, floated = [], set()
     for node in graph.node:
         if node.op_type in _PRODUCTS and node.input[0] in dynamic:
             nodes.extend(_float_product(node, dynamic[node.input[0]], at, constants))
             floated.add(node.output[0])
+        elif node.op_type in _PRODUCTS and node.input[0] in moved:
+            nodes.extend(_float_moved_product(node, constants))
+            floated.add(node.output[0])
+        elif node.op_type == "DequantizeLinear" and node.input[0] in moved:
+            nodes.extend(_float_dequantized(node))
         elif node.op_type == "Add" and floated.intersection(node.input):
             nodes.extend(_float_sum(node, floated))
             floated.add(node.output[0])
         elif node.op_type == "DynamicQuantizeLinear":
             nodes.extend(_const(name, at[name]) for name in node.output[1:])
+            if any(node.output[0] == m for m in moved.values()):
+                nodes.extend(_float_codes(node, at))
         elif node.op_type == "DequantizeLinear" and node.input[0] in quantized:
             nodes.extend(_clipped(node, quantized[node.input[0]], constants, at))
         elif node.op_type == "Relu":
@@ -138,6 +146,54 @@ def _const(name: str, value) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=tensor)
 
 
+#: operators that move codes without changing them (a quantized activation reshaped into an
+#: image before a ``ConvInteger``: Segformer's reduced keys)
+_MOVES = frozenset({"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+
+
+def _moved_codes(graph, dynamic) -> dict[str, str]:
+    """``{name: codes}``: the outputs of moves of the codes ``DynamicQuantizeLinear`` makes."""
+    moved: dict[str, str] = {}
+    for node in graph.node:
+        source = node.input[0] if node.input else ""
+        if node.op_type in _MOVES and (source in dynamic or source in moved):
+            moved[node.output[0]] = moved.get(source, source)
+    return moved
+
+
+def _float_codes(quantize, at) -> list[onnx.NodeProto]:
+    """The codes as floats, ``x / s_0 + r_0`` (``r_0 = q_0 - x_0 / s_0``), under their name,
+    for the moves that read them."""
+    x, (codes, scale, _) = quantize.input[0], quantize.output
+    residual = (at[codes].astype(np.float32) - at[x] / at[scale]).astype(np.float32)
+    return [
+        _const(f"{codes}_r0", residual),
+        helper.make_node("Div", [x, scale], [f"{codes}_xs"]),
+        helper.make_node("Add", [f"{codes}_xs", f"{codes}_r0"], [codes]),
+    ]
+
+
+def _float_dequantized(node) -> list[onnx.NodeProto]:
+    """``(q - z) s`` of moved float codes (one scale: ``DynamicQuantizeLinear``'s)."""
+    name = node.output[0]
+    codes, scale, zero = node.input[0], node.input[1], node.input[2]
+    return [
+        helper.make_node("Cast", [zero], [f"{name}_z"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", [codes, f"{name}_z"], [f"{name}_c"]),
+        helper.make_node("Mul", [f"{name}_c", scale], [name]),
+    ]
+
+
+def _float_moved_product(node, constants) -> list[onnx.NodeProto]:
+    """``node`` over its moved float codes minus their zero point, and ``W - z_W``."""
+    name = node.output[0]
+    made = [
+        helper.make_node("Cast", [node.input[2]], [f"{name}_za"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", [node.input[0], f"{name}_za"], [f"{name}_a"]),
+    ]
+    return made + _float_weight_product(node, constants)
+
+
 def _float_product(node, quantize, at, constants):
     """``node`` over ``x / s_0 + r_0`` and the float weight ``W - z_W``."""
     name = node.output[0]
@@ -149,8 +205,14 @@ def _float_product(node, quantize, at, constants):
         _const(f"{name}_r0", residual),
         helper.make_node("Div", [x, f"{name}_s0"], [f"{name}_xs"]),
         helper.make_node("Add", [f"{name}_xs", f"{name}_r0"], [f"{name}_a"]),
-        helper.make_node("Cast", [node.input[1]], [f"{name}_w"], to=TensorProto.FLOAT),
     ]
+    return made + _float_weight_product(node, constants)
+
+
+def _float_weight_product(node, constants) -> list[onnx.NodeProto]:
+    """The float ``MatMul`` or ``Conv`` of ``<output>_a`` and ``W - z_W``."""
+    name = node.output[0]
+    made = [helper.make_node("Cast", [node.input[1]], [f"{name}_w"], to=TensorProto.FLOAT)]
     weight = f"{name}_w"
     if len(node.input) > 3 and node.input[3]:
         made.append(helper.make_node("Cast", [node.input[3]], [f"{name}_z"], to=1))
