@@ -24,7 +24,9 @@ a value (a ``QuantizeLinear``/``DequantizeLinear`` pair, or the straight-through
 normalisation writes) has that value's role.
 
 A value computed from initializers alone, or from them and shapes, is a *derived constant*;
-the initializers behind it share its role, except one number broadcast to a shape
+the initializers behind it share its role, except the scale and zero point of a weight-only
+dequantization written with plain ops (``(Cast(q) - z) s`` of 4-, 8- or 16-bit integer codes
+``q``: quantization constants, as ``DequantizeLinear``'s), one number broadcast to a shape
 (``Expand``, ``Tile``: a fill value) and the constants of *coordinates*: values computed
 from the data's shape by a ``Range`` over it or by arithmetic with its values (a detector's
 anchor grid ``Range(w) + 0.5`` times its stride, a sine position encoding
@@ -129,6 +131,13 @@ _QUANTIZED_BIASES = {
 #: at most this many nodes in a fake quantization (the straight-through form has ~25)
 _FAKE_QUANTIZATION_NODES = 64
 _QUANTIZED_PREFIXES = ("QLinear", "QOrdered", "Quantize", "Dequantize", "DynamicQuantize", "QGemm")
+#: integer types of quantized weights' codes (wider ones are shapes, positions, ids)
+_CODE_TYPES = frozenset(
+    {
+        onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.INT8,
+        onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+    }
+)  # fmt: skip
 
 
 def weight_initializers(model: ModelProto, candidates: set[str]) -> set[str]:
@@ -332,6 +341,8 @@ class _Roles:
         #: the value each data value is a rearrangement of (slices, signs, concatenations)
         self.root: dict[str, str] = {}
         self.weights: set[str] = set()
+        #: constant integer codes cast to float, moved or less a zero point: ``Cast(q) - z``
+        self.codes: set[str] = set()
         #: attention scores: products of two data values (``q k^T``), scaled, masked, moved
         self.scores: set[str] = set()
         #: ``(op_type, input index)`` of each use of a value in the main graph
@@ -411,6 +422,8 @@ class _Roles:
                 self.index_data.update(outputs)
         if not data and not lookup:
             held = frozenset().union(*(self.sources[n] for _, n in constants))
+            if not touches_data and self._dequantizes(node):
+                held = frozenset()
             if self._computes_a_grid(node, diff):
                 held = self._tables_added(node, held)
             table = node.op_type in _LOOKUPS and node.input[0] in self.sources
@@ -458,6 +471,25 @@ class _Roles:
             self.spectra.update(outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
+
+    def _dequantizes(self, node: NodeProto) -> bool:
+        """Whether ``node`` computes integer codes as floats (``Cast`` of 4- to 16-bit
+        integers, moved, less a zero point) or scales them (``codes s``, ``codes / s``): a
+        weight-only dequantization, whose scale and zero point are no weights."""
+        op, first = node.op_type, node.input[0] if node.input else ""
+        if normalize_domain(node.domain):
+            return False
+        if op in ("Cast", "CastLike") and self.types.get(first) in _CODE_TYPES:
+            codes = True
+        elif op in _PURE_MOVES or op == "Sub":
+            codes = first in self.codes
+        elif op in _SCALES:
+            return first in self.codes or (op == "Mul" and node.input[1] in self.codes)
+        else:
+            return False
+        if codes:
+            self.codes.update(o for o in node.output if o)
+        return codes
 
     def _keeps_a_spectrum(self, node: NodeProto, data: list[str], weight_found: bool) -> bool:
         """Power, magnitude or a move of a spectrum, with no weight of its own."""

@@ -901,3 +901,42 @@ def test_a_folded_anchor_grid_and_its_strides_are_not_weights_a_bias_is():
         shape=[1, 2, 20],
     )
     assert _weights(model) == ["kernel", "bias", "zeros"]
+
+
+def test_the_scales_of_a_weight_only_dequantization_in_plain_ops_are_not_weights():
+    """``(Cast(q) - z) s`` of int8 codes (an export's weight-only quantization: the kernel,
+    and a vocabulary table looked up by ids) is a dequantized weight like
+    ``DequantizeLinear``'s: its scale and zero point are no weights; the bias and a
+    ``Cast`` of int64 positions scaled by a trained factor stay what they are."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Cast", ["q"], ["qf"], to=F),
+            node("Sub", ["qf", "zero"], ["centred"]),
+            node("Mul", ["centred", "scale"], ["kernel"]),
+            node("Cast", ["table_q"], ["table_f"], to=F),
+            node("Transpose", ["table_f"], ["table_t"], perm=[1, 0]),
+            node("Div", ["table_t", "table_scale"], ["table"]),
+            node("Gather", ["table", "ids"], ["rows"]),
+            node("MatMul", ["x", "kernel"], ["h"]),
+            node("Add", ["h", "rows"], ["hr"]),
+            node("Add", ["hr", "bias"], ["hb"]),
+            node("Cast", ["positions"], ["pf"], to=F),
+            node("Mul", ["pf", "frequency"], ["angles"]),
+            node("Add", ["hb", "angles"], ["y"]),
+        ],
+        {
+            "q": np.ones((4, 3), np.int8),
+            "zero": np.float32(1),
+            "scale": f32(3),
+            "table_q": np.ones((3, 10), np.uint8),
+            "table_scale": f32(3),
+            "bias": f32(3),
+            "positions": np.arange(3, dtype=np.int64),
+            "frequency": f32(3),
+        },
+        [("x", F, [2, 4]), ("ids", TensorProto.INT64, [2])],
+        ["y"],
+        shape=[2, 3],
+    )
+    assert _weights(model) == ["bias", "frequency"]

@@ -6,9 +6,9 @@ The reference evaluator's ``BatchNormalization`` of opsets 9-13 normalises with 
 own statistics (its ``momentum`` attribute, which has a default, selects that path); the
 specification's one-output node is inference mode, ``(x - mean) / sqrt(var + eps) * scale +
 bias``, which onnxruntime computes, so the reference uses that formula at every opset. Its
-``GlobalMaxPool``, ``OneHot``, ``GatherElements``, ``Pad``, ``STFT``, ``Erf`` and
+``GlobalMaxPool``, ``OneHot``, ``GatherElements``, ``Pad``, ``STFT``, ``Erf``, ``Loop`` and
 ``DequantizeLinear`` / ``QuantizeLinear`` before opset 19 are replaced likewise (see each
-class), and onnxruntime's ``DynamicQuantizeLSTM`` is its float ``LSTM``.
+class); onnxruntime's ``DynamicQuantizeLSTM`` becomes its float ``LSTM`` (:func:`with_float_lstms`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
-from onnx import GraphProto, ModelProto, TensorProto, helper, numpy_helper
+from onnx import GraphProto, ModelProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 
 from onnxgrad._onnx_utils import subgraphs
 from tests.derivative.fd import to_double
@@ -157,6 +158,32 @@ class QuantizeLinear(OpRun):
         return (np.clip(rounded, info.min, info.max).astype(codes),)
 
 
+class Loop(_ReferenceLoop):
+    """onnx's reference joins a ``Loop``'s scan outputs with ``numpy.vstack``: a body
+    emitting ``[B, H]`` each step gave ``[T B, H]`` where the specification stacks them on a
+    new first axis, ``[T, B, H]`` (tf2onnx's LSTMs written as loops)."""
+
+    op_domain = ""
+
+    def _run(self, M, cond, *carried, context=None, body=None, attributes=None, bindings=None):
+        names = self.body.input_names
+        inputs = dict(context or {})
+        inputs.update(zip(names[2:], carried))
+        scans = [[] for _ in range(self.K)]
+        step, final = 0, list(carried)
+        while cond and (M is None or step < M):
+            inputs[names[0]] = np.array(step, np.int64 if M is None else M.dtype)
+            inputs[names[1]] = cond
+            outputs = self._run_body(inputs, attributes=attributes, bindings=bindings)
+            cond, final = outputs[0], list(outputs[1 : 1 + self.N])
+            inputs.update(zip(names[2:], final))
+            for scan, value in zip(scans, outputs[1 + self.N :]):
+                scan.append(value)
+            step += 1
+        stacked = [np.stack(scan) if scan else np.empty((0,)) for scan in scans]
+        return self._check_and_fix_outputs((*final, *stacked))
+
+
 def _along(x: np.ndarray, value, axis) -> np.ndarray:
     """``value`` (one number, or one per position of ``axis``) broadcastable to ``x``."""
     value = np.asarray(value)
@@ -167,52 +194,54 @@ def _along(x: np.ndarray, value, axis) -> np.ndarray:
     return value.reshape(shape)
 
 
-class DynamicQuantizeLSTM(OpRun):
-    """onnxruntime's ``com.microsoft`` LSTM over int8 weights ``W [D, I, 4H]``,
-    ``R [D, H, 4H]`` with scales and zero points per direction or per column, its
-    activations' dynamic quantization removed: the float ``LSTM`` over the dequantized,
-    transposed weights (the file with activation rounding removed)."""
-
-    op_domain = "com.microsoft"
-
-    def _run(self, x, w, r, b=None, lengths=None, h0=None, c0=None, p=None,
-             w_scale=None, w_zero=None, r_scale=None, r_zero=None, **attributes):  # fmt: skip
-        weights = [
-            _dequantized_columns(w, w_scale, w_zero),
-            _dequantized_columns(r, r_scale, r_zero),
-        ]
-        feeds = dict(zip("XWRBLHCP", [x, *weights, b, lengths, h0, c0, p]))
-        names = [k if v is not None else "" for k, v in feeds.items()]
-        while names and not names[-1]:
-            names.pop()
-        given = {k: v for k, v in feeds.items() if v is not None}
-        node = helper.make_node(
-            "LSTM", names, ["Y", "Y_h", "Y_c"],
-            **{k: v for k, v in attributes.items() if v is not None},
-        )  # fmt: skip
-        graph = helper.make_graph(
-            [node], "lstm",
-            [helper.make_tensor_value_info(k, _elem(v), None) for k, v in given.items()],
-            [helper.make_tensor_value_info(o, TensorProto.DOUBLE, None) for o in node.output],
-        )  # fmt: skip
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-        return tuple(ReferenceEvaluator(model).run(None, given))
+def with_float_lstms(model: ModelProto) -> ModelProto:
+    """A copy of ``model`` whose onnxruntime ``DynamicQuantizeLSTM`` nodes are the float
+    ``LSTM`` over their dequantized weights (new initializers): the kernel's dynamic
+    quantization of its input and state removed, as the straight-through estimator reads it.
+    The rounding of other activations is then frozen at the values this copy computes (a
+    ``MatMulInteger`` after the LSTM reads the float LSTM's output, as in the gradient)."""
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    arrays = {i.name: numpy_helper.to_array(i) for i in copy.graph.initializer}
+    nodes, replaced = [], set()
+    for node in copy.graph.node:
+        if node.op_type != "DynamicQuantizeLSTM":
+            nodes.append(node)
+            continue
+        names = [*node.input, *[""] * (12 - len(node.input))]
+        replaced.update(names[i] for i in (1, 2, 8, 9, 10, 11))
+        weights = []
+        for codes, scale, zero in ((1, 8, 9), (2, 10, 11)):
+            value = _dequantized_columns(
+                arrays[names[codes]], arrays[names[scale]], arrays.get(names[zero])
+            )
+            tensor = numpy_helper.from_array(value.astype(np.float32), f"{names[codes]}_float")
+            copy.graph.initializer.append(tensor)
+            weights.append(tensor.name)
+        inputs = [names[0], *weights, *names[3:8]]
+        while not inputs[-1]:
+            inputs.pop()
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes.append(helper.make_node("LSTM", inputs, node.output, name=node.name, **attributes))
+    del copy.graph.node[:]
+    copy.graph.node.extend(nodes)
+    read = {name for node in nodes for name in node.input}
+    kept = [i for i in copy.graph.initializer if i.name in read or i.name not in replaced]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    return copy
 
 
 def _dequantized_columns(codes, scale, zero) -> np.ndarray:
     """``(codes - zero) scale`` with one scale per direction or per column, as ``[D, 4H, K]``."""
     shape = (codes.shape[0], 1, -1)
-    zero = np.zeros(1) if zero is None else np.asarray(zero, np.float64)
-    values = (codes.astype(np.float64) - zero.reshape(shape)) * np.reshape(scale, shape)
+    zero = 0.0 if zero is None else np.asarray(zero, np.float64).reshape(shape)
+    values = (codes.astype(np.float64) - zero) * np.reshape(scale, shape)
     return values.transpose(0, 2, 1)
 
 
-def _elem(value: np.ndarray) -> int:
-    return helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype)
-
-
 _FIXED_OPS = [Erf, BatchNormalization, GlobalMaxPool, OneHot, GatherElements, Pad, STFT,
-              DequantizeLinear, QuantizeLinear, DynamicQuantizeLSTM]  # fmt: skip
+              DequantizeLinear, QuantizeLinear, Loop]  # fmt: skip
 
 
 class Reference:

