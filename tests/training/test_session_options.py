@@ -149,3 +149,31 @@ def test_shapes_of_forward_values_are_taken_in_the_forward(tmp_path):
     assert {"view0_Grad/Shape", "view1_Grad/Shape", "view2_Grad/Shape"} <= shapes_of_forward
     late = [name for name in ran[first_backward:] if name in shapes_of_forward]
     assert not late, f"taken in the backward: {late}"
+
+
+def test_products_of_dequantized_integer_weights_compute_in_float():
+    """onnxruntime 1.20+ fuses ``MatMul(x, DequantizeLinear(int8 W))`` into ``MatMulNBits``,
+    which rounds ``x`` to int8 by default (4e-3 of the output off the specification's float
+    product); training sessions ask for float32 compute (1.19 does not fuse: same result)."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-127, 128, (256, 64)).astype(np.int8)
+    scale = (rng.random(64) * 0.01 + 0.001).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], axis=1),
+            helper.make_node("MatMul", ["x", "wf"], ["y"]),
+        ],
+        "dequantized_product",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])],
+        [numpy_helper.from_array(codes, "w"), numpy_helper.from_array(scale, "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    expected = x.astype(np.float64) @ (codes.astype(np.float64) * scale.astype(np.float64))
+    session = ort.InferenceSession(
+        model.SerializeToString(), training_session_options(1), providers=["CPUExecutionProvider"]
+    )
+    (y,) = session.run(None, {"x": x})
+    assert np.abs(y - expected).max() <= 1e-5 * np.abs(expected).max()

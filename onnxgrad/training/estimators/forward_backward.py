@@ -21,6 +21,7 @@ from onnxgrad.derivative.api import onnx_derivative
 from onnxgrad.graph.initializers import get_train_initializer
 from onnxgrad.normalize import normalized_model
 from onnxgrad.training.running.ort_devices import get_ort_device_from_session, numpy_to_ort_value
+from onnxgrad.training.running.session_options import training_session_options
 from onnxgrad.training.step.composition import weights_as_inputs
 
 logger = logging.getLogger("onnxgrad.training")
@@ -63,7 +64,8 @@ class OrtGradientForwardBackward:
     ``backward(grad_outputs)`` run the graphs; inputs are the model's inputs then the
     weights (numpy arrays, OrtValues or an ``OrtValueVector``); the backward returns one
     gradient per such input, in that order. ``providers`` lists onnxruntime's execution
-    providers (default: CPU)."""
+    providers (default: CPU); ``sess_options`` defaults to the training sessions' options
+    (:mod:`onnxgrad.training.running.session_options`)."""
 
     def __init__(
         self,
@@ -93,7 +95,8 @@ class OrtGradientForwardBackward:
             weights = list(self.weights_to_train)
         if self.enable_logging:
             logger.debug("[OrtGradientForwardBackward] weights_to_train=%r", weights)
-        session_args = {"sess_options": self.sess_options, "providers": self.providers}
+        options = self.sess_options or training_session_options()
+        session_args = {"sess_options": options, "providers": self.providers}
         return ForwardBackwardGraphs(model, weights, session_args, self.debug)
 
     def __repr__(self) -> str:
