@@ -6,6 +6,8 @@ Steps move every entry by ``STEP`` of its root-mean-square (ReLU kinks lie close
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -146,7 +148,7 @@ def model_outcomes(names, modes, judge) -> list:
         label = name if inputs else f"{name} (weights {', '.join(weights)})"
         for mode, check in (("jvp", check_jvp), ("hvp", check_hvp)):
             if mode in modes:
-                run = lambda c=check: c(model, feeds, inputs, weights)  # noqa: E731
+                run = functools.partial(check, model, feeds, inputs, weights)
                 outcomes.append(_report(judge(label, mode, run, limit=600)))
                 print(f"{mode} {label}: {outcomes[-1].status} {outcomes[-1].seconds:.1f} s",
                       flush=True)  # fmt: skip

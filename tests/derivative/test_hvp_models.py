@@ -1,0 +1,92 @@
+"""``onnx_hvp`` on graph forms the rule table does not build, each found by the sweep of
+``benchmarks/coverage_modes.py`` on real models (docs/coverage.md): the Hessian-vector
+product of ``loss = sum |y|^2`` equals central differences, in float64, of the reverse
+gradient, which autodiff/test_rules.py checks against the outputs' finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxgrad import DerivativeOptions, onnx_derivative, onnx_hvp
+
+DOUBLE = TensorProto.DOUBLE
+
+
+def _hvp_and_differences(model, feeds: dict, wrt: list[str], eps: float = 1e-6):
+    """``(H v, (g(x + eps v) - g(x - eps v)) / 2 eps)`` per input of ``wrt``."""
+    rng = np.random.default_rng(0)
+    direction = {n: rng.standard_normal(feeds[n].shape) for n in wrt}
+    hvp = onnx_hvp(model, inputs=wrt)
+    tangents = {f"{n}_tangent": v for n, v in direction.items()}
+    got = dict(
+        zip(
+            [o.name for o in hvp.graph.output],
+            ReferenceEvaluator(hvp).run(None, {**feeds, **tangents}),
+        )
+    )
+    gradient = onnx_derivative(model, weights=[], inputs=wrt, options=DerivativeOptions.Loss)
+    session = ReferenceEvaluator(gradient)
+    names = [o.name for o in gradient.graph.output]
+
+    def grads(sign):
+        moved = {n: feeds[n] + sign * eps * v for n, v in direction.items()}
+        return dict(zip(names, session.run(None, {**feeds, **moved})))
+
+    plus, minus = grads(1.0), grads(-1.0)
+    return {
+        n: (got[f"{n}_grad_tangent"], (plus[f"{n}_grad"] - minus[f"{n}_grad"]) / (2 * eps))
+        for n in wrt
+    }
+
+
+def test_if_branch_keeps_the_ranks_its_declarations_give():
+    """Inside an ``If``, ``r = Reshape(x, shape)`` with a shape of unknown length has no
+    inferred rank; the branch declares it (as normalisation does where inference stops, in
+    silero's VAD the LSTM state). The first derivative's branch recomputes ``r``; without
+    the declaration there, differentiating that gradient again (the HVP) refused the
+    ``Gather`` of ``r`` for want of its rank."""
+    then_branch = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("Gather", ["r", "index"], ["g"], axis=1),
+            helper.make_node("Mul", ["g", "g"], ["y_then"]),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("y_then", DOUBLE, [2, 2])],
+        [helper.make_tensor("index", TensorProto.INT64, [2], [2, 0])],
+        value_info=[helper.make_tensor_value_info("r", DOUBLE, [2, 3])],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Slice", ["x", "start", "end", "axis"], ["y_else"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("y_else", DOUBLE, [2, 2])],
+        [
+            helper.make_tensor(n, TensorProto.INT64, [1], [v])
+            for n, v in (("start", 0), ("end", 2), ("axis", 1))
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch
+            ),
+            helper.make_node("ReduceSumSquare", ["y"], ["loss"], keepdims=0),
+        ],
+        "if_rank",
+        [
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", DOUBLE, [2, 3]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [None]),
+        ],
+        [helper.make_tensor_value_info("loss", DOUBLE, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    x = np.random.default_rng(1).standard_normal((2, 3))
+    feeds = {"cond": np.array(True), "x": x, "shape": np.array([2, 3], np.int64)}
+    ((got, expected),) = _hvp_and_differences(model, feeds, ["x"]).values()
+    assert np.abs(expected).max() > 1e-2
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
