@@ -16,6 +16,7 @@ from onnxgrad import DerivativeOptions, onnx_derivative, onnx_hvp, onnx_jvp
 from onnxgrad.graph.initializers import get_train_initializer
 from tests.derivative.autodiff.gradcheck import squared_norm_loss
 from tests.realmodels.reference import Reference
+from tests.realmodels.test_shipped_models import _unrounded
 
 STEP = 1e-7
 RTOL = 2e-3
@@ -47,7 +48,9 @@ def sample_weights(model: onnx.ModelProto, count: int = WEIGHTS) -> dict[str, np
 
 
 def check_jvp(model: onnx.ModelProto, feeds: dict, inputs: list[str], weights: dict) -> None:
-    """``onnx_jvp`` along random tangents equals central differences of the outputs."""
+    """``onnx_jvp`` along random tangents equals central differences of the outputs (of a
+    quantized file, with its activation rounding frozen at the point: the straight-through
+    estimator's reference, as tests/realmodels checks the gradient)."""
     rng = np.random.default_rng(0)
     moved = {**{n: feeds[n] for n in inputs}, **weights}
     tangents = {n: _direction(rng, v) for n, v in moved.items()}
@@ -55,7 +58,7 @@ def check_jvp(model: onnx.ModelProto, feeds: dict, inputs: list[str], weights: d
     tangent_feeds = {f"{n}_tangent": t.astype(np.float32) for n, t in tangents.items()}
     names = [o.name for o in jvp.graph.output]
     got = dict(zip(names, _session(jvp).run(None, {**feeds, **weights, **tangent_feeds})))
-    reference = Reference(model)
+    reference = Reference(_unrounded(model, feeds))
 
     def shifted(sign):
         new = {n: moved[n].astype(np.float64) + sign * STEP * t for n, t in tangents.items()}

@@ -109,6 +109,7 @@ def _transposed_jvp(
         copy_message(model), weights=weights, inputs=inputs,
         options=DerivativeOptions.KeepOutputs, order_leaves=False, checked=False,
     )  # fmt: skip
+    _declare_again(reverse, model.graph.value_info)
     sources = _gradient_sources(reverse)
     reverse_inputs = {i.name for i in reverse.graph.input}
     cotangents = {f"{o.name}_grad": o.name for o in model.graph.output}
@@ -123,6 +124,17 @@ def _transposed_jvp(
     seed_inputs = [i.name for i in result.graph.input if i.name in tangents]
     results = [o.name for o in result.graph.output if o.name in tangents]
     return finalize_model(result, check=checked), seed_inputs, results
+
+
+def _declare_again(gradient: ModelProto, declared) -> None:
+    """Give the forward values the gradient graph still computes their declared types back,
+    in place: where onnx's inference stops (a paddle2onnx ``Conv`` after a ``Reshape`` of
+    computed shape), normalisation declared the rank, which differentiating the gradient
+    again (the transposition) reads as the first derivative did."""
+    graph = gradient.graph
+    computed = {o for node in graph.node for o in node.output}
+    typed = {v.name for v in [*graph.value_info, *graph.input, *graph.output]}
+    graph.value_info.extend(v for v in declared if v.name in computed and v.name not in typed)
 
 
 def _private_output_names(model: ModelProto) -> dict[str, str]:
@@ -170,10 +182,13 @@ def onnx_hvp(
     per run, as for :func:`onnx_jvp`.
     """
     seeds = check_seeds(seeds)
+    normalized = normalized_model(model)
+    declared = list(normalized.graph.value_info)
     gradient = derive_in_place(
-        normalized_model(model), weights=weights, inputs=inputs,
+        normalized, weights=weights, inputs=inputs,
         options=DerivativeOptions.Loss, loss=loss, label=label, checked=False,
     )  # fmt: skip
+    _declare_again(gradient, declared)
     sources = _gradient_sources(gradient)
     wanted = {f"{s}_grad" for s in sources}
     replace_repeated(gradient.graph.output, [o for o in gradient.graph.output if o.name in wanted])

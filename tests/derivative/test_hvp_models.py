@@ -90,3 +90,32 @@ def test_if_branch_keeps_the_ranks_its_declarations_give():
     ((got, expected),) = _hvp_and_differences(model, feeds, ["x"]).values()
     assert np.abs(expected).max() > 1e-2
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_gradient_keeps_the_ranks_declared_where_inference_stops():
+    """``r = Reshape(x, shape)`` with a shape of unknown length: the model declares the rank
+    of ``r`` (paddle2onnx's OCR recogniser: a ``Conv`` after such a ``Reshape``), the reverse
+    gradient reads it; the gradient graph lost the declaration, and differentiating it again
+    (the HVP) refused the ``Gather`` of ``r`` for want of its rank."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("Gather", ["r", "index"], ["g"], axis=1),
+            helper.make_node("Mul", ["g", "g"], ["y"]),
+            helper.make_node("ReduceSumSquare", ["y"], ["loss"], keepdims=0),
+        ],
+        "declared_rank",
+        [
+            helper.make_tensor_value_info("x", DOUBLE, [2, 3]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [None]),
+        ],
+        [helper.make_tensor_value_info("loss", DOUBLE, [])],
+        [helper.make_tensor("index", TensorProto.INT64, [2], [2, 0])],
+        value_info=[helper.make_tensor_value_info("r", DOUBLE, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    x = np.random.default_rng(2).standard_normal((2, 3))
+    feeds = {"x": x, "shape": np.array([2, 3], np.int64)}
+    ((got, expected),) = _hvp_and_differences(model, feeds, ["x"]).values()
+    assert np.abs(expected).max() > 1e-2
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
