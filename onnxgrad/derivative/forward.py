@@ -41,6 +41,7 @@ from onnxgrad.graph._scopes import defined_names
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize.ranks import refined_ranks
 
 
 def onnx_jvp(
@@ -102,7 +103,9 @@ def _transposed_jvp(
 
     The reverse graph keeps the model's outputs (so that the transposed one computes them,
     under the names it gave them, for the cotangents' shapes); the transposed graph keeps
-    them too, and differentiates the reverse gradients only."""
+    them too, and differentiates the reverse gradients only. The reverse graph's ranks are
+    declared where onnx's inference stops (a gradient reshaped by a computed shape of static
+    length), as normalisation declares a model's: the transposition's rules read them."""
     originals = _private_output_names(model)
     outputs = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     reverse = derive_in_place(
@@ -110,6 +113,7 @@ def _transposed_jvp(
         options=DerivativeOptions.KeepOutputs, order_leaves=False, checked=False,
     )  # fmt: skip
     _declare_again(reverse, model.graph.value_info)
+    refined_ranks(reverse)
     sources = _gradient_sources(reverse)
     reverse_inputs = {i.name for i in reverse.graph.input}
     cotangents = {f"{o.name}_grad": o.name for o in model.graph.output}

@@ -15,7 +15,7 @@ DOUBLE = TensorProto.DOUBLE
 
 
 def _hvp_and_differences(model, feeds: dict, wrt: list[str], eps: float = 1e-6):
-    """``(H v, (g(x + eps v) - g(x - eps v)) / 2 eps)`` per input of ``wrt``."""
+    """``(H v, (g(x + eps v) - g(x - eps v)) / 2 eps)`` per input of ``wrt``, in float64."""
     rng = np.random.default_rng(0)
     direction = {n: rng.standard_normal(feeds[n].shape) for n in wrt}
     hvp = onnx_hvp(model, inputs=wrt)
@@ -119,3 +119,52 @@ def test_gradient_keeps_the_ranks_declared_where_inference_stops():
     ((got, expected),) = _hvp_and_differences(model, feeds, ["x"]).values()
     assert np.abs(expected).max() > 1e-2
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_reverse_graph_ranks_declared_before_the_transposition():
+    """A paddle2onnx classifier's head at its opset 13 (ch_ppocr_mobile_v2.0_cls): MaxPool,
+    global pooling,
+    a flatten to ``[batch, -1]`` whose batch goes through a float ``Cast``, a linear layer,
+    Softmax over a ``Flatten`` reshaped back by a computed shape. The gradients come back
+    through ``Reshape(g, Shape(x))``, of static length but no rank for onnx's inference;
+    differentiating the first derivative's reverse graph again (the transposition) refused
+    the ``GatherElements`` of MaxPool's second derivative for want of that rank."""
+    constants = [
+        helper.make_node(
+            "Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [1], [value])
+        )
+        for name, value in (("zero", 0), ("one", 1), ("features", 4))
+    ]
+    rng = np.random.default_rng(3)
+    weight = helper.make_tensor("w", DOUBLE, [4, 3], rng.standard_normal(12).tolist())
+    bias = helper.make_tensor("b", DOUBLE, [3], rng.standard_normal(3).tolist())
+    nodes = [
+        *constants,
+        helper.make_node("MaxPool", ["x"], ["pooled"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["pooled"], ["mean"]),
+        helper.make_node("Shape", ["mean"], ["shape"]),
+        helper.make_node("Cast", ["shape"], ["shape_int32"], to=TensorProto.INT32),
+        helper.make_node("Slice", ["shape_int32", "zero", "one", "zero", "one"], ["batch"]),
+        helper.make_node("Cast", ["batch"], ["batch64"], to=TensorProto.INT64),
+        helper.make_node("Concat", ["batch64", "features"], ["target"], axis=-1),
+        helper.make_node("Reshape", ["mean", "target"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["linear"]),
+        helper.make_node("Add", ["linear", "b"], ["logits"]),
+        helper.make_node("Shape", ["logits"], ["logits_shape"]),
+        helper.make_node("Flatten", ["logits"], ["rows"], axis=1),
+        helper.make_node("Softmax", ["rows"], ["probabilities"], axis=-1),
+        helper.make_node("Reshape", ["probabilities", "logits_shape"], ["y"]),
+        helper.make_node("ReduceSumSquare", ["y"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "classifier_head",
+        [helper.make_tensor_value_info("x", DOUBLE, ["batch", 4, "height", "width"])],
+        [helper.make_tensor_value_info("loss", DOUBLE, [])],
+        [weight, bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    feeds = {"x": rng.standard_normal((1, 4, 2, 4))}  # MaxPool's tangent gathers 32 values
+    ((got, expected),) = _hvp_and_differences(model, feeds, ["x"]).values()
+    assert np.abs(expected).max() > 1e-3
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6 * np.abs(expected).max())
