@@ -124,7 +124,7 @@ def test_gradient_keeps_the_ranks_declared_where_inference_stops():
 def test_reverse_graph_ranks_declared_before_the_transposition():
     """A paddle2onnx classifier's head at its opset 13 (ch_ppocr_mobile_v2.0_cls): MaxPool,
     global pooling,
-    a flatten to ``[batch, -1]`` whose batch goes through a float ``Cast``, a linear layer,
+    a flatten to ``[batch, -1]`` whose batch goes through an int32 ``Cast``, a linear layer,
     Softmax over a ``Flatten`` reshaped back by a computed shape. The gradients come back
     through ``Reshape(g, Shape(x))``, of static length but no rank for onnx's inference;
     differentiating the first derivative's reverse graph again (the transposition) refused
