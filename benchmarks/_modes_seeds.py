@@ -32,7 +32,7 @@ def check_batched(case, kind: str, mode: str) -> None:
     batched = _run(build(model, inputs=wrt, seeds=K), kind, {**feeds, **tangents})
     single = build(model, inputs=wrt)
     for k in range(K):
-        one = _run(single, kind, {**feeds, **{n: t[k] for n, t in tangents.items()}})
+        one = _run(single, kind, {**feeds, **{n: np.asarray(t[k]) for n, t in tangents.items()}})
         for name, value in one.items():
             if name.endswith("_tangent"):
                 np.testing.assert_allclose(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import signal
 import sys
 import time
@@ -76,6 +77,17 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+#: cases whose HVP the float64 oracle cannot check (onnx's reference evaluator returns
+#: LayerNormalization's statistics in float64, not the float32 of the specification): judged by
+#: a test against numpy instead, ``(module, function)``
+JUDGED_APART = {
+    "LayerNormalization-statistics-outputs": (
+        "tests.derivative.test_hvp_models",
+        "test_layer_normalization_statistics_against_numpy_differences",
+    ),
+}
+
+
 def rule_outcomes(ops: set[str] | None, modes: set[str]) -> list[Outcome]:
     """JVP and HVP on every first-order case of the rule table."""
     from tests.derivative.autodiff.gradcheck import check_hvp
@@ -98,6 +110,12 @@ def rule_outcomes(ops: set[str] | None, modes: set[str]) -> list[Outcome]:
                 )
             )
         if "hvp" not in modes:
+            continue
+        if case.id in JUDGED_APART:
+            check = getattr(
+                importlib.import_module(JUDGED_APART[case.id][0]), JUDGED_APART[case.id][1]
+            )
+            outcomes.append(_report(judge(case.id, "hvp", check)))
             continue
         if case.id in NOT_CHECKED:
             outcomes.append(_report(Outcome(case.id, "hvp", "not judged", NOT_CHECKED[case.id])))

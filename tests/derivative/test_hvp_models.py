@@ -168,3 +168,68 @@ def test_reverse_graph_ranks_declared_before_the_transposition():
     ((got, expected),) = _hvp_and_differences(model, feeds, ["x"]).values()
     assert np.abs(expected).max() > 1e-3
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6 * np.abs(expected).max())
+
+
+def test_layer_normalization_statistics_against_numpy_differences():
+    """``LayerNormalization`` with its ``Mean`` and ``InvStdDev`` outputs used: float32 by the
+    specification (``stash_type=1``) beside a float64 ``Y``. onnx's reference evaluator returns
+    them in float64, so it cannot run the gradient graph (a float64 statistic times a float32
+    constant); onnxruntime runs the HVP, and the reference is numpy: mixed central differences
+    of the loss in float64, ``(L(+e v + d u) - L(+e v - d u) - L(-e v + d u) + L(-e v - d u)) /
+    4 e d`` along each coordinate ``u``."""
+    import onnxruntime
+
+    shape, axes = (2, 3, 2), (1, 2)
+    nodes = [
+        helper.make_node(
+            "LayerNormalization", ["X", "scale", "B"], ["y", "mean", "inv_std"], axis=1
+        ),
+        *[
+            helper.make_node("ReduceSumSquare", [name], [f"{name}_sq"], keepdims=0)
+            for name in ("y", "mean", "inv_std")
+        ],
+        helper.make_node("Cast", ["mean_sq"], ["mean_sq64"], to=TensorProto.DOUBLE),
+        helper.make_node("Cast", ["inv_std_sq"], ["inv_std_sq64"], to=TensorProto.DOUBLE),
+        helper.make_node("Sum", ["y_sq", "mean_sq64", "inv_std_sq64"], ["loss"]),
+    ]
+    inputs = {"X": shape, "scale": shape[1:], "B": shape[1:]}
+    graph = helper.make_graph(
+        nodes,
+        "layer_norm_statistics",
+        [helper.make_tensor_value_info(n, DOUBLE, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("loss", DOUBLE, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.standard_normal(s) for n, s in inputs.items()}
+    direction = {n: rng.standard_normal(s) for n, s in inputs.items()}
+
+    def loss(values):
+        x = values["X"]
+        mean = x.mean(axis=axes, keepdims=True)
+        inv_std = 1 / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + 1e-5)
+        y = (x - mean) * inv_std * values["scale"] + values["B"]
+        return np.sum(y**2) + np.sum(mean**2) + np.sum(inv_std**2)
+
+    def moved(e, name, index, d):
+        values = {n: v + e * direction[n] for n, v in feeds.items()}
+        values[name] = values[name].copy()
+        values[name][index] += d
+        return loss(values)
+
+    step = 1e-4
+    hvp = onnx_hvp(model, inputs=list(inputs))
+    session = onnxruntime.InferenceSession(
+        hvp.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    tangents = {f"{n}_tangent": v for n, v in direction.items()}
+    names = [o.name for o in hvp.graph.output]
+    got = dict(zip(names, session.run(None, {**feeds, **tangents})))
+    for name in inputs:
+        expected = np.zeros(feeds[name].shape)
+        for index in np.ndindex(*expected.shape):
+            corners = [moved(e, name, index, d) for e in (step, -step) for d in (step, -step)]
+            expected[index] = (corners[0] - corners[1] - corners[2] + corners[3]) / (4 * step**2)
+        np.testing.assert_allclose(
+            got[f"{name}_grad_tangent"], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max()
+        )
