@@ -10,27 +10,17 @@ import functools
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from onnxgrad import DerivativeOptions, onnx_derivative, onnx_hvp, onnx_jvp
 from onnxgrad.graph.initializers import get_train_initializer
 from tests.realmodels.reference import Reference
-from tests.realmodels.test_shipped_models import _unrounded
+from tests.realmodels.test_shipped_models import _direction, _session, _unrounded
 
 STEP = 1e-7
 RTOL = 2e-3
 #: weights differentiated where a model has no float input (a few: HVP graphs stay small)
 WEIGHTS = 3
-
-
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
-def _direction(rng, value: np.ndarray) -> np.ndarray:
-    magnitude = float(np.sqrt(np.mean(np.square(value, dtype=np.float64)))) or 1.0
-    return rng.standard_normal(np.shape(value)) * magnitude
 
 
 def _close(got, expected, what: str) -> None:
@@ -140,11 +130,13 @@ def model_cases(names: list[str] | None):
 
 def _shipped(names):
     from tests.realmodels.test_shipped_models import INPUTS, _feeds
-    from tests.realmodels.wheels import WHEELS, wheel_models
+    from tests.realmodels.wheels import WHEELS, cache_dir, wheel_models
 
     paths = {}
     for package, version in WHEELS.items():
-        paths.update({p.name: p for p in wheel_models(package, version)})
+        found = wheel_models(package, version)
+        paths.update({p.name: p for p in found})
+        paths.update({p.relative_to(cache_dir() / "extract").as_posix(): p for p in found})
     for name, shapes in INPUTS.items():
         if (names and name not in names) or name not in paths:
             continue
