@@ -37,17 +37,24 @@ def sample_weights(model: onnx.ModelProto, count: int = WEIGHTS) -> dict[str, np
     return {n: trained[n][0] for n in picks} if names else {}
 
 
+def _run_along_tangents(built: onnx.ModelProto, feeds, inputs, weights, seed: int):
+    """``built`` (a JVP or HVP graph) run by onnxruntime along random tangents of the inputs
+    and weights: ``(their values, the tangents, {output: value})``."""
+    rng = np.random.default_rng(seed)
+    moved = {**{n: feeds[n] for n in inputs}, **weights}
+    tangents = {n: _direction(rng, v) for n, v in moved.items()}
+    tangent_feeds = {f"{n}_tangent": t.astype(np.float32) for n, t in tangents.items()}
+    names = [o.name for o in built.graph.output]
+    got = dict(zip(names, _session(built).run(None, {**feeds, **weights, **tangent_feeds})))
+    return moved, tangents, got
+
+
 def check_jvp(model: onnx.ModelProto, feeds: dict, inputs: list[str], weights: dict) -> None:
     """``onnx_jvp`` along random tangents equals central differences of the outputs (of a
     quantized file, with its activation rounding frozen at the point: the straight-through
     estimator's reference, as tests/realmodels checks the gradient)."""
-    rng = np.random.default_rng(0)
-    moved = {**{n: feeds[n] for n in inputs}, **weights}
-    tangents = {n: _direction(rng, v) for n, v in moved.items()}
     jvp = onnx_jvp(model, weights=list(weights), inputs=inputs)
-    tangent_feeds = {f"{n}_tangent": t.astype(np.float32) for n, t in tangents.items()}
-    names = [o.name for o in jvp.graph.output]
-    got = dict(zip(names, _session(jvp).run(None, {**feeds, **weights, **tangent_feeds})))
+    moved, tangents, got = _run_along_tangents(jvp, feeds, inputs, weights, seed=0)
     reference = Reference(_unrounded(model, feeds))
 
     def shifted(sign):
@@ -67,13 +74,8 @@ def check_hvp(model: onnx.ModelProto, feeds: dict, inputs: list[str], weights: d
     """``onnx_hvp`` of a weighted ``sum |y|^2`` equals central differences of its reverse
     gradient."""
     loss = _loss_model(model)
-    rng = np.random.default_rng(1)
-    moved = {**{n: feeds[n] for n in inputs}, **weights}
-    tangents = {n: _direction(rng, v) for n, v in moved.items()}
     hvp = onnx_hvp(loss, weights=list(weights), inputs=inputs)
-    tangent_feeds = {f"{n}_tangent": t.astype(np.float32) for n, t in tangents.items()}
-    names = [o.name for o in hvp.graph.output]
-    got = dict(zip(names, _session(hvp).run(None, {**feeds, **weights, **tangent_feeds})))
+    moved, tangents, got = _run_along_tangents(hvp, feeds, inputs, weights, seed=1)
     gradient = onnx_derivative(
         loss, weights=list(weights), inputs=inputs, options=DerivativeOptions.Loss
     )
