@@ -72,12 +72,14 @@ def check_jvp(model: onnx.ModelProto, feeds: dict, inputs: list[str], weights: d
 
 def check_hvp(model: onnx.ModelProto, feeds: dict, inputs: list[str], weights: dict) -> None:
     """``onnx_hvp`` of a weighted ``sum |y|^2`` equals central differences of its reverse
-    gradient."""
+    gradient (of a quantized file, of the file with its rounding frozen at the point: the
+    straight-through estimator differentiates rounding as the identity)."""
     loss = _loss_model(model)
     hvp = onnx_hvp(loss, weights=list(weights), inputs=inputs)
     moved, tangents, got = _run_along_tangents(hvp, feeds, inputs, weights, seed=1)
+    frozen = _loss_model(_unrounded(model, feeds))
     gradient = onnx_derivative(
-        loss, weights=list(weights), inputs=inputs, options=DerivativeOptions.Loss
+        frozen, weights=list(weights), inputs=inputs, options=DerivativeOptions.Loss
     )
     reference = Reference(gradient)
     grad_names = [o.name for o in gradient.graph.output]
