@@ -41,6 +41,7 @@ from onnxgrad.graph._scopes import defined_names
 from onnxgrad.graph.names import rename_values
 from onnxgrad.graph.select import prune_graph
 from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize.ranks import refined_ranks
 
 
 def onnx_jvp(
@@ -102,13 +103,17 @@ def _transposed_jvp(
 
     The reverse graph keeps the model's outputs (so that the transposed one computes them,
     under the names it gave them, for the cotangents' shapes); the transposed graph keeps
-    them too, and differentiates the reverse gradients only."""
+    them too, and differentiates the reverse gradients only. The reverse graph's ranks are
+    declared where onnx's inference stops (a gradient reshaped by a computed shape of static
+    length), as normalisation declares a model's: the transposition's rules read them."""
     originals = _private_output_names(model)
     outputs = [o for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     reverse = derive_in_place(
         copy_message(model), weights=weights, inputs=inputs,
         options=DerivativeOptions.KeepOutputs, order_leaves=False, checked=False,
     )  # fmt: skip
+    _declare_again(reverse, model.graph.value_info)
+    refined_ranks(reverse)
     sources = _gradient_sources(reverse)
     reverse_inputs = {i.name for i in reverse.graph.input}
     cotangents = {f"{o.name}_grad": o.name for o in model.graph.output}
@@ -123,6 +128,17 @@ def _transposed_jvp(
     seed_inputs = [i.name for i in result.graph.input if i.name in tangents]
     results = [o.name for o in result.graph.output if o.name in tangents]
     return finalize_model(result, check=checked), seed_inputs, results
+
+
+def _declare_again(gradient: ModelProto, declared) -> None:
+    """Give the forward values the gradient graph still computes their declared types back,
+    in place: where onnx's inference stops (a paddle2onnx ``Conv`` after a ``Reshape`` of
+    computed shape), normalisation declared the rank, which differentiating the gradient
+    again (the transposition) reads as the first derivative did."""
+    graph = gradient.graph
+    computed = {o for node in graph.node for o in node.output}
+    typed = {v.name for v in [*graph.value_info, *graph.input, *graph.output]}
+    graph.value_info.extend(v for v in declared if v.name in computed and v.name not in typed)
 
 
 def _private_output_names(model: ModelProto) -> dict[str, str]:
@@ -170,10 +186,13 @@ def onnx_hvp(
     per run, as for :func:`onnx_jvp`.
     """
     seeds = check_seeds(seeds)
+    normalized = normalized_model(model)
+    declared = list(normalized.graph.value_info)
     gradient = derive_in_place(
-        normalized_model(model), weights=weights, inputs=inputs,
+        normalized, weights=weights, inputs=inputs,
         options=DerivativeOptions.Loss, loss=loss, label=label, checked=False,
     )  # fmt: skip
+    _declare_again(gradient, declared)
     sources = _gradient_sources(gradient)
     wanted = {f"{s}_grad" for s in sources}
     replace_repeated(gradient.graph.output, [o for o in gradient.graph.output if o.name in wanted])

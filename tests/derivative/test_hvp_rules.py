@@ -29,6 +29,7 @@ OWN_PATHS = {
     "DFT-complex-cut-run-time-axis",
     "Loop-unknown-rank-state-unfixed",
     "Scan-unknown-rank-state",
+    "NegativeLogLikelihoodLoss-sum-weights-wrt-unknown-rank",  # names a value 'loss'
 }
 
 

@@ -289,22 +289,35 @@ def _rename_value(model, old: str, new: str) -> None:
 
 
 def squared_norm_loss(model: ModelProto) -> ModelProto:
-    """``loss = sum_k |y_k|^2`` over the float outputs of ``model``, in float64."""
+    """``loss = sum_k |y_k|^2`` over the float outputs of ``model``, in float64, under names
+    the model does not use (a case's graph may name a value ``loss``)."""
     floats = [
         o.name
         for o in model.graph.output
         if o.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.DOUBLE)
     ]
-    nodes = []
+    taken = {v for node in model.graph.node for v in [*node.input, *node.output]}
+    taken |= {v.name for v in [*model.graph.input, *model.graph.initializer]}
+
+    def fresh(name: str) -> str:
+        while name in taken:
+            name = f"_{name}"
+        taken.add(name)
+        return name
+
+    nodes, squares = [], []
     for name in floats:
-        nodes.append(helper.make_node("ReduceSumSquare", [name], [f"{name}_sq"], keepdims=0))
-        nodes.append(helper.make_node("Cast", [f"{name}_sq"], [f"{name}_sq64"], to=11))
-    nodes.append(helper.make_node("Sum", [f"{n}_sq64" for n in floats], ["loss"]))
+        square, square64 = fresh(f"{name}_sq"), fresh(f"{name}_sq64")
+        nodes.append(helper.make_node("ReduceSumSquare", [name], [square], keepdims=0))
+        nodes.append(helper.make_node("Cast", [square], [square64], to=11))
+        squares.append(square64)
+    loss = fresh("loss")
+    nodes.append(helper.make_node("Sum", squares, [loss]))
     graph = helper.make_graph(
         [*model.graph.node, *nodes],
         "loss",
         list(model.graph.input),
-        [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+        [helper.make_tensor_value_info(loss, TensorProto.DOUBLE, [])],
         list(model.graph.initializer),
     )
     return helper.make_model(graph, opset_imports=list(model.opset_import))

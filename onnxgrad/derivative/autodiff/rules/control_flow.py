@@ -76,7 +76,9 @@ def _branch_gradient(
 ) -> GraphProto:
     """The branch's forward nodes, then its backward nodes, returning one gradient per
     source (zeros where the branch does not depend on it), declared with the source's shape
-    when ``typed``, else with its element type only."""
+    when ``typed``, else with its element type only. The branch's declared types stay with
+    its forward nodes: the ranks normalisation refined where inference stops are what a
+    second derivative of this gradient reads."""
     seeds = {out.name: g for out, g in zip(branch.output, grads) if g is not None}
     backward, gradients = b.differentiate_subgraph(branch, sources, seeds)
     outputs, tail = [], []
@@ -91,6 +93,7 @@ def _branch_gradient(
         [],
         outputs,
         list(branch.initializer),
+        value_info=list(branch.value_info),
     )
     prune_graph(graph, keep_inputs=True)
     return graph
