@@ -384,9 +384,20 @@ def cmd_demo(args: list[str]) -> int:
     return _run(_bin(python, "onnxgrad"), "demo", *args, check=False)
 
 
-def _pytest(python: Path, inference_python: Path, args: list[str]) -> int:
-    env = dict(os.environ, ONNXGRAD_INFERENCE_PYTHON=str(inference_python))
+def test_environment(inference_python: Path, environ: dict[str, str]) -> dict[str, str]:
+    """The environment pytest runs in: ``environ`` with the inference interpreter named,
+    matplotlib off screen, and bytecode written (into the git-ignored ``__pycache__``): with
+    ``PYTHONDONTWRITEBYTECODE`` set, each pytest worker and each of the hundreds of processes
+    the tests start (the command, onnxruntime-training's child, the docs' and notebooks'
+    runs) would compile this checkout's modules again."""
+    env = dict(environ, ONNXGRAD_INFERENCE_PYTHON=str(inference_python))
     env.setdefault("MPLBACKEND", "Agg")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _pytest(python: Path, inference_python: Path, args: list[str]) -> int:
+    env = test_environment(inference_python, dict(os.environ))
     cmd = (python, "-m", "pytest", "-n", "2", "--timeout", "900", *args)
     rc = _run(*cmd, check=False, env=env)
     return 1 if rc == 5 else rc  # 5: no test ran, a failure

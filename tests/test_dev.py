@@ -67,3 +67,17 @@ def test_the_probe_reads_this_interpreters_environment():
 def test_extras_refuses_runtimes_and_unknown_names(extras, capsys):
     assert DEV["cmd_extras"](extras) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_the_tests_write_bytecode_and_name_the_inference_interpreter():
+    """``PYTHONDONTWRITEBYTECODE`` would make every process the tests start compile the
+    checkout again; a chosen matplotlib backend stays."""
+    environ = {"PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "pdf", "HOME": "/home/u"}
+    env = DEV["test_environment"](Path("/venv/bin/python"), environ)
+    assert env == {
+        "MPLBACKEND": "pdf",
+        "HOME": "/home/u",
+        "ONNXGRAD_INFERENCE_PYTHON": str(Path("/venv/bin/python")),
+    }
+    assert environ["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert DEV["test_environment"](Path("p"), {})["MPLBACKEND"] == "Agg"

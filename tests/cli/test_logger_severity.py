@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from onnxgrad._runtime import logger_severity, set_logger_severity
-from tests.cli.helpers import ROOT
+from tests.cli.helpers import ROOT, command_environment
 
 #: Sets the severity, probes CUDA, then builds a session on a model with an unused
 #: initializer, which onnxruntime reports at warning level (2) on stderr.
@@ -42,13 +44,17 @@ PROBE_THEN_WARN = textwrap.dedent(
 
 
 def _stderr_after_probe(level: int) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE_THEN_WARN, str(level)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """The probe's stderr, run as the command runs: PyTorch blocked (onnxruntime-training
+    1.19 would otherwise load it at import, 2 s of the probe's 2.2)."""
+    with tempfile.TemporaryDirectory() as blocked_folder:
+        result = subprocess.run(
+            [sys.executable, "-c", PROBE_THEN_WARN, str(level)],
+            cwd=ROOT,
+            env=command_environment(Path(blocked_folder)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     return result.stderr
 
