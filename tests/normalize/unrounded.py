@@ -61,6 +61,8 @@ def with_frozen_rounding(
         elif node.op_type in _PRODUCTS and node.input[0] in moved:
             nodes.extend(_float_moved_product(node, constants))
             floated.add(node.output[0])
+        elif node.op_type == "Pad" and node.output[0] in moved:
+            nodes.extend(_float_pad(node))
         elif node.op_type == "DequantizeLinear" and node.input[0] in moved:
             nodes.extend(_float_dequantized(node))
         elif node.op_type == "Add" and floated.intersection(node.input):
@@ -147,18 +149,54 @@ def _const(name: str, value) -> onnx.NodeProto:
 
 
 #: operators that move codes without changing them (a quantized activation reshaped into an
-#: image before a ``ConvInteger``: Segformer's reduced keys)
-_MOVES = frozenset({"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+#: image before a ``ConvInteger``: Segformer's reduced keys); ``Concat`` reads codes at every
+#: input, the others at input 0
+_MOVES = frozenset(
+    {
+        "Transpose",
+        "Reshape",
+        "Unsqueeze",
+        "Squeeze",
+        "Flatten",
+        "Identity",
+        "Slice",
+        "Gather",
+        "Expand",
+        "Tile",
+        "Concat",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+    }
+)
 
 
 def _moved_codes(graph, dynamic) -> dict[str, str]:
     """``{name: codes}``: the outputs of moves of the codes ``DynamicQuantizeLinear`` makes."""
     moved: dict[str, str] = {}
     for node in graph.node:
-        source = node.input[0] if node.input else ""
-        if node.op_type in _MOVES and (source in dynamic or source in moved):
-            moved[node.output[0]] = moved.get(source, source)
+        sources = node.input if node.op_type == "Concat" else node.input[:1]
+        found = [moved.get(name, name) for name in sources if name in dynamic or name in moved]
+        if node.op_type in _MOVES and found:
+            moved[node.output[0]] = found[0]
     return moved
+
+
+def _float_pad(node) -> list[onnx.NodeProto]:
+    """A ``Pad`` of float codes: its integer constant (0 when absent) as a float."""
+    name = node.output[0]
+    constant = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+    made = []
+    if constant:
+        made.append(helper.make_node("Cast", [constant], [f"{name}_c"], to=TensorProto.FLOAT))
+    else:
+        made.append(_const(f"{name}_c", np.array(0.0, np.float32)))
+    padded = onnx.NodeProto()
+    padded.CopyFrom(node)
+    del padded.input[2:]
+    padded.input.append(f"{name}_c")
+    padded.input.extend(node.input[3:])
+    return [*made, padded]
 
 
 def _float_codes(quantize, at) -> list[onnx.NodeProto]:

@@ -1,0 +1,144 @@
+"""Quantized codes moved by layout operators before the node that rescales them
+(``ConvInteger(Reshape(Transpose(DynamicQuantizeLinear(x))))``, Segformer's int8 file): the
+straight-through gradient is float64 central differences of the file with its rounding frozen
+(:mod:`tests.normalize.unrounded`), the ``exact`` one central differences of the file itself,
+at a point whose codes sit a third of a step from every rounding boundary."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxgrad import onnx_derivative
+from onnxgrad.normalize import normalized_model
+from tests.derivative.fd import onnx_numerical_vjp
+from tests.normalize.kernels import run
+from tests.normalize.unrounded import with_frozen_rounding
+
+RNG = np.random.default_rng(41)
+OPSET = 19
+
+
+def _ints(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+#: ``name: (shape of x, the nodes from codes "q" to "m", their constants, K of "m")``
+MOVES = {
+    "identity": ((4, 6), [helper.make_node("Identity", ["q"], ["m"])], []),
+    "transpose": ((6, 4), [helper.make_node("Transpose", ["q"], ["m"], perm=[1, 0])], []),
+    "reshape": ((3, 8), [helper.make_node("Reshape", ["q", "shape"], ["m"])], [("shape", [4, 6])]),
+    "flatten": ((4, 2, 3), [helper.make_node("Flatten", ["q"], ["m"], axis=1)], []),
+    "squeeze": ((4, 1, 6), [helper.make_node("Squeeze", ["q", "axes"], ["m"])], [("axes", [1])]),
+    "unsqueeze": (
+        (4, 6),
+        [helper.make_node("Unsqueeze", ["q", "axes"], ["m"])],
+        [("axes", [0])],
+    ),
+    "slice": (
+        (4, 8),
+        [helper.make_node("Slice", ["q", "starts", "ends", "axes"], ["m"])],
+        [("starts", [1]), ("ends", [7]), ("axes", [1])],
+    ),
+    "gather": (
+        (4, 9),
+        [helper.make_node("Gather", ["q", "indices"], ["m"], axis=1)],
+        [("indices", [0, 2, 3, 5, 7, 8])],
+    ),
+    "concat": (
+        (4, 3),
+        [
+            helper.make_node("Transpose", ["q"], ["t"], perm=[0, 1]),
+            helper.make_node("Concat", ["q", "t"], ["m"], axis=1),
+        ],
+        [],
+    ),
+    "pad": (
+        (4, 4),
+        [helper.make_node("Pad", ["q", "pads", "z"], ["m"])],
+        [("pads", [0, 1, 0, 1])],
+    ),
+    "transpose_reshape": (
+        (2, 6, 2),
+        [
+            helper.make_node("Transpose", ["q"], ["t"], perm=[1, 0, 2]),
+            helper.make_node("Reshape", ["t", "shape"], ["m"]),
+        ],
+        [("shape", [6, 4])],
+    ),
+}
+#: the inner size of ``m`` per move (its last axis)
+INNER = {"transpose_reshape": 4}
+
+
+def _point(shape) -> np.ndarray:
+    """Codes a third of a step from every boundary, range ``[-2, 3.1]`` (scale 0.02, zero
+    point 100)."""
+    x = (RNG.integers(-90, 140, shape) + 1 / 3) * (5.1 / 255)
+    flat = x.reshape(-1)
+    flat[0], flat[-1] = -2.0, 3.1
+    return x.astype(np.float32)
+
+
+def _moved_product(move: str, product: str) -> tuple[onnx.ModelProto, dict]:
+    """``y = Cast(P(m, B)) (s_x s_B)``, ``m`` the codes of ``x`` moved, ``P`` a
+    ``MatMulInteger`` or (over ``m`` as a 1-channel image) a ``ConvInteger``, as
+    ``quantize_dynamic`` writes them."""
+    shape, moves, constants = MOVES[move]
+    k = INNER.get(move, 6)
+    if product == "MatMulInteger":
+        codes = RNG.integers(0, 256, (k, 3)).astype(np.uint8)
+        extra = []
+        reads = "m"
+    else:
+        codes = RNG.integers(0, 256, (2, 1, 2, 3)).astype(np.uint8)
+        extra = [helper.make_node("Unsqueeze", ["m", "image_axes"], ["image"])]
+        constants = [*constants, ("image_axes", [1] if move == "unsqueeze" else [0, 1])]
+        reads = "image"
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+        *moves,
+        *extra,
+        helper.make_node(product, [reads, "B", "z", "zB"], ["p"]),
+        helper.make_node("Cast", ["p"], ["pf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["s", "sB"], ["ss"]),
+        helper.make_node("Mul", ["pf", "ss"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"{move}_{product}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(codes, "B"),
+            numpy_helper.from_array(np.array(131, np.uint8), "zB"),
+            numpy_helper.from_array(np.array(0.013, np.float32), "sB"),
+            *(_ints(name, values) for name, values in constants),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+    return model, {"x": _point(shape)}
+
+
+def _gradient(model, feeds, seed, mode):
+    gradient = onnx_derivative(model, inputs=["x"], weights=[], quantized_activations=mode)
+    return run(gradient, {**feeds, "y_grad": seed})[0]
+
+
+@pytest.mark.parametrize("product", ["MatMulInteger", "ConvInteger"])
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_moved_codes_read_straight_through(move, product):
+    model, feeds = _moved_product(move, product)
+    y = run(model, feeds)[0]
+    seed = RNG.standard_normal(y.shape).astype(np.float32)
+    np.testing.assert_allclose(run(normalized_model(model), feeds)[0], y, rtol=1e-5, atol=1e-5)
+    frozen = with_frozen_rounding(model, feeds)
+    expected = onnx_numerical_vjp(frozen, feeds, ["x"], [seed], eps=1e-3)["x"]
+    got = _gradient(model, feeds, seed, "straight_through")
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    exact = onnx_numerical_vjp(model, feeds, ["x"], [seed], eps=1e-3)["x"]
+    assert np.count_nonzero(exact) <= 2  # codes held: the scale reads the range's two ends
+    got = _gradient(model, feeds, seed, "exact")
+    np.testing.assert_allclose(got, exact, rtol=1e-3, atol=1e-4)
