@@ -221,8 +221,8 @@ def lower_fake_quantized(lw: Lowerer) -> None:
     if lower_dynamic_dequantize(lw):
         return
     node = lw.node
-    source = lw.producers.get(node.input[0])
-    if rounding_held() or not _is_float_quantize(lw, source) or _is_held(lw, source.input[0]):
+    source = None if rounding_held() else _static_source(lw, node)
+    if source is None or _is_held(lw, source.input[0]):
         lw.builder.graph.node.append(node)
         return
     x, scale, zero = _inputs(source)
@@ -237,9 +237,31 @@ def lower_fake_quantized(lw: Lowerer) -> None:
     value = lw.op("DequantizeLinear", code, *node.input[1:], **attrs)
     if not _one_element(lw, scale):
         scale, zero = _broadcast_parameters(lw, source, x)
-    term = straight_through(lw, x, scale, zero, _code_type(lw, source), held=held)
-    lw.op("Add", value, _like(lw, term, x, value), out=node.output[0])
+    term = _like(
+        lw, straight_through(lw, x, scale, zero, _code_type(lw, source), held=held), x, value
+    )
     lw.superseded.add(id(source))
+    if node.input[0] == source.output[0]:
+        lw.op("Add", value, term, out=node.output[0])
+        return
+
+    def padded(constant: str) -> str:
+        constant = constant or lw.const(0, _code_type(lw, source))
+        return lw.op("DequantizeLinear", constant, *node.input[1:], **attrs)
+
+    moved = lw.op("Add", value, term)
+    replayed(lw, node.input[0], source.output[0], moved, padded, out=node.output[0])
+
+
+def _static_source(lw: Lowerer, dequantize: NodeProto) -> NodeProto | None:
+    """The float ``QuantizeLinear`` whose codes ``dequantize`` reads, directly or moved by
+    layout operators (then with per-tensor scales and zero points only: a move commutes with
+    those), else ``None``."""
+    source = moved_codes_source(lw, dequantize.input[0], lambda n: _is_float_quantize(lw, n))
+    if source is None or dequantize.input[0] == source.output[0]:
+        return source
+    parameters = [*_inputs(source)[1:], *_inputs(dequantize)[1:]]
+    return source if all(_one_element(lw, name) for name in parameters if name) else None
 
 
 def _broadcast_parameters(lw: Lowerer, quantize: NodeProto, x: str) -> tuple[str, str]:

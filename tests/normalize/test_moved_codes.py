@@ -142,3 +142,51 @@ def test_moved_codes_read_straight_through(move, product):
     assert np.count_nonzero(exact) <= 2  # codes held: the scale reads the range's two ends
     got = _gradient(model, feeds, seed, "exact")
     np.testing.assert_allclose(got, exact, rtol=1e-3, atol=1e-4)
+
+
+def _moved_dequantized(move: str, quantizer: str) -> tuple[onnx.ModelProto, dict]:
+    """``y = DequantizeLinear(m, s, z)``, ``m`` the codes of ``x`` moved, ``(q, s, z)`` from a
+    ``DynamicQuantizeLinear`` or a static ``QuantizeLinear`` (scale 0.02, zero point 100)."""
+    shape, moves, constants = MOVES[move]
+    initializers = [_ints(name, values) for name, values in constants]
+    if quantizer == "dynamic":
+        quantize = helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])
+    else:
+        quantize = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])
+        initializers += [
+            numpy_helper.from_array(np.array(5.1 / 255, np.float32), "s"),
+            numpy_helper.from_array(np.array(100, np.uint8), "z"),
+        ]
+    graph = helper.make_graph(
+        [quantize, *moves, helper.make_node("DequantizeLinear", ["m", "s", "z"], ["y"])],
+        f"{move}_{quantizer}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+    return model, {"x": _point(shape)}
+
+
+@pytest.mark.parametrize("quantizer", ["dynamic", "static"])
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_moved_codes_dequantized_straight_through(move, quantizer):
+    """Every code in range: the straight-through gradient is the moves' own (their transpose
+    applied to the seed); rounding held, the file's (zero for a static scale)."""
+    model, feeds = _moved_dequantized(move, quantizer)
+    y = run(model, feeds)[0]
+    seed = RNG.standard_normal(y.shape).astype(np.float32)
+    np.testing.assert_array_equal(run(normalized_model(model), feeds)[0], y)
+    frozen = with_frozen_rounding(model, feeds)
+    expected = onnx_numerical_vjp(frozen, feeds, ["x"], [seed], eps=1e-3)["x"]
+    got = _gradient(model, feeds, seed, "straight_through")
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    exact = onnx_numerical_vjp(model, feeds, ["x"], [seed], eps=1e-3)["x"]
+    if quantizer == "static":  # codes and scale constant: no derivative, said so
+        assert not np.any(exact)
+        with pytest.raises(NotImplementedError, match="not differentiable with respect to"):
+            _gradient(model, feeds, seed, "exact")
+        return
+    assert np.count_nonzero(exact) == 2
+    got = _gradient(model, feeds, seed, "exact")
+    np.testing.assert_allclose(got, exact, rtol=1e-3, atol=1e-4)

@@ -46,6 +46,7 @@ def with_frozen_rounding(
     }
     sites = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in quantized]
     wanted = [q.input[0] for q in quantized.values()] + [d.output[0] for d in sites]
+    wanted += list(quantized)
     wanted += [name for n in dynamic.values() for name in (n.input[0], *n.output)]
     wanted += [n.input[0] for n in graph.node if n.op_type == "Relu"]
     at = _intermediates(model, feeds, wanted)
@@ -53,6 +54,12 @@ def with_frozen_rounding(
     if masks_from is not None:
         at.update(_relu_inputs_by_node(model, masks_from, feeds))
     moved = _moved_codes(graph, dynamic)
+    static_moved = _moved_codes(graph, quantized)
+    dequantized_moved = {
+        static_moved[n.input[0]]
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in static_moved
+    }
     nodes, floated = [], set()
     for node in graph.node:
         if node.op_type in _PRODUCTS and node.input[0] in dynamic:
@@ -63,6 +70,12 @@ def with_frozen_rounding(
             floated.add(node.output[0])
         elif node.op_type == "Pad" and node.output[0] in moved:
             nodes.extend(_float_pad(node))
+        elif node.op_type == "Pad" and static_moved.get(node.output[0]) in dequantized_moved:
+            nodes.extend(_float_pad(node, quantized[static_moved[node.output[0]]]))
+        elif node.op_type == "QuantizeLinear" and node.output[0] in dequantized_moved:
+            nodes.extend(_clipped_codes(node, constants, at))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in static_moved:
+            nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
         elif node.op_type == "DequantizeLinear" and node.input[0] in moved:
             nodes.extend(_float_dequantized(node))
         elif node.op_type == "Add" and floated.intersection(node.input):
@@ -182,8 +195,9 @@ def _moved_codes(graph, dynamic) -> dict[str, str]:
     return moved
 
 
-def _float_pad(node) -> list[onnx.NodeProto]:
-    """A ``Pad`` of float codes: its integer constant (0 when absent) as a float."""
+def _float_pad(node, quantize=None) -> list[onnx.NodeProto]:
+    """A ``Pad`` of float codes: its integer constant ``c`` (0 when absent) as a float, or
+    dequantized, ``(c - z) s``, by ``quantize``'s parameters where the codes are."""
     name = node.output[0]
     constant = node.input[2] if len(node.input) > 2 and node.input[2] else ""
     made = []
@@ -191,12 +205,33 @@ def _float_pad(node) -> list[onnx.NodeProto]:
         made.append(helper.make_node("Cast", [constant], [f"{name}_c"], to=TensorProto.FLOAT))
     else:
         made.append(_const(f"{name}_c", np.array(0.0, np.float32)))
+    value = f"{name}_c"
+    if quantize is not None:
+        made += [
+            helper.make_node("Cast", [quantize.input[2]], [f"{name}_z"], to=TensorProto.FLOAT),
+            helper.make_node("Sub", [value, f"{name}_z"], [f"{name}_cz"]),
+            helper.make_node("Mul", [f"{name}_cz", quantize.input[1]], [f"{name}_v"]),
+        ]
+        value = f"{name}_v"
     padded = onnx.NodeProto()
     padded.CopyFrom(node)
     del padded.input[2:]
-    padded.input.append(f"{name}_c")
+    padded.input.append(value)
     padded.input.extend(node.input[3:])
     return [*made, padded]
+
+
+def _clipped_codes(quantize, constants, at) -> list[onnx.NodeProto]:
+    """Codes moved before their (per-tensor) dequantization, replaced by their dequantized
+    value ``Clip(x, low, high) + r_0`` under their name: the moves then carry floats and the
+    ``DequantizeLinear`` becomes an ``Identity``."""
+    codes = quantize.output[0]
+    scale = float(np.asarray(constants[quantize.input[1]]).reshape(-1)[0])
+    has_zero = len(quantize.input) > 2 and quantize.input[2]
+    zero_point = np.asarray(constants[quantize.input[2]]).reshape(-1)[0] if has_zero else 0
+    value = (at[codes].astype(np.float64) - float(zero_point)) * scale
+    probe = helper.make_node("DequantizeLinear", [codes, *quantize.input[1:]], [f"{codes}_y"])
+    return _clipped(probe, quantize, constants, {**at, f"{codes}_y": value}, out=codes)
 
 
 def _float_codes(quantize, at) -> list[onnx.NodeProto]:
@@ -293,8 +328,9 @@ def _per_output_channel(rank: int, values: str, output: str) -> list[onnx.NodePr
     ]
 
 
-def _clipped(dequantize, quantize, constants, at):
-    """``Clip(x, low, high) + r_0`` in place of the pair."""
+def _clipped(dequantize, quantize, constants, at, out=None):
+    """``Clip(x, low, high) + r_0`` in place of the pair (written to ``out``, else the
+    pair's output)."""
     scales = np.asarray(constants[quantize.input[1]]).reshape(-1)
     if scales.size != 1:
         raise NotImplementedError(f"{quantize.name}: a per-axis activation scale")
@@ -314,7 +350,7 @@ def _clipped(dequantize, quantize, constants, at):
         _const(f"{y}_high", np.array(high, np.float32)),
         _const(f"{y}_r0", residual),
         helper.make_node("Clip", [x, f"{y}_low", f"{y}_high"], [f"{y}_clipped"]),
-        helper.make_node("Add", [f"{y}_clipped", f"{y}_r0"], [y]),
+        helper.make_node("Add", [f"{y}_clipped", f"{y}_r0"], [out or y]),
     ]
 
 
