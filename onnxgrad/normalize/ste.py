@@ -29,6 +29,10 @@ infinities the term is zero: no gradient there.
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
   ``(q - z) + mask (x - sg(x))/s`` and ``B - z_B``: the same value up to float rounding of
   the accumulation, the integer weight still frozen.
+- Codes moved by layout operators between the quantizer and what rescales them (a
+  ``Transpose``/``Reshape`` before a ``ConvInteger``, a ``Pad`` by the zero point; per-tensor
+  parameters) are read the same way: the float value at the quantizer, the moves replayed
+  on it (:mod:`onnxgrad.normalize.code_moves`).
 
 The estimator is the default, for training. ``quantized_activations="exact"`` (on
 :func:`onnxgrad.onnx_derivative`, ``make_train_step``, ``generate_artifacts`` and every
