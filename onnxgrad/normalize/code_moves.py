@@ -9,10 +9,11 @@ dequantization:
 
     (M(q) - z)\, s = M((q - z)\, s)
 
-except for ``Pad``, whose new codes ``c`` (its constant value, ``0`` when absent) become
-``(c - z) s``. So the rewrites that read codes straight through (:mod:`onnxgrad.normalize.ste`)
-build the float value at the quantizer and replay the moves on it (:func:`replayed`): same
-values, and the derivative of each move, which the engine has.
+except for constant codes ``c`` joined to them (a ``Pad``'s constant value, ``0`` when
+absent, a constant input of a ``Concat``), which become ``(c - z) s``. So the rewrites that
+read codes straight through (:mod:`onnxgrad.normalize.ste`) build the float value at the
+quantizer and replay the moves on it (:func:`replayed`): same values, and the derivative of
+each move, which the engine has.
 """
 
 from __future__ import annotations
@@ -66,24 +67,23 @@ def moved_codes_source(
 ) -> NodeProto | None:
     """The quantizer (a node ``is_source`` accepts, read at its output 0) whose codes reach
     ``name`` through layout operators only (zero of them included), every code-carrying
-    input from that same quantizer; else ``None``."""
-    found: set[int] = set()
-    sources: list[NodeProto] = []
-    pending = [name]
+    input from that same quantizer (or, for a ``Concat``, a constant: codes joined to
+    them); else ``None``."""
+    found: dict[int, NodeProto] = {}
+    pending = [(name, False)]
     while pending:
-        current = pending.pop()
+        current, constant_allowed = pending.pop()
         node = lw.producers.get(current)
-        if node is None:
-            return None
-        if is_source(node) and node.output[0] == current:
-            if id(node) not in found:
-                found.add(id(node))
-                sources.append(node)
+        if node is None and constant_allowed and current in lw.initializers:
+            continue
+        if node is not None and is_source(node) and node.output[0] == current:
+            found[id(node)] = node
             continue
         if not _is_layout(node):
             return None
-        pending.extend(_code_inputs(node))
-    return sources[0] if len(sources) == 1 else None
+        joins = node.op_type == "Concat"
+        pending.extend((i, joins) for i in _code_inputs(node))
+    return next(iter(found.values())) if len(found) == 1 else None
 
 
 def replayed(
@@ -91,24 +91,27 @@ def replayed(
     name: str,
     codes: str,
     value: str,
-    pad_value: Callable[[str], str],
+    constant_value: Callable[[str], str],
     out: str | None = None,
 ) -> str:
     """The moves from ``codes`` to ``name`` (:func:`moved_codes_source` found them) replayed
-    on ``value``, the float standing for ``codes``, the last one written to ``out``; a
-    ``Pad``'s constant ``c`` (``''`` when absent) becomes ``pad_value(c)``. The integer
-    moves are superseded (removed where nothing else reads them)."""
+    on ``value``, the float standing for ``codes``, the last one written to ``out``;
+    constant codes ``c`` (a ``Pad``'s, ``''`` when absent, and a ``Concat``'s) become
+    ``constant_value(c)``. The integer moves are superseded (removed where nothing else
+    reads them)."""
     done = {codes: value}
 
     def replay(current: str) -> str:
         if current in done:
             return done[current]
+        if current in lw.initializers and current not in lw.producers:
+            return constant_value(current)
         node = lw.producers[current]
         carried = set(_code_inputs(node))
         inputs = [replay(i) if i in carried else i for i in node.input]
         if node.op_type == "Pad" and _pads_constant(node):
             constant = node.input[2] if len(node.input) > 2 else ""
-            inputs = [*inputs[:2], pad_value(constant), *inputs[3:]]
+            inputs = [*inputs[:2], constant_value(constant), *inputs[3:]]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         last = out if current == name else None
         done[current] = lw.op(node.op_type, *inputs, out=last, **attrs)

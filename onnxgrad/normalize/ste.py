@@ -249,12 +249,12 @@ def lower_fake_quantized(lw: Lowerer) -> None:
         lw.op("Add", value, term, out=node.output[0])
         return
 
-    def padded(constant: str) -> str:
+    def constant_codes(constant: str) -> str:
         constant = constant or lw.const(0, _code_type(lw, source))
         return lw.op("DequantizeLinear", constant, *node.input[1:], **attrs)
 
     moved = lw.op("Add", value, term)
-    replayed(lw, node.input[0], source.output[0], moved, padded, out=node.output[0])
+    replayed(lw, node.input[0], source.output[0], moved, constant_codes, out=node.output[0])
 
 
 def _static_source(lw: Lowerer, dequantize: NodeProto) -> NodeProto | None:
@@ -412,10 +412,10 @@ def lower_dynamic_dequantize(lw: Lowerer) -> bool:
         lw.op("Add", value, term, out=node.output[0])
         return True
 
-    def padded(constant: str) -> str:
+    def constant_codes(constant: str) -> str:
         return lw.op("DequantizeLinear", constant or lw.const(0, TensorProto.UINT8), held, zero)
 
-    replayed(lw, moved, code, lw.op("Add", value, term), padded, out=node.output[0])
+    replayed(lw, moved, code, lw.op("Add", value, term), constant_codes, out=node.output[0])
     return True
 
 
@@ -439,12 +439,12 @@ def lower_integer_product_cast(lw: Lowerer) -> None:
         unit = lw.op("Add", unit, lw.op("Div", term, held))
     if product.input[0] != code:
 
-        def padded(constant: str) -> str:
+        def constant_codes(constant: str) -> str:
             if not constant:
                 return lw.op("Neg", float_zero)
             return lw.op("Sub", lw.cast(constant, ct), float_zero)
 
-        unit = replayed(lw, product.input[0], code, unit, padded)
+        unit = replayed(lw, product.input[0], code, unit, constant_codes)
     weight = lw.cast(product.input[1], ct)
     if len(product.input) > 3 and product.input[3]:
         weight = lw.op("Sub", weight, _weight_zero(lw, product))

@@ -22,7 +22,9 @@ OPSET = 19
 
 
 def _ints(name: str, values) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+    """``values`` as int64, or in their own type where they are an array (codes)."""
+    typed = values if isinstance(values, np.ndarray) else np.asarray(values, np.int64)
+    return numpy_helper.from_array(typed, name)
 
 
 #: ``name: (shape of x, the nodes from codes "q" to "m", their constants, K of "m")``
@@ -54,6 +56,11 @@ MOVES = {
             helper.make_node("Concat", ["q", "t"], ["m"], axis=1),
         ],
         [],
+    ),
+    "concat_constant": (
+        (4, 4),
+        [helper.make_node("Concat", ["q", "joined"], ["m"], axis=1)],
+        [("joined", np.arange(60, 68, dtype=np.uint8).reshape(4, 2))],
     ),
     "pad": (
         (4, 4),

@@ -68,6 +68,11 @@ def with_frozen_rounding(
         elif node.op_type in _PRODUCTS and node.input[0] in moved:
             nodes.extend(_float_moved_product(node, constants))
             floated.add(node.output[0])
+        elif node.op_type == "Concat" and node.output[0] in moved:
+            nodes.extend(_float_concat(node, moved, dynamic))
+        elif node.op_type == "Concat" and static_moved.get(node.output[0]) in dequantized_moved:
+            quantize = quantized[static_moved[node.output[0]]]
+            nodes.extend(_float_concat(node, static_moved, quantized, quantize))
         elif node.op_type == "Pad" and node.output[0] in moved:
             nodes.extend(_float_pad(node))
         elif node.op_type == "Pad" and static_moved.get(node.output[0]) in dequantized_moved:
@@ -195,30 +200,51 @@ def _moved_codes(graph, dynamic) -> dict[str, str]:
     return moved
 
 
-def _float_pad(node, quantize=None) -> list[onnx.NodeProto]:
-    """A ``Pad`` of float codes: its integer constant ``c`` (0 when absent) as a float, or
-    dequantized, ``(c - z) s``, by ``quantize``'s parameters where the codes are."""
-    name = node.output[0]
-    constant = node.input[2] if len(node.input) > 2 and node.input[2] else ""
-    made = []
+def _float_constant(constant: str, name: str, quantize=None) -> tuple[list, str]:
+    """Constant codes ``c`` (``''``: 0) as floats named after ``name``, or dequantized,
+    ``(c - z) s``, by ``quantize``'s parameters; returns the nodes and the float's name."""
     if constant:
-        made.append(helper.make_node("Cast", [constant], [f"{name}_c"], to=TensorProto.FLOAT))
+        made = [helper.make_node("Cast", [constant], [f"{name}_c"], to=TensorProto.FLOAT)]
     else:
-        made.append(_const(f"{name}_c", np.array(0.0, np.float32)))
-    value = f"{name}_c"
-    if quantize is not None:
-        made += [
-            helper.make_node("Cast", [quantize.input[2]], [f"{name}_z"], to=TensorProto.FLOAT),
-            helper.make_node("Sub", [value, f"{name}_z"], [f"{name}_cz"]),
-            helper.make_node("Mul", [f"{name}_cz", quantize.input[1]], [f"{name}_v"]),
-        ]
-        value = f"{name}_v"
+        made = [_const(f"{name}_c", np.array(0.0, np.float32))]
+    if quantize is None:
+        return made, f"{name}_c"
+    made += [
+        helper.make_node("Cast", [quantize.input[2]], [f"{name}_z"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", [f"{name}_c", f"{name}_z"], [f"{name}_cz"]),
+        helper.make_node("Mul", [f"{name}_cz", quantize.input[1]], [f"{name}_v"]),
+    ]
+    return made, f"{name}_v"
+
+
+def _float_pad(node, quantize=None) -> list[onnx.NodeProto]:
+    """A ``Pad`` of float codes: its integer constant as a float (:func:`_float_constant`)."""
+    constant = node.input[2] if len(node.input) > 2 else ""
+    made, value = _float_constant(constant, node.output[0], quantize)
     padded = onnx.NodeProto()
     padded.CopyFrom(node)
     del padded.input[2:]
     padded.input.append(value)
     padded.input.extend(node.input[3:])
     return [*made, padded]
+
+
+def _float_concat(node, moved, sources, quantize=None) -> list[onnx.NodeProto]:
+    """A ``Concat`` of float codes and constant ones, the constants as floats
+    (:func:`_float_constant`)."""
+    made, inputs = [], []
+    for index, name in enumerate(node.input):
+        if name in moved or name in sources:
+            inputs.append(name)
+            continue
+        nodes, value = _float_constant(name, f"{node.output[0]}_{index}", quantize)
+        made += nodes
+        inputs.append(value)
+    joined = onnx.NodeProto()
+    joined.CopyFrom(node)
+    del joined.input[:]
+    joined.input.extend(inputs)
+    return [*made, joined]
 
 
 def _clipped_codes(quantize, constants, at) -> list[onnx.NodeProto]:
