@@ -29,12 +29,14 @@ environment for their test modules).
 Measured (third set, onnxruntime 1.19 and 1.32, 48 cells): lowering, weights and gradient
 pass in every cell made (gradients 6e-8 to 3.1e-2 relative, float16 against its float32
 source); LoRA in every cell made by or read in the training environment; the round trip in
-all but ALBERT QDQ ``requantize`` (0.031 for a bound of 0.026); Segformer int8 is not made
+all but ALBERT QDQ ``requantize`` (0.031 for a bound of 0.026; now refused: its shared
+layer weights' second reader has no adapter); Segformer int8 is not made
 by onnxruntime 1.19's ``quantize_dynamic`` and its 1.32 file needs a ``ConvInteger`` kernel
-1.19 lacks; its gradient is 2.7e-2 off (codes moved by ``Transpose``/``Reshape`` before a
-``ConvInteger`` are not read straight through: open). Speed: merged models 0.82-1.05x of
-the deployed file (47 cells); the runtime adapter model 0.97-1.29x, but Segformer's float
-and 4-bit forms 2.4-2.7x (its Conv kernels updated per run). Table: docs/deployed-models.md."""
+1.19 lacks; its gradient was 2.7e-2 off (codes moved by ``Transpose``/``Reshape`` before a
+``ConvInteger`` read with rounding held), 3.7e-6 since they are read straight through.
+Speed: merged models 0.82-1.05x of the deployed file (47 cells); the runtime adapter model
+0.97-1.29x, but Segformer's float and 4-bit forms 2.4-2.7x (its Conv kernels updated per
+run). Table: docs/deployed-models.md."""
 
 from __future__ import annotations
 

@@ -250,6 +250,7 @@ def _requantize_dequantized(model: ModelProto, inits, product: Product, delta) -
     if scale_name is None or zero_name is None:
         raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
     _check_private(model, [node.name], weight, [weight, scale_name, zero_name])
+    _check_one_product(model, node, product, weight)
     rank = len(inits[weight].dims)
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % rank
     update = np.transpose(delta, np.argsort(perm)) if perm else delta
@@ -297,6 +298,36 @@ def _initializer_behind(model: ModelProto, name: str) -> str | None:
             return None
         name = node.input[0]
     return name
+
+
+#: what may stand between a ``DequantizeLinear`` of a weight and its product
+_LAYOUT = frozenset({"Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+def _check_one_product(model: ModelProto, dequantize, product, weight: str) -> None:
+    """``ValueError`` where the dequantized weight reaches another node than ``product``
+    (through layout operators): that reader (ALBERT's second layer, through a
+    ``QuantizeLinear`` of the shared weight) has no adapter and would read the new codes."""
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(node)
+    # the product's own output, or (QDQ) the value its output QuantizeLinear reads
+    own = {*product.node.output}
+    if product.requantized_by is not None:
+        own.add(product.requantized_by.input[0])
+    pending = list(dequantize.output)
+    while pending:
+        for reader in readers.get(pending.pop(), []):
+            if own & set(reader.output):
+                continue
+            if reader.op_type not in _LAYOUT:
+                raise ValueError(
+                    f"weight {weight!r}: its dequantized value is also read by node "
+                    f"{reader.name or reader.op_type!r}, which has no adapter; re-quantizing "
+                    "would change it too (merge with quantized='keep')"
+                )
+            pending.extend(reader.output)
 
 
 def _check_private(model: ModelProto, owners: list[str], weight: str, names) -> None:

@@ -29,6 +29,10 @@ infinities the term is zero: no gradient there.
   onnxruntime's ``quantize_dynamic`` writes them, become the float product of
   ``(q - z) + mask (x - sg(x))/s`` and ``B - z_B``: the same value up to float rounding of
   the accumulation, the integer weight still frozen.
+- Codes moved by layout operators between the quantizer and what rescales them (a
+  ``Transpose``/``Reshape`` before a ``ConvInteger``, a ``Pad`` by the zero point; per-tensor
+  parameters) are read the same way: the float value at the quantizer, the moves replayed
+  on it (:mod:`onnxgrad.normalize.code_moves`).
 
 The estimator is the default, for training. ``quantized_activations="exact"`` (on
 :func:`onnxgrad.onnx_derivative`, ``make_train_step``, ``generate_artifacts`` and every
@@ -51,6 +55,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import normalize_domain
+from onnxgrad.normalize.code_moves import moved_codes_source, replayed
 from onnxgrad.normalize.lowering import Lowerer
 
 #: the values of ``quantized_activations=``: the straight-through estimator (default) or the
@@ -220,8 +225,8 @@ def lower_fake_quantized(lw: Lowerer) -> None:
     if lower_dynamic_dequantize(lw):
         return
     node = lw.node
-    source = lw.producers.get(node.input[0])
-    if rounding_held() or not _is_float_quantize(lw, source) or _is_held(lw, source.input[0]):
+    source = None if rounding_held() else _static_source(lw, node)
+    if source is None or _is_held(lw, source.input[0]):
         lw.builder.graph.node.append(node)
         return
     x, scale, zero = _inputs(source)
@@ -236,9 +241,31 @@ def lower_fake_quantized(lw: Lowerer) -> None:
     value = lw.op("DequantizeLinear", code, *node.input[1:], **attrs)
     if not _one_element(lw, scale):
         scale, zero = _broadcast_parameters(lw, source, x)
-    term = straight_through(lw, x, scale, zero, _code_type(lw, source), held=held)
-    lw.op("Add", value, _like(lw, term, x, value), out=node.output[0])
+    term = _like(
+        lw, straight_through(lw, x, scale, zero, _code_type(lw, source), held=held), x, value
+    )
     lw.superseded.add(id(source))
+    if node.input[0] == source.output[0]:
+        lw.op("Add", value, term, out=node.output[0])
+        return
+
+    def constant_codes(constant: str) -> str:
+        constant = constant or lw.const(0, _code_type(lw, source))
+        return lw.op("DequantizeLinear", constant, *node.input[1:], **attrs)
+
+    moved = lw.op("Add", value, term)
+    replayed(lw, node.input[0], source.output[0], moved, constant_codes, out=node.output[0])
+
+
+def _static_source(lw: Lowerer, dequantize: NodeProto) -> NodeProto | None:
+    """The float ``QuantizeLinear`` whose codes ``dequantize`` reads, directly or moved by
+    layout operators (then with per-tensor scales and zero points only: a move commutes with
+    those), else ``None``."""
+    source = moved_codes_source(lw, dequantize.input[0], lambda n: _is_float_quantize(lw, n))
+    if source is None or dequantize.input[0] == source.output[0]:
+        return source
+    parameters = [*_inputs(source)[1:], *_inputs(dequantize)[1:]]
+    return source if all(_one_element(lw, name) for name in parameters if name) else None
 
 
 def _broadcast_parameters(lw: Lowerer, quantize: NodeProto, x: str) -> tuple[str, str]:
@@ -348,28 +375,47 @@ def lower_dynamic_quantize(lw: Lowerer) -> None:
 
 
 def _dynamic_source(lw: Lowerer, code: str, scale: str, zero: str) -> NodeProto | None:
-    """The ``DynamicQuantizeLinear`` whose three outputs are ``code``, ``scale``, ``zero``
-    (a dequantization of its own codes by its own parameters), else ``None``."""
-    source = lw.producers.get(code)
-    if source is None or source.op_type != "DynamicQuantizeLinear" or len(source.output) < 3:
+    """The ``DynamicQuantizeLinear`` whose codes reach ``code`` (directly or moved by layout
+    operators: :mod:`onnxgrad.normalize.code_moves`) and whose scale and zero point are
+    ``scale``, ``zero`` (a dequantization of its own codes by its own parameters), else
+    ``None``."""
+    source = moved_codes_source(lw, code, _is_dynamic_quantize)
+    if source is None:
         return None
-    return source if list(source.output[:3]) == [code, scale, zero] else None
+    return source if list(source.output[1:3]) == [scale, zero] else None
+
+
+def _is_dynamic_quantize(node: NodeProto) -> bool:
+    return (
+        node.op_type == "DynamicQuantizeLinear"
+        and not normalize_domain(node.domain)
+        and len(node.output) >= 3
+    )
 
 
 def lower_dynamic_dequantize(lw: Lowerer) -> bool:
     r"""``DequantizeLinear(DynamicQuantizeLinear(x))`` read straight through: the pair over
-    the held scale (no derivative) plus the estimator's term, derivative the in-range mask;
-    ``False`` (nothing emitted) for any other ``DequantizeLinear`` and where rounding is held
-    (``(q - z) s``, derivative ``(q - z)\, \partial s / \partial x``)."""
+    the held scale (no derivative) plus the estimator's term, derivative the in-range mask,
+    the codes' moves (if any) replayed on that float; ``False`` (nothing emitted) for any
+    other ``DequantizeLinear`` and where rounding is held (``(q - z) s``, derivative
+    ``(q - z)\, \partial s / \partial x``)."""
     node = lw.node
     source = _dynamic_source(lw, *_inputs(node))
     if source is None or rounding_held():
         return False
-    code, scale, zero = node.input
+    moved, scale, zero = node.input
+    code = source.output[0]
     held = held_scale(lw, scale)
     value = lw.op("DequantizeLinear", code, held, zero)
     term = straight_through(lw, source.input[0], held, zero, TensorProto.UINT8)
-    lw.op("Add", value, term, out=node.output[0])
+    if moved == code:
+        lw.op("Add", value, term, out=node.output[0])
+        return True
+
+    def constant_codes(constant: str) -> str:
+        return lw.op("DequantizeLinear", constant or lw.const(0, TensorProto.UINT8), held, zero)
+
+    replayed(lw, moved, code, lw.op("Add", value, term), constant_codes, out=node.output[0])
     return True
 
 
@@ -384,12 +430,21 @@ def lower_integer_product_cast(lw: Lowerer) -> None:
         lw.builder.graph.node.append(node)
         return
     ct = TensorProto.FLOAT
-    x, (code, scale, zero) = dynamic.input[0], dynamic.output
-    unit = lw.op("Sub", lw.cast(code, ct), lw.cast(zero, ct))
+    x, (code, scale, zero) = dynamic.input[0], dynamic.output[:3]
+    float_zero = lw.cast(zero, ct)
+    unit = lw.op("Sub", lw.cast(code, ct), float_zero)
     if not rounding_held():
         held = held_scale(lw, scale)
         term = straight_through(lw, x, held, zero, TensorProto.UINT8)
         unit = lw.op("Add", unit, lw.op("Div", term, held))
+    if product.input[0] != code:
+
+        def constant_codes(constant: str) -> str:
+            if not constant:
+                return lw.op("Neg", float_zero)
+            return lw.op("Sub", lw.cast(constant, ct), float_zero)
+
+        unit = replayed(lw, product.input[0], code, unit, constant_codes)
     weight = lw.cast(product.input[1], ct)
     if len(product.input) > 3 and product.input[3]:
         weight = lw.op("Sub", weight, _weight_zero(lw, product))
@@ -445,8 +500,8 @@ def _dynamic_quantization(lw: Lowerer, product: NodeProto | None) -> NodeProto |
         return None
     if product.domain not in ("", "ai.onnx"):
         return None
-    source = lw.producers.get(product.input[0])
-    if source is None or source.op_type != "DynamicQuantizeLinear":
+    source = moved_codes_source(lw, product.input[0], _is_dynamic_quantize)
+    if source is None:
         return None
     if len(product.input) < 3 or product.input[2] != source.output[2]:
         return None

@@ -46,6 +46,7 @@ def with_frozen_rounding(
     }
     sites = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in quantized]
     wanted = [q.input[0] for q in quantized.values()] + [d.output[0] for d in sites]
+    wanted += list(quantized)
     wanted += [name for n in dynamic.values() for name in (n.input[0], *n.output)]
     wanted += [n.input[0] for n in graph.node if n.op_type == "Relu"]
     at = _intermediates(model, feeds, wanted)
@@ -53,6 +54,12 @@ def with_frozen_rounding(
     if masks_from is not None:
         at.update(_relu_inputs_by_node(model, masks_from, feeds))
     moved = _moved_codes(graph, dynamic)
+    static_moved = _moved_codes(graph, quantized)
+    dequantized_moved = {
+        static_moved[n.input[0]]
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in static_moved
+    }
     nodes, floated = [], set()
     for node in graph.node:
         if node.op_type in _PRODUCTS and node.input[0] in dynamic:
@@ -61,6 +68,19 @@ def with_frozen_rounding(
         elif node.op_type in _PRODUCTS and node.input[0] in moved:
             nodes.extend(_float_moved_product(node, constants))
             floated.add(node.output[0])
+        elif node.op_type == "Concat" and node.output[0] in moved:
+            nodes.extend(_float_concat(node, moved, dynamic))
+        elif node.op_type == "Concat" and static_moved.get(node.output[0]) in dequantized_moved:
+            quantize = quantized[static_moved[node.output[0]]]
+            nodes.extend(_float_concat(node, static_moved, quantized, quantize))
+        elif node.op_type == "Pad" and node.output[0] in moved:
+            nodes.extend(_float_pad(node))
+        elif node.op_type == "Pad" and static_moved.get(node.output[0]) in dequantized_moved:
+            nodes.extend(_float_pad(node, quantized[static_moved[node.output[0]]]))
+        elif node.op_type == "QuantizeLinear" and node.output[0] in dequantized_moved:
+            nodes.extend(_clipped_codes(node, constants, at))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in static_moved:
+            nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
         elif node.op_type == "DequantizeLinear" and node.input[0] in moved:
             nodes.extend(_float_dequantized(node))
         elif node.op_type == "Add" and floated.intersection(node.input):
@@ -147,18 +167,97 @@ def _const(name: str, value) -> onnx.NodeProto:
 
 
 #: operators that move codes without changing them (a quantized activation reshaped into an
-#: image before a ``ConvInteger``: Segformer's reduced keys)
-_MOVES = frozenset({"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"})
+#: image before a ``ConvInteger``: Segformer's reduced keys); ``Concat`` reads codes at every
+#: input, the others at input 0
+_MOVES = frozenset(
+    {
+        "Transpose",
+        "Reshape",
+        "Unsqueeze",
+        "Squeeze",
+        "Flatten",
+        "Identity",
+        "Slice",
+        "Gather",
+        "Expand",
+        "Tile",
+        "Concat",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+    }
+)
 
 
 def _moved_codes(graph, dynamic) -> dict[str, str]:
     """``{name: codes}``: the outputs of moves of the codes ``DynamicQuantizeLinear`` makes."""
     moved: dict[str, str] = {}
     for node in graph.node:
-        source = node.input[0] if node.input else ""
-        if node.op_type in _MOVES and (source in dynamic or source in moved):
-            moved[node.output[0]] = moved.get(source, source)
+        sources = node.input if node.op_type == "Concat" else node.input[:1]
+        found = [moved.get(name, name) for name in sources if name in dynamic or name in moved]
+        if node.op_type in _MOVES and found:
+            moved[node.output[0]] = found[0]
     return moved
+
+
+def _float_constant(constant: str, name: str, quantize=None) -> tuple[list, str]:
+    """Constant codes ``c`` (``''``: 0) as floats named after ``name``, or dequantized,
+    ``(c - z) s``, by ``quantize``'s parameters; returns the nodes and the float's name."""
+    if constant:
+        made = [helper.make_node("Cast", [constant], [f"{name}_c"], to=TensorProto.FLOAT)]
+    else:
+        made = [_const(f"{name}_c", np.array(0.0, np.float32))]
+    if quantize is None:
+        return made, f"{name}_c"
+    made += [
+        helper.make_node("Cast", [quantize.input[2]], [f"{name}_z"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", [f"{name}_c", f"{name}_z"], [f"{name}_cz"]),
+        helper.make_node("Mul", [f"{name}_cz", quantize.input[1]], [f"{name}_v"]),
+    ]
+    return made, f"{name}_v"
+
+
+def _float_pad(node, quantize=None) -> list[onnx.NodeProto]:
+    """A ``Pad`` of float codes: its integer constant as a float (:func:`_float_constant`)."""
+    constant = node.input[2] if len(node.input) > 2 else ""
+    made, value = _float_constant(constant, node.output[0], quantize)
+    padded = onnx.NodeProto()
+    padded.CopyFrom(node)
+    del padded.input[2:]
+    padded.input.append(value)
+    padded.input.extend(node.input[3:])
+    return [*made, padded]
+
+
+def _float_concat(node, moved, sources, quantize=None) -> list[onnx.NodeProto]:
+    """A ``Concat`` of float codes and constant ones, the constants as floats
+    (:func:`_float_constant`)."""
+    made, inputs = [], []
+    for index, name in enumerate(node.input):
+        if name in moved or name in sources:
+            inputs.append(name)
+            continue
+        nodes, value = _float_constant(name, f"{node.output[0]}_{index}", quantize)
+        made += nodes
+        inputs.append(value)
+    joined = onnx.NodeProto()
+    joined.CopyFrom(node)
+    del joined.input[:]
+    joined.input.extend(inputs)
+    return [*made, joined]
+
+
+def _clipped_codes(quantize, constants, at) -> list[onnx.NodeProto]:
+    """Codes moved before their (per-tensor) dequantization, replaced by their dequantized
+    value ``Clip(x, low, high) + r_0`` under their name: the moves then carry floats and the
+    ``DequantizeLinear`` becomes an ``Identity``."""
+    codes = quantize.output[0]
+    scale = float(np.asarray(constants[quantize.input[1]]).reshape(-1)[0])
+    has_zero = len(quantize.input) > 2 and quantize.input[2]
+    zero_point = np.asarray(constants[quantize.input[2]]).reshape(-1)[0] if has_zero else 0
+    value = (at[codes].astype(np.float64) - float(zero_point)) * scale
+    probe = helper.make_node("DequantizeLinear", [codes, *quantize.input[1:]], [f"{codes}_y"])
+    return _clipped(probe, quantize, constants, {**at, f"{codes}_y": value}, out=codes)
 
 
 def _float_codes(quantize, at) -> list[onnx.NodeProto]:
@@ -255,8 +354,9 @@ def _per_output_channel(rank: int, values: str, output: str) -> list[onnx.NodePr
     ]
 
 
-def _clipped(dequantize, quantize, constants, at):
-    """``Clip(x, low, high) + r_0`` in place of the pair."""
+def _clipped(dequantize, quantize, constants, at, out=None):
+    """``Clip(x, low, high) + r_0`` in place of the pair (written to ``out``, else the
+    pair's output)."""
     scales = np.asarray(constants[quantize.input[1]]).reshape(-1)
     if scales.size != 1:
         raise NotImplementedError(f"{quantize.name}: a per-axis activation scale")
@@ -276,7 +376,7 @@ def _clipped(dequantize, quantize, constants, at):
         _const(f"{y}_high", np.array(high, np.float32)),
         _const(f"{y}_r0", residual),
         helper.make_node("Clip", [x, f"{y}_low", f"{y}_high"], [f"{y}_clipped"]),
-        helper.make_node("Add", [f"{y}_clipped", f"{y}_r0"], [y]),
+        helper.make_node("Add", [f"{y}_clipped", f"{y}_r0"], [out or y]),
     ]
 
 
