@@ -8,12 +8,14 @@ unknown values. That list is allocated whatever ``n`` is: a declared length of `
 (an 88-byte model) takes gigabytes, a legitimate 1-D weight of ``2**24`` floats takes
 seconds and about a gigabyte per operator.
 
-:func:`infer_shapes_bounded` runs plain inference first (its cost grows with the ranks,
-never with the sizes), then adds data propagation only when every input of a propagating
-operator is known, from that first pass, to be a 1-D list of at most
-:data:`MAX_PROPAGATED_VALUES` values in all, or of rank other than 1. A value whose rank
-or length the first pass leaves open could become a long 1-D list once propagated, so it
-keeps data propagation off too: the first pass's types are then the answer.
+:func:`infer_shapes_bounded` adds data propagation only when every input of a propagating
+operator is known to be a 1-D list of at most :data:`MAX_PROPAGATED_VALUES` values in all,
+or of rank other than 1. It reads that from the model's own declarations when they tell it
+(an exporter that declares every value: inference keeps a declared rank and a declared
+dimension, so the plain pass would find the same bound), otherwise from a plain inference
+first (its cost grows with the ranks, never with the sizes). A value whose rank or length
+that pass leaves open could become a long 1-D list once propagated, so it keeps data
+propagation off too: the plain pass's types are then the answer.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def infer_shapes_bounded(view: ModelProto) -> ModelProto:
     """``view`` with the types shape inference gives, data propagated within the bound
     (see the module docstring); onnx's errors are one-line ``ValueError``."""
     with onnx_errors_as_value_errors():
+        if _propagation_is_bounded(view):  # the declarations bound it: no plain pass needed
+            return onnx.shape_inference.infer_shapes(view, data_prop=True)
         plain = onnx.shape_inference.infer_shapes(view)
         if not _propagation_is_bounded(plain):
             return plain
@@ -44,7 +48,10 @@ def infer_shapes_bounded(view: ModelProto) -> ModelProto:
 
 def _propagation_is_bounded(inferred: ModelProto) -> bool:
     """Whether data propagation creates at most :data:`MAX_PROPAGATED_VALUES` list elements
-    for ``inferred`` (a model after plain inference)."""
+    for ``inferred`` (a model after plain inference, or a model whose declarations already
+    rank every input of its propagating operators: plain inference merges what it finds
+    into a declared type, never changing its rank or a declared dimension, so both give
+    the same answer)."""
     ranks = _ranks_and_lengths(inferred.graph)
     local = {(normalize_domain(f.domain), f.name) for f in inferred.functions}
     total = 0
