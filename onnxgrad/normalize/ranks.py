@@ -292,7 +292,11 @@ def _every_rank_known(graph: GraphProto) -> bool:
     """Whether every input and node output of ``graph``, which holds no subgraph, has a
     known rank (or is no tensor)."""
     infos = [*graph.input, *graph.value_info, *graph.output]
-    known = {i.name for i in infos if not i.type.HasField("tensor_type") or _has_shape(i)}
+    known = {  # most are ranked tensors: one test each (another type has no tensor shape)
+        i.name
+        for i in infos
+        if i.type.tensor_type.HasField("shape") or not i.type.HasField("tensor_type")
+    }
     known |= {i.name for i in graph.initializer}
     if any(i.name not in known for i in graph.input):
         return False

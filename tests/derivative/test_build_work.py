@@ -238,3 +238,64 @@ def test_name_scope_resumes_where_it_stopped():
             scope.reserve("a_9")
             expected.add("a_9")
         assert scope.unique(base) == first_free_from_start(base, expected)
+
+
+def declared_model() -> onnx.ModelProto:
+    """:func:`float_model` with every value declared, as exporters write it (torch's dynamo
+    export declares each node output): the declarations rank every input of its ``Mul``,
+    ``Add`` and ``Cast``, whose data onnx's inference may propagate."""
+    model = float_model()
+    for name, shape in [("xw", [2, 4]), ("t", [2, 4]), ("t2", [2, 4]), ("s", [2, 4])]:
+        model.graph.value_info.append(helper.make_tensor_value_info(name, D, shape))
+    return model
+
+
+def _forward_inferences(real, calls: list):
+    """``onnx.shape_inference.infer_shapes``, recording in ``calls`` whether it propagated
+    data, for every inference of the forward graph (the nodes of :func:`float_model`)."""
+    forward = {"xw", "t", "t2", "s", "y"}
+
+    def infer(model, *args, **kwargs):
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model)
+        if {o for node in proto.graph.node for o in node.output} == forward:
+            calls.append(bool(kwargs.get("data_prop")))
+        return real(model, *args, **kwargs)
+
+    return infer
+
+
+@pytest.mark.parametrize("mode", ["reverse", "batched reverse", "forward"])
+def test_declared_model_is_inferred_once_per_pass(monkeypatch, mode):
+    """Where the model declares every value, the ranks pass and the engine's types infer it
+    once each (with data propagation, bounded by the declarations), after the shapes pass's
+    one plain inference: 3 inferences of the forward graph per reverse build (5 before:
+    each bounded inference ran a plain pass first), 2 per JVP build (3 before). A model
+    without these declarations still gets the plain pass first. The gradients still equal
+    central differences."""
+    calls: list[bool] = []
+    infer = _forward_inferences(onnx.shape_inference.infer_shapes, calls)
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", infer)
+    rng = np.random.default_rng(3)
+    model = declared_model()
+    feeds = {"x": rng.standard_normal((2, 3)), **_weights(model)}
+    if mode == "forward":
+        tangent = rng.standard_normal((2, 3))
+        (got,) = ReferenceEvaluator(onnx_jvp(model, inputs=["x"])).run(
+            None, {**feeds, "x_tangent": tangent}
+        )
+        np.testing.assert_allclose(got, _central_difference_jvp(model, feeds, tangent), 1e-6)
+        assert calls == [False, True], calls
+    else:
+        seeds = SEEDS if mode == "batched reverse" else None
+        cotangent = rng.standard_normal((SEEDS, 2, 4) if seeds else (2, 4))
+        vjp = onnx_derivative(model, weights=[], inputs=["x"], seeds=seeds)
+        (got,) = ReferenceEvaluator(vjp).run(None, {**feeds, "y_grad": cotangent})
+        for i, seed in enumerate(cotangent if seeds else [cotangent]):
+            expected = onnx_numerical_vjp(model, feeds, ["x"], [seed])["x"]
+            np.testing.assert_allclose(got[i] if seeds else got, expected, 1e-6, 1e-8)
+        assert calls == [False, True, True], calls
+
+    calls.clear()
+    onnx_derivative(float_model(), weights=[], inputs=["x"])
+    undeclared = [False, False, True, False, True]
+    assert calls == undeclared, "undeclared: the bound read from a plain pass each time"
