@@ -9,11 +9,15 @@ the float input ``x`` and the node whose first output is the float product ``y``
 - ``MatMul(x, W)``, ``Gemm(x, W)`` (``W`` float), ``MatMulNBits(x, codes)``,
   ``DynamicQuantizeMatMul(x, codes)``: ``y`` is the node's output;
 - ``MatMul(x, DequantizeLinear(q))`` or ``Gemm(x, DequantizeLinear(q), c)`` (``transB``
-  a swap of the codes' layout) through ``Transpose``/``Identity``/``Cast`` (QDQ):
-  ``x`` is its (dequantized) activation, ``y`` the ``MatMul``'s output or, where that is
-  quantized again (``MatMul -> QuantizeLinear -> DequantizeLinear``, the pattern onnxruntime
-  fuses into ``QLinearMatMul`` or, for ``Gemm``, ``QGemm``), the ``DequantizeLinear``'s
-  output;
+  a swap of the codes' layout) through ``Transpose``/``Identity``/``Cast`` to a float type
+  (QDQ): ``x`` is its (dequantized) activation, ``y`` the ``MatMul``'s output or, where that
+  is quantized again (``MatMul -> QuantizeLinear -> DequantizeLinear``, the pattern
+  onnxruntime fuses into ``QLinearMatMul`` or, for ``Gemm``, ``QGemm``), the
+  ``DequantizeLinear``'s output. The weight may also be requantized on the way, a
+  ``QuantizeLinear -> DequantizeLinear`` pair of one scale and zero point
+  (``quantize_static`` reads a weight shared by two layers a second time so, as an
+  activation): ``W_2 = DQ(Q(W, s_2, z_2))``, within half a step ``s_2`` of ``W``, so the
+  product reads ``W`` up to the file's own rounding and is a reader of ``q`` too;
 - ``MatMulInteger(DynamicQuantizeLinear(x), q)`` followed by ``Cast`` and the ``Mul`` by
   the scales (``quantize_dynamic``): ``y`` is the last ``Mul``'s output;
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
@@ -77,6 +81,11 @@ class Product:
     perm: tuple[int, ...] | None = None
     #: QDQ: the ``QuantizeLinear`` of the product's output, ``node`` its ``DequantizeLinear``
     requantized_by: NodeProto | None = None
+    #: QDQ: the names of the nodes between the weight's ``DequantizeLinear`` and the product
+    #: (layout operators, a requantization's ``QuantizeLinear`` and ``DequantizeLinear``)
+    via: tuple[str, ...] = ()
+    #: QDQ: the ``QuantizeLinear`` nodes of ``via`` (the weight quantized again on its way)
+    requantizations: tuple[str, ...] = ()
 
     @property
     def y(self) -> str:
@@ -216,8 +225,8 @@ def _qdq_product(node: NodeProto, context, transposed: bool = False, alpha: floa
     dequantized from integer codes (QDQ), ``transposed`` where the node reads it ``N x K``
     (``Gemm``'s ``transB``): one more swap of the codes' layout."""
     inits, producers, readers = context
-    dequantize, perm = dequantize_behind(node.input[1], producers)
-    if dequantize is None or not _integer_matrix(dequantize.input[0], inits):
+    dequantize, perm, via = dequantize_behind(node.input[1], producers, inits)
+    if dequantize is None:
         return None
     if transposed:
         perm = [1, 0] if perm in (None, [0, 1]) else None
@@ -236,6 +245,8 @@ def _qdq_product(node: NodeProto, context, transposed: bool = False, alpha: floa
         perm=tuple(perm) if perm else None,
         requantized_by=quantize,
         alpha=alpha,
+        via=tuple(n.name for n in via),
+        requantizations=tuple(n.name for n in via if n.op_type == "QuantizeLinear"),
     )
 
 
@@ -270,19 +281,63 @@ def _requantized_output(node: NodeProto, readers) -> tuple[NodeProto | None, Nod
     return quantize, dequantize
 
 
-def dequantize_behind(value: str, producers) -> tuple[NodeProto | None, list[int] | None]:
-    """The ``DequantizeLinear`` ``value`` (2-D) is computed from through :data:`LAYOUT_OPS`
-    and the composed permutation (``None`` for none)."""
-    perm = None
+def dequantize_behind(
+    value: str, producers, inits
+) -> tuple[NodeProto | None, list[int] | None, list[NodeProto]]:
+    """The ``DequantizeLinear`` of integer codes (a 2-D initializer) that ``value`` is
+    computed from through :data:`LAYOUT_OPS` and requantizations (:func:`_requantization`),
+    the composed permutation (``None`` for none) and the nodes passed after it, in order;
+    ``(None, None, [])`` when there is none."""
+    perm, via = None, []
     node = producers.get(value)
-    while node is not None and node.op_type in LAYOUT_OPS and not normalize_domain(node.domain):
+    while node is not None and not normalize_domain(node.domain):
+        if node.op_type == "DequantizeLinear":
+            if _integer_matrix(node.input[0], inits):
+                return node, perm, via[::-1]
+            quantize = _requantization(node, producers)
+            if quantize is None:
+                break
+            via += [node, quantize]
+            node = producers.get(quantize.input[0])
+            continue
+        if not _preserves_values(node):
+            break
         if node.op_type == "Transpose":
             step = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
             perm = step if perm is None else [step[i] for i in perm]
+        via.append(node)
         node = producers.get(node.input[0])
-    if node is None or node.op_type != "DequantizeLinear":
-        return None, None
-    return node, perm
+    return None, None, []
+
+
+def _preserves_values(node: NodeProto) -> bool:
+    """A :data:`LAYOUT_OPS` node: ``Transpose``, ``Identity``, ``Cast`` to a float type."""
+    if node.op_type == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        return to in FLOAT_TYPES
+    return node.op_type in LAYOUT_OPS
+
+
+#: the attributes saying which values of a quantized tensor share a scale
+_GROUPING = ("axis", "block_size")
+
+
+def _requantization(dequantize: NodeProto, producers) -> NodeProto | None:
+    """The ``QuantizeLinear`` whose codes ``dequantize`` reads back with the same scale,
+    zero point and attributes (``DQ(Q(W, s, z), s, z)``: ``W`` rounded to the step ``s``),
+    else ``None``."""
+    quantize = producers.get(dequantize.input[0])
+    if quantize is None or (quantize.op_type, normalize_domain(quantize.domain)) != (
+        "QuantizeLinear",
+        "",
+    ):
+        return None
+    same = list(quantize.input[1:3]) == list(dequantize.input[1:3])
+    layouts = [
+        {"axis": 1, "block_size": 0} | {a.name: a.i for a in n.attribute if a.name in _GROUPING}
+        for n in (quantize, dequantize)
+    ]
+    return quantize if same and layouts[0] == layouts[1] and len(quantize.output) == 1 else None
 
 
 def _gemm(node: NodeProto, context) -> Product | None:

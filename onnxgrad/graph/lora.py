@@ -148,7 +148,9 @@ def _chosen(model, weights, targets: set[str], initializers) -> list[str]:
 
 def _quantized_products(model: ModelProto) -> dict[str, list]:
     """``{integer codes: their products}`` for the quantized weights read only by
-    recognised products of one ``K x N`` shape."""
+    recognised products of one ``K x N`` shape and layout (every reader of a QDQ weight,
+    a requantized one too, :mod:`onnxgrad.graph.deployed_products`: one adapter gives each
+    the same ``W + s A B``)."""
     products_of = weight_products(model)  # names the unnamed nodes
     readers: dict[str, set[str]] = {}
     for node in model.graph.node:
@@ -159,10 +161,17 @@ def _quantized_products(model: ModelProto) -> dict[str, list]:
         if (
             products[0].quantized
             and len({p.shape for p in products}) == 1
+            and len({_layout(p) for p in products}) == 1
             and readers.get(weight, set()) <= {p.reader for p in products}
         ):
             found[weight] = products
     return found
+
+
+def _layout(product) -> tuple[int, ...] | None:
+    """How ``product`` permutes the codes into its ``K x N`` (``None``: not at all)."""
+    perm = product.perm
+    return None if perm is None or list(perm) == sorted(perm) else tuple(perm)
 
 
 def _beside(weight, products, rank, scale, rng, names, node_names, graph) -> dict:

@@ -25,6 +25,14 @@ The base is found in the deployed graph (:mod:`onnxgrad.graph.deployed_products`
   product), ``DynamicQuantizeMatMul`` and ``QLinearMatMul``: one group per tensor or one
   per column, as the scale.
 
+A product may read a QDQ weight quantized again, ``DQ(Q(W, s_2, z_2))`` (``quantize_static``'s
+second reader of a weight two layers share, :mod:`onnxgrad.graph.deployed_products`): every
+reader has the one adapter, so the new codes hold ``W' = W + s A B`` for all of them, and
+such a reader quantizes ``W'`` again with its own ``s_2``, ``z_2``, as the file does; where
+``W'`` leaves their range (which would clip what the training graph adds unclipped), they
+are widened by the rule above over ``W'`` and the range's two ends (unchanged where ``W'``
+lies inside). Another node reading the dequantized weight makes it refuse.
+
 Only initializers change: the result has the deployed model's nodes.
 """
 
@@ -51,7 +59,7 @@ def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]])
         if product.kind == "MatMulNBits":
             _requantize_nbits(inits, weight, _nbits_record(model, product), delta)
         elif product.kind == "DequantizeLinear":
-            _requantize_dequantized(model, inits, product, delta)
+            _requantize_dequantized(model, inits, found, delta)
         else:
             scale, zero = _product_parameters(model, product)
             readers = [product.reader, *_scale_readers(model, product, scale)]
@@ -238,9 +246,12 @@ def _replace(inits, name: str, value: np.ndarray) -> None:
     init.CopyFrom(numpy_helper.from_array(np.asarray(value).astype(dtype), name=name))
 
 
-def _requantize_dequantized(model: ModelProto, inits, product: Product, delta) -> None:
+def _requantize_dequantized(model: ModelProto, inits, products: list[Product], delta) -> None:
     """The base read by ``DequantizeLinear(q, scale[, zero])``, per tensor or per axis,
-    through the layout operators between it and the ``MatMul``."""
+    through the layout operators between it and the ``MatMul``. Every product reading it
+    (one adapter for all, of one layout: :func:`onnxgrad.graph.lora.add_lora`) reads the new
+    codes, a requantized reader through its own ``QuantizeLinear`` as the file does."""
+    product = products[0]
     weight, perm = product.weight, product.perm
     node = next(n for n in model.graph.node if n.name == product.reader)
     if any(a.name == "block_size" and a.i for a in node.attribute):
@@ -250,11 +261,77 @@ def _requantize_dequantized(model: ModelProto, inits, product: Product, delta) -
     if scale_name is None or zero_name is None:
         raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
     _check_private(model, [node.name], weight, [weight, scale_name, zero_name])
-    _check_one_product(model, node, product, weight)
+    _check_only_products(model, node, products, weight)
     rank = len(inits[weight].dims)
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % rank
     update = np.transpose(delta, np.argsort(perm)) if perm else delta
     _requantize_codes(inits, weight, scale_name, zero_name, axis, update)
+    merged = _dequantized(inits, weight, scale_name, zero_name, axis)
+    for quantize in _requantizations(model, products):
+        merged = _widened(model, inits, quantize, merged, weight)
+
+
+def _dequantized(inits, weight: str, scale_name: str, zero_name: str, axis: int) -> np.ndarray:
+    """``(codes - zero) scale`` (float64) of ``weight``, per tensor or per index of ``axis``."""
+    codes = numpy_helper.to_array(inits[weight]).astype(np.float64)
+    scale = numpy_helper.to_array(inits[scale_name]).astype(np.float64)
+    zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros(())
+    shape = [1] * codes.ndim
+    if scale.size > 1:
+        shape[axis] = -1
+    return (codes - zero.astype(np.float64).reshape(shape)) * scale.reshape(shape)
+
+
+def _requantizations(model: ModelProto, products: list[Product]) -> list:
+    """The ``QuantizeLinear`` nodes between the weight and its products (a reader of the
+    weight quantized again), each once, in graph order."""
+    between = {name for product in products for name in product.requantizations}
+    return [n for n in model.graph.node if n.name in between]
+
+
+def _widened(model: ModelProto, inits, quantize, values: np.ndarray, weight: str) -> np.ndarray:
+    """A reader's requantization ``Q(W', s_2, z_2)`` of the merged weight: its scale and zero
+    point kept where ``W'`` lies in their range, the file's computation, else widened to the
+    range of both (the rule of the module docstring over ``W'`` and the range's ends), so
+    that no value of ``W + s A B`` is clipped where the training graph's branch adds it
+    unclipped. Returns the values the reader then reads, ``DQ(Q(W'))``."""
+    scale_name = _initializer_behind(model, quantize.input[1])
+    zero_name = _initializer_behind(model, quantize.input[2]) if len(quantize.input) > 2 else ""
+    if not scale_name or zero_name is None:
+        raise ValueError(
+            f"weight {weight!r}: the scale or zero point of its requantization "
+            f"{quantize.name!r} is not an initializer"
+        )
+    scale = numpy_helper.to_array(inits[scale_name])
+    zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros((), np.uint8)
+    info = np.iinfo(zero.dtype)
+    step, z = float(scale.reshape(-1)[0]), float(zero.reshape(-1)[0])
+    ends = np.array([(info.min - z) * step, (info.max - z) * step])
+    if scale.size == 1 and ends[0] <= values.min() and values.max() <= ends[1]:
+        return _rounded(values, step, z, info)
+    if scale.size > 1 or zero.size > 1:
+        raise ValueError(
+            f"weight {weight!r}: W + s A B leaves the range of its requantization "
+            f"{quantize.name!r}, whose scale is per axis: it is not widened"
+        )
+    dequantize = [n for n in model.graph.node if quantize.output[0] in n.input]
+    owners = [quantize.name, *(n.name for n in dequantize)]
+    _check_private(model, owners, weight, [scale_name, zero_name])
+    fixed, middle = kept_zero_point(zero if zero_name else None, zero.dtype, 1)
+    both = np.concatenate([values.reshape(-1), ends])[None]
+    _, new_scale, new_zero = _quantize_groups(
+        both, np.full(1, middle if fixed else z), fixed, (info.min, info.max), scale.dtype
+    )
+    _replace(inits, scale_name, new_scale.reshape(scale.shape))
+    if zero_name and not fixed:
+        _replace(inits, zero_name, new_zero.reshape(zero.shape))
+    return _rounded(values, float(new_scale[0]), float(new_zero[0]), info)
+
+
+def _rounded(values: np.ndarray, step: float, zero: float, info) -> np.ndarray:
+    """``DQ(Q(values, step, zero))``: half to even, saturated to the codes' range."""
+    codes = np.clip(np.round(values / step) + zero, info.min, info.max)
+    return (codes - zero) * step
 
 
 def _requantize_codes(inits, weight: str, scale_name: str, zero_name: str, axis: int, update):
@@ -304,30 +381,33 @@ def _initializer_behind(model: ModelProto, name: str) -> str | None:
 _LAYOUT = frozenset({"Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-def _check_one_product(model: ModelProto, dequantize, product, weight: str) -> None:
-    """``ValueError`` where the dequantized weight reaches another node than ``product``
-    (through layout operators): that reader (ALBERT's second layer, through a
-    ``QuantizeLinear`` of the shared weight) has no adapter and would read the new codes."""
+def _check_only_products(model: ModelProto, dequantize, products, weight: str) -> None:
+    """``ValueError`` where the dequantized weight reaches another node than ``products``
+    (through layout operators and the nodes between it and each product: a requantized
+    reader's ``QuantizeLinear`` and ``DequantizeLinear``): that reader has no adapter and
+    would read the new codes."""
     readers: dict[str, list] = {}
     for node in model.graph.node:
         for name in dict.fromkeys(node.input):
             readers.setdefault(name, []).append(node)
-    # the product's own output, or (QDQ) the value its output QuantizeLinear reads
-    own = {*product.node.output}
-    if product.requantized_by is not None:
-        own.add(product.requantized_by.input[0])
-    pending = list(dequantize.output)
+    # each product's own output, or (QDQ) the value its output QuantizeLinear reads
+    own = {out for p in products for out in p.node.output}
+    own |= {p.requantized_by.input[0] for p in products if p.requantized_by is not None}
+    between = {name for p in products for name in p.via}
+    pending, seen = list(dequantize.output), set()
     while pending:
-        for reader in readers.get(pending.pop(), []):
+        value = pending.pop()
+        for reader in readers.get(value, []) if value not in seen else []:
             if own & set(reader.output):
                 continue
-            if reader.op_type not in _LAYOUT:
+            if reader.name not in between and reader.op_type not in _LAYOUT:
                 raise ValueError(
                     f"weight {weight!r}: its dequantized value is also read by node "
                     f"{reader.name or reader.op_type!r}, which has no adapter; re-quantizing "
                     "would change it too (merge with quantized='keep')"
                 )
             pending.extend(reader.output)
+        seen.add(value)
 
 
 def _check_private(model: ModelProto, owners: list[str], weight: str, names) -> None:
