@@ -18,7 +18,9 @@ lands within float32 rounding of a half step. The deployed operators then read `
 ``s'`` and ``z'``: the product's pattern is unchanged and onnxruntime still fuses it
 (``QLinearMatMul``, ``QGemm``, ``MatMulIntegerToFloat``, ``DynamicQuantizeMatMul``) over
 codes that are no longer constants. The cost is ``K N r`` plus a few passes over ``K x N``
-per run, whatever the number of rows.
+per run, whatever the number of rows. A reader quantizing the QDQ weight again
+(``DQ(Q(W, s_2, z_2))``) gets ``s_2``, ``z_2`` widened to ``W'``'s range where it leaves theirs,
+as the merge does.
 
 A ``MatMulNBits`` weight (``b``-bit blocks of ``K``, packed) gets the same rule per block from
 :func:`requantized_nbits_nodes`, its codes unpacked and packed again in ``int32``: about
@@ -33,7 +35,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import default_opset, reduce_axes_are_input
-from onnxgrad.graph.deployed_products import Product
+from onnxgrad.graph.deployed_products import Product, weight_products
 from onnxgrad.graph.requantize import (
     integer_product_scale,
     kept_zero_point,
@@ -78,6 +80,10 @@ def requantized_weight_nodes(
     build.nodes[-1].attribute.extend(attributes or [helper.make_attribute("axis", base.axis)])
     values = build.node("Add", [dequantized, _delta(build, product, adapter)])
     codes, step, zero = _quantized_again(build, base, values, default_opset(model))
+    if product.kind == "DequantizeLinear":
+        merged = build.node("DequantizeLinear", [codes, step, zero])
+        build.nodes[-1].attribute.extend(attributes or [helper.make_attribute("axis", base.axis)])
+        _widened_requantizations(model, build, weight, merged)
     if product.kind == "MatMulInteger":
         reader.input[1] = codes
         while len(reader.input) < 4:
@@ -283,6 +289,66 @@ def _quantized_again(build: _Builder, base: _Base, values: str, opset: int):
     attributes = {"axis": base.axis} if per_axis else {}
     new_codes = build.node("QuantizeLinear", [values, step, new_zero], **attributes)
     return new_codes, step, new_zero
+
+
+def _widened_requantizations(model: ModelProto, build: _Builder, weight: str, merged: str):
+    """Each reader's requantization ``Q(W', s_2, z_2)`` of the merged weight ``merged``
+    (:mod:`onnxgrad.graph.requantize`): ``s_2``, ``z_2`` where ``W'`` lies in their range,
+    else widened to it; the ``QuantizeLinear`` and its ``DequantizeLinear`` rewired to read
+    them. ``ValueError`` naming the node for a scale per axis or one not an initializer."""
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    between = {name for p in weight_products(model).get(weight, []) for name in p.requantizations}
+    for quantize in [n for n in graph.node if n.name in between]:
+        scale_name, zero_name = [*quantize.input[1:], ""][:2]
+        known = scale_name in inits and (not zero_name or zero_name in inits)
+        scale = numpy_helper.to_array(inits[scale_name]) if known else None
+        if scale is None or scale.size != 1:
+            raise ValueError(
+                f"weight {weight!r}: its requantization {quantize.name!r} has no scale of "
+                "one initializer; it is not quantized again per run"
+            )
+        zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros((), np.uint8)
+        step, zero_value = _widened_range(build, merged, float(scale), zero, bool(zero_name))
+        codes = build.node("QuantizeLinear", [merged, step, zero_value])
+        merged = build.node("DequantizeLinear", [codes, step, zero_value])
+        for node in graph.node:
+            if node is quantize or (
+                node.op_type == "DequantizeLinear" and node.input[0] == quantize.output[0]
+            ):
+                node.input[1:3] = [step, zero_value]
+
+
+def _widened_range(build: _Builder, values: str, scale: float, zero: np.ndarray, named: bool):
+    """``(scale, zero point)`` covering ``values`` and the range of ``scale``, ``zero``
+    (those, exactly, where ``values`` lie in it)."""
+    info = np.iinfo(zero.dtype)
+    z = float(zero.reshape(-1)[0])
+    ends = [build.constant((info.min - z) * scale), build.constant((info.max - z) * scale)]
+    low, high = (
+        build.node("ReduceMin", [values], keepdims=0),
+        build.node("ReduceMax", [values], keepdims=0),
+    )
+    lo, hi = build.node("Min", [low, ends[0]]), build.node("Max", [high, ends[1]])
+    fixed, _ = kept_zero_point(zero if named else None, zero.dtype, 1)
+    if fixed:
+        up = build.node("Div", [hi, build.constant(info.max - z)]) if info.max > z else None
+        down = build.node("Div", [lo, build.constant(info.min - z)]) if info.min < z else None
+        step = build.node("Max", [n for n in (up, down) if n])
+        new_zero = build.constant(z)
+    else:
+        span = build.node("Sub", [hi, lo])
+        step = build.node("Div", [span, build.constant(float(info.max - info.min))])
+        shifted = build.node(
+            "Sub", [build.constant(float(info.min)), build.node("Div", [lo, step])]
+        )
+        bounds = [build.constant(float(info.min)), build.constant(float(info.max))]
+        new_zero = build.node("Clip", [build.node("Round", [shifted]), *bounds])
+    below, above = build.node("Sub", [ends[0], low]), build.node("Sub", [high, ends[1]])
+    outside = build.node("Greater", [build.node("Max", [below, above]), build.constant(0.0)])
+    step = build.node("Where", [outside, step, build.constant(scale)])
+    new_zero = build.node("Where", [outside, new_zero, build.constant(z)])
+    return step, build.node("Cast", [new_zero], to=helper.np_dtype_to_tensor_dtype(zero.dtype))
 
 
 def _only_reader(graph, name: str, weight: str) -> NodeProto:

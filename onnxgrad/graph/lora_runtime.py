@@ -78,8 +78,7 @@ def runtime_adapter_model(
     quantized again from ``W + s A B`` in the graph as
     ``merge_lora(..., quantized="requantize")`` does (:mod:`onnxgrad.graph.lora_requantized`:
     its codes, the deployed operators reading them). 4-bit QDQ, ``DynamicQuantizeMatMul`` and
-    ``QLinearMatMul`` weights keep the branch either way, as a QDQ weight a reader quantizes
-    again. ``"auto"`` runs one or the other per
+    ``QLinearMatMul`` weights keep the branch either way. ``"auto"`` runs one or the other per
     run, in one ``If`` on the rows of an adapted product's activation
     (:mod:`onnxgrad.graph.lora_choice`): the weights above ``rows`` rows (``None``: the
     measured crossover of the adapted products, :func:`~onnxgrad.graph.lora_choice.crossover_rows`),
@@ -229,12 +228,12 @@ def _requantizable(found: list, graph, opset: int) -> bool:
     """Whether ``apply="weights"`` quantizes these products' weight again per run: 8-bit
     QDQ codes, and the codes of ``quantize_dynamic``'s ``MatMulInteger`` or of a
     ``MatMulNBits`` (without ``g_idx``, opset 13 or later) that no other node reads (4-bit
-    QDQ codes keep the branch, as a weight a product reads quantized again)."""
+    QDQ codes keep the branch)."""
     codes = next(i for i in graph.initializer if i.name == found[0].weight)
     if codes.data_type not in (TensorProto.INT8, TensorProto.UINT8):
         return False
     if all(p.kind == "DequantizeLinear" for p in found):
-        return not any(p.requantizations for p in found)
+        return True
     readers = [n for n in graph.node if found[0].weight in n.input]
     if len(found) != 1 or len(readers) != 1:
         return False

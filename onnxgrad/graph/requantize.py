@@ -317,10 +317,10 @@ def _widened(model: ModelProto, inits, quantize, values: np.ndarray, weight: str
     dequantize = [n for n in model.graph.node if quantize.output[0] in n.input]
     owners = [quantize.name, *(n.name for n in dequantize)]
     _check_private(model, owners, weight, [scale_name, zero_name])
-    fixed, middle = kept_zero_point(zero if zero_name else None, zero.dtype, 1)
+    fixed, _ = kept_zero_point(zero if zero_name else None, zero.dtype, 1)
     both = np.concatenate([values.reshape(-1), ends])[None]
     _, new_scale, new_zero = _quantize_groups(
-        both, np.full(1, middle if fixed else z), fixed, (info.min, info.max), scale.dtype
+        both, np.full(1, z), fixed, (info.min, info.max), scale.dtype
     )
     _replace(inits, scale_name, new_scale.reshape(scale.shape))
     if zero_name and not fixed:
