@@ -304,16 +304,16 @@ def _widened(model: ModelProto, inits, quantize, values: np.ndarray, weight: str
         )
     scale = numpy_helper.to_array(inits[scale_name])
     zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros((), np.uint8)
+    if scale.size > 1 or zero.size > 1:
+        raise ValueError(
+            f"weight {weight!r}: its requantization {quantize.name!r} has a scale per axis; "
+            "it is not re-quantized (merge with quantized='keep')"
+        )
     info = np.iinfo(zero.dtype)
     step, z = float(scale.reshape(-1)[0]), float(zero.reshape(-1)[0])
     ends = np.array([(info.min - z) * step, (info.max - z) * step])
-    if scale.size == 1 and ends[0] <= values.min() and values.max() <= ends[1]:
+    if ends[0] <= values.min() and values.max() <= ends[1]:
         return _rounded(values, step, z, info)
-    if scale.size > 1 or zero.size > 1:
-        raise ValueError(
-            f"weight {weight!r}: W + s A B leaves the range of its requantization "
-            f"{quantize.name!r}, whose scale is per axis: it is not widened"
-        )
     dequantize = [n for n in model.graph.node if quantize.output[0] in n.input]
     owners = [quantize.name, *(n.name for n in dequantize)]
     _check_private(model, owners, weight, [scale_name, zero_name])

@@ -178,7 +178,7 @@ def test_gradient_of_both_readers_against_float64_differences():
 
     want = differences(both=True)
     assert abs(along - want) <= 1e-5 * abs(want)
-    assert abs(along - differences(both=False)) > 1e-2 * abs(want)
+    assert abs(along - differences(both=False)) > 0.5 * abs(want)
 
 
 @pytest.mark.parametrize("std", [0.05, 0.5])
