@@ -3,9 +3,10 @@
 layers): ``add_lora`` adapts both readers with one adapter, as the float32 export's adapter
 adapts the one weight both layers read; ``merge_lora(quantized="requantize")`` writes
 ``W + s A B`` into the shared codes, which the second reader quantizes again with its own
-scale as the file does; where another node reads the dequantized weight, it refuses, naming
-the weight and that reader. References: the float model with ``W + s A B`` (onnx's reference
-evaluator), float64 central differences of it with its rounding frozen."""
+scale as the file does (widened where ``W + s A B`` leaves its range); where another node
+reads the dequantized weight, it refuses, naming the weight and that reader. References:
+the float model reading ``W + s A B`` (run by onnxruntime), float64 central differences of
+it with its rounding frozen (:mod:`tests.normalize.unrounded`)."""
 
 from __future__ import annotations
 
