@@ -34,6 +34,10 @@ from onnxgrad.graph._scopes import node_inputs
 #: the cost of a weight update's multiply-add of ``K N r`` against a branch's, by how the
 #: weight is stored (measured: ``benchmarks/bench_round_trip.py``, docs/deployed-models.md)
 UPDATE_COST = {"float": 1.0, "int8": 4.0, "qdq": 16.0, "nbits": 48.0}
+#: the cost of a ``Conv`` whose kernel is updated per run (no blocked layout) beyond the
+#: same ``Conv`` over a constant kernel, per multiply-add of the ``Conv``, in branch
+#: multiply-adds (measured: ``benchmarks/bench_conv_branch.py``)
+CONV_UPDATE_COST = 1.0
 #: the name of the nodes choosing (``CHOOSER/...``, the ``If`` last)
 CHOOSER = "adapters_chosen_per_run"
 #: operators onnxruntime's QDQ passes propagate a quantization pair over, or fuse
@@ -42,6 +46,14 @@ MOVABLE = frozenset(
     | {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather", "Expand"}
     | {"MaxPool", "Resize", "Concat", "Split", "Shape", "Constant"}
 )
+
+
+def conv_branch_pays(groups: int, per_group: int, size: int, outputs: int, rank: int) -> bool:
+    """Whether a branch beside a ``Conv`` (:mod:`onnxgrad.graph.conv_branch`) costs less
+    than updating its kernel per run, from ``(g, I/g, k, O)`` (:func:`conv_shape`) and
+    ``r``. Both costs grow with the output positions, so the choice holds at any batch."""
+    branch = rank * (groups * per_group * size + outputs)
+    return branch <= CONV_UPDATE_COST * per_group * size * outputs
 
 
 def crossover_rows(updates: list[tuple[int, int, int, str]], branches: list[tuple]) -> int:
@@ -303,4 +315,11 @@ def _outer_model(branch, weights, prefix, chooser) -> ModelProto:
     return model
 
 
-__all__ = ["CHOOSER", "UPDATE_COST", "chosen_per_run", "crossover_rows"]
+__all__ = [
+    "CHOOSER",
+    "CONV_UPDATE_COST",
+    "UPDATE_COST",
+    "chosen_per_run",
+    "conv_branch_pays",
+    "crossover_rows",
+]

@@ -35,6 +35,7 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     load_model,
 )
+from onnxgrad.graph.conv_branch import add_conv_branches, conv_readers, conv_shape
 from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
@@ -43,7 +44,7 @@ from onnxgrad.graph.deployed_products import (
 )
 from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.lora import lora_adapters, rewire, weight_update
-from onnxgrad.graph.lora_choice import chosen_per_run, crossover_rows
+from onnxgrad.graph.lora_choice import chosen_per_run, conv_branch_pays, crossover_rows
 from onnxgrad.graph.lora_requantized import requantized_nbits_nodes, requantized_weight_nodes
 
 #: How :func:`runtime_adapter_model` applies the fed adapters.
@@ -99,13 +100,20 @@ def runtime_adapter_model(
         raise ValueError(f"rows is the threshold of apply='auto', not of apply={apply!r}")
     model = load_model(deployed)
     adapted = load_model(adapted)
-    if apply == "auto":
-        built = [
-            runtime_adapter_model(model, adapted, integer_branch, mode) for mode in APPLY_MODES[1:]
-        ]
+    if apply == "auto":  # a Conv's choice is the same at any batch: made in both bodies
+        built = [_built(model, adapted, integer_branch, mode, True) for mode in APPLY_MODES[1:]]
         activations, updates, branches = _choices(model, adapted)
         threshold = crossover_rows(updates, branches) if rows is None else rows
         return chosen_per_run(model, *built, activations, threshold)
+    return _built(model, adapted, integer_branch, apply, apply == "branch")
+
+
+def _built(model, adapted, integer_branch: bool, apply: str, conv_branches: bool) -> ModelProto:
+    """:func:`runtime_adapter_model` for ``apply`` ``"branch"`` or ``"weights"``, with a
+    branch beside each ``Conv`` whose kernel only ``Conv`` nodes read where
+    ``conv_branches`` and :func:`~onnxgrad.graph.lora_choice.conv_branch_pays` say so
+    (:mod:`onnxgrad.graph.conv_branch`), its kernel updated otherwise."""
+    model, adapted = load_model(model), load_model(adapted)
     adapters = lora_adapters(adapted)
     if not adapters:
         raise ValueError("the adapted model has no LoRA adapter (add_lora records them)")
@@ -126,6 +134,11 @@ def runtime_adapter_model(
         for key in ("a", "b"):
             _add_overridable(graph, values[adapter[key]])
         float_weight = _float_initializer(graph, adapter["weight"])
+        if not found and conv_branches and _conv_branched(graph, float_weight, adapter, values):
+            add_conv_branches(
+                graph, float_weight, adapter, _rank(values, adapter), names, node_names
+            )
+            continue
         if not found or (apply == "weights" and float_weight is not None):
             updates.append(_updated_weight(graph, float_weight, adapter, names, node_names))
             continue
@@ -139,13 +152,13 @@ def runtime_adapter_model(
                 product = next(p for p in found if p.reader == reader)
                 updates.append(requantized(model, product, adapter, names, node_names))
             continue
-        rank = values[adapter["a"]].dims[-1]
+        rank = _rank(values, adapter)
         for product in found:
             nodes = add_branch(
                 graph, product, adapter["a"], adapter["b"], adapter["scale"], names, node_names
             )
             new_nodes.setdefault(product.node.name, []).extend(nodes)
-            ranked.append((nodes, int(rank)))
+            ranked.append((nodes, rank))
     insert_after(graph, new_nodes)
     _prepend(graph, [node for nodes in updates for node in nodes])
     share_first_products(graph, ranked, default_opset(model), names, node_names)
@@ -222,6 +235,20 @@ def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
     )
     rewire(graph, init.name, output, skip=set())
     return nodes
+
+
+def _rank(values: dict, adapter: dict) -> int:
+    return int(values[adapter["a"]].dims[-1])
+
+
+def _conv_branched(graph, init, adapter: dict, values: dict) -> bool:
+    """Whether the float kernel ``init`` gets a branch beside each ``Conv`` reading it: only
+    ``Conv`` nodes read it, and the branch costs less than the kernel's update does."""
+    readers = conv_readers(graph, init.name) if init is not None else None
+    if readers is None:
+        return False
+    rank = _rank(values, adapter)
+    return all(conv_branch_pays(*conv_shape(init, conv), rank) for conv in readers)
 
 
 def _requantizable(found: list, graph, opset: int) -> bool:
