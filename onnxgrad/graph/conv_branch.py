@@ -66,21 +66,26 @@ def conv_shape(init, conv: NodeProto) -> tuple[int, int, int, int]:
     return int(groups), int(dims[1]), int(np.prod(dims[2:], dtype=np.int64)), int(dims[0])
 
 
-def add_conv_branches(graph, init, adapter: dict, rank: int, names, node_names) -> None:
+def strided(conv: NodeProto) -> bool:
+    """Whether one of ``conv``'s strides exceeds 1."""
+    return any(s > 1 for a in conv.attribute if a.name == "strides" for s in a.ints)
+
+
+def add_conv_branches(graph, init, adapter: dict, rank: int, names, node_names) -> dict:
     """Beside each ``Conv`` of ``graph`` reading the kernel ``init`` (:func:`conv_readers`),
     its output plus ``s branch(x)`` (module docstring) where its output was: the ``Conv``
-    writes ``<y>_without_lora``, the branch's nodes follow it."""
+    writes ``<y>_without_lora``. Returns the branch's nodes by the name of the ``Conv`` they
+    follow, for the caller to insert (``deployed_products.insert_after``); a ``Conv``
+    without a name gets one."""
     readers = conv_readers(graph, init.name)
     if readers is None:
         raise ValueError(f"{init.name!r} is not a float kernel that only Conv nodes read")
-    kept = list(graph.node)
-    ordered = []
-    for node in kept:
-        ordered.append(node)
-        if init.name in node.input:
-            ordered.extend(_branch(node, init, adapter, rank, names, node_names))
-    del graph.node[:]
-    graph.node.extend(ordered)
+    added = {}
+    for conv in readers:
+        if not conv.name:
+            conv.name = node_names.unique(f"{init.name}_Conv")
+        added[conv.name] = _branch(conv, init, adapter, rank, names, node_names)
+    return added
 
 
 def _branch(conv: NodeProto, init, adapter: dict, rank: int, names, node_names) -> list:
@@ -120,4 +125,4 @@ def _branch(conv: NodeProto, init, adapter: dict, rank: int, names, node_names) 
     return nodes
 
 
-__all__ = ["add_conv_branches", "conv_readers", "conv_shape"]
+__all__ = ["add_conv_branches", "conv_readers", "conv_shape", "strided"]

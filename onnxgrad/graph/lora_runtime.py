@@ -35,7 +35,7 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     load_model,
 )
-from onnxgrad.graph.conv_branch import add_conv_branches, conv_readers, conv_shape
+from onnxgrad.graph.conv_branch import add_conv_branches, conv_readers, conv_shape, strided
 from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
@@ -135,9 +135,10 @@ def _built(model, adapted, integer_branch: bool, apply: str, conv_branches: bool
             _add_overridable(graph, values[adapter[key]])
         float_weight = _float_initializer(graph, adapter["weight"])
         if not found and conv_branches and _conv_branched(graph, float_weight, adapter, values):
-            add_conv_branches(
-                graph, float_weight, adapter, _rank(values, adapter), names, node_names
-            )
+            rank = _rank(values, adapter)
+            added = add_conv_branches(graph, float_weight, adapter, rank, names, node_names)
+            for name, nodes in added.items():
+                new_nodes.setdefault(name, []).extend(nodes)
             continue
         if not found or (apply == "weights" and float_weight is not None):
             updates.append(_updated_weight(graph, float_weight, adapter, names, node_names))
@@ -248,7 +249,7 @@ def _conv_branched(graph, init, adapter: dict, values: dict) -> bool:
     if readers is None:
         return False
     rank = _rank(values, adapter)
-    return all(conv_branch_pays(*conv_shape(init, conv), rank) for conv in readers)
+    return all(conv_branch_pays(*conv_shape(init, conv), rank, strided(conv)) for conv in readers)
 
 
 def _requantizable(found: list, graph, opset: int) -> bool:
