@@ -19,8 +19,8 @@ each, against references that are not onnxgrad:
 
 ``python benchmarks/sweep_architectures.py [--kinds mistral,bart] [--forms int8,qdq]
 [--checks weights,gradient] [--conv-variants]``: one line per cell, ``ok`` or the failure;
-the exit status is the count of failed cells. The exports and their forms are cached as the suite caches them
-(``tests.architectures.cache_dir``); the optimized forms need torch (the training
+the exit status is the count of failed cells. The exports and their forms are cached as the
+suite caches them (``tests.architectures.cache_dir``); the optimized forms need torch (the training
 environment makes them; another environment reads no form it cannot make), the 4-bit form
 onnxruntime >= 1.20: make it with the newer environment, then read it in the training one
 with ``ONNXGRAD_TEST_FORMS_OF=<that version>`` (LoRA and the round trip need torch's

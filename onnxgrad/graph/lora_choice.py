@@ -37,7 +37,7 @@ UPDATE_COST = {"float": 1.0, "int8": 4.0, "qdq": 16.0, "nbits": 48.0}
 #: the largest share of a dense ``Conv``'s multiply-adds its branch may add and still run
 #: faster than the ``Conv`` over an updated kernel (which onnxruntime cannot reorder into its
 #: blocked layout at session creation; :func:`conv_branch_pays`)
-CONV_BRANCH_SHARE = 0.03
+CONV_BRANCH_SHARE = 0.04
 #: the name of the nodes choosing (``CHOOSER/...``, the ``If`` last)
 CHOOSER = "adapters_chosen_per_run"
 #: operators onnxruntime's QDQ passes propagate a quantization pair over, or fuse
@@ -58,7 +58,7 @@ def conv_branch_pays(
     (``benchmarks/bench_conv_branch.py``, onnxruntime 1.19 and 1.32, one thread): the
     branch pays only beside a dense (``g = 1``), unstrided ``k > 1`` convolution whose
     branch is at most :data:`CONV_BRANCH_SHARE` of its multiply-adds,
-    ``r (I k + O) <= 0.03 I k O``; beside a pointwise, strided, grouped or depthwise one, or
+    ``r (I k + O) <= 0.04 I k O``; beside a pointwise, strided, grouped or depthwise one, or
     a small one, the update is faster."""
     if groups != 1 or size == 1 or strided:
         return False

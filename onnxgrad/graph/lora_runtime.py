@@ -62,8 +62,12 @@ def runtime_adapter_model(
     (``add_lora`` of ``deployed``) adapts; ``A`` and ``B`` are graph inputs defaulting to
     their values in ``adapted``. A float weight that other nodes read too (a convolution's
     kernel, an embedding tied to a head) is updated instead, ``W + s reshape(A B)`` before
-    its readers. ``ValueError`` names an adapter whose weight ``deployed`` has neither as a
-    float initializer nor as the weight of a product.
+    its readers; but a float32/float64 kernel only ``Conv`` nodes read gets, with ``"branch"``
+    or ``"auto"``, ``Conv(x, W) + s branch(x)`` beside each (:mod:`onnxgrad.graph.conv_branch`:
+    ``W`` stays a constant onnxruntime reorders into its blocked layout) where
+    :func:`~onnxgrad.graph.lora_choice.conv_branch_pays` finds that faster (large dense
+    convolutions; the update elsewhere). ``ValueError`` names an adapter whose weight
+    ``deployed`` has neither as a float initializer nor as the weight of a product.
 
     ``integer_branch=True`` computes ``x A`` beside ``quantize_dynamic``'s products from the
     activation's int8 codes and ``A`` quantized per column at run time

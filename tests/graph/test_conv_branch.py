@@ -169,10 +169,11 @@ def test_weights_applied_per_run_keep_the_kernel_update(branch_everywhere):
 
 def test_cost_model_puts_the_branch_beside_large_dense_convolutions_only():
     """Measured (benchmarks/bench_conv_branch.py): faster beside a dense, unstrided ``k > 1``
-    convolution whose branch adds at most 3% of its multiply-adds, slower elsewhere."""
+    convolution whose branch adds at most 4% of its multiply-adds, slower elsewhere."""
     assert conv_branch_pays(1, 512, 9, 512, 8)
+    assert conv_branch_pays(1, 256, 9, 256, 8)  # the branch adds 3.5%
     assert not conv_branch_pays(1, 512, 9, 512, 8, strided=True)
-    assert not conv_branch_pays(1, 64, 9, 64, 8)  # the branch adds 14%
+    assert not conv_branch_pays(1, 128, 9, 128, 8)  # the branch adds 7%
     assert not conv_branch_pays(1, 1024, 1, 256, 8)  # pointwise
     assert not conv_branch_pays(4, 16, 9, 64, 8)  # grouped
     assert not conv_branch_pays(64, 1, 9, 64, 8)  # depthwise
