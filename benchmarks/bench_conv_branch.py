@@ -8,7 +8,13 @@ process, interleaved, one thread each, at onnxruntime's default optimization lev
 median CPU time of ``--rounds`` runs reported with the ratios to the deployed model. The last
 columns give the branch's multiply-adds per output position, ``r (g (I/g) k + O)``, over the
 ``Conv``'s own, ``(I/g) k O``, and what :func:`onnxgrad.graph.lora_choice.conv_branch_pays`
-chooses. ``python benchmarks/bench_conv_branch.py [--rounds R]``."""
+chooses. ``python benchmarks/bench_conv_branch.py [--rounds R]``.
+
+Measured (onnxruntime 1.19.2 and 1.32, 51 rounds; table: docs/deployed-models.md, "A ``Conv``
+kernel"): the branch is faster only beside dense 256->256 3x3 at 14x14 (1.32x against 1.39x)
+and 512->512 3x3 at 7x7 (1.20x against 1.42x); slower beside the test architectures' small
+convolutions (Segformer's depthwise ones 25x against 11x), strided, pointwise, grouped and
+depthwise ones."""
 
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ by onnxruntime 1.19's ``quantize_dynamic`` and its 1.32 file needs a ``ConvInteg
 ``ConvInteger`` read with rounding held), 3.7e-6 since they are read straight through.
 Speed: merged models 0.82-1.05x of the deployed file (47 cells); the runtime adapter model
 0.97-1.29x, but Segformer's float and 4-bit forms 2.4-2.7x (its Conv kernels updated per
-run). Table: docs/deployed-models.md."""
+run; 2.0-2.3x measured again, and 3.1-3.4x with a branch beside each Conv instead:
+``--conv-variants``). Table: docs/deployed-models.md."""
 
 from __future__ import annotations
 

@@ -18,9 +18,12 @@ output positions of the original), the second a ``1 x ... x 1`` one: group ``j``
 channel ``o`` sums ``A[o, :]`` times the ``r`` maps of group ``j``'s channels. Without groups
 no reshape is needed. The bias stays on ``Conv(x, W)``, whose kernel stays a constant.
 It costs ``r (g (I/g) k + O)`` multiply-adds per output position where the kernel's own
-convolution costs ``(I/g) k O`` (``k = k_1 ... k_d``): cheap beside a dense convolution, up
-to ``r (k + 1) / k`` times the convolution itself beside a depthwise one
-(:func:`onnxgrad.graph.lora_choice.conv_branch_pays` chooses).
+convolution costs ``(I/g) k O`` (``k = k_1 ... k_d``): a few percent beside a wide dense
+convolution, ``r (k + 1) / k`` times the convolution itself beside a depthwise one. ``A``
+and ``B`` are graph inputs, so onnxruntime runs the branch's convolutions on its generic
+kernel (im2col, then a GEMM of ``r`` rows) and sums one more ``Add``: measured faster than
+the update only beside wide, dense, unstrided convolutions
+(:func:`onnxgrad.graph.lora_choice.conv_branch_pays` chooses, ``s`` is applied to ``A``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import np_dtype
 
-#: the attributes of a ``Conv`` that place its output positions, kept by the first product
+#: the attributes of a ``Conv`` that place its output positions (the branch's first ``Conv`` too)
 PLACEMENT = ("auto_pad", "dilations", "pads", "strides", "kernel_shape")
 
 
