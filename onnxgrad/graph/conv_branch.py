@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
-from onnxgrad._onnx_utils import np_dtype
+from onnxgrad._onnx_utils import np_dtype, subgraphs
 
 #: the attributes of a ``Conv`` that place its output positions (the branch's first ``Conv`` too)
 PLACEMENT = ("auto_pad", "dilations", "pads", "strides", "kernel_shape")
@@ -39,8 +39,8 @@ PLACEMENT = ("auto_pad", "dilations", "pads", "strides", "kernel_shape")
 
 def conv_readers(graph, weight: str) -> list[NodeProto] | None:
     """The ``Conv`` nodes reading the float32 or float64 ``weight`` as their kernel, or
-    ``None`` where another node, another input of a ``Conv`` or a graph output reads it
-    too, or it has another type (a float16 kernel keeps the update)."""
+    ``None`` where another node (a subgraph's too), another input of a ``Conv`` or a graph
+    output reads it, or it has another type (a float16 kernel keeps the update)."""
     init = next((i for i in graph.initializer if i.name == weight), None)
     if init is None or init.data_type not in (TensorProto.FLOAT, TensorProto.DOUBLE):
         return None
@@ -49,7 +49,16 @@ def conv_readers(graph, weight: str) -> list[NodeProto] | None:
     readers = [node for node in graph.node if weight in node.input]
     if not readers or not all(_reads_kernel(node, weight) for node in readers):
         return None
+    if any(_read_inside(sub, weight) for node in graph.node for sub in subgraphs(node)):
+        return None  # the update's rewire names that reader
     return readers
+
+
+def _read_inside(graph, name: str) -> bool:
+    return any(
+        name in node.input or any(_read_inside(sub, name) for sub in subgraphs(node))
+        for node in graph.node
+    )
 
 
 def _reads_kernel(node: NodeProto, weight: str) -> bool:

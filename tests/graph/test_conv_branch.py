@@ -182,3 +182,26 @@ def test_cost_model_puts_the_branch_beside_large_dense_convolutions_only():
     assert [n.op_type for n in runtime.graph.node if "W" in n.input] == ["Add"]
     large = _conv_model(512, 512, 3, 2, True, {"pads": [1, 1, 1, 1]})
     _branched(large, add_lora(large, rank=8))
+
+
+def test_a_kernel_a_subgraph_reads_too_gets_no_branch(branch_everywhere):
+    """The ``Conv`` branched and an ``If`` body reading ``W`` unchanged would disagree: the
+    update's refusal names that reader instead."""
+    deployed = _conv_model(*CASES["dense, padded"])
+    adapted = add_lora(deployed, rank=RANK)  # add_lora itself refuses the If below
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["W"], ["w_out"], name="inner")],
+        "body",
+        [],
+        [helper.make_tensor_value_info("w_out", TensorProto.DOUBLE, None)],
+    )
+    flag = numpy_helper.from_array(np.array(True), "flag")
+    deployed.graph.initializer.append(flag)
+    deployed.graph.node.append(
+        helper.make_node(
+            "If", ["flag"], ["w_seen"], name="branchy", then_branch=body, else_branch=body
+        )
+    )
+    deployed.graph.output.append(helper.make_tensor_value_info("w_seen", TensorProto.DOUBLE, None))
+    with pytest.raises(ValueError, match="subgraph of node 'branchy'"):
+        runtime_adapter_model(deployed, adapted)
