@@ -18,9 +18,9 @@ each, against references that are not onnxgrad:
   runtime adapter model, with the adapters' share of the products' FLOPs.
 
 ``python benchmarks/sweep_architectures.py [--kinds mistral,bart] [--forms int8,qdq]
-[--checks weights,gradient]``: one line per cell, ``ok`` or the failure; the exit status is
-the count of failed cells. The exports and their forms are cached as the suite caches them
-(``tests.architectures.cache_dir``); the optimized forms need torch (the training
+[--checks weights,gradient] [--conv-variants]``: one line per cell, ``ok`` or the failure;
+the exit status is the count of failed cells. The exports and their forms are cached as the
+suite caches them (``tests.architectures.cache_dir``); the optimized forms need torch (the training
 environment makes them; another environment reads no form it cannot make), the 4-bit form
 onnxruntime >= 1.20: make it with the newer environment, then read it in the training one
 with ``ONNXGRAD_TEST_FORMS_OF=<that version>`` (LoRA and the round trip need torch's
@@ -37,7 +37,8 @@ by onnxruntime 1.19's ``quantize_dynamic`` and its 1.32 file needs a ``ConvInteg
 ``ConvInteger`` read with rounding held), 3.7e-6 since they are read straight through.
 Speed: merged models 0.82-1.05x of the deployed file (47 cells); the runtime adapter model
 0.97-1.29x, but Segformer's float and 4-bit forms 2.4-2.7x (its Conv kernels updated per
-run). Table: docs/deployed-models.md."""
+run; 2.0-2.3x measured again, and 3.1-3.4x with a branch beside each Conv instead:
+``--conv-variants``). Table: docs/deployed-models.md."""
 
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 POINT = 4
 CHECKS = ("lowered", "weights", "gradient", "lora", "round_trip")
 ROUNDS, SPEED_BATCH = 31, 64
+#: ``--conv-variants``: ``speed`` also times the runtime adapter model with every adapted
+#: ``Conv`` kernel updated per run and with a branch beside every such ``Conv``
+CONV_VARIANTS = False
 #: relative error of the directional derivative against central differences (float16: its
 #: outputs' rounding over a step of ``EPS``)
 BOUND = {"float16": 5e-2}
@@ -199,6 +203,11 @@ def check_speed(model: onnx.ModelProto, kind: str, form: str) -> str:
     returned = _returned(model, form)
     merged = "requantize" if form in ("int8", "qdq", "int4") else "keep"
     models = {"deployed": model, merged: returned[merged], "runtime": returned["runtime"]}
+    if CONV_VARIANTS:  # every adapted Conv kernel updated per run, or a branch beside each
+        from bench_conv_branch import served
+
+        for name, branches in (("conv-update", False), ("conv-branch", True)):
+            models[name] = served(model, branches, returned["adapted"])
     times = _times(models, architectures.feeds(kind, POINT, batch=SPEED_BATCH), ROUNDS)
     share = _adapter_share(model, returned["adapted"])
     ratios = ", ".join(
@@ -249,7 +258,10 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(architectures.THIRD_SET))
     parser.add_argument("--forms", default="")
     parser.add_argument("--checks", default=",".join(CHECKS))
+    parser.add_argument("--conv-variants", action="store_true")
     args = parser.parse_args()
+    global CONV_VARIANTS
+    CONV_VARIANTS = args.conv_variants
     failed = 0
     for kind in args.kinds.split(","):
         forms = args.forms.split(",") if args.forms else architectures.forms(kind)

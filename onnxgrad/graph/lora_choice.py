@@ -34,6 +34,10 @@ from onnxgrad.graph._scopes import node_inputs
 #: the cost of a weight update's multiply-add of ``K N r`` against a branch's, by how the
 #: weight is stored (measured: ``benchmarks/bench_round_trip.py``, docs/deployed-models.md)
 UPDATE_COST = {"float": 1.0, "int8": 4.0, "qdq": 16.0, "nbits": 48.0}
+#: the largest share of a dense ``Conv``'s multiply-adds its branch may add and still run
+#: faster than the ``Conv`` over an updated kernel (which onnxruntime cannot reorder into its
+#: blocked layout at session creation; :func:`conv_branch_pays`)
+CONV_BRANCH_SHARE = 0.04
 #: the name of the nodes choosing (``CHOOSER/...``, the ``If`` last)
 CHOOSER = "adapters_chosen_per_run"
 #: operators onnxruntime's QDQ passes propagate a quantization pair over, or fuse
@@ -42,6 +46,23 @@ MOVABLE = frozenset(
     | {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather", "Expand"}
     | {"MaxPool", "Resize", "Concat", "Split", "Shape", "Constant"}
 )
+
+
+def conv_branch_pays(
+    groups: int, per_group: int, size: int, outputs: int, rank: int, strided: bool = False
+) -> bool:
+    """Whether a branch beside a ``Conv`` (:mod:`onnxgrad.graph.conv_branch`) runs faster
+    than the ``Conv`` over its kernel updated per run, from ``(g, I/g, k, O)``
+    (:func:`~onnxgrad.graph.conv_branch.conv_shape`), ``r`` and whether a stride exceeds 1.
+    Both costs grow with the output positions, so the choice holds at any batch. Measured
+    (``benchmarks/bench_conv_branch.py``, onnxruntime 1.19 and 1.32, one thread): the
+    branch pays only beside a dense (``g = 1``), unstrided ``k > 1`` convolution whose
+    branch is at most :data:`CONV_BRANCH_SHARE` of its multiply-adds,
+    ``r (I k + O) <= 0.04 I k O``; beside a pointwise, strided, grouped or depthwise one, or
+    a small one, the update is faster."""
+    if groups != 1 or size == 1 or strided:
+        return False
+    return rank * (per_group * size + outputs) <= CONV_BRANCH_SHARE * per_group * size * outputs
 
 
 def crossover_rows(updates: list[tuple[int, int, int, str]], branches: list[tuple]) -> int:
@@ -303,4 +324,11 @@ def _outer_model(branch, weights, prefix, chooser) -> ModelProto:
     return model
 
 
-__all__ = ["CHOOSER", "UPDATE_COST", "chosen_per_run", "crossover_rows"]
+__all__ = [
+    "CHOOSER",
+    "CONV_BRANCH_SHARE",
+    "UPDATE_COST",
+    "chosen_per_run",
+    "conv_branch_pays",
+    "crossover_rows",
+]

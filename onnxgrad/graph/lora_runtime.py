@@ -35,6 +35,7 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     load_model,
 )
+from onnxgrad.graph.conv_branch import add_conv_branches, conv_readers, conv_shape, strided
 from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
@@ -43,7 +44,7 @@ from onnxgrad.graph.deployed_products import (
 )
 from onnxgrad.graph.integer_branch import integer_first_products
 from onnxgrad.graph.lora import lora_adapters, rewire, weight_update
-from onnxgrad.graph.lora_choice import chosen_per_run, crossover_rows
+from onnxgrad.graph.lora_choice import chosen_per_run, conv_branch_pays, crossover_rows
 from onnxgrad.graph.lora_requantized import requantized_nbits_nodes, requantized_weight_nodes
 
 #: How :func:`runtime_adapter_model` applies the fed adapters.
@@ -61,8 +62,12 @@ def runtime_adapter_model(
     (``add_lora`` of ``deployed``) adapts; ``A`` and ``B`` are graph inputs defaulting to
     their values in ``adapted``. A float weight that other nodes read too (a convolution's
     kernel, an embedding tied to a head) is updated instead, ``W + s reshape(A B)`` before
-    its readers. ``ValueError`` names an adapter whose weight ``deployed`` has neither as a
-    float initializer nor as the weight of a product.
+    its readers; but a float32/float64 kernel only ``Conv`` nodes read gets, with ``"branch"``
+    or ``"auto"``, ``Conv(x, W) + s branch(x)`` beside each (:mod:`onnxgrad.graph.conv_branch`:
+    ``W`` stays a constant onnxruntime reorders into its blocked layout) where
+    :func:`~onnxgrad.graph.lora_choice.conv_branch_pays` finds that faster (large dense
+    convolutions; the update elsewhere). ``ValueError`` names an adapter whose weight
+    ``deployed`` has neither as a float initializer nor as the weight of a product.
 
     ``integer_branch=True`` computes ``x A`` beside ``quantize_dynamic``'s products from the
     activation's int8 codes and ``A`` quantized per column at run time
@@ -99,13 +104,20 @@ def runtime_adapter_model(
         raise ValueError(f"rows is the threshold of apply='auto', not of apply={apply!r}")
     model = load_model(deployed)
     adapted = load_model(adapted)
-    if apply == "auto":
-        built = [
-            runtime_adapter_model(model, adapted, integer_branch, mode) for mode in APPLY_MODES[1:]
-        ]
+    if apply == "auto":  # a Conv's choice is the same at any batch: made in both bodies
+        built = [_built(model, adapted, integer_branch, mode, True) for mode in APPLY_MODES[1:]]
         activations, updates, branches = _choices(model, adapted)
         threshold = crossover_rows(updates, branches) if rows is None else rows
         return chosen_per_run(model, *built, activations, threshold)
+    return _built(model, adapted, integer_branch, apply, apply == "branch")
+
+
+def _built(model, adapted, integer_branch: bool, apply: str, conv_branches: bool) -> ModelProto:
+    """:func:`runtime_adapter_model` for ``apply`` ``"branch"`` or ``"weights"``, with a
+    branch beside each ``Conv`` whose kernel only ``Conv`` nodes read where
+    ``conv_branches`` and :func:`~onnxgrad.graph.lora_choice.conv_branch_pays` say so
+    (:mod:`onnxgrad.graph.conv_branch`), its kernel updated otherwise."""
+    model, adapted = load_model(model), load_model(adapted)
     adapters = lora_adapters(adapted)
     if not adapters:
         raise ValueError("the adapted model has no LoRA adapter (add_lora records them)")
@@ -126,6 +138,12 @@ def runtime_adapter_model(
         for key in ("a", "b"):
             _add_overridable(graph, values[adapter[key]])
         float_weight = _float_initializer(graph, adapter["weight"])
+        if not found and conv_branches and _conv_branched(graph, float_weight, adapter, values):
+            rank = _rank(values, adapter)
+            added = add_conv_branches(graph, float_weight, adapter, rank, names, node_names)
+            for name, nodes in added.items():
+                new_nodes.setdefault(name, []).extend(nodes)
+            continue
         if not found or (apply == "weights" and float_weight is not None):
             updates.append(_updated_weight(graph, float_weight, adapter, names, node_names))
             continue
@@ -139,13 +157,13 @@ def runtime_adapter_model(
                 product = next(p for p in found if p.reader == reader)
                 updates.append(requantized(model, product, adapter, names, node_names))
             continue
-        rank = values[adapter["a"]].dims[-1]
+        rank = _rank(values, adapter)
         for product in found:
             nodes = add_branch(
                 graph, product, adapter["a"], adapter["b"], adapter["scale"], names, node_names
             )
             new_nodes.setdefault(product.node.name, []).extend(nodes)
-            ranked.append((nodes, int(rank)))
+            ranked.append((nodes, rank))
     insert_after(graph, new_nodes)
     _prepend(graph, [node for nodes in updates for node in nodes])
     share_first_products(graph, ranked, default_opset(model), names, node_names)
@@ -222,6 +240,20 @@ def _updated_weight(graph, init, adapter: dict, names, node_names) -> list:
     )
     rewire(graph, init.name, output, skip=set())
     return nodes
+
+
+def _rank(values: dict, adapter: dict) -> int:
+    return int(values[adapter["a"]].dims[-1])
+
+
+def _conv_branched(graph, init, adapter: dict, values: dict) -> bool:
+    """Whether the float kernel ``init`` gets a branch beside each ``Conv`` reading it: only
+    ``Conv`` nodes read it, and the branch costs less than the kernel's update does."""
+    readers = conv_readers(graph, init.name) if init is not None else None
+    if readers is None:
+        return False
+    rank = _rank(values, adapter)
+    return all(conv_branch_pays(*conv_shape(init, conv), rank, strided(conv)) for conv in readers)
 
 
 def _requantizable(found: list, graph, opset: int) -> bool:
