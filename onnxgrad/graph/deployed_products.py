@@ -18,6 +18,8 @@ the float input ``x`` and the node whose first output is the float product ``y``
   (``quantize_static`` reads a weight shared by two layers a second time so, as an
   activation): ``W_2 = DQ(Q(W, s_2, z_2))``, within half a step ``s_2`` of ``W``, so the
   product reads ``W`` up to the file's own rounding and is a reader of ``q`` too;
+- the same with the weight dequantized by plain operators, ``(Cast(q) - z) s``
+  (:mod:`onnxgrad.graph.plain_dequantization`): ``kind`` ``Cast``, the ``Cast`` reading ``q``;
 - ``MatMulInteger(DynamicQuantizeLinear(x), q)`` followed by ``Cast`` and the ``Mul`` by
   the scales (``quantize_dynamic``): ``y`` is the last ``Mul``'s output;
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
@@ -45,6 +47,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain, np_dtype
+from onnxgrad.graph.plain_dequantization import PlainDequantization, plain_dequantization
 
 MS = "com.microsoft"
 #: operators a QDQ weight passes through between its DequantizeLinear and the MatMul
@@ -63,10 +66,11 @@ class Product:
     """One product ``y = x W`` of the deployed model reading ``weight``.
 
     ``kind`` is the operator ``reader`` reading the weight (``MatMul``, ``Gemm``,
-    ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul`` or
-    ``DequantizeLinear`` for QDQ), ``node`` the one writing ``y``, ``shape`` the ``(K, N)``
-    of ``W`` as the product uses it, ``transposed`` whether the weight is stored ``N x K``
-    (``Gemm`` with ``transB``), ``alpha`` ``Gemm``'s factor."""
+    ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul``,
+    ``DequantizeLinear`` for QDQ or ``Cast`` for its plain-operator form), ``node`` the one
+    writing ``y``, ``shape`` the ``(K, N)`` of ``W`` as the product uses it, ``transposed``
+    whether the weight is stored ``N x K`` (``Gemm`` with ``transB``), ``alpha`` ``Gemm``'s
+    factor."""
 
     weight: str
     kind: str
@@ -86,6 +90,8 @@ class Product:
     via: tuple[str, ...] = ()
     #: QDQ: the ``QuantizeLinear`` nodes of ``via`` (the weight quantized again on its way)
     requantizations: tuple[str, ...] = ()
+    #: ``kind`` ``Cast``: the plain operators dequantizing the codes
+    plain: PlainDequantization | None = None
 
     @property
     def y(self) -> str:
@@ -222,32 +228,44 @@ def _matmul(node: NodeProto, context) -> Product | None:
 
 def _qdq_product(node: NodeProto, context, transposed: bool = False, alpha: float = 1.0):
     """The product of a ``MatMul`` or ``Gemm`` ``node`` whose weight (input 1) is
-    dequantized from integer codes (QDQ), ``transposed`` where the node reads it ``N x K``
-    (``Gemm``'s ``transB``): one more swap of the codes' layout."""
+    dequantized from integer codes (QDQ, or its plain-operator form), ``transposed`` where
+    the node reads it ``N x K`` (``Gemm``'s ``transB``): one more swap of the codes' layout."""
     inits, producers, readers = context
     dequantize, perm, via = dequantize_behind(node.input[1], producers, inits)
     if dequantize is None:
         return None
     if transposed:
         perm = [1, 0] if perm in (None, [0, 1]) else None
-    dims = tuple(inits[dequantize.input[0]].dims)
+    plain = plain_dequantization(dequantize, producers, inits)
+    codes, scale = (plain.codes, plain.scale) if plain else dequantize.input[:2]
+    reader = _cast_of(plain, dequantize, producers) if plain else dequantize
+    dims = tuple(inits[codes].dims)
     shape = tuple(dims[i] for i in perm) if perm else dims
     quantize, output = _requantized_output(node, readers)
     return _made(
-        dequantize.input[0],
-        "DequantizeLinear",
+        codes,
+        "Cast" if plain else "DequantizeLinear",
         output or node,
         _activation_before_rounding(node.input[0], producers),
         shape,
         inits,
-        dequantize.input[1],
-        dequantize,
+        scale,
+        reader,
+        plain=plain,
         perm=tuple(perm) if perm else None,
         requantized_by=quantize,
         alpha=alpha,
         via=tuple(n.name for n in via),
         requantizations=tuple(n.name for n in via if n.op_type == "QuantizeLinear"),
     )
+
+
+def _cast_of(plain: PlainDequantization, mul: NodeProto, producers) -> NodeProto:
+    """The ``Cast`` reading the codes of ``plain`` (ending in ``mul``)."""
+    node = mul
+    while node.name != plain.cast:
+        node = next(producers[i] for i in node.input if i in producers)
+    return node
 
 
 def _activation_before_rounding(x: str, producers) -> str:
@@ -284,13 +302,16 @@ def _requantized_output(node: NodeProto, readers) -> tuple[NodeProto | None, Nod
 def dequantize_behind(
     value: str, producers, inits
 ) -> tuple[NodeProto | None, list[int] | None, list[NodeProto]]:
-    """The ``DequantizeLinear`` of integer codes (a 2-D initializer) that ``value`` is
+    """The ``DequantizeLinear`` of integer codes (a 2-D initializer), or the ``Mul`` ending
+    its plain-operator form (:mod:`onnxgrad.graph.plain_dequantization`), that ``value`` is
     computed from through :data:`LAYOUT_OPS` and requantizations (:func:`_requantization`),
     the composed permutation (``None`` for none) and the nodes passed after it, in order;
     ``(None, None, [])`` when there is none."""
     perm, via = None, []
     node = producers.get(value)
     while node is not None and not normalize_domain(node.domain):
+        if node.op_type == "Mul" and plain_dequantization(node, producers, inits):
+            return node, perm, via[::-1]
         if node.op_type == "DequantizeLinear":
             if _integer_matrix(node.input[0], inits):
                 return node, perm, via[::-1]

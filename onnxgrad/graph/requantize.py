@@ -60,6 +60,8 @@ def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]])
             _requantize_nbits(inits, weight, _nbits_record(model, product), delta)
         elif product.kind == "DequantizeLinear":
             _requantize_dequantized(model, inits, found, delta)
+        elif product.kind == "Cast":
+            _requantize_plain(model, inits, found, delta)
         else:
             scale, zero = _product_parameters(model, product)
             readers = [product.reader, *_scale_readers(model, product, scale)]
@@ -252,7 +254,7 @@ def _requantize_dequantized(model: ModelProto, inits, products: list[Product], d
     (one adapter for all, of one layout: :func:`onnxgrad.graph.lora.add_lora`) reads the new
     codes, a requantized reader through its own ``QuantizeLinear`` as the file does."""
     product = products[0]
-    weight, perm = product.weight, product.perm
+    weight = product.weight
     node = next(n for n in model.graph.node if n.name == product.reader)
     if any(a.name == "block_size" and a.i for a in node.attribute):
         raise ValueError(f"weight {weight!r}: blocked DequantizeLinear is not re-quantized")
@@ -261,9 +263,31 @@ def _requantize_dequantized(model: ModelProto, inits, products: list[Product], d
     if scale_name is None or zero_name is None:
         raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
     _check_private(model, [node.name], weight, [weight, scale_name, zero_name])
-    _check_only_products(model, node, products, weight)
+    _check_only_products(model, list(node.output), products, weight)
     rank = len(inits[weight].dims)
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % rank
+    _requantize_read(model, inits, products, (scale_name, zero_name, axis), delta)
+
+
+def _requantize_plain(model: ModelProto, inits, products: list[Product], delta) -> None:
+    """The base read as ``(Cast(q) - z) s`` (:mod:`onnxgrad.graph.plain_dequantization`):
+    as a ``DequantizeLinear`` of the same scale and zero point, the new zero point written
+    as the file's float whole numbers; the ``Cast``, ``Sub`` and ``Mul`` unchanged."""
+    plain = products[0].plain
+    _check_private(model, list(plain.nodes), plain.codes, [plain.codes, plain.scale, plain.zero])
+    cast = next(n for n in model.graph.node if n.name == plain.cast)
+    _check_only_products(model, list(cast.output), products, plain.codes, set(plain.nodes))
+    axis = 0 if plain.axis is None else plain.axis
+    _requantize_read(model, inits, products, (plain.scale, plain.zero, axis), delta)
+
+
+def _requantize_read(model: ModelProto, inits, products: list[Product], layout, delta) -> None:
+    """``(scale, zero point, axis)``'s codes of ``products`` (one weight) hold ``W + delta``
+    (``delta`` ``K x N`` as the products read it); a reader quantizing the weight again
+    widens its range where the new values leave it."""
+    product = products[0]
+    weight, perm = product.weight, product.perm
+    scale_name, zero_name, axis = layout
     update = np.transpose(delta, np.argsort(perm)) if perm else delta
     _requantize_codes(inits, weight, scale_name, zero_name, axis, update)
     merged = _dequantized(inits, weight, scale_name, zero_name, axis)
@@ -381,11 +405,14 @@ def _initializer_behind(model: ModelProto, name: str) -> str | None:
 _LAYOUT = frozenset({"Transpose", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-def _check_only_products(model: ModelProto, dequantize, products, weight: str) -> None:
-    """``ValueError`` where the dequantized weight reaches another node than ``products``
-    (through layout operators and the nodes between it and each product: a requantized
-    reader's ``QuantizeLinear`` and ``DequantizeLinear``): that reader has no adapter and
-    would read the new codes."""
+def _check_only_products(
+    model: ModelProto, start: list[str], products, weight: str, inner: set[str] = frozenset()
+) -> None:
+    """``ValueError`` where the dequantized weight (``start``: the outputs of its
+    ``DequantizeLinear``, or of the ``Cast`` of its plain form, whose ``Sub`` and ``Mul``
+    are ``inner``) reaches another node than ``products`` (through layout operators and the
+    nodes between it and each product: a requantized reader's ``QuantizeLinear`` and
+    ``DequantizeLinear``): that reader has no adapter and would read the new codes."""
     readers: dict[str, list] = {}
     for node in model.graph.node:
         for name in dict.fromkeys(node.input):
@@ -393,8 +420,8 @@ def _check_only_products(model: ModelProto, dequantize, products, weight: str) -
     # each product's own output, or (QDQ) the value its output QuantizeLinear reads
     own = {out for p in products for out in p.node.output}
     own |= {p.requantized_by.input[0] for p in products if p.requantized_by is not None}
-    between = {name for p in products for name in p.via}
-    pending, seen = list(dequantize.output), set()
+    between = {name for p in products for name in p.via} | set(inner)
+    pending, seen = list(start), set()
     while pending:
         value = pending.pop()
         for reader in readers.get(value, []) if value not in seen else []:
