@@ -290,8 +290,9 @@ def _requantize_read(model: ModelProto, inits, products: list[Product], layout, 
     scale_name, zero_name, axis = layout
     update = np.transpose(delta, np.argsort(perm)) if perm else delta
     _requantize_codes(inits, weight, scale_name, zero_name, axis, update)
-    merged = _dequantized(inits, weight, scale_name, zero_name, axis)
-    for quantize in _requantizations(model, products):
+    requantizations = _requantizations(model, products)
+    merged = _dequantized(inits, weight, scale_name, zero_name, axis) if requantizations else None
+    for quantize in requantizations:
         merged = _widened(model, inits, quantize, merged, weight)
 
 
