@@ -15,8 +15,9 @@ into ``W`` and removes them: the result has the original graph and the adapted o
 
 The model keeps the form it was deployed in (fused ``com.microsoft`` operators, float16,
 integer products, QDQ, 4-bit): nothing is lowered. A quantized weight (the integer codes ``q``
-of a ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul`` or
-QDQ ``MatMul``, :mod:`onnxgrad.graph.deployed_products`) stays frozen and gets a float
+of a ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul``,
+QDQ ``MatMul`` or the same dequantized by ``(Cast(q) - z) s``,
+:mod:`onnxgrad.graph.deployed_products`) stays frozen and gets a float
 adapter beside its product (QLoRA):
 
     y' = y + s (x A) B = x (W + s A B),   W = (q - z) s_q  (K x N)

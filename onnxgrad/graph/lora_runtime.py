@@ -9,9 +9,9 @@ default), and the runtime feeds an adapter file's tensors under those names.
 quantized operators kept) and the adapters of the
 model :func:`onnxgrad.graph.lora.add_lora` made of it. Each adapted product
 ``y = x W`` (a ``MatMul`` or ``Gemm`` weight ``W``, or the ``K x N`` weight a ``MatMulNBits``,
-``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul`` or QDQ ``MatMul``
-dequantizes from its codes, :mod:`onnxgrad.graph.deployed_products`; each product of a
-weight read twice) gets the branch
+``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul``, QDQ ``MatMul`` or
+``(Cast(q) - z) s`` dequantizes from its codes, :mod:`onnxgrad.graph.deployed_products`;
+each product of a weight read twice) gets the branch
 
     y' = y + s (x A) B = x (W + s A B),
 
@@ -218,8 +218,9 @@ def _products_of(products: dict, adapter: dict, values: dict, graph) -> list:
     if not found:
         raise ValueError(
             f"adapter of {weight!r}: the deployed model reads that weight in no MatMul, Gemm, "
-            "MatMulNBits, MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul or QDQ MatMul "
-            "or Gemm, and has no float initializer of that name"
+            "MatMulNBits, MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul, QDQ MatMul "
+            "or Gemm (or one dequantized by Cast and Mul), and has no float initializer of "
+            "that name"
         )
     for product in found:
         k, n = product.shape
