@@ -29,12 +29,14 @@ from tests.normalize.kernels import run
 K, N, M, RANK = 6, 5, 4, 2
 
 
-#: (operator, code type, scale per column, zero point)
+#: (operator, code type, scale per column, zero point); ``Transpose``: a ``MatMul`` reading
+#: the weight stored ``N x K`` through a ``Transpose``
 CASES = [
     ("MatMul", np.int8, True, False),
     ("MatMul", np.uint8, False, True),
     ("Gemm", np.int8, True, True),
     ("Gemm", np.int8, False, False),
+    ("Transpose", np.int16, True, True),
 ]
 
 
@@ -46,9 +48,9 @@ def _ids(case) -> str:
 
 def _model(case, rng, extra_reader: bool = False):
     """``y = tanh(x W (+ c))``, ``W = (Cast(q) - z) s`` (``q`` ``K x N``, or ``N x K`` read
-    by a ``Gemm`` with ``transB``)."""
+    by a ``Gemm`` with ``transB`` or through a ``Transpose``)."""
     op, dtype, per_column, zero = case
-    gemm = op == "Gemm"
+    gemm = op in ("Gemm", "Transpose")  # the codes stored N x K
     info = np.iinfo(dtype)
     shape = (N, K) if gemm else (K, N)
     low = info.min if zero or info.min == 0 else info.min + 1
@@ -57,7 +59,9 @@ def _model(case, rng, extra_reader: bool = False):
     ends = codes[:, :2] if gemm else codes[:2].T
     ends[:] = [low, info.max]
     scale_shape = ((N, 1) if gemm else (1, N)) if per_column else ()
-    inits = {"q": codes, "s": (rng.random(scale_shape) * 0.02 + 0.01).astype(np.float32)}
+    unit = 127 / (info.max if info.min < 0 else 127)  # weights of the int8 range's size
+    scale = (rng.random(scale_shape) * 0.02 + 0.01) * unit
+    inits = {"q": codes, "s": scale.astype(np.float32)}
     nodes = [helper.make_node("Cast", ["q"], ["qf"], to=TensorProto.FLOAT, name="cast")]
     codes_out = "qf"
     if zero:
@@ -66,7 +70,10 @@ def _model(case, rng, extra_reader: bool = False):
         nodes.append(helper.make_node("Sub", ["qf", "z"], ["qz"], name="sub"))
         codes_out = "qz"
     nodes.append(helper.make_node("Mul", [codes_out, "s"], ["w"], name="dequantize"))
-    if gemm:
+    if op == "Transpose":
+        nodes.append(helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0], name="move"))
+        nodes.append(helper.make_node("MatMul", ["x", "w_t"], ["h"], name="product"))
+    elif gemm:
         inits["c"] = rng.standard_normal(N).astype(np.float32)
         nodes.append(helper.make_node("Gemm", ["x", "w", "c"], ["h"], transB=1, name="product"))
     else:
@@ -98,8 +105,9 @@ def _trained(adapted, rng, std=0.3):
 
 
 def _with_update(model, adapter, values):
-    """``model`` (the file) reading ``W + s A B`` where it read ``W`` (``A``, ``B`` its
-    initializers, ``(s A B)^T`` for a weight stored ``N x K``): the float reference."""
+    """``model`` (the file) whose product reads ``W + s A B`` where it read ``W`` (``A``,
+    ``B`` its initializers, ``(s A B)^T`` for a ``Gemm`` reading ``N x K``): the float
+    reference."""
     reference = model.__class__()
     reference.CopyFrom(model)
     graph = reference.graph
@@ -115,7 +123,8 @@ def _with_update(model, adapter, values):
     ]
     if transposed:
         update.append(helper.make_node("Transpose", ["sab"], ["sab_t"], perm=[1, 0]))
-    update.append(helper.make_node("Add", ["w", "sab_t" if transposed else "sab"], ["w_new"]))
+    weight = product.input[1]  # K x N, N x K under transB
+    update.append(helper.make_node("Add", [weight, "sab_t" if transposed else "sab"], ["w_new"]))
     product.input[1] = "w_new"
     nodes = list(graph.node)
     index = nodes.index(product)
@@ -194,14 +203,15 @@ def test_merged_forms_against_w_plus_sab(case):
         np.testing.assert_array_equal(after[name], before[name])
     values = _values(trained)
     update = adapter["scale"] * values[adapter["a"]].astype(np.float64) @ values[adapter["b"]]
-    wanted = _dequantized(model) + (update.T if case[0] == "Gemm" else update)
+    stored_transposed = case[0] != "MatMul"  # the codes N x K
+    wanted = _dequantized(model) + (update.T if stored_transposed else update)
     step = np.broadcast_to(after["s"].astype(np.float64), wanted.shape)
     assert np.all(np.abs(_dequantized(merged) - wanted) <= 0.5 * step * (1 + 1e-6))
     if "z" in after:
         assert np.array_equal(after["z"], np.round(after["z"]))
     # tanh is 1-Lipschitz: |dy| <= sum_k |x_k| |dW_kn| <= 0.5 sum_k |x_k| step_n
     float_y = run(_with_update(model, adapter, values), {"x": x})[0]
-    column_step = step.max(axis=1) if case[0] == "Gemm" else step.max(axis=0)
+    column_step = step.max(axis=1) if stored_transposed else step.max(axis=0)
     bound = 0.5 * np.abs(x).sum(axis=1, keepdims=True) * column_step + 1e-6
     assert np.all(np.abs(run(merged, {"x": x})[0] - float_y) <= bound)
 
