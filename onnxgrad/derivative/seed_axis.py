@@ -33,7 +33,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import NameScope, subgraphs
-from onnxgrad.derivative.autodiff.builder import node_attribute
+from onnxgrad.derivative.autodiff.builder import add_attribute
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
 
@@ -82,7 +82,8 @@ class SeedAxis:
         inputs = node.input[:]  # a slice reads the strings at once
         inner = subgraphs(node) if node.attribute else None  # most nodes have no subgraph
         reads = node_inputs(node) if inner else inputs
-        if self.batched.isdisjoint(reads):
+        batched = self.batched
+        if batched.isdisjoint(reads):
             self.nodes.append(node)
             return
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
@@ -93,24 +94,22 @@ class SeedAxis:
             self.flush()
         start, constants = len(self.nodes), len(self.initializers)
         carried = rule(self, node)
+        if carried:
+            batched.update(node.output[:])
+            batched.discard("")
+            return
         if carried is None:
             dropped = {t.name for t in self.initializers[constants:]}
             dropped.update(o for n in self.nodes[start:] for o in n.output[:])
             self._made = {k: n for k, n in self._made.items() if n not in dropped}
             del self.nodes[start:], self.initializers[constants:]
             self._defer(node)
-        elif carried:
-            self._carry(node)
-
-    def _carry(self, node: NodeProto) -> None:
-        """``node``'s outputs carry the seed axis."""
-        self.batched.update(node.output[:])
-        self.batched.discard("")
 
     def _defer(self, node: NodeProto) -> None:
         """``node`` joins the nodes to run in one ``Scan``: its outputs carry the axis."""
         self._pending.append(node)
-        self._carry(node)
+        self.batched.update(node.output[:])
+        self.batched.discard("")
 
     def flush(self) -> None:
         """The deferred nodes, in one ``Scan`` over the seed axis of the batched values they
@@ -157,7 +156,7 @@ class SeedAxis:
         node = NodeProto(op_type=op_type, input=inputs, output=[out], name=name)
         for key in sorted(attrs):
             if attrs[key] is not None:
-                node.attribute.append(node_attribute(key, attrs[key]))
+                add_attribute(node.attribute, key, attrs[key])
         self.nodes.append(node)
         return out
 
@@ -196,7 +195,7 @@ class SeedAxis:
             if key not in changed:
                 copy.attribute.append(kept[key])
             elif changed[key] is not None:
-                copy.attribute.append(node_attribute(key, changed[key]))
+                add_attribute(copy.attribute, key, changed[key])
         self.nodes.append(copy)
 
     def is_batched(self, name: str) -> bool:
@@ -256,13 +255,17 @@ def _elementwise(sa: SeedAxis, node: NodeProto) -> bool | None:
     ``Trilu``'s ``k`` do not broadcast: they are not batched)."""
     inputs = node.input[:]
     names = [n for n in inputs if n]
-    if node.op_type in ("CastLike", "Trilu") and any(sa.is_batched(n) for n in names[1:]):
+    batched, shapes = sa.batched, sa.shapes  # the most frequent rule: no helper called
+    if node.op_type in ("CastLike", "Trilu") and not batched.isdisjoint(names[1:]):
         return None
-    ranks = [sa.rank(n) for n in names]
-    if None in ranks:
+    if not all(n in shapes for n in names):
         return None
-    rank = max(ranks)
-    sa.same(node, [sa.lifted(n, rank) if sa.is_batched(n) else n for n in inputs])
+    rank = max(len(shapes[n]) for n in names)
+    lifted = [sa.lifted(n, rank) if n in batched else n for n in inputs]
+    if lifted == inputs:
+        sa.nodes.append(node)  # what sa.same does with nothing changed
+    else:
+        sa.same(node, lifted)
     return True
 
 
