@@ -186,16 +186,17 @@ class SeedAxis:
         if not changed and inputs == node.input[:]:
             self.nodes.append(node)
             return
-        kept = {a.name: a for a in node.attribute}
         copy = NodeProto(
             op_type=node.op_type, input=inputs, output=node.output[:], name=node.name,
             domain=node.domain,
         )  # fmt: skip
+        kept = {a.name: a for a in node.attribute} if node.attribute else {}
+        attributes = copy.attribute
         for key in sorted(kept.keys() | changed.keys()):
             if key not in changed:
-                copy.attribute.append(kept[key])
+                attributes.add().CopyFrom(kept[key])  # append would copy it twice
             elif changed[key] is not None:
-                add_attribute(copy.attribute, key, changed[key])
+                add_attribute(attributes, key, changed[key])
         self.nodes.append(copy)
 
     def is_batched(self, name: str) -> bool:
