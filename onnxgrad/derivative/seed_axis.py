@@ -163,7 +163,7 @@ class SeedAxis:
     def ints(self, values) -> str:
         """An int64 initializer holding ``values``, one per distinct value (the rules ask
         for the same few axes and counts again and again)."""
-        scalar = isinstance(values, (int, np.integer))
+        scalar = isinstance(values, (int, np.integer)) or getattr(values, "ndim", 1) == 0
         asked = ("ints", scalar, int(values) if scalar else tuple(int(v) for v in values))
         out = self._made.get(asked)  # the values themselves: no array to make
         if out is not None:
