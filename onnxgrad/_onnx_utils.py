@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -424,24 +423,33 @@ def weightless_bytes(model: ModelProto, shell: ModelProto | None = None) -> byte
     return model_bytes(weightless_shell(model) if shell is None else shell, model.graph.node)
 
 
-def model_bytes(shell: ModelProto, nodes: Iterable[onnx.NodeProto]) -> bytes:
+def model_bytes(shell: ModelProto, nodes: Iterable[onnx.NodeProto], tail: bytes = b"") -> bytes:
     """``shell`` serialised with ``nodes`` after its graph's own, none copied but those with
     ``metadata_props``, one at a time, to leave these out (see :func:`weightless_view`): a
-    second ``graph`` field holding only the nodes, which a parser merges into the first."""
+    second ``graph`` field holding only the nodes, which a parser merges into the first,
+    then ``tail`` (other serialised fields of a graph: inputs, value infos)."""
     node_key = _field_key(onnx.GraphProto, "node")
-    serialised = io.BytesIO()
+    parts = []
     for node in nodes:
         if node.metadata_props:
             light = onnx.NodeProto()
             light.CopyFrom(node)
             light.ClearField("metadata_props")
             node = light
-        serialised.write(_length_delimited(node_key, node.SerializeToString()))
-    view = io.BytesIO()
-    view.write(shell.SerializeToString())
-    view.write(_field_key(ModelProto, "graph") + _varint(serialised.tell()))
-    view.write(serialised.getbuffer())
-    return view.getvalue()
+        payload = node.SerializeToString()
+        parts += (node_key, _varint(len(payload)), payload)
+    parts.append(tail)
+    body = b"".join(parts)
+    graph_key = _field_key(ModelProto, "graph")
+    return b"".join((shell.SerializeToString(), graph_key, _varint(len(body)), body))
+
+
+def value_info_bytes(field: str, name: str, value_type: bytes) -> bytes:
+    """A ``ValueInfoProto`` of ``name`` and the serialised ``TypeProto`` ``value_type``,
+    serialised as the item of the repeated field ``field`` of a graph (``input``,
+    ``value_info``): the same bytes as the message built and serialised."""
+    info = _length_delimited(_INFO_NAME, name.encode()) + _length_delimited(_INFO_TYPE, value_type)
+    return _length_delimited(_field_key(onnx.GraphProto, field), info)
 
 
 def weightless_shell(model: ModelProto) -> ModelProto:
@@ -470,6 +478,7 @@ def _weightless_initializers(graph: onnx.GraphProto, view: onnx.GraphProto) -> N
             )
 
 
+@functools.cache  # a few keys, asked for every value info serialised
 def _field_key(message_type, field: str) -> bytes:
     """The key of a length-delimited field (wire type 2) of ``message_type``."""
     return _varint(message_type.DESCRIPTOR.fields_by_name[field].number << 3 | 2)
@@ -488,6 +497,10 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_INFO_NAME = _field_key(onnx.ValueInfoProto, "name")
+_INFO_TYPE = _field_key(onnx.ValueInfoProto, "type")
 
 
 def serialized_size(model: ModelProto) -> int:

@@ -33,7 +33,7 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import NameScope, subgraphs
-from onnxgrad.derivative.autodiff.builder import node_attribute
+from onnxgrad.derivative.autodiff.builder import add_attribute
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
 
@@ -79,37 +79,37 @@ class SeedAxis:
     def rewrite(self, node: NodeProto) -> None:
         """Emit ``node`` as it is (no batched input) or by its rule, or defer it to a ``Scan``
         (:meth:`flush`) with the other nodes next to it that no rule covers."""
-        inner = subgraphs(node)  # most nodes have none: their reads are their inputs
-        reads = node_inputs(node) if inner else node.input
-        if self.batched.isdisjoint(reads):
+        inputs = node.input[:]  # a slice reads the strings at once
+        inner = subgraphs(node) if node.attribute else None  # most nodes have no subgraph
+        reads = node_inputs(node) if inner else inputs
+        batched = self.batched
+        if batched.isdisjoint(reads):
             self.nodes.append(node)
             return
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        plain = not inner or not reads.difference(node.input)
-        if rule is None or not plain:
+        if rule is None or (inner and reads.difference(inputs)):
             self._defer(node)
             return
-        self.flush()
+        if self._pending:
+            self.flush()
         start, constants = len(self.nodes), len(self.initializers)
         carried = rule(self, node)
+        if carried:
+            batched.update(node.output[:])
+            batched.discard("")
+            return
         if carried is None:
             dropped = {t.name for t in self.initializers[constants:]}
-            dropped.update(o for n in self.nodes[start:] for o in n.output)
+            dropped.update(o for n in self.nodes[start:] for o in n.output[:])
             self._made = {k: n for k, n in self._made.items() if n not in dropped}
             del self.nodes[start:], self.initializers[constants:]
             self._defer(node)
-        elif carried:
-            self._carry(node)
-
-    def _carry(self, node: NodeProto) -> None:
-        """``node``'s outputs carry the seed axis."""
-        self.batched.update(node.output)
-        self.batched.discard("")
 
     def _defer(self, node: NodeProto) -> None:
         """``node`` joins the nodes to run in one ``Scan``: its outputs carry the axis."""
         self._pending.append(node)
-        self._carry(node)
+        self.batched.update(node.output[:])
+        self.batched.discard("")
 
     def flush(self) -> None:
         """The deferred nodes, in one ``Scan`` over the seed axis of the batched values they
@@ -118,9 +118,9 @@ class SeedAxis:
             return
         nodes, self._pending = self._pending, []
         made = {o for node in nodes for o in node.output if o}
-        read = [n for node in nodes for n in [*node.input, *sorted(node_inputs(node))]]
+        read = [n for node in nodes for n in [*node.input[:], *sorted(node_inputs(node))]]
         scanned = [n for n in dict.fromkeys(read) if n in self.batched and n not in made]
-        outputs = [o for node in nodes for o in node.output if o]
+        outputs = [o for node in nodes for o in node.output[:] if o]
         inner = {n: self.scope.unique(f"{n}_one") for n in [*scanned, *outputs]}
         copies = []
         for node in nodes:
@@ -156,13 +156,18 @@ class SeedAxis:
         node = NodeProto(op_type=op_type, input=inputs, output=[out], name=name)
         for key in sorted(attrs):
             if attrs[key] is not None:
-                node.attribute.append(node_attribute(key, attrs[key]))
+                add_attribute(node.attribute, key, attrs[key])
         self.nodes.append(node)
         return out
 
     def ints(self, values) -> str:
         """An int64 initializer holding ``values``, one per distinct value (the rules ask
         for the same few axes and counts again and again)."""
+        scalar = isinstance(values, (int, np.integer)) or getattr(values, "ndim", 1) == 0
+        asked = ("ints", scalar, int(values) if scalar else tuple(int(v) for v in values))
+        out = self._made.get(asked)  # the values themselves: no array to make
+        if out is not None:
+            return out
         array = np.asarray(values, dtype="<i8")  # what numpy_helper.from_array writes
         key = array.shape, array.tobytes()
         out = self._made.get(key)
@@ -172,24 +177,26 @@ class SeedAxis:
                 TensorProto(name=out, dims=array.shape, data_type=TensorProto.INT64,
                             raw_data=key[1])
             )  # fmt: skip
+        self._made[asked] = out
         return out
 
     def same(self, node: NodeProto, inputs: list[str], **changed) -> None:
         """``node`` over ``inputs``, its attributes updated with ``changed`` (``node`` itself
         where nothing changes)."""
-        if not changed and inputs == node.input:
+        if not changed and inputs == node.input[:]:
             self.nodes.append(node)
             return
-        kept = {a.name: a for a in node.attribute}
         copy = NodeProto(
-            op_type=node.op_type, input=inputs, output=node.output, name=node.name,
+            op_type=node.op_type, input=inputs, output=node.output[:], name=node.name,
             domain=node.domain,
         )  # fmt: skip
+        kept = {a.name: a for a in node.attribute} if node.attribute else {}
+        attributes = copy.attribute
         for key in sorted(kept.keys() | changed.keys()):
             if key not in changed:
-                copy.attribute.append(kept[key])
+                attributes.add().CopyFrom(kept[key])  # append would copy it twice
             elif changed[key] is not None:
-                copy.attribute.append(node_attribute(key, changed[key]))
+                add_attribute(attributes, key, changed[key])
         self.nodes.append(copy)
 
     def is_batched(self, name: str) -> bool:
@@ -224,7 +231,7 @@ class SeedAxis:
         if index >= len(node.input) or not node.input[index]:
             return None
         value = self.constants.get(node.input[index])
-        return None if value is None else [int(v) for v in np.ravel(value)]
+        return None if value is None else [int(v) for v in np.ravel(value).tolist()]
 
     def _info(self, name: str, original: str):
         return helper.make_tensor_value_info(name, self.types.get(original, 0), None)
@@ -247,15 +254,19 @@ _ELEMENTWISE = (
 def _elementwise(sa: SeedAxis, node: NodeProto) -> bool | None:
     """Batched inputs lifted to the result's per-seed rank (``CastLike``'s target and
     ``Trilu``'s ``k`` do not broadcast: they are not batched)."""
-    names = [n for n in node.input if n]
-    if node.op_type in ("CastLike", "Trilu") and any(sa.is_batched(n) for n in names[1:]):
+    inputs = node.input[:]
+    names = [n for n in inputs if n]
+    batched, shapes = sa.batched, sa.shapes  # the most frequent rule: no helper called
+    if node.op_type in ("CastLike", "Trilu") and not batched.isdisjoint(names[1:]):
         return None
-    ranks = [sa.rank(n) for n in names]
-    if None in ranks:
+    if not all(n in shapes for n in names):
         return None
-    rank = max(ranks)
-    inputs = [sa.lifted(n, rank) if sa.is_batched(n) else n for n in node.input]
-    sa.same(node, inputs)
+    rank = max(len(shapes[n]) for n in names)
+    lifted = [sa.lifted(n, rank) if n in batched else n for n in inputs]
+    if lifted == inputs:
+        sa.nodes.append(node)  # what sa.same does with nothing changed
+    else:
+        sa.same(node, lifted)
     return True
 
 
@@ -278,7 +289,7 @@ def _axis_attribute(sa: SeedAxis, node: NodeProto) -> bool | None:
         default = -1
     axis = next((a.i for a in node.attribute if a.name == "axis"), default)
     if node.op_type != "Flatten":
-        sa.same(node, list(node.input), axis=_shifted(axis))
+        sa.same(node, node.input[:], axis=_shifted(axis))
         return True
     rank = sa.rank(node.input[0])
     if rank is None:
@@ -299,7 +310,7 @@ def _axis_attribute(sa: SeedAxis, node: NodeProto) -> bool | None:
 @_rule("Concat")
 def _concat(sa: SeedAxis, node: NodeProto) -> bool | None:
     axis = next(a.i for a in node.attribute if a.name == "axis")
-    inputs = [n if sa.is_batched(n) else sa.spread(n) for n in node.input]
+    inputs = [n if sa.is_batched(n) else sa.spread(n) for n in node.input[:]]
     sa.same(node, inputs, axis=_shifted(axis))
     return True
 
@@ -312,7 +323,7 @@ def _transpose(sa: SeedAxis, node: NodeProto) -> bool | None:
         if rank is None:
             return None
         perm = list(reversed(range(rank)))
-    sa.same(node, list(node.input), perm=[0, *(p + 1 for p in perm)])
+    sa.same(node, node.input[:], perm=[0, *(p + 1 for p in perm)])
     return True
 
 
@@ -394,7 +405,7 @@ def _reduce(sa: SeedAxis, node: NodeProto) -> bool | None:
         return None
     if node.op_type in ("ArgMax", "ArgMin"):
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        sa.same(node, list(node.input), axis=_shifted(axis))
+        sa.same(node, node.input[:], axis=_shifted(axis))
         return True
     as_input = sa.opset >= _AXES_INPUT.get(node.op_type, 18)
     if as_input:
@@ -416,7 +427,7 @@ def _reduce(sa: SeedAxis, node: NodeProto) -> bool | None:
     if as_input:
         sa.same(node, [node.input[0], sa.ints(shifted)])
     else:
-        sa.same(node, list(node.input), axes=shifted)
+        sa.same(node, node.input[:], axes=shifted)
     return True
 
 
@@ -433,7 +444,7 @@ def _unsqueeze(sa: SeedAxis, node: NodeProto) -> bool | None:
     axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
     if axes is None:
         return None
-    sa.same(node, list(node.input), axes=[_shifted(a) for a in axes])
+    sa.same(node, node.input[:], axes=[_shifted(a) for a in axes])
     return True
 
 
@@ -445,7 +456,7 @@ def _slice(sa: SeedAxis, node: NodeProto) -> bool | None:
         starts = next(list(a.ints) for a in node.attribute if a.name == "starts")
         axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
         axes = list(range(len(starts))) if axes is None else axes
-        sa.same(node, list(node.input), axes=[_shifted(a) for a in axes])
+        sa.same(node, node.input[:], axes=[_shifted(a) for a in axes])
         return True
     axes = sa.axes_input(node, 3)
     if axes is None:
@@ -578,8 +589,8 @@ def _einsum(sa: SeedAxis, node: NodeProto) -> bool | None:
     )
     operands, result = equation.split("->")
     terms = operands.split(",")
-    terms = [letter + t if sa.is_batched(n) else t for t, n in zip(terms, node.input)]
-    sa.same(node, list(node.input), equation=f"{','.join(terms)}->{letter}{result}")
+    terms = [letter + t if sa.is_batched(n) else t for t, n in zip(terms, node.input[:])]
+    sa.same(node, node.input[:], equation=f"{','.join(terms)}->{letter}{result}")
     return True
 
 
@@ -595,7 +606,7 @@ _ROWWISE = (
 @_rule(*_ROWWISE)
 def _rowwise(sa: SeedAxis, node: NodeProto) -> bool | None:
     """The seed axis folded into the batch axis, ``[k, N, ...] -> [k N, ...]``, and back."""
-    if not _only_first_batched(sa, node) or len([o for o in node.output if o]) != 1:
+    if not _only_first_batched(sa, node) or len([o for o in node.output[:] if o]) != 1:
         return None
     training = next((a.i for a in node.attribute if a.name == "training_mode"), 0)
     if node.op_type == "MaxRoiPool" or training:  # statistics across the rows

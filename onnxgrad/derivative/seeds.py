@@ -28,6 +28,7 @@ from onnxgrad._onnx_utils import (
     replace_repeated,
     subgraphs,
     tensor_nbytes,
+    value_info_bytes,
     weightless_bytes,
 )
 from onnxgrad.derivative.seed_axis import SeedAxis
@@ -72,7 +73,7 @@ def batch_seeds(
     spread, once = _spread_results(axis, nodes, computed_once, known)
     nodes += spread
     seeded = nodes[len(rest) :]
-    rewritten = [o for node in linear for o in node.output if o]
+    rewritten = [o for node in linear for o in node.output[:] if o]
     defined = names.difference(rewritten, once).union(once.values())
     local = _seeded_model(
         model, seeded, split.constants, axis, known, [*rewritten, *results], defined
@@ -155,10 +156,15 @@ def _inferred(model: ModelProto, wanted: set[str]) -> _Known:
 
 @dataclass
 class _Local:
-    """The seeded nodes as a model of their own (:func:`_seeded_model`), less its nodes."""
+    """The seeded nodes as a model of their own (:func:`_seeded_model`): a shell (its
+    opsets, its constants), the nodes, and its inputs and value infos serialised."""
 
     shell: ModelProto
     nodes: list
+    #: the graph's inputs and value infos, serialised (:func:`value_info_bytes`)
+    infos: bytes
+    #: the same with a shape on every input (:func:`_with_ranks`); ``None``: as ``infos``
+    ranked_infos: bytes | None
     #: values read that the one-seed graph's inference did not type, or that the batched
     #: graph does not define
     unknown: list[str]
@@ -179,11 +185,11 @@ def _seeded_model(
     initializers and ``Constant`` nodes where they are small constants (their values shape
     what they reach); every value of ``declared`` has its one-seed type, ``seeds`` in front
     where it carries the seed axis."""
-    made = {o for node in seeded for o in node.output}
+    made = {o for node in seeded for o in node.output[:]}
     made.update(t.name for t in axis.initializers)
     reads: dict[str, None] = {}
     for node in seeded:
-        for name in node_inputs(node) if node.attribute else node.input:
+        for name in node_inputs(node) if node.attribute else node.input[:]:
             if name and name not in made:
                 reads[name] = None
     shell = ModelProto(ir_version=model.ir_version)
@@ -199,66 +205,70 @@ def _seeded_model(
     constants = [node for name, node in constant_nodes.items() if name in reads]
     given = {t.name for t in small} | {n.output[0] for n in constants}
     typed = _TypeCache(axis)
-    unknown = []
+    inputs, ranked, unknown = [], [], []
     for name in reads:
         if name in given:
             continue
-        if name not in defined or not typed.add(graph.input, name, known.types.get(name)):
+        found = typed.types(name, known.types.get(name)) if name in defined else None
+        if found is None:
             unknown.append(name)
+            continue
+        inputs.append(value_info_bytes("input", name, found[0]))
+        ranked.append(value_info_bytes("input", name, found[1]) if found[1] else inputs[-1])
+    infos = []
     for name in declared:
-        typed.add(graph.value_info, name, known.types.get(name))
-    return _Local(shell, [*constants, *seeded], unknown)
+        found = typed.types(name, known.types.get(name))
+        if found is not None:
+            infos.append(value_info_bytes("value_info", name, found[0]))
+    ranked_infos = b"".join([*ranked, *infos]) if ranked != inputs else None
+    return _Local(shell, [*constants, *seeded], b"".join([*inputs, *infos]), ranked_infos, unknown)
 
 
 class _TypeCache:
-    """Value infos typed from serialised one-seed types, ``seeds`` in front for the batched
-    values, each distinct type parsed once."""
+    """Serialised value types from serialised one-seed types, ``seeds`` in front for the
+    batched values, each distinct type worked out once."""
 
     def __init__(self, axis: SeedAxis):
         self.axis = axis
-        self.parsed: dict[tuple[bytes, bool], TypeProto] = {}
+        self.made: dict[tuple[bytes, bool], tuple[bytes, bytes | None]] = {}
 
-    def add(self, infos, name: str, key: bytes | None) -> bool:
-        """A value info of ``name`` appended to ``infos`` where its type is known."""
+    def types(self, name: str, key: bytes | None) -> tuple[bytes, bytes | None] | None:
+        """``(the type of name, the same with a shape where it has no rank, else None)``,
+        serialised; ``None`` where its one-seed type (``key``) is unknown."""
         if key is None:
-            return False
+            return None
         batched = name in self.axis.batched
-        value_type = self.parsed.get((key, batched))
-        if value_type is None:
-            value_type = self.parsed[key, batched] = TypeProto.FromString(key)
+        found = self.made.get((key, batched))
+        if found is None:
+            value_type = TypeProto.FromString(key)
             if batched:
                 _prepend_axis(value_type, self.axis.seeds)
-        infos.add(name=name).type.CopyFrom(value_type)
-        return True
+            found = self.made[key, batched] = value_type.SerializeToString(), _ranked(value_type)
+        return found
 
 
-def _with_ranks(local: _Local) -> bytes | None:
-    """The seeded model for onnx's checker, which wants a shape on every graph input: the
-    inputs of unknown rank given one (the checker reads no rank; inference keeps them
-    unknown). ``None`` where every input has one."""
-    unranked = [
-        info
-        for info in local.shell.graph.input
-        if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape")
-    ]
-    if not unranked:
+def _ranked(value_type: TypeProto) -> bytes | None:
+    """For onnx's checker, which wants a shape on every graph input: ``value_type`` given
+    one (no dimension) where it is a tensor of unknown rank, serialised; else ``None`` (the
+    checker reads no rank; inference keeps the rank unknown)."""
+    if not value_type.HasField("tensor_type") or value_type.tensor_type.HasField("shape"):
         return None
-    for info in unranked:
-        info.type.tensor_type.shape.SetInParent()
-    try:
-        return model_bytes(local.shell, local.nodes)
-    finally:
-        for info in unranked:
-            info.type.tensor_type.ClearField("shape")
+    ranked = TypeProto()
+    ranked.CopyFrom(value_type)
+    ranked.tensor_type.shape.SetInParent()
+    return ranked.SerializeToString()
 
 
 def _check_seeded(local: _Local) -> None:
     """onnx's checker and strict inference with type checks of the seeded nodes alone:
     ``ValueError`` naming the node onnx refuses (one whose result contradicts its declared
     type, or whose attributes or inputs its schema refuses)."""
-    view = model_bytes(local.shell, local.nodes)
+    view = model_bytes(local.shell, local.nodes, local.infos)
     try:
-        onnx.checker.check_model(_with_ranks(local) or view)
+        if local.ranked_infos is None:
+            onnx.checker.check_model(view)
+        else:
+            onnx.checker.check_model(model_bytes(local.shell, local.nodes, local.ranked_infos))
         onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         message = " ".join(str(exc).split())[:1000]
@@ -337,16 +347,17 @@ def _split_nodes(graph: GraphProto, seeds: set[str]) -> _Split:
     names.update(v.name for v in [*graph.input, *graph.initializer, *graph.output])
     names.update(t.values.name for t in graph.sparse_initializer)
     for node in graph.node:
-        reads, writes = node.input, node.output
+        # a slice reads the strings at once: the names are read once a node
+        inner = subgraphs(node) if node.attribute else None  # most nodes have no subgraph
+        reads = node_inputs(node) if inner else node.input[:]
+        writes = node.output[:]
         names.update(writes)
-        inner = subgraphs(node)  # most nodes have none: their reads are their inputs
         if inner:
-            reads = node_inputs(node)
             for sub in inner:
                 names |= all_names(sub)
         if reached.isdisjoint(reads):
             rest.append(node)
-            if node.op_type == "Constant" and not node.domain and node.attribute:
+            if inner is not None and node.op_type == "Constant" and not node.domain:
                 split.constants[writes[0]] = node
         else:
             linear.append(node)

@@ -32,7 +32,7 @@ def free_names(graph: GraphProto) -> set[str]:
 
 def node_inputs(node: NodeProto) -> set[str]:
     """The names a node reads: its inputs and the free names of its subgraphs."""
-    names = set(node.input)
+    names = set(node.input[:])  # a slice reads the strings at once
     names.discard("")
     if node.attribute:  # most nodes have none, and no subgraph to look for
         for sub in subgraphs(node):
