@@ -21,7 +21,8 @@ NOT_CHECKED = {
         "output gradient of the second-order graph cannot enter"
     )),
     **dict.fromkeys(
-        ["Max-tie-split", "Min-two-way-ties", "ReduceMax-ties", "ReduceL2-zero-norm",
+        ["Max-tie-split", "Min-two-way-ties", "ReduceMax-ties", "ReduceMax-ties-input-axes",
+         "ReduceMin-ties-opset11", "ReduceL2-zero-norm",
          "ReduceProd-zeros", "LpPool-zero-windows-p1"], _TIE,
     ),
     **dict.fromkeys(
