@@ -242,6 +242,13 @@ SECOND_ORDER_IDS = {
     "ScatterElements-add",
     "ScatterElements-mul", "ScatterND-none", "ScatterND-add", "ScatterND-mul", "Trilu-lower",
 }  # fmt: skip
-SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
+#: second-order graphs onnx's reference evaluator cannot run (its GatherElements takes at most
+#: 64 values along the axis: the segment sum's ScatterElements has S + N slots)
+ON_ONNXRUNTIME = {"Gather-axis1-dup-opset15"}
+SECOND_ORDER = [
+    second_order(case, **({"evaluator": "onnxruntime"} if case.id in ON_ONNXRUNTIME else {}))
+    for case in CASES
+    if case.id in SECOND_ORDER_IDS
+]
 assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
 CASES += SECOND_ORDER

@@ -59,10 +59,13 @@ NOT_CHECKED = {
 }  # fmt: skip
 
 #: the onnx reference evaluator cannot run these second-order graphs (``np.choose`` accepts
-#: at most 64 choices in its GatherElements): onnxruntime evaluates them
+#: at most 64 choices in its GatherElements): onnxruntime evaluates them. The Gather cases
+#: below opset 16: the gradient of the segment sum's ScatterElements gathers from its
+#: ``S + N`` slots
 ON_ONNXRUNTIME = {
     "MaxPool-2d-stride2-pads-ceil-opset13", "MaxPool-2d-dilation2-opset15",
     "MaxPool-2d-same-upper", "MaxPool-3d", "MaxPool-3d-unit-steps",
+    "Gather-axis1-dup-opset15", "Gather-last-axis-opset13",
 }  # fmt: skip
 
 #: DequantizeLinear's scale is float32 (no opset, 10 to 25, accepts a float64 one), so its first

@@ -25,7 +25,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from onnxgrad.derivative.autodiff.registry import register
-from onnxgrad.derivative.autodiff.rules._segment_sum import sorted_scatter_add
+from onnxgrad.derivative.autodiff.rules._segment_sum import scatter_rows_add
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     Part,
     arange,
@@ -213,15 +213,21 @@ def _scatter_add_rows(
     ``rows_index`` is ``[Q]`` (shared by every ``p``) or ``[P, Q]``.
 
     Opset >= 16: ScatterElements with ``reduction='add'``. Below: a sorted segment sum
-    (:func:`._segment_sum.sorted_scatter_add`)."""
+    (:func:`._segment_sum.scatter_rows_add`)."""
     if node.opset >= 16:
         shape = b.op("Shape", updates)
         positions = b.op("Expand", b.unsqueeze(rows_index, [-1]), shape)
         zeros = filled(b, out, 0, like)
         return _scatter_add(b, "ScatterElements", zeros, positions, updates, like, axis=1)
     count = as_tensor(b, [n_rows])
-    index = b.unsqueeze(_non_negative(b, rows_index, count), [0, 2] if shared else [2])
-    return sorted_scatter_add(b, index, updates, count, like)
+    rows = _non_negative(b, b.op("Reshape", rows_index, b.ints([-1])), count)
+    if shared:
+        q = b.op("Shape", rows)
+    else:
+        q = b.op("Slice", b.op("Shape", rows_index), b.ints([1]), b.ints([2]))
+    inner, size = as_tensor(b, [out[2]]), as_tensor(b, [numel(b, out)])
+    per = "shared" if shared else "row"
+    return scatter_rows_add(b, rows, updates, q, inner, count, size, per, like)
 
 
 def _non_negative(b, index: str, count: str) -> str:
@@ -239,13 +245,16 @@ def gather_elements_grad(b, node, grads, needs):
         zeros = zeros_like(b, data)
         return [_scatter_add(b, "ScatterElements", zeros, indices, g, data, axis=axis)]
     count = as_tensor(b, shape_parts(b, data, axis, axis + 1))
-    index = _non_negative(b, to_int64(b, indices), count)
-    around = _around_axis(b, indices, axis, rank)
-    updates = b.op("Reshape", g, around)
-    summed = sorted_scatter_add(b, b.op("Reshape", index, around), updates, count, data)
+    rows = _non_negative(b, b.op("Reshape", to_int64(b, indices), b.ints([-1])), count)
+    index_shape = b.op("Shape", indices)
+    outer, q, inner = (
+        _size_of_axes(b, index_shape, start, end)
+        for start, end in ((0, axis), (axis, axis + 1), (axis + 1, rank))
+    )
+    size = b.op("Mul", b.op("Mul", outer, count), inner)
+    summed = scatter_rows_add(b, rows, g, q, inner, count, size, "element", data)
     if _same_dims_but(b, indices, data, axis):
         return [reshape_like(b, summed, data)]
-    index_shape = b.op("Shape", indices)
     sizes = b.op(
         "Concat",
         b.op("Slice", index_shape, b.ints([0]), b.ints([axis])),
@@ -265,21 +274,12 @@ def gather_elements_grad(b, node, grads, needs):
     return [padded]
 
 
-def _around_axis(b, t: str, axis: int, rank: int) -> str:
-    """``[prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])]`` of ``t``, int64."""
-    shape = b.op("Shape", t)
-    parts = [
-        b.ints([1])
-        if axis == 0
-        else b.op("ReduceProd", b.op("Slice", shape, b.ints([0]), b.ints([axis])), keepdims=1)
-    ]
-    parts.append(b.op("Slice", shape, b.ints([axis]), b.ints([axis + 1])))
-    if axis == rank - 1:
-        parts.append(b.ints([1]))
-    else:
-        tail = b.op("Slice", shape, b.ints([axis + 1]), b.ints([rank]))
-        parts.append(b.op("ReduceProd", tail, keepdims=1))
-    return b.op("Concat", *parts, axis=0)
+def _size_of_axes(b, shape: str, start: int, end: int) -> str:
+    """``prod(shape[start:end])`` as a 1-D int64 tensor of one element (1 if empty)."""
+    if start == end:
+        return b.ints([1])
+    sizes = b.op("Slice", shape, b.ints([start]), b.ints([end]))
+    return sizes if end == start + 1 else b.op("ReduceProd", sizes, keepdims=1)
 
 
 def _same_dims_but(b, a: str, other: str, axis: int) -> bool:
