@@ -259,7 +259,7 @@ def _silero_tail() -> tuple:
         helper.make_node("Equal", ["width", "one"], ["cond"]),
         helper.make_node(
             "If", ["cond"], ["branch"], then_branch=then_branch, else_branch=else_branch
-        ),  # fmt: skip
+        ),
         helper.make_node("ReduceMean", ["branch"], ["mean"], axes=[1], keepdims=0),
         helper.make_node("Unsqueeze", ["mean", "axis"], ["y"]),
         helper.make_node("Mul", ["y", "y"], ["square"]),

@@ -243,7 +243,7 @@ SECOND_ORDER_IDS = {
     "ScatterElements-mul", "ScatterND-none", "ScatterND-add", "ScatterND-mul", "Trilu-lower",
 }  # fmt: skip
 #: second-order graphs onnx's reference evaluator cannot run (its GatherElements takes at most
-#: 64 values along the axis: the segment sum's ScatterElements has S + N slots)
+#: 64 values along the axis: the segment sum's ScatterElements writes into S slots)
 ON_ONNXRUNTIME = {"Gather-axis1-dup-opset15"}
 SECOND_ORDER = [
     second_order(case, **({"evaluator": "onnxruntime"} if case.id in ON_ONNXRUNTIME else {}))

@@ -61,7 +61,7 @@ NOT_CHECKED = {
 #: the onnx reference evaluator cannot run these second-order graphs (``np.choose`` accepts
 #: at most 64 choices in its GatherElements): onnxruntime evaluates them. The Gather cases
 #: below opset 16: the gradient of the segment sum's ScatterElements gathers from its
-#: ``S + N`` slots
+#: ``S`` slots (the data's elements)
 ON_ONNXRUNTIME = {
     "MaxPool-2d-stride2-pads-ceil-opset13", "MaxPool-2d-dilation2-opset15",
     "MaxPool-2d-same-upper", "MaxPool-3d", "MaxPool-3d-unit-steps",
