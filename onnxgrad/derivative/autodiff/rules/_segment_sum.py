@@ -7,14 +7,17 @@ updates ``u`` (``N``):
 1. ``t`` sorted ascending (TopK with ``k = N``), ``u`` read in that order: equal targets
    form runs;
 2. ``c = cumsum(u)`` in that order, in float64 (a difference below then loses ``2^-52`` of
-   the running sum, not ``2^-23``);
-3. ``c`` and the sorted targets kept at the last position of each run (Compress): ``c_k``
-   and distinct ``m_k``, ``k < K``; run ``k`` sums to ``c_k - c_{k-1}`` (``c_{-1} = 0``);
-4. those sums, cast back to the updates' type, written at ``m_k`` into zeros of ``S``
-   (ScatterElements without reduction: the ``m_k`` are distinct).
+   the running sum, not ``2^-23``), and ``c^-`` the sum before each position (``c``
+   shifted by one);
+3. a run ``[s, e]`` of target ``m`` sums to ``c_e - c^-_s``: ``c`` is scattered at the
+   last position of each run and ``c^-`` at the first, both to ``m``, into zeros of
+   ``S + N`` slots. Every other position writes to a spare slot ``S + n`` of its own, so
+   each ScatterElements has distinct indices (no reduction needed); the spare slots are
+   cut off;
+4. ``out = hi - lo``: zero where no target points, cast back to the updates' type.
 
 Every tensor is 1-D (ranks known to onnx's inference, for the next derivative) and no
-larger than ``S`` or ``N``, where a one-hot product needs ``S N``.
+larger than ``S + N``, where a one-hot product needs ``S N``.
 """
 
 from __future__ import annotations
@@ -35,14 +38,16 @@ def sorted_scatter_add(b, targets: str, updates: str, size: str, like: str) -> s
     ordered, order = b.op("TopK", targets, count, axis=0, largest=0, sorted=1, outputs=2)
     wide = b.op("Cast", updates, to=TensorProto.DOUBLE)
     running = b.op("CumSum", b.op("Gather", wide, order, axis=0), b.const(0, dtype=np.int64))
-    last = _run_end(b, ordered)
-    ends = b.op("Compress", running, last, axis=0)
-    totals = b.op("Sub", ends, _shifted(b, ends, b.const(0.0, dtype=np.float64), later=True))
-    elem = b.dtype(like)
-    length = b.op("Reshape", size, b.ints([1]))  # of static length, for onnx's inference
-    zeros = b.op("ConstantOfShape", length, value=scalar_tensor(0, elem))
-    at = b.op("Compress", ordered, last, axis=0)
-    return b.op("ScatterElements", zeros, at, b.op("Cast", totals, to=elem), axis=0)
+    before = _shifted(b, running, b.const(0.0, dtype=np.float64), later=True)
+    spare = b.op("Add", size, _range(b, count))
+    slots = b.op("Reshape", b.op("Add", size, count), b.ints([1]))
+    zeros = b.op("ConstantOfShape", slots, value=scalar_tensor(0.0, TensorProto.DOUBLE))
+    ends = []
+    for value, last in ((running, True), (before, False)):
+        at = b.op("Where", _run_end(b, ordered, last), ordered, spare)
+        ends.append(b.op("ScatterElements", zeros, at, value, axis=0))
+    kept = b.op("Slice", b.op("Sub", *ends), b.ints([0]), size, b.ints([0]))
+    return b.op("Cast", kept, to=b.dtype(like))
 
 
 def _range(b, count: str) -> str:
@@ -61,11 +66,11 @@ def _shifted(b, t: str, fill: str, later: bool) -> str:
     return b.op("Pad", cut, b.ints([0, 1]), fill)
 
 
-def _run_end(b, ordered: str) -> str:
-    """Whether each position of the sorted, non-negative ``ordered`` is the last of its run
-    of equal values."""
-    following = _shifted(b, ordered, b.const(-1, dtype=np.int64), later=False)
-    return b.op("Not", b.op("Equal", ordered, following))
+def _run_end(b, ordered: str, last: bool) -> str:
+    """Whether each position of the sorted, non-negative ``ordered`` ends its run of equal
+    values: is its last (``last``) or its first."""
+    neighbour = _shifted(b, ordered, b.const(-1, dtype=np.int64), later=not last)
+    return b.op("Not", b.op("Equal", ordered, neighbour))
 
 
 def scatter_rows_add(
