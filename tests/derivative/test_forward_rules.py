@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from onnxgrad import onnx_jvp
+from onnxgrad.derivative.tangent_graph import tangent_jvp
+from onnxgrad.normalize import normalized_model
 from tests.derivative.autodiff.gradcheck import case_model, evaluator
 from tests.derivative.autodiff.test_rules import CASES
 
@@ -68,3 +70,15 @@ def test_jvp_against_finite_differences(case):
         np.testing.assert_allclose(
             got[name], value, rtol=case.rtol, atol=case.atol, err_msg=f"{case.id}: {name}"
         )
+
+
+EXTREMA = [c for c in CASES if c.op_type in ("ReduceMax", "ReduceMin")]
+
+
+@pytest.mark.parametrize("case", EXTREMA, ids=[c.id for c in EXTREMA])
+def test_extrema_take_the_tangent_pass(case):
+    """ReduceMax/ReduceMin have tangent rules (ties share as in the reverse rule; their
+    values are checked above): the pass does not fall back to the transposition."""
+    model, _ = case_model(case, np.float64)
+    jvp, _, results = tangent_jvp(normalized_model(model), [], case.differentiated)
+    assert results and set(results) <= {o.name for o in jvp.graph.output}

@@ -6,6 +6,7 @@ gradient, which autodiff/test_rules.py checks against the outputs' finite differ
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -14,18 +15,15 @@ from onnxgrad import DerivativeOptions, onnx_derivative, onnx_hvp
 DOUBLE = TensorProto.DOUBLE
 
 
-def _hvp_and_differences(model, feeds: dict, wrt: list[str], eps: float = 1e-6):
-    """``(H v, (g(x + eps v) - g(x - eps v)) / 2 eps)`` per input of ``wrt``, in float64."""
+def _hvp_and_differences(model, feeds: dict, wrt: list[str], eps: float = 1e-6, run=None):
+    """``(H v, (g(x + eps v) - g(x - eps v)) / 2 eps)`` per input of ``wrt``, in float64 (the
+    HVP graph run by ``run(model)``, default onnx's reference evaluator)."""
     rng = np.random.default_rng(0)
     direction = {n: rng.standard_normal(feeds[n].shape) for n in wrt}
     hvp = onnx_hvp(model, inputs=wrt)
     tangents = {f"{n}_tangent": v for n, v in direction.items()}
-    got = dict(
-        zip(
-            [o.name for o in hvp.graph.output],
-            ReferenceEvaluator(hvp).run(None, {**feeds, **tangents}),
-        )
-    )
+    session = (run or ReferenceEvaluator)(hvp)
+    got = dict(zip([o.name for o in hvp.graph.output], session.run(None, {**feeds, **tangents})))
     gradient = onnx_derivative(model, weights=[], inputs=wrt, options=DerivativeOptions.Loss)
     session = ReferenceEvaluator(gradient)
     names = [o.name for o in gradient.graph.output]
@@ -233,3 +231,72 @@ def test_layer_normalization_statistics_against_numpy_differences():
         np.testing.assert_allclose(
             got[f"{name}_grad_tangent"], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max()
         )
+
+
+def _silero_tail() -> tuple:
+    """The end of silero_vad_half.onnx: ``p = Sigmoid(x)`` (``[batch, 1, T]``), an ``If``
+    whose branches give different ranks (``Squeeze`` of axis 1 when it has size 1, else
+    ``p``), ``ReduceMean`` over axis 1 without keepdims and an ``Unsqueeze`` back to
+    ``[batch, 1]``; the loss weights its square, ``sum r y^2``."""
+    axis = helper.make_tensor("axis", TensorProto.INT64, [1], [1])
+    then_branch = helper.make_graph(
+        [helper.make_node("Squeeze", ["p", "axis"], ["y_then"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("y_then", DOUBLE, None)],
+        [axis],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["p"], ["y_else"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("y_else", DOUBLE, None)],
+    )
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["p"]),
+        helper.make_node("Shape", ["p"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["width"], axis=0),
+        helper.make_node("Equal", ["width", "one"], ["cond"]),
+        helper.make_node(
+            "If", ["cond"], ["branch"], then_branch=then_branch, else_branch=else_branch
+        ),
+        helper.make_node("ReduceMean", ["branch"], ["mean"], axes=[1], keepdims=0),
+        helper.make_node("Unsqueeze", ["mean", "axis"], ["y"]),
+        helper.make_node("Mul", ["y", "y"], ["square"]),
+        helper.make_node("Mul", ["square", "r"], ["weighted"]),
+        helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "silero_tail",
+        [helper.make_tensor_value_info("x", DOUBLE, ["batch", 1, 5])],
+        [helper.make_tensor_value_info("loss", DOUBLE, [])],
+        [
+            helper.make_tensor("one", TensorProto.INT64, [], [1]),
+            axis,
+            helper.make_tensor("r", DOUBLE, [1], [0.7]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)], ir_version=8)
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 1, 5))}
+    return model, feeds
+
+
+def test_unbroadcast_of_a_size_one_cotangent_keeps_its_rank():
+    """silero_vad_half.onnx's HVP (by transposition: the ``If`` has no tangent rule) failed
+    in onnxruntime: the third-order graph squeezed the ``[1, 1]`` cotangent of the
+    ``Unsqueeze`` output to a scalar. The loss's gradient undoes a broadcast with a
+    ReduceSum over axes computed at run time (none here); differentiated, that ReduceSum
+    unsqueezes by those axes, and the Unsqueeze's gradient was a Squeeze by the same empty
+    axes tensor, which removes every size-1 axis. It is a Reshape to the input there."""
+    model, feeds = _silero_tail()
+    compared = _hvp_and_differences(model, feeds, ["x"], run=_onnxruntime)
+    for name, (got, expected) in compared.items():
+        assert got.shape == feeds[name].shape
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def _onnxruntime(model):
+    return onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )

@@ -21,6 +21,7 @@ import numpy as np
 
 from onnxgrad._onnx_utils import FLOAT_TYPES
 from onnxgrad.derivative.autodiff.rules.normalization import moments
+from onnxgrad.derivative.autodiff.rules.reduce import extremum_share
 from onnxgrad.derivative.autodiff.tangent import NoTangentRule, Tangent, TangentContext
 
 TangentRule = Callable[[TangentContext], list]
@@ -458,6 +459,23 @@ def _reduce_sum_square(ctx: TangentContext) -> list:
     if axes is not None:
         return [Tangent(ctx.b.reduce_sum(twice, axes, bool(ctx.node.attr("keepdims", 1))))]
     return [Tangent(ctx.copy([twice, *ctx.node.inputs[1:]], op_type="ReduceSum")[0])]
+
+
+@tangent_rule("ReduceMax", "ReduceMin")
+def _reduce_extremum(ctx: TangentContext) -> list:
+    r"""``\dot y = \sum m t / \sum m`` over the reduced axes, ``m = (x == y)``: the mean
+    tangent of the tied extrema, the transpose of the reverse rule's equal share (and the
+    central difference there, ``(\max(t) + \min(t)) / 2`` for two ties)."""
+    ctx.only(0)
+    share = extremum_share(ctx.b, ctx.node)
+    if share is None:  # empty axes with noop_with_empty_axes=1: the identity
+        return [Tangent(ctx.loose(0), ctx.is_exact(0))]
+    weighted = ctx.b.mul(share, ctx.exact(0))
+    axes = ctx.node.attr("axes")
+    if axes is not None:
+        keepdims = bool(ctx.node.attr("keepdims", 1))
+        return [Tangent(ctx.b.reduce_sum(weighted, axes, keepdims))]
+    return [Tangent(ctx.copy([weighted, *ctx.node.inputs[1:]], op_type="ReduceSum")[0])]
 
 
 @tangent_rule("TopK")

@@ -14,6 +14,14 @@ def r(*shape):
     return rng.standard_normal(shape)
 
 
+#: the below-16 cases' own generator (the others' values stay as they were)
+rng_low = np.random.default_rng(33)
+
+
+def low(*shape):
+    return rng_low.standard_normal(shape)
+
+
 def i64(*values):
     return np.array(values, dtype=np.int64)
 
@@ -83,13 +91,13 @@ GATHER = [
     OpCase("Gather", {"data": r(3, 4), "indices": idx(2)}, {"axis": -1}, opset=21,
            id="Gather-scalar-index"),
     OpCase("Gather", {"data": r(4, 3), "indices": idx([[0, 3], [-1, 0]], np.int32)}, opset=13,
-           id="Gather-axis0-one-hot"),
+           id="Gather-axis0-segment-sum"),
     OpCase("Gather", {"data": r(2, 3, 2), "indices": idx([[2], [-3]])}, {"axis": 1}, opset=13,
-           id="Gather-axis1-one-hot"),
+           id="Gather-axis1-segment-sum"),
     OpCase("GatherElements", {"data": r(2, 4), "indices": idx([[0, 2, 2, -1, 2], [1, 1, 0, 3, 0]])},
            {"axis": 1}, opset=18, id="GatherElements-axis1"),
     OpCase("GatherElements", {"data": r(3, 2), "indices": idx([[2, 0], [-1, 2]])},
-           {"axis": 0}, opset=13, id="GatherElements-one-hot"),
+           {"axis": 0}, opset=13, id="GatherElements-segment-sum"),
     OpCase("GatherElements", {"data": r(2, 3, 2), "indices": idx([[[1], [1], [-2]]] * 2)},
            {"axis": 2}, opset=16, id="GatherElements-last-axis"),
     OpCase("GatherND", {"data": r(3, 4), "indices": idx([[0, 1], [2, -1], [0, 1]])}, opset=18,
@@ -99,9 +107,25 @@ GATHER = [
     OpCase("GatherND", {"data": r(2, 3, 2), "indices": idx([[[1], [1]], [[0], [2]]])},
            {"batch_dims": 1}, opset=18, id="GatherND-batch1"),
     OpCase("GatherND", {"data": r(2, 3, 4), "indices": idx([[[0, 1], [0, 1]], [[2, -1], [1, 0]]])},
-           {"batch_dims": 1}, opset=13, id="GatherND-batch1-one-hot"),
+           {"batch_dims": 1}, opset=13, id="GatherND-batch1-segment-sum"),
     OpCase("GatherND", {"data": r(3, 4), "indices": idx([[2], [0], [2]])}, opset=13,
-           id="GatherND-one-hot"),
+           id="GatherND-segment-sum"),
+    # below opset 16 (a sorted segment sum): repeated and negative indices, several axes
+    OpCase("Gather", {"data": low(5, 3), "indices": idx([[0, 4, -1, 0], [2, -5, 4, 4]])},
+           opset=11, id="Gather-dup-negative-opset11"),
+    OpCase("Gather", {"data": low(2, 6, 3), "indices": idx([5, -1, 0, 0, 3, -6])},
+           {"axis": -2}, opset=15, id="Gather-axis1-dup-opset15"),
+    OpCase("Gather", {"data": low(3, 4, 2), "indices": idx([[1, -1], [1, 0]], np.int32)},
+           {"axis": 2}, opset=13, id="Gather-last-axis-opset13"),
+    OpCase("GatherElements", {"data": low(3, 4), "indices": idx(
+        [[0, 3, 3, -1, 0], [2, 2, -2, 1, 1], [3, 0, -4, 0, 3]])}, {"axis": 1}, opset=11,
+           id="GatherElements-axis1-dup-opset11"),
+    OpCase("GatherElements", {"data": low(3, 2, 2), "indices": idx(
+        [[[0, -1], [2, 2]], [[-3, 1], [2, 0]], [[0, 0], [-1, 2]], [[1, 1], [1, -2]]])},
+           {"axis": 0}, opset=15, id="GatherElements-axis0-3d-opset15"),
+    OpCase("GatherElements", {"data": low(2, 3, 4), "indices": idx(
+        np.array([3, -1, 0, 0, 2, -4] * 6).reshape(2, 3, 6), np.int32)}, {"axis": 2},
+           opset=13, id="GatherElements-last-axis-opset13"),
 ]
 
 SCATTER = [
@@ -212,9 +236,19 @@ SECOND_ORDER_IDS = {
     "Slice-unit-steps-clamped", "Slice-unit-steps-axes", "Slice-negative-steps",
     "Slice-unit-steps-given", "Slice-known-axis-dynamic-batch",
     "Gather-axis0-scatternd", "Gather-axis1", "Gather-scalar-index", "GatherElements-axis1",
-    "GatherND-elements", "GatherND-batch1", "ScatterElements-none", "ScatterElements-add",
+    "GatherND-elements", "GatherND-batch1", "Gather-axis0-segment-sum",
+    "Gather-axis1-dup-opset15", "GatherElements-axis1-dup-opset11",
+    "GatherElements-axis0-3d-opset15", "GatherND-batch1-segment-sum", "ScatterElements-none",
+    "ScatterElements-add",
     "ScatterElements-mul", "ScatterND-none", "ScatterND-add", "ScatterND-mul", "Trilu-lower",
 }  # fmt: skip
-SECOND_ORDER = [second_order(case) for case in CASES if case.id in SECOND_ORDER_IDS]
+#: second-order graphs onnx's reference evaluator cannot run (its GatherElements takes at most
+#: 64 values along the axis: the segment sum's ScatterElements writes into S slots)
+ON_ONNXRUNTIME = {"Gather-axis1-dup-opset15"}
+SECOND_ORDER = [
+    second_order(case, **({"evaluator": "onnxruntime"} if case.id in ON_ONNXRUNTIME else {}))
+    for case in CASES
+    if case.id in SECOND_ORDER_IDS
+]
 assert len(SECOND_ORDER) == len(SECOND_ORDER_IDS), "a second-order id names no case"
 CASES += SECOND_ORDER

@@ -21,7 +21,8 @@ NOT_CHECKED = {
         "output gradient of the second-order graph cannot enter"
     )),
     **dict.fromkeys(
-        ["Max-tie-split", "Min-two-way-ties", "ReduceMax-ties", "ReduceL2-zero-norm",
+        ["Max-tie-split", "Min-two-way-ties", "ReduceMax-ties", "ReduceMax-ties-input-axes",
+         "ReduceMin-ties-opset11", "ReduceL2-zero-norm",
          "ReduceProd-zeros", "LpPool-zero-windows-p1"], _TIE,
     ),
     **dict.fromkeys(
@@ -58,10 +59,13 @@ NOT_CHECKED = {
 }  # fmt: skip
 
 #: the onnx reference evaluator cannot run these second-order graphs (``np.choose`` accepts
-#: at most 64 choices in its GatherElements): onnxruntime evaluates them
+#: at most 64 choices in its GatherElements): onnxruntime evaluates them. The Gather cases
+#: below opset 16: the gradient of the segment sum's ScatterElements gathers from its
+#: ``S`` slots (the data's elements)
 ON_ONNXRUNTIME = {
     "MaxPool-2d-stride2-pads-ceil-opset13", "MaxPool-2d-dilation2-opset15",
     "MaxPool-2d-same-upper", "MaxPool-3d", "MaxPool-3d-unit-steps",
+    "Gather-axis1-dup-opset15", "Gather-last-axis-opset13",
 }  # fmt: skip
 
 #: DequantizeLinear's scale is float32 (no opset, 10 to 25, accepts a float64 one), so its first

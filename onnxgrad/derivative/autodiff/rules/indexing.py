@@ -7,7 +7,8 @@
   the runtime's own Slice.
 * Gather, GatherElements, GatherND: ``data_bar`` is the scatter-*add* of ``y_bar`` (indices
   may repeat): ScatterND / ScatterElements with ``reduction='add'`` from opset 16; below,
-  a one-hot matrix product (exact, denser).
+  a sorted segment sum (:mod:`._segment_sum`: TopK, CumSum, ScatterElements on distinct
+  indices), in memory linear in the positions and elements.
 * ScatterElements / ScatterND, ``y = scatter(data, idx, u)``: ``reduction='none'``:
   ``data_bar = scatter(y_bar, idx, 0)``, ``u_bar = gather(y_bar, idx)``; ``'add'``:
   ``data_bar = y_bar``; ``'mul'``: ``data_bar = scatter_mul(y_bar, idx, u)``,
@@ -24,6 +25,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._segment_sum import scatter_rows_add
 from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     Part,
     arange,
@@ -210,30 +212,27 @@ def _scatter_add_rows(
     """``out[p, rows_index[p?, q], r] += updates[p, q, r]`` into zeros of shape ``out``;
     ``rows_index`` is ``[Q]`` (shared by every ``p``) or ``[P, Q]``.
 
-    Opset >= 16: ScatterElements with ``reduction='add'``. Below: the product of the
-    transposed one-hot matrix of the rows with the updates."""
+    Opset >= 16: ScatterElements with ``reduction='add'``. Below: a sorted segment sum
+    (:func:`._segment_sum.scatter_rows_add`)."""
     if node.opset >= 16:
         shape = b.op("Shape", updates)
         positions = b.op("Expand", b.unsqueeze(rows_index, [-1]), shape)
         zeros = filled(b, out, 0, like)
         return _scatter_add(b, "ScatterElements", zeros, positions, updates, like, axis=1)
     count = as_tensor(b, [n_rows])
-    positive = b.op(
-        "Where",
-        b.op("Less", rows_index, b.ints(0)),
-        b.op("Add", rows_index, count),
-        rows_index,
-    )
-    one_hot = _one_hot(b, positive, n_rows, like)
-    perm = [1, 0] if shared else [0, 2, 1]
-    return b.op("MatMul", b.op("Transpose", one_hot, perm=perm), updates)
+    rows = _non_negative(b, b.op("Reshape", rows_index, b.ints([-1])), count)
+    if shared:
+        q = b.op("Shape", rows)
+    else:
+        q = b.op("Slice", b.op("Shape", rows_index), b.ints([1]), b.ints([2]))
+    inner, size = as_tensor(b, [out[2]]), as_tensor(b, [numel(b, out)])
+    per = "shared" if shared else "row"
+    return scatter_rows_add(b, rows, updates, q, inner, count, size, per, like)
 
 
-def _one_hot(b, index: str, count: Part, like: str) -> str:
-    """``[..., count]`` one-hot encoding of non-negative ``index``, typed like ``like``."""
-    classes = arange(b, scalar(b, count))
-    hits = b.op("Equal", b.unsqueeze(index, [-1]), classes)
-    return cast_like(b, hits, like)
+def _non_negative(b, index: str, count: str) -> str:
+    """int64 ``index`` with negative entries counted from the end (``+ count``)."""
+    return b.op("Where", b.op("Less", index, b.ints(0)), b.op("Add", index, count), index)
 
 
 @register("GatherElements", since=11)
@@ -245,24 +244,42 @@ def gather_elements_grad(b, node, grads, needs):
     if node.opset >= 16:
         zeros = zeros_like(b, data)
         return [_scatter_add(b, "ScatterElements", zeros, indices, g, data, axis=axis)]
-    size = shape_parts(b, data, axis, axis + 1)[0]
-    count = as_tensor(b, [size])
-    index = to_int64(b, indices)
-    index = b.op("Where", b.op("Less", index, b.ints(0)), b.op("Add", index, count), index)
-    classes = arange(b, scalar(b, size))
-    classes = b.op("Reshape", classes, as_tensor(b, [-1] + [1] * (rank - axis - 1)))
-    hits = cast_like(b, b.op("Equal", b.unsqueeze(index, [axis + 1]), classes), data)
-    spread = b.op("Mul", hits, b.unsqueeze(g, [axis + 1]))
-    summed = b.reduce_sum(spread, [axis], keepdims=False)
+    count = as_tensor(b, shape_parts(b, data, axis, axis + 1))
+    rows = _non_negative(b, b.op("Reshape", to_int64(b, indices), b.ints([-1])), count)
+    index_shape = b.op("Shape", indices)
+    outer, q, inner = (
+        _size_of_axes(b, index_shape, start, end)
+        for start, end in ((0, axis), (axis, axis + 1), (axis + 1, rank))
+    )
+    size = b.op("Mul", b.op("Mul", outer, count), inner)
+    summed = scatter_rows_add(b, rows, g, q, inner, count, size, "element", data)
     if _same_dims_but(b, indices, data, axis):
-        return [summed]
+        return [reshape_like(b, summed, data)]
+    sizes = b.op(
+        "Concat",
+        b.op("Slice", index_shape, b.ints([0]), b.ints([axis])),
+        count,
+        b.op("Slice", index_shape, b.ints([axis + 1]), b.ints([rank])),
+        axis=0,
+    )
+    summed = b.op("Reshape", summed, sizes)
     pads = b.op(
         "Concat",
         b.ints([0] * rank),
         b.op("Sub", shape_tensor(b, data), b.op("Shape", summed)),
         axis=0,
     )
-    return [b.op("Pad", summed, pads)]
+    padded = b.op("Pad", summed, pads)
+    b.declare(padded, b.value_type(data))  # onnx's inference loses the rank on the way
+    return [padded]
+
+
+def _size_of_axes(b, shape: str, start: int, end: int) -> str:
+    """``prod(shape[start:end])`` as a 1-D int64 tensor of one element (1 if empty)."""
+    if start == end:
+        return b.ints([1])
+    sizes = b.op("Slice", shape, b.ints([start]), b.ints([end]))
+    return sizes if end == start + 1 else b.op("ReduceProd", sizes, keepdims=1)
 
 
 def _same_dims_but(b, a: str, other: str, axis: int) -> bool:

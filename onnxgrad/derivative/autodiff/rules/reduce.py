@@ -160,13 +160,30 @@ def reduce_log_sum_grad(b, node, grads, needs):
 
 @register("ReduceMax", "ReduceMin", since=11)
 def reduce_extremum_grad(b, node, grads, needs):
-    x, axes, g = _inputs(b, node, grads)
+    _, axes, g = _inputs(b, node, grads)
     if axes.noop:
         return [g]
+    hits, ties = _extremum_hits(b, node, axes)
+    return [b.op("Mul", hits, b.op("Div", g, ties))]
+
+
+def extremum_share(b, node) -> str | None:
+    """``m / sum(m)`` of a ReduceMax/ReduceMin node, shaped like ``x`` (``m = (x == y)``, the
+    sum over the reduced axes): the weight of each element in the extremum, tied extrema
+    sharing equally as in the reverse rule; None for a node that reduces nothing."""
+    axes = _reduced_axes(b, node)
+    if axes.noop:
+        return None
+    hits, ties = _extremum_hits(b, node, axes)
+    return b.op("Div", hits, ties)
+
+
+def _extremum_hits(b, node, axes: _Axes) -> tuple[str, str]:
+    """``m = (x == y)`` as ``x``'s type and its sum over the reduced axes (``keepdims=1``)."""
+    x = node.inputs[0]
     y = _restore(b, node, axes, node.outputs[0])
     hits = cast_like(b, b.op("Equal", x, y), x)
-    ties = _reduce_again(b, node, axes, "ReduceSum", hits)
-    return [b.op("Mul", hits, b.op("Div", g, ties))]
+    return hits, _reduce_again(b, node, axes, "ReduceSum", hits)
 
 
 @register("ReduceProd", since=11)

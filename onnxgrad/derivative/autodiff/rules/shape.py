@@ -83,17 +83,30 @@ def _keeps_shape(b, node) -> bool:
 @register("Squeeze")
 def squeeze_grad(b, node, grads, needs):
     x, axes = node.inputs[0], _axes(node)
-    if b.static_shape(x) is None and axes is not None:
+    if b.static_shape(x) is None and _known_axes(b, axes):
         return [b.unsqueeze(grads[0], axes)]
     return [reshape_like(b, grads[0], x)]
 
 
 @register("Unsqueeze")
 def unsqueeze_grad(b, node, grads, needs):
-    x = node.inputs[0]
-    if b.static_shape(x) is None:
-        return [b.squeeze(grads[0], _axes(node))]
+    x, axes = node.inputs[0], _axes(node)
+    if b.static_shape(x) is None and _known_axes(b, axes):
+        return [b.squeeze(grads[0], axes)]
     return [reshape_like(b, grads[0], x)]
+
+
+def _known_axes(b, axes) -> bool:
+    """Whether Squeeze/Unsqueeze ``axes`` (attribute list or input) are known and not empty.
+    Axes computed at run time may be empty: Unsqueeze by none is the identity, but Squeeze
+    by an empty axes tensor removes *every* size-1 axis (a ``[1, 1]`` gradient became a
+    scalar); the gradient is then a Reshape to the input's shape."""
+    if axes is None:
+        return False
+    if not isinstance(axes, str):
+        return len(axes) > 0
+    value = b.constant_value(axes)
+    return value is not None and value.size > 0
 
 
 @register("Transpose")
