@@ -142,6 +142,16 @@ CASES = {
     "gemm_bias_seeded": _case(
         [node("Gemm", ["u", "v", "x"], ["y"])], _r(5), u=_r(4, 3), v=_r(3, 5)
     ),
+    "gemm_seeded_left_float32": _case(
+        [node("Gemm", ["x", "u", "v"], ["y"], transB=1, alpha=0.5, beta=2.0)],
+        _r(4, 3),
+        u=_r(5, 3),
+        v=_r(5),
+        dtype=np.float32,
+    ),
+    "gemm_seeded_left_untransposed_float32": _case(
+        [node("Gemm", ["x", "u"], ["y"])], _r(4, 3), u=_r(3, 5), dtype=np.float32
+    ),
     "einsum": _case(
         [node("Einsum", ["u", "x"], ["y"], equation="bij,bjk->bik")], _r(2, 3, 4), u=_r(2, 5, 3)
     ),
@@ -172,6 +182,18 @@ def test_a_rule_equals_k_runs(name):
     batched = batch_seeds(copy_message(model), list(seeded), ["y"], K)
     assert "Scan" not in {n.op_type for n in batched.graph.node}, "the rule applies"
     _assert_k_runs(model, batched, feeds, seeded)
+
+
+@pytest.mark.parametrize("name", ["gemm_seeded_left_float32", "gemm_transposed"])
+def test_a_float32_gemm_on_seeds_is_a_matmul(name):
+    """A float32 ``Gemm`` whose first operand carries the seeds is a ``MatMul`` by the
+    (transposed) weight, which onnxruntime runs faster than an ``Einsum``; float64 keeps the
+    ``Einsum`` (a ``Transpose`` before a ``MatMul`` becomes onnxruntime's ``FusedMatMul``,
+    which has no float64 kernel)."""
+    model, _, seeded = CASES[name]
+    ops = {n.op_type for n in batch_seeds(copy_message(model), list(seeded), ["y"], K).graph.node}
+    float32 = name.endswith("float32")
+    assert ("MatMul" in ops, "Einsum" in ops) == (float32, not float32), sorted(ops)
 
 
 def _assert_k_runs(model, batched, feeds, seeded):
