@@ -1,0 +1,82 @@
+"""Forward-mode tangents of ``ScatterElements`` with ``reduction='add'`` and of ``ReduceL2``
+on sizes known only at run time (a graph network's message sum and edge lengths, as
+caustic-nmr's PaiNN export computes them): both have their own tangent rule, so the JVP
+does not fall back to transposing the reverse graph, which needs ranks inference cannot give
+here. Checked against float64 central differences of a numpy evaluation of the same model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from onnxgrad import onnx_jvp
+
+
+def _model(opset: int):
+    zero = h.make_tensor("zero", T.FLOAT, [1], [0.0])
+    if opset >= 18:
+        norm = [h.make_node("ReduceL2", ["s", "axis1"], ["n"], keepdims=1)]
+    else:
+        norm = [h.make_node("ReduceL2", ["s"], ["n"], axes=[1], keepdims=1)]
+    constants = [
+        h.make_tensor("axis1", T.INT64, [1], [1]),
+        h.make_tensor("starts", T.INT64, [2], [0, 0]),
+        h.make_tensor("axes01", T.INT64, [2], [0, 1]),
+    ]
+    nodes = [
+        h.make_node("Shape", ["x"], ["shape"]),
+        h.make_node("ConstantOfShape", ["shape"], ["zeros"], value=zero),
+        h.make_node("Tanh", ["u"], ["messages"]),
+        # PyTorch's scatter_add export: the row ids expanded to the messages, which are cut
+        # to the indices' shape
+        h.make_node("Unsqueeze", ["rows", "axis1"], ["column"]),
+        h.make_node("Shape", ["messages"], ["message_shape"]),
+        h.make_node("Expand", ["column", "message_shape"], ["idx"]),
+        h.make_node("Shape", ["idx"], ["idx_shape"]),
+        h.make_node("Slice", ["messages", "starts", "idx_shape", "axes01"], ["cut"]),
+        h.make_node("ScatterElements", ["zeros", "idx", "cut"], ["s"], axis=0, reduction="add"),
+        *norm,
+        h.make_node("Mul", ["s", "n"], ["sn"]),
+        h.make_node("Add", ["sn", "x"], ["y"]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "scatter_l2",
+        [
+            h.make_tensor_value_info("x", T.FLOAT, ["atoms", 3]),
+            h.make_tensor_value_info("rows", T.INT64, ["edges"]),
+            h.make_tensor_value_info("u", T.FLOAT, ["edges", 3]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, ["atoms", 3])],
+        initializer=constants,
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+
+
+def _numpy(x, rows, u):
+    s = np.zeros_like(x)
+    np.add.at(s, rows, np.tanh(u))
+    return s * np.sqrt(np.sum(s * s, axis=1, keepdims=True)) + x
+
+
+def test_jvp_through_scatter_add_and_l2_norm_with_dynamic_sizes():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    x[3] = 0  # an atom no edge reaches: its norm is 0
+    rows = rng.integers(0, 3, 7).astype(np.int64)
+    u = rng.standard_normal((7, 3)).astype(np.float32)
+    tx, tu = rng.standard_normal(x.shape), rng.standard_normal(u.shape)
+    step = 1e-6
+    expected = (
+        _numpy(x + step * tx, rows, u + step * tu) - _numpy(x - step * tx, rows, u - step * tu)
+    ) / (2 * step)
+    for opset in (17, 18):
+        jvp = onnx_jvp(_model(opset), inputs=["x", "u"], weights=[])
+        session = ort.InferenceSession(jvp.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {"x": x, "rows": rows, "u": u}
+        feeds.update({"x_tangent": tx.astype(np.float32), "u_tangent": tu.astype(np.float32)})
+        names = [o.name for o in session.get_outputs()]
+        got = dict(zip(names, session.run(None, feeds)))["y_tangent"]
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
