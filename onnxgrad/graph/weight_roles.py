@@ -31,7 +31,9 @@ dequantization written with plain ops (``(Cast(q) - z) s`` of 4-, 8- or 16-bit i
 from the data's shape by a ``Range`` over it or by arithmetic with its values (a detector's
 anchor grid ``Range(w) + 0.5`` times its stride, a sine position encoding
 ``2 pi i / (h + eps)``, or such a grid a static export folded: a table of three or more
-distinct multiples of 1/2 added to or scaling the data); a constant only moved or broadcast
+distinct multiples of 1/2, or of eight or more evenly spaced values (``linspace``: the
+centres of a radial-basis expansion ``exp(-gamma (d - mu_k)^2)`` of distances), added to,
+subtracted from or scaling the data); a constant only moved or broadcast
 by a shape keeps its role.
 An initializer is a weight when a derived constant holding it meets data in a parameter
 role:
@@ -236,6 +238,25 @@ def _is_half_integer_grid(values: np.ndarray) -> bool:
     if not np.all(np.isfinite(doubled)):
         return False
     return bool(np.all(doubled == np.round(doubled))) and np.unique(doubled).size >= 3
+
+
+#: radial-basis expansions take 8 to 128 centres; fewer values may be a trained vector
+_EVEN_GRID_SIZE = 8
+
+
+def _is_even_grid(values: np.ndarray) -> bool:
+    """At least :data:`_EVEN_GRID_SIZE` finite values along one axis, evenly spaced by a
+    step that is not 0 (``linspace``: the centres ``mu_k`` of a radial-basis expansion
+    ``exp(-gamma (d - mu_k)^2)``), up to float32 rounding."""
+    if sum(1 for d in values.shape if d != 1) != 1 or values.size < _EVEN_GRID_SIZE:
+        return False
+    flat = values.ravel().astype(np.float64)
+    if not np.all(np.isfinite(flat)):
+        return False
+    steps = np.diff(flat)
+    if steps[0] == 0:
+        return False
+    return bool(np.abs(steps - steps[0]).max() <= 1e-5 * np.abs(flat).max())
 
 
 #: what attention scores go through between ``q k^T`` and their ``Softmax``
@@ -725,14 +746,15 @@ class _Roles:
     def _is_folded_grid(self, name: str) -> bool:
         """Coordinates a static export folded (a detector's anchor centres ``k + 1/2``, its
         strides 8, 16, 32): a table of one entry per anchor, at least three distinct values,
-        every one a multiple of 1/2, added to or multiplying the data. Trained biases and
-        scales take arbitrary values (a fresh model's ones and zeros are one value)."""
+        every one a multiple of 1/2, added to or multiplying the data; or evenly spaced
+        values, a ``linspace`` (radial-basis centres subtracted from distances). Trained biases
+        and scales take arbitrary values (a fresh model's ones and zeros are one value)."""
         arrays = [
             numpy_helper.to_array(self.initializers[n])
             for n in self.sources.get(name, ())
             if n in self.initializers
         ]
-        return bool(arrays) and all(_is_half_integer_grid(a) for a in arrays)
+        return bool(arrays) and all(_is_half_integer_grid(a) or _is_even_grid(a) for a in arrays)
 
     def _one_feature_affine(self, data: list[str]) -> bool:
         """Whether some data operand is an affine value of one feature (``[N, 1]``)."""

@@ -940,3 +940,41 @@ def test_the_scales_of_a_weight_only_dequantization_in_plain_ops_are_not_weights
         shape=[2, 3],
     )
     assert _weights(model) == ["bias", "frequency"]
+
+
+def test_radial_basis_centres_are_not_weights_a_trained_offset_is():
+    """A graph network expands its edge lengths ``d`` on Gaussians ``exp(-gamma (d -
+    mu_k)^2)`` whose centres ``mu_k = linspace(0, 8, 20)`` the export wrote as a constant
+    (caustic-nmr's PaiNN): coordinates, not a weight. A trained offset vector subtracted
+    the same way (uneven values) is a weight, and so is a 4-entry evenly spaced one (a
+    fresh model's vector may be)."""
+    node = helper.make_node
+    centres = np.linspace(0, 8, 20, dtype=np.float32)
+    model = _model(
+        [
+            node("MatMul", ["x", "kernel"], ["d"]),
+            node("Sub", ["d", "centres"], ["r"]),
+            node("Mul", ["r", "r"], ["r2"]),
+            node("Mul", ["r2", "gamma"], ["e"]),
+            node("Exp", ["e"], ["rbf"]),
+            node("Sub", ["rbf", "offset"], ["y"]),
+        ],
+        {
+            "kernel": f32(20, 20),
+            "centres": centres,
+            "gamma": np.array(-1.2, np.float32),
+            "offset": f32(20),
+        },
+        [("x", F, [1, 2, 20])],
+        ["y"],
+        shape=[1, 2, 20],
+    )
+    assert _weights(model) == ["kernel", "offset"]
+    short = _model(
+        [node("MatMul", ["x", "kernel"], ["d"]), node("Sub", ["d", "centres"], ["y"])],
+        {"kernel": f32(4, 4), "centres": np.linspace(0, 3, 4, dtype=np.float32)},
+        [("x", F, [1, 2, 4])],
+        ["y"],
+        shape=[1, 2, 4],
+    )
+    assert _weights(short) == ["kernel", "centres"]
