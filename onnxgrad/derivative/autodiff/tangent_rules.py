@@ -478,6 +478,30 @@ def _reduce_l2(ctx: TangentContext) -> list:
     return [Tangent(b.op("Where", vanishes, zero, b.op("Div", summed, safe)))]
 
 
+@tangent_rule("ReduceMax", "ReduceMin")
+def _reduce_extremum(ctx: TangentContext) -> list:
+    """``ReduceSum(t m) / ReduceSum(m)`` over the same axes, ``m = (x == y)``: tied extrema
+    share the tangent equally (the reverse rule's choice)."""
+    ctx.only(0)
+    b, node = ctx.b, ctx.node
+    x = node.inputs[0]
+    axes = node.attr("axes")
+    kept_attrs = {"keepdims": 1}
+    if axes is not None:
+        kept_attrs["axes"] = list(axes)
+    if node.attr("noop_with_empty_axes") is not None:
+        kept_attrs["noop_with_empty_axes"] = node.attr("noop_with_empty_axes")
+    kept = b.op(node.op_type, x, *node.inputs[1:2], **kept_attrs)
+    hits = b.op("Cast", b.op("Equal", x, kept), to=b.dtype(x))
+    sums = []
+    for value in (b.mul(hits, ctx.exact(0)), hits):
+        if axes is not None:
+            sums.append(b.reduce_sum(value, axes, bool(node.attr("keepdims", 1))))
+        else:
+            sums.append(ctx.copy([value, *node.inputs[1:]], op_type="ReduceSum")[0])
+    return [Tangent(b.op("Div", *sums))]
+
+
 @tangent_rule("TopK")
 def _top_k(ctx: TangentContext) -> list:
     """The tangent read at the chosen indices."""

@@ -1,8 +1,9 @@
-"""Forward-mode tangents of ``ScatterElements`` with ``reduction='add'`` and of ``ReduceL2``
-on sizes known only at run time (a graph network's message sum and edge lengths, as
-caustic-nmr's PaiNN export computes them): both have their own tangent rule, so the JVP
-does not fall back to transposing the reverse graph, which needs ranks inference cannot give
-here. Checked against float64 central differences of a numpy evaluation of the same model."""
+"""Tangent rules found missing on shipped files (issue 30, a fourth set): ``ScatterElements``
+with ``reduction='add'`` and ``ReduceL2`` on sizes known only at run time (a graph network's
+message sum and edge lengths, as caustic-nmr's PaiNN export computes them), ``ReduceMax`` and
+``ReduceMin`` (a YOLO head's anchor scores). Without them the JVP falls back to transposing
+the reverse graph, which needs ranks inference cannot give there. Checked against float64
+central differences of a numpy evaluation of the same model."""
 
 from __future__ import annotations
 
@@ -80,3 +81,49 @@ def test_jvp_through_scatter_add_and_l2_norm_with_dynamic_sizes():
         names = [o.name for o in session.get_outputs()]
         got = dict(zip(names, session.run(None, feeds)))["y_tangent"]
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _extremum_model(op_type: str, opset: int, keepdims: int):
+    if opset >= 18:
+        reduce = h.make_node(op_type, ["x", "axes"], ["m"], keepdims=keepdims)
+        inits = [h.make_tensor("axes", T.INT64, [1], [1])]
+    else:
+        reduce = h.make_node(op_type, ["x"], ["m"], axes=[1], keepdims=keepdims)
+        inits = []
+    graph = h.make_graph(
+        [reduce, h.make_node("Mul", ["m", "m"], ["y"])],
+        "extremum",
+        [h.make_tensor_value_info("x", T.FLOAT, ["n", 5])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        initializer=inits,
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+
+
+def test_reduce_max_and_min_have_tangents_ties_share_them():
+    """``ReduceMax``/``ReduceMin`` propagate tangents themselves (YOLO's end-to-end head
+    scores its anchors by a ``ReduceMax`` over classes; isbnx's HVP fell back to the
+    transposition and was refused): the tangent at the extremum, the mean of the tied
+    ones' tangents (row 1 ties)."""
+    from onnxgrad.derivative.tangent_graph import tangent_jvp
+    from onnxgrad.normalize import normalized_model
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    x[1, 3] = x[1, 1] = 2.0
+    t = rng.standard_normal(x.shape).astype(np.float32)
+    for op_type, pick in (("ReduceMax", np.max), ("ReduceMin", np.min)):
+        for opset in (17, 18):
+            for keepdims in (0, 1):
+                model = _extremum_model(op_type, opset, keepdims)
+                tangent_jvp(normalized_model(model), None, ["x"])  # no fallback
+                jvp = onnx_jvp(model, inputs=["x"], weights=[])
+                session = ort.InferenceSession(
+                    jvp.SerializeToString(), providers=["CPUExecutionProvider"]
+                )
+                names = [o.name for o in session.get_outputs()]
+                got = dict(zip(names, session.run(None, {"x": x, "x_tangent": t})))["y_tangent"]
+                m = pick(x, axis=1)
+                hits = x == m[:, None]
+                expected = 2 * m * (hits * t).sum(axis=1) / hits.sum(axis=1)
+                np.testing.assert_allclose(got.ravel(), expected, rtol=1e-5, atol=1e-6)
