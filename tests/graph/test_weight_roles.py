@@ -978,3 +978,57 @@ def test_radial_basis_centres_are_not_weights_a_trained_offset_is():
         shape=[1, 2, 4],
     )
     assert _weights(short) == ["kernel", "centres"]
+
+
+def test_the_one_of_a_modulation_is_not_a_weight_a_bias_is():
+    """An adaptive group norm (guided diffusion's ResBlock, a FiLM layer): ``scale, shift``
+    from a linear layer over the condition, ``h (1 + scale) + shift``. The 1 is the
+    modulation's identity, as the 1 of ``1 - p`` (the terrain UNet of
+    adaptive-terrain-diffusion, PyTorch's dynamo export); a trained scalar bias added to a
+    layer output (not exactly 1, or read otherwise) stays a weight."""
+    node = helper.make_node
+    nodes = [
+        node("MatMul", ["c", "kernel"], ["scale"]),
+        node("Add", ["scale", "one"], ["factor"]),
+        node("Mul", ["x", "factor"], ["modulated"]),
+        node("MatMul", ["x", "kernel2"], ["h"]),
+        node("Add", ["h", "bias"], ["hb"]),
+        node("Add", ["modulated", "hb"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        {
+            "kernel": f32(4, 4),
+            "one": np.array(1.0, np.float32),
+            "kernel2": f32(4, 4),
+            "bias": np.array(1.0, np.float32),
+        },
+        [("x", F, [2, 4]), ("c", F, [2, 4])],
+        ["y"],
+        shape=[2, 4],
+    )
+    assert _weights(model) == ["kernel", "kernel2", "bias"]
+
+
+def test_sinusoidal_frequencies_scaling_a_noise_level_are_not_weights():
+    """A diffusion model embeds its noise level ``c`` as ``[cos(c f), sin(c f)]`` with
+    ``f_k = 10000^(-k/16)`` (guided diffusion's timestep embedding, written as a constant by
+    PyTorch's dynamo export): a geometric progression, not a weight; random (learned)
+    frequencies are."""
+    node = helper.make_node
+    geometric = (10000.0 ** (-np.arange(16) / 16)).astype(np.float32)[None]
+    for freqs, expected in ((geometric, ["kernel"]), (f32(1, 16), ["freqs", "kernel"])):
+        model = _model(
+            [
+                node("Mul", ["c", "freqs"], ["phase"]),
+                node("Cos", ["phase"], ["cos"]),
+                node("Sin", ["phase"], ["sin"]),
+                node("Concat", ["cos", "sin"], ["embedding"], axis=1),
+                node("MatMul", ["embedding", "kernel"], ["y"]),
+            ],
+            {"freqs": freqs, "kernel": f32(32, 4)},
+            [("c", F, [2, 1])],
+            ["y"],
+            shape=[2, 4],
+        )
+        assert sorted(_weights(model)) == expected
