@@ -34,7 +34,9 @@ anchor grid ``Range(w) + 0.5`` times its stride, a sine position encoding
 distinct multiples of 1/2, or of eight or more evenly spaced values (``linspace``: the
 centres of a radial-basis expansion ``exp(-gamma (d - mu_k)^2)`` of distances) or values in
 geometric progression (the frequencies ``10000^(-k/n)`` of a sinusoidal time embedding),
-added to, subtracted from or scaling the data); a constant only moved or broadcast
+added to, subtracted from or scaling the data), and the scale 1 and bias 0 of an
+``InstanceNormalization`` whose output, reshaped, only meets a ``Mul`` (PyTorch's lowered
+``GroupNorm``: its ``gamma`` and ``beta`` follow); a constant only moved or broadcast
 by a shape keeps its role.
 An initializer is a weight when a derived constant holding it meets data in a parameter
 role:
@@ -701,6 +703,8 @@ class _Roles:
             return False
         if (op in _SCALES or op in _SHIFTS) and self._is_folded_grid(node.input[index]):
             return False
+        if op == "InstanceNormalization" and index and self._is_lowered_group_norm(node):
+            return False
         if op in _SCALES:
             return self._is_scale(node, index, data)
         if op in _SHIFTS:
@@ -768,6 +772,23 @@ class _Roles:
             if n in self.initializers
         ]
         return bool(arrays) and all(_is_half_integer_grid(a) or _is_progression(a) for a in arrays)
+
+    def _is_lowered_group_norm(self, node: NodeProto) -> bool:
+        """``GroupNorm`` as PyTorch's dynamo export lowers it: ``InstanceNormalization`` of
+        the groups with scale 1 and bias 0, reshaped back, then ``x gamma + beta`` per
+        channel. Its ones and zeros are structure; ``gamma`` and ``beta`` are the weights."""
+        constants = []
+        for name in node.input[1:3]:
+            sources = [n for n in self.sources.get(name, ()) if n in self.initializers]
+            if len(sources) != 1:
+                return False
+            constants.append(numpy_helper.to_array(self.initializers[sources[0]]))
+        if len(constants) != 2 or np.any(constants[0] != 1) or np.any(constants[1] != 0):
+            return False
+        readers = self.readers.get(node.output[0], [])
+        while len(readers) == 1 and readers[0].op_type == "Reshape":
+            readers = self.readers.get(readers[0].output[0], [])
+        return bool(readers) and all(r.op_type == "Mul" for r in readers)
 
     def _one_feature_affine(self, data: list[str]) -> bool:
         """Whether some data operand is an affine value of one feature (``[N, 1]``)."""

@@ -1032,3 +1032,34 @@ def test_sinusoidal_frequencies_scaling_a_noise_level_are_not_weights():
             shape=[2, 4],
         )
         assert sorted(_weights(model)) == expected
+
+
+def test_a_lowered_group_norms_ones_and_zeros_are_not_weights_its_gamma_and_beta_are():
+    """PyTorch's dynamo export writes ``GroupNorm(2, 4)`` as an ``InstanceNormalization`` of
+    ``[N, 2, 2 H W]`` with scale 1 and bias 0, reshaped back to ``[N, 4, H, W]``, then
+    ``x gamma + beta`` per channel (the terrain UNet's 280 norms). A trained instance norm
+    (scale not all 1) keeps its parameters."""
+    node = helper.make_node
+    for scale, expected in ((np.ones(2, np.float32), ["beta", "gamma"]), (f32(2), None)):
+        model = _model(
+            [
+                node("Reshape", ["x", "grouped"], ["g"]),
+                node("InstanceNormalization", ["g", "scale", "bias"], ["n"]),
+                node("Reshape", ["n", "back"], ["nb"]),
+                node("Mul", ["nb", "gamma"], ["scaled"]),
+                node("Add", ["scaled", "beta"], ["y"]),
+            ],
+            {
+                "grouped": np.array([0, 2, -1], np.int64),
+                "back": np.array([0, 4, 3, 3], np.int64),
+                "scale": scale,
+                "bias": np.zeros(2, np.float32),
+                "gamma": f32(4, 1, 1),
+                "beta": f32(4, 1, 1),
+            },
+            [("x", F, [1, 4, 3, 3])],
+            ["y"],
+            shape=[1, 4, 3, 3],
+        )
+        weights = sorted(_weights(model))
+        assert weights == (expected or ["beta", "bias", "gamma", "scale"])
