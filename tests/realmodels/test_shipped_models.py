@@ -9,7 +9,8 @@ encoder. A third set: character-id models (a GRU encoder-decoder with a bool mas
 convolutions, a transformer whose weights are external data, ``quantize_dynamic``'s
 BiLSTM over an int8 table), a MiniLM whose int8 weights an export dequantizes with ``Cast``
 and ``Mul``, tf2onnx LSTMs as ``Loop`` nodes, GELU conv nets, an FSMN VAD with caches, EEG
-and voice-filter LSTMs.
+and voice-filter LSTMs. A fourth set: a float16 tf2onnx export over int32 ids,
+``quantize_dynamic`` GRUs, a PaiNN graph network (scatter-add over int64 edges, 19 inputs).
 
 For each: the native gradient with respect to every float input and every weight builds,
 runs on onnxruntime, and its projections on random directions (the inputs; all weights at
