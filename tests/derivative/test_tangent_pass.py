@@ -140,25 +140,25 @@ def test_the_forward_pass_is_computed_once():
 
 
 def test_a_node_without_tangent_rule_leaves_the_model_untouched():
-    """ReduceMax has no tangent rule: the pass refuses it before changing anything, and
-    onnx_jvp's transposition gives the tangent (the maximum's own)."""
+    """ReduceProd has no tangent rule: the pass refuses it before changing anything, and
+    onnx_jvp's transposition gives the tangent (``prod(e^x) sum(t)``)."""
     model = _model(
         [
             helper.make_node("Exp", ["x"], ["e"]),
-            helper.make_node("ReduceMax", ["e"], ["y"], keepdims=0),
+            helper.make_node("ReduceProd", ["e"], ["y"], keepdims=0),
         ],
         [helper.make_tensor_value_info("x", DOUBLE, [4])],
         [helper.make_tensor_value_info("y", DOUBLE, [])],
     )
     normalized = normalized_model(model)
     before = normalized.SerializeToString()
-    with pytest.raises(NoTangentRule, match="ReduceMax"):
+    with pytest.raises(NoTangentRule, match="ReduceProd"):
         tangent_jvp(normalized, [], ["x"])
     assert normalized.SerializeToString() == before
     x = np.array([0.0, 1.0, 3.0, 2.0])
     t = np.array([1.0, 2.0, 3.0, 4.0])
     got = _run(onnx_jvp(model), {"x": x, "x_tangent": t})["y_tangent"]
-    np.testing.assert_allclose(got, 3.0 * np.exp(3.0))
+    np.testing.assert_allclose(got, 10.0 * np.exp(6.0))
 
 
 def test_castlike_gives_its_tangent_the_target_type():
