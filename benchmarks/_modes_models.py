@@ -96,6 +96,10 @@ def check_hvp(model: onnx.ModelProto, feeds: dict, inputs: list[str], weights: d
         _close(got[f"{n}_grad_tangent"], expected, n)
 
 
+#: float element types of the outputs summed into the loss (a float16 export's too)
+_FLOAT_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}
+
+
 def _loss_model(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with ``sum_k sum(r_k * y_k^2)`` of its float outputs as its only output, its
     functions, opsets and IR version kept. ``r_k`` is a fixed random weight in [0.5, 1.5) per
@@ -106,7 +110,7 @@ def _loss_model(model: onnx.ModelProto) -> onnx.ModelProto:
     result.CopyFrom(model)
     graph = result.graph
     rng = np.random.default_rng(7)
-    floats = [o for o in graph.output if o.type.tensor_type.elem_type in (1, 11)]
+    floats = [o for o in graph.output if o.type.tensor_type.elem_type in _FLOAT_TYPES]
     terms = []
     for k, out in enumerate(floats):
         square = helper.make_node("Mul", [out.name, out.name], [f"_loss_sq{k}"])
@@ -114,7 +118,7 @@ def _loss_model(model: onnx.ModelProto) -> onnx.ModelProto:
         value = square.output[0]
         dims = out.type.tensor_type.shape.dim
         if dims and dims[-1].dim_value:
-            dtype = np.float32 if out.type.tensor_type.elem_type == 1 else np.float64
+            dtype = _FLOAT_TYPES[out.type.tensor_type.elem_type]
             weight = (0.5 + rng.random(dims[-1].dim_value)).astype(dtype)
             graph.initializer.append(numpy_helper.from_array(weight, f"_loss_r{k}"))
             graph.node.append(helper.make_node("Mul", [value, f"_loss_r{k}"], [f"_loss_w{k}"]))

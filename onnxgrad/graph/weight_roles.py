@@ -31,7 +31,12 @@ dequantization written with plain ops (``(Cast(q) - z) s`` of 4-, 8- or 16-bit i
 from the data's shape by a ``Range`` over it or by arithmetic with its values (a detector's
 anchor grid ``Range(w) + 0.5`` times its stride, a sine position encoding
 ``2 pi i / (h + eps)``, or such a grid a static export folded: a table of three or more
-distinct multiples of 1/2 added to or scaling the data); a constant only moved or broadcast
+distinct multiples of 1/2, or of eight or more evenly spaced values (``linspace``: the
+centres of a radial-basis expansion ``exp(-gamma (d - mu_k)^2)`` of distances) or values in
+geometric progression (the frequencies ``10000^(-k/n)`` of a sinusoidal time embedding),
+added to, subtracted from or scaling the data), and the scale 1 and bias 0 of an
+``InstanceNormalization`` whose output, reshaped, only meets a ``Mul`` (PyTorch's lowered
+``GroupNorm``: its ``gamma`` and ``beta`` follow); a constant only moved or broadcast
 by a shape keeps its role.
 An initializer is a weight when a derived constant holding it meets data in a parameter
 role:
@@ -51,10 +56,11 @@ role:
   from it by ``Sub`` (a bias), or spanning exactly one axis (a per-feature bias, TensorFlow's
   folded ``beta - mean k`` included); one number added where the sum only feeds ``Log``,
   ``Sqrt``, ``Reciprocal`` or a divisor is an epsilon (``log(W x + eps)``); ``c - x`` with
-  ``c`` one number is a complement (``1 - p``), never a bias; a table added to attention
-  scores (``q k^T``, scaled, masked) on their way to a ``Softmax`` is a relative-position
-  bias an export folded (Swin's) when it holds many finite values not linear in ``j - i``
-  (a folded ALiBi is, and a mask holds two or three values).
+  ``c`` one number is a complement (``1 - p``), never a bias; nor is an exact 1 added where
+  the sum only multiplies (the modulation ``x (1 + s)`` of an adaptive norm); a table added
+  to attention scores (``q k^T``, scaled, masked) on their way to a ``Softmax`` is a
+  relative-position bias an export folded (Swin's) when it holds many finite values not
+  linear in ``j - i`` (a folded ALiBi is, and a mask holds two or three values).
 
 *Affine* values are float graph inputs, outputs of layers (``MatMul``, ``Gemm``, ``Conv``
 with a constant operand, a frozen or dequantized weight included), scaled or shifted affine
@@ -236,6 +242,33 @@ def _is_half_integer_grid(values: np.ndarray) -> bool:
     if not np.all(np.isfinite(doubled)):
         return False
     return bool(np.all(doubled == np.round(doubled))) and np.unique(doubled).size >= 3
+
+
+#: radial-basis expansions take 8 to 128 centres; fewer values may be a trained vector
+_EVEN_GRID_SIZE = 8
+
+
+def _is_even_grid(values: np.ndarray) -> bool:
+    """At least :data:`_EVEN_GRID_SIZE` finite values along one axis, evenly spaced by a
+    step that is not 0 (``linspace``: the centres ``mu_k`` of a radial-basis expansion
+    ``exp(-gamma (d - mu_k)^2)``), up to float32 rounding."""
+    if sum(1 for d in values.shape if d != 1) != 1 or values.size < _EVEN_GRID_SIZE:
+        return False
+    flat = values.ravel().astype(np.float64)
+    if not np.all(np.isfinite(flat)):
+        return False
+    steps = np.diff(flat)
+    if steps[0] == 0:
+        return False
+    return bool(np.abs(steps - steps[0]).max() <= 1e-5 * np.abs(flat).max())
+
+
+def _is_progression(values: np.ndarray) -> bool:
+    """Evenly spaced values (:func:`_is_even_grid`) or positive values evenly spaced in log
+    (the frequencies ``10000^(-k/n)`` of a sinusoidal embedding of a time or noise level)."""
+    if _is_even_grid(values):
+        return True
+    return bool(np.all(values > 0)) and _is_even_grid(np.log(values.astype(np.float64)))
 
 
 #: what attention scores go through between ``q k^T`` and their ``Softmax``
@@ -670,6 +703,8 @@ class _Roles:
             return False
         if (op in _SCALES or op in _SHIFTS) and self._is_folded_grid(node.input[index]):
             return False
+        if op == "InstanceNormalization" and index and self._is_lowered_group_norm(node):
+            return False
         if op in _SCALES:
             return self._is_scale(node, index, data)
         if op in _SHIFTS:
@@ -681,6 +716,8 @@ class _Roles:
                 return False
             if _is_single(shape) and self._guards_a_singularity(node.output[0]):
                 return False  # an epsilon: log(W x + eps)
+            if _is_single(shape) and self._is_unit_offset(node, index):
+                return False  # the 1 of a modulation x (1 + s)
             if self._is_position_bias(node, index, data):
                 return True
             return any(n in self.affine for n in data)
@@ -725,14 +762,33 @@ class _Roles:
     def _is_folded_grid(self, name: str) -> bool:
         """Coordinates a static export folded (a detector's anchor centres ``k + 1/2``, its
         strides 8, 16, 32): a table of one entry per anchor, at least three distinct values,
-        every one a multiple of 1/2, added to or multiplying the data. Trained biases and
-        scales take arbitrary values (a fresh model's ones and zeros are one value)."""
+        every one a multiple of 1/2, added to or multiplying the data; or evenly spaced
+        values, a ``linspace`` (radial-basis centres subtracted from distances), or a geometric
+        progression (sinusoidal frequencies). Trained biases and scales take arbitrary values
+        (a fresh model's ones and zeros are one value)."""
         arrays = [
             numpy_helper.to_array(self.initializers[n])
             for n in self.sources.get(name, ())
             if n in self.initializers
         ]
-        return bool(arrays) and all(_is_half_integer_grid(a) for a in arrays)
+        return bool(arrays) and all(_is_half_integer_grid(a) or _is_progression(a) for a in arrays)
+
+    def _is_lowered_group_norm(self, node: NodeProto) -> bool:
+        """``GroupNorm`` as PyTorch's dynamo export lowers it: ``InstanceNormalization`` of
+        the groups with scale 1 and bias 0, reshaped back, then ``x gamma + beta`` per
+        channel. Its ones and zeros are structure; ``gamma`` and ``beta`` are the weights."""
+        constants = []
+        for name in node.input[1:3]:
+            sources = [n for n in self.sources.get(name, ()) if n in self.initializers]
+            if len(sources) != 1:
+                return False
+            constants.append(numpy_helper.to_array(self.initializers[sources[0]]))
+        if len(constants) != 2 or np.any(constants[0] != 1) or np.any(constants[1] != 0):
+            return False
+        readers = self.readers.get(node.output[0], [])
+        while len(readers) == 1 and readers[0].op_type == "Reshape":
+            readers = self.readers.get(readers[0].output[0], [])
+        return bool(readers) and all(r.op_type == "Mul" for r in readers)
 
     def _one_feature_affine(self, data: list[str]) -> bool:
         """Whether some data operand is an affine value of one feature (``[N, 1]``)."""
@@ -746,6 +802,22 @@ class _Roles:
             op in ("Log", "Sqrt", "Reciprocal") or (op == "Div" and index == 1)
             for op, index in uses
         )
+
+    def _is_unit_offset(self, node: NodeProto, index: int) -> bool:
+        """Whether ``node`` adds exactly 1 to a value only read as a factor of ``Mul``: the
+        identity of a modulation ``x (1 + s)`` (an adaptive norm's or FiLM's scale ``s``
+        computed from a condition), as the 1 of ``1 - p`` is a complement, not a bias."""
+        if node.op_type != "Add":
+            return False
+        arrays = [
+            numpy_helper.to_array(self.initializers[n])
+            for n in self.sources.get(node.input[index], ())
+            if n in self.initializers
+        ]
+        if not arrays or not all(a.size == 1 and float(a.ravel()[0]) == 1.0 for a in arrays):
+            return False
+        uses = self.uses.get(node.output[0], [])
+        return bool(uses) and all(op == "Mul" for op, _ in uses)
 
     def _is_scale(self, node: NodeProto, index: int, data: list[str]) -> bool:
         if (node.op_type == "Div" and index != 1) or node.input[index] in self.rescales:

@@ -940,3 +940,126 @@ def test_the_scales_of_a_weight_only_dequantization_in_plain_ops_are_not_weights
         shape=[2, 3],
     )
     assert _weights(model) == ["bias", "frequency"]
+
+
+def test_radial_basis_centres_are_not_weights_a_trained_offset_is():
+    """A graph network expands its edge lengths ``d`` on Gaussians ``exp(-gamma (d -
+    mu_k)^2)`` whose centres ``mu_k = linspace(0, 8, 20)`` the export wrote as a constant
+    (caustic-nmr's PaiNN): coordinates, not a weight. A trained offset vector subtracted
+    the same way (uneven values) is a weight, and so is a 4-entry evenly spaced one (a
+    fresh model's vector may be)."""
+    node = helper.make_node
+    centres = np.linspace(0, 8, 20, dtype=np.float32)
+    model = _model(
+        [
+            node("MatMul", ["x", "kernel"], ["d"]),
+            node("Sub", ["d", "centres"], ["r"]),
+            node("Mul", ["r", "r"], ["r2"]),
+            node("Mul", ["r2", "gamma"], ["e"]),
+            node("Exp", ["e"], ["rbf"]),
+            node("Sub", ["rbf", "offset"], ["y"]),
+        ],
+        {
+            "kernel": f32(20, 20),
+            "centres": centres,
+            "gamma": np.array(-1.2, np.float32),
+            "offset": f32(20),
+        },
+        [("x", F, [1, 2, 20])],
+        ["y"],
+        shape=[1, 2, 20],
+    )
+    assert _weights(model) == ["kernel", "offset"]
+    short = _model(
+        [node("MatMul", ["x", "kernel"], ["d"]), node("Sub", ["d", "centres"], ["y"])],
+        {"kernel": f32(4, 4), "centres": np.linspace(0, 3, 4, dtype=np.float32)},
+        [("x", F, [1, 2, 4])],
+        ["y"],
+        shape=[1, 2, 4],
+    )
+    assert _weights(short) == ["kernel", "centres"]
+
+
+def test_the_one_of_a_modulation_is_not_a_weight_a_bias_is():
+    """An adaptive group norm (guided diffusion's ResBlock, a FiLM layer): ``scale, shift``
+    from a linear layer over the condition, ``h (1 + scale) + shift``. The 1 is the
+    modulation's identity, as the 1 of ``1 - p`` (the terrain UNet of
+    adaptive-terrain-diffusion, PyTorch's dynamo export); a trained scalar bias added to a
+    layer output (not exactly 1, or read otherwise) stays a weight."""
+    node = helper.make_node
+    nodes = [
+        node("MatMul", ["c", "kernel"], ["scale"]),
+        node("Add", ["scale", "one"], ["factor"]),
+        node("Mul", ["x", "factor"], ["modulated"]),
+        node("MatMul", ["x", "kernel2"], ["h"]),
+        node("Add", ["h", "bias"], ["hb"]),
+        node("Add", ["modulated", "hb"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        {
+            "kernel": f32(4, 4),
+            "one": np.array(1.0, np.float32),
+            "kernel2": f32(4, 4),
+            "bias": np.array(1.0, np.float32),
+        },
+        [("x", F, [2, 4]), ("c", F, [2, 4])],
+        ["y"],
+        shape=[2, 4],
+    )
+    assert _weights(model) == ["kernel", "kernel2", "bias"]
+
+
+def test_sinusoidal_frequencies_scaling_a_noise_level_are_not_weights():
+    """A diffusion model embeds its noise level ``c`` as ``[cos(c f), sin(c f)]`` with
+    ``f_k = 10000^(-k/16)`` (guided diffusion's timestep embedding, written as a constant by
+    PyTorch's dynamo export): a geometric progression, not a weight; random (learned)
+    frequencies are."""
+    node = helper.make_node
+    geometric = (10000.0 ** (-np.arange(16) / 16)).astype(np.float32)[None]
+    for freqs, expected in ((geometric, ["kernel"]), (f32(1, 16), ["freqs", "kernel"])):
+        model = _model(
+            [
+                node("Mul", ["c", "freqs"], ["phase"]),
+                node("Cos", ["phase"], ["cos"]),
+                node("Sin", ["phase"], ["sin"]),
+                node("Concat", ["cos", "sin"], ["embedding"], axis=1),
+                node("MatMul", ["embedding", "kernel"], ["y"]),
+            ],
+            {"freqs": freqs, "kernel": f32(32, 4)},
+            [("c", F, [2, 1])],
+            ["y"],
+            shape=[2, 4],
+        )
+        assert sorted(_weights(model)) == expected
+
+
+def test_a_lowered_group_norms_ones_and_zeros_are_not_weights_its_gamma_and_beta_are():
+    """PyTorch's dynamo export writes ``GroupNorm(2, 4)`` as an ``InstanceNormalization`` of
+    ``[N, 2, 2 H W]`` with scale 1 and bias 0, reshaped back to ``[N, 4, H, W]``, then
+    ``x gamma + beta`` per channel (the terrain UNet's 280 norms). A trained instance norm
+    (scale not all 1) keeps its parameters."""
+    node = helper.make_node
+    for scale, expected in ((np.ones(2, np.float32), ["beta", "gamma"]), (f32(2), None)):
+        model = _model(
+            [
+                node("Reshape", ["x", "grouped"], ["g"]),
+                node("InstanceNormalization", ["g", "scale", "bias"], ["n"]),
+                node("Reshape", ["n", "back"], ["nb"]),
+                node("Mul", ["nb", "gamma"], ["scaled"]),
+                node("Add", ["scaled", "beta"], ["y"]),
+            ],
+            {
+                "grouped": np.array([0, 2, -1], np.int64),
+                "back": np.array([0, 4, 3, 3], np.int64),
+                "scale": scale,
+                "bias": np.zeros(2, np.float32),
+                "gamma": f32(4, 1, 1),
+                "beta": f32(4, 1, 1),
+            },
+            [("x", F, [1, 4, 3, 3])],
+            ["y"],
+            shape=[1, 4, 3, 3],
+        )
+        weights = sorted(_weights(model))
+        assert weights == (expected or ["beta", "bias", "gamma", "scale"])

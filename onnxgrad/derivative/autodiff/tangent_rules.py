@@ -461,6 +461,24 @@ def _reduce_sum_square(ctx: TangentContext) -> list:
     return [Tangent(ctx.copy([twice, *ctx.node.inputs[1:]], op_type="ReduceSum")[0])]
 
 
+@tangent_rule("ReduceL2")
+def _reduce_l2(ctx: TangentContext) -> list:
+    """``ReduceSum(x t) / y`` over the same axes, 0 where ``y = 0`` (the reverse rule's
+    subgradient)."""
+    ctx.only(0)
+    b, x, y = ctx.b, ctx.node.inputs[0], ctx.node.outputs[0]
+    product = b.mul(x, ctx.exact(0))
+    axes = ctx.node.attr("axes")
+    if axes is not None:
+        summed = b.reduce_sum(product, axes, bool(ctx.node.attr("keepdims", 1)))
+    else:
+        summed = ctx.copy([product, *ctx.node.inputs[1:]], op_type="ReduceSum")[0]
+    zero = b.const(0, like=x)
+    vanishes = b.op("Equal", y, zero)
+    safe = b.op("Where", vanishes, b.const(1, like=x), y)
+    return [Tangent(b.op("Where", vanishes, zero, b.op("Div", summed, safe)))]
+
+
 @tangent_rule("ReduceMax", "ReduceMin")
 def _reduce_extremum(ctx: TangentContext) -> list:
     r"""``\dot y = \sum m t / \sum m`` over the reduced axes, ``m = (x == y)``: the mean
@@ -491,9 +509,10 @@ def _top_k(ctx: TangentContext) -> list:
 
 @tangent_rule("ScatterElements", "ScatterND")
 def _scatter(ctx: TangentContext) -> list:
-    """Linear in ``data`` and ``updates`` without a reduction."""
+    """Linear in ``data`` and ``updates`` without a reduction or with ``reduction='add'``
+    (``y = data + sum of the updates at each index``): the same scatter of the tangents."""
     ctx.only(0, 2)
-    if ctx.node.attr("reduction", "none") != "none":
+    if ctx.node.attr("reduction", "none") not in ("none", "add"):
         raise NoTangentRule(f"{ctx.node.op_type} node {ctx.node.name!r} with a reduction")
     data, indices, updates = ctx.exact_or_zeros(0), ctx.node.inputs[1], ctx.exact_or_zeros(2)
     return [Tangent(ctx.copy([data, indices, updates])[0])]
