@@ -166,7 +166,9 @@ def _weighted_loss(model: ModelProto, seeds: list) -> ModelProto:
             continue
         graph.initializer.append(numpy_helper.from_array(seed, f"_loss_g{k}"))
         graph.node.append(helper.make_node("Mul", [out.name, f"_loss_g{k}"], [f"_loss_m{k}"]))
-        graph.node.append(helper.make_node("ReduceSum", [f"_loss_m{k}"], [f"_loss_s{k}"], keepdims=0))
+        graph.node.append(
+            helper.make_node("ReduceSum", [f"_loss_m{k}"], [f"_loss_s{k}"], keepdims=0)
+        )
         graph.node.append(helper.make_node("Cast", [f"_loss_s{k}"], [f"_loss_d{k}"], to=11))
         terms.append(f"_loss_d{k}")
     graph.node.append(helper.make_node("Sum", terms, ["_loss"]))
@@ -212,7 +214,9 @@ def _compare(values, got, point, tangents, precision, labels) -> tuple[str, str]
         if np.any(np.isnan(a)):
             return "wrong", f"tangent of {label} has NaN values"
         forward, backward, central = (yp - y0) / eps, (y0 - ym) / eps, (yp - ym) / (2 * eps)
-        if np.any(np.abs(forward - backward) > 10 * rtol * (np.abs(forward) + np.abs(backward)) + 1e-5):
+        if np.any(
+            np.abs(forward - backward) > 10 * rtol * (np.abs(forward) + np.abs(backward)) + 1e-5
+        ):
             raise NoDerivative(f"one-sided differences of {label} disagree along the tangent")
         bad = _outside(a, central, rtol)
         if not bad.any():

@@ -274,7 +274,16 @@ class Oracle:
                 )
         if self.session is None:
             self.session = ReferenceEvaluator(
-                model, new_ops=[Erf, Gelu, LpNormalization, GridSample, DeformConv, Upsample, GatherElements]
+                model,
+                new_ops=[
+                    Erf,
+                    Gelu,
+                    LpNormalization,
+                    GridSample,
+                    DeformConv,
+                    Upsample,
+                    GatherElements,
+                ],
             )
 
     def run(self, feeds: dict) -> list[np.ndarray]:
