@@ -54,10 +54,10 @@ rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``LpNormaliz
 drops the absolute value in the norm (replaced by the spec's ``(sum |x|^p)^(1/p)``),
 ``GridSample`` (and ``DeformConv``, which samples with it) rounds pixel coordinates to
 float32 (replaced by float64), ``Upsample`` takes integer nearest scales only (replaced by
-the spec's for any scales), ``GatherElements`` gathers from at most 64 entries along its axis
-(replaced by ``np.take_along_axis``), ``MaxPool``'s Indices are wrong when strides and dilations are 1,
-and Softmax/LogSoftmax/Hardmax before opset 13, BatchNormalization before opset 14 and Scan
-before opset 9 (the reference cannot run its batched form)
+the spec's for any scales), ``GatherElements`` gathers from at most 64 entries along its
+axis (replaced by ``np.take_along_axis``), ``MaxPool``'s Indices are wrong when strides and
+dilations are 1, and Softmax/LogSoftmax/Hardmax before opset 13, BatchNormalization before
+opset 14 and Scan before opset 9 (the reference cannot run its batched form)
 (onnxruntime evaluates those, where it loads them).
 
     python benchmarks/coverage_ops.py [--ops Relu,Swish] [--markdown docs/coverage.md]
