@@ -15,10 +15,16 @@ Three sweeps, each against an independent float64 reference, never against onnxg
   differences of the original model in float64 (onnx's reference evaluator), and
   ``onnx_hvp`` of ``sum |y|^2`` against central differences of its reverse gradient.
 - ``seeds``: on a sample of rule cases, ``seeds=k`` in one run equals ``k`` single runs.
+- ``ops``: onnx's own operator test cases (benchmarks/coverage_ops.py), wherever the reverse
+  mode is judged ``ok`` there: ``onnx_jvp`` against central differences of the outputs and
+  ``onnx_hvp`` of ``sum_k <y_k, g_k>`` against central differences of the reverse gradient,
+  along a random tangent, with that sweep's oracle, float64 model, step and tolerance
+  (benchmarks/_modes_ops.py).
 
     python benchmarks/coverage_modes.py rules [--ops Softmax,Conv] [--markdown out.md]
     python benchmarks/coverage_modes.py models [--names a.onnx,b.onnx]
     python benchmarks/coverage_modes.py seeds
+    python benchmarks/coverage_modes.py ops [--ops Relu,Conv] [--modes jvp] [--jobs 2] [--first]
 """
 
 from __future__ import annotations
@@ -128,6 +134,14 @@ def rule_outcomes(ops: set[str] | None, modes: set[str]) -> list[Outcome]:
     return outcomes
 
 
+def op_outcomes(ops: set[str] | None, modes: set[str], args) -> list[Outcome]:
+    """JVP and HVP on onnx's operator cases (:mod:`benchmarks._modes_ops`)."""
+    from benchmarks._modes_ops import ops_results
+
+    results = ops_results(ops, modes, args.jobs, args.first)
+    return [_report(Outcome(*result)) for result in results]
+
+
 def _report(outcome: Outcome) -> Outcome:
     if outcome.status != "ok":
         print(f"{outcome.mode} {outcome.name}: {outcome.status} {outcome.detail}", flush=True)
@@ -155,15 +169,21 @@ def markdown(outcomes: list[Outcome]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep", choices=["rules", "models", "seeds"])
+    parser.add_argument("sweep", choices=["rules", "models", "seeds", "ops"])
     parser.add_argument("--ops", help="rules: comma-separated operator types (default: all)")
     parser.add_argument("--modes", default="jvp,hvp", help="comma-separated: jvp, hvp")
     parser.add_argument("--names", help="models: comma-separated file names (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="ops: processes (default 1)")
+    parser.add_argument(
+        "--first", action="store_true", help="ops: the first case of each operator type only"
+    )
     parser.add_argument("--markdown", help="write the summary and the failures here")
     args = parser.parse_args(argv)
     modes = set(args.modes.split(","))
     if args.sweep == "rules":
         outcomes = rule_outcomes(set(args.ops.split(",")) if args.ops else None, modes)
+    elif args.sweep == "ops":
+        outcomes = op_outcomes(set(args.ops.split(",")) if args.ops else None, modes, args)
     elif args.sweep == "models":
         from benchmarks._modes_models import model_outcomes
 

@@ -54,9 +54,10 @@ rounds to float32 for doubles (replaced here by a float64 ``Erf``), ``LpNormaliz
 drops the absolute value in the norm (replaced by the spec's ``(sum |x|^p)^(1/p)``),
 ``GridSample`` (and ``DeformConv``, which samples with it) rounds pixel coordinates to
 float32 (replaced by float64), ``Upsample`` takes integer nearest scales only (replaced by
-the spec's for any scales), ``MaxPool``'s Indices are wrong when strides and dilations are 1,
-and Softmax/LogSoftmax/Hardmax before opset 13, BatchNormalization before opset 14 and Scan
-before opset 9 (the reference cannot run its batched form)
+the spec's for any scales), ``GatherElements`` gathers from at most 64 entries along its
+axis (replaced by ``np.take_along_axis``), ``MaxPool``'s Indices are wrong when strides and
+dilations are 1, and Softmax/LogSoftmax/Hardmax before opset 13, BatchNormalization before
+opset 14 and Scan before opset 9 (the reference cannot run its batched form)
 (onnxruntime evaluates those, where it loads them).
 
     python benchmarks/coverage_ops.py [--ops Relu,Swish] [--markdown docs/coverage.md]
@@ -233,6 +234,18 @@ class Upsample(OpRun):
         return (y.astype(x.dtype),)
 
 
+class GatherElements(OpRun):
+    """``GatherElements`` along any axis size (the reference one gathers with ``np.choose``,
+    which takes at most 64 entries along the axis: a forward-mode MaxPool gathers along a
+    flattened window of more)."""
+
+    op_domain = ""
+
+    def _run(self, data, indices, axis=0):
+        indices = np.where(indices < 0, indices + data.shape[axis], indices)
+        return (np.take_along_axis(data, indices, axis=axis),)
+
+
 def _ort_oracle(op_type: str, opset: int) -> bool:
     """Cases the reference evaluator gets wrong and onnxruntime evaluates instead."""
     return (
@@ -261,7 +274,16 @@ class Oracle:
                 )
         if self.session is None:
             self.session = ReferenceEvaluator(
-                model, new_ops=[Erf, Gelu, LpNormalization, GridSample, DeformConv, Upsample]
+                model,
+                new_ops=[
+                    Erf,
+                    Gelu,
+                    LpNormalization,
+                    GridSample,
+                    DeformConv,
+                    Upsample,
+                    GatherElements,
+                ],
             )
 
     def run(self, feeds: dict) -> list[np.ndarray]:

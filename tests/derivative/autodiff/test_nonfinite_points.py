@@ -6,6 +6,9 @@
 * a zero row of LpNormalization: ``y = 0`` there (both runtimes), the gradient is defined as 0
   (finite differences see ``g / eps``, the jump of ``x / ||x||``); the other rows are checked
   against finite differences;
+* the JVP of LpNormalization at a zero row (by transposition of that gradient): 0 there, not
+  the NaN of a zero tangent divided by the zero norm; the other rows equal central
+  differences of the outputs along the tangent;
 * the second derivative of GlobalLpPool at an all-zero plane and of LpPool at all-zero windows
   (``y = 0``): finite everywhere (the first derivative takes 0 there), equal to finite
   differences of the first derivative along every input on which it does not jump (the
@@ -21,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxgrad import onnx_derivative
+from onnxgrad import onnx_derivative, onnx_jvp
 from tests.derivative.autodiff.gradcheck import (
     OpCase,
     case_model,
@@ -96,6 +99,22 @@ def test_lp_normalization_zero_row(p):
     for runtime, got in native_gradient(case, g).items():
         np.testing.assert_array_equal(got[1], 0.0, err_msg=runtime)
         np.testing.assert_allclose(got[[0, 2]], expected, rtol=1e-4, atol=1e-5, err_msg=runtime)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_jvp_at_a_zero_row(p):
+    x = rng.standard_normal((3, 4))
+    x[1] = 0.0
+    oracle = "onnxruntime" if p == 1 else "reference"
+    case = OpCase("LpNormalization", {"x": x}, {"axis": -1, "p": p}, opset=11, evaluator=oracle)
+    model, feeds = case_model(case)
+    v = rng.standard_normal(x.shape)
+    (got,) = evaluator(onnx_jvp(model, inputs=["x"]), oracle).run(None, {**feeds, "x_tangent": v})
+    session, eps = evaluator(model, oracle), 1e-6
+    (up,), (down,) = (session.run(None, {"x": x + s * eps * v}) for s in (1, -1))
+    np.testing.assert_array_equal(got[1], 0.0)
+    expected = (up - down)[[0, 2]] / (2 * eps)
+    np.testing.assert_allclose(got[[0, 2]], expected, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(

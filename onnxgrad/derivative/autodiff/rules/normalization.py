@@ -208,7 +208,9 @@ def lp_normalization_grad(b, node, grads, needs):
     r"""``y = x / n`` with ``n = ||x||_p`` along ``axis`` (``p`` 1 or 2):
     :math:`\bar x = (g - d \sum g y) / n` with :math:`d = y` for ``p = 2``,
     :math:`\operatorname{sign}(x)` for ``p = 1``; 0 where ``n = 0`` (the forward gives
-    ``y = 0`` there)."""
+    ``y = 0`` there). The division is by ``n`` with its zeros replaced by 1, so that the
+    masked entries are finite in every derivative of this graph too (the transposition that
+    gives ``onnx_jvp`` would otherwise divide a zero tangent by ``n = 0``: NaN)."""
     (g,) = grads
     x, y = node.inputs[0], node.outputs[0]
     axes = [node.attr("axis", -1)]
@@ -222,8 +224,10 @@ def lp_normalization_grad(b, node, grads, needs):
     direction = y if p == 2 else b.op("Sign", x)
     total = b.reduce_sum(b.mul(g, y), axes, keepdims=True)
     zero = b.const(0, like=x)
-    grad = b.op("Div", b.op("Sub", g, b.mul(direction, total)), norm)
-    return [b.op("Where", b.op("Equal", norm, zero), zero, grad)]
+    vanishes = b.op("Equal", norm, zero)
+    safe_norm = b.op("Where", vanishes, b.const(1, like=x), norm)
+    grad = b.op("Div", b.op("Sub", g, b.mul(direction, total)), safe_norm)
+    return [b.op("Where", vanishes, zero, grad)]
 
 
 @register("LRN", since=11)

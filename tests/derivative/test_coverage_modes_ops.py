@@ -1,0 +1,44 @@
+"""The ``ops`` sweep of benchmarks/coverage_modes.py (benchmarks/_modes_ops.py) on a few of
+onnx's operator cases (the full run is a benchmark, not a test), and its comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import _modes_ops
+from benchmarks.coverage_ops import Precision
+
+FLOAT64 = Precision(1e-6, 1e-4)
+
+
+def test_jvp_and_hvp_on_a_few_operators():
+    results = list(_modes_ops.ops_results({"Relu", "LpNormalization"}, {"jvp", "hvp"}))
+    statuses: dict[tuple[str, str], set[str]] = {}
+    for case, mode, status, _ in results:
+        op = "Relu" if "relu" in case else "LpNormalization"
+        statuses.setdefault((op, mode), set()).add(status)
+    assert statuses[("Relu", "jvp")] == {"ok"}
+    assert statuses[("Relu", "hvp")] == {"zero, refused"}, "Relu's Hessian is zero: refused"
+    # test_l2normalization_axis_0 has an all-zero column: its JVP was NaN there
+    assert statuses[("LpNormalization", "jvp")] == {"ok"}
+    assert statuses[("LpNormalization", "hvp")] == {"ok"}
+
+
+def _square(point):
+    return [point["x"] ** 2]
+
+
+@pytest.mark.parametrize(("factor", "verdict"), [(2.0, "ok"), (2.1, "wrong")])
+def test_a_tangent_is_compared_entry_by_entry(factor, verdict):
+    x = np.array([0.5, -1.0, 2.0])
+    v = {"x": np.array([1.0, 0.5, -0.25])}
+    got = [factor * x * v["x"]]
+    status, _ = _modes_ops._compare(_square, got, {"x": x}, v, FLOAT64, ["y"])
+    assert status == verdict
+
+
+def test_a_kink_along_the_tangent_is_no_verdict():
+    x, v = np.array([0.0, 1.0]), {"x": np.array([1.0, 1.0])}
+    with pytest.raises(_modes_ops.NoDerivative):
+        _modes_ops._compare(lambda p: [np.abs(p["x"])], [v["x"]], {"x": x}, v, FLOAT64, ["y"])
