@@ -186,6 +186,28 @@ def test_castlike_gives_its_tangent_the_target_type():
     )
 
 
+def test_castlike_reads_only_the_type_of_its_second_input():
+    """``y = Pad(x, [1, 1], CastLike(-inf, x))``, as in Attention's body: no tangent flows from
+    the type donor ``x`` into the pad value, so the tangent pass takes the model (it fell back
+    to the transposition before) and ``y``'s tangent is ``t`` padded with zeros."""
+    model = _model(
+        [
+            helper.make_node("CastLike", ["inf", "x"], ["fill"]),
+            helper.make_node("Pad", ["x", "pads", "fill"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", DOUBLE, [3])],
+        [helper.make_tensor_value_info("y", DOUBLE, [5])],
+        [
+            numpy_helper.from_array(np.array(-np.inf, np.float32), "inf"),
+            numpy_helper.from_array(np.array([1, 1], np.int64), "pads"),
+        ],
+    )
+    built = tangent_jvp(normalized_model(model), [], ["x"], False, True)[0]
+    t = np.array([1.0, 2.0, 3.0])
+    got = _run(built, {"x": np.zeros(3), "x_tangent": t})
+    np.testing.assert_array_equal(got["y_tangent"], [0.0, 1.0, 2.0, 3.0, 0.0])
+
+
 def test_a_layer_norm_after_an_add_runs_in_onnxruntime_at_its_default_level():
     """onnxruntime fuses ``LayerNormalization(a + b)`` into a ``SkipLayerNormalization``
     that leaves the mean and inverse deviation outputs unset: the tangent of a layer norm

@@ -63,7 +63,11 @@ def _expand(ctx: TangentContext) -> list:
 
 @tangent_rule("Cast", "CastLike")
 def _cast(ctx: TangentContext) -> list:
-    ctx.only(0)
+    """The tangent cast as the value; ``CastLike``'s second input gives only its type, so
+    no tangent flows from it (``CastLike(-inf, mask)`` in Attention's body)."""
+    ctx.only(0, 1) if ctx.node.op_type == "CastLike" else ctx.only(0)
+    if not ctx.active(0):
+        return [None]
     like = ctx.node.input(1)
     to = ctx.b.dtype(like) if like is not None and ctx.b.has_type(like) else ctx.node.attr("to")
     if to not in FLOAT_TYPES:
