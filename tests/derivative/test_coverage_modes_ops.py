@@ -42,3 +42,18 @@ def test_a_kink_along_the_tangent_is_no_verdict():
     x, v = np.array([0.0, 1.0]), {"x": np.array([1.0, 1.0])}
     with pytest.raises(_modes_ops.NoDerivative):
         _modes_ops._compare(lambda p: [np.abs(p["x"])], [v["x"]], {"x": x}, v, FLOAT64, ["y"])
+
+
+def test_the_hvp_through_a_function_defined_operator():
+    """Attention with a mask, a causal window and padded keys: the HVP's gradient graph keeps
+    the forward ``Attention`` node, which has no tangent rule; the tangent pass follows its
+    function body (it fell back to the transposition, whose mask-to-``V_grad`` cross term was
+    wrong in 256 of 384 entries)."""
+    from benchmarks.coverage_ops import collect_cases
+
+    name = "test_attention_local_window_ext_cache_float16_mask"
+    case = next(c for c in collect_cases({"Attention"}) if c[0] == name)
+    assert dict((m, s) for m, s, _ in _modes_ops.check_ops_case(*case, {"jvp", "hvp"})) == {
+        "jvp": "ok",
+        "hvp": "ok",
+    }

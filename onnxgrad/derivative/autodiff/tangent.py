@@ -10,7 +10,11 @@ tangent ``\dot x`` of ``y = x + b`` is when ``b`` alone makes ``y`` larger. Broa
 operators take loose tangents as they come; the others (reductions, reshapes, products)
 ask for the exact one, ``Expand(\dot x, Shape(x))``, which is built once per value.
 
-A node without a tangent rule, or holding a subgraph, stops the pass with
+An operator without a tangent rule but defined by an ONNX function (``Attention``,
+``RMSNormalization``...) is followed through its body: the body is computed again under fresh
+names beside the fused node (which keeps computing the outputs) and the tangents propagate
+through the body's nodes, as the reverse mode's function fallback does. Any other node
+without a tangent rule, or one holding a subgraph, stops the pass with
 :class:`NoTangentRule`: the caller then transposes the reverse graph instead
 (:mod:`onnxgrad.derivative.forward`).
 """
@@ -26,8 +30,14 @@ from onnx import GraphProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, NameScope, normalize_domain, np_dtype, subgraphs
 from onnxgrad.derivative.autodiff.builder import GradBuilder, GraphEmitter, NodeView
+from onnxgrad.derivative.autodiff.functions import FunctionExpansionError, expand_node
 from onnxgrad.derivative.autodiff.registry import has_zero_gradient
-from onnxgrad.derivative.autodiff.value_types import ValueType
+from onnxgrad.derivative.autodiff.value_types import (
+    UnknownTypeError,
+    ValueType,
+    infer_value_types,
+    value_info,
+)
 from onnxgrad.graph._scopes import node_inputs
 
 
@@ -190,7 +200,12 @@ class TangentEngine:
             tangents = [self.tangents.get(name) if name else None for name in proto.input]
             if any(t is not None for t in tangents):
                 emitted = len(self.emitter.nodes)
-                self._propagate(proto, tangents)
+                try:
+                    self._propagate(proto, tangents)
+                except (UnknownTypeError, KeyError) as exc:  # a type inference did not give
+                    raise NoTangentRule(
+                        f"{proto.op_type} node {proto.name!r}: a type is unknown ({exc})"
+                    ) from exc
                 self.ordered.extend(self.emitter.nodes[emitted:])
             elif subgraphs(proto) and not self.tangents.keys().isdisjoint(node_inputs(proto)):
                 raise NoTangentRule(f"{proto.op_type} node {proto.name!r} holds a subgraph")
@@ -236,9 +251,8 @@ class TangentEngine:
             raise NoTangentRule(f"{proto.op_type} node {proto.name!r} holds a subgraph")
         rule = self.rules.get(proto.op_type) if not domain else None
         if rule is None:
-            raise NoTangentRule(
-                f"no tangent rule for {domain or 'ai.onnx'}::{proto.op_type} (node {proto.name!r})"
-            )
+            self._through_body(proto, tangents)
+            return
         node = NodeView(proto, self.emitter.opset)
         results = rule(TangentContext(self, node, tangents))
         first = next(i for i, t in zip(proto.input, tangents) if t is not None)
@@ -249,6 +263,39 @@ class TangentEngine:
             if elem not in FLOAT_TYPES:
                 continue
             self.tangents[output] = tangent
+
+    def _through_body(self, proto: NodeProto, tangents: list[Tangent | None]) -> None:
+        """The tangents of a node without a rule through its function body: the body's
+        nodes, bound to the node's inputs and renamed apart, are emitted (the forward value
+        computed again for the tangent rules to read) and the tangents propagate through
+        them; the node's outputs take the tangents of the body's. ``NoTangentRule`` names
+        the node where it has no function, or the body cannot be built or typed."""
+        missing = f"no tangent rule for {normalize_domain(proto.domain) or 'ai.onnx'}::"
+        missing += f"{proto.op_type} (node {proto.name!r})"
+        types = self.emitter.types
+        try:
+            body = expand_node(proto, types, self.emitter.opsets, self.emitter.functions)
+        except FunctionExpansionError as exc:
+            raise NoTangentRule(f"{missing}: {exc}") from exc
+        if not body:
+            raise NoTangentRule(missing)
+        renames = {
+            name: self.emitter.scope.unique(f"{proto.name or proto.op_type}_body/{name}")
+            for inner in body
+            for name in inner.output
+            if name
+        }
+        body = [_renamed(inner, renames, self.emitter.node_names) for inner in body]
+        types.update(_body_types(body, proto, types, self.emitter.opsets))
+        for inner in body:
+            self.emitter.nodes.append(inner)
+            inner_tangents = [self.tangents.get(n) if n else None for n in inner.input]
+            if any(t is not None for t in inner_tangents):
+                self._propagate(inner, inner_tangents)
+        for output in proto.output:
+            tangent = self.tangents.get(renames.get(output, ""))
+            if output and tangent is not None:
+                self.tangents[output] = tangent
 
     def _output_type(self, proto: NodeProto, output: str, first_input: str) -> int:
         """The element type of ``output``: declared, else ``Cast``'s or ``CastLike``'s
@@ -265,6 +312,35 @@ class TangentEngine:
             elem = types[first_input].elem_type
         types[output] = ValueType(elem, None)
         return elem
+
+
+def _renamed(node: NodeProto, renames: Mapping[str, str], node_names: NameScope) -> NodeProto:
+    """A copy of a body node with its values renamed and a unique node name."""
+    copy = NodeProto()
+    copy.CopyFrom(node)
+    copy.name = node_names.unique(node.name or node.op_type)
+    copy.input[:] = [renames.get(i, i) for i in copy.input]
+    copy.output[:] = [renames.get(o, o) for o in copy.output]
+    if subgraphs(copy):
+        raise NoTangentRule(f"the function body's node {copy.op_type} holds a subgraph")
+    return copy
+
+
+def _body_types(
+    body: list[NodeProto], proto: NodeProto, types: Mapping[str, ValueType], opsets
+) -> dict[str, ValueType]:
+    """The types shape inference gives the body's values, from the node's inputs' types."""
+    inputs = [value_info(n, types[n]) for n in dict.fromkeys(proto.input) if n and n in types]
+    graph = helper.make_graph(body, "body", inputs, [])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()]
+    )
+    try:
+        inferred = infer_value_types(model)
+    except Exception as exc:  # onnx's inference raises several types
+        raise NoTangentRule(f"the function body of {proto.op_type} cannot be typed: {exc}") from exc
+    produced = {o for inner in body for o in inner.output if o}
+    return {n: t for n, t in inferred.items() if n in produced}
 
 
 def declared_types(graph: GraphProto) -> dict[str, ValueType]:
