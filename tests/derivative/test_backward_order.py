@@ -147,21 +147,26 @@ def tanh_mlp(layers: int = 4, reduce: bool = True) -> onnx.ModelProto:
 
 
 def _onnxruntime_order(model: onnx.ModelProto, feeds: dict) -> dict[str, int]:
-    """Node name -> rank in which onnxruntime ran it (its profile)."""
+    """Node name -> rank in which onnxruntime ran it (its profile, written to a temporary
+    folder: not the working directory)."""
     import json
+    import tempfile
 
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.enable_profiling = True
-    session = ort.InferenceSession(model.SerializeToString(), options)
-    session.run(None, feeds)
-    with open(session.end_profiling()) as profile:
-        ran = [
-            e["name"].removesuffix("_kernel_time")
-            for e in json.load(profile)
-            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-        ]
+    with tempfile.TemporaryDirectory() as folder:
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = f"{folder}/order"
+        session = ort.InferenceSession(model.SerializeToString(), options)
+        session.run(None, feeds)
+        with open(session.end_profiling()) as profile:
+            events = json.load(profile)
+    ran = [
+        e["name"].removesuffix("_kernel_time")
+        for e in events
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+    ]
     return {name: i for i, name in enumerate(ran)}
 
 
