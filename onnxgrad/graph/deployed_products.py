@@ -131,6 +131,29 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
     return found
 
 
+def one_adapter(products: list[Product]) -> list[Product] | None:
+    r"""``products`` (every reader of one quantized weight) as the readers of one adapter
+    ``A B``, ``K x N`` as the first product reads the weight: a product reading it in the
+    other layout (the codes moved by the other of the two 2-D permutations, its ``K x N`` the
+    first's ``N x K``) reads ``(A B)^T`` and is marked ``transposed`` (its branch
+    ``s (x B^T) A^T``). ``None`` where a product's shape is neither."""
+    first = products[0]
+    base = _codes_layout(first)
+    readers = []
+    for product in products:
+        same = _codes_layout(product) == base
+        if product.shape != (first.shape if same else first.shape[::-1]):
+            return None
+        readers.append(replace(product, transposed=not same))
+    return readers
+
+
+def _codes_layout(product: Product) -> tuple[int, ...] | None:
+    """How ``product`` permutes the codes into its ``K x N`` (``None``: not at all)."""
+    perm = product.perm
+    return None if perm is None or list(perm) == sorted(perm) else tuple(perm)
+
+
 def _bias_add(node: NodeProto, context) -> NodeProto | None:
     """The ``Add`` of a bias (a constant ``[N]``, or ``[1, N]`` as BART's logits bias) that
     alone reads ``node``'s output: for
@@ -595,6 +618,7 @@ __all__ = [
     "Product",
     "add_branch",
     "insert_after",
+    "one_adapter",
     "remove_branch",
     "share_first_products",
     "weight_products",

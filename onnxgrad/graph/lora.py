@@ -57,6 +57,7 @@ from onnxgrad._onnx_utils import (
 from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
+    one_adapter,
     remove_branch,
     share_first_products,
     weight_products,
@@ -149,9 +150,10 @@ def _chosen(model, weights, targets: set[str], initializers) -> list[str]:
 
 def _quantized_products(model: ModelProto) -> dict[str, list]:
     """``{integer codes: their products}`` for the quantized weights read only by
-    recognised products of one ``K x N`` shape and layout (every reader of a QDQ weight,
-    a requantized one too, :mod:`onnxgrad.graph.deployed_products`: one adapter gives each
-    the same ``W + s A B``)."""
+    recognised products (every reader of a QDQ weight, a requantized one too,
+    :mod:`onnxgrad.graph.deployed_products`): one adapter gives each the same
+    ``W + s A B``, a reader of the weight's other layout ``(W + s A B)^T``
+    (:func:`~onnxgrad.graph.deployed_products.one_adapter`)."""
     products_of = weight_products(model)  # names the unnamed nodes
     readers: dict[str, set[str]] = {}
     for node in model.graph.node:
@@ -159,20 +161,10 @@ def _quantized_products(model: ModelProto) -> dict[str, list]:
             readers.setdefault(name, set()).add(node.name)
     found = {}
     for weight, products in products_of.items():
-        if (
-            products[0].quantized
-            and len({p.shape for p in products}) == 1
-            and len({_layout(p) for p in products}) == 1
-            and readers.get(weight, set()) <= {p.reader for p in products}
-        ):
-            found[weight] = products
+        adapted = one_adapter(products) if products[0].quantized else None
+        if adapted and readers.get(weight, set()) <= {p.reader for p in products}:
+            found[weight] = adapted
     return found
-
-
-def _layout(product) -> tuple[int, ...] | None:
-    """How ``product`` permutes the codes into its ``K x N`` (``None``: not at all)."""
-    perm = product.perm
-    return None if perm is None or list(perm) == sorted(perm) else tuple(perm)
 
 
 def _beside(weight, products, rank, scale, rng, names, node_names, graph) -> dict:
