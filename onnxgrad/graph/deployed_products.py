@@ -326,15 +326,17 @@ def _requantized_output(node: NodeProto, readers) -> tuple[NodeProto | None, Nod
 def dequantize_behind(
     value: str, producers, inits
 ) -> tuple[NodeProto | None, list[int] | None, list[NodeProto]]:
-    """The ``DequantizeLinear`` of integer codes (a 2-D initializer), or the ``Mul`` or ``Div``
-    ending its plain-operator form (:mod:`onnxgrad.graph.plain_dequantization`), that ``value`` is
-    computed from through :data:`LAYOUT_OPS` and requantizations (:func:`_requantization`),
-    the composed permutation (``None`` for none) and the nodes passed after it, in order;
+    """The ``DequantizeLinear`` of integer codes (a 2-D initializer), or the ``Mul``, ``Div``
+    or (per block) ``Reshape`` ending its plain-operator form
+    (:mod:`onnxgrad.graph.plain_dequantization`), that ``value`` is computed from through
+    :data:`LAYOUT_OPS` and requantizations (:func:`_requantization`), the composed
+    permutation (``None`` for none) and the nodes passed after it, in order;
     ``(None, None, [])`` when there is none."""
     perm, via = None, []
     node = producers.get(value)
     while node is not None and not normalize_domain(node.domain):
-        if node.op_type in ("Mul", "Div") and plain_dequantization(node, producers, inits):
+        plain = node.op_type in ("Mul", "Div", "Reshape")
+        if plain and plain_dequantization(node, producers, inits):
             return node, perm, via[::-1]
         if node.op_type == "DequantizeLinear":
             if _integer_matrix(node.input[0], inits):

@@ -43,6 +43,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES
 from onnxgrad.graph.deployed_products import Product, weight_products
+from onnxgrad.graph.plain_dequantization import code_range
 
 
 def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]]) -> None:
@@ -125,10 +126,10 @@ def symmetric_code_range(codes: np.ndarray, middle: int) -> tuple[int, int]:
     """``(q_min, q_max)`` of a symmetric requantization of ``codes`` (zero point ``middle``):
     the type's range, less its lowest code where ``codes`` never use it (a restricted
     range ``[2 middle - q_max, q_max]``, so that the scale of unchanged values is theirs)."""
-    info = np.iinfo(codes.dtype)
-    if codes.size and int(codes.min()) == info.min:
-        return info.min, info.max
-    return max(info.min, 2 * middle - info.max), info.max
+    low, high = code_range(codes.dtype)
+    if codes.size and int(codes.min()) == low:
+        return low, high
+    return max(low, 2 * middle - high), high
 
 
 def kept_zero_point(zero: np.ndarray | None, dtype, groups: int) -> tuple[bool, int]:
@@ -136,8 +137,8 @@ def kept_zero_point(zero: np.ndarray | None, dtype, groups: int) -> tuple[bool, 
     symmetric, keeping their zero points ``zero`` (``None``: absent): absent, all at the
     ``middle`` of the code range (0 signed, ``2^{b-1}`` unsigned), or one shared by groups
     with scales of their own (left as it is)."""
-    info = np.iinfo(dtype)
-    middle = 0 if info.min < 0 else (info.max + 1) // 2
+    low, high = code_range(dtype)
+    middle = 0 if low < 0 else (high + 1) // 2
     kept = zero is None or bool(np.all(zero == middle)) or zero.size < groups
     return kept, middle
 
@@ -150,12 +151,12 @@ def _steps(stored: np.ndarray, divides: bool) -> np.ndarray:
 
 
 def _quantize_groups(
-    w: np.ndarray, zero: np.ndarray, fixed: bool, code_range, scale_dtype, divides: bool = False
+    w: np.ndarray, zero: np.ndarray, fixed: bool, codes_range, scale_dtype, divides: bool = False
 ):
     """``(codes, scales, zero points)`` of ``w`` (groups along axis 0, float64) with
     ``zero`` (one per group) kept where ``fixed`` (module docstring); each scale the step
     its stored ``scale_dtype`` value gives (``1 / d`` for a divisor ``d`` where ``divides``)."""
-    q_min, q_max = code_range
+    q_min, q_max = codes_range
     flat = w.reshape(len(w), -1)
     lo = np.minimum(flat.min(axis=1), 0.0)
     hi = np.maximum(flat.max(axis=1), 0.0)
@@ -291,9 +292,52 @@ def _requantize_plain(model: ModelProto, inits, products: list[Product], delta) 
     casts = [n for n in model.graph.node if n.name in plain.nodes and n.op_type == "Cast"]
     start = [out for cast in casts for out in cast.output]  # the codes, the zero point
     _check_only_products(model, start, products, plain.codes, set(plain.nodes))
+    if plain.blocks is not None:
+        _requantize_blocks(model, inits, products, delta)
+        return
     axis = 0 if plain.axis is None else plain.axis
     layout = (plain.scale, plain.zero, axis, plain.divides)
     _requantize_read(model, inits, products, layout, delta)
+
+
+def _requantize_blocks(model: ModelProto, inits, products: list[Product], delta) -> None:
+    """Per block: the codes reshaped to ``plain.blocks``, one group per value of the scale
+    (per block, and per index of the other axis where the scale has one), each quantized
+    again by the module docstring's rule; a reader quantizing the weight again as in
+    :func:`_requantize_read`."""
+    product = products[0]
+    plain = product.plain
+    update = np.transpose(delta, np.argsort(product.perm)) if product.perm else delta
+    codes = numpy_helper.to_array(inits[plain.codes])
+    scale = numpy_helper.to_array(inits[plain.scale])
+    zero = numpy_helper.to_array(inits[plain.zero]) if plain.zero else None
+    if update.shape != codes.shape:
+        raise ValueError(f"weight {plain.codes!r} {list(codes.shape)}: an update {update.shape}")
+    shape, steps = plain.blocks, _steps(scale, plain.divides)
+    shift = np.zeros(()) if zero is None else zero.astype(np.float64)
+    values = (codes.astype(np.float64).reshape(shape) - shift) * steps + update.reshape(shape)
+    order = [i for i, d in enumerate(scale.shape) if d != 1]
+    order += [i for i in range(3) if i not in order]  # the groups first, their values last
+    groups = np.transpose(values, order).reshape(scale.size, -1)
+    zero_groups = np.broadcast_to(shift, scale.shape).reshape(-1)
+    fixed, middle = kept_zero_point(zero, codes.dtype, scale.size)
+    codes_range = symmetric_code_range(codes, middle) if fixed else code_range(codes.dtype)
+    new_codes, new_steps, new_zero = _quantize_groups(
+        groups, zero_groups, fixed, codes_range, scale.dtype, plain.divides
+    )
+    moved = new_codes.reshape([shape[i] for i in order])
+    blocked = np.transpose(moved, np.argsort(order))
+    _replace(inits, plain.codes, blocked.reshape(codes.shape))
+    stored = 1.0 / new_steps if plain.divides else new_steps
+    _replace(inits, plain.scale, stored.reshape(scale.shape))
+    if zero is not None and not fixed:
+        _replace(inits, plain.zero, new_zero.reshape(zero.shape))
+    requantizations = _requantizations(model, products)
+    if requantizations:
+        steps, shift = new_steps.reshape(scale.shape), new_zero.reshape(scale.shape)
+        merged = ((blocked - shift) * steps).reshape(codes.shape)
+        for quantize in requantizations:
+            merged = _widened(model, inits, quantize, merged, plain.codes)
 
 
 def _requantize_read(model: ModelProto, inits, products: list[Product], layout, delta) -> None:
@@ -386,10 +430,10 @@ def _requantize_codes(
     scale = numpy_helper.to_array(inits[scale_name])
     if update.shape != codes.shape:
         raise ValueError(f"weight {weight!r} {list(codes.shape)}: an update {update.shape}")
-    info = np.iinfo(codes.dtype)
     zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros((), codes.dtype)
     per_axis = scale.size > 1
-    groups = np.moveaxis(codes, axis, 0) if per_axis else codes[None]
+    numbers = codes.astype(np.int64)  # 4-bit codes (ml_dtypes) take no arithmetic with floats
+    groups = np.moveaxis(numbers, axis, 0) if per_axis else numbers[None]
     count = len(groups)
     zero_groups = np.broadcast_to(zero.reshape(-1), (count,)).astype(np.float64)
     scale_groups = np.broadcast_to(_steps(scale, divides).reshape(-1), (count,))
@@ -397,9 +441,9 @@ def _requantize_codes(
     values = (groups - zero_groups.reshape(shape)) * scale_groups.reshape(shape)
     values = values + (np.moveaxis(update, axis, 0) if per_axis else update[None])
     fixed, middle = kept_zero_point(zero if zero_name else None, codes.dtype, count)
-    code_range = symmetric_code_range(codes, middle) if fixed else (info.min, info.max)
+    codes_range = symmetric_code_range(codes, middle) if fixed else code_range(codes.dtype)
     new_codes, new_scale, new_zero = _quantize_groups(
-        values, zero_groups, fixed, code_range, scale.dtype, divides
+        values, zero_groups, fixed, codes_range, scale.dtype, divides
     )
     new_codes = np.moveaxis(new_codes, 0, axis) if per_axis else new_codes[0]
     _replace(inits, weight, new_codes)
