@@ -16,17 +16,18 @@ into ``W`` and removes them: the result has the original graph and the adapted o
 The model keeps the form it was deployed in (fused ``com.microsoft`` operators, float16,
 integer products, QDQ, 4-bit): nothing is lowered. A quantized weight (the integer codes ``q``
 of a ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul``,
-QDQ ``MatMul`` or the same dequantized by ``(Cast(q) - z) s``,
+QDQ ``MatMul`` or the same dequantized by ``(Cast(q) - z) s`` or ``/ d``, per block too,
 :mod:`onnxgrad.graph.deployed_products`) stays frozen and gets a float
 adapter beside its product (QLoRA):
 
     y' = y + s (x A) B = x (W + s A B),   W = (q - z) s_q  (K x N)
 
-named after ``q``, placed so that onnxruntime's fusions of the base still apply (a QDQ
-product's sum quantized again, a bias folded first; branches reading one ``x`` share
-``x [A_1 | A_2 | ...]``: :mod:`onnxgrad.graph.deployed_products`). :func:`merge_lora` keeps
-those adapters beside the untouched codes or, asked to, folds them and re-quantizes the base
-in its own format (:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the
+named after ``q`` (a reader of ``W^T`` gets ``s (x B^T) A^T``), placed so that
+onnxruntime's fusions of the base still apply (a QDQ product's sum quantized again, a bias
+folded first; branches reading one ``x`` share ``x [A_1 | A_2 | ...]``:
+:mod:`onnxgrad.graph.deployed_products`). :func:`merge_lora` keeps those adapters beside the
+untouched codes or, asked to, folds them and re-quantizes the base in its own format
+(:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the
 deployed operators.
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).

@@ -10,8 +10,8 @@ quantized operators kept) and the adapters of the
 model :func:`onnxgrad.graph.lora.add_lora` made of it. Each adapted product
 ``y = x W`` (a ``MatMul`` or ``Gemm`` weight ``W``, or the ``K x N`` weight a ``MatMulNBits``,
 ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul``, QDQ ``MatMul`` or
-``(Cast(q) - z) s`` dequantizes from its codes, :mod:`onnxgrad.graph.deployed_products`;
-each product of a weight read twice) gets the branch
+``(Cast(q) - z) s`` (or ``/ d``) dequantizes from its codes,
+:mod:`onnxgrad.graph.deployed_products`; each product of a weight read twice) gets the branch
 
     y' = y + s (x A) B = x (W + s A B),
 

@@ -27,7 +27,7 @@ Anything else (a scale per element, a zero point computed at run time) is no suc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -126,15 +126,7 @@ def _blocked(back: NodeProto, producers, inits) -> PlainDequantization | None:
             continue
         found = _scaled(scaled, producers, inits, blocks)
         if found is not None:
-            return PlainDequantization(
-                found.codes,
-                found.scale,
-                found.zero,
-                found.axis,
-                (*found.nodes, back.name),
-                found.divides,
-                found.blocks,
-            )
+            return replace(found, nodes=(*found.nodes, back.name))
     return None
 
 

@@ -20,7 +20,9 @@ The base is found in the deployed graph (:mod:`onnxgrad.graph.deployed_products`
 - ``MatMulNBits``: groups are the blocks of ``block_size`` codes of each of the ``N`` rows
   of ``W'^T`` (``K`` padded with zeros), codes packed ``8/bits`` to a byte, least
   significant first, zero points likewise per row;
-- a ``DequantizeLinear`` of an integer initializer (QDQ weights), ``MatMulInteger``
+- a ``DequantizeLinear`` of an integer initializer (QDQ weights) or its plain-operator form
+  (:mod:`onnxgrad.graph.plain_dequantization`: a divisor ``d`` is written as ``1 / s``; per
+  block, one group per value of the block scale), ``MatMulInteger``
   (``quantize_dynamic``: the weight's scale is the initializer multiplied into the
   product), ``DynamicQuantizeMatMul`` and ``QLinearMatMul``: one group per tensor or one
   per column, as the scale.
