@@ -18,8 +18,9 @@ the float input ``x`` and the node whose first output is the float product ``y``
   (``quantize_static`` reads a weight shared by two layers a second time so, as an
   activation): ``W_2 = DQ(Q(W, s_2, z_2))``, within half a step ``s_2`` of ``W``, so the
   product reads ``W`` up to the file's own rounding and is a reader of ``q`` too;
-- the same with the weight dequantized by plain operators, ``(Cast(q) - z) s``
-  (:mod:`onnxgrad.graph.plain_dequantization`): ``kind`` ``Cast``, the ``Cast`` reading ``q``;
+- the same with the weight dequantized by plain operators, ``(Cast(q) - z) s`` or
+  ``(Cast(q) - z) / d`` (:mod:`onnxgrad.graph.plain_dequantization`): ``kind`` ``Cast``, the
+  ``Cast`` reading ``q``;
 - ``MatMulInteger(DynamicQuantizeLinear(x), q)`` followed by ``Cast`` and the ``Mul`` by
   the scales (``quantize_dynamic``): ``y`` is the last ``Mul``'s output;
 - ``QLinearMatMul(QuantizeLinear(x), q)`` read by one ``DequantizeLinear``: ``y`` is that
@@ -128,6 +129,29 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
                 product = replace(product, node=bias)
             found.setdefault(product.weight, []).append(product)
     return found
+
+
+def one_adapter(products: list[Product]) -> list[Product] | None:
+    r"""``products`` (every reader of one quantized weight) as the readers of one adapter
+    ``A B``, ``K x N`` as the first product reads the weight: a product reading it in the
+    other layout (the codes moved by the other of the two 2-D permutations, its ``K x N`` the
+    first's ``N x K``) reads ``(A B)^T`` and is marked ``transposed`` (its branch
+    ``s (x B^T) A^T``). ``None`` where a product's shape is neither."""
+    first = products[0]
+    base = _codes_layout(first)
+    readers = []
+    for product in products:
+        same = _codes_layout(product) == base
+        if product.shape != (first.shape if same else first.shape[::-1]):
+            return None
+        readers.append(replace(product, transposed=not same))
+    return readers
+
+
+def _codes_layout(product: Product) -> tuple[int, ...] | None:
+    """How ``product`` permutes the codes into its ``K x N`` (``None``: not at all)."""
+    perm = product.perm
+    return None if perm is None or list(perm) == sorted(perm) else tuple(perm)
 
 
 def _bias_add(node: NodeProto, context) -> NodeProto | None:
@@ -260,11 +284,11 @@ def _qdq_product(node: NodeProto, context, transposed: bool = False, alpha: floa
     )
 
 
-def _cast_of(plain: PlainDequantization, mul: NodeProto, producers) -> NodeProto:
-    """The ``Cast`` reading the codes of ``plain`` (ending in ``mul``)."""
-    node = mul
-    while node.name != plain.cast:
-        node = next(producers[i] for i in node.input if i in producers)
+def _cast_of(plain: PlainDequantization, last: NodeProto, producers) -> NodeProto:
+    """The ``Cast`` reading the codes of ``plain`` (ending in ``last``)."""
+    node = last
+    while node.name != plain.cast:  # the codes' Cast is first: behind the Sub's first input
+        node = producers[node.input[0]] if node.input[0] in producers else producers[node.input[1]]
     return node
 
 
@@ -302,15 +326,17 @@ def _requantized_output(node: NodeProto, readers) -> tuple[NodeProto | None, Nod
 def dequantize_behind(
     value: str, producers, inits
 ) -> tuple[NodeProto | None, list[int] | None, list[NodeProto]]:
-    """The ``DequantizeLinear`` of integer codes (a 2-D initializer), or the ``Mul`` ending
-    its plain-operator form (:mod:`onnxgrad.graph.plain_dequantization`), that ``value`` is
-    computed from through :data:`LAYOUT_OPS` and requantizations (:func:`_requantization`),
-    the composed permutation (``None`` for none) and the nodes passed after it, in order;
+    """The ``DequantizeLinear`` of integer codes (a 2-D initializer), or the ``Mul``, ``Div``
+    or (per block) ``Reshape`` ending its plain-operator form
+    (:mod:`onnxgrad.graph.plain_dequantization`), that ``value`` is computed from through
+    :data:`LAYOUT_OPS` and requantizations (:func:`_requantization`), the composed
+    permutation (``None`` for none) and the nodes passed after it, in order;
     ``(None, None, [])`` when there is none."""
     perm, via = None, []
     node = producers.get(value)
     while node is not None and not normalize_domain(node.domain):
-        if node.op_type == "Mul" and plain_dequantization(node, producers, inits):
+        plain = node.op_type in ("Mul", "Div", "Reshape")
+        if plain and plain_dequantization(node, producers, inits):
             return node, perm, via[::-1]
         if node.op_type == "DequantizeLinear":
             if _integer_matrix(node.input[0], inits):
@@ -594,6 +620,7 @@ __all__ = [
     "Product",
     "add_branch",
     "insert_after",
+    "one_adapter",
     "remove_branch",
     "share_first_products",
     "weight_products",

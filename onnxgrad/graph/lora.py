@@ -16,17 +16,18 @@ into ``W`` and removes them: the result has the original graph and the adapted o
 The model keeps the form it was deployed in (fused ``com.microsoft`` operators, float16,
 integer products, QDQ, 4-bit): nothing is lowered. A quantized weight (the integer codes ``q``
 of a ``MatMulNBits``, ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul``,
-QDQ ``MatMul`` or the same dequantized by ``(Cast(q) - z) s``,
+QDQ ``MatMul`` or the same dequantized by ``(Cast(q) - z) s`` or ``/ d``, per block too,
 :mod:`onnxgrad.graph.deployed_products`) stays frozen and gets a float
 adapter beside its product (QLoRA):
 
     y' = y + s (x A) B = x (W + s A B),   W = (q - z) s_q  (K x N)
 
-named after ``q``, placed so that onnxruntime's fusions of the base still apply (a QDQ
-product's sum quantized again, a bias folded first; branches reading one ``x`` share
-``x [A_1 | A_2 | ...]``: :mod:`onnxgrad.graph.deployed_products`). :func:`merge_lora` keeps
-those adapters beside the untouched codes or, asked to, folds them and re-quantizes the base
-in its own format (:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the
+named after ``q`` (a reader of ``W^T`` gets ``s (x B^T) A^T``), placed so that
+onnxruntime's fusions of the base still apply (a QDQ product's sum quantized again, a bias
+folded first; branches reading one ``x`` share ``x [A_1 | A_2 | ...]``:
+:mod:`onnxgrad.graph.deployed_products`). :func:`merge_lora` keeps those adapters beside the
+untouched codes or, asked to, folds them and re-quantizes the base in its own format
+(:mod:`onnxgrad.graph.requantize`); the merged model then has exactly the
 deployed operators.
 
 The adapters are listed in the model's metadata (key :data:`LORA_METADATA`, JSON).
@@ -57,6 +58,7 @@ from onnxgrad._onnx_utils import (
 from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
+    one_adapter,
     remove_branch,
     share_first_products,
     weight_products,
@@ -149,9 +151,10 @@ def _chosen(model, weights, targets: set[str], initializers) -> list[str]:
 
 def _quantized_products(model: ModelProto) -> dict[str, list]:
     """``{integer codes: their products}`` for the quantized weights read only by
-    recognised products of one ``K x N`` shape and layout (every reader of a QDQ weight,
-    a requantized one too, :mod:`onnxgrad.graph.deployed_products`: one adapter gives each
-    the same ``W + s A B``)."""
+    recognised products (every reader of a QDQ weight, a requantized one too,
+    :mod:`onnxgrad.graph.deployed_products`): one adapter gives each the same
+    ``W + s A B``, a reader of the weight's other layout ``(W + s A B)^T``
+    (:func:`~onnxgrad.graph.deployed_products.one_adapter`)."""
     products_of = weight_products(model)  # names the unnamed nodes
     readers: dict[str, set[str]] = {}
     for node in model.graph.node:
@@ -159,20 +162,10 @@ def _quantized_products(model: ModelProto) -> dict[str, list]:
             readers.setdefault(name, set()).add(node.name)
     found = {}
     for weight, products in products_of.items():
-        if (
-            products[0].quantized
-            and len({p.shape for p in products}) == 1
-            and len({_layout(p) for p in products}) == 1
-            and readers.get(weight, set()) <= {p.reader for p in products}
-        ):
-            found[weight] = products
+        adapted = one_adapter(products) if products[0].quantized else None
+        if adapted and readers.get(weight, set()) <= {p.reader for p in products}:
+            found[weight] = adapted
     return found
-
-
-def _layout(product) -> tuple[int, ...] | None:
-    """How ``product`` permutes the codes into its ``K x N`` (``None``: not at all)."""
-    perm = product.perm
-    return None if perm is None or list(perm) == sorted(perm) else tuple(perm)
 
 
 def _beside(weight, products, rank, scale, rng, names, node_names, graph) -> dict:

@@ -10,8 +10,8 @@ quantized operators kept) and the adapters of the
 model :func:`onnxgrad.graph.lora.add_lora` made of it. Each adapted product
 ``y = x W`` (a ``MatMul`` or ``Gemm`` weight ``W``, or the ``K x N`` weight a ``MatMulNBits``,
 ``MatMulInteger``, ``DynamicQuantizeMatMul``, ``QLinearMatMul``, QDQ ``MatMul`` or
-``(Cast(q) - z) s`` dequantizes from its codes, :mod:`onnxgrad.graph.deployed_products`;
-each product of a weight read twice) gets the branch
+``(Cast(q) - z) s`` (or ``/ d``) dequantizes from its codes,
+:mod:`onnxgrad.graph.deployed_products`; each product of a weight read twice) gets the branch
 
     y' = y + s (x A) B = x (W + s A B),
 
@@ -39,6 +39,7 @@ from onnxgrad.graph.conv_branch import add_conv_branches, conv_readers, conv_sha
 from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
+    one_adapter,
     share_first_products,
     weight_products,
 )
@@ -207,6 +208,8 @@ def _products_of(products: dict, adapter: dict, values: dict, graph) -> list:
     neither or ``A B`` does not have its shape."""
     weight = adapter["weight"]
     found = products.get(weight, [])
+    if found and found[0].quantized:  # a reader of the other layout reads (A B)^T
+        found = one_adapter(found) or found
     rows, cols = values[adapter["a"]].dims[0], values[adapter["b"]].dims[-1]
     init = next((i for i in graph.initializer if i.name == weight), None)
     readers = {node.name for node in graph.node if weight in node.input}
@@ -219,7 +222,7 @@ def _products_of(products: dict, adapter: dict, values: dict, graph) -> list:
         raise ValueError(
             f"adapter of {weight!r}: the deployed model reads that weight in no MatMul, Gemm, "
             "MatMulNBits, MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul, QDQ MatMul "
-            "or Gemm (or one dequantized by Cast and Mul), and has no float initializer of "
+            "or Gemm (or one dequantized by Cast and Mul or Div), and has no float initializer of "
             "that name"
         )
     for product in found:

@@ -20,7 +20,9 @@ The base is found in the deployed graph (:mod:`onnxgrad.graph.deployed_products`
 - ``MatMulNBits``: groups are the blocks of ``block_size`` codes of each of the ``N`` rows
   of ``W'^T`` (``K`` padded with zeros), codes packed ``8/bits`` to a byte, least
   significant first, zero points likewise per row;
-- a ``DequantizeLinear`` of an integer initializer (QDQ weights), ``MatMulInteger``
+- a ``DequantizeLinear`` of an integer initializer (QDQ weights) or its plain-operator form
+  (:mod:`onnxgrad.graph.plain_dequantization`: a divisor ``d`` is written as ``1 / s``; per
+  block, one group per value of the block scale), ``MatMulInteger``
   (``quantize_dynamic``: the weight's scale is the initializer multiplied into the
   product), ``DynamicQuantizeMatMul`` and ``QLinearMatMul``: one group per tensor or one
   per column, as the scale.
@@ -43,6 +45,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES
 from onnxgrad.graph.deployed_products import Product, weight_products
+from onnxgrad.graph.plain_dequantization import code_range
 
 
 def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]]) -> None:
@@ -66,7 +69,7 @@ def requantize_products(model: ModelProto, merged: list[tuple[str, np.ndarray]])
             scale, zero = _product_parameters(model, product)
             readers = [product.reader, *_scale_readers(model, product, scale)]
             _check_private(model, readers, weight, [weight, scale, zero])
-            _requantize_codes(inits, weight, scale, zero, 1, delta)
+            _requantize_codes(inits, weight, scale, zero, 1, update=delta)
 
 
 def _nbits_record(model: ModelProto, product: Product) -> dict:
@@ -125,10 +128,10 @@ def symmetric_code_range(codes: np.ndarray, middle: int) -> tuple[int, int]:
     """``(q_min, q_max)`` of a symmetric requantization of ``codes`` (zero point ``middle``):
     the type's range, less its lowest code where ``codes`` never use it (a restricted
     range ``[2 middle - q_max, q_max]``, so that the scale of unchanged values is theirs)."""
-    info = np.iinfo(codes.dtype)
-    if codes.size and int(codes.min()) == info.min:
-        return info.min, info.max
-    return max(info.min, 2 * middle - info.max), info.max
+    low, high = code_range(codes.dtype)
+    if codes.size and int(codes.min()) == low:
+        return low, high
+    return max(low, 2 * middle - high), high
 
 
 def kept_zero_point(zero: np.ndarray | None, dtype, groups: int) -> tuple[bool, int]:
@@ -136,16 +139,26 @@ def kept_zero_point(zero: np.ndarray | None, dtype, groups: int) -> tuple[bool, 
     symmetric, keeping their zero points ``zero`` (``None``: absent): absent, all at the
     ``middle`` of the code range (0 signed, ``2^{b-1}`` unsigned), or one shared by groups
     with scales of their own (left as it is)."""
-    info = np.iinfo(dtype)
-    middle = 0 if info.min < 0 else (info.max + 1) // 2
+    low, high = code_range(dtype)
+    middle = 0 if low < 0 else (high + 1) // 2
     kept = zero is None or bool(np.all(zero == middle)) or zero.size < groups
     return kept, middle
 
 
-def _quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, code_range, scale_dtype):
+def _steps(stored: np.ndarray, divides: bool) -> np.ndarray:
+    """The quantization steps (float64) of stored scales: themselves, or ``1 / d`` for
+    divisors ``d``."""
+    values = stored.astype(np.float64)
+    return 1.0 / values if divides else values
+
+
+def _quantize_groups(
+    w: np.ndarray, zero: np.ndarray, fixed: bool, codes_range, scale_dtype, divides: bool = False
+):
     """``(codes, scales, zero points)`` of ``w`` (groups along axis 0, float64) with
-    ``zero`` (one per group) kept where ``fixed`` (module docstring)."""
-    q_min, q_max = code_range
+    ``zero`` (one per group) kept where ``fixed`` (module docstring); each scale the step
+    its stored ``scale_dtype`` value gives (``1 / d`` for a divisor ``d`` where ``divides``)."""
+    q_min, q_max = codes_range
     flat = w.reshape(len(w), -1)
     lo = np.minimum(flat.min(axis=1), 0.0)
     hi = np.maximum(flat.max(axis=1), 0.0)
@@ -157,7 +170,9 @@ def _quantize_groups(w: np.ndarray, zero: np.ndarray, fixed: bool, code_range, s
         scale = np.maximum(up, down)
     else:
         scale = (hi - lo) / (q_max - q_min)
-    scale = np.where(scale > 0, scale, 1.0).astype(scale_dtype).astype(np.float64)
+    scale = np.where(scale > 0, scale, 1.0)
+    stored = (1.0 / scale if divides else scale).astype(scale_dtype)
+    scale = _steps(stored, divides)
     if not fixed:
         z = np.clip(np.round(q_min - lo / scale), q_min, q_max)
     codes = np.clip(np.round(flat / scale[:, None]) + z[:, None], q_min, q_max)
@@ -270,36 +285,84 @@ def _requantize_dequantized(model: ModelProto, inits, products: list[Product], d
 
 
 def _requantize_plain(model: ModelProto, inits, products: list[Product], delta) -> None:
-    """The base read as ``(Cast(q) - z) s`` (:mod:`onnxgrad.graph.plain_dequantization`):
-    as a ``DequantizeLinear`` of the same scale and zero point, the new zero point written
-    as the file's float whole numbers; the ``Cast``, ``Sub`` and ``Mul`` unchanged."""
+    """The base read as ``(Cast(q) - z) s`` or ``(Cast(q) - z) / d``
+    (:mod:`onnxgrad.graph.plain_dequantization`): as a ``DequantizeLinear`` of the same scale
+    (``1 / d``) and zero point, the new ones written in the file's form (a divisor ``d``, a
+    zero point of whole floats or integers); the ``Cast``, ``Sub``, ``Mul`` or ``Div`` unchanged."""
     plain = products[0].plain
     _check_private(model, list(plain.nodes), plain.codes, [plain.codes, plain.scale, plain.zero])
-    cast = next(n for n in model.graph.node if n.name == plain.cast)
-    _check_only_products(model, list(cast.output), products, plain.codes, set(plain.nodes))
+    casts = [n for n in model.graph.node if n.name in plain.nodes and n.op_type == "Cast"]
+    start = [out for cast in casts for out in cast.output]  # the codes, the zero point
+    _check_only_products(model, start, products, plain.codes, set(plain.nodes))
+    if plain.blocks is not None:
+        _requantize_blocks(model, inits, products, delta)
+        return
     axis = 0 if plain.axis is None else plain.axis
-    _requantize_read(model, inits, products, (plain.scale, plain.zero, axis), delta)
+    layout = (plain.scale, plain.zero, axis, plain.divides)
+    _requantize_read(model, inits, products, layout, delta)
+
+
+def _requantize_blocks(model: ModelProto, inits, products: list[Product], delta) -> None:
+    """Per block: the codes reshaped to ``plain.blocks``, one group per value of the scale
+    (per block, and per index of the other axis where the scale has one), each quantized
+    again by the module docstring's rule; a reader quantizing the weight again as in
+    :func:`_requantize_read`."""
+    product = products[0]
+    plain = product.plain
+    update = np.transpose(delta, np.argsort(product.perm)) if product.perm else delta
+    codes = numpy_helper.to_array(inits[plain.codes])
+    scale = numpy_helper.to_array(inits[plain.scale])
+    zero = numpy_helper.to_array(inits[plain.zero]) if plain.zero else None
+    if update.shape != codes.shape:
+        raise ValueError(f"weight {plain.codes!r} {list(codes.shape)}: an update {update.shape}")
+    shape, steps = plain.blocks, _steps(scale, plain.divides)
+    shift = np.zeros(()) if zero is None else zero.astype(np.float64)
+    values = (codes.astype(np.float64).reshape(shape) - shift) * steps + update.reshape(shape)
+    order = [i for i, d in enumerate(scale.shape) if d != 1]
+    order += [i for i in range(3) if i not in order]  # the groups first, their values last
+    groups = np.transpose(values, order).reshape(scale.size, -1)
+    zero_groups = np.broadcast_to(shift, scale.shape).reshape(-1)
+    fixed, middle = kept_zero_point(zero, codes.dtype, scale.size)
+    codes_range = symmetric_code_range(codes, middle) if fixed else code_range(codes.dtype)
+    new_codes, new_steps, new_zero = _quantize_groups(
+        groups, zero_groups, fixed, codes_range, scale.dtype, plain.divides
+    )
+    moved = new_codes.reshape([shape[i] for i in order])
+    blocked = np.transpose(moved, np.argsort(order))
+    _replace(inits, plain.codes, blocked.reshape(codes.shape))
+    stored = 1.0 / new_steps if plain.divides else new_steps
+    _replace(inits, plain.scale, stored.reshape(scale.shape))
+    if zero is not None and not fixed:
+        _replace(inits, plain.zero, new_zero.reshape(zero.shape))
+    requantizations = _requantizations(model, products)
+    if requantizations:
+        steps, shift = new_steps.reshape(scale.shape), new_zero.reshape(scale.shape)
+        merged = ((blocked - shift) * steps).reshape(codes.shape)
+        for quantize in requantizations:
+            merged = _widened(model, inits, quantize, merged, plain.codes)
 
 
 def _requantize_read(model: ModelProto, inits, products: list[Product], layout, delta) -> None:
-    """``(scale, zero point, axis)``'s codes of ``products`` (one weight) hold ``W + delta``
-    (``delta`` ``K x N`` as the products read it); a reader quantizing the weight again
-    widens its range where the new values leave it."""
+    """``(scale, zero point, axis[, divides])``'s codes of ``products`` (one weight) hold
+    ``W + delta`` (``delta`` ``K x N`` as the first product reads it); a reader quantizing
+    the weight again widens its range where the new values leave it."""
     product = products[0]
     weight, perm = product.weight, product.perm
-    scale_name, zero_name, axis = layout
     update = np.transpose(delta, np.argsort(perm)) if perm else delta
-    _requantize_codes(inits, weight, scale_name, zero_name, axis, update)
+    _requantize_codes(inits, weight, *layout, update=update)
     requantizations = _requantizations(model, products)
-    merged = _dequantized(inits, weight, scale_name, zero_name, axis) if requantizations else None
+    merged = _dequantized(inits, weight, *layout) if requantizations else None
     for quantize in requantizations:
         merged = _widened(model, inits, quantize, merged, weight)
 
 
-def _dequantized(inits, weight: str, scale_name: str, zero_name: str, axis: int) -> np.ndarray:
-    """``(codes - zero) scale`` (float64) of ``weight``, per tensor or per index of ``axis``."""
+def _dequantized(
+    inits, weight: str, scale_name: str, zero_name: str, axis: int, divides: bool = False
+) -> np.ndarray:
+    """``(codes - zero) scale`` (float64) of ``weight``, per tensor or per index of ``axis``
+    (``scale`` ``1 / d`` where it ``divides``)."""
     codes = numpy_helper.to_array(inits[weight]).astype(np.float64)
-    scale = numpy_helper.to_array(inits[scale_name]).astype(np.float64)
+    scale = _steps(numpy_helper.to_array(inits[scale_name]), divides)
     zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros(())
     shape = [1] * codes.ndim
     if scale.size > 1:
@@ -359,31 +422,34 @@ def _rounded(values: np.ndarray, step: float, zero: float, info) -> np.ndarray:
     return (codes - zero) * step
 
 
-def _requantize_codes(inits, weight: str, scale_name: str, zero_name: str, axis: int, update):
+def _requantize_codes(
+    inits, weight: str, scale_name: str, zero_name: str, axis: int, divides=False, *, update
+):
     """``codes <- quantize((codes - zero) scale + update)`` with one group per tensor or,
-    for a scale of several values, per index of ``axis`` (``update`` in the codes' layout)."""
+    for a scale of several values, per index of ``axis`` (``update`` in the codes' layout;
+    ``scale`` a divisor ``d``, the step ``1 / d``, where ``divides``)."""
     codes = numpy_helper.to_array(inits[weight])
     scale = numpy_helper.to_array(inits[scale_name])
     if update.shape != codes.shape:
         raise ValueError(f"weight {weight!r} {list(codes.shape)}: an update {update.shape}")
-    info = np.iinfo(codes.dtype)
     zero = numpy_helper.to_array(inits[zero_name]) if zero_name else np.zeros((), codes.dtype)
     per_axis = scale.size > 1
-    groups = np.moveaxis(codes, axis, 0) if per_axis else codes[None]
+    numbers = codes.astype(np.int64)  # 4-bit codes (ml_dtypes) take no arithmetic with floats
+    groups = np.moveaxis(numbers, axis, 0) if per_axis else numbers[None]
     count = len(groups)
     zero_groups = np.broadcast_to(zero.reshape(-1), (count,)).astype(np.float64)
-    scale_groups = np.broadcast_to(scale.reshape(-1), (count,)).astype(np.float64)
+    scale_groups = np.broadcast_to(_steps(scale, divides).reshape(-1), (count,))
     shape = (count,) + (1,) * (groups.ndim - 1)
     values = (groups - zero_groups.reshape(shape)) * scale_groups.reshape(shape)
     values = values + (np.moveaxis(update, axis, 0) if per_axis else update[None])
     fixed, middle = kept_zero_point(zero if zero_name else None, codes.dtype, count)
-    code_range = symmetric_code_range(codes, middle) if fixed else (info.min, info.max)
+    codes_range = symmetric_code_range(codes, middle) if fixed else code_range(codes.dtype)
     new_codes, new_scale, new_zero = _quantize_groups(
-        values, zero_groups, fixed, code_range, scale.dtype
+        values, zero_groups, fixed, codes_range, scale.dtype, divides
     )
     new_codes = np.moveaxis(new_codes, 0, axis) if per_axis else new_codes[0]
     _replace(inits, weight, new_codes)
-    _replace(inits, scale_name, new_scale.reshape(scale.shape))
+    _replace(inits, scale_name, (1.0 / new_scale if divides else new_scale).reshape(scale.shape))
     if zero_name and not fixed:
         _replace(inits, zero_name, new_zero.reshape(zero.shape))
 

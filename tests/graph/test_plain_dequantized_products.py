@@ -29,27 +29,35 @@ from tests.normalize.kernels import run
 K, N, M, RANK = 6, 5, 4, 2
 
 
-#: (operator, code type, scale per column, zero point); ``Transpose``: a ``MatMul`` reading
-#: the weight stored ``N x K`` through a ``Transpose``
+#: (operator, code type, scale per column, zero point, form); ``Transpose``: a ``MatMul``
+#: reading the weight stored ``N x K`` through a ``Transpose``; form ``mul``: ``Mul`` by the
+#: scale ``s``, ``div``: ``Div`` by ``d = 1 / s``; ``cast_z``: the zero point integer codes
+#: cast (``Sub(Cast(q), Cast(z))``)
 CASES = [
-    ("MatMul", np.int8, True, False),
-    ("MatMul", np.uint8, False, True),
-    ("Gemm", np.int8, True, True),
-    ("Gemm", np.int8, False, False),
-    ("Transpose", np.int16, True, True),
+    ("MatMul", np.int8, True, False, "mul"),
+    ("MatMul", np.uint8, False, True, "mul"),
+    ("Gemm", np.int8, True, True, "mul"),
+    ("Gemm", np.int8, False, False, "mul"),
+    ("Transpose", np.int16, True, True, "mul"),
+    ("MatMul", np.int8, True, False, "div"),
+    ("MatMul", np.uint8, False, True, "div"),
+    ("Gemm", np.uint8, True, True, "cast_z"),
+    ("Transpose", np.int8, False, True, "div_cast_z"),
+    ("MatMul", np.int16, True, True, "div_cast_z"),
 ]
 
 
 def _ids(case) -> str:
-    op, dtype, per_column, zero = case
+    op, dtype, per_column, zero, form = case
     layout = "column" if per_column else "tensor"
-    return f"{op}-{np.dtype(dtype).name}-{layout}-{'z' if zero else 'no_z'}"
+    return f"{op}-{np.dtype(dtype).name}-{layout}-{'z' if zero else 'no_z'}-{form}"
 
 
 def _model(case, rng, extra_reader: bool = False):
-    """``y = tanh(x W (+ c))``, ``W = (Cast(q) - z) s`` (``q`` ``K x N``, or ``N x K`` read
-    by a ``Gemm`` with ``transB`` or through a ``Transpose``)."""
-    op, dtype, per_column, zero = case
+    """``y = tanh(x W (+ c))``, ``W = (Cast(q) - z) s`` or ``(Cast(q) - z) / d`` (``q``
+    ``K x N``, or ``N x K`` read by a ``Gemm`` with ``transB`` or through a ``Transpose``;
+    ``z`` float, or integer codes cast)."""
+    op, dtype, per_column, zero, form = case
     gemm = op in ("Gemm", "Transpose")  # the codes stored N x K
     info = np.iinfo(dtype)
     shape = (N, K) if gemm else (K, N)
@@ -61,15 +69,24 @@ def _model(case, rng, extra_reader: bool = False):
     scale_shape = ((N, 1) if gemm else (1, N)) if per_column else ()
     unit = 127 / (info.max if info.min < 0 else 127)  # weights of the int8 range's size
     scale = (rng.random(scale_shape) * 0.02 + 0.01) * unit
-    inits = {"q": codes, "s": scale.astype(np.float32)}
+    divides = form.startswith("div")
+    inits = {"q": codes, "s": (1 / scale if divides else scale).astype(np.float32)}
     nodes = [helper.make_node("Cast", ["q"], ["qf"], to=TensorProto.FLOAT, name="cast")]
     codes_out = "qf"
     if zero:
         middle = 0 if info.min < 0 else 128
-        inits["z"] = (middle + rng.integers(-9, 10, scale_shape)).astype(np.float32)
-        nodes.append(helper.make_node("Sub", ["qf", "z"], ["qz"], name="sub"))
+        cast_zero = form.endswith("cast_z")
+        zero_type = dtype if cast_zero else np.float32
+        inits["z"] = (middle + rng.integers(-9, 10, scale_shape)).astype(zero_type)
+        if cast_zero:
+            cast = helper.make_node("Cast", ["z"], ["zf"], to=TensorProto.FLOAT, name="cast_z")
+            nodes.append(cast)
+        nodes.append(
+            helper.make_node("Sub", ["qf", "zf" if cast_zero else "z"], ["qz"], name="sub")
+        )
         codes_out = "qz"
-    nodes.append(helper.make_node("Mul", [codes_out, "s"], ["w"], name="dequantize"))
+    op_type = "Div" if divides else "Mul"
+    nodes.append(helper.make_node(op_type, [codes_out, "s"], ["w"], name="dequantize"))
     if op == "Transpose":
         nodes.append(helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0], name="move"))
         nodes.append(helper.make_node("MatMul", ["x", "w_t"], ["h"], name="product"))
@@ -133,13 +150,18 @@ def _with_update(model, adapter, values):
     return reference
 
 
+def _steps(model) -> np.ndarray:
+    """The quantization step of a model of :func:`_model`: ``s``, or ``1 / d``."""
+    divides = any(n.op_type == "Div" for n in model.graph.node)
+    scale = _values(model)["s"].astype(np.float64)
+    return 1 / scale if divides else scale
+
+
 def _dequantized(model) -> np.ndarray:
     """``(q - z) s`` of a model of :func:`_model` (its codes' layout)."""
     values = _values(model)
     zero = values.get("z", np.zeros(()))
-    return (values["q"].astype(np.float64) - zero.astype(np.float64)) * values["s"].astype(
-        np.float64
-    )
+    return (values["q"].astype(np.float64) - zero.astype(np.float64)) * _steps(model)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
@@ -205,7 +227,7 @@ def test_merged_forms_against_w_plus_sab(case):
     update = adapter["scale"] * values[adapter["a"]].astype(np.float64) @ values[adapter["b"]]
     stored_transposed = case[0] != "MatMul"  # the codes N x K
     wanted = _dequantized(model) + (update.T if stored_transposed else update)
-    step = np.broadcast_to(after["s"].astype(np.float64), wanted.shape)
+    step = np.broadcast_to(_steps(merged), wanted.shape)
     assert np.all(np.abs(_dequantized(merged) - wanted) <= 0.5 * step * (1 + 1e-6))
     if "z" in after:
         assert np.array_equal(after["z"], np.round(after["z"]))
@@ -285,3 +307,14 @@ def test_artifacts_train_the_adapters_and_merge(tmp_path):
     trained = replace_initializers_into_onnx(adapted, weights)
     np.testing.assert_allclose(run(kept, {"x": x})[0], run(trained, {"x": x})[0], atol=1e-6)
     assert not np.array_equal(_values(merged)["q"], _values(model)["q"])
+
+
+def test_codes_as_the_divisor_are_no_product():
+    """``d / Cast(q)`` is no dequantization (the codes divide): no adapter, refused as a
+    scale per element is."""
+    rng = np.random.default_rng(7)
+    model = _model(CASES[5], rng)
+    divide = next(n for n in model.graph.node if n.op_type == "Div")
+    divide.input[:] = list(divide.input)[::-1]
+    with pytest.raises(ValueError, match="no MatMul, Gemm or Conv weight to adapt"):
+        add_lora(model, rank=RANK)
