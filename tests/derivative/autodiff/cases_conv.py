@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from tests.derivative.autodiff.gradcheck import OpCase
 from tests.derivative.float64_reference import DeformConv, GridSample
+from tests.derivative.reference_conv import CONV_OPS
 
 rng = np.random.default_rng(3)
 
@@ -41,7 +42,7 @@ def conv_transpose(id, x, w, bias=True, opset=18, **attrs):
 
 
 def float64_deform_conv(model):
-    return ReferenceEvaluator(model, new_ops=[GridSample, DeformConv])
+    return ReferenceEvaluator(model, new_ops=[GridSample, DeformConv, *CONV_OPS])
 
 
 def deform_conv(id, x, w, out, mask=False, bias=False, opset=19, **attrs):

@@ -22,6 +22,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxgrad import onnx_derivative
+from tests.derivative.reference_conv import CONV_OPS
 
 FLOATS = (np.float16, np.float32, np.float64)
 
@@ -131,7 +132,7 @@ def evaluator(model: ModelProto, kind: str = "reference"):
     if callable(kind):
         return kind(model)
     if kind == "reference":
-        return ReferenceEvaluator(model)
+        return ReferenceEvaluator(model, new_ops=CONV_OPS)
     options = onnxruntime.SessionOptions()
     # the extended fusions (FusedMatMul...) have float32 kernels only
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
