@@ -41,8 +41,9 @@ from dataclasses import dataclass
 
 @dataclass
 class Outcome:
-    """One check: ``status`` is ``ok``, ``wrong`` (built and ran, disagrees with the
-    reference), ``failed`` (raised), ``not judged`` (no reference) or ``timeout``."""
+    """One check: ``status`` is ``ok``, ``ok (zero)`` (agrees, and is 0: the ops sweep),
+    ``wrong`` (built and ran, disagrees with the reference), ``failed`` (raised), ``not
+    judged`` (no reference) or ``timeout``."""
 
     name: str
     mode: str
@@ -142,8 +143,12 @@ def op_outcomes(ops: set[str] | None, modes: set[str], args) -> list[Outcome]:
     return [_report(Outcome(*result)) for result in results]
 
 
+def _agrees(outcome: Outcome) -> bool:
+    return outcome.status in ("ok", "ok (zero)")
+
+
 def _report(outcome: Outcome) -> Outcome:
-    if outcome.status != "ok":
+    if not _agrees(outcome):
         print(f"{outcome.mode} {outcome.name}: {outcome.status} {outcome.detail}", flush=True)
     return outcome
 
@@ -154,15 +159,16 @@ def summary(outcomes: list[Outcome]) -> str:
         counts = collections.Counter(o.status for o in outcomes if o.mode == mode)
         total = sum(counts.values())
         judged = total - counts["not judged"]
+        agree = counts["ok"] + counts["ok (zero)"]
         parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        lines.append(f"{mode}: {counts['ok']}/{judged} judged agree ({parts})")
+        lines.append(f"{mode}: {agree}/{judged} judged agree ({parts})")
     return "\n".join(lines)
 
 
 def markdown(outcomes: list[Outcome]) -> str:
     lines = [summary(outcomes), "", "| mode | case | status | detail |", "|---|---|---|---|"]
     for o in outcomes:
-        if o.status != "ok":
+        if not _agrees(o):
             lines.append(f"| {o.mode} | {o.name} | {o.status} | {o.detail} |")
     return "\n".join(lines) + "\n"
 
