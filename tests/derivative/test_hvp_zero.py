@@ -168,3 +168,14 @@ def test_the_hvp_is_refused_where_the_gradient_is():
     model = _model(nodes, [("x", [2, 3])], [numpy_helper.from_array(np.arange(3.0), "table")])
     with pytest.raises(NotImplementedError, match=r"not differentiable with respect to \['x'\]"):
         onnx_hvp(model)
+
+
+def test_the_rule_table_case_of_a_constant_power():
+    """``x^0``: its gradient (zeros) depends on nothing, which reverse-over-reverse refuses to
+    differentiate (``autodiff/test_closure.py``'s ``NOT_CHECKED``); its HVP is 0, and so are
+    the differences of the gradient."""
+    from tests.derivative.autodiff.gradcheck import check_hvp
+    from tests.derivative.autodiff.test_closure import FIRST_ORDER
+
+    case = next(c for c in FIRST_ORDER if c.id == "Pow-zero-exponent")
+    check_hvp(case, case.evaluator, case.eps)
