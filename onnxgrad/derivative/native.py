@@ -158,6 +158,9 @@ class NoFloatPath(NotImplementedError):
         )
         self.sources = sources
 
+    def __reduce__(self):  # pickled (a worker process) with its sources, not its message
+        return type(self), (self.sources,)
+
 
 def _check_some_gradient_flows(gradients: dict[str, str | None]) -> None:
     """A gradient graph of zeros only is refused where no output depends on a source

@@ -179,3 +179,14 @@ def test_the_rule_table_case_of_a_constant_power():
 
     case = next(c for c in FIRST_ORDER if c.id == "Pow-zero-exponent")
     check_hvp(case, case.evaluator, case.eps)
+
+
+def test_the_refusal_survives_a_worker_process():
+    """``NoFloatPath`` pickles with its sources (a sweep's worker sends it back whole)."""
+    import pickle
+
+    from onnxgrad.derivative.native import NoFloatPath
+
+    error = pickle.loads(pickle.dumps(NoFloatPath(["x"])))
+    assert error.sources == ["x"]
+    assert str(error).startswith("the model is not differentiable with respect to ['x']")
