@@ -28,6 +28,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from benchmarks._float64_gradients import float64_gradient
 from benchmarks.coverage_ops import (
     FLOATS,
     Oracle,
@@ -115,48 +116,51 @@ def _check_jvp(model, feeds, wrt, oracle, use_ort, precision) -> tuple[str, str]
 
 
 def _check_hvp(model, feeds, wrt, oracle, use_ort, precision) -> tuple[str, str]:
+    """``ok (zero)`` where the HVP is 0 at the judged point and agrees (linear and
+    piecewise-linear operators: their gradient depends on the inputs through comparisons
+    only, or not at all). The differences are those of the reverse gradient, or of a numpy
+    float64 one where the operator's function body rounds to float32
+    (:mod:`benchmarks._float64_gradients`)."""
     rng = np.random.default_rng(3)
     outputs = oracle.run(feeds)
     seeds = [_seed(rng, out, info) for out, info in zip(outputs, model.graph.output)]
-    refused = ""
     try:
         gradient = onnx_derivative(model, weights=[], inputs=wrt, backend="onnx")
         hvp = onnx_hvp(_weighted_loss(model, seeds), inputs=wrt, loss="_loss")
-    except NotImplementedError as exc:
-        if "is not differentiable with respect to" not in str(exc):
-            return "failed", f"build: {_short(exc)}"
-        refused, hvp = _short(exc, 80), None  # a zero Hessian: checked against differences
     except Exception as exc:
         return "failed", f"build: {_short(exc)}"
     try:
-        reverse = Oracle(gradient, use_ort)
-        built = Oracle(hvp, use_ort) if hvp is not None else None
+        reverse, built = Oracle(gradient, use_ort), Oracle(hvp, use_ort)
     except Exception as exc:
         return "failed", f"load: {_short(exc)}"
     seed_feeds = {
         f"{o.name}_grad": s.astype(out.dtype)
         for o, s, out in zip(model.graph.output, seeds, outputs)
     }
-    hvp_names = [o.name for o in hvp.graph.output] if hvp is not None else []
+    hvp_names = [o.name for o in hvp.graph.output]
     grad_names = [o.name for o in gradient.graph.output]
+    zero = [False]  # whether the last HVP computed was 0
+
+    in_float64 = float64_gradient(model)
 
     def values(point):
+        if in_float64 is not None:  # the function body's float32 statistics left out
+            got = in_float64(point, seeds)
+            return [got[n] for n in wrt]
         got = dict(zip(grad_names, reverse.run({**point, **seed_feeds})))
         return [got[f"{n}_grad"] for n in wrt]
 
     def derivative(point, tangents):
-        if built is None:
-            return [np.zeros_like(v) for v in values(point)]
         given = {f"{n}_tangent": t.astype(point[n].dtype) for n, t in tangents.items()}
         got = dict(zip(hvp_names, built.run({**point, **given})))
-        return [got[f"{n}_grad_tangent"] for n in wrt]
+        result = [got[f"{n}_grad_tangent"] for n in wrt]
+        zero[0] = not any(np.any(r) for r in result)
+        return result
 
     labels = [f"{n}_grad" for n in wrt]
     status, detail = _along_tangent(values, derivative, feeds, wrt, oracle, precision, labels)
-    if refused and status == "ok":
-        return "zero, refused", f"the differences of the gradient are zero too ({refused})"
-    if refused:
-        return status, f"the engine refuses a zero Hessian: {detail} ({refused})"
+    if status == "ok" and zero[0]:
+        return "ok (zero)", "the HVP is 0, and so are the differences of the gradient"
     return status, detail
 
 
@@ -232,7 +236,9 @@ def _compare(values, got, point, tangents, precision, labels) -> tuple[str, str]
         if np.any(np.isnan(a)):
             return "wrong", f"tangent of {label} has NaN values"
         forward, backward, central = (yp - y0) / eps, (y0 - ym) / eps, (yp - ym) / (2 * eps)
-        if np.any(_differ(forward, backward, 10 * rtol, noise + 1e-5)):
+        split = _differ(forward, backward, 10 * rtol, noise + 1e-5)
+        k = labels.index(label)
+        if split.any() and not _curvature(values, point, tangents, eps, k, y0, split, noise):
             raise NoDerivative(f"one-sided differences of {label} disagree along the tangent")
         bad = _outside(a, central, rtol) & (np.abs(a - central) > noise)
         if not bad.any():
@@ -246,6 +252,23 @@ def _compare(values, got, point, tangents, precision, labels) -> tuple[str, str]
             f"{label}{list(i)}: {a[i]:.6g}, finite differences {central[i]:.6g}"
         )
     return "ok", ""
+
+
+def _curvature(values, point, tangents, eps, k, y0, split, noise) -> bool:
+    """Whether one-sided quotients that disagree (the entries ``split``) do so by the
+    curvature term only: along the tangent, ``forward - backward = eps f'' + O(eps^2)``, a
+    quarter of it at step ``eps / 4``, where a kink at the point keeps the jump of ``f'``
+    at any step (an entry whose ``f'`` is small beside its ``f''``, as one of LpPool's
+    98304 gradient entries, 1.8e-4 beside 11)."""
+    gaps = [_one_sided_gap(values, point, tangents, step, k, y0) for step in (eps, eps / 4)]
+    return bool(np.all(np.abs(gaps[1][split]) <= 0.5 * np.abs(gaps[0][split]) + 4 * noise))
+
+
+def _one_sided_gap(values, point, tangents, step, k, y0) -> np.ndarray:
+    """``forward - backward`` quotients of output ``k`` at ``step`` (``y0``: at the point)."""
+    plus = np.asarray(values(_moved(point, tangents, step))[k], np.float64)
+    minus = np.asarray(values(_moved(point, tangents, -step))[k], np.float64)
+    return (plus - 2 * y0 + minus) / step
 
 
 def _differ(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> np.ndarray:

@@ -31,9 +31,11 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     np_dtype,
     replace_repeated,
+    zeros_like_nodes,
 )
 from onnxgrad.derivative.api import derive_in_place
 from onnxgrad.derivative.autodiff.tangent import NoTangentRule
+from onnxgrad.derivative.native import NoFloatPath
 from onnxgrad.derivative.options import DerivativeOptions
 from onnxgrad.derivative.seeds import batch_seeds, check_seeds
 from onnxgrad.derivative.tangent_graph import tangent_jvp
@@ -196,8 +198,43 @@ def onnx_hvp(
     sources = _gradient_sources(gradient)
     wanted = {f"{s}_grad" for s in sources}
     replace_repeated(gradient.graph.output, [o for o in gradient.graph.output if o.name in wanted])
-    jvp = _jvp(gradient, weights=[], inputs=sources, checked=seeds is None)
+    try:
+        jvp = _jvp(gradient, weights=[], inputs=sources, checked=seeds is None)
+    except NoFloatPath:  # the first derivative was not refused: the second is 0
+        jvp = _zero_hvp(gradient, sources, checked=seeds is None)
     return _batched(*jvp, seeds)
+
+
+def _zero_hvp(
+    gradient: ModelProto, sources: list[str], checked: bool
+) -> tuple[ModelProto, list[str], list[str]]:
+    r"""The HVP model, rewritten in place from the loss's ``gradient`` graph, where no
+    gradient depends on a source through float values (:class:`NoFloatPath`: only through
+    comparisons or indices, as ReLU's mask, or not at all, as a linear model's):
+    ``\nabla f`` is constant in the sources wherever it is differentiable, so
+    ``H v = 0`` there. Each ``<x>_grad_tangent`` is ``ConstantOfShape(Shape(x), 0)``,
+    zeros of x's type however ``v`` is (no product with it: no NaN from an infinite ``v``);
+    the inputs are the gradient's, then one ``<x>_tangent`` per source, as :func:`_jvp`'s."""
+    graph = gradient.graph
+    scope = NameScope(all_names(graph))
+    declared = {i.name: i for i in graph.input}
+    tangents, results, nodes = [], [], []
+    for source in sources:
+        tangent = copy_message(declared[source])
+        tangent.name = scope.unique(f"{source}_tangent")
+        tangents.append(tangent)
+        result = copy_message(declared[source])
+        result.name = scope.unique(f"{source}_grad_tangent")
+        results.append(result)
+        elem_type = result.type.tensor_type.elem_type
+        nodes += zeros_like_nodes(source, result.name, elem_type, scope)
+    graph.input.extend(tangents)
+    replace_repeated(graph.output, results)
+    replace_repeated(graph.node, nodes)
+    graph.ClearField("value_info")
+    prune_graph(graph, keep_inputs=True)
+    model = finalize_model(gradient, check=checked)
+    return model, [t.name for t in tangents], [r.name for r in results]
 
 
 def _gradient_sources(reverse: ModelProto) -> list[str]:

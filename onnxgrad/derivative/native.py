@@ -145,17 +145,31 @@ def _rewrite_in_place(
     model.producer_name = model.producer_name or "onnxgrad"
 
 
+class NoFloatPath(NotImplementedError):
+    """No output depends on the ``sources`` through float values: the gradient is refused.
+    Differentiating a gradient graph again (``onnx_hvp``), this says that the gradient is
+    constant in the sources wherever it is differentiable: the Hessian is 0 there."""
+
+    def __init__(self, sources: list[str]) -> None:
+        super().__init__(
+            f"the model is not differentiable with respect to {sources}: no output depends "
+            "on them through a float path (only through indices or comparisons, such as "
+            "TopK indices, ArgMax, Equal), every gradient would be 0"
+        )
+        self.sources = sources
+
+    def __reduce__(self):  # pickled (a worker process) with its sources, not its message
+        return type(self), (self.sources,)
+
+
 def _check_some_gradient_flows(gradients: dict[str, str | None]) -> None:
     """A gradient graph of zeros only is refused where no output depends on a source
     through float values (a nearest-neighbour model reaches its outputs through TopK's
-    indices). One reaching them through piecewise-constant float operators (Hardmax, Floor,
-    Sign...) has the derivative 0 wherever it has one, and gets it."""
+    indices): :class:`NoFloatPath`. One reaching them through piecewise-constant float
+    operators (Hardmax, Floor, Sign...) has the derivative 0 wherever it has one, and gets
+    it."""
     if gradients and all(g is None for g in gradients.values()):
-        raise NotImplementedError(
-            f"the model is not differentiable with respect to {sorted(gradients)}: no output "
-            "depends on them through a float path (only through indices or comparisons, "
-            "such as TopK indices, ArgMax, Equal), every gradient would be 0"
-        )
+        raise NoFloatPath(sorted(gradients))
 
 
 def _seed_output_gradients(

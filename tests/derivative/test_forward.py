@@ -174,7 +174,7 @@ def test_jvp_after_a_softmax_is_sorted_and_agrees_with_finite_differences():
     np.testing.assert_allclose(got["y_tangent"], expected, rtol=1e-6, atol=1e-9)
 
 
-@pytest.mark.parametrize("op_type", ["Hardmax", "Floor", "Sign"])
+@pytest.mark.parametrize("op_type", ["Hardmax", "Floor", "Sign", "Round"])
 def test_piecewise_constant_outputs_have_the_zero_derivative(op_type):
     """``y = op(x) * 2``: float all along, constant almost everywhere: gradient and tangent 0."""
     graph = helper.make_graph(
@@ -194,6 +194,36 @@ def test_piecewise_constant_outputs_have_the_zero_derivative(op_type):
     np.testing.assert_array_equal(tangent["y_tangent"], np.zeros((2, 3)))
 
 
+def test_an_output_reached_through_indices_beside_a_piecewise_constant_one():
+    """``y = table[topk_indices(x)]``, ``z = floor(x)``: z reaches x through float values,
+    so neither derivative is refused; both are 0, in reverse and forward mode."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("TopK", ["x", "k"], ["values", "i"], axis=1),
+            helper.make_node("Gather", ["table", "i"], ["y"]),
+            helper.make_node("Floor", ["x"], ["z"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", DOUBLE, [2, 3])],
+        [
+            helper.make_tensor_value_info("y", DOUBLE, [2, 2]),
+            helper.make_tensor_value_info("z", DOUBLE, [2, 3]),
+        ],
+        [
+            numpy_helper.from_array(np.array([2]), "k"),
+            numpy_helper.from_array(np.arange(3.0), "table"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(5).standard_normal((2, 3)) + 0.5
+    seeds = {"y_grad": np.ones((2, 2)), "z_grad": np.ones((2, 3))}
+    gradient = _run(onnx_derivative(model), {"x": x, **seeds})
+    np.testing.assert_array_equal(gradient["x_grad"], np.zeros((2, 3)))
+    tangent = _run(onnx_jvp(model), {"x": x, "x_tangent": np.ones((2, 3))})
+    np.testing.assert_array_equal(tangent["y_tangent"], np.zeros((2, 2)))
+    np.testing.assert_array_equal(tangent["z_tangent"], np.zeros((2, 3)))
+
+
 def test_outputs_reached_through_indices_only_are_still_refused():
     """An output reached only through ArgMax's integer indices has no float path: refused."""
     graph = helper.make_graph(
@@ -209,3 +239,5 @@ def test_outputs_reached_through_indices_only_are_still_refused():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(NotImplementedError, match="not differentiable with respect to"):
         onnx_derivative(model, weights=[])
+    with pytest.raises(NotImplementedError, match=r"not differentiable with respect to \['x'\]"):
+        onnx_jvp(model)
