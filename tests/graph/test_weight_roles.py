@@ -1063,3 +1063,71 @@ def test_a_lowered_group_norms_ones_and_zeros_are_not_weights_its_gamma_and_beta
         )
         weights = sorted(_weights(model))
         assert weights == (expected or ["beta", "bias", "gamma", "scale"])
+
+
+def test_a_scalers_fitted_statistics_are_not_weights_the_layer_after_it_is():
+    """skl2onnx's ``StandardScaler`` + ``MLPRegressor``: ``ai.onnx.ml::Scaler`` (mean and
+    1/std of the training data in its attributes), then the network. The lowered Scaler's
+    offset and scale are no default weights (before: both were, so training moved the
+    features' normalisation); named, they are trained."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("Scaler", ["x"], ["scaled"], domain="ai.onnx.ml", offset=[5.0, 0.0, 12.0],
+                 scale=[0.3, 1.0, 0.1]),  # fmt: skip
+            node("MatMul", ["scaled", "kernel"], ["h"]),
+            node("Add", ["h", "bias"], ["y"]),
+        ],
+        {"kernel": f32(3, 2), "bias": f32(2)},
+        [("x", F, [None, 3])],
+        ["y"],
+        domains=["ai.onnx.ml"],
+        shape=[None, 2],
+    )
+    assert _weights(model) == ["kernel", "bias"]
+    step = make_train_step(model, ["Scaler_offset"], learning_rate=LearningRateSGD())
+    assert step.weights == ("Scaler_offset",)
+
+
+def _conv_stft_front(real, imag):
+    """torchlibrosa's STFT as two 1-D convolutions (openwakeword's melspectrogram.onnx):
+    the power ``re^2 + im^2`` times a mel filterbank, ``log(mel + guard)``, a dense head."""
+    node = helper.make_node
+    nodes = [
+        node("Unsqueeze", ["x", "one"], ["signal"]),
+        node("Conv", ["signal", "real"], ["re"], strides=[4]),
+        node("Conv", ["signal", "imag"], ["im"], strides=[4]),
+        node("Mul", ["re", "re"], ["re2"]),
+        node("Pow", ["im", "two"], ["im2"]),
+        node("Add", ["re2", "im2"], ["power"]),
+        node("Transpose", ["power"], ["frames"], perm=[0, 2, 1]),
+        node("MatMul", ["frames", "mel"], ["mels"]),
+        node("Add", ["mels", "guard"], ["guarded"]),
+        node("Log", ["guarded"], ["logmel"]),
+        node("Flatten", ["logmel"], ["flat"]),
+        node("MatMul", ["flat", "head"], ["y"]),
+    ]
+    inits = {
+        "one": np.array([1], np.int64),
+        "two": np.float32(2),
+        "real": real,
+        "imag": imag,
+        "mel": np.abs(f32(5, 3)),
+        "guard": np.float32(1e-10),
+        "head": f32(3 * 7, 2),
+    }
+    return _model(nodes, inits, [("x", F, [2, 32])], ["y"], shape=[2, 2])
+
+
+def test_an_stft_written_as_convolutions_is_a_spectrum_its_kernels_are_not_weights():
+    """The kernels ``w_n cos(2 pi k n / N)`` and ``-w_n sin(2 pi k n / N)`` (Hann window,
+    ``N = 8``, 5 bins) compute a spectrum: they and the mel filterbank after its power are
+    fixed transforms (before: all three were default weights); convolutions by trained
+    kernels of the same shape stay weights, and so does the filterbank after them."""
+    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
+    window = np.hanning(10)[1:-1]
+    real = (window * np.cos(angle)).astype(np.float32)[:, None, :]
+    imag = (-window * np.sin(angle)).astype(np.float32)[:, None, :]
+    assert _weights(_conv_stft_front(real, imag)) == ["head"]
+    trained = _conv_stft_front(f32(5, 1, 8), f32(5, 1, 8) * 0.5)
+    assert _weights(trained) == ["real", "imag", "mel", "head"]
