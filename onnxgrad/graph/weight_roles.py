@@ -16,7 +16,8 @@ outputs a schema marks non-differentiable. The *spectrum* of the data (what ``ST
 a non-negative constant matrix multiplying it (``MatMul``, ``Gemm``) is a filterbank (mel,
 Kaldi's, constant-Q), a fixed transform like a rotary table, not a weight. A ``Conv`` or
 ``MatMul`` of the data by a windowed DFT basis (``w_n cos(2 pi k n / N)``, ``w_n sin(...)``:
-an STFT written as a convolution) computes a spectrum too; its kernel is no weight. Two reads of the data are
+an STFT written as a convolution, the cosine and sine rows in one kernel or two) computes a
+spectrum too; its kernel is no weight. Two reads of the data are
 not data: its *shape* (``Shape``, ``Size`` and what is computed from them and constants:
 positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale and zero
 point, and what they compute). A layer whose only data operand is index data is a lookup
@@ -75,8 +76,9 @@ mask, a factor computed with a statistic of the data (a weight's quantization sc
 ``Pow``, ``Where``, ``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the
 scales and zero points of quantized ops, the statistics a converter's preprocessing step was
 fitted to (a lowered ``Scaler``'s offset and scale, marked
-:data:`~onnxgrad.graph._builder.FITTED_STATISTIC`). Initializers read inside subgraphs count as weights
-(their role is not analysed). Any initializer named explicitly is trained whatever its role.
+:data:`~onnxgrad.graph._builder.FITTED_STATISTIC`). Initializers read inside subgraphs count
+as weights (their role is not analysed). Any initializer named explicitly is trained whatever
+its role.
 """
 
 from __future__ import annotations
@@ -573,8 +575,9 @@ class _Roles:
         return all(self._non_negative(n) for n in held)
 
     def _is_fourier_transform(self, node: NodeProto, constants: list, data: list[str]) -> bool:
-        """A ``Conv`` or ``MatMul`` of the data by a windowed DFT basis (an STFT written as a
-        convolution: torchlibrosa's, nnAudio's): a spectrum, its kernel a fixed transform."""
+        """A ``Conv`` or ``MatMul`` of the data by a windowed DFT basis, or by the cosine rows
+        stacked on the sine rows (an STFT written as a convolution: torchlibrosa's, nnAudio's,
+        silero's ``forward_basis_buffer``): a spectrum, its kernel a fixed transform."""
         if node.op_type not in ("Conv", "MatMul") or normalize_domain(node.domain):
             return False
         if len(data) != 1 or [i for i, _ in constants] != [1]:
@@ -587,7 +590,10 @@ class _Roles:
             kernel = kernel.T if kernel.ndim == 2 else kernel
         elif kernel.ndim >= 3 and sum(d != 1 for d in kernel.shape[1:]) == 1:
             kernel = kernel.reshape(kernel.shape[0], -1)
-        return kernel.ndim == 2 and _is_dft_basis(kernel)
+        if kernel.ndim != 2:
+            return False
+        halves = np.split(kernel, 2) if kernel.shape[0] % 2 == 0 else []
+        return _is_dft_basis(kernel) or bool(halves and all(map(_is_dft_basis, halves)))
 
     def _non_negative(self, name: str) -> bool:
         tensor = self.initializers.get(name)

@@ -1073,8 +1073,14 @@ def test_a_scalers_fitted_statistics_are_not_weights_the_layer_after_it_is():
     node = helper.make_node
     model = _model(
         [
-            node("Scaler", ["x"], ["scaled"], domain="ai.onnx.ml", offset=[5.0, 0.0, 12.0],
-                 scale=[0.3, 1.0, 0.1]),  # fmt: skip
+            node(
+                "Scaler",
+                ["x"],
+                ["scaled"],
+                domain="ai.onnx.ml",
+                offset=[5.0, 0.0, 12.0],
+                scale=[0.3, 1.0, 0.1],
+            ),
             node("MatMul", ["scaled", "kernel"], ["h"]),
             node("Add", ["h", "bias"], ["y"]),
         ],
