@@ -84,8 +84,12 @@ def add_lora(
     (see the module docstring; ``alpha`` defaults to ``rank``, so ``s = 1``).
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
+    Weights a file stores as ``Constant`` nodes (paddle2onnx's) are initializers first, same
+    names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`).
     """
-    model = load_model(model)
+    from onnxgrad.normalize.constants import promote_constant_weights  # normalize imports graph
+
+    model = promote_constant_weights(load_model(model))
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
