@@ -76,9 +76,10 @@ mask, a factor computed with a statistic of the data (a weight's quantization sc
 ``Pow``, ``Where``, ``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the
 scales and zero points of quantized ops, the statistics a converter's preprocessing step was
 fitted to (a lowered ``Scaler``'s offset and scale, marked
-:data:`~onnxgrad.graph._builder.FITTED_STATISTIC`). Initializers read inside subgraphs count
-as weights (their role is not analysed). Any initializer named explicitly is trained whatever
-its role.
+:data:`~onnxgrad.graph._builder.FITTED_STATISTIC`). Initializers read inside ``Loop``
+and ``Scan`` bodies count as weights (their role is not analysed); ``If`` branches are walked as
+parts of the graph (an output of the ``If`` has the roles of the branch outputs it may be).
+Any initializer named explicitly is trained whatever its role.
 """
 
 from __future__ import annotations
@@ -732,6 +733,9 @@ class _Roles:
                 self.weights.update(sources)
 
     def _visit_with_subgraphs(self, node: NodeProto) -> None:
+        if node.op_type == "If" and not normalize_domain(node.domain):
+            self._visit_branches(node)
+            return
         read = set(node.input)
         for sub in subgraphs(node):
             read |= free_names(sub)
@@ -741,6 +745,38 @@ class _Roles:
         if any(n in self.any_data for n in read):
             self.any_data.update(o for o in node.output if o)
             self.data.update(o for o in node.output if o and self._is_float(o))
+
+    def _visit_branches(self, node: NodeProto) -> None:
+        """An ``If``: both branches are walked as parts of the graph (they read the outer
+        values by name), and each output takes the roles of the branch outputs it may be."""
+        branches = subgraphs(node)
+        for branch in branches:
+            for inner in branch.node:
+                self._visit(inner)
+        for index, name in enumerate(node.output):
+            if name:
+                self._merge(name, [b.output[index].name for b in branches])
+
+    def _merge(self, name: str, sources: list[str]) -> None:
+        """``name`` is one of ``sources`` (an ``If``'s output): data, affine when one of them
+        is; a spectrum, a shape, index data, codes... only when all are."""
+        for group in (self.any_data, self.data, self.affine):
+            if any(s in group for s in sources):
+                group.add(name)
+        for group in (self.shape_only, self.index_data, self.statistics, self.rows,
+                      self.rescales, self.spectra, self.codes, self.scores):  # fmt: skip
+            if all(s in group for s in sources):
+                group.add(name)
+        for table in (self.sources, self.looked_up):
+            held = [table[s] for s in sources if s in table]
+            if held:
+                table[name] = frozenset().union(*held)
+        tabled = [self.tabled[s] for s in sources if s in self.tabled]
+        if tabled:
+            self.tabled[name] = tabled[0]
+        roots = {self.root.get(s, s) for s in sources if s in self.data}
+        if len(roots) == 1:
+            self.root[name] = roots.pop()
 
     def _is_weight_role(self, node: NodeProto, index: int, data: list[str]) -> bool:
         op = node.op_type

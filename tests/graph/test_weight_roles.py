@@ -1137,3 +1137,47 @@ def test_an_stft_written_as_convolutions_is_a_spectrum_its_kernels_are_not_weigh
     assert _weights(_conv_stft_front(real, imag)) == ["head"]
     trained = _conv_stft_front(f32(5, 1, 8), f32(5, 1, 8) * 0.5)
     assert _weights(trained) == ["real", "imag", "mel", "head"]
+
+
+def _branched_stft_front(then_kernel: str, else_kernel: str, inits: dict):
+    """silero's spox export: the STFT (a convolution by a DFT basis) inside both branches
+    of an ``If`` on the sample rate, its magnitude and a trained head after the ``If``."""
+    node = helper.make_node
+
+    def branch(name, kernel):
+        out = helper.make_tensor_value_info(f"spec_{name}", F, None)
+        conv = node("Conv", ["signal", kernel], [f"spec_{name}"], strides=[4])
+        return helper.make_graph([conv], name, [], [out])
+
+    nodes = [
+        node("Unsqueeze", ["x", "one"], ["signal"]),
+        node(
+            "If",
+            ["c"],
+            ["spec"],
+            then_branch=branch("a", then_kernel),
+            else_branch=branch("b", else_kernel),
+        ),
+        node("Mul", ["spec", "spec"], ["power"]),
+        node("Transpose", ["power"], ["frames"], perm=[0, 2, 1]),
+        node("MatMul", ["frames", "mel"], ["mels"]),
+        node("Flatten", ["mels"], ["flat"]),
+        node("MatMul", ["flat", "head"], ["y"]),
+    ]
+    inits = {"one": np.array([1], np.int64), "mel": np.abs(f32(10, 3)), "head": f32(21, 2), **inits}
+    inputs = [("x", F, [2, 32]), ("c", TensorProto.BOOL, [])]
+    return _model(nodes, inits, inputs, ["y"], shape=[2, 2])
+
+
+def test_an_stft_inside_if_branches_is_a_spectrum_a_trained_kernel_there_a_weight():
+    """Initializers read inside ``If`` branches had no role read (every one was a weight:
+    silero-vad's spox exports' ``forward_basis_buffer``); the branches are walked now. A
+    branch convolving by a trained kernel keeps it, and the filterbank after the ``If``, a
+    weight."""
+    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
+    window = np.hanning(10)[1:-1]
+    basis = np.concatenate([window * np.cos(angle), window * np.sin(angle)])
+    basis = basis.astype(np.float32)[:, None, :]
+    assert _weights(_branched_stft_front("basis", "basis", {"basis": basis})) == ["head"]
+    mixed = _branched_stft_front("basis", "trained", {"basis": basis, "trained": f32(10, 1, 8)})
+    assert _weights(mixed) == ["mel", "head", "trained"]
