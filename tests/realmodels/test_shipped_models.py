@@ -335,8 +335,10 @@ DEFAULT_WEIGHTS = {
     "surfaces_surrogates/models/gradient_boosting_regressor.onnx": 6,
     # torchlibrosa's STFT kernels (a Hann-windowed DFT basis) and the mel filterbank: none
     "openwakeword/resources/models/melspectrogram.onnx": 0,
-    # silero's forward_basis_buffer (cosine rows on sine rows) is not; the rest are
+    # silero's forward_basis_buffer (cosine rows on sine rows) is not; the rest are, read in
+    # the main graph or (spox's export) inside the If on the sample rate
     "silero_vad/data/silero_vad_16k_op15.onnx": 14,
+    "silero_vad/data/silero_vad.onnx": 28,
 }
 
 
