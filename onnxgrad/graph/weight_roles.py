@@ -17,10 +17,11 @@ a non-negative constant matrix multiplying it (``MatMul``, ``Gemm``) is a filter
 Kaldi's, constant-Q), a fixed transform like a rotary table, not a weight. A ``Conv`` or
 ``MatMul`` of the data by a windowed DFT basis (``w_n cos(2 pi k n / N)``, ``w_n sin(...)``:
 an STFT written as a convolution, the cosine and sine rows in one kernel or two) computes a
-spectrum too; its kernel is no weight. Two reads of the data are
-not data: its *shape* (``Shape``, ``Size`` and what is computed from them and constants:
-positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale and zero
-point, and what they compute). A layer whose only data operand is index data is a lookup
+spectrum too; its kernel is no weight, nor is a normalised smoothing window a ``Conv``
+applies (non-negative, symmetric, summing to 1: a Gaussian blur, a moving average). Two reads
+of the data are not data: its *shape* (``Shape``, ``Size`` and what is computed from them and
+constants: positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale
+and zero point, and what they compute). A layer whose only data operand is index data is a lookup
 into its constant operand (one-hot rows times a kernel are an embedding; positions times
 rotary frequencies a table, settled by use through ``Cos``/``Sin``). A fake quantization of
 a value (a ``QuantizeLinear``/``DequantizeLinear`` pair, or the straight-through form
@@ -511,7 +512,8 @@ class _Roles:
             self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
         weight_found = lookup
         fourier = self._is_fourier_transform(node, constants, data)
-        if fourier or self._is_filterbank(node, constants, data):
+        fixed = self._is_filterbank(node, constants, data) or self._is_smoothing(node, constants)
+        if fourier or fixed:
             constants = []
         for index, name in constants:
             if index == 0 and lookup:
@@ -595,6 +597,28 @@ class _Roles:
             return False
         halves = np.split(kernel, 2) if kernel.shape[0] % 2 == 0 else []
         return _is_dft_basis(kernel) or bool(halves and all(map(_is_dft_basis, halves)))
+
+    def _is_smoothing(self, node: NodeProto, constants: list) -> bool:
+        """A ``Conv`` by a normalised smoothing window: one kernel for every channel (one
+        input channel each), of three or more taps, non-negative, symmetric, summing to 1
+        (a Gaussian blur, a moving average: silero's adaptive normalisation filter)."""
+        if node.op_type != "Conv" or normalize_domain(node.domain):
+            return False
+        if [i for i, _ in constants] != [1]:
+            return False
+        tensor = self.initializers.get(constants[0][1])
+        if tensor is None:
+            return False
+        kernel = numpy_helper.to_array(tensor).astype(np.float64)
+        if kernel.ndim < 3 or kernel.shape[1] != 1 or kernel[0].size < 3:
+            return False
+        spatial = tuple(range(1, kernel.ndim))
+        return bool(
+            np.all(kernel >= 0)
+            and np.all(kernel == kernel[:1])
+            and np.allclose(kernel, np.flip(kernel, axis=spatial[1:]), rtol=0, atol=1e-7)
+            and abs(kernel[0].sum() - 1) <= 1e-5
+        )
 
     def _non_negative(self, name: str) -> bool:
         tensor = self.initializers.get(name)

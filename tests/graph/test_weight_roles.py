@@ -1181,3 +1181,26 @@ def test_an_stft_inside_if_branches_is_a_spectrum_a_trained_kernel_there_a_weigh
     assert _weights(_branched_stft_front("basis", "basis", {"basis": basis})) == ["head"]
     mixed = _branched_stft_front("basis", "trained", {"basis": basis, "trained": f32(10, 1, 8)})
     assert _weights(mixed) == ["mel", "head", "trained"]
+
+
+def _smoothed(kernel: np.ndarray):
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "window"], ["smooth"], pads=[2, 2]),
+        node("Flatten", ["smooth"], ["flat"]),
+        node("MatMul", ["flat", "head"], ["y"]),
+    ]
+    inits = {"window": kernel.astype(np.float32), "head": f32(16, 2)}
+    return _model(nodes, inits, [("x", F, [2, 1, 16])], ["y"], shape=[2, 2])
+
+
+def test_a_normalised_smoothing_window_is_not_a_weight_a_trained_kernel_is():
+    """silero's adaptive normalisation smooths the log spectrum's mean by a fixed Gaussian
+    (non-negative, symmetric, summing to 1): no weight (before: a default weight). A random
+    kernel, or a non-negative one summing to 1 that is not symmetric, stays a weight."""
+    gauss = np.exp(-0.5 * np.arange(-2, 3) ** 2)
+    assert _weights(_smoothed((gauss / gauss.sum())[None, None])) == ["head"]
+    assert _weights(_smoothed(np.full((1, 1, 5), 0.2))) == ["head"]  # a moving average
+    assert _weights(_smoothed(f32(1, 1, 5))) == ["window", "head"]
+    skewed = np.array([0.1, 0.2, 0.3, 0.4, 0.0])[None, None]
+    assert _weights(_smoothed(skewed)) == ["window", "head"]
