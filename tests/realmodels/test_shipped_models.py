@@ -153,9 +153,9 @@ INPUTS = {
         "mask": Filled((1, 5), True, np.bool_),
     },
 }
-#: files checked by the gradient test only: the PaiNN network's train step (6 s) and the
-#: dry builds of ``info`` (3 s) build the gradient graph the gradient test checks; its
-#: default weights are counted (:data:`DEFAULT_WEIGHTS`)
+#: files checked by the gradient test only: the PaiNN network's train step (2.4 s on a quiet
+#: machine) and the dry builds of ``info`` (0.8 s) build the gradient graph the gradient test
+#: checks; its default weights are counted (:data:`DEFAULT_WEIGHTS`)
 GRADIENT_ONLY = {"caustic/data/best_v2_carbons.onnx"}
 #: learning rates other than the default: a 4-class softmax pulled to ``1 - p`` (targets
 #: summing to 3) overshoots at Adam's 1e-3, and falls at 1e-4 (SGD at 1e-3 falls steadily)
