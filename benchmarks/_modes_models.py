@@ -145,7 +145,8 @@ def _shipped(names):
     paths = {}
     for package, version in WHEELS.items():
         found = wheel_models(package, version)
-        paths.update({p.name: p for p in found})
+        for path in found:
+            paths.setdefault(path.name, path)  # the first wheel's, as tests/realmodels does
         paths.update({p.relative_to(cache_dir() / "extract").as_posix(): p for p in found})
     for name, shapes in INPUTS.items():
         if (names and name not in names) or name not in paths:

@@ -12,6 +12,10 @@ from onnxgrad.graph._scopes import iter_graphs
 #: (loss coefficients, a lowering's masks and bounds) that normalisation never promotes to
 #: weights (:mod:`onnxgrad.normalize.constants`).
 STRUCTURAL_CONSTANT = "onnxgrad: structural constant"
+#: The doc string of the initializers holding a converter's fitted preprocessing statistics
+#: (a lowered ``Scaler``'s offset and scale): initializers, so they can be named and trained,
+#: but no default weight (:mod:`onnxgrad.graph.weight_roles`).
+FITTED_STATISTIC = "onnxgrad: fitted preprocessing statistic"
 
 
 def mark_structural_constants(graph: GraphProto) -> None:
@@ -81,11 +85,14 @@ class GraphBuilder:
         """Whether ``name`` already names a value of the graph (or one this builder made)."""
         return name in self._values
 
-    def initializer(self, value: np.ndarray, base: str) -> str:
-        """Append an initializer holding ``value`` (a weight when it holds floats) and return
-        its name, ``<prefix>_<base>`` made unique."""
+    def initializer(self, value: np.ndarray, base: str, doc_string: str = "") -> str:
+        """Append an initializer holding ``value`` (a weight when it holds floats, unless
+        ``doc_string`` is :data:`FITTED_STATISTIC`) and return its name, ``<prefix>_<base>``
+        made unique."""
         name = self._values.unique(f"{self.prefix}_{base}")
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name=name))
+        tensor = numpy_helper.from_array(np.asarray(value), name=name)
+        tensor.doc_string = doc_string
+        self.graph.initializer.append(tensor)
         return name
 
     def reduce(

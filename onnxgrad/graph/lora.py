@@ -55,6 +55,7 @@ from onnxgrad._onnx_utils import (
     np_dtype,
     subgraphs,
 )
+from onnxgrad.graph._scopes import iter_graphs
 from onnxgrad.graph.deployed_products import (
     add_branch,
     insert_after,
@@ -85,8 +86,12 @@ def add_lora(
     (see the module docstring; ``alpha`` defaults to ``rank``, so ``s = 1``).
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
+    Weights a file stores as ``Constant`` nodes (paddle2onnx's) are initializers first, same
+    names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`).
     """
-    model = load_model(model)
+    from onnxgrad.normalize.constants import promote_constant_weights  # normalize imports graph
+
+    model = promote_constant_weights(load_model(model))
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
@@ -133,7 +138,9 @@ def _chosen(model, weights, targets: set[str], initializers) -> list[str]:
         adapted = adapter_parts | {adapter["weight"] for adapter in existing}
         chosen = sorted(set(targets) - adapted)
         if not chosen:
-            raise ValueError("the model has no MatMul, Gemm or Conv weight to adapt")
+            raise ValueError(
+                "the model has no MatMul, Gemm or Conv weight to adapt" + _read_in_bodies(model)
+            )
         return chosen
     if isinstance(weights, str):
         raise TypeError(f"weights must be a list of names, not the string {weights!r}")
@@ -340,6 +347,27 @@ def _adaptable_weights(model: ModelProto, initializers) -> set[str]:
                 if init.data_type in FLOAT_TYPES and len(init.dims) >= 2:
                     found.add(init.name)
     return found
+
+
+def _read_in_bodies(model: ModelProto) -> str:
+    """Why the main graph has no layer weight when the layers sit in ``If`` branches or
+    ``Loop``/``Scan`` bodies (which add_lora does not rewrite): the nodes holding them."""
+    holders = sorted(
+        f"{node.op_type} {node.name!r}"
+        for node in model.graph.node
+        if any(
+            inner.op_type in ADAPTED_OPS
+            for graph in subgraphs(node)
+            for body in iter_graphs(graph)
+            for inner in body.node
+        )
+    )
+    if not holders:
+        return ""
+    return (
+        f" in its main graph: its layers are read inside the subgraphs of {', '.join(holders)}"
+        " (If branches, Loop and Scan bodies), which add_lora does not adapt"
+    )
 
 
 def _check_target(name: str, initializers, targets: set[str]) -> None:

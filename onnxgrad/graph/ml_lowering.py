@@ -17,7 +17,9 @@ parameters as float initializers (weights):
   1.19 leaves ``s``) or ``t = s`` (the other transforms);
 * ``SVMRegressor`` and ``SVMClassifier``, every kernel, probabilities included: see
   :mod:`onnxgrad.graph.ml_svm`;
-* ``Scaler``: ``(x - offset) * scale``; ``Normalizer``: ``x / max x``, ``x / sum |x|`` or
+* ``Scaler``: ``(x - offset) * scale``, its offset and scale initializers marked
+  :data:`~onnxgrad.graph._builder.FITTED_STATISTIC` (statistics of the training data:
+  trained only when named); ``Normalizer``: ``x / max x``, ``x / sum |x|`` or
   ``x / ||x||_2`` per row (rows whose norm is 0 unchanged); ``Binarizer``:
   ``x > threshold``; ``Imputer``: replaced values (or NaN) swapped for imputed ones;
 * ``ArrayFeatureExtractor``: ``Gather`` along the last axis (``[1, k]`` for a 1-D input);
@@ -50,7 +52,7 @@ from onnxgrad._onnx_utils import (
     finalize_model,
     load_model,
 )
-from onnxgrad.graph._builder import GraphBuilder
+from onnxgrad.graph._builder import FITTED_STATISTIC, GraphBuilder
 from onnxgrad.graph.opset_raise import deduplicated_opsets, raised_opset
 from onnxgrad.graph.select import prune_graph
 
@@ -382,8 +384,9 @@ def _scaler(c: _Context, node: NodeProto) -> bool:
     x = c.to_float(node.input[0])
     offset = np.asarray(_attr(node, "offset", [0.0]), dtype=np.float32)
     scale = np.asarray(_attr(node, "scale", [1.0]), dtype=np.float32)
-    centred = c.b.op("Sub", x, c.b.initializer(offset, "offset"))
-    c.b.op("Mul", centred, c.b.initializer(scale, "scale"), out=node.output[0])
+    # statistics of the training data (a StandardScaler's mean and 1/std), not weights
+    centred = c.b.op("Sub", x, c.b.initializer(offset, "offset", FITTED_STATISTIC))
+    c.b.op("Mul", centred, c.b.initializer(scale, "scale", FITTED_STATISTIC), out=node.output[0])
     return True
 
 

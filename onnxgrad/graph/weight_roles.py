@@ -14,10 +14,14 @@ input (``Cast``, ``OneHot``, ``Equal`` then ``Cast``, ``Where`` on a mask), and 
 outputs a schema marks non-differentiable. The *spectrum* of the data (what ``STFT`` or
 ``DFT`` computes from it, then its power or magnitude: squares, sums, roots, moves) is data;
 a non-negative constant matrix multiplying it (``MatMul``, ``Gemm``) is a filterbank (mel,
-Kaldi's, constant-Q), a fixed transform like a rotary table, not a weight. Two reads of the data are
-not data: its *shape* (``Shape``, ``Size`` and what is computed from them and constants:
-positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale and zero
-point, and what they compute). A layer whose only data operand is index data is a lookup
+Kaldi's, constant-Q), a fixed transform like a rotary table, not a weight. A ``Conv`` or
+``MatMul`` of the data by a windowed DFT basis (``w_n cos(2 pi k n / N)``, ``w_n sin(...)``:
+an STFT written as a convolution, the cosine and sine rows in one kernel or two) computes a
+spectrum too; its kernel is no weight, nor is a normalised smoothing window a ``Conv``
+applies (non-negative, symmetric, summing to 1: a Gaussian blur, a moving average). Two reads
+of the data are not data: its *shape* (``Shape``, ``Size`` and what is computed from them and
+constants: positions ``Range(seq)``), and its *statistics* (``DynamicQuantizeLinear``'s scale
+and zero point, and what they compute). A layer whose only data operand is index data is a lookup
 into its constant operand (one-hot rows times a kernel are an embedding; positions times
 rotary frequencies a table, settled by use through ``Cos``/``Sin``). A fake quantization of
 a value (a ``QuantizeLinear``/``DequantizeLinear`` pair, or the straight-through form
@@ -71,8 +75,12 @@ mask, a factor computed with a statistic of the data (a weight's quantization sc
 ``DynamicQuantizeLinear``'s scale of the activations), a term added to a non-affine value
 (RMSNorm's epsilon after ``ReduceMean``, the 1 of ``1 - p`` after a sigmoid), any operand of
 ``Pow``, ``Where``, ``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the
-scales and zero points of quantized ops. Initializers read inside subgraphs count as weights
-(their role is not analysed). Any initializer named explicitly is trained whatever its role.
+scales and zero points of quantized ops, the statistics a converter's preprocessing step was
+fitted to (a lowered ``Scaler``'s offset and scale, marked
+:data:`~onnxgrad.graph._builder.FITTED_STATISTIC`). Initializers read inside ``Loop``
+and ``Scan`` bodies count as weights (their role is not analysed); ``If`` branches are walked as
+parts of the graph (an output of the ``If`` has the roles of the branch outputs it may be).
+Any initializer named explicitly is trained whatever its role.
 """
 
 from __future__ import annotations
@@ -84,6 +92,7 @@ import onnx
 from onnx import ModelProto, NodeProto, numpy_helper
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, real_inputs, subgraphs
+from onnxgrad.graph._builder import FITTED_STATISTIC
 from onnxgrad.graph._differentiable import input_is_differentiable, output_is_differentiable
 from onnxgrad.graph._scopes import free_names
 
@@ -148,8 +157,10 @@ _CODE_TYPES = frozenset(
 
 def weight_initializers(model: ModelProto, candidates: set[str]) -> set[str]:
     """The ``candidates`` (float initializers of a checked model, nodes in topological order)
-    that play a parameter role (see the module docstring)."""
-    return _Roles(model, candidates).weights
+    that play a parameter role (see the module docstring), less the fitted preprocessing
+    statistics a lowered converter operator holds."""
+    fitted = {i.name for i in model.graph.initializer if i.doc_string == FITTED_STATISTIC}
+    return _Roles(model, candidates - fitted).weights
 
 
 def fake_quantized(graph) -> dict[str, tuple[str, list[NodeProto]]]:
@@ -300,6 +311,26 @@ def _is_bias_table(values: np.ndarray) -> bool:
         if spread.size and np.ptp(spread, axis=-1).max() > 1e-6 * (np.abs(spread).max() + 1):
             return True
     return False
+
+
+def _is_dft_basis(kernel: np.ndarray) -> bool:
+    """Rows ``k = 0 .. F-1`` (``F <= N/2 + 1``) of a windowed DFT basis over ``N`` samples:
+    ``w_n cos(2 pi k n / N)`` (row 0 is the window ``w``), or ``+-w_n sin(2 pi k n / N)``
+    with ``w >= 0`` (row 0 is zero; ``w_n^2 = sum_k K_kn^2 / sum_k sin^2``), to 1e-4 of the
+    largest entry."""
+    bins, size = kernel.shape
+    if bins < 2 or size < 4 or bins > size // 2 + 1:
+        return False
+    values = kernel.astype(np.float64)
+    tolerance = 1e-4 * np.abs(values).max()
+    if not np.isfinite(tolerance) or tolerance == 0:
+        return False
+    angle = 2 * np.pi * np.outer(np.arange(bins), np.arange(size)) / size
+    if np.abs(values[0]).max() > tolerance:
+        return bool(np.abs(values - values[0] * np.cos(angle)).max() <= tolerance)
+    sines = np.sin(angle)
+    window = np.sqrt(np.square(values).sum(0) / np.maximum(np.square(sines).sum(0), 1e-12))
+    return any(np.abs(values - sign * window * sines).max() <= tolerance for sign in (1, -1))
 
 
 def _spans_one_axis(shape: Shape) -> bool | None:
@@ -480,7 +511,9 @@ class _Roles:
         elif lookup:
             self.looked_up.update((o, self.sources[node.input[0]]) for o in outputs)
         weight_found = lookup
-        if self._is_filterbank(node, constants, data):
+        fourier = self._is_fourier_transform(node, constants, data)
+        fixed = self._is_filterbank(node, constants, data) or self._is_smoothing(node, constants)
+        if fourier or fixed:
             constants = []
         for index, name in constants:
             if index == 0 and lookup:
@@ -500,7 +533,7 @@ class _Roles:
             self.index_data.update(outputs)
         self._track_root(node, data, outputs)
         self._track_scores(node, data, outputs)
-        if self._keeps_a_spectrum(node, data, weight_found):
+        if fourier or self._keeps_a_spectrum(node, data, weight_found):
             self.spectra.update(outputs)
         if self._output_is_affine(node, data, weight_found, lookup):
             self.affine.update(outputs)
@@ -543,6 +576,49 @@ class _Roles:
             return False
         held = frozenset().union(*(self.sources[n] for _, n in constants))
         return all(self._non_negative(n) for n in held)
+
+    def _is_fourier_transform(self, node: NodeProto, constants: list, data: list[str]) -> bool:
+        """A ``Conv`` or ``MatMul`` of the data by a windowed DFT basis, or by the cosine rows
+        stacked on the sine rows (an STFT written as a convolution: torchlibrosa's, nnAudio's,
+        silero's ``forward_basis_buffer``): a spectrum, its kernel a fixed transform."""
+        if node.op_type not in ("Conv", "MatMul") or normalize_domain(node.domain):
+            return False
+        if len(data) != 1 or [i for i, _ in constants] != [1]:
+            return False
+        tensor = self.initializers.get(constants[0][1])
+        if tensor is None:
+            return False
+        kernel = numpy_helper.to_array(tensor)
+        if node.op_type == "MatMul":
+            kernel = kernel.T if kernel.ndim == 2 else kernel
+        elif kernel.ndim >= 3 and sum(d != 1 for d in kernel.shape[1:]) == 1:
+            kernel = kernel.reshape(kernel.shape[0], -1)
+        if kernel.ndim != 2:
+            return False
+        halves = np.split(kernel, 2) if kernel.shape[0] % 2 == 0 else []
+        return _is_dft_basis(kernel) or bool(halves and all(map(_is_dft_basis, halves)))
+
+    def _is_smoothing(self, node: NodeProto, constants: list) -> bool:
+        """A ``Conv`` by a normalised smoothing window: one kernel for every channel (one
+        input channel each), of three or more taps, non-negative, symmetric, summing to 1
+        (a Gaussian blur, a moving average: silero's adaptive normalisation filter)."""
+        if node.op_type != "Conv" or normalize_domain(node.domain):
+            return False
+        if [i for i, _ in constants] != [1]:
+            return False
+        tensor = self.initializers.get(constants[0][1])
+        if tensor is None:
+            return False
+        kernel = numpy_helper.to_array(tensor).astype(np.float64)
+        if kernel.ndim < 3 or kernel.shape[1] != 1 or kernel[0].size < 3:
+            return False
+        spatial = tuple(range(1, kernel.ndim))
+        return bool(
+            np.all(kernel >= 0)
+            and np.all(kernel == kernel[:1])
+            and np.allclose(kernel, np.flip(kernel, axis=spatial[1:]), rtol=0, atol=1e-7)
+            and abs(kernel[0].sum() - 1) <= 1e-5
+        )
 
     def _non_negative(self, name: str) -> bool:
         tensor = self.initializers.get(name)
@@ -681,6 +757,9 @@ class _Roles:
                 self.weights.update(sources)
 
     def _visit_with_subgraphs(self, node: NodeProto) -> None:
+        if node.op_type == "If" and not normalize_domain(node.domain):
+            self._visit_branches(node)
+            return
         read = set(node.input)
         for sub in subgraphs(node):
             read |= free_names(sub)
@@ -690,6 +769,38 @@ class _Roles:
         if any(n in self.any_data for n in read):
             self.any_data.update(o for o in node.output if o)
             self.data.update(o for o in node.output if o and self._is_float(o))
+
+    def _visit_branches(self, node: NodeProto) -> None:
+        """An ``If``: both branches are walked as parts of the graph (they read the outer
+        values by name), and each output takes the roles of the branch outputs it may be."""
+        branches = subgraphs(node)
+        for branch in branches:
+            for inner in branch.node:
+                self._visit(inner)
+        for index, name in enumerate(node.output):
+            if name:
+                self._merge(name, [b.output[index].name for b in branches])
+
+    def _merge(self, name: str, sources: list[str]) -> None:
+        """``name`` is one of ``sources`` (an ``If``'s output): data, affine when one of them
+        is; a spectrum, a shape, index data, codes... only when all are."""
+        for group in (self.any_data, self.data, self.affine):
+            if any(s in group for s in sources):
+                group.add(name)
+        for group in (self.shape_only, self.index_data, self.statistics, self.rows,
+                      self.rescales, self.spectra, self.codes, self.scores):  # fmt: skip
+            if all(s in group for s in sources):
+                group.add(name)
+        for table in (self.sources, self.looked_up):
+            held = [table[s] for s in sources if s in table]
+            if held:
+                table[name] = frozenset().union(*held)
+        tabled = [self.tabled[s] for s in sources if s in self.tabled]
+        if tabled:
+            self.tabled[name] = tabled[0]
+        roots = {self.root.get(s, s) for s in sources if s in self.data}
+        if len(roots) == 1:
+            self.root[name] = roots.pop()
 
     def _is_weight_role(self, node: NodeProto, index: int, data: list[str]) -> bool:
         op = node.op_type

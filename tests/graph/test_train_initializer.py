@@ -185,6 +185,9 @@ def test_unused_and_integer_initializers_are_not_weights():
 
 
 def test_initializers_used_in_subgraphs_count():
+    """An ``If`` branch's read of an outer initializer counts, by its role there (a
+    per-feature scale of ``x [N, 4]``: a weight; one number scaling every feature would not
+    be)."""
     then_graph = helper.make_graph(
         [helper.make_node("Mul", ["x", "outer"], ["t"])],
         "then",
@@ -206,7 +209,7 @@ def test_initializers_used_in_subgraphs_count():
             helper.make_node("Greater", ["total", "zero"], ["cond"]),
             helper.make_node("If", ["cond"], ["y"], then_branch=then_graph, else_branch=else_graph),
         ],
-        {"outer": f32(3), "unused": f32(4), "zero": f32(0)},
+        {"outer": f32(3, 1, 2, 5), "unused": f32(4), "zero": f32(0)},
     )
     assert weights(model) == ["outer"]
 

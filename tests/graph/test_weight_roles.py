@@ -1063,3 +1063,144 @@ def test_a_lowered_group_norms_ones_and_zeros_are_not_weights_its_gamma_and_beta
         )
         weights = sorted(_weights(model))
         assert weights == (expected or ["beta", "bias", "gamma", "scale"])
+
+
+def test_a_scalers_fitted_statistics_are_not_weights_the_layer_after_it_is():
+    """skl2onnx's ``StandardScaler`` + ``MLPRegressor``: ``ai.onnx.ml::Scaler`` (mean and
+    1/std of the training data in its attributes), then the network. The lowered Scaler's
+    offset and scale are no default weights (before: both were, so training moved the
+    features' normalisation); named, they are trained."""
+    node = helper.make_node
+    model = _model(
+        [
+            node(
+                "Scaler",
+                ["x"],
+                ["scaled"],
+                domain="ai.onnx.ml",
+                offset=[5.0, 0.0, 12.0],
+                scale=[0.3, 1.0, 0.1],
+            ),
+            node("MatMul", ["scaled", "kernel"], ["h"]),
+            node("Add", ["h", "bias"], ["y"]),
+        ],
+        {"kernel": f32(3, 2), "bias": f32(2)},
+        [("x", F, [None, 3])],
+        ["y"],
+        domains=["ai.onnx.ml"],
+        shape=[None, 2],
+    )
+    assert _weights(model) == ["kernel", "bias"]
+    step = make_train_step(model, ["Scaler_offset"], learning_rate=LearningRateSGD())
+    assert step.weights == ("Scaler_offset",)
+
+
+def _conv_stft_front(real, imag):
+    """torchlibrosa's STFT as two 1-D convolutions (openwakeword's melspectrogram.onnx):
+    the power ``re^2 + im^2`` times a mel filterbank, ``log(mel + guard)``, a dense head."""
+    node = helper.make_node
+    nodes = [
+        node("Unsqueeze", ["x", "one"], ["signal"]),
+        node("Conv", ["signal", "real"], ["re"], strides=[4]),
+        node("Conv", ["signal", "imag"], ["im"], strides=[4]),
+        node("Mul", ["re", "re"], ["re2"]),
+        node("Pow", ["im", "two"], ["im2"]),
+        node("Add", ["re2", "im2"], ["power"]),
+        node("Transpose", ["power"], ["frames"], perm=[0, 2, 1]),
+        node("MatMul", ["frames", "mel"], ["mels"]),
+        node("Add", ["mels", "guard"], ["guarded"]),
+        node("Log", ["guarded"], ["logmel"]),
+        node("Flatten", ["logmel"], ["flat"]),
+        node("MatMul", ["flat", "head"], ["y"]),
+    ]
+    inits = {
+        "one": np.array([1], np.int64),
+        "two": np.float32(2),
+        "real": real,
+        "imag": imag,
+        "mel": np.abs(f32(5, 3)),
+        "guard": np.float32(1e-10),
+        "head": f32(3 * 7, 2),
+    }
+    return _model(nodes, inits, [("x", F, [2, 32])], ["y"], shape=[2, 2])
+
+
+def test_an_stft_written_as_convolutions_is_a_spectrum_its_kernels_are_not_weights():
+    """The kernels ``w_n cos(2 pi k n / N)`` and ``-w_n sin(2 pi k n / N)`` (Hann window,
+    ``N = 8``, 5 bins) compute a spectrum: they and the mel filterbank after its power are
+    fixed transforms (before: all three were default weights); convolutions by trained
+    kernels of the same shape stay weights, and so does the filterbank after them."""
+    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
+    window = np.hanning(10)[1:-1]
+    real = (window * np.cos(angle)).astype(np.float32)[:, None, :]
+    imag = (-window * np.sin(angle)).astype(np.float32)[:, None, :]
+    assert _weights(_conv_stft_front(real, imag)) == ["head"]
+    trained = _conv_stft_front(f32(5, 1, 8), f32(5, 1, 8) * 0.5)
+    assert _weights(trained) == ["real", "imag", "mel", "head"]
+
+
+def _branched_stft_front(then_kernel: str, else_kernel: str, inits: dict):
+    """silero's spox export: the STFT (a convolution by a DFT basis) inside both branches
+    of an ``If`` on the sample rate, its magnitude and a trained head after the ``If``."""
+    node = helper.make_node
+
+    def branch(name, kernel):
+        out = helper.make_tensor_value_info(f"spec_{name}", F, None)
+        conv = node("Conv", ["signal", kernel], [f"spec_{name}"], strides=[4])
+        return helper.make_graph([conv], name, [], [out])
+
+    nodes = [
+        node("Unsqueeze", ["x", "one"], ["signal"]),
+        node(
+            "If",
+            ["c"],
+            ["spec"],
+            then_branch=branch("a", then_kernel),
+            else_branch=branch("b", else_kernel),
+        ),
+        node("Mul", ["spec", "spec"], ["power"]),
+        node("Transpose", ["power"], ["frames"], perm=[0, 2, 1]),
+        node("MatMul", ["frames", "mel"], ["mels"]),
+        node("Flatten", ["mels"], ["flat"]),
+        node("MatMul", ["flat", "head"], ["y"]),
+    ]
+    inits = {"one": np.array([1], np.int64), "mel": np.abs(f32(10, 3)), "head": f32(21, 2), **inits}
+    inputs = [("x", F, [2, 32]), ("c", TensorProto.BOOL, [])]
+    return _model(nodes, inits, inputs, ["y"], shape=[2, 2])
+
+
+def test_an_stft_inside_if_branches_is_a_spectrum_a_trained_kernel_there_a_weight():
+    """Initializers read inside ``If`` branches had no role read (every one was a weight:
+    silero-vad's spox exports' ``forward_basis_buffer``); the branches are walked now. A
+    branch convolving by a trained kernel keeps it, and the filterbank after the ``If``, a
+    weight."""
+    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
+    window = np.hanning(10)[1:-1]
+    basis = np.concatenate([window * np.cos(angle), window * np.sin(angle)])
+    basis = basis.astype(np.float32)[:, None, :]
+    assert _weights(_branched_stft_front("basis", "basis", {"basis": basis})) == ["head"]
+    mixed = _branched_stft_front("basis", "trained", {"basis": basis, "trained": f32(10, 1, 8)})
+    assert _weights(mixed) == ["mel", "head", "trained"]
+
+
+def _smoothed(kernel: np.ndarray):
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "window"], ["smooth"], pads=[2, 2]),
+        node("Flatten", ["smooth"], ["flat"]),
+        node("MatMul", ["flat", "head"], ["y"]),
+    ]
+    inits = {"window": kernel.astype(np.float32), "head": f32(16, 2)}
+    return _model(nodes, inits, [("x", F, [2, 1, 16])], ["y"], shape=[2, 2])
+
+
+def test_a_normalised_smoothing_window_is_not_a_weight_a_trained_kernel_is():
+    """silero's adaptive normalisation smooths the log spectrum's mean by a fixed Gaussian
+    (non-negative, symmetric, summing to 1): no weight (before: a default weight). A random
+    kernel, or a non-negative one summing to 1 that is not symmetric, stays a weight."""
+    gauss = np.exp(-0.5 * np.arange(-2, 3) ** 2)
+    assert _weights(_smoothed((gauss / gauss.sum())[None, None])) == ["head"]
+    assert _weights(_smoothed(np.full((1, 1, 5), 0.2))) == ["head"]  # a moving average
+    assert _weights(_smoothed(f32(1, 1, 5))) == ["window", "head"]
+    skewed = np.array([0.1, 0.2, 0.3, 0.4, 0.0])[None, None]
+    assert _weights(_smoothed(skewed)) == ["window", "head"]

@@ -45,6 +45,9 @@ WHEELS = {
     "slovorez": "0.1.0",  # tf2onnx float16 Keras convolutions over int32 character ids
     "pyfrspell": "0.1.1",  # quantize_dynamic GRU encoder-decoders over two id inputs
     "caustic-nmr": "0.4.1",  # PaiNN graph network: scatter-add over int64 edges, 19 inputs
+    "surfaces-surrogates": "0.0.1",  # skl2onnx Scaler + MLPRegressor surrogates
+    "openwakeword": "0.4.0",  # an STFT as convolutions + mel; an If over a LayerNorm MLP
+    "trueocr": "0.1.1",  # PyTorch 2.10 reading-order transformer over a bool mask
 }
 
 

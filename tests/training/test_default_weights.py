@@ -168,3 +168,14 @@ def test_no_weight_names_structural_initializers(tmp_path):
 def test_frozen_message_only_when_weights_were_frozen(tmp_path):
     with pytest.raises(ValueError, match=r"every weight is frozen by frozen_params"):
         generate_artifacts(two_heads(), frozen_params=["W0", "W1", "W2"], folder=tmp_path)
+
+
+def test_no_weight_names_constants_that_reach_the_output_but_are_no_parameters(tmp_path):
+    """A number scaling every feature (an attention scale, GELU's 0.5) reaches the output
+    but is no weight by role: the error says so (before: "reach no output", false here, as
+    for openwakeword's melspectrogram.onnx, whose DFT kernels and mel filterbank do)."""
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    model = model_of([helper.make_node("Mul", ["X", "half"], ["Y"])], [("Y", 3)], [half])
+    match = r"initializers \['half'\] reach an output but play no parameter role"
+    with pytest.raises(ValueError, match=match):
+        generate_artifacts(model, folder=tmp_path)

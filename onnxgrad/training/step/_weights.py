@@ -62,13 +62,33 @@ def no_weight_error(model: ModelProto) -> ValueError:
             "model?): only float tensors are trained"
         )
     elif floats:
-        causes.append(
-            f"its float initializers {_shown(floats)} reach no output through a "
-            "differentiable input (they are shapes, axes, scales, bounds or statistics)"
-        )
+        causes.extend(_float_initializer_causes(model, floats))
     if not causes:
         causes.append("it has no initializer and no Constant tensor: it computes from its inputs")
     return ValueError("the model has no weight to train: " + "; ".join(causes))
+
+
+def _float_initializer_causes(model: ModelProto, floats: list[str]) -> list[str]:
+    """Why none of the float initializers ``floats`` is a weight: those a change of which
+    reaches no output through differentiable inputs, and those that do but play no
+    parameter role (:mod:`onnxgrad.graph.weight_roles`)."""
+    live = differentiable_values(model.graph, model_opsets(model), value_elem_types(model))
+    reaching = [n for n in floats if n in live]
+    dead = [n for n in floats if n not in live]
+    causes = []
+    if dead:
+        causes.append(
+            f"its float initializers {_shown(dead)} reach no output through a "
+            "differentiable input (they are shapes, axes, scales, bounds or statistics)"
+        )
+    if reaching:
+        causes.append(
+            f"its float initializers {_shown(reaching)} reach an output but play no parameter "
+            "role (fixed transforms such as a DFT basis or a mel filterbank, epsilons, fill "
+            "values, fitted statistics: onnxgrad.graph.weight_roles); name them "
+            "(weights=[...]) to train them"
+        )
+    return causes
 
 
 def _holds_float_tensor(node) -> bool:
