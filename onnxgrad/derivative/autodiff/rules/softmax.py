@@ -16,13 +16,13 @@ derivative. A NaN of ``y`` on a row with some nonzero ``g`` (a NaN or ``+inf`` i
 propagates. A finite ``y`` is read as it is on every row, zero ``g`` or not: the gradient
 stays the linear map ``g -> y (g - sum(g y))`` wherever ``y`` is finite, also in its own
 derivatives with respect to ``g`` (forward-over-reverse at a zero row of ``g``, as
-``g = p V^T`` at ``V = 0``, and the transposition, whose cotangents can cancel to a zero
-row: a cotangent constant along the row, as ones are, has ``y (g - sum(g y)) = 0``); read
-as 0 on every silent row, ``y`` made that derivative 0 there. The rule reads ``y`` and ``g``
+``g = p V^T`` at ``V = 0``, and the transposition, whose cotangents of ones can cancel to
+a zero row inside the graph: :mod:`onnxgrad.derivative.forward`); read as 0 on every silent
+row, ``y`` made that derivative 0 there. The rule reads ``y`` and ``g``
 only, never ``x``, so the forward does not keep the scores alive for the backward (in
 attention, the scores beside the probabilities); the guard costs a ``ReduceMax`` and a
-``ReduceMin`` of ``g``, an ``Equal``, a ``Not``, an ``And`` and a ``Where`` over ``y``, in
-every float type (``IsNaN`` has no bfloat16 before opset 13).
+``ReduceMin`` of ``g`` and an ``IsNaN``, an ``And`` and a ``Where`` over ``y`` (``IsNaN`` takes
+every type ``Softmax`` does at each opset).
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ def softmax_grad(b, node, grads, needs):
         b.op("Equal", b.reduce("ReduceMax", g, axes, keepdims=True), zero),
         b.op("Equal", b.reduce("ReduceMin", g, axes, keepdims=True), zero),
     )
-    nan = b.op("Not", b.op("Equal", y, y))
-    y = b.op("Where", b.op("And", silent, nan), zero, y)
+    y = b.op("Where", b.op("And", silent, b.op("IsNaN", y)), zero, y)
     gy = b.mul(g, y)
     total = b.reduce_sum(gy, axes, keepdims=True)
     return [b.op("Sub", gy, b.mul(y, total))]
