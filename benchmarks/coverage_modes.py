@@ -25,12 +25,17 @@ Three sweeps, each against an independent float64 reference, never against onnxg
     python benchmarks/coverage_modes.py models [--names a.onnx,b.onnx]
     python benchmarks/coverage_modes.py seeds
     python benchmarks/coverage_modes.py ops [--ops Relu,Conv] [--modes jvp] [--jobs 2] [--first]
+
+``--transposed`` judges the fallback: every JVP (and the JVP inside every HVP) is built by the
+transposition of the reverse graph (onnxgrad/derivative/forward.py), the tangent pass refused
+wherever it would have taken the graph (``ops``' worker processes are forked, patched).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib
 import signal
 import sys
@@ -100,6 +105,23 @@ JUDGED_APART = {
 HVP_JUDGED = {"Pow-zero-exponent"}
 
 
+@contextlib.contextmanager
+def transposition_only():
+    """``onnx_jvp`` and ``onnx_hvp`` by transposition only, inside the block: the tangent pass
+    refuses every graph, as it does one with an operator it has no rule for."""
+    from onnxgrad.derivative import forward
+    from onnxgrad.derivative.autodiff.tangent import NoTangentRule
+
+    def refuse(*args, **kwargs):
+        raise NoTangentRule("the transposition is judged (coverage_modes --transposed)")
+
+    original, forward.tangent_jvp = forward.tangent_jvp, refuse
+    try:
+        yield
+    finally:
+        forward.tangent_jvp = original
+
+
 def rule_outcomes(ops: set[str] | None, modes: set[str]) -> list[Outcome]:
     """JVP and HVP on every first-order case of the rule table."""
     from tests.derivative.autodiff.gradcheck import check_hvp
@@ -133,11 +155,24 @@ def rule_outcomes(ops: set[str] | None, modes: set[str]) -> list[Outcome]:
             outcomes.append(_report(Outcome(case.id, "hvp", "not judged", NOT_CHECKED[case.id])))
             continue
         kind = "onnxruntime" if case.id in ON_ONNXRUNTIME else case.evaluator
+        kind = _exact_reference if kind == "reference" else kind
         eps = 1.0 if case.op_type in UNIT_STEP else case.eps
         outcomes.append(
             _report(judge(case.id, "hvp", lambda c=case, k=kind, e=eps: check_hvp(c, k, e)))
         )
     return outcomes
+
+
+def _exact_reference(model):
+    """onnx's reference evaluator with an exact ``GatherElements`` along any axis size (the
+    transposition of a grouped Conv's or a reflect Pad's gradient gathers along more than 64
+    entries, which onnx's ``np.choose`` refuses; see
+    :class:`benchmarks.coverage_ops.GatherElements`)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from benchmarks.coverage_ops import GatherElements
+
+    return ReferenceEvaluator(model, new_ops=[GatherElements])
 
 
 def op_outcomes(ops: set[str] | None, modes: set[str], args) -> list[Outcome]:
@@ -189,7 +224,20 @@ def main(argv=None) -> int:
         "--first", action="store_true", help="ops: the first case of each operator type only"
     )
     parser.add_argument("--markdown", help="write the summary and the failures here")
+    parser.add_argument(
+        "--transposed", action="store_true", help="forward mode by the transposition only"
+    )
     args = parser.parse_args(argv)
+    with transposition_only() if args.transposed else contextlib.nullcontext():
+        outcomes = _outcomes(args)
+    print(summary(outcomes))
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as f:
+            f.write(markdown(outcomes))
+    return 0
+
+
+def _outcomes(args) -> list[Outcome]:
     modes = set(args.modes.split(","))
     if args.sweep == "rules":
         outcomes = rule_outcomes(set(args.ops.split(",")) if args.ops else None, modes)
@@ -203,11 +251,7 @@ def main(argv=None) -> int:
         from benchmarks._modes_seeds import seed_outcomes
 
         outcomes = seed_outcomes(judge)
-    print(summary(outcomes))
-    if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(markdown(outcomes))
-    return 0
+    return outcomes
 
 
 if __name__ == "__main__":

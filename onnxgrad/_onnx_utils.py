@@ -472,10 +472,15 @@ def _weightless_initializers(graph: onnx.GraphProto, view: onnx.GraphProto) -> N
     for init in graph.initializer:
         if tensor_nbytes(init) <= WEIGHTLESS_THRESHOLD and not _is_external(init):
             view.initializer.add().CopyFrom(init)
-        elif init.name not in declared:
-            view.input.append(
-                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
+        elif init.name not in declared:  # make_tensor_value_info's fields, built in place
+            info = view.input.add()
+            info.name = init.name
+            tensor = info.type.tensor_type
+            tensor.elem_type = init.data_type
+            shape = tensor.shape
+            shape.SetInParent()
+            for dim in init.dims:
+                shape.dim.add().dim_value = dim
 
 
 @functools.cache  # a few keys, asked for every value info serialised

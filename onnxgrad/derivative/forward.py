@@ -7,9 +7,12 @@ a tangent ``\dot x``, is
 .. math:: \frac{\partial}{\partial \bar y} \langle J^\top \bar y, \dot x \rangle = J \dot x,
 
 the Jacobian-vector product, whatever ``\bar y`` is where ``G`` is linear in it. A rule may
-read ``\bar y`` by value besides (Softmax tells the rows whose cotangent is all zero, which
-a masked attention row has, and gives them a zero gradient instead of NaN): ``G`` is linear
-only away from ``\bar y = 0`` there, so the cotangent fed is ones, never zeros. Every
+read ``\bar y`` by value besides, but only where its forward values are not finite (Softmax
+reads a NaN row of its output, a fully masked attention row, as 0 where that row's cotangent
+is all zero): the cotangent fed is ones, and the cotangents it gives inside the graph may
+still cancel to zero rows (ones are constant along a softmax row), so a rule whose gradient
+changed branch on a zero cotangent of finite values would make the transposition wrong
+(tests/derivative/test_zero_cotangent_rows.py). Every
 operator with a reverse rule, whose rule emits operators with rules themselves, thus gets
 tangents without a tangent rule. Applied to the gradient graph of a scalar loss it gives
 Hessian-vector products, ``H \dot x = J_{\nabla f} \dot x`` (forward-over-reverse).

@@ -10,6 +10,7 @@ Jacobian's factors) run once; the others, the part linear in the seed, carry the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -305,11 +306,13 @@ def _int_constants(
             tensors.append((name, attr.t))
         elif attr.name in ("value_int", "value_ints"):
             found[name] = np.array(attr.i if attr.name == "value_int" else attr.ints)
-    for name, tensor in tensors:
-        small = int(np.prod(tensor.dims)) <= 64
-        if small and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+    for name, tensor in tensors:  # the type first: most are float weights
+        if tensor.data_type in _INTEGERS and math.prod(tensor.dims) <= 64:
             found[name] = numpy_helper.to_array(tensor)
     return found
+
+
+_INTEGERS = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 
 
 def _name_nodes(graph: GraphProto, scope: NameScope) -> None:

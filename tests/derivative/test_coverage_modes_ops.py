@@ -90,3 +90,18 @@ def test_the_float64_rms_normalization_gradient(name):
     for n in ("X", "W"):
         np.testing.assert_allclose(got[n], expected[n], rtol=1e-6, atol=1e-8)
     assert _modes_ops.check_ops_case(*case, {"hvp"}) == [("hvp", "ok", "")]
+
+
+def test_the_transposition_on_the_attention_case():
+    """The same case with the tangent pass refused: the transposition's cotangents of ones
+    reached the body's Softmax as a zero row (the mask's ones cancel ``V_grad``'s, a constant
+    along the row), where the Softmax rule read ``y`` as 0, so the gradient's derivative with
+    respect to its cotangent was 0 there (tests/derivative/test_zero_cotangent_rows.py)."""
+    from benchmarks.coverage_modes import transposition_only
+    from benchmarks.coverage_ops import collect_cases
+
+    name = "test_attention_local_window_ext_cache_float16_mask"
+    case = next(c for c in collect_cases({"Attention"}) if c[0] == name)
+    with transposition_only():
+        verdicts = _modes_ops.check_ops_case(*case, {"jvp", "hvp"})
+    assert dict((m, s) for m, s, _ in verdicts) == {"jvp": "ok", "hvp": "ok"}

@@ -9,14 +9,20 @@ every axis from ``axis`` to the last is normalised together.
 
 A row of ``x`` that is all ``-inf`` (a fully masked attention row) gives a NaN row of ``y``,
 which graphs such as Attention's function body replace by zeros with a ``Where``, so the
-gradient reaching that row is exactly 0: the rule reads ``y`` as 0 on the rows where ``g``
-is all zeros (``max g = min g = 0``), so such a row gets the gradient 0 (as
+gradient reaching that row is exactly 0: the rule reads a NaN of ``y`` as 0 on the rows where
+``g`` is all zeros (``max g = min g = 0``), so such a row gets the gradient 0 (as
 ``y (g - sum(g y))`` does for any finite ``y``) instead of NaN, and so does its second
 derivative. A NaN of ``y`` on a row with some nonzero ``g`` (a NaN or ``+inf`` in ``x``)
-propagates. The rule reads ``y`` and ``g`` only, never ``x``, so the forward does not keep
-the scores alive for the backward (in attention, the scores beside the probabilities); the
-guard costs a ``ReduceMax`` and a ``ReduceMin`` of ``g`` and a ``Where`` over ``y``, in every
-float type (``IsInf`` has float16 only from opset 20).
+propagates. A finite ``y`` is read as it is on every row, zero ``g`` or not: the gradient
+stays the linear map ``g -> y (g - sum(g y))`` wherever ``y`` is finite, also in its own
+derivatives with respect to ``g`` (forward-over-reverse at a zero row of ``g``, as
+``g = p V^T`` at ``V = 0``, and the transposition, whose cotangents of ones can cancel to
+a zero row inside the graph: :mod:`onnxgrad.derivative.forward`); read as 0 on every silent
+row, ``y`` made that derivative 0 there. The rule reads ``y`` and ``g``
+only, never ``x``, so the forward does not keep the scores alive for the backward (in
+attention, the scores beside the probabilities); the guard costs a ``ReduceMax`` and a
+``ReduceMin`` of ``g`` and an ``IsNaN``, an ``And`` and a ``Where`` over ``y`` (``IsNaN`` takes
+every type ``Softmax`` does at each opset).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def softmax_grad(b, node, grads, needs):
         b.op("Equal", b.reduce("ReduceMax", g, axes, keepdims=True), zero),
         b.op("Equal", b.reduce("ReduceMin", g, axes, keepdims=True), zero),
     )
-    y = b.op("Where", silent, zero, y)
+    y = b.op("Where", b.op("And", silent, b.op("IsNaN", y)), zero, y)
     gy = b.mul(g, y)
     total = b.reduce_sum(gy, axes, keepdims=True)
     return [b.op("Sub", gy, b.mul(y, total))]
