@@ -351,6 +351,9 @@ class _Roles:
         self.affine = set(self.data)
         #: values depending on the data only through its shape (``Shape``, ``Size``)
         self.shape_only: set[str] = set()
+        #: of those, derived constants only moved or broadcast by a shape (``Expand``,
+        #: ``Tile`` to the batch): they keep their role, no coordinates
+        self.broadcast: set[str] = set()
         #: float values computed from the data's values without a float input (casts of
         #: ids, bytes, masks, one-hot encodings, positions): data, not affine
         self.index_data: set[str] = set()
@@ -442,6 +445,8 @@ class _Roles:
         ]
         if touches_data and self._reads_shape_only(node):
             self.shape_only.update(o for o in node.output if o)
+            if self._broadcasts(node):
+                self.broadcast.update(o for o in node.output if o)
         elif not data and not lookup and touches_data:
             values = self._index_values(node)
             floats = [o for o in node.output if o and self._is_float(o)]
@@ -575,7 +580,18 @@ class _Roles:
         shape (``Expand``, ``Reshape``, ``Resize``'s sizes, ``Slice``'s ends) keeps its role."""
         if not any(n in self.shape_only for n in node.input):
             return False
-        return node.op_type == "Range" or any(n in self.shape_only for _, n in diff)
+        return node.op_type == "Range" or any(
+            n in self.shape_only and n not in self.broadcast for _, n in diff
+        )
+
+    def _broadcasts(self, node: NodeProto) -> bool:
+        """Whether ``node`` only moves a derived constant (or one so broadcast already) by a
+        shape of the data: its moved input holds initializers, no other input is data."""
+        if node.op_type not in _PURE_MOVES or not node.input:
+            return False
+        moved = node.input[0]
+        held = moved in self.sources and (moved not in self.shape_only or moved in self.broadcast)
+        return held and moved not in self.data
 
     def _tables_added(self, node: NodeProto, held: frozenset[str]) -> frozenset[str]:
         """Of the constants of a node computing coordinates, the bias tables it adds (Swin's

@@ -874,6 +874,46 @@ def test_coordinates_computed_from_the_shape_are_not_weights_tables_they_index_a
     assert _weights(model) == ["kernel", "table", "embedding"]
 
 
+def test_a_table_broadcast_to_the_batch_by_a_shape_keeps_its_role():
+    """DeBERTa's disentangled attention: the relative-position table, LayerNorm'd and
+    projected by the key kernel (constants only), is expanded and tiled to the batch by
+    shapes of the data, then multiplies the queries. A constant only broadcast by a shape
+    keeps its role: table, norm and kernel are weights (before: the tiled value counted as
+    coordinates computed from the shape, and none was)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("LayerNormalization", ["rel", "gamma", "beta"], ["normed"], axis=-1),
+            node("MatMul", ["normed", "wk"], ["keys"]),
+            node("Unsqueeze", ["keys", "zero1"], ["keys1"]),
+            node("Shape", ["x"], ["s"]),
+            node("Slice", ["s", "zero1", "one1"], ["batch"]),
+            node("Concat", ["batch", "rows"], ["target"], axis=0),
+            node("Expand", ["keys1", "target"], ["expanded"]),
+            node("Div", ["batch", "batch"], ["unit"]),
+            node("Concat", ["unit", "ones2"], ["repeats"], axis=0),
+            node("Tile", ["expanded", "repeats"], ["tiled"]),
+            node("Transpose", ["tiled"], ["keys_t"], perm=[0, 2, 1]),
+            node("MatMul", ["x", "wq"], ["q"]),
+            node("MatMul", ["q", "keys_t"], ["y"]),
+        ],
+        {
+            "rel": f32(6, 4),
+            "gamma": f32(4) + 1,
+            "beta": f32(4) - 1,
+            "wk": f32(4, 4) * 2,
+            "zero1": np.array([0], np.int64),
+            "one1": np.array([1], np.int64),
+            "rows": np.array([6, 4], np.int64),
+            "ones2": np.array([1, 1], np.int64),
+            "wq": f32(4, 4) * 3,
+        },
+        X,
+        ["y"],
+    )
+    assert sorted(_weights(model)) == ["beta", "gamma", "rel", "wk", "wq"]
+
+
 def test_a_folded_anchor_grid_and_its_strides_are_not_weights_a_bias_is():
     """A static detector export folds its decoding: anchor centres ``k + 1/2`` added to the
     box distances and strides 8, 16, 32 scaling them. A bias of trained values is a weight,
