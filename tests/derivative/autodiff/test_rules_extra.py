@@ -728,3 +728,34 @@ def test_resize_gradient_on_the_reference_evaluator_takes_its_sizes(case):
         moved = [forward.run(None, {"x": x + sign * step})[0] for sign in (1, -1)]
         expected[j] = np.sum((moved[0] - moved[1]) * seed) / 2e-6
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_gather_elements_of_unknown_rank_data_takes_the_rank_of_its_indices():
+    """GatherElements wants data and indices of one rank: where inference loses the data's
+    (DeBERTa's position scores, expanded by a computed shape) the indices' serves. The
+    gradient is the scatter-add of the seed (repeated indices add up)."""
+    nodes = [  # a reshape to a fed shape: the data's rank unknown
+        helper.make_node("Reshape", ["x", "shape"], ["data"]),
+        helper.make_node("GatherElements", ["data", "i"], ["y"], name="gather", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gather",
+        [
+            helper.make_tensor_value_info("x", FLOAT, [2, 4]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, [2, 5]),
+        ],
+        [helper.make_tensor_value_info("y", FLOAT, [2, 5])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    i = np.array([[0, 2, 2, -1, 2], [1, 1, 0, 3, 0]], np.int64)
+    g = np.random.default_rng(1).standard_normal((2, 5)).astype(np.float32)
+    want = np.zeros_like(x)
+    for row, col in np.ndindex(i.shape):
+        want[row, i[row, col] % 4] += g[row, col]
+    grad = onnx_derivative(model, inputs=["x"], weights=[])
+    feeds = {"x": x, "shape": np.array([2, 4]), "i": i, "y_grad": g}
+    got = run_ort(grad, feeds)["x_grad"]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
