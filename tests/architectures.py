@@ -72,6 +72,8 @@ THIRD_SET = ("mistral", "bloom", "neox", "albert", "bart", "segformer")
 FOURTH_SET = ("deberta", "gemma", "wav2vec2", "convnext", "swin", "clip")
 ARCHITECTURES = AS_FED + FLOAT_INPUT + THIRD_SET + FOURTH_SET
 #: the forms of every architecture; onnxruntime's transformer optimizer only for transformers
+#: (not ConvNeXt: optimized as a ViT, onnxruntime 1.19 fuses its residual LayerNorms into
+#: ``SkipLayerNormalization`` over 4-D values, which its own kernel refuses to run)
 FORMS = ("float32", "initializers", "float16", "int8", "qdq", "int4")
 OPTIMIZED = ("opt1", "opt2")
 #: onnxruntime.transformers.optimizer's model type, head count and hidden size
@@ -92,7 +94,6 @@ OPTIMIZER = {
     "deberta": ("bert", 2, WIDE),
     "gemma": ("gpt2", 2, WIDE),
     "wav2vec2": ("bert", 2, WIDE),
-    "convnext": ("vit", 0, 0),  # no attention: GELU and LayerNorm fusions only
     "swin": ("swin", 0, 0),
     "clip": ("clip", 2, WIDE),
 }

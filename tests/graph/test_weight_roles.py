@@ -629,10 +629,22 @@ def _is_block(big: np.ndarray, small: np.ndarray) -> bool:
 
 def _made_of_parameters(value: np.ndarray, params: list[np.ndarray]) -> bool:
     """``value`` is a block of a parameter, holds one as a block (fused q/k/v projections,
-    position rows of a table) or is made of row blocks of parameters (a recurrent layer's
-    gates reordered by the exporter)."""
+    position rows of a table), is made of row blocks of parameters (a recurrent layer's
+    gates reordered by the exporter) or is what a tool folded from parameters: one
+    reshaped (a GroupNorm's gamma as ``[C, 1]``), one plus one (Gemma's RMSNorm scale
+    ``1 + w``), entries of one gathered by constant indices (Swin's relative position bias
+    table) or a weight-normed kernel ``g v / |v|``."""
     candidates = [q for p in params for q in (p, p.T)]
+    candidates += [p.reshape(value.shape) for p in params if p.size == value.size]
     if any(_is_block(value, q) or _is_block(q, value) for q in candidates):
+        return True
+    shifted = value.astype(np.float64) - 1  # 1 + w rounded: w to its stored type's spacing
+    spacing = 2 * float(np.finfo(value.dtype).eps) * max(1.0, float(np.abs(value).max()))
+    if any(q.shape == value.shape and np.allclose(shifted, q, 0, spacing) for q in params):
+        return True
+    if value.size > 1 and any(p.size > 1 and np.isin(value, p).all() for p in params):
+        return True
+    if _weight_normed(value, params):
         return True
     rows = value.reshape(value.shape[1:]) if value.ndim > 1 and value.shape[0] == 1 else value
     n = rows.shape[0]
@@ -640,6 +652,20 @@ def _made_of_parameters(value: np.ndarray, params: list[np.ndarray]) -> bool:
         chunks = [rows[i : i + size] for i in range(0, n, size)]
         if all(any(_is_block(p, c) for p in params) for c in chunks):
             return True
+    return False
+
+
+def _weight_normed(value: np.ndarray, params: list[np.ndarray]) -> bool:
+    """``value`` is ``g v / |v|`` of two parameters, the norm over the axes ``g`` spans once
+    (``torch.nn.utils.weight_norm``, folded by a tool)."""
+    for v in (p for p in params if p.shape == value.shape):
+        for g in (p for p in params if p.ndim == v.ndim and p.size < v.size):
+            axes = tuple(a for a in range(v.ndim) if g.shape[a] == 1)
+            if any(g.shape[a] not in (1, v.shape[a]) for a in range(v.ndim)) or not axes:
+                continue
+            norm = np.sqrt(np.sum(v.astype(np.float64) ** 2, axis=axes, keepdims=True))
+            if np.allclose(g * v / norm, value, rtol=1e-4, atol=1e-6):
+                return True
     return False
 
 
