@@ -390,6 +390,8 @@ class _Roles:
                 self.uses.setdefault(name, []).append((node.op_type, index))
                 self.readers.setdefault(name, []).append(node)
         rounded = fake_quantized(model.graph)
+        #: the fake quantization of each value so rounded: ``{x: its rounded output}``
+        self.rounded_to = {source: output for output, (source, _) in rounded.items()}
         inside = {id(n) for _, nodes in rounded.values() for n in nodes}
         for node in model.graph.node:
             if node.output and node.output[0] in rounded:
@@ -791,8 +793,9 @@ class _Roles:
 
     def _is_lowered_group_norm(self, node: NodeProto) -> bool:
         """``GroupNorm`` as PyTorch's dynamo export lowers it: ``InstanceNormalization`` of
-        the groups with scale 1 and bias 0, reshaped back, then ``x gamma + beta`` per
-        channel. Its ones and zeros are structure; ``gamma`` and ``beta`` are the weights."""
+        the groups with scale 1 and bias 0, reshaped back (each step quantized and
+        dequantized by ``quantize_static``), then ``x gamma + beta`` per channel. Its ones
+        and zeros are structure; ``gamma`` and ``beta`` are the weights."""
         constants = []
         for name in node.input[1:3]:
             sources = [n for n in self.sources.get(name, ()) if n in self.initializers]
@@ -801,10 +804,13 @@ class _Roles:
             constants.append(numpy_helper.to_array(self.initializers[sources[0]]))
         if len(constants) != 2 or np.any(constants[0] != 1) or np.any(constants[1] != 0):
             return False
-        readers = self.readers.get(node.output[0], [])
-        while len(readers) == 1 and readers[0].op_type == "Reshape":
-            readers = self.readers.get(readers[0].output[0], [])
-        return bool(readers) and all(r.op_type == "Mul" for r in readers)
+        value = node.output[0]
+        while True:
+            value = self.rounded_to.get(value, value)
+            readers = self.readers.get(value, [])
+            if len(readers) != 1 or readers[0].op_type != "Reshape":
+                return bool(readers) and all(r.op_type == "Mul" for r in readers)
+            value = readers[0].output[0]
 
     def _one_feature_affine(self, data: list[str]) -> bool:
         """Whether some data operand is an affine value of one feature (``[N, 1]``)."""

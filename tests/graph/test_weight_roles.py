@@ -1129,3 +1129,45 @@ def test_a_lowered_group_norms_ones_and_zeros_are_not_weights_its_gamma_and_beta
         )
         weights = sorted(_weights(model))
         assert weights == (expected or ["beta", "bias", "gamma", "scale"])
+
+
+def test_a_lowered_group_norm_statically_quantized_keeps_its_ones_and_zeros_constants():
+    """``quantize_static`` of the lowered GroupNorm (wav2vec2's feature encoder): the scale
+    of ones fake-quantized like a weight, the normalized groups and their reshape each
+    quantized and dequantized before the ``Mul``. Still structure: gamma and beta are the
+    weights (before: the ones and zeros too)."""
+    node = helper.make_node
+
+    def qdq(name: str, scale: str) -> list:
+        return [
+            node("QuantizeLinear", [name, scale, "zero"], [f"{name}_q"]),
+            node("DequantizeLinear", [f"{name}_q", scale, "zero"], [f"{name}_dq"]),
+        ]
+
+    model = _model(
+        [
+            node("Reshape", ["x", "grouped"], ["g"]),
+            *qdq("ones", "unit"),
+            node("InstanceNormalization", ["g", "ones_dq", "zeros"], ["n"]),
+            *qdq("n", "step"),
+            node("Reshape", ["n_dq", "back"], ["nb"]),
+            *qdq("nb", "step"),
+            node("Mul", ["nb_dq", "gamma"], ["scaled"]),
+            node("Add", ["scaled", "beta"], ["y"]),
+        ],
+        {
+            "grouped": np.array([0, 2, -1], np.int64),
+            "back": np.array([0, 4, 3, 3], np.int64),
+            "ones": np.ones(2, np.float32),
+            "zeros": np.zeros(2, np.float32),
+            "unit": np.float32(1 / 127),
+            "step": np.float32(0.05),
+            "zero": np.int8(0),
+            "gamma": f32(4, 1, 1),
+            "beta": f32(4, 1, 1),
+        },
+        [("x", F, [1, 4, 3, 3])],
+        ["y"],
+        shape=[1, 4, 3, 3],
+    )
+    assert sorted(_weights(model)) == ["beta", "gamma"]
