@@ -646,6 +646,8 @@ def _made_of_parameters(value: np.ndarray, params: list[np.ndarray]) -> bool:
         return True
     if _weight_normed(value, params):
         return True
+    if value.ndim == 0:
+        return False
     rows = value.reshape(value.shape[1:]) if value.ndim > 1 and value.shape[0] == 1 else value
     n = rows.shape[0]
     for size in [d for d in range(2, n) if n % d == 0][:8]:
