@@ -275,6 +275,10 @@ def _is_progression(values: np.ndarray) -> bool:
 _SCORE_STEPS = frozenset(
     {"Mul", "Div", "Add", "Sub", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Where"}
 )
+#: ops carrying a shift of every element alike on to their output (``Where`` on a mask)
+_UNIFORM_SHIFTS = frozenset(
+    {"Add", "Sub", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Where", "Identity", "Cast"}
+)
 #: more distinct values than a mask holds (0, a fill, their sum)
 _BIAS_VALUES = 4
 #: no learned bias reaches this; masks' fills do
@@ -385,6 +389,7 @@ class _Roles:
         self.uses: dict[str, list[tuple[str, int]]] = {}
         #: the nodes reading each value in the main graph
         self.readers: dict[str, list[NodeProto]] = {}
+        self.graph_outputs = {o.name for o in model.graph.output}
         for node in model.graph.node:
             for index, name in enumerate(node.input):
                 self.uses.setdefault(name, []).append((node.op_type, index))
@@ -736,6 +741,8 @@ class _Roles:
                 return False  # an epsilon: log(W x + eps)
             if _is_single(shape) and self._is_unit_offset(node, index):
                 return False  # the 1 of a modulation x (1 + s)
+            if _is_single(shape) and self._only_shifts_softmax(node.output[0]):
+                return False  # softmax(x + c) = softmax(x): no gradient reaches c
             if self._is_position_bias(node, index, data):
                 return True
             return any(n in self.affine for n in data)
@@ -776,6 +783,23 @@ class _Roles:
             if onward and self._reaches_softmax(reader.output[0], steps - 1):
                 return True
         return False
+
+    def _only_shifts_softmax(self, name: str, steps: int = 8) -> bool:
+        """Whether ``name`` only reaches ``Softmax`` or ``LogSoftmax`` inputs, through sums,
+        moves and a mask's ``Where`` (its shape aside): a number added to it shifts every
+        score alike, which they are invariant to (DeBERTa's ``score = 0`` folded)."""
+        if name in self.graph_outputs:
+            return False
+        readers = [r for r in self.readers.get(name, ()) if r.op_type not in ("Shape", "Size")]
+        for reader in readers:
+            if reader.op_type in ("Softmax", "LogSoftmax"):
+                continue
+            moves = reader.op_type in _UNIFORM_SHIFTS and reader.output and steps
+            if not moves or (reader.op_type == "Where" and reader.input[0] == name):
+                return False
+            if not self._only_shifts_softmax(reader.output[0], steps - 1):
+                return False
+        return bool(readers)
 
     def _is_folded_grid(self, name: str) -> bool:
         """Coordinates a static export folded (a detector's anchor centres ``k + 1/2``, its

@@ -942,6 +942,40 @@ def test_a_table_broadcast_to_the_batch_by_a_shape_keeps_its_role():
     assert sorted(_weights(model)) == ["beta", "gamma", "rel", "wk", "wq"]
 
 
+def test_one_number_added_to_scores_on_their_way_to_a_softmax_is_not_a_weight():
+    """DeBERTa's ``score = 0; score += c2p / scale`` (queries times a projected relative
+    table: affine in the data), its 0.0 an initializer: softmax is invariant to a shift of
+    every score alike, so that number has no gradient and is no parameter. One number added
+    to a layer's output that reaches the graph's output is a bias."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("MatMul", ["x", "wq"], ["q"]),
+            node("MatMul", ["table", "wk"], ["k"]),
+            node("Transpose", ["k"], ["kt"], perm=[1, 0]),
+            node("MatMul", ["q", "kt"], ["scores"]),
+            node("Add", ["scores", "start"], ["shifted"]),
+            node("Reshape", ["shifted", "same"], ["moved"]),
+            node("Softmax", ["moved"], ["p"]),
+            node("MatMul", ["p", "x"], ["mixed"]),
+            node("MatMul", ["mixed", "wo"], ["o"]),
+            node("Add", ["o", "bias"], ["y"]),
+        ],
+        {
+            "wq": f32(4, 4),
+            "table": f32(8, 4) * 2,
+            "wk": f32(4, 4) + 1,
+            "start": np.float32(0),
+            "same": np.array([0, 8, 8], np.int64),
+            "wo": f32(4, 4) - 1,
+            "bias": np.float32(0.5),
+        },
+        X,
+        ["y"],
+    )
+    assert sorted(_weights(model)) == ["bias", "table", "wk", "wo", "wq"]
+
+
 def test_a_folded_anchor_grid_and_its_strides_are_not_weights_a_bias_is():
     """A static detector export folds its decoding: anchor centres ``k + 1/2`` added to the
     box distances and strides 8, 16, 32 scaling them. A bias of trained values is a weight,
