@@ -111,6 +111,26 @@ def _dequantize_linear():
     return DequantizeLinear
 
 
+def _gather_elements():
+    """``GatherElements`` for onnx's reference evaluator with indices smaller than the data
+    on the other axes (DeBERTa's position scores; onnxruntime reads ``data[i, j, idx]`` at
+    the indices' own coordinates): the data cropped to them, then ``take_along_axis``."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        op_domain = ""
+
+        def _run(self, data, indices, axis=0):
+            axis = axis % data.ndim
+            crop = tuple(
+                slice(None) if a == axis else slice(0, indices.shape[a]) for a in range(data.ndim)
+            )
+            index = np.where(indices < 0, indices + data.shape[axis], indices)
+            return (np.take_along_axis(data[crop], index, axis=axis),)
+
+    return GatherElements
+
+
 def _standard(model: onnx.ModelProto) -> bool:
     """Whether onnx defines every operator (onnxruntime's optimizer writes its
     ``SimplifiedLayerNormalization`` in the default domain)."""
@@ -127,9 +147,9 @@ def _score(model: onnx.ModelProto, feeds, seed) -> float:
 
     if _standard(model):
         doubled = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
-        outputs = ReferenceEvaluator(to_double(model), new_ops=[_dequantize_linear()]).run(
-            None, doubled
-        )
+        outputs = ReferenceEvaluator(
+            to_double(model), new_ops=[_dequantize_linear(), _gather_elements()]
+        ).run(None, doubled)
     else:
         outputs = run(model, feeds)
     return float(np.sum(outputs[0].astype(np.float64) * seed))
