@@ -120,7 +120,7 @@ SUITE_FORM = {
     "albert": "opt2",  # one layer's weights read twice, BERT fusions
     "bart": "float32",  # cross attention, tied embeddings, the logits' bias buffer
     "segformer": "initializers",  # every Constant an initializer
-    "deberta": "qdq",  # every weight quantized; its float forms: docs/deployed-models.md
+    "deberta": "initializers",  # score = 0's 0.0, the relative table tiled to the batch
     "gemma": "float16",  # the (1 + w) RMSNorm and sqrt(hidden) scale in float16
     "wav2vec2": "float32",  # weight norm's g and v, GroupNorm, grouped Conv1d
     "convnext": "int8",  # depthwise kernels and layer scales beside int8 products
