@@ -586,7 +586,7 @@ def test_t5_relative_attention_bias_is_a_weight(folding):
     assert any(np.array_equal(v, bias.detach().numpy()) for v, _ in found.values())
 
 
-# -- the property on nineteen architectures in their deployed forms ------------------------
+# -- the property on twenty-five architectures in their deployed forms --------------------
 
 
 def _architecture_cases():
