@@ -45,12 +45,13 @@ weights and gradient with onnxruntime 1.19 and 1.32): lowering in every cell; gr
 4.3e-7 to 2.4e-4 (float16 1.9e-4 to 2.2e-2, QDQ 4.1e-7 to 1.3e-3 at ``FLOAT64_EPS``; at 1e-3
 wav2vec2 QDQ was 4.6e-2 to 1.3e-1, its steps crossing calibrated clipping bounds) but CLIP
 float16 (the all-weights step; every weight alone within 2e-2); default weights are the
-parameters, or what a tool folded from them, in every cell but DeBERTa's optimized forms (its folded
-position projections); LoRA in every cell made by the training environment; the round trip
-but wav2vec2 4-bit (a file nothing was quantized in) and CLIP float16 (4 float16 steps).
-Before: DeBERTa's relative table, LayerNorm and position kernels were no defaults and its
-gradient refused at a ``Tile`` in six forms; wav2vec2 QDQ held GroupNorm's ones and zeros as
-defaults. The int8 files of wav2vec2, ConvNeXt and Swin need 1.32 (``ConvInteger``)."""
+parameters, or what a tool folded from them (``tests.architectures.FOLDED``: DeBERTa's
+position projections), in every cell; LoRA in every cell made by the training environment;
+the round trip but wav2vec2 4-bit (a file nothing was quantized in) and CLIP float16 (4
+float16 steps). Before: DeBERTa's relative table, LayerNorm and position kernels were no
+defaults and its gradient refused at a ``Tile`` in six forms; wav2vec2 QDQ held GroupNorm's
+ones and zeros as defaults. The int8 files of wav2vec2, ConvNeXt and Swin need 1.32
+(``ConvInteger``)."""
 
 from __future__ import annotations
 

@@ -488,6 +488,36 @@ UNFOLDED = ("wav2vec2",)
 BIAS_BUFFERS = {"bart": ("final_logits_bias",)}
 
 
+def _deberta_position_projections(model) -> list[np.ndarray]:
+    """Each layer's position queries and keys per head, ``LayerNorm(rel) W + b``: constants
+    of the parameters, which onnxruntime's optimizer folds into four tables."""
+    import torch
+
+    encoder, found = model.deberta.encoder, []
+    with torch.no_grad():
+        for layer in encoder.layer:
+            attention = layer.attention.self
+            rows = encoder.get_rel_embedding()[: 2 * attention.pos_ebd_size].unsqueeze(0)
+            for project in (attention.query_proj, attention.key_proj):
+                heads = attention.transpose_for_scores(project(rows), attention.num_attention_heads)
+                found.append(heads.numpy())
+    return found
+
+
+#: values a tool may fold from parameters that no simpler relation ties to them, computed
+#: by the module and saved beside the export (``folded``)
+FOLDED = {"deberta": _deberta_position_projections}
+
+
+def folded(architecture: str) -> list[np.ndarray]:
+    """The :data:`FOLDED` values of ``architecture`` (none for most)."""
+    path = exported(architecture).with_suffix(".folded.npz")
+    if not path.exists():
+        return []
+    with np.load(path) as saved:
+        return [saved[k] for k in sorted(saved.files, key=int)]
+
+
 def parameters(architecture: str) -> list[np.ndarray]:
     """The values of ``module(architecture).parameters()`` that PyTorch trains (Whisper's
     sinusoidal positions are frozen), and its :data:`BIAS_BUFFERS`, saved beside the
@@ -510,6 +540,9 @@ def exported(architecture: str) -> Path:
     buffers = dict(built.named_buffers())
     values += [buffers[name].numpy() for name in BIAS_BUFFERS.get(architecture, ())]
     np.savez(path.with_suffix(".npz"), **{str(i): v for i, v in enumerate(values)})
+    if architecture in FOLDED:
+        derived = FOLDED[architecture](built)
+        np.savez(path.with_suffix(".folded.npz"), **{str(i): v for i, v in enumerate(derived)})
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
