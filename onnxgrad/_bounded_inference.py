@@ -42,8 +42,58 @@ def infer_shapes_bounded(view: ModelProto) -> ModelProto:
             return onnx.shape_inference.infer_shapes(view, data_prop=True)
         plain = onnx.shape_inference.infer_shapes(view)
         if not _propagation_is_bounded(plain):
-            return plain
+            sized = _with_filled_shapes(view, plain)
+            if sized is None:
+                return plain
+            view, plain = sized, onnx.shape_inference.infer_shapes(sized)
+            if not _propagation_is_bounded(plain):
+                return plain
         return onnx.shape_inference.infer_shapes(view, data_prop=True)
+
+
+def _with_filled_shapes(view: ModelProto, plain: ModelProto) -> ModelProto | None:
+    """``view`` declaring the type of each ``ConstantOfShape(Shape(t))`` whose ``t`` has
+    static dimensions after the plain pass (a tensor shaped like ``t``: PyTorch's
+    ``repeat`` fills one so before an ``Expand``), which plain inference leaves unsized;
+    ``None`` where there is none. Sizes come from declared or inferred dimensions, never
+    from data, so the bound check that follows sees them."""
+    graph = plain.graph
+    infos = {i.name: i for i in [*graph.input, *graph.value_info, *graph.output]}
+    producer = {o: n for n in graph.node for o in n.output}
+    declared = {i.name for i in [*view.graph.input, *view.graph.output]}
+    added = []
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape" or normalize_domain(node.domain):
+            continue
+        shape_node = producer.get(node.input[0]) if node.input else None
+        if shape_node is None or shape_node.op_type != "Shape" or node.output[0] in declared:
+            continue
+        dims = _static_dims(infos.get(shape_node.input[0]))
+        if dims is None or _static_dims(infos.get(node.output[0])) is not None:
+            continue
+        attrs = {a.name: a.i for a in shape_node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        elem = value.data_type if value is not None else onnx.TensorProto.FLOAT
+        added.append(onnx.helper.make_tensor_value_info(node.output[0], elem, dims[start:end]))
+    if not added:
+        return None
+    sized = ModelProto()
+    sized.CopyFrom(view)
+    names = {info.name for info in added}
+    kept = [info for info in sized.graph.value_info if info.name not in names]
+    del sized.graph.value_info[:]
+    sized.graph.value_info.extend([*kept, *added])
+    return sized
+
+
+def _static_dims(info: ValueInfoProto | None) -> list[int] | None:
+    if info is None or not info.type.HasField("tensor_type"):
+        return None
+    tensor = info.type.tensor_type
+    if not tensor.HasField("shape") or not all(d.HasField("dim_value") for d in tensor.shape.dim):
+        return None
+    return [d.dim_value for d in tensor.shape.dim]
 
 
 def _propagation_is_bounded(inferred: ModelProto) -> bool:

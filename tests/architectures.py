@@ -1,4 +1,4 @@
-"""Tiny models of nineteen architectures (random weights, every parameter distinct), each
+"""Tiny models of twenty-five architectures (random weights, every parameter distinct), each
 exported once by torch and turned into the forms onnxruntime's tools deploy, in one cache:
 ``~/.cache/onnxgrad-tests/architectures/<digest of this module and of
 tests/normalize/deployed.py>`` (``$ONNXGRAD_TEST_CACHE``), its forms keyed by the
@@ -15,13 +15,14 @@ onnxruntime that made them (exports made by one environment serve another, witho
   encoder (relative position bias) and a Whisper encoder (log-mel features
   ``[B, 80, frames]``, two ``Conv1d`` with exact GELU, sinusoidal positions);
 * :data:`THIRD_SET`: Mistral, BLOOM, GPT-NeoX, ALBERT and BART over token ids and a
-  Segformer classifier over pixels, randomized like the small ones.
+  Segformer classifier over pixels, randomized like the small ones;
+* :data:`FOURTH_SET`: DeBERTa-v2, Gemma, wav2vec2, ConvNeXt, Swin and a CLIP text encoder.
 
 ``$ONNXGRAD_TEST_FORMS_OF`` (an onnxruntime version) reads the forms another onnxruntime made
 where they exist (the 4-bit form of onnxruntime >= 1.20 in the training environment).
 
 The weights-by-role property test (``tests/graph/test_weight_roles.py``) reads every
-architecture in every form (the third set in :data:`SUITE_FORM`, every form in
+architecture in every form (the third and fourth sets in :data:`SUITE_FORM`, every form in
 ``benchmarks/sweep_architectures.py``), the deployed-forms matrix
 (``tests/normalize/test_architecture_forms.py``) the float-input ones and BERT's fusions.
 """
@@ -58,8 +59,21 @@ FLOAT_INPUT = ("gpt2", "qwen2", "vit", "t5", "whisper")
 #: layers), BART (encoder-decoder, cross attention, embeddings tied to the head) and a
 #: Segformer classifier (overlapping patch convolutions, reduced keys, depthwise Mix-FFN)
 THIRD_SET = ("mistral", "bloom", "neox", "albert", "bart", "segformer")
-ARCHITECTURES = AS_FED + FLOAT_INPUT + THIRD_SET
+#: a fourth set: DeBERTa-v2 over ids and a padding mask (disentangled attention: content to
+#: position and position to content through log position buckets, its relative embeddings
+#: LayerNorm'd), Gemma over ids (RMSNorm scaled by ``1 + w``, tanh-GELU gated MLP, the
+#: embedding scaled by ``sqrt(hidden)`` and tied to the head), wav2vec2 over a waveform
+#: (a convolutional feature encoder with GroupNorm, a grouped positional ``Conv1d`` whose
+#: kernel is weight-normed: exported unfolded, its ``g`` and ``v`` the parameters), ConvNeXt
+#: over pixels (7x7 depthwise convolutions, channels-last LayerNorm, layer-scale gamma),
+#: Swin over pixels (shifted windows by ``roll``, a relative position bias table gathered by
+#: a buffer of indices, patch merging) and a CLIP text encoder with its projection (causal
+#: mask, quick GELU, the features at each sequence's largest id)
+FOURTH_SET = ("deberta", "gemma", "wav2vec2", "convnext", "swin", "clip")
+ARCHITECTURES = AS_FED + FLOAT_INPUT + THIRD_SET + FOURTH_SET
 #: the forms of every architecture; onnxruntime's transformer optimizer only for transformers
+#: (not ConvNeXt: optimized as a ViT, onnxruntime 1.19 fuses its residual LayerNorms into
+#: ``SkipLayerNormalization`` over 4-D values, which its own kernel refuses to run)
 FORMS = ("float32", "initializers", "float16", "int8", "qdq", "int4")
 OPTIMIZED = ("opt1", "opt2")
 #: onnxruntime.transformers.optimizer's model type, head count and hidden size
@@ -77,6 +91,11 @@ OPTIMIZER = {
     "albert": ("bert", 2, WIDE),
     "bart": ("bart", 2, WIDE),
     "segformer": ("vit", 0, 0),  # widths differ by stage: heads and width detected
+    "deberta": ("bert", 2, WIDE),
+    "gemma": ("gpt2", 2, WIDE),
+    "wav2vec2": ("bert", 2, WIDE),
+    "swin": ("swin", 0, 0),
+    "clip": ("clip", 2, WIDE),
 }
 #: the float input of each :data:`FLOAT_INPUT` export (the one differentiated)
 INPUT = {
@@ -92,8 +111,8 @@ INPUT = {
 STATIC_OP_TYPES = {"t5": ["MatMul", "Gemm", "Gather"]}
 
 
-#: the one form of each :data:`THIRD_SET` architecture the suite checks (every form:
-#: ``benchmarks/sweep_architectures.py``)
+#: the one form of each :data:`THIRD_SET` and :data:`FOURTH_SET` architecture the suite
+#: checks (every form: ``benchmarks/sweep_architectures.py``)
 SUITE_FORM = {
     "mistral": "int8",  # a quantized embedding over ids, sliding-window masks
     "bloom": "float16",  # ALiBi slopes and masks in float16
@@ -101,6 +120,12 @@ SUITE_FORM = {
     "albert": "opt2",  # one layer's weights read twice, BERT fusions
     "bart": "float32",  # cross attention, tied embeddings, the logits' bias buffer
     "segformer": "initializers",  # every Constant an initializer
+    "deberta": "initializers",  # score = 0's 0.0, the relative table tiled to the batch
+    "gemma": "float16",  # the (1 + w) RMSNorm and sqrt(hidden) scale in float16
+    "wav2vec2": "float32",  # weight norm's g and v, GroupNorm, grouped Conv1d
+    "convnext": "int8",  # depthwise kernels and layer scales beside int8 products
+    "swin": "initializers",  # the bias table's index buffer and the window masks initializers
+    "clip": "int4",  # 4-bit products, the causal mask and quick GELU's 1.702
 }
 
 
@@ -109,7 +134,7 @@ def forms(architecture: str) -> tuple[str, ...]:
 
 
 def suite_forms(architecture: str) -> tuple[str, ...]:
-    """The forms the suite checks: every one, one of a :data:`THIRD_SET` architecture."""
+    """The forms the suite checks: every one, one of a third- or fourth-set architecture."""
     if architecture in SUITE_FORM:
         return (SUITE_FORM[architecture],)
     return forms(architecture)
@@ -312,6 +337,55 @@ def _third_set(kind: str):
     return _randomized(tf.SegformerForImageClassification(config))
 
 
+def _fourth_set(kind: str):
+    """The :data:`FOURTH_SET` modules: two layers (ConvNeXt and Swin two stages), every
+    parameter drawn anew."""
+    import transformers as tf
+
+    common = {"attn_implementation": "eager"}
+    encoder = {
+        "vocab_size": VOCAB, "hidden_size": WIDE, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 2 * WIDE, **common,
+    }  # fmt: skip
+    if kind == "deberta":  # DeBERTa-v3's settings: one key projection, normed relative table
+        config = tf.DebertaV2Config(
+            **encoder, max_position_embeddings=32, relative_attention=True, position_buckets=4,
+            max_relative_positions=8, pos_att_type=["p2c", "c2p"], share_att_key=True,
+            norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0,
+            num_labels=3,
+        )  # fmt: skip
+        return _randomized(tf.DebertaV2ForSequenceClassification(config))
+    if kind == "gemma":
+        config = tf.GemmaConfig(
+            **encoder, num_key_value_heads=1, head_dim=WIDE // 2, max_position_embeddings=32
+        )
+        return _randomized(tf.GemmaForCausalLM(config))
+    if kind == "wav2vec2":
+        config = tf.Wav2Vec2Config(
+            **encoder, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4,
+            feat_extract_norm="group", classifier_proj_size=16, num_labels=3,
+        )  # fmt: skip
+        return _randomized(tf.Wav2Vec2ForSequenceClassification(config))
+    if kind == "convnext":
+        config = tf.ConvNextConfig(
+            num_channels=CHANNELS, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1],
+            patch_size=2, image_size=IMAGE, num_labels=3,
+        )  # fmt: skip
+        return _randomized(tf.ConvNextForImageClassification(config))
+    if kind == "swin":  # 8x8 patches, 4x4 windows shifted by 2, then merged to one window
+        config = tf.SwinConfig(
+            image_size=IMAGE, patch_size=1, num_channels=CHANNELS, embed_dim=8, depths=[2, 1],
+            num_heads=[1, 2], window_size=4, mlp_ratio=2.0, num_labels=3, **common,
+        )  # fmt: skip
+        return _randomized(tf.SwinForImageClassification(config))
+    config = tf.CLIPTextConfig(  # eos 2: the features at the largest id (as CLIP's own)
+        **encoder, max_position_embeddings=32, hidden_act="quick_gelu", projection_dim=16,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    return _randomized(tf.CLIPTextModelWithProjection(config))
+
+
 def module(architecture: str):
     """The PyTorch module of ``architecture`` (the same weights every call)."""
     small = _small_modules()
@@ -321,22 +395,27 @@ def module(architecture: str):
         return _llama()
     if architecture in THIRD_SET:
         return _third_set(architecture)
+    if architecture in FOURTH_SET:
+        return _fourth_set(architecture)
     return _wide_transformer(architecture)
 
 
 def forward(model, architecture: str, *args):
-    """What the export computes from its inputs: logits, or the last hidden state of the
-    T5 and Whisper encoders."""
+    """What the export computes from its inputs: logits, the last hidden state of the T5
+    and Whisper encoders, or CLIP's projected text features."""
     import torch
 
     names = [n for n, _ in _inputs(architecture)]
     if architecture in ("mlp", "cnn", "gru", "bytes", "classes", "melspec"):
         return model(*args)
-    if architecture in ("llama", "bert", "vit", "albert", "segformer"):
+    logits = ("llama", "bert", "vit", "albert", "segformer", "deberta", "wav2vec2", "convnext")
+    if architecture in (*logits, "swin"):
         return model(**dict(zip(names, args))).logits
+    if architecture == "clip":
+        return model(**dict(zip(names, args))).text_embeds
     if architecture == "bart":
         return model(**dict(zip(names, args)), use_cache=False).logits
-    if architecture in THIRD_SET:  # a mask of ones: without one, transformers looks for
+    if architecture in (*THIRD_SET, "gemma"):  # a mask of ones: without one, transformers looks for
         (ids,) = args  # packed sequences in the positions (torch.diff, no ONNX symbolic)
         mask = torch.ones(ids.shape, dtype=torch.int64)
         return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
@@ -359,8 +438,12 @@ def _inputs(architecture: str) -> list[tuple[str, tuple]]:
         "albert": [(n, (BATCH, SEQ)) for n in ("input_ids", "attention_mask", "token_type_ids")],
         "bart": [(n, (BATCH, SEQ)) for n in ("input_ids", "decoder_input_ids")],
         "segformer": [("pixel_values", (BATCH, CHANNELS, IMAGE, IMAGE))],
+        "deberta": [(n, (BATCH, SEQ)) for n in ("input_ids", "attention_mask")],
+        "wav2vec2": [("input_values", (BATCH, SAMPLES))],
+        "convnext": [("pixel_values", (BATCH, CHANNELS, IMAGE, IMAGE))],
+        "swin": [("pixel_values", (BATCH, CHANNELS, IMAGE, IMAGE))],
     }
-    if architecture in ("mistral", "bloom", "neox"):
+    if architecture in ("mistral", "bloom", "neox", "gemma", "clip"):
         return [("input_ids", (BATCH, SEQ))]
     if architecture in shapes:
         return shapes[architecture]
@@ -394,10 +477,45 @@ def feeds(architecture: str, seed: int = 0, batch: int = BATCH, padded: bool = T
 # -- the files -----------------------------------------------------------------------------
 
 
+#: exported without constant folding: the exporter's default folds wav2vec2's weight norm
+#: ``g v / |v|`` (over every axis but the kernel's last) into one kernel, and neither ``g``
+#: nor ``v`` would be in the file
+UNFOLDED = ("wav2vec2",)
+
 #: buffers that are weights by their role in the graph: BART's ``final_logits_bias``, zeros
 #: added to the logits (a bias of its head that PyTorch registers as a buffer and leaves at
 #: zero; a fine-tuning of the file may train it like the head's other bias)
 BIAS_BUFFERS = {"bart": ("final_logits_bias",)}
+
+
+def _deberta_position_projections(model) -> list[np.ndarray]:
+    """Each layer's position queries and keys per head, ``LayerNorm(rel) W + b``: constants
+    of the parameters, which onnxruntime's optimizer folds into four tables."""
+    import torch
+
+    encoder, found = model.deberta.encoder, []
+    with torch.no_grad():
+        for layer in encoder.layer:
+            attention = layer.attention.self
+            rows = encoder.get_rel_embedding()[: 2 * attention.pos_ebd_size].unsqueeze(0)
+            for project in (attention.query_proj, attention.key_proj):
+                heads = attention.transpose_for_scores(project(rows), attention.num_attention_heads)
+                found.append(heads.numpy())
+    return found
+
+
+#: values a tool may fold from parameters that no simpler relation ties to them, computed
+#: by the module and saved beside the export (``folded``)
+FOLDED = {"deberta": _deberta_position_projections}
+
+
+def folded(architecture: str) -> list[np.ndarray]:
+    """The :data:`FOLDED` values of ``architecture`` (none for most)."""
+    path = exported(architecture).with_suffix(".folded.npz")
+    if not path.exists():
+        return []
+    with np.load(path) as saved:
+        return [saved[k] for k in sorted(saved.files, key=int)]
 
 
 def parameters(architecture: str) -> list[np.ndarray]:
@@ -422,6 +540,9 @@ def exported(architecture: str) -> Path:
     buffers = dict(built.named_buffers())
     values += [buffers[name].numpy() for name in BIAS_BUFFERS.get(architecture, ())]
     np.savez(path.with_suffix(".npz"), **{str(i): v for i, v in enumerate(values)})
+    if architecture in FOLDED:
+        derived = FOLDED[architecture](built)
+        np.savez(path.with_suffix(".folded.npz"), **{str(i): v for i, v in enumerate(derived)})
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -436,7 +557,8 @@ def exported(architecture: str) -> Path:
     fixed = ("x", "pixel_values", "input_features")  # Whisper checks its frame count
     dynamic = {n: {0: "batch"} if n in fixed else {0: "batch", 1: "sequence"} for n in names}
     partial = path.with_suffix(".partial")
-    deployed._export(Wrapped(), args, names, partial, dynamic)
+    folding = architecture not in UNFOLDED
+    deployed._export(Wrapped(), args, names, partial, dynamic, folding)
     partial.rename(path)
     return path
 
@@ -509,7 +631,9 @@ def _make_form(source: Path, form: str, architecture: str, target: Path) -> None
     elif form == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+        model = onnx.load(source)  # a computed kernel (weight norm) stops the quantizer
+        computed = _computed_kernels(model)
+        quantize_dynamic(source, target, weight_type=QuantType.QInt8, nodes_to_exclude=computed)
     elif form == "qdq":
         batches = [feeds(architecture, seed, padded=False) for seed in range(4)]
         deployed._quantize_static(source, target, batches, STATIC_OP_TYPES.get(architecture))
@@ -519,3 +643,9 @@ def _make_form(source: Path, form: str, architecture: str, target: Path) -> None
         quantizer.model.save_model_to_file(str(target))
     else:
         raise ValueError(f"unknown form {form!r}")
+
+
+def _computed_kernels(model: onnx.ModelProto) -> list[str]:
+    """The ``Conv`` nodes whose kernel is no initializer (``quantize_dynamic`` refuses them)."""
+    stored = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "Conv" and n.input[1] not in stored]

@@ -286,6 +286,10 @@ def _is_progression(values: np.ndarray) -> bool:
 _SCORE_STEPS = frozenset(
     {"Mul", "Div", "Add", "Sub", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Where"}
 )
+#: ops carrying a shift of every element alike on to their output (``Where`` on a mask)
+_UNIFORM_SHIFTS = frozenset(
+    {"Add", "Sub", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Where", "Identity", "Cast"}
+)
 #: more distinct values than a mask holds (0, a fill, their sum)
 _BIAS_VALUES = 4
 #: no learned bias reaches this; masks' fills do
@@ -382,6 +386,9 @@ class _Roles:
         self.affine = set(self.data)
         #: values depending on the data only through its shape (``Shape``, ``Size``)
         self.shape_only: set[str] = set()
+        #: of those, derived constants only moved or broadcast by a shape (``Expand``,
+        #: ``Tile`` to the batch): they keep their role, no coordinates
+        self.broadcast: set[str] = set()
         #: float values computed from the data's values without a float input (casts of
         #: ids, bytes, masks, one-hot encodings, positions): data, not affine
         self.index_data: set[str] = set()
@@ -413,11 +420,14 @@ class _Roles:
         self.uses: dict[str, list[tuple[str, int]]] = {}
         #: the nodes reading each value in the main graph
         self.readers: dict[str, list[NodeProto]] = {}
+        self.graph_outputs = {o.name for o in model.graph.output}
         for node in model.graph.node:
             for index, name in enumerate(node.input):
                 self.uses.setdefault(name, []).append((node.op_type, index))
                 self.readers.setdefault(name, []).append(node)
         rounded = fake_quantized(model.graph)
+        #: the fake quantization of each value so rounded: ``{x: its rounded output}``
+        self.rounded_to = {source: output for output, (source, _) in rounded.items()}
         inside = {id(n) for _, nodes in rounded.values() for n in nodes}
         for node in model.graph.node:
             if node.output and node.output[0] in rounded:
@@ -473,6 +483,8 @@ class _Roles:
         ]
         if touches_data and self._reads_shape_only(node):
             self.shape_only.update(o for o in node.output if o)
+            if self._broadcasts(node):
+                self.broadcast.update(o for o in node.output if o)
         elif not data and not lookup and touches_data:
             values = self._index_values(node)
             floats = [o for o in node.output if o and self._is_float(o)]
@@ -651,7 +663,18 @@ class _Roles:
         shape (``Expand``, ``Reshape``, ``Resize``'s sizes, ``Slice``'s ends) keeps its role."""
         if not any(n in self.shape_only for n in node.input):
             return False
-        return node.op_type == "Range" or any(n in self.shape_only for _, n in diff)
+        return node.op_type == "Range" or any(
+            n in self.shape_only and n not in self.broadcast for _, n in diff
+        )
+
+    def _broadcasts(self, node: NodeProto) -> bool:
+        """Whether ``node`` only moves a derived constant (or one so broadcast already) by a
+        shape of the data: its moved input holds initializers, no other input is data."""
+        if node.op_type not in _PURE_MOVES or not node.input:
+            return False
+        moved = node.input[0]
+        held = moved in self.sources and (moved not in self.shape_only or moved in self.broadcast)
+        return held and moved not in self.data
 
     def _tables_added(self, node: NodeProto, held: frozenset[str]) -> frozenset[str]:
         """Of the constants of a node computing coordinates, the bias tables it adds (Swin's
@@ -829,6 +852,8 @@ class _Roles:
                 return False  # an epsilon: log(W x + eps)
             if _is_single(shape) and self._is_unit_offset(node, index):
                 return False  # the 1 of a modulation x (1 + s)
+            if _is_single(shape) and self._only_shifts_softmax(node.output[0]):
+                return False  # softmax(x + c) = softmax(x): no gradient reaches c
             if self._is_position_bias(node, index, data):
                 return True
             return any(n in self.affine for n in data)
@@ -870,6 +895,23 @@ class _Roles:
                 return True
         return False
 
+    def _only_shifts_softmax(self, name: str, steps: int = 8) -> bool:
+        """Whether ``name`` only reaches ``Softmax`` or ``LogSoftmax`` inputs, through sums,
+        moves and a mask's ``Where`` (its shape aside): a number added to it shifts every
+        score alike, which they are invariant to (DeBERTa's ``score = 0`` folded)."""
+        if name in self.graph_outputs:
+            return False
+        readers = [r for r in self.readers.get(name, ()) if r.op_type not in ("Shape", "Size")]
+        for reader in readers:
+            if reader.op_type in ("Softmax", "LogSoftmax"):
+                continue
+            moves = reader.op_type in _UNIFORM_SHIFTS and reader.output and steps
+            if not moves or (reader.op_type == "Where" and reader.input[0] == name):
+                return False
+            if not self._only_shifts_softmax(reader.output[0], steps - 1):
+                return False
+        return bool(readers)
+
     def _is_folded_grid(self, name: str) -> bool:
         """Coordinates a static export folded (a detector's anchor centres ``k + 1/2``, its
         strides 8, 16, 32): a table of one entry per anchor, at least three distinct values,
@@ -886,8 +928,9 @@ class _Roles:
 
     def _is_lowered_group_norm(self, node: NodeProto) -> bool:
         """``GroupNorm`` as PyTorch's dynamo export lowers it: ``InstanceNormalization`` of
-        the groups with scale 1 and bias 0, reshaped back, then ``x gamma + beta`` per
-        channel. Its ones and zeros are structure; ``gamma`` and ``beta`` are the weights."""
+        the groups with scale 1 and bias 0, reshaped back (each step quantized and
+        dequantized by ``quantize_static``), then ``x gamma + beta`` per channel. Its ones
+        and zeros are structure; ``gamma`` and ``beta`` are the weights."""
         constants = []
         for name in node.input[1:3]:
             sources = [n for n in self.sources.get(name, ()) if n in self.initializers]
@@ -896,10 +939,13 @@ class _Roles:
             constants.append(numpy_helper.to_array(self.initializers[sources[0]]))
         if len(constants) != 2 or np.any(constants[0] != 1) or np.any(constants[1] != 0):
             return False
-        readers = self.readers.get(node.output[0], [])
-        while len(readers) == 1 and readers[0].op_type == "Reshape":
-            readers = self.readers.get(readers[0].output[0], [])
-        return bool(readers) and all(r.op_type == "Mul" for r in readers)
+        value = node.output[0]
+        while True:
+            value = self.rounded_to.get(value, value)
+            readers = self.readers.get(value, [])
+            if len(readers) != 1 or readers[0].op_type != "Reshape":
+                return bool(readers) and all(r.op_type == "Mul" for r in readers)
+            value = readers[0].output[0]
 
     def _one_feature_affine(self, data: list[str]) -> bool:
         """Whether some data operand is an affine value of one feature (``[N, 1]``)."""

@@ -586,7 +586,7 @@ def test_t5_relative_attention_bias_is_a_weight(folding):
     assert any(np.array_equal(v, bias.detach().numpy()) for v, _ in found.values())
 
 
-# -- the property on nineteen architectures in their deployed forms ------------------------
+# -- the property on twenty-five architectures in their deployed forms --------------------
 
 
 def _architecture_cases():
@@ -629,17 +629,50 @@ def _is_block(big: np.ndarray, small: np.ndarray) -> bool:
 
 def _made_of_parameters(value: np.ndarray, params: list[np.ndarray]) -> bool:
     """``value`` is a block of a parameter, holds one as a block (fused q/k/v projections,
-    position rows of a table) or is made of row blocks of parameters (a recurrent layer's
-    gates reordered by the exporter)."""
+    position rows of a table), is made of row blocks of parameters (a recurrent layer's
+    gates reordered by the exporter) or is what a tool folded from parameters: one
+    reshaped (a GroupNorm's gamma as ``[C, 1]``), one plus one (Gemma's RMSNorm scale
+    ``1 + w``), entries of one gathered by constant indices (Swin's relative position bias
+    table) or a weight-normed kernel ``g v / |v|``."""
     candidates = [q for p in params for q in (p, p.T)]
+    candidates += [p.reshape(value.shape) for p in params if p.size == value.size]
     if any(_is_block(value, q) or _is_block(q, value) for q in candidates):
         return True
+    shifted = value.astype(np.float64) - 1  # 1 + w rounded: w to its stored type's spacing
+    spacing = 2 * float(np.finfo(value.dtype).eps) * max(1.0, float(np.abs(value).max()))
+    if any(q.shape == value.shape and np.allclose(shifted, q, 0, spacing) for q in params):
+        return True
+    if value.size > 1 and any(p.size > 1 and np.isin(value, p).all() for p in params):
+        return True
+    if _weight_normed(value, params):
+        return True
+    if value.ndim == 0:
+        return False
     rows = value.reshape(value.shape[1:]) if value.ndim > 1 and value.shape[0] == 1 else value
     n = rows.shape[0]
     for size in [d for d in range(2, n) if n % d == 0][:8]:
         chunks = [rows[i : i + size] for i in range(0, n, size)]
         if all(any(_is_block(p, c) for p in params) for c in chunks):
             return True
+    return False
+
+
+def _close(value: np.ndarray, derived: np.ndarray) -> bool:
+    """``value`` is ``derived`` (computed by the module) up to float32 rounding."""
+    return value.shape == derived.shape and np.allclose(value, derived, rtol=1e-5, atol=1e-6)
+
+
+def _weight_normed(value: np.ndarray, params: list[np.ndarray]) -> bool:
+    """``value`` is ``g v / |v|`` of two parameters, the norm over the axes ``g`` spans once
+    (``torch.nn.utils.weight_norm``, folded by a tool)."""
+    for v in (p for p in params if p.shape == value.shape):
+        for g in (p for p in params if p.ndim == v.ndim and p.size < v.size):
+            axes = tuple(a for a in range(v.ndim) if g.shape[a] == 1)
+            if any(g.shape[a] not in (1, v.shape[a]) for a in range(v.ndim)) or not axes:
+                continue
+            norm = np.sqrt(np.sum(v.astype(np.float64) ** 2, axis=axes, keepdims=True))
+            if np.allclose(g * v / norm, value, rtol=1e-4, atol=1e-6):
+                return True
     return False
 
 
@@ -671,11 +704,13 @@ def test_default_weights_of_every_deployed_form_are_the_parameters(architecture,
     found = get_train_initializer(model)
     assert set(found) <= set(values)
     assert sorted(equal - set(found)) == []
+    derived = architectures.folded(architecture)
     structural = [
         (name, value.shape, value.ravel()[:3].tolist())
         for name, (value, _) in found.items()
         if name not in equal
         and not _made_of_parameters(value, [p.astype(value.dtype) for p in params])
+        and not any(_close(value, d) for d in derived)
     ]
     assert structural == []
     if found:
@@ -872,6 +907,80 @@ def test_coordinates_computed_from_the_shape_are_not_weights_tables_they_index_a
     )
     model.graph.node.insert(3, node("Unsqueeze", ["w", "zero1"], ["w1"]))
     assert _weights(model) == ["kernel", "table", "embedding"]
+
+
+def test_a_table_broadcast_to_the_batch_by_a_shape_keeps_its_role():
+    """DeBERTa's disentangled attention: the relative-position table, LayerNorm'd and
+    projected by the key kernel (constants only), is expanded and tiled to the batch by
+    shapes of the data, then multiplies the queries. A constant only broadcast by a shape
+    keeps its role: table, norm and kernel are weights (before: the tiled value counted as
+    coordinates computed from the shape, and none was)."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("LayerNormalization", ["rel", "gamma", "beta"], ["normed"], axis=-1),
+            node("MatMul", ["normed", "wk"], ["keys"]),
+            node("Unsqueeze", ["keys", "zero1"], ["keys1"]),
+            node("Shape", ["x"], ["s"]),
+            node("Slice", ["s", "zero1", "one1"], ["batch"]),
+            node("Concat", ["batch", "rows"], ["target"], axis=0),
+            node("Expand", ["keys1", "target"], ["expanded"]),
+            node("Div", ["batch", "batch"], ["unit"]),
+            node("Concat", ["unit", "ones2"], ["repeats"], axis=0),
+            node("Tile", ["expanded", "repeats"], ["tiled"]),
+            node("Transpose", ["tiled"], ["keys_t"], perm=[0, 2, 1]),
+            node("MatMul", ["x", "wq"], ["q"]),
+            node("MatMul", ["q", "keys_t"], ["y"]),
+        ],
+        {
+            "rel": f32(6, 4),
+            "gamma": f32(4) + 1,
+            "beta": f32(4) - 1,
+            "wk": f32(4, 4) * 2,
+            "zero1": np.array([0], np.int64),
+            "one1": np.array([1], np.int64),
+            "rows": np.array([6, 4], np.int64),
+            "ones2": np.array([1, 1], np.int64),
+            "wq": f32(4, 4) * 3,
+        },
+        X,
+        ["y"],
+    )
+    assert sorted(_weights(model)) == ["beta", "gamma", "rel", "wk", "wq"]
+
+
+def test_one_number_added_to_scores_on_their_way_to_a_softmax_is_not_a_weight():
+    """DeBERTa's ``score = 0; score += c2p / scale`` (queries times a projected relative
+    table: affine in the data), its 0.0 an initializer: softmax is invariant to a shift of
+    every score alike, so that number has no gradient and is no parameter. One number added
+    to a layer's output that reaches the graph's output is a bias."""
+    node = helper.make_node
+    model = _model(
+        [
+            node("MatMul", ["x", "wq"], ["q"]),
+            node("MatMul", ["table", "wk"], ["k"]),
+            node("Transpose", ["k"], ["kt"], perm=[1, 0]),
+            node("MatMul", ["q", "kt"], ["scores"]),
+            node("Add", ["scores", "start"], ["shifted"]),
+            node("Reshape", ["shifted", "same"], ["moved"]),
+            node("Softmax", ["moved"], ["p"]),
+            node("MatMul", ["p", "x"], ["mixed"]),
+            node("MatMul", ["mixed", "wo"], ["o"]),
+            node("Add", ["o", "bias"], ["y"]),
+        ],
+        {
+            "wq": f32(4, 4),
+            "table": f32(8, 4) * 2,
+            "wk": f32(4, 4) + 1,
+            "start": np.float32(0),
+            "same": np.array([0, 8, 8], np.int64),
+            "wo": f32(4, 4) - 1,
+            "bias": np.float32(0.5),
+        },
+        X,
+        ["y"],
+    )
+    assert sorted(_weights(model)) == ["bias", "table", "wk", "wo", "wq"]
 
 
 def test_a_folded_anchor_grid_and_its_strides_are_not_weights_a_bias_is():
@@ -1204,3 +1313,45 @@ def test_a_normalised_smoothing_window_is_not_a_weight_a_trained_kernel_is():
     assert _weights(_smoothed(f32(1, 1, 5))) == ["window", "head"]
     skewed = np.array([0.1, 0.2, 0.3, 0.4, 0.0])[None, None]
     assert _weights(_smoothed(skewed)) == ["window", "head"]
+
+
+def test_a_lowered_group_norm_statically_quantized_keeps_its_ones_and_zeros_constants():
+    """``quantize_static`` of the lowered GroupNorm (wav2vec2's feature encoder): the scale
+    of ones fake-quantized like a weight, the normalized groups and their reshape each
+    quantized and dequantized before the ``Mul``. Still structure: gamma and beta are the
+    weights (before: the ones and zeros too)."""
+    node = helper.make_node
+
+    def qdq(name: str, scale: str) -> list:
+        return [
+            node("QuantizeLinear", [name, scale, "zero"], [f"{name}_q"]),
+            node("DequantizeLinear", [f"{name}_q", scale, "zero"], [f"{name}_dq"]),
+        ]
+
+    model = _model(
+        [
+            node("Reshape", ["x", "grouped"], ["g"]),
+            *qdq("ones", "unit"),
+            node("InstanceNormalization", ["g", "ones_dq", "zeros"], ["n"]),
+            *qdq("n", "step"),
+            node("Reshape", ["n_dq", "back"], ["nb"]),
+            *qdq("nb", "step"),
+            node("Mul", ["nb_dq", "gamma"], ["scaled"]),
+            node("Add", ["scaled", "beta"], ["y"]),
+        ],
+        {
+            "grouped": np.array([0, 2, -1], np.int64),
+            "back": np.array([0, 4, 3, 3], np.int64),
+            "ones": np.ones(2, np.float32),
+            "zeros": np.zeros(2, np.float32),
+            "unit": np.float32(1 / 127),
+            "step": np.float32(0.05),
+            "zero": np.int8(0),
+            "gamma": f32(4, 1, 1),
+            "beta": f32(4, 1, 1),
+        },
+        [("x", F, [1, 4, 3, 3])],
+        ["y"],
+        shape=[1, 4, 3, 3],
+    )
+    assert sorted(_weights(model)) == ["beta", "gamma"]

@@ -85,8 +85,11 @@ def export_llama(path: Path) -> None:
     _export(LanguageModel(), (torch.randn(BATCH, SEQ, HIDDEN),), ["inputs_embeds"], path)
 
 
-def _export(module, args, names, path: Path, dynamic: dict | None = None) -> None:
-    """Opset 17, TorchScript exporter; ``dynamic`` axes (default: batch and sequence)."""
+def _export(
+    module, args, names, path: Path, dynamic: dict | None = None, folding: bool = True
+) -> None:
+    """Opset 17, TorchScript exporter; ``dynamic`` axes (default: batch and sequence),
+    constants folded unless not ``folding``."""
     import torch
 
     dynamic = dynamic or {name: {0: "batch", 1: "sequence"} for name in names}
@@ -101,6 +104,7 @@ def _export(module, args, names, path: Path, dynamic: dict | None = None) -> Non
             opset_version=17,
             dynamo=False,
             dynamic_axes=dynamic,
+            do_constant_folding=folding,
         )
 
 

@@ -728,3 +728,78 @@ def test_resize_gradient_on_the_reference_evaluator_takes_its_sizes(case):
         moved = [forward.run(None, {"x": x + sign * step})[0] for sign in (1, -1)]
         expected[j] = np.sum((moved[0] - moved[1]) * seed) / 2e-6
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_gather_elements_of_unknown_rank_data_takes_the_rank_of_its_indices():
+    """GatherElements wants data and indices of one rank: where inference loses the data's
+    (DeBERTa's position scores, expanded by a computed shape) the indices' serves. The
+    gradient is the scatter-add of the seed (repeated indices add up)."""
+    nodes = [  # a reshape to a fed shape: the data's rank unknown
+        helper.make_node("Reshape", ["x", "shape"], ["data"]),
+        helper.make_node("GatherElements", ["data", "i"], ["y"], name="gather", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gather",
+        [
+            helper.make_tensor_value_info("x", FLOAT, [2, 4]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [None]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, [2, 5]),
+        ],
+        [helper.make_tensor_value_info("y", FLOAT, [2, 5])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    i = np.array([[0, 2, 2, -1, 2], [1, 1, 0, 3, 0]], np.int64)
+    g = np.random.default_rng(1).standard_normal((2, 5)).astype(np.float32)
+    want = np.zeros_like(x)
+    for row, col in np.ndindex(i.shape):
+        want[row, i[row, col] % 4] += g[row, col]
+    grad = onnx_derivative(model, inputs=["x"], weights=[])
+    feeds = {"x": x, "shape": np.array([2, 4]), "i": i, "y_grad": g}
+    got = run_ort(grad, feeds)["x_grad"]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_table_repeated_to_the_batch_through_a_filled_shape_has_a_gradient():
+    """PyTorch's ``repeat`` as the TorchScript exporter writes it (DeBERTa's position keys):
+    ``Expand`` to ``ConstantOfShape(Shape(repeats))``, then ``Tile``. Plain inference
+    sizes no such fill, so the ``Tile`` had no rank and its gradient refused; the fill is
+    shaped like the static ``repeats`` now. ``table_grad`` sums the seed over the batch."""
+    node = helper.make_node
+    nodes = [
+        node("Shape", ["x"], ["s"]),
+        node("Gather", ["s", "zero"], ["batch"], axis=0),
+        node("Unsqueeze", ["batch", "axes"], ["batch1"]),
+        node("Concat", ["batch1", "one", "one"], ["repeats"], axis=0),
+        node("Shape", ["repeats"], ["count"]),
+        node(
+            "ConstantOfShape",
+            ["count"],
+            ["ones"],
+            value=numpy_helper.from_array(np.ones(1, np.int64)),
+        ),
+        node("Expand", ["table", "ones"], ["expanded"]),
+        node("Tile", ["expanded", "repeats"], ["tiled"], name="the_Tile"),
+        node("Add", ["x", "tiled"], ["y"]),
+    ]
+    table = np.random.default_rng(0).standard_normal((1, 6, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        nodes,
+        "repeat",
+        [helper.make_tensor_value_info("x", FLOAT, ["N", 6, 4])],
+        [helper.make_tensor_value_info("y", FLOAT, ["N", 6, 4])],
+        [
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array([0], np.int64), "axes"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    grad = onnx_derivative(model, inputs=[], weights=["table"])
+    g = np.random.default_rng(1).standard_normal((3, 6, 4)).astype(np.float32)
+    feeds = {"x": np.zeros((3, 6, 4), np.float32), "table": table, "y_grad": g}
+    declared = {i.name for i in grad.graph.input}
+    got = run_ort(grad, {k: v for k, v in feeds.items() if k in declared})["table_grad"]
+    np.testing.assert_allclose(got, g.sum(0, keepdims=True), rtol=1e-6)

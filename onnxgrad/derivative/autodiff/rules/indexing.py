@@ -239,7 +239,7 @@ def _non_negative(b, index: str, count: str) -> str:
 def gather_elements_grad(b, node, grads, needs):
     (g,) = grads
     data, indices = node.inputs
-    rank = require_rank(b, data, node)
+    rank = _common_rank(b, node) if node.opset >= 16 else require_rank(b, data, node)
     axis = normalize_axis(node.attr("axis", 0), rank)
     if node.opset >= 16:
         zeros = zeros_like(b, data)
@@ -272,6 +272,17 @@ def gather_elements_grad(b, node, grads, needs):
     padded = b.op("Pad", summed, pads)
     b.declare(padded, b.value_type(data))  # onnx's inference loses the rank on the way
     return [padded]
+
+
+def _common_rank(b, node) -> int:
+    """The rank of a GatherElements' data, which its indices and output share: the first
+    of the three shape inference ranks (it loses the data's where an ``Expand`` to a
+    computed shape made it). The scatter-add of opset 16 needs no more; the segment sum
+    below it sizes the data's axes."""
+    for name in (node.inputs[0], node.inputs[1], node.outputs[0]):
+        if b.rank(name) is not None:
+            return b.rank(name)
+    return require_rank(b, node.inputs[0], node)
 
 
 def _size_of_axes(b, shape: str, start: int, end: int) -> str:
