@@ -21,7 +21,8 @@ a zero row inside the graph: :mod:`onnxgrad.derivative.forward`); read as 0 on e
 row, ``y`` made that derivative 0 there. The rule reads ``y`` and ``g``
 only, never ``x``, so the forward does not keep the scores alive for the backward (in
 attention, the scores beside the probabilities); the guard costs a ``ReduceMax`` and a
-``ReduceMin`` of ``g`` and an ``IsNaN``, an ``And`` and a ``Where`` over ``y`` (``IsNaN`` takes
+``ReduceMin`` of ``g`` and, over ``y``, an ``Equal(y, y)`` (false at a NaN: no ``IsNaN``,
+which onnxruntime's WebGPU provider has no kernel for) and two ``Where``s (``Equal`` takes
 every type ``Softmax`` does at each opset).
 """
 
@@ -50,7 +51,7 @@ def softmax_grad(b, node, grads, needs):
         b.op("Equal", b.reduce("ReduceMax", g, axes, keepdims=True), zero),
         b.op("Equal", b.reduce("ReduceMin", g, axes, keepdims=True), zero),
     )
-    y = b.op("Where", b.op("And", silent, b.op("IsNaN", y)), zero, y)
+    y = b.op("Where", silent, b.op("Where", b.op("Equal", y, y), y, zero), y)
     gy = b.mul(g, y)
     total = b.reduce_sum(gy, axes, keepdims=True)
     return [b.op("Sub", gy, b.mul(y, total))]
