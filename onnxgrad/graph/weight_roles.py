@@ -317,24 +317,46 @@ def _is_bias_table(values: np.ndarray) -> bool:
     return False
 
 
+def _may_be_dft_basis(bins: int, size: int) -> bool:
+    """Whether a ``bins x size`` kernel has the shape of :func:`_is_dft_basis`'s bases, one
+    or two stacked."""
+    if size < 4:
+        return False
+    return 2 <= bins <= size // 2 + 1 or (bins % 2 == 0 and 2 <= bins // 2 <= size // 2 + 1)
+
+
 def _is_dft_basis(kernel: np.ndarray) -> bool:
     """Rows ``k = 0 .. F-1`` (``F <= N/2 + 1``) of a windowed DFT basis over ``N`` samples:
     ``w_n cos(2 pi k n / N)`` (row 0 is the window ``w``), or ``+-w_n sin(2 pi k n / N)``
     with ``w >= 0`` (row 0 is zero; ``w_n^2 = sum_k K_kn^2 / sum_k sin^2``), to 1e-4 of the
-    largest entry."""
+    largest entry. Read a row at a time (a layer's kernel fails at its first rows, and no
+    float64 copy of it is made)."""
     bins, size = kernel.shape
-    if bins < 2 or size < 4 or bins > size // 2 + 1:
+    if not _may_be_dft_basis(bins, size) or bins > size // 2 + 1:
         return False
-    values = kernel.astype(np.float64)
-    tolerance = 1e-4 * np.abs(values).max()
+    tolerance = 1e-4 * float(max(kernel.max(), -kernel.min()))
     if not np.isfinite(tolerance) or tolerance == 0:
         return False
-    angle = 2 * np.pi * np.outer(np.arange(bins), np.arange(size)) / size
-    if np.abs(values[0]).max() > tolerance:
-        return bool(np.abs(values - values[0] * np.cos(angle)).max() <= tolerance)
-    sines = np.sin(angle)
-    window = np.sqrt(np.square(values).sum(0) / np.maximum(np.square(sines).sum(0), 1e-12))
-    return any(np.abs(values - sign * window * sines).max() <= tolerance for sign in (1, -1))
+    samples = np.arange(size)
+
+    def row(k: int) -> np.ndarray:
+        return kernel[k].astype(np.float64)
+
+    def angle(k: int) -> np.ndarray:
+        return 2 * np.pi * k * samples / size
+
+    def close(k: int, expected: np.ndarray) -> bool:
+        return bool(np.abs(row(k) - expected).max() <= tolerance)
+
+    window = row(0)
+    if np.abs(window).max() > tolerance:
+        return all(close(k, window * np.cos(angle(k))) for k in range(1, bins))
+    squares = sum(np.square(row(k)) for k in range(bins))
+    sines = sum(np.square(np.sin(angle(k))) for k in range(bins))
+    window = np.sqrt(squares / np.maximum(sines, 1e-12))
+    return any(
+        all(close(k, sign * window * np.sin(angle(k))) for k in range(bins)) for sign in (1, -1)
+    )
 
 
 def _spans_one_axis(shape: Shape) -> bool | None:
@@ -600,13 +622,17 @@ class _Roles:
         tensor = self.initializers.get(constants[0][1])
         if tensor is None:
             return False
-        kernel = numpy_helper.to_array(tensor)
+        dims = list(tensor.dims)
         if node.op_type == "MatMul":
-            kernel = kernel.T if kernel.ndim == 2 else kernel
-        elif kernel.ndim >= 3 and sum(d != 1 for d in kernel.shape[1:]) == 1:
-            kernel = kernel.reshape(kernel.shape[0], -1)
-        if kernel.ndim != 2:
-            return False
+            rows = dims[::-1] if len(dims) == 2 else None
+        elif len(dims) >= 3 and sum(d != 1 for d in dims[1:]) == 1:
+            rows = [dims[0], int(np.prod(dims[1:]))]
+        else:
+            rows = None
+        if rows is None or not _may_be_dft_basis(*rows):
+            return False  # read before the values: a layer's kernel is not copied
+        kernel = numpy_helper.to_array(tensor)
+        kernel = kernel.T if node.op_type == "MatMul" else kernel.reshape(rows)
         halves = np.split(kernel, 2) if kernel.shape[0] % 2 == 0 else []
         return _is_dft_basis(kernel) or bool(halves and all(map(_is_dft_basis, halves)))
 
@@ -621,9 +647,10 @@ class _Roles:
         tensor = self.initializers.get(constants[0][1])
         if tensor is None:
             return False
+        dims = list(tensor.dims)
+        if len(dims) < 3 or dims[1] != 1 or np.prod(dims[1:]) < 3:
+            return False  # read before the values: a layer's kernel is not copied
         kernel = numpy_helper.to_array(tensor).astype(np.float64)
-        if kernel.ndim < 3 or kernel.shape[1] != 1 or kernel[0].size < 3:
-            return False
         spatial = tuple(range(1, kernel.ndim))
         return bool(
             np.all(kernel >= 0)
