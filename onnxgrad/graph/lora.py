@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
@@ -92,11 +92,11 @@ def add_lora(
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     Weights a file stores as ``Constant`` nodes (paddle2onnx's) are initializers first, same
-    names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`).
+    names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`); those that get no
+    adapter are ``Constant`` nodes again in the model returned.
     """
-    from onnxgrad.normalize.constants import promote_constant_weights  # normalize imports graph
-
-    model = promote_constant_weights(load_model(model))
+    model = load_model(model)
+    constants = _promote_constants(model)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
@@ -105,6 +105,7 @@ def add_lora(
     quantized = _quantized_products(model)
     targets = _adaptable_weights(model, initializers) | set(quantized)
     chosen = _chosen(model, weights, targets, initializers, set(quantized))
+    _restore_constants(graph, {k: v for k, v in constants.items() if k not in chosen})
     rng = np.random.default_rng(seed)
     names = NameScope(all_names(graph))
     node_names = NameScope(n.name for n in graph.node if n.name)
@@ -164,6 +165,41 @@ def _chosen(model, weights, targets: set[str], initializers, quantized: set[str]
     for name in chosen:
         _check_target(name, initializers, targets)
     return chosen
+
+
+def _promote_constants(model: ModelProto) -> dict[str, NodeProto]:
+    """Promote ``model``'s float ``Constant`` weights to initializers (in place); the
+    original nodes of those promoted from the main graph, by output name."""
+    from onnxgrad.normalize.constants import promote_constant_weights  # normalize imports graph
+
+    nodes = {}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and len(node.output) == 1 and not node.domain:
+            nodes[node.output[0]] = NodeProto()
+            nodes[node.output[0]].CopyFrom(node)
+    before = {init.name for init in model.graph.initializer}
+    promote_constant_weights(model)
+    return {
+        i.name: nodes[i.name] for i in model.graph.initializer if i.name in nodes.keys() - before
+    }
+
+
+def _restore_constants(graph, nodes: dict[str, NodeProto]) -> None:
+    """Put the promoted ``Constant`` ``nodes`` back (their initializers removed), each before
+    the first node reading it: the deployed form keeps what gets no adapter."""
+    if not nodes:
+        return
+    kept = [init for init in graph.initializer if init.name not in nodes]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    rebuilt, pending = [], dict(nodes)
+    for node in graph.node:
+        used = set(node.input).union(*(_names_used(g) for g in subgraphs(node)))
+        for name in [n for n in pending if n in used]:
+            rebuilt.append(pending.pop(name))
+        rebuilt.append(node)
+    del graph.node[:]
+    graph.node.extend([*pending.values(), *rebuilt])
 
 
 def _learned(model: ModelProto, candidates: set[str]) -> set[str]:

@@ -175,3 +175,22 @@ def test_a_quantized_layer_after_a_fixed_front_end_is_adapted():
     np.testing.assert_allclose(
         _outputs(adapted, {"x": x}), _outputs(model, {"x": x}), rtol=1e-5, atol=1e-6
     )
+
+
+def test_constant_weights_without_an_adapter_stay_constant_nodes():
+    """paddle2onnx and PyTorch keep some weights as ``Constant`` nodes: ``add_lora`` promotes
+    them to find its targets; those it adapts stay initializers (same names), the others
+    (here a DFT kernel) are ``Constant`` nodes again, before their first reader."""
+    model = _log_mel_front(*_linear_head())
+    graph = model.graph
+    for name in ("real", "kernel"):
+        init = next(i for i in graph.initializer if i.name == name)
+        graph.node.insert(0, node("Constant", [], [name], value=init, name=f"{name}_node"))
+        graph.initializer.remove(init)
+    adapted = add_lora(model, rank=2)
+    assert _weights(adapted) == ["kernel"]
+    constants = [n.output[0] for n in adapted.graph.node if n.op_type == "Constant"]
+    assert "real" in constants and "kernel" not in constants
+    assert "kernel" in {i.name for i in adapted.graph.initializer}
+    x = _random(2, 32, seed=12)
+    np.testing.assert_allclose(_outputs(adapted, {"x": x}), _outputs(model, {"x": x}), rtol=1e-6)
