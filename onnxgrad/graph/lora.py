@@ -105,7 +105,6 @@ def add_lora(
     quantized = _quantized_products(model)
     targets = _adaptable_weights(model, initializers) | set(quantized)
     chosen = _chosen(model, weights, targets, initializers, set(quantized))
-    _restore_constants(graph, {k: v for k, v in constants.items() if k not in chosen})
     rng = np.random.default_rng(seed)
     names = NameScope(all_names(graph))
     node_names = NameScope(n.name for n in graph.node if n.name)
@@ -132,6 +131,7 @@ def add_lora(
     nodes = new_nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
+    _restore_constants(graph, {k: v for k, v in constants.items() if k not in chosen})
     _set_adapters(model, adapters)
     return finalize_model(model, check=checker_knows(model))
 
