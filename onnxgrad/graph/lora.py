@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
@@ -81,17 +81,22 @@ def add_lora(
     alpha: float | None = None,
     seed: int = 0,
 ) -> ModelProto:
-    """A copy of ``model`` where each weight of ``weights`` (default: every float
-    initializer of rank >= 2 that a MatMul, Gemm or Conv reads) gets a rank-``rank`` adapter
+    """A copy of ``model`` where each weight of ``weights`` gets a rank-``rank`` adapter
     (see the module docstring; ``alpha`` defaults to ``rank``, so ``s = 1``).
+
+    By default the adapted weights are the learned layers: every float initializer of rank
+    >= 2 that a MatMul, Gemm or Conv reads and that :func:`~onnxgrad.get_train_initializer`
+    counts as a weight (:mod:`onnxgrad.graph.weight_roles`: not a DFT basis, a filterbank, a
+    smoothing window, a fitted statistic...), and the integer codes of every quantized
+    product. A weight named in ``weights`` is adapted whatever its role.
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     Weights a file stores as ``Constant`` nodes (paddle2onnx's) are initializers first, same
-    names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`).
+    names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`); those that get no
+    adapter are ``Constant`` nodes again in the model returned.
     """
-    from onnxgrad.normalize.constants import promote_constant_weights  # normalize imports graph
-
-    model = promote_constant_weights(load_model(model))
+    model = load_model(model)
+    constants = _promote_constants(model)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
@@ -99,7 +104,7 @@ def add_lora(
     initializers = {init.name: init for init in graph.initializer}
     quantized = _quantized_products(model)
     targets = _adaptable_weights(model, initializers) | set(quantized)
-    chosen = _chosen(model, weights, targets, initializers)
+    chosen = _chosen(model, weights, targets, initializers, set(quantized))
     rng = np.random.default_rng(seed)
     names = NameScope(all_names(graph))
     node_names = NameScope(n.name for n in graph.node if n.name)
@@ -126,20 +131,26 @@ def add_lora(
     nodes = new_nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
+    _restore_constants(graph, {k: v for k, v in constants.items() if k not in chosen})
     _set_adapters(model, adapters)
     return finalize_model(model, check=checker_knows(model))
 
 
-def _chosen(model, weights, targets: set[str], initializers) -> list[str]:
-    """The weights to adapt: ``weights`` checked, or every target without an adapter."""
+def _chosen(model, weights, targets: set[str], initializers, quantized: set[str]) -> list[str]:
+    """The weights to adapt: ``weights`` checked, or every target without an adapter that
+    is a quantized weight's codes or plays a parameter role (:func:`_learned`)."""
     existing = lora_adapters(model)
     adapter_parts = {adapter[key] for adapter in existing for key in ("a", "b")}
     if weights is None:
         adapted = adapter_parts | {adapter["weight"] for adapter in existing}
-        chosen = sorted(set(targets) - adapted)
+        free = set(targets) - adapted
+        fixed = sorted(free - quantized - _learned(model, free - quantized))
+        chosen = sorted(free - set(fixed))
         if not chosen:
             raise ValueError(
-                "the model has no MatMul, Gemm or Conv weight to adapt" + _read_in_bodies(model)
+                "the model has no MatMul, Gemm or Conv weight to adapt"
+                + _read_in_bodies(model)
+                + _fixed_transforms(fixed)
             )
         return chosen
     if isinstance(weights, str):
@@ -154,6 +165,66 @@ def _chosen(model, weights, targets: set[str], initializers) -> list[str]:
     for name in chosen:
         _check_target(name, initializers, targets)
     return chosen
+
+
+def _promote_constants(model: ModelProto) -> dict[str, NodeProto]:
+    """Promote ``model``'s float ``Constant`` weights to initializers (in place); the
+    original nodes of those promoted from the main graph, by output name."""
+    from onnxgrad.normalize.constants import promote_constant_weights  # normalize imports graph
+
+    nodes = {}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and len(node.output) == 1 and not node.domain:
+            nodes[node.output[0]] = NodeProto()
+            nodes[node.output[0]].CopyFrom(node)
+    before = {init.name for init in model.graph.initializer}
+    promote_constant_weights(model)
+    return {
+        i.name: nodes[i.name] for i in model.graph.initializer if i.name in nodes.keys() - before
+    }
+
+
+def _restore_constants(graph, nodes: dict[str, NodeProto]) -> None:
+    """Put the promoted ``Constant`` ``nodes`` back (their initializers removed), each before
+    the first node reading it: the deployed form keeps what gets no adapter."""
+    if not nodes:
+        return
+    kept = [init for init in graph.initializer if init.name not in nodes]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    rebuilt, pending = [], dict(nodes)
+    for node in graph.node:
+        used = set(node.input).union(*(_names_used(g) for g in subgraphs(node)))
+        for name in [n for n in pending if n in used]:
+            rebuilt.append(pending.pop(name))
+        rebuilt.append(node)
+    del graph.node[:]
+    graph.node.extend([*pending.values(), *rebuilt])
+
+
+def _learned(model: ModelProto, candidates: set[str]) -> set[str]:
+    """The float ``candidates`` that :func:`~onnxgrad.get_train_initializer` counts as
+    weights. The role analysis runs on a normalised copy (:mod:`onnxgrad.normalize`,
+    :mod:`onnxgrad.graph.weight_roles`), matched back by initializer name; a candidate the
+    copy no longer holds under its name (a lowering rewrote it) keeps its adapter."""
+    from onnxgrad.graph.initializers import train_initializer_names
+    from onnxgrad.normalize import normalized_model  # normalize imports graph
+
+    if not candidates:
+        return set()
+    normalized = normalized_model(model)
+    held = {init.name for init in normalized.graph.initializer}
+    return (candidates - held) | (candidates & set(train_initializer_names(normalized)))
+
+
+def _fixed_transforms(fixed: list[str]) -> str:
+    if not fixed:
+        return ""
+    return (
+        f": its layer inputs {fixed} play no parameter role (fixed transforms: DFT bases, "
+        "filterbanks, smoothing windows, fitted statistics, see get_train_initializer); "
+        "name them in weights= to adapt them anyway"
+    )
 
 
 def _quantized_products(model: ModelProto) -> dict[str, list]:

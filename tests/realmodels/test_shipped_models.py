@@ -36,8 +36,14 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from onnxgrad import OrtGradientForwardBackwardOptimizer, get_train_initializer, onnx_derivative
+from onnxgrad import (
+    OrtGradientForwardBackwardOptimizer,
+    add_lora,
+    get_train_initializer,
+    onnx_derivative,
+)
 from onnxgrad.cli import main
+from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.normalize import normalize_in_place, normalized_model
 from onnxgrad.training import generate_artifacts
 from tests.normalize.unrounded import with_frozen_rounding
@@ -345,6 +351,20 @@ DEFAULT_WEIGHTS = {
 @pytest.mark.parametrize("name", sorted(DEFAULT_WEIGHTS))
 def test_default_weights_are_the_float_parameters(name, shipped_models):
     assert len(get_train_initializer(str(shipped_models[name]))) == DEFAULT_WEIGHTS[name]
+
+
+def test_lora_default_targets_are_the_learned_layers(shipped_models):
+    """``add_lora`` adapts the layers whose weight plays a parameter role: not silero's STFT
+    basis (before: 6 adapters, now the 5 learned convolutions), nor the melspectrogram's
+    DFT kernels and filterbank (before: 3 adapters; now refused, naming them)."""
+    silero = add_lora(str(shipped_models["silero_vad/data/silero_vad_16k_op15.onnx"]), rank=2)
+    weights = [a["weight"] for a in lora_adapters(silero)]
+    assert len(weights) == 5 and "model.stft.forward_basis_buffer" not in weights
+    melspectrogram = str(shipped_models["openwakeword/resources/models/melspectrogram.onnx"])
+    with pytest.raises(ValueError, match=r"'1.melW'\] play no parameter role"):
+        add_lora(melspectrogram)
+    named = add_lora(melspectrogram, ["1.melW"], rank=2)
+    assert [a["weight"] for a in lora_adapters(named)] == ["1.melW"]
 
 
 @pytest.mark.parametrize("name", sorted(set(INPUTS) - GRADIENT_ONLY))
