@@ -428,19 +428,8 @@ def _dynamic_unbroadcast(b, grad, target, grad_shape, target_shape) -> str:
     else:
         rank_gap = b.op("Sub", b.op("Size", b.shape_of(grad)), b.op("Size", b.shape_of(target)))
         lead_axes = b.op("Range", b.ints(0), rank_gap, b.ints(1))
-        grad = _sum_over(b, grad, lead_axes, keepdims=False)
+        grad = b.op("ReduceSum", grad, lead_axes, keepdims=0, noop_with_empty_axes=1)
     target_dims = b.shape_of(target)
     ones = b.op("Equal", target_dims, b.ints(1))
     axes = b.op("Reshape", b.op("NonZero", ones), b.ints([-1]))
-    return _sum_over(b, grad, axes, keepdims=True)
-
-
-def _sum_over(b, grad: str, axes: str, keepdims: bool) -> str:
-    """``ReduceSum(grad, axes)`` for run-time ``axes`` that may be empty (then ``grad``).
-
-    onnxruntime 1.19 sums an empty tensor over an empty axes list into ones (``(0, 3) ->
-    (1, 1)``, ``noop_with_empty_axes`` or not): a leading unit axis, always summed, keeps
-    the list non-empty, ``sum(unsqueeze(grad, 0), [0] ++ (axes + 1))``."""
-    shifted = b.op("Concat", b.ints([0]), b.op("Add", axes, b.ints(1)), axis=0)
-    summed = b.op("ReduceSum", b.unsqueeze(grad, [0]), shifted, keepdims=int(keepdims))
-    return b.squeeze(summed, [0]) if keepdims else summed
+    return b.op("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
