@@ -2,11 +2,11 @@
 
 The engine reshapes gradients back to shapes read at run time (``Shape(x)``). A 0 in such a
 shape is a size, but ``Reshape`` reads it as "copy this dimension" unless ``allowzero=1``,
-which exists from opset 14 only; below, onnxruntime refused the graph (an out-of-bounds
-Slice, an empty batch). Each model here is run on an empty and a non-empty point, at opsets
-11 (raised to 13 by normalisation), 13 and 14: the reverse gradient and the JVP (tangent
-pass and transposition) in onnxruntime against float64 central differences of the model
-(run by onnxruntime too: onnx's reference Flatten refuses an empty batch; an empty output
+which exists from opset 14 only; below (and for Tile's gradient at every opset), onnxruntime
+refused the graph (an out-of-bounds Slice, an empty batch, a Tile of one). Each model here
+is run on an empty and a non-empty point, at opsets 11 (raised to 13 by normalisation), 13
+and 14: the reverse gradient and the JVP (tangent pass and transposition) in onnxruntime
+against float64 central differences of the model (run by onnxruntime too; an empty output
 has zeros of the input's shape for gradient), the HVP against central differences of the
 reverse gradient.
 """
@@ -87,6 +87,20 @@ def chain_model(opset: int):
     return _model(nodes, [x], [flat, cube], opset)
 
 
+def tile_model(opset: int):
+    """``loss = sum(tanh(tile(x, [1, 2]))^2)``, ``x`` of shape ``[3, N]``: the gradient
+    splits each axis into (repeat, size) pairs, ``[1, 3, 2, N]``, read at run time."""
+    x = helper.make_tensor_value_info("x", DOUBLE, [3, "N"])
+    repeats = helper.make_tensor("repeats", TensorProto.INT64, [2], [1, 2])
+    nodes = [
+        helper.make_node("Tile", ["x", "repeats"], ["y"]),
+        helper.make_node("Tanh", ["y"], ["t"]),
+        helper.make_node("Mul", ["t", "t"], ["q"]),
+        helper.make_node("ReduceSum", ["q"], ["loss"], keepdims=0),
+    ]
+    return _model(nodes, [x], [repeats], opset)
+
+
 def _cases():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 3, 2))
@@ -99,6 +113,7 @@ def _cases():
         for n in (0, 2):
             feeds = {"x": rng.standard_normal((3, n))}
             yield pytest.param(chain_model(opset), feeds, n == 0, id=f"chain-batch{n}-opset{opset}")
+            yield pytest.param(tile_model(opset), feeds, n == 0, id=f"tile-batch{n}-opset{opset}")
 
 
 CASES = list(_cases())
