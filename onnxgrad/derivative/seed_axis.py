@@ -83,6 +83,8 @@ class SeedAxis:
         inner = subgraphs(node) if node.attribute else None  # most nodes have no subgraph
         reads = node_inputs(node) if inner else inputs
         batched = self.batched
+        if node.op_type == "Reshape":
+            self._reshaped_rank(node)
         if batched.isdisjoint(reads):
             self.nodes.append(node)
             return
@@ -104,6 +106,14 @@ class SeedAxis:
             self._made = {k: n for k, n in self._made.items() if n not in dropped}
             del self.nodes[start:], self.initializers[constants:]
             self._defer(node)
+
+    def _reshaped_rank(self, node: NodeProto) -> None:
+        """Record the rank of a Reshape's output, its shape's length, where onnx inferred none
+        (a shape computed at run time): the rules of the nodes that read it need it."""
+        if len(node.input) > 1 and node.output[0] not in self.shapes:
+            length = self.length(node.input[1])
+            if length is not None:
+                self.shapes[node.output[0]] = [None] * length
 
     def _defer(self, node: NodeProto) -> None:
         """``node`` joins the nodes to run in one ``Scan``: its outputs carry the axis."""

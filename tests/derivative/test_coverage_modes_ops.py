@@ -105,3 +105,18 @@ def test_the_transposition_on_the_attention_case():
     with transposition_only():
         verdicts = _modes_ops.check_ops_case(*case, {"jvp", "hvp"})
     assert dict((m, s) for m, s, _ in verdicts) == {"jvp": "ok", "hvp": "ok"}
+
+
+def test_the_transposition_on_an_empty_slice():
+    """onnx's test_slice_start_out_of_bounds (opset 13, an empty output) with the tangent pass
+    refused: the transposition reshaped back to the shape of the empty output's cotangent,
+    computed at run time, whose 0 ``Reshape`` read as "copy this dimension" below opset 14
+    (tests/derivative/test_empty_reshapes.py)."""
+    from benchmarks.coverage_modes import transposition_only
+    from benchmarks.coverage_ops import collect_cases
+
+    name = "test_slice_start_out_of_bounds"
+    case = next(c for c in collect_cases({"Slice"}) if c[0] == name)
+    with transposition_only():
+        verdicts = _modes_ops.check_ops_case(*case, {"jvp", "hvp"})
+    assert dict((m, s) for m, s, _ in verdicts) == {"jvp": "ok", "hvp": "ok (zero)"}

@@ -18,6 +18,7 @@ from onnx import (
 )
 
 from onnxgrad._onnx_utils import NameScope, np_dtype, reduce_axes_are_input
+from onnxgrad.derivative.autodiff.rules._shape_helpers import reshape_to
 from onnxgrad.derivative.autodiff.value_types import (
     UnknownTypeError,
     ValueType,
@@ -395,7 +396,7 @@ def unbroadcast(b: GradBuilder, grad: str, target: str, grad_shape: tuple | None
         return reduced
     if all(isinstance(d, int) for d in target_shape):
         return b.op("Reshape", reduced, b.ints(list(target_shape)))
-    return b.op("Reshape", reduced, b.shape_of(target))
+    return reshape_to(b, reduced, b.shape_of(target))
 
 
 def _static_reduction_axes(grad_shape: tuple | None, target_shape: tuple | None):

@@ -39,6 +39,7 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     require_rank,
     reshape,
     reshape_like,
+    reshape_to,
     scalar,
     scatter_flat,
     shape_parts,
@@ -262,7 +263,7 @@ def gather_elements_grad(b, node, grads, needs):
         b.op("Slice", index_shape, b.ints([axis + 1]), b.ints([rank])),
         axis=0,
     )
-    summed = b.op("Reshape", summed, sizes)
+    summed = reshape_to(b, summed, sizes)
     pads = b.op(
         "Concat",
         b.ints([0] * rank),

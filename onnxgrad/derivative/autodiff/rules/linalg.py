@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from onnxgrad._onnx_utils import np_dtype
 from onnxgrad.derivative.autodiff.registry import register
+from onnxgrad.derivative.autodiff.rules._shape_helpers import reshape_to
 
 
 def _swap_last(b, x: str, rank: int) -> str:
@@ -128,16 +129,16 @@ def _matmul_any_rank_grads(b, g, a, w, needs):
     pad_w = b.op("Max", b.op("Sub", b.ints(2), rank_w), b.ints(0))
     ones_a = b.op("ConstantOfShape", b.op("Reshape", pad_a, one), value=_int64_tensor(1))
     ones_w = b.op("ConstantOfShape", b.op("Reshape", pad_w, one), value=_int64_tensor(1))
-    a2 = b.op("Reshape", a, b.op("Concat", ones_a, b.shape_of(a), axis=0))
-    w2 = b.op("Reshape", w, b.op("Concat", b.shape_of(w), ones_w, axis=0))
+    a2 = reshape_to(b, a, b.op("Concat", ones_a, b.shape_of(a), axis=0), None)
+    w2 = reshape_to(b, w, b.op("Concat", b.shape_of(w), ones_w, axis=0), None)
     g2 = _promoted_output_grad(b, g, rank_a, rank_w)
     ga = gw = None
     if needs[0]:
         full = b.op("MatMul", g2, _swap_last_any_rank(b, w2))
-        ga = b.op("Reshape", b.unbroadcast(full, a2, None), b.shape_of(a))
+        ga = reshape_to(b, b.unbroadcast(full, a2, None), b.shape_of(a), a)
     if needs[1]:
         full = b.op("MatMul", _swap_last_any_rank(b, a2), g2)
-        gw = b.op("Reshape", b.unbroadcast(full, w2, None), b.shape_of(w))
+        gw = reshape_to(b, b.unbroadcast(full, w2, None), b.shape_of(w), w)
     return [ga, gw]
 
 
@@ -162,7 +163,7 @@ def _promoted_output_grad(b, g, rank_a: str, rank_w: str) -> str:
 
     batch = b.op("Slice", dims, b.ints([0]), b.unsqueeze(start_m, [0]))
     shape = b.op("Concat", batch, dim_or_one(start_m, end_m), dim_or_one(end_m, rank_g), axis=0)
-    return b.op("Reshape", g, shape)
+    return reshape_to(b, g, shape)
 
 
 def _swap_last_any_rank(b, x: str) -> str:
@@ -174,7 +175,7 @@ def _swap_last_any_rank(b, x: str) -> str:
     batch = b.op("Slice", dims, b.ints([0]), b.ints([-2]))
     cube = b.op("Reshape", x, b.op("Concat", b.ints([-1]), rows, cols, axis=0))
     swapped = b.op("Transpose", cube, perm=[0, 2, 1])
-    return b.op("Reshape", swapped, b.op("Concat", batch, cols, rows, axis=0))
+    return reshape_to(b, swapped, b.op("Concat", batch, cols, rows, axis=0))
 
 
 # -- Gemm ---------------------------------------------------------------------------------

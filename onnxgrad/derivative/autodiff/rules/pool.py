@@ -54,6 +54,7 @@ from onnxgrad.derivative.autodiff.rules._nn_helpers import (
     vsub,
     window_pads,
 )
+from onnxgrad.derivative.autodiff.rules._shape_helpers import reshape_like, reshape_to
 from onnxgrad.derivative.autodiff.rules.conv import Window, conv_input_grad
 
 _WINDOW_ATTRS = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
@@ -98,7 +99,7 @@ def max_pool_grad(b, node, grads, needs):
         grad = _separable_grad(b, node, g, source, window)
     else:
         indices = _argmax_indices(b, node, source, window)
-        grad = b.op("Reshape", _route_to_maxima(b, node, g, indices, source), _shape(b, x))
+        grad = reshape_like(b, _route_to_maxima(b, node, g, indices, source), x)
     return [_flip(b, grad, len(kernel)) if flipped else grad]
 
 
@@ -190,7 +191,10 @@ def _separable_grad(b: GradBuilder, node: NodeView, g: str, x: str, window: dict
             "ScatterElements", zeros, b.op("Reshape", indices, b.ints([-1])),
             b.op("Reshape", g, b.ints([-1])), axis=0, reduction="add",
         )  # fmt: skip
-        g = b.op("Reshape", flat, b.shape_of(source) if source != x else _shape(b, x))
+        if source == x:
+            g = reshape_like(b, flat, x)
+        else:
+            g = reshape_to(b, flat, b.shape_of(source), source)
     return g
 
 
@@ -339,7 +343,7 @@ def _spread_over_windows(b: GradBuilder, node: NodeView, g: str, divide_by_count
     planes = b.op("Reshape", g, _plane_shape(b, y_sizes))
     ones = b.const(np.ones((1, 1, *kernel)), like=x)
     spread = conv_input_grad(b, planes, ones, win, x_sizes, y_sizes)
-    return b.op("Reshape", spread, _shape(b, x))
+    return reshape_like(b, spread, x)
 
 
 # -- LpPool ---------------------------------------------------------------------------
@@ -509,7 +513,7 @@ def max_unpool_grad(b, node, grads, needs):
         g = b.op("Slice", g, b.ints([0] * k), as_tensor(b, inferred), b.ints(spatial_axes(k)))
     flat = b.op("Reshape", g, b.ints([-1]))
     picked = b.op("Gather", flat, b.op("Reshape", indices, b.ints([-1])), axis=0)
-    return [b.op("Reshape", picked, _shape(b, x)), None, None]
+    return [reshape_like(b, picked, x), None, None]
 
 
 # -- RoiAlign ---------------------------------------------------------------------------------

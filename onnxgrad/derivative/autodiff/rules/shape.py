@@ -40,6 +40,7 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     require_rank,
     reshape,
     reshape_like,
+    reshape_to,
     scatter_flat,
     shape_parts,
     shape_slice,
@@ -182,7 +183,7 @@ def tile_grad(b, node, grads, needs):
     x_shape, y_shape = b.static_shape(x), b.static_shape(node.outputs[0])
     if x_shape is None or y_shape is None or 0 in x_shape:
         pairs = b.op("Concat", b.unsqueeze(repeats, [1]), b.unsqueeze(b.shape_of(x), [1]), axis=1)
-        split = b.op("Reshape", g, b.op("Reshape", pairs, b.ints([-1])))
+        split = reshape_to(b, g, b.op("Reshape", pairs, b.ints([-1])))
         return [b.reduce_sum(split, list(range(0, 2 * rank, 2)), keepdims=False)]
     dims, axes = [], []
     for before, after in zip(x_shape, y_shape):

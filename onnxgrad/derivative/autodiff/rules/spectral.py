@@ -28,6 +28,7 @@ from onnx import TensorProto, numpy_helper
 from onnxgrad.derivative.autodiff.registry import register
 from onnxgrad.derivative.autodiff.rules._lowering import Lowering
 from onnxgrad.derivative.autodiff.rules._nn_helpers import unsupported
+from onnxgrad.derivative.autodiff.rules._shape_helpers import reshape_to
 
 
 @register("STFT", since=17)
@@ -250,7 +251,7 @@ def _dft_transposed(b, node, grads, needs, axis: int | None):
         size = b.ints([1]) if last == 1 else b.op("Shape", x, start=-1)
         grad = b.op("Slice", grad, b.ints([0]), size, b.ints([-1]))
     if node.input(1) is not None:  # x's shape, which inference loses through the Pad
-        grad = b.op("Reshape", grad, b.op("Shape", x))
+        grad = reshape_to(b, grad, b.op("Shape", x), x)
     return [grad if needs[0] else None, *[None] * (len(needs) - 1)]
 
 
