@@ -126,8 +126,9 @@ def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) ->
     The check is ``check_model(full_check=True)``: the checker, then strict shape inference
     with type checks, so a result that passes here loads in onnxruntime. Both run on a
     weightless view (no weight is copied, models past protobuf's 2 GiB limit are checked
-    too) and one after the other: ``full_check`` infers on a copy of the checker's model,
-    both held at once (0.5 KB a node more at the peak). Past
+    too), in one call for a small model, one after the other past
+    :data:`FULL_CHECK_NODES` (``full_check`` infers on a copy of the checker's model, both
+    held at once: 0.5 KB a node more at the peak; :func:`check_strictly`). Past
     :data:`~onnxgrad._strict_inference.PIECE_NODES` nodes both run piece by piece
     (:mod:`onnxgrad._strict_inference`: the same checks, a bounded part of the graph held
     at a time). ``infer=False``: the checker only (the pieces still infer, to type what
@@ -139,10 +140,28 @@ def finalize_model(model: ModelProto, check: bool = True, infer: bool = True) ->
         shell = weightless_shell(model)
         if len(model.graph.node) <= PIECE_NODES or not check_in_pieces(shell, model.graph.node):
             view = weightless_bytes(model, shell)
-            onnx.checker.check_model(view)
             if infer:
-                onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
+                check_strictly(view, len(model.graph.node))
+            else:
+                onnx.checker.check_model(view)
     return model
+
+
+#: Models of at most this many nodes get onnx's checker and its strict inference in one call
+#: (``check_model(full_check=True)``: the bytes parsed once, no inferred model serialised
+#: back); it holds a copy of the checker's model at once, 0.5 KB a node (0.5 MB here), so
+#: larger ones get the two one after the other.
+FULL_CHECK_NODES = 1024
+
+
+def check_strictly(view: bytes, nodes: int) -> None:
+    """onnx's checker, then strict shape inference with type checks, of the serialised
+    model ``view`` of ``nodes`` nodes: ``ValidationError`` or ``InferenceError``."""
+    if nodes <= FULL_CHECK_NODES:
+        onnx.checker.check_model(view, full_check=True)
+        return
+    onnx.checker.check_model(view)
+    onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
 
 
 def check_declared_shapes(graph: onnx.GraphProto) -> None:

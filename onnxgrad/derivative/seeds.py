@@ -23,6 +23,7 @@ from onnxgrad._onnx_utils import (
     NameScope,
     all_names,
     check_declared_shapes,
+    check_strictly,
     default_opset,
     finalize_model,
     model_bytes,
@@ -267,10 +268,10 @@ def _check_seeded(local: _Local) -> None:
     view = model_bytes(local.shell, local.nodes, local.infos)
     try:
         if local.ranked_infos is None:
-            onnx.checker.check_model(view)
+            check_strictly(view, len(local.nodes))
         else:
             onnx.checker.check_model(model_bytes(local.shell, local.nodes, local.ranked_infos))
-        onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
+            onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         message = " ".join(str(exc).split())[:1000]
         raise ValueError(

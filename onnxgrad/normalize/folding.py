@@ -20,6 +20,7 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, subgraphs
+from onnxgrad.normalize.facts import Facts
 
 #: The largest folded value, and the largest ``ConstantOfShape`` evaluated.
 MAX_ELEMENTS = 1 << 16
@@ -34,9 +35,9 @@ _UNBOUNDED = frozenset(
 )  # fmt: skip
 
 
-def folded_integer_constants(model: ModelProto) -> ModelProto:
+def folded_integer_constants(model: ModelProto, facts: Facts | None = None) -> ModelProto:
     """``model`` with the integer expressions of constants of its main graph replaced by
-    ``Constant`` nodes (see the module docstring)."""
+    ``Constant`` nodes (see the module docstring); ``facts`` are forgotten if it changes."""
     graph = model.graph
     known = {
         i.name: i for i in graph.initializer if i.data_type not in FLOAT_TYPES and len(i.dims) <= 1
@@ -56,6 +57,8 @@ def folded_integer_constants(model: ModelProto) -> ModelProto:
     if changed:
         del graph.node[:]
         graph.node.extend(nodes)
+        if facts is not None:
+            facts.forget()
     return model
 
 

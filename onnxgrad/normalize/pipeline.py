@@ -3,6 +3,9 @@
 Each :class:`Pass` is a function ``ModelProto -> ModelProto`` that may rewrite its argument
 (the pipeline hands it a private copy) and returns the model for the next pass; it leaves
 a model that needs nothing from it as it is, so normalising twice gives the same model.
+A pass marked ``facts`` also takes the pipeline's :class:`~onnxgrad.normalize.facts.Facts`
+(what an earlier pass learnt, such as one shape inference's verdict, so that a later one
+need not infer again) and keeps them true; after any other pass they are forgotten.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from onnxgrad.normalize import (
     shapes,
     structure,
 )
+from onnxgrad.normalize.facts import Facts
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class Pass:
     name: str
     run: Callable[[ModelProto], ModelProto]
     ensures: str
+    #: ``run(model, facts)`` reads and keeps :class:`Facts` true (else they are forgotten)
+    facts: bool = False
 
 
 PASSES: tuple[Pass, ...] = (
@@ -64,16 +70,19 @@ PASSES: tuple[Pass, ...] = (
         "declared_shapes",
         shapes.reconciled_shapes,
         "declared output and value shapes agree with onnx's shape inference",
+        facts=True,
     ),
     Pass(
         "integer_constants",
         folding.folded_integer_constants,
         "integer expressions of constants (pads, shapes, axes) are Constant nodes",
+        facts=True,
     ),
     Pass(
         "ranks",
         ranks.refined_ranks,
         "ranks fixed by static Concat lengths, schemas, If branches and uses are declared",
+        facts=True,
     ),
 )
 
@@ -86,6 +95,11 @@ def normalized_model(model: ModelLike) -> ModelProto:
 
 def normalize_in_place(model: ModelProto) -> ModelProto:
     """:func:`normalized_model` of a model the caller already owns (it may be rewritten)."""
+    facts = Facts()
     for step in PASSES:
-        model = step.run(model)
+        if step.facts:
+            model = step.run(model, facts)
+        else:
+            model = step.run(model)
+            facts.forget()
     return model

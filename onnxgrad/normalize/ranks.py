@@ -39,6 +39,7 @@ from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_h
 from onnxgrad._bounded_inference import infer_shapes_bounded
 from onnxgrad._model_checks import weightless_view
 from onnxgrad._onnx_utils import normalize_domain, subgraphs
+from onnxgrad.normalize.facts import Facts
 
 #: Rounds of inference and declaration; each round extends the known ranks by at least one
 #: rule application, and real models need two or three.
@@ -62,10 +63,13 @@ POOLS = frozenset({"AveragePool", "MaxPool", "LpPool"})
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 
 
-def refined_ranks(model: ModelProto) -> ModelProto:
+def refined_ranks(model: ModelProto, facts: Facts | None = None) -> ModelProto:
     """``model`` with value_info declaring the ranks (and schema-fixed dims) onnx's shape
-    inference leaves unknown (see the module docstring); a model with none is left as is."""
-    _refine(model)
+    inference leaves unknown (see the module docstring); a model with none is left as is.
+    Where ``facts`` say that inference already ranked every value of a model without
+    subgraphs (:attr:`Facts.ranks_known`), no rule can apply and none is looked for."""
+    if facts is None or not facts.ranks_known:
+        _refine(model)
     for _ in range(MAX_ROUNDS):  # a carried rank found may give the next Loop's
         carried = _carried_ranks(model)
         if not carried:

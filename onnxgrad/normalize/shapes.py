@@ -15,19 +15,28 @@ with a warning, and refuses a gradient seed declared ``54``).
 from __future__ import annotations
 
 import onnx
-from onnx import ModelProto, TypeProto, ValueInfoProto
+from onnx import GraphProto, ModelProto, TypeProto, ValueInfoProto
 
-from onnxgrad._onnx_utils import weightless_view
+from onnxgrad._onnx_utils import subgraphs, weightless_view
+from onnxgrad.normalize.facts import Facts
 
 
-def reconciled_shapes(model: ModelProto) -> ModelProto:
+def reconciled_shapes(model: ModelProto, facts: Facts | None = None) -> ModelProto:
     """``model`` with the declared types of its main graph's outputs and values replaced
-    where onnx's shape inference says otherwise (see the module docstring)."""
+    where onnx's shape inference says otherwise (see the module docstring); ``facts``
+    learn whether that inference ranked every value (:attr:`Facts.ranks_known`)."""
     graph = model.graph
     declared = [*graph.output, *graph.value_info]
+    if facts is not None:
+        facts.ranks_known = False
     if not any(_has_tensor_type(info) for info in declared):
         return model
-    inferred = _inferred_types(model)
+    view = _inferred_view(model)
+    if view is None:
+        return model
+    if facts is not None:
+        facts.ranks_known = _every_rank_inferred(view.graph)
+    inferred = _tensor_types(view.graph)
     for info in declared:
         found = inferred.get(info.name)
         if found is not None and _has_tensor_type(info) and info.type != found:
@@ -55,18 +64,39 @@ def _unconfirmed_dims_unknown(declared: TypeProto, inferred: TypeProto | None) -
             mine.ClearField("dim_value")
 
 
-def _inferred_types(model: ModelProto) -> dict[str, TypeProto]:
-    """``{value: inferred type}`` of the main graph, with no declaration but the inputs'."""
+def _inferred_view(model: ModelProto) -> ModelProto | None:
+    """A weightless view of ``model`` typed by onnx's inference with no declaration but the
+    inputs'; None where inference fails."""
     view = weightless_view(model)
     del view.graph.value_info[:]
     for output in view.graph.output:
         output.type.Clear()
     try:
-        view = onnx.shape_inference.infer_shapes(view)
+        return onnx.shape_inference.infer_shapes(view)
     except Exception:  # inference is a hint here: what it cannot tell stays declared
-        return {}
-    infos = [*view.graph.value_info, *view.graph.output]
+        return None
+
+
+def _tensor_types(graph: GraphProto) -> dict[str, TypeProto]:
+    """``{value: inferred type}`` of the values and outputs of an inferred graph."""
+    infos = [*graph.value_info, *graph.output]
     return {info.name: info.type for info in infos if _has_tensor_type(info)}
+
+
+def _every_rank_inferred(graph: GraphProto) -> bool:
+    """Whether the inferred ``graph`` (declarations cleared but the inputs') gives every
+    input and node output a rank, or a type other than a tensor, and holds no subgraph."""
+    known = {
+        info.name
+        for info in [*graph.input, *graph.value_info, *graph.output]
+        if info.type.tensor_type.HasField("shape")
+        or info.type.WhichOneof("value") not in (None, "tensor_type")
+    }
+    if any(info.name not in known for info in graph.input):
+        return False
+    return not any(
+        subgraphs(node) or any(o and o not in known for o in node.output) for node in graph.node
+    )
 
 
 def _has_tensor_type(info: ValueInfoProto) -> bool:
