@@ -95,6 +95,7 @@ def add_lora(
     names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`); those that get no
     adapter are ``Constant`` nodes again in the model returned.
     """
+    roles = _parameter_roles(model) if weights is None else None  # before the copy below
     model = load_model(model)
     constants = _promote_constants(model)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
@@ -104,7 +105,7 @@ def add_lora(
     initializers = {init.name: init for init in graph.initializer}
     quantized = _quantized_products(model)
     targets = _adaptable_weights(model, initializers) | set(quantized)
-    chosen = _chosen(model, weights, targets, initializers, set(quantized))
+    chosen = _chosen(model, weights, targets, initializers, set(quantized), roles)
     rng = np.random.default_rng(seed)
     names = NameScope(all_names(graph))
     node_names = NameScope(n.name for n in graph.node if n.name)
@@ -136,15 +137,18 @@ def add_lora(
     return finalize_model(model, check=checker_knows(model))
 
 
-def _chosen(model, weights, targets: set[str], initializers, quantized: set[str]) -> list[str]:
+def _chosen(
+    model, weights, targets: set[str], initializers, quantized: set[str], roles
+) -> list[str]:
     """The weights to adapt: ``weights`` checked, or every target without an adapter that
-    is a quantized weight's codes or plays a parameter role (:func:`_learned`)."""
+    is a quantized weight's codes or plays a parameter role (``roles``:
+    :func:`_parameter_roles`)."""
     existing = lora_adapters(model)
     adapter_parts = {adapter[key] for adapter in existing for key in ("a", "b")}
     if weights is None:
         adapted = adapter_parts | {adapter["weight"] for adapter in existing}
         free = set(targets) - adapted
-        fixed = sorted(free - quantized - _learned(model, free - quantized))
+        fixed = sorted(free - quantized - _learned(free - quantized, *roles))
         chosen = sorted(free - set(fixed))
         if not chosen:
             raise ValueError(
@@ -202,19 +206,25 @@ def _restore_constants(graph, nodes: dict[str, NodeProto]) -> None:
     graph.node.extend([*pending.values(), *rebuilt])
 
 
-def _learned(model: ModelProto, candidates: set[str]) -> set[str]:
-    """The float ``candidates`` that :func:`~onnxgrad.get_train_initializer` counts as
-    weights. The role analysis runs on a normalised copy (:mod:`onnxgrad.normalize`,
-    :mod:`onnxgrad.graph.weight_roles`), matched back by initializer name; a candidate the
-    copy no longer holds under its name (a lowering rewrote it) keeps its adapter."""
+def _parameter_roles(model: ModelLike) -> tuple[set[str], set[str]]:
+    """The initializers of ``model`` normalised (:mod:`onnxgrad.normalize`) and those of them
+    :func:`~onnxgrad.get_train_initializer` counts as weights
+    (:mod:`onnxgrad.graph.weight_roles`). Read from the user's model before ``add_lora``
+    makes its own copy, the normalised one gone by then: the weights are held once more at
+    most, not twice."""
     from onnxgrad.graph.initializers import train_initializer_names
     from onnxgrad.normalize import normalized_model  # normalize imports graph
 
-    if not candidates:
-        return set()
     normalized = normalized_model(model)
     held = {init.name for init in normalized.graph.initializer}
-    return (candidates - held) | (candidates & set(train_initializer_names(normalized)))
+    return held, set(train_initializer_names(normalized))
+
+
+def _learned(candidates: set[str], held: set[str], weights: set[str]) -> set[str]:
+    """The float ``candidates`` counted as weights (``weights``), matched by initializer
+    name; a candidate the normalised copy no longer ``held`` under its name (a lowering
+    rewrote it) keeps its adapter."""
+    return (candidates - held) | (candidates & weights)
 
 
 def _fixed_transforms(fixed: list[str]) -> str:
