@@ -40,7 +40,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from onnxgrad._onnx_utils import (
     FLOAT_TYPES,
@@ -95,9 +95,11 @@ def add_lora(
     names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`); those that get no
     adapter are ``Constant`` nodes again in the model returned.
     """
+    from onnxgrad.normalize.constants import promote_constants, restore_constants  # a cycle
+
     roles = _parameter_roles(model) if weights is None else None  # before the copy below
     model = load_model(model)
-    constants = _promote_constants(model)
+    constants = promote_constants(model)
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
         raise ValueError(f"rank must be a positive integer, got {rank!r}")
     scale = float(rank if alpha is None else alpha) / int(rank)
@@ -132,7 +134,7 @@ def add_lora(
     nodes = new_nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
-    _restore_constants(graph, {k: v for k, v in constants.items() if k not in chosen})
+    restore_constants(graph, {k: v for k, v in constants.items() if k not in chosen})
     _set_adapters(model, adapters)
     return finalize_model(model, check=checker_knows(model))
 
@@ -169,41 +171,6 @@ def _chosen(
     for name in chosen:
         _check_target(name, initializers, targets)
     return chosen
-
-
-def _promote_constants(model: ModelProto) -> dict[str, NodeProto]:
-    """Promote ``model``'s float ``Constant`` weights to initializers (in place); the
-    original nodes of those promoted from the main graph, by output name."""
-    from onnxgrad.normalize.constants import promote_constant_weights  # normalize imports graph
-
-    nodes = {}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and len(node.output) == 1 and not node.domain:
-            nodes[node.output[0]] = NodeProto()
-            nodes[node.output[0]].CopyFrom(node)
-    before = {init.name for init in model.graph.initializer}
-    promote_constant_weights(model)
-    return {
-        i.name: nodes[i.name] for i in model.graph.initializer if i.name in nodes.keys() - before
-    }
-
-
-def _restore_constants(graph, nodes: dict[str, NodeProto]) -> None:
-    """Put the promoted ``Constant`` ``nodes`` back (their initializers removed), each before
-    the first node reading it: the deployed form keeps what gets no adapter."""
-    if not nodes:
-        return
-    kept = [init for init in graph.initializer if init.name not in nodes]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    rebuilt, pending = [], dict(nodes)
-    for node in graph.node:
-        used = set(node.input).union(*(_names_used(g) for g in subgraphs(node)))
-        for name in [n for n in pending if n in used]:
-            rebuilt.append(pending.pop(name))
-        rebuilt.append(node)
-    del graph.node[:]
-    graph.node.extend([*pending.values(), *rebuilt])
 
 
 def _parameter_roles(model: ModelLike) -> tuple[set[str], set[str]]:

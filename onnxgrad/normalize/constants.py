@@ -18,11 +18,20 @@ from collections import Counter
 from collections.abc import Mapping
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import (
+    AttributeProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    helper,
+    numpy_helper,
+)
 
 from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, subgraphs
 from onnxgrad.graph._builder import STRUCTURAL_CONSTANT
 from onnxgrad.graph._differentiable import differentiable_values, model_opsets
+from onnxgrad.graph._scopes import node_inputs
 
 #: ``(op_type, input index)`` of the default domain that hold a layer's parameters.
 PARAMETER_SLOTS = frozenset(
@@ -46,10 +55,17 @@ PARAMETER_SLOTS = frozenset(
 def promote_constant_weights(model: ModelProto) -> ModelProto:
     """Move the float ``Constant`` nodes that hold parameters (see the module docstring) to
     initializers of the main graph, same names and values."""
+    promote_constants(model)
+    return model
+
+
+def promote_constants(model: ModelProto) -> dict[str, NodeProto]:
+    """:func:`promote_constant_weights` in place; what the main graph's promoted nodes were,
+    by output name, without their tensor (:func:`restore_constants` puts them back)."""
     chosen = constant_weights(model)
     if not chosen:
-        return model
-    promoted = []
+        return {}
+    promoted, shells = [], {}
     for graph in _graphs(model.graph):
         kept = []
         for node in graph.node:
@@ -59,11 +75,49 @@ def promote_constant_weights(model: ModelProto) -> ModelProto:
                 continue
             tensor.name = node.output[0]
             promoted.append(tensor)
+            if graph is model.graph:
+                shells[node.output[0]] = _shell(node)
         if len(kept) != len(graph.node):
             del graph.node[:]
             graph.node.extend(kept)
     model.graph.initializer.extend(promoted)
-    return model
+    return shells
+
+
+def restore_constants(graph: GraphProto, shells: Mapping[str, NodeProto]) -> None:
+    """Put promoted ``Constant`` nodes back (``shells`` of :func:`promote_constants`, some
+    of them), their values taken from the initializers of those names, which go; each node
+    goes before the first node reading it."""
+    if not shells:
+        return
+    nodes = {}
+    for init in graph.initializer:
+        if init.name in shells:
+            node = nodes[init.name] = NodeProto()
+            node.CopyFrom(shells[init.name])
+            if not node.attribute:  # a ``value`` tensor: the initializer's
+                value = node.attribute.add(name="value", type=AttributeProto.TENSOR)
+                value.t.CopyFrom(init)
+    kept = [init for init in graph.initializer if init.name not in nodes]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    rebuilt = []
+    for node in graph.node:
+        used = node_inputs(node)
+        rebuilt += [nodes.pop(name) for name in [n for n in nodes if n in used]]
+        rebuilt.append(node)
+    del graph.node[:]
+    graph.node.extend([*nodes.values(), *rebuilt])
+
+
+def _shell(node: NodeProto) -> NodeProto:
+    """``node`` without its ``value`` tensor (its other attributes are a few floats)."""
+    shell = NodeProto(name=node.name, op_type=node.op_type, domain=node.domain)
+    shell.output.extend(node.output)
+    shell.attribute.extend(a for a in node.attribute if a.name != "value")
+    shell.metadata_props.extend(node.metadata_props)
+    shell.doc_string = node.doc_string
+    return shell
 
 
 def constant_weights(model: ModelProto) -> set[str]:
