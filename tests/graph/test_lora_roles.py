@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxgrad import add_lora, get_train_initializer
 from onnxgrad.graph.lora import lora_adapters
+from tests.graph.test_weight_roles import hann_dft_rows
 
 F = TensorProto.FLOAT
 node = helper.make_node
@@ -38,11 +39,8 @@ def _random(*shape, seed=0):
 
 def _dft_kernels():
     """``w_n cos(2 pi k n / 8)`` and ``-w_n sin(2 pi k n / 8)``: 5 bins, a Hann window."""
-    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
-    window = np.hanning(10)[1:-1]
-    real = (window * np.cos(angle)).astype(np.float32)[:, None, :]
-    imag = (-window * np.sin(angle)).astype(np.float32)[:, None, :]
-    return real, imag
+    cos, sin = hann_dft_rows()
+    return cos.astype(np.float32)[:, None, :], (-sin).astype(np.float32)[:, None, :]
 
 
 def _log_mel_front(head: list, head_inits: dict):

@@ -1204,6 +1204,14 @@ def test_a_scalers_fitted_statistics_are_not_weights_the_layer_after_it_is():
     assert step.weights == ("Scaler_offset",)
 
 
+def hann_dft_rows() -> tuple[np.ndarray, np.ndarray]:
+    """``w_n cos(2 pi k n / 8)`` and ``w_n sin(2 pi k n / 8)``, ``k < 5``, ``w`` a Hann window
+    (rows of an STFT's DFT basis, float64)."""
+    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
+    window = np.hanning(10)[1:-1]
+    return window * np.cos(angle), window * np.sin(angle)
+
+
 def _conv_stft_front(real, imag):
     """torchlibrosa's STFT as two 1-D convolutions (openwakeword's melspectrogram.onnx):
     the power ``re^2 + im^2`` times a mel filterbank, ``log(mel + guard)``, a dense head."""
@@ -1239,10 +1247,9 @@ def test_an_stft_written_as_convolutions_is_a_spectrum_its_kernels_are_not_weigh
     ``N = 8``, 5 bins) compute a spectrum: they and the mel filterbank after its power are
     fixed transforms (before: all three were default weights); convolutions by trained
     kernels of the same shape stay weights, and so does the filterbank after them."""
-    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
-    window = np.hanning(10)[1:-1]
-    real = (window * np.cos(angle)).astype(np.float32)[:, None, :]
-    imag = (-window * np.sin(angle)).astype(np.float32)[:, None, :]
+    cos, sin = hann_dft_rows()
+    real = cos.astype(np.float32)[:, None, :]
+    imag = (-sin).astype(np.float32)[:, None, :]
     assert _weights(_conv_stft_front(real, imag)) == ["head"]
     trained = _conv_stft_front(f32(5, 1, 8), f32(5, 1, 8) * 0.5)
     assert _weights(trained) == ["real", "imag", "mel", "head"]
@@ -1283,9 +1290,8 @@ def test_an_stft_inside_if_branches_is_a_spectrum_a_trained_kernel_there_a_weigh
     silero-vad's spox exports' ``forward_basis_buffer``); the branches are walked now. A
     branch convolving by a trained kernel keeps it, and the filterbank after the ``If``, a
     weight."""
-    angle = 2 * np.pi * np.outer(np.arange(5), np.arange(8)) / 8
-    window = np.hanning(10)[1:-1]
-    basis = np.concatenate([window * np.cos(angle), window * np.sin(angle)])
+    cos, sin = hann_dft_rows()
+    basis = np.concatenate([cos, sin])
     basis = basis.astype(np.float32)[:, None, :]
     assert _weights(_branched_stft_front("basis", "basis", {"basis": basis})) == ["head"]
     mixed = _branched_stft_front("basis", "trained", {"basis": basis, "trained": f32(10, 1, 8)})
