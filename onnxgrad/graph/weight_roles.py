@@ -77,9 +77,12 @@ mask, a factor computed with a statistic of the data (a weight's quantization sc
 ``Pow``, ``Where``, ``Max``, ``Min``, ``Clip``, ``Mod`` (exponents, fill values, bounds), the
 scales and zero points of quantized ops, the statistics a converter's preprocessing step was
 fitted to (a lowered ``Scaler``'s offset and scale, marked
-:data:`~onnxgrad.graph._builder.FITTED_STATISTIC`). Initializers read inside ``Loop``
-and ``Scan`` bodies count as weights (their role is not analysed); ``If`` branches are walked as
-parts of the graph (an output of the ``If`` has the roles of the branch outputs it may be).
+:data:`~onnxgrad.graph._builder.FITTED_STATISTIC`). ``If`` branches are walked as parts of
+the graph (an output of the ``If`` has the roles of the branch outputs it may be), and so are
+``Loop`` and ``Scan`` bodies, their inputs bound to the outer values they stand for (a scan
+input has its sequence's role, a carried value is data when the data reaches it, the
+iteration number counts positions; see :mod:`onnxgrad.graph._loop_roles`); initializers of
+other ops' subgraphs count as weights (their role is not analysed).
 Any initializer named explicitly is trained whatever its role.
 """
 
@@ -94,6 +97,7 @@ from onnx import ModelProto, NodeProto, numpy_helper
 from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, real_inputs, subgraphs
 from onnxgrad.graph._builder import FITTED_STATISTIC
 from onnxgrad.graph._differentiable import input_is_differentiable, output_is_differentiable
+from onnxgrad.graph._loop_roles import LoopBinding, loop_binding, reached_states
 from onnxgrad.graph._scopes import free_names
 
 Shape = tuple[int | str | None, ...] | None
@@ -810,6 +814,10 @@ class _Roles:
         if node.op_type == "If" and not normalize_domain(node.domain):
             self._visit_branches(node)
             return
+        binding = loop_binding(node, self.opsets.get("", 0))
+        if binding is not None:
+            self._visit_body(binding)
+            return
         read = set(node.input)
         for sub in subgraphs(node):
             read |= free_names(sub)
@@ -830,6 +838,31 @@ class _Roles:
         for index, name in enumerate(node.output):
             if name:
                 self._merge(name, [b.output[index].name for b in branches])
+
+    def _visit_body(self, binding: LoopBinding) -> None:
+        """A ``Loop`` or ``Scan``: its body walked as a part of the graph, its inputs bound
+        to the outer values they stand for (see :mod:`onnxgrad.graph._loop_roles`)."""
+        reached = reached_states(binding, lambda n: n in self.any_data)
+        for inner, outer in [*binding.states, *binding.slices]:
+            if inner in reached and (not outer or outer not in self.any_data):
+                self.any_data.add(inner)  # the data reaches it through an iteration
+                if self._is_float(inner):
+                    self.data.add(inner)
+            elif outer:
+                self._merge(inner, [outer])
+        if binding.counter is not None:
+            counter, trips = binding.counter
+            if trips in self.any_data:  # positions up to a length of the data
+                self.any_data.add(counter)
+                self.shape_only.add(counter)
+        for inner in binding.body.node:
+            for index, name in enumerate(inner.input):
+                self.uses.setdefault(name, []).append((inner.op_type, index))
+                self.readers.setdefault(name, []).append(inner)
+        for inner in binding.body.node:
+            self._visit(inner)
+        for name, inner in binding.results:
+            self._merge(name, [inner])
 
     def _merge(self, name: str, sources: list[str]) -> None:
         """``name`` is one of ``sources`` (an ``If``'s output): data, affine when one of them
