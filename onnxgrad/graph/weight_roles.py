@@ -842,9 +842,9 @@ class _Roles:
     def _visit_body(self, binding: LoopBinding) -> None:
         """A ``Loop`` or ``Scan``: its body walked as a part of the graph, its inputs bound
         to the outer values they stand for (see :mod:`onnxgrad.graph._loop_roles`)."""
-        reached = reached_states(binding, lambda n: n in self.any_data)
+        reached = reached_states(binding, self._carries_data)
         for inner, outer in [*binding.states, *binding.slices]:
-            if inner in reached and (not outer or outer not in self.any_data):
+            if inner in reached and not self._carries_data(outer):
                 self.any_data.add(inner)  # the data reaches it through an iteration
                 if self._is_float(inner):
                     self.data.add(inner)
@@ -863,6 +863,10 @@ class _Roles:
             self._visit(inner)
         for name, inner in binding.results:
             self._merge(name, [inner])
+
+    def _carries_data(self, name: str) -> bool:
+        """Whether ``name`` holds values of the data (not only its shape or statistics)."""
+        return name in self.any_data and name not in self.shape_only and name not in self.statistics
 
     def _merge(self, name: str, sources: list[str]) -> None:
         """``name`` is one of ``sources`` (an ``If``'s output): data, affine when one of them

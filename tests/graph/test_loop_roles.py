@@ -92,14 +92,15 @@ def _rnn_scan(rng, weight_in_body: bool = False):
 def _counted_loop(rng):
     """A ``Loop`` over the rows of ``x`` (its trip count read from ``x``'s shape, a condition
     given: the reference evaluator runs no iteration without one) summing
-    ``x_i W + c`` plus a position ``i * step`` into a carried value starting at zeros; a
-    head after the ``Loop``."""
+    ``x_i W + c`` plus a position ``i * step`` into a carried value ``s' = s R + ...``
+    starting at zeros of a shape read from ``x``; a head after the ``Loop``."""
     body = helper.make_graph(
         [
             node("Gather", ["x", "i"], ["row"], axis=0),
             node("MatMul", ["row", "W"], ["rw"]),
             node("Add", ["rw", "c"], ["rwc"]),
-            node("Add", ["acc_in", "rwc"], ["summed"]),
+            node("MatMul", ["acc_in", "R"], ["carried"]),
+            node("Add", ["carried", "rwc"], ["summed"]),
             node("Cast", ["i"], ["i_float"], to=F),
             node("Mul", ["i_float", "step"], ["position"]),
             node("Add", ["summed", "position"], ["acc_out"]),
@@ -119,14 +120,25 @@ def _counted_loop(rng):
     nodes = [
         node("Shape", ["x"], ["shape"]),
         node("Gather", ["shape", "zero"], ["trips"], axis=0),
+        node("Slice", ["shape", "one", "two"], ["batch"]),
+        node("Concat", ["batch", "width"], ["start_shape"], axis=0),
+        node(
+            "ConstantOfShape",
+            ["start_shape"],
+            ["acc0"],
+            value=numpy_helper.from_array(np.zeros(1, np.float32)),
+        ),
         node("Loop", ["trips", "go", "acc0"], ["acc_last"], body=body),
         node("MatMul", ["acc_last", "head"], ["y"]),
     ]
     inits = {
         "zero": np.array(0, np.int64),
         "go": np.array(True),
-        "acc0": np.zeros((B, H), np.float32),
+        "one": np.array([1], np.int64),
+        "two": np.array([2], np.int64),
+        "width": np.array([H], np.int64),
         "W": _f32(rng, D, H),
+        "R": _f32(rng, H, H),
         "c": _f32(rng, H),
         "step": np.float32(0.25),
         "head": _f32(rng, H, 2),
@@ -145,7 +157,7 @@ def test_a_scan_bodys_kernels_and_bias_are_weights_its_constants_are_not():
 
 def test_a_loops_kernel_and_bias_are_weights_its_counter_scale_and_start_are_not():
     rng = np.random.default_rng(1)
-    assert set(get_train_initializer(_counted_loop(rng))) == {"W", "c", "head"}
+    assert set(get_train_initializer(_counted_loop(rng))) == {"W", "R", "c", "head"}
 
 
 @pytest.mark.parametrize("build", [_rnn_scan, _counted_loop], ids=["scan", "loop"])
