@@ -93,7 +93,8 @@ def add_lora(
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     Weights a file stores as ``Constant`` nodes (paddle2onnx's) are initializers first, same
     names (:func:`~onnxgrad.normalize.constants.promote_constant_weights`); those that get no
-    adapter are ``Constant`` nodes again in the model returned.
+    adapter are ``Constant`` nodes again in the model returned, in the graph they were in (an
+    ``If`` branch, a loop body).
     """
     from onnxgrad.normalize.constants import promote_constants, restore_constants  # a cycle
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 from onnx import (
@@ -59,14 +60,27 @@ def promote_constant_weights(model: ModelProto) -> ModelProto:
     return model
 
 
-def promote_constants(model: ModelProto) -> dict[str, NodeProto]:
-    """:func:`promote_constant_weights` in place; what the main graph's promoted nodes were,
-    by output name, without their tensor (:func:`restore_constants` puts them back)."""
+#: where a subgraph sits: ``(first output of the node holding it, attribute, index in a
+#: list of graphs or -1)`` for each level below the main graph
+GraphPath = tuple[tuple[str, str, int], ...]
+
+
+class Shell(NamedTuple):
+    """A promoted ``Constant`` node without its tensor, and the graph it was in."""
+
+    node: NodeProto
+    path: GraphPath
+
+
+def promote_constants(model: ModelProto) -> dict[str, Shell]:
+    """:func:`promote_constant_weights` in place; what the promoted nodes were (in any
+    graph), by output name, without their tensor (:func:`restore_constants` puts them
+    back)."""
     chosen = constant_weights(model)
     if not chosen:
         return {}
     promoted, shells = [], {}
-    for graph in _graphs(model.graph):
+    for graph, path in _graph_paths(model.graph):
         kept = []
         for node in graph.node:
             tensor = _float_constant(node) if node.output and node.output[0] in chosen else None
@@ -75,8 +89,7 @@ def promote_constants(model: ModelProto) -> dict[str, NodeProto]:
                 continue
             tensor.name = node.output[0]
             promoted.append(tensor)
-            if graph is model.graph:
-                shells[node.output[0]] = _shell(node)
+            shells[node.output[0]] = Shell(_shell(node), path)
         if len(kept) != len(graph.node):
             del graph.node[:]
             graph.node.extend(kept)
@@ -84,23 +97,33 @@ def promote_constants(model: ModelProto) -> dict[str, NodeProto]:
     return shells
 
 
-def restore_constants(graph: GraphProto, shells: Mapping[str, NodeProto]) -> None:
-    """Put promoted ``Constant`` nodes back (``shells`` of :func:`promote_constants`, some
-    of them), their values taken from the initializers of those names, which go; each node
-    goes before the first node reading it."""
+def restore_constants(graph: GraphProto, shells: Mapping[str, Shell]) -> None:
+    """Put promoted ``Constant`` nodes back into the graphs they were in (``shells`` of
+    :func:`promote_constants`, some of them; the main graph where a subgraph's holder is
+    gone), their values taken from the main graph's initializers of those names, which go;
+    each node goes before the first node reading it."""
     if not shells:
         return
     nodes = {}
     for init in graph.initializer:
         if init.name in shells:
             node = nodes[init.name] = NodeProto()
-            node.CopyFrom(shells[init.name])
+            node.CopyFrom(shells[init.name].node)
             if not node.attribute:  # a ``value`` tensor: the initializer's
                 value = node.attribute.add(name="value", type=AttributeProto.TENSOR)
                 value.t.CopyFrom(init)
     kept = [init for init in graph.initializer if init.name not in nodes]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+    by_graph: dict[GraphPath, dict[str, NodeProto]] = {}
+    for name, node in nodes.items():
+        path = shells[name].path
+        by_graph.setdefault(path if _locate(graph, path) is not None else (), {})[name] = node
+    for path, restored in by_graph.items():
+        _insert_before_readers(_locate(graph, path), restored)
+
+
+def _insert_before_readers(graph: GraphProto, nodes: dict[str, NodeProto]) -> None:
     rebuilt = []
     for node in graph.node:
         used = node_inputs(node)
@@ -108,6 +131,35 @@ def restore_constants(graph: GraphProto, shells: Mapping[str, NodeProto]) -> Non
         rebuilt.append(node)
     del graph.node[:]
     graph.node.extend([*nodes.values(), *rebuilt])
+
+
+def _graph_paths(graph: GraphProto, path: GraphPath = ()):
+    """Each graph of the model with its :data:`GraphPath`, depth first."""
+    yield graph, path
+    for node in graph.node:
+        holder = next((o for o in node.output if o), "")
+        for attribute in node.attribute:
+            if attribute.type == AttributeProto.GRAPH:
+                yield from _graph_paths(attribute.g, (*path, (holder, attribute.name, -1)))
+            elif attribute.type == AttributeProto.GRAPHS:
+                for index, sub in enumerate(attribute.graphs):
+                    yield from _graph_paths(sub, (*path, (holder, attribute.name, index)))
+
+
+def _locate(graph: GraphProto, path: GraphPath) -> GraphProto | None:
+    """The subgraph at ``path`` below ``graph`` (``None`` when its holder is gone)."""
+    for holder, name, index in path:
+        node = next((n for n in graph.node if holder and holder in n.output), None)
+        attribute = next((a for a in node.attribute if a.name == name), None) if node else None
+        if attribute is None:
+            return None
+        if index < 0:
+            graph = attribute.g
+        elif index < len(attribute.graphs):
+            graph = attribute.graphs[index]
+        else:
+            return None
+    return graph
 
 
 def _shell(node: NodeProto) -> NodeProto:

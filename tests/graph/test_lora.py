@@ -191,3 +191,64 @@ def test_weights_stored_as_constant_nodes_get_adapters():
     assert [a["weight"] for a in lora_adapters(adapted)] == ["W"]
     x = rng.standard_normal((4, 3)).astype(np.float32)
     np.testing.assert_allclose(_predict(adapted, {"x": x}), _predict(model, {"x": x}), rtol=1e-6)
+
+
+def _operators(graph) -> list:
+    """The op types of ``graph``'s nodes, each subgraph's nested in place."""
+    found = []
+    for node in graph.node:
+        found.append(node.op_type)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                found.append((attribute.name, _operators(attribute.g)))
+    return found
+
+
+def test_constant_weights_inside_if_branches_come_back_as_constants():
+    """Weights stored as ``Constant`` nodes inside ``If`` branches are promoted to the main
+    graph while add_lora works; those without an adapter go back into their branch (before:
+    they stayed main-graph initializers, and the merged model lost the branches'
+    ``Constant`` nodes)."""
+    rng = np.random.default_rng(0)
+
+    def branch(name, scale):
+        kernel = numpy_helper.from_array(rng.standard_normal((3, 2)).astype(np.float32) * scale)
+        nodes = [
+            helper.make_node("Constant", [], [f"K_{name}"], value=kernel),
+            helper.make_node("MatMul", ["h", f"K_{name}"], [f"y_{name}"]),
+        ]
+        out = helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [None, 2])
+        return helper.make_graph(nodes, name, [], [out])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node(
+                "If", ["c"], ["y"], then_branch=branch("a", 1), else_branch=branch("b", 2)
+            ),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+        [numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    adapted = add_lora(model, rank=1)
+    assert [a["weight"] for a in lora_adapters(adapted)] == ["W"]
+    assert [i.name for i in adapted.graph.initializer if i.name.startswith("K_")] == []
+    values = {i.name: numpy_helper.to_array(i) for i in adapted.graph.initializer}
+    trained = {
+        n: rng.standard_normal(values[n].shape).astype(np.float32) for n in ("W_lora_A", "W_lora_B")
+    }
+    adapted = replace_initializers_into_onnx(adapted, trained)
+    merged = merge_lora(adapted)
+    assert _operators(merged.graph) == _operators(model.graph)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    for c in (True, False):
+        feeds = {"x": x, "c": np.array(c)}
+        np.testing.assert_allclose(
+            _predict(merged, feeds), _predict(adapted, feeds), rtol=1e-5, atol=1e-5
+        )
