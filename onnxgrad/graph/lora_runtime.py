@@ -154,9 +154,16 @@ def _built(model, adapted, integer_branch: bool, apply: str, conv_branches: bool
                 if found[0].kind == "MatMulNBits"
                 else requantized_weight_nodes
             )
+            rewired: dict[tuple, list[str]] = {}  # what each dequantization reads now
             for reader in dict.fromkeys(p.reader for p in found):
+                node = next(n for n in graph.node if n.name == reader)
+                key = _dequantization_key(node)
+                if key in rewired:  # the same codes dequantized alike: quantized once
+                    node.input[:] = rewired[key]
+                    continue
                 product = next(p for p in found if p.reader == reader)
                 updates.append(requantized(model, product, adapter, names, node_names))
+                rewired[key] = list(node.input)
             continue
         rank = _rank(values, adapter)
         for product in found:
@@ -276,6 +283,14 @@ def _requantizable(found: list, graph, opset: int) -> bool:
     if found[0].kind == "MatMulNBits":
         return opset >= 13 and (len(readers[0].input) < 5 or not readers[0].input[4])
     return found[0].kind == "MatMulInteger"
+
+
+def _dequantization_key(node) -> tuple:
+    """What a weight's reader computes from its inputs: ``DequantizeLinear`` nodes with the
+    same inputs and attributes read the same values (a tied weight, a table read twice)."""
+    if node.op_type != "DequantizeLinear":
+        return (node.name,)
+    return (*node.input, *(a.SerializeToString() for a in node.attribute))
 
 
 def _float_initializer(graph, name: str) -> TensorProto | None:

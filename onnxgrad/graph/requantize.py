@@ -33,7 +33,9 @@ reader has the one adapter, so the new codes hold ``W' = W + s A B`` for all of 
 such a reader quantizes ``W'`` again with its own ``s_2``, ``z_2``, as the file does; where
 ``W'`` leaves their range (which would clip what the training graph adds unclipped), they
 are widened by the rule above over ``W'`` and the range's two ends (unchanged where ``W'``
-lies inside). Another node reading the dequantized weight makes it refuse.
+lies inside). Codes that several ``DequantizeLinear`` nodes of one scale and zero point read
+(a tied weight, a table read twice) are quantized once, over ``W'``, for all of them. Another
+node reading the dequantized weight makes it refuse.
 
 Only initializers change: the result has the deployed model's nodes.
 """
@@ -267,21 +269,38 @@ def _requantize_dequantized(model: ModelProto, inits, products: list[Product], d
     """The base read by ``DequantizeLinear(q, scale[, zero])``, per tensor or per axis,
     through the layout operators between it and the ``MatMul``. Every product reading it
     (one adapter for all, of one layout: :func:`onnxgrad.graph.lora.add_lora`) reads the new
-    codes, a requantized reader through its own ``QuantizeLinear`` as the file does."""
-    product = products[0]
-    weight = product.weight
-    node = next(n for n in model.graph.node if n.name == product.reader)
+    codes, a requantized reader through its own ``QuantizeLinear`` as the file does; codes
+    two ``DequantizeLinear`` nodes read (a tied weight, a table read twice) are quantized
+    once, over the merged weight both read."""
+    weight = products[0].weight
+    layouts = {}
+    for name in dict.fromkeys(p.reader for p in products):
+        node = next(n for n in model.graph.node if n.name == name)
+        layouts[name] = (node, _dequantization_layout(model, inits, node, weight))
+    layout = next(iter(layouts.values()))[1]
+    if any(other != layout for _, other in layouts.values()):
+        raise ValueError(
+            f"weight {weight!r}: its DequantizeLinear nodes {sorted(layouts)} read its codes "
+            "with different scales, zero points or axes; it is not re-quantized (merge with "
+            "quantized='keep')"
+        )
+    scale_name, zero_name, _ = layout
+    _check_private(model, list(layouts), weight, [weight, scale_name, zero_name])
+    outputs = [out for node, _ in layouts.values() for out in node.output]
+    _check_only_products(model, outputs, products, weight)
+    _requantize_read(model, inits, products, layout, delta)
+
+
+def _dequantization_layout(model: ModelProto, inits, node, weight: str) -> tuple[str, str, int]:
+    """``(scale, zero point, axis)`` of a weight's ``DequantizeLinear`` ``node``."""
     if any(a.name == "block_size" and a.i for a in node.attribute):
         raise ValueError(f"weight {weight!r}: blocked DequantizeLinear is not re-quantized")
     scale_name = _initializer_behind(model, node.input[1])
     zero_name = _initializer_behind(model, node.input[2]) if len(node.input) > 2 else ""
     if scale_name is None or zero_name is None:
         raise ValueError(f"weight {weight!r}: its scale or zero point is not an initializer")
-    _check_private(model, [node.name], weight, [weight, scale_name, zero_name])
-    _check_only_products(model, list(node.output), products, weight)
     rank = len(inits[weight].dims)
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % rank
-    _requantize_read(model, inits, products, (scale_name, zero_name, axis), delta)
+    return scale_name, zero_name, next((a.i for a in node.attribute if a.name == "axis"), 1) % rank
 
 
 def _requantize_plain(model: ModelProto, inits, products: list[Product], delta) -> None:
