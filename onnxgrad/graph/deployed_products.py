@@ -7,7 +7,9 @@ graph training differentiates. Each :class:`Product` names, for one node reading
 the float input ``x`` and the node whose first output is the float product ``y``:
 
 - ``MatMul(x, W)``, ``Gemm(x, W)`` (``W`` float), ``MatMulNBits(x, codes)``,
-  ``DynamicQuantizeMatMul(x, codes)``: ``y`` is the node's output;
+  ``DynamicQuantizeMatMul(x, codes)``: ``y`` is the node's output; ``MatMul(x, Transpose(W))``
+  with only such products reading the ``Transpose``: ``W`` read ``transposed``, the
+  ``Transpose`` its reader;
 - ``MatMul(x, DequantizeLinear(q))`` or ``Gemm(x, DequantizeLinear(q), c)`` (``transB``
   a swap of the codes' layout) through ``Transpose``/``Identity``/``Cast`` to a float type
   (QDQ): ``x`` is its (dequantized) activation, ``y`` the ``MatMul``'s output or, where that
@@ -247,7 +249,33 @@ def _matmul(node: NodeProto, context) -> Product | None:
         if init.data_type in FLOAT_TYPES and len(init.dims) == 2:
             return _made(weight, "MatMul", node, node.input[0], tuple(init.dims), inits, weight)
         return None
+    transpose = _float_transpose(weight, context)
+    if transpose is not None:
+        stored = transpose.input[0]
+        shape = tuple(inits[stored].dims)[::-1]
+        x = node.input[0]
+        return _made(stored, "MatMul", node, x, shape, inits, stored, transpose, transposed=True)
     return _qdq_product(node, context)
+
+
+def _float_transpose(value: str, context) -> NodeProto | None:
+    """The ``Transpose`` of a 2-D float initializer writing ``value``, when only ``MatMul``
+    products (as their weight) read it: ``MatMul(x, Transpose(W))`` reads ``W^T``, ``W``
+    stored ``N x K`` (PyTorch's ``Linear`` exported without folding the transpose)."""
+    inits, producers, readers = context
+    node = producers.get(value)
+    if node is None or node.op_type != "Transpose" or normalize_domain(node.domain):
+        return None
+    init = inits.get(node.input[0])
+    if init is None or init.data_type not in FLOAT_TYPES or len(init.dims) != 2:
+        return None
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+    users = readers.get(value, [])
+    only_products = all(
+        u.op_type == "MatMul" and not normalize_domain(u.domain) and list(u.input[1:]) == [value]
+        for u in users
+    )
+    return node if perm == [1, 0] and users and only_products else None
 
 
 def _qdq_product(node: NodeProto, context, transposed: bool = False, alpha: float = 1.0):
