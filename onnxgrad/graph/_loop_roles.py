@@ -28,6 +28,9 @@ from onnx import GraphProto, NodeProto, helper
 from onnxgrad._onnx_utils import normalize_domain
 from onnxgrad.graph._scopes import node_inputs
 
+#: ops reading only the shape of their input: the data does not reach their output
+_SHAPES = frozenset({"Shape", "Size"})
+
 
 @dataclass(frozen=True)
 class LoopBinding:
@@ -95,8 +98,9 @@ def reached_states(binding: LoopBinding, reached: Callable[[str], bool]) -> set[
 
 
 def _reach(nodes: Iterable[NodeProto], start: set[str]) -> set[str]:
+    """The values ``start`` reaches through ``nodes`` (in order), not through a shape."""
     values = set(start)
     for node in nodes:
-        if node_inputs(node) & values:
+        if node.op_type not in _SHAPES and node_inputs(node) & values:
             values.update(o for o in node.output if o)
     return values
