@@ -7,7 +7,9 @@ in a layer's parameter slot (a Conv or Gemm kernel or bias, a normalisation scal
 a recurrent weight, a PRelu slope). A scalar read elsewhere (an epsilon, a scale, a fill
 value) is a structural constant and stays a node. Constants
 inside subgraphs (``If`` branches, loop bodies) become initializers of the main graph, which
-every subgraph reads by outer scope. The constants onnxgrad's own rewrites emit are marked
+every subgraph reads by outer scope, and so do a subgraph's own float initializers that hold
+a parameter by the same rule (a ``Scan`` body's kernels): their names are unique in the
+model, so the subgraph reads the same values. The constants onnxgrad's own rewrites emit are marked
 structural (:data:`~onnxgrad.graph._builder.STRUCTURAL_CONSTANT`) and stay nodes. Which
 initializers are trainable is decided later, by role (:func:`onnxgrad.get_train_initializer`).
 """
@@ -66,9 +68,10 @@ GraphPath = tuple[tuple[str, str, int], ...]
 
 
 class Shell(NamedTuple):
-    """A promoted ``Constant`` node without its tensor, and the graph it was in."""
+    """A promoted ``Constant`` node without its tensor (``None`` for a subgraph's
+    initializer), and the graph it was in."""
 
-    node: NodeProto
+    node: NodeProto | None
     path: GraphPath
 
 
@@ -93,28 +96,58 @@ def promote_constants(model: ModelProto) -> dict[str, Shell]:
         if len(kept) != len(graph.node):
             del graph.node[:]
             graph.node.extend(kept)
+        if graph is not model.graph:
+            lifted = _lifted_initializers(graph, chosen)
+            promoted += lifted
+            shells.update((init.name, Shell(None, path)) for init in lifted)
     model.graph.initializer.extend(promoted)
     return shells
 
 
+def _lifted_initializers(graph: GraphProto, chosen: set[str]) -> list[TensorProto]:
+    """The initializers of ``graph`` (a subgraph) named in ``chosen``, taken out of it."""
+    lifted = [init for init in graph.initializer if init.name in chosen]
+    if lifted:
+        kept = [init for init in graph.initializer if init.name not in chosen]
+        lifted = [_copied(init) for init in lifted]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    return lifted
+
+
+def _copied(tensor: TensorProto) -> TensorProto:
+    copy = TensorProto()
+    copy.CopyFrom(tensor)
+    return copy
+
+
 def restore_constants(graph: GraphProto, shells: Mapping[str, Shell]) -> None:
-    """Put promoted ``Constant`` nodes back into the graphs they were in (``shells`` of
-    :func:`promote_constants`, some of them; the main graph where a subgraph's holder is
-    gone), their values taken from the main graph's initializers of those names, which go;
-    each node goes before the first node reading it."""
+    """Put promoted ``Constant`` nodes and subgraph initializers back into the graphs they
+    were in (``shells`` of :func:`promote_constants`, some of them; a node goes to the main
+    graph where its subgraph's holder is gone), their values taken from the main graph's
+    initializers of those names, which go; each node goes before the first node reading it."""
     if not shells:
         return
-    nodes = {}
+    nodes, lifted = {}, {}
     for init in graph.initializer:
-        if init.name in shells:
+        shell = shells.get(init.name)
+        if shell is not None and shell.node is None:
+            home = _locate(graph, shell.path)
+            if home is not None:  # else it stays a main-graph initializer
+                lifted[init.name] = (home, _copied(init))
+        elif shell is not None:
             node = nodes[init.name] = NodeProto()
-            node.CopyFrom(shells[init.name].node)
+            node.CopyFrom(shell.node)
             if not node.attribute:  # a ``value`` tensor: the initializer's
                 value = node.attribute.add(name="value", type=AttributeProto.TENSOR)
                 value.t.CopyFrom(init)
-    kept = [init for init in graph.initializer if init.name not in nodes]
+    kept = [
+        init for init in graph.initializer if init.name not in nodes and init.name not in lifted
+    ]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+    for home, init in lifted.values():
+        home.initializer.append(init)
     by_graph: dict[GraphPath, dict[str, NodeProto]] = {}
     for name, node in nodes.items():
         path = shells[name].path
@@ -173,8 +206,11 @@ def _shell(node: NodeProto) -> NodeProto:
 
 
 def constant_weights(model: ModelProto) -> set[str]:
-    """The outputs of the ``Constant`` nodes :func:`promote_constant_weights` promotes."""
-    if not any(_float_constant_node(n) for g in _graphs(model.graph) for n in g.node):
+    """The outputs of the ``Constant`` nodes, and the subgraphs' initializers,
+    :func:`promote_constant_weights` promotes."""
+    if not any(_float_constant_node(n) for g in _graphs(model.graph) for n in g.node) and not any(
+        _float_initializers(g) for g in _subgraphs(model.graph)
+    ):
         return set()  # no candidate: the analyses below would find nothing
     counts = _name_counts(model.graph)
     slots = _parameter_reads(model.graph)
@@ -186,7 +222,23 @@ def constant_weights(model: ModelProto) -> set[str]:
             name = node.output[0] if len(node.output) == 1 else ""
             if counts[name] == 1 and name in live and _is_parameter(node, name, slots):
                 chosen.add(name)
+    for graph in _subgraphs(model.graph):
+        for init in _float_initializers(graph):
+            held = int(np.prod(init.dims)) > 1 or init.name in slots
+            if counts[init.name] == 1 and init.name in live and held:
+                chosen.add(init.name)
     return chosen
+
+
+def _subgraphs(graph: GraphProto):
+    """Every graph of the model but the main one."""
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from _graphs(sub)
+
+
+def _float_initializers(graph: GraphProto) -> list[TensorProto]:
+    return [init for init in graph.initializer if init.data_type in FLOAT_TYPES]
 
 
 def _graphs(graph: GraphProto):
@@ -258,9 +310,16 @@ def _name_counts(graph: GraphProto) -> Counter:
 
 def write_back_constants(model: ModelProto, values: Mapping[str, np.ndarray]) -> dict:
     """Write, in place, the ``values`` of weights that normalisation promoted back into the
-    ``Constant`` nodes of ``model`` (any graph) that hold them, in each node's own element
-    type; the values of other names are returned, for the initializers."""
+    ``Constant`` nodes of ``model`` (any graph) and the subgraphs' initializers that hold
+    them, in each one's own element type; the values of other names are returned, for the
+    main graph's initializers."""
     remaining = dict(values)
+    for graph in _subgraphs(model.graph):
+        for init in graph.initializer:
+            if init.name in remaining:
+                dtype = numpy_helper.to_array(init).dtype
+                array = np.asarray(remaining.pop(init.name), dtype=dtype)
+                init.CopyFrom(numpy_helper.from_array(array, name=init.name))
     for graph in _graphs(model.graph):
         for node in graph.node:
             name = node.output[0] if len(node.output) == 1 else ""

@@ -36,10 +36,11 @@ def _model(nodes, inits, inputs, outputs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
 
 
-def _rnn_scan(rng, weight_in_body: bool = False):
+def _rnn_scan(rng, weight_in_body: bool = False, kernels_in_body: bool = False):
     """An RNN cell as a ``Scan`` body: ``h' = tanh(x_t W + h R + b)``, masked by ``Where``
     (fill 0), RMS-normalised (epsilon) and halved; a head after the ``Scan``. With
-    ``weight_in_body`` the kernel ``W`` is a ``Constant`` node of the body."""
+    ``weight_in_body`` the kernel ``W`` is a ``Constant`` node of the body; with
+    ``kernels_in_body`` ``W``, ``R``, ``b`` and the epsilon are initializers of the body."""
     w = _f32(rng, D, H)
     body_nodes = [
         node("MatMul", ["x_t", "W"], ["xw"]),
@@ -57,22 +58,6 @@ def _rnn_scan(rng, weight_in_body: bool = False):
     ]
     if weight_in_body:
         body_nodes.insert(0, node("Constant", [], ["W"], value=numpy_helper.from_array(w)))
-    body = helper.make_graph(
-        body_nodes,
-        "cell",
-        [
-            helper.make_tensor_value_info("h_in", F, [B, H]),
-            helper.make_tensor_value_info("x_t", F, [B, D]),
-        ],
-        [
-            helper.make_tensor_value_info("h_out", F, [B, H]),
-            helper.make_tensor_value_info("y_t", F, [B, H]),
-        ],
-    )
-    nodes = [
-        node("Scan", ["h0", "x"], ["h_last", "ys"], body=body, num_scan_inputs=1),
-        node("MatMul", ["h_last", "head"], ["y"]),
-    ]
     inits = {
         "h0": np.zeros((B, H), np.float32),
         "R": _f32(rng, H, H),
@@ -86,6 +71,24 @@ def _rnn_scan(rng, weight_in_body: bool = False):
     }
     if not weight_in_body:
         inits["W"] = w
+    inner = {k: inits.pop(k) for k in ("W", "R", "b", "eps")} if kernels_in_body else {}
+    body = helper.make_graph(
+        body_nodes,
+        "cell",
+        [
+            helper.make_tensor_value_info("h_in", F, [B, H]),
+            helper.make_tensor_value_info("x_t", F, [B, D]),
+        ],
+        [
+            helper.make_tensor_value_info("h_out", F, [B, H]),
+            helper.make_tensor_value_info("y_t", F, [B, H]),
+        ],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inner.items()],
+    )
+    nodes = [
+        node("Scan", ["h0", "x"], ["h_last", "ys"], body=body, num_scan_inputs=1),
+        node("MatMul", ["h_last", "head"], ["y"]),
+    ]
     return _model(nodes, inits, [("x", F, [T, B, D])], [("y", [B, 2]), ("ys", [T, B, H])])
 
 
@@ -189,3 +192,42 @@ def test_the_gradient_of_body_weights_against_float64_differences(build):
     for name in names:
         np.testing.assert_allclose(got[f"{name}_grad"], want[name], rtol=1e-4, atol=1e-6)
         assert np.abs(want[name]).max() > 1e-2
+
+
+def test_a_scan_bodys_own_initializers_are_weights_by_their_role_and_go_back_there():
+    """Kernels stored as initializers of the body itself (before: never weights, the main
+    graph's alone were) are lifted to the main graph by normalisation and read by role (the
+    body's scalar epsilon is not lifted); their gradient equals float64 differences of the
+    same model with them in the main graph, and trained values go back into the body."""
+    from onnxgrad.normalize.trained import trained_model
+
+    model = _rnn_scan(np.random.default_rng(3), kernels_in_body=True)
+    flat = _rnn_scan(np.random.default_rng(3))
+    names = list(get_train_initializer(model))
+    assert set(names) == {"W", "R", "b", "head"}
+    rng = np.random.default_rng(4)
+    gradient = onnx_derivative(model, inputs=[], weights=names)
+    values = {i.name: numpy_helper.to_array(i) for i in flat.graph.initializer}
+    feeds = {"x": _f32(rng, T, B, D, scale=1.0)}
+    seeds = [
+        rng.standard_normal((B, 2)).astype(np.float32),
+        rng.standard_normal((T, B, H)).astype(np.float32),
+    ]
+    fed = {**feeds, "y_grad": seeds[0], "ys_grad": seeds[1], **{n: values[n] for n in names}}
+    session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
+    declared = [i.name for i in gradient.graph.input]
+    outputs = session.run(None, {k: fed[k] for k in declared})
+    got = dict(zip([o.name for o in gradient.graph.output], outputs, strict=True))
+    want = onnx_numerical_vjp(flat, {**feeds, **{n: values[n] for n in names}}, names, seeds=seeds)
+    for name in names:
+        np.testing.assert_allclose(got[f"{name}_grad"], want[name], rtol=1e-4, atol=1e-6)
+    new = {n: values[n] + np.float32(1) for n in names}
+    back = trained_model(model, new)
+    body = back.graph.node[0].attribute[0].g
+    assert sorted(i.name for i in body.initializer) == ["R", "W", "b", "eps"]
+    assert sorted(i.name for i in back.graph.initializer) == sorted(
+        i.name for i in model.graph.initializer
+    )
+    inner = {i.name: numpy_helper.to_array(i) for i in body.initializer}
+    for name in ("W", "R", "b"):
+        np.testing.assert_array_equal(inner[name], new[name])

@@ -205,26 +205,31 @@ def _operators(graph) -> list:
 
 
 def test_constant_weights_inside_if_branches_come_back_as_constants():
-    """Weights stored as ``Constant`` nodes inside ``If`` branches are promoted to the main
-    graph while add_lora works; those without an adapter go back into their branch (before:
-    they stayed main-graph initializers, and the merged model lost the branches'
-    ``Constant`` nodes)."""
+    """Weights stored as ``Constant`` nodes (or initializers) inside ``If`` branches are
+    promoted to the main graph while add_lora works; those without an adapter go back into
+    their branch (before: they stayed main-graph initializers, and the merged model lost the
+    branches' ``Constant`` nodes)."""
     rng = np.random.default_rng(0)
 
-    def branch(name, scale):
-        kernel = numpy_helper.from_array(rng.standard_normal((3, 2)).astype(np.float32) * scale)
-        nodes = [
-            helper.make_node("Constant", [], [f"K_{name}"], value=kernel),
-            helper.make_node("MatMul", ["h", f"K_{name}"], [f"y_{name}"]),
-        ]
+    def branch(name, scale, initializer=False):
+        kernel = rng.standard_normal((3, 2)).astype(np.float32) * scale
+        nodes = [helper.make_node("MatMul", ["h", f"K_{name}"], [f"y_{name}"])]
+        inits = [numpy_helper.from_array(kernel, f"K_{name}")] if initializer else []
+        if not initializer:
+            value = numpy_helper.from_array(kernel)
+            nodes.insert(0, helper.make_node("Constant", [], [f"K_{name}"], value=value))
         out = helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [None, 2])
-        return helper.make_graph(nodes, name, [], [out])
+        return helper.make_graph(nodes, name, [], [out], inits)
 
     graph = helper.make_graph(
         [
             helper.make_node("MatMul", ["x", "W"], ["h"]),
             helper.make_node(
-                "If", ["c"], ["y"], then_branch=branch("a", 1), else_branch=branch("b", 2)
+                "If",
+                ["c"],
+                ["y"],
+                then_branch=branch("a", 1),
+                else_branch=branch("b", 2, initializer=True),
             ),
         ],
         "g",
@@ -246,6 +251,8 @@ def test_constant_weights_inside_if_branches_come_back_as_constants():
     adapted = replace_initializers_into_onnx(adapted, trained)
     merged = merge_lora(adapted)
     assert _operators(merged.graph) == _operators(model.graph)
+    else_branch = next(a.g for a in merged.graph.node[1].attribute if a.name == "else_branch")
+    assert [i.name for i in else_branch.initializer] == ["K_b"]
     x = rng.standard_normal((5, 4)).astype(np.float32)
     for c in (True, False):
         feeds = {"x": x, "c": np.array(c)}
