@@ -13,9 +13,9 @@ A body is walked as a part of the graph, once, its inputs bound to the values th
 The initial value of a state the data reaches is where the recurrence starts (PyTorch's
 ``h0 = 0``), not a weight: name it to train it. The node's outputs take the roles of the
 body outputs they are: the final states those of the states' last values, the stacked scan
-outputs those of their slices. Initializers of the body itself are not weights (only the
-main graph's initializers are trained; normalisation promotes a body's ``Constant`` weights
-to the main graph, where the walk reads their role).
+outputs those of their slices. A body's own weights (``Constant`` nodes, initializers) are
+main-graph initializers by then: normalisation lifts them
+(:mod:`onnxgrad.normalize.constants`), and the walk reads their role where the body uses them.
 """
 
 from __future__ import annotations
