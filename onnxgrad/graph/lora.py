@@ -386,13 +386,26 @@ def _check_adapter(adapter: object, initializers: dict) -> None:
 
 
 def _adaptable_weights(model: ModelProto, initializers) -> set[str]:
+    """The float initializers of rank >= 2 that an adapted op reads as its weight, directly
+    or (a ``MatMul``'s) through a 2-D ``Transpose``: ``x W^T``, PyTorch's ``Linear``
+    exported without folding the transpose."""
+    transposed = {
+        node.output[0]: node.input[0]
+        for node in model.graph.node
+        if node.op_type == "Transpose" and not normalize_domain(node.domain) and node.input
+    }
     found = set()
     for node in model.graph.node:
         domain = normalize_domain(node.domain)
         indices = ADAPTED_OPS.get(node.op_type, ()) if not domain else ()
         for index in indices or FUSED_ADAPTED_OPS.get((domain, node.op_type), ()):
-            if index < len(node.input) and node.input[index] in initializers:
-                init = initializers[node.input[index]]
+            name = node.input[index] if index < len(node.input) else ""
+            if node.op_type == "MatMul" and not domain and name in transposed:
+                name = transposed[name]
+                if name in initializers and len(initializers[name].dims) != 2:
+                    continue
+            if name in initializers:
+                init = initializers[name]
                 if init.data_type in FLOAT_TYPES and len(init.dims) >= 2:
                     found.add(init.name)
     return found

@@ -81,3 +81,39 @@ def test_a_weight_read_through_transpose_gets_a_branch_beside_its_product(shared
     got = _run(served, x)
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_read_only_through_transpose_gets_an_adapter_by_default():
+    """``y = relu(x W^T) V`` (``W`` ``N x K``: PyTorch's ``Linear`` exported unfolded, as
+    wav2vec2's export reads 14 of its 15 linear layers): add_lora adapts ``W`` too (before:
+    ``V`` only); the merged model has the file's operators and computes what the adapted one
+    does, and the runtime adapter model adds a branch beside the product."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        helper.make_node("Transpose", ["W"], ["W_t"], perm=[1, 0], name="transpose"),
+        helper.make_node("MatMul", ["x", "W_t"], ["h"], name="first"),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "V"], ["y"], name="second"),
+    ]
+    inits = {
+        "W": rng.standard_normal((N, K)).astype(np.float32),
+        "V": rng.standard_normal((N, N)).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        nodes,
+        "unfolded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    trained = _trained(model, rng)
+    assert sorted(a["weight"] for a in lora_adapters(trained)) == ["V", "W"]
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    merged = merge_lora(trained)
+    assert [n.op_type for n in merged.graph.node] == [n.op_type for n in model.graph.node]
+    np.testing.assert_allclose(_run(merged, x)["y"], _run(trained, x)["y"], rtol=1e-5, atol=1e-5)
+    assert np.abs(_run(merged, x)["y"] - _run(model, x)["y"]).max() > 0.1
+    served = runtime_adapter_model(model, trained)
+    assert next(n for n in served.graph.node if n.name == "transpose").input[0] == "W"
+    np.testing.assert_allclose(_run(served, x)["y"], _run(merged, x)["y"], rtol=1e-5, atol=1e-5)
