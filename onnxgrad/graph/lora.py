@@ -85,10 +85,11 @@ def add_lora(
     (see the module docstring; ``alpha`` defaults to ``rank``, so ``s = 1``).
 
     By default the adapted weights are the learned layers: every float initializer of rank
-    >= 2 that a MatMul, Gemm or Conv reads and that :func:`~onnxgrad.get_train_initializer`
-    counts as a weight (:mod:`onnxgrad.graph.weight_roles`: not a DFT basis, a filterbank, a
-    smoothing window, a fitted statistic...), and the integer codes of every quantized
-    product. A weight named in ``weights`` is adapted whatever its role.
+    >= 2 that a MatMul (directly or through a Transpose), Gemm or Conv reads and that
+    :func:`~onnxgrad.get_train_initializer` counts as a weight
+    (:mod:`onnxgrad.graph.weight_roles`: not a DFT basis, a filterbank, a smoothing window,
+    a fitted statistic...), and the integer codes of every quantized product. A weight named
+    in ``weights`` is adapted whatever its role.
 
     The adapter initializers are named ``<W>_lora_A`` and ``<W>_lora_B``; train those only.
     Weights a file stores as ``Constant`` nodes (paddle2onnx's) are initializers first, same
