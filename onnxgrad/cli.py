@@ -252,13 +252,12 @@ def _fail(prog: str, message: str) -> None:
 def cmd_info(args: argparse.Namespace) -> None:
     original = read_model(args.model)
     from onnxgrad.graph.ml_lowering import lowerable_nodes
-    from onnxgrad.normalize.constants import constant_weights
     from onnxgrad.normalize.report import deployed_operator_lines, deployed_operators
     from onnxgrad.normalize.ste import quantized_activations
 
     lowered = lowerable_nodes(original)
     deployed = deployed_operators(original)
-    opset, promoted = _imported_opset(original), len(constant_weights(original))
+    opset, promoted = _imported_opset(original), _promoted_weights(original)
     header = f"  ir_version {original.ir_version}, opsets {_opsets_text(original)}" + (
         f", producer {original.producer_name}" if original.producer_name else ""
     )
@@ -323,9 +322,23 @@ def _imported_opset(model: ModelProto) -> int | None:
     return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)
 
 
-def _normalisation_lines(opset: int | None, promoted: int, model: ModelProto) -> list[str]:
+def _promoted_weights(model: ModelProto) -> tuple[int, int]:
+    """How many weights normalisation makes main-graph initializers: ``Constant`` nodes, and
+    initializers of subgraphs."""
+    from onnxgrad.graph._scopes import iter_graphs
+    from onnxgrad.normalize.constants import constant_weights
+
+    names = constant_weights(model)
+    inner = {i.name for g in list(iter_graphs(model.graph))[1:] for i in g.initializer}
+    return len(names - inner), len(names & inner)
+
+
+def _normalisation_lines(
+    opset: int | None, promoted: tuple[int, int], model: ModelProto
+) -> list[str]:
     """What :func:`onnxgrad.normalize.normalized_model` changed, in words: the default-domain
-    ``opset`` the model had (``None``: none), the number of Constant weights it ``promoted``."""
+    ``opset`` the model had (``None``: none), the numbers of Constant weights and subgraph
+    initializers it ``promoted``."""
     from onnxgrad._onnx_utils import default_opset
 
     changes = []
@@ -333,8 +346,11 @@ def _normalisation_lines(opset: int | None, promoted: int, model: ModelProto) ->
         changes.append(f"default-domain opset {default_opset(model)} imported")
     elif default_opset(model) != opset:
         changes.append(f"default-domain opset {opset} raised to {default_opset(model)}")
-    if promoted:
-        changes.append(f"{promoted} weights stored as Constant nodes made initializers")
+    constants, lifted = promoted
+    if constants:
+        changes.append(f"{constants} weights stored as Constant nodes made initializers")
+    if lifted:
+        changes.append(f"{lifted} weights stored in subgraphs made main-graph initializers")
     if not changes:
         return []
     return ["normalised for training (onnxgrad.normalize):", *(f"  {c}" for c in changes)]
