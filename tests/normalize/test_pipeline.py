@@ -363,3 +363,28 @@ def test_a_raised_opset_declares_no_size_from_a_negative_dimension():
     session = ort.InferenceSession(raised.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = onnx_function(model)({"x": x})
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected[0], rtol=1e-5)
+
+
+def test_weights_trained_in_an_old_opset_file_keep_its_operators(tmp_path):
+    """A file below the rules' opset is trained raised to it; its trained weights go back into
+    the file as it was (opset 11: the converter wrote its ``Softmax`` as ``Flatten``,
+    ``Softmax``, ``Reshape``), its outputs the normalised model's with those weights."""
+    from onnxgrad.normalize.trained import trained_model
+
+    model = models.paddle_like()
+    model.graph.node[-1].attribute[0].i = -1  # the last axis: the converter rewrites it
+    weights = {
+        name: (value * 1.5).astype(np.float32)
+        for name, (value, _) in get_train_initializer(model).items()
+    }
+    trained = trained_model(model, weights)
+    assert trained.opset_import[0].version == 11
+    assert [n.op_type for n in trained.graph.node] == [n.op_type for n in model.graph.node]
+    x = RNG.normal(size=(2, 3, 5, 5)).astype(np.float32)
+    normal = normalized_model(model)
+    normal_weights = {
+        i.name: weights.get(i.name, numpy_helper.to_array(i)) for i in normal.graph.initializer
+    }
+    expected = onnx_function(normal)({"x": x, **normal_weights})[0]
+    got = ort.InferenceSession(trained.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got.run(None, {"x": x})[0], expected, rtol=1e-5, atol=1e-6)

