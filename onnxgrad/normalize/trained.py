@@ -8,7 +8,7 @@ import numpy as np
 from onnx import ModelProto, helper
 
 from onnxgrad._onnx_utils import ModelLike, load_model
-from onnxgrad.graph.initializers import replace_initializers_into_onnx
+from onnxgrad.graph.initializers import replace_initializers_into_onnx, to_numpy
 from onnxgrad.graph.ml_lowering import lower_ml_operators, lowerable_nodes, needs_lowering
 from onnxgrad.graph.select import select_model_inputs_outputs
 from onnxgrad.normalize.constants import write_back_constants
@@ -45,7 +45,7 @@ def _holds(original: ModelProto, weights: Mapping[str, np.ndarray]) -> bool:
     held = {init.name: init for init in original.graph.initializer}
     for name, value in weights.items():
         init = held.get(name)
-        value = np.asarray(value)
+        value = to_numpy(value, name)
         if init is None or tuple(init.dims) != value.shape:
             return False
         if helper.tensor_dtype_to_np_dtype(init.data_type) != value.dtype:
