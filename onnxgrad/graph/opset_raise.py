@@ -7,7 +7,11 @@ what the converter loses on the way:
   coordinates and rounding are set back (:func:`_keep_upsample_coordinates`);
 * an opset-8 ``Scan`` has a batch axis that the converter drops from the graph's declared
   inputs and outputs: a batch of 1 is squeezed off the Scan instead (:func:`_unbatch_scans`),
-  other batches are refused by name.
+  other batches are refused by name;
+* the converter infers every value's shape and declares it: from a declared ``-1``
+  (PaddlePaddle's dynamic dimension) it derives sizes 0 and below, which onnxruntime's
+  layout optimisations then reject (``Invalid Target shape product of 0``): negative
+  declared dimensions are made unknown first (:func:`dynamic_dims`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from onnx import ModelProto, NodeProto, helper
 
 from onnxgrad._onnx_utils import default_opset, normalize_domain
 from onnxgrad.graph._scopes import iter_graphs
+from onnxgrad.graph.declared_dims import dynamic_dims
 
 
 def raised_opset(model: ModelProto, opset: int) -> ModelProto:
@@ -27,6 +32,7 @@ def raised_opset(model: ModelProto, opset: int) -> ModelProto:
     batched = _batched_scans(model)
     copy = ModelProto()
     copy.CopyFrom(model)
+    dynamic_dims(copy)
     try:
         converted = onnx.version_converter.convert_version(deduplicated_opsets(copy), opset)
         onnx.checker.check_model(converted)

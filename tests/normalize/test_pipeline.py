@@ -336,3 +336,55 @@ def test_an_ir3_model_whose_initializer_is_not_an_input_is_raised():
     session = ort.InferenceSession(gradient.SerializeToString(), providers=["CPUExecutionProvider"])
     (w_grad,) = session.run(["W_grad"], {"X": x, "W": weight, "Y_grad": g})
     np.testing.assert_allclose(w_grad, g * x, rtol=1e-6)
+
+
+def test_a_raised_opset_declares_no_size_from_a_negative_dimension():
+    """onnx's version converter declares every value's inferred shape; from PaddlePaddle's
+    ``-1`` it derived sizes of -1 and 0 (a strided Conv: ``(-1 + 2 - 3) // 2 + 1``), which
+    onnxruntime's layout optimisations reject in a merged model ("Invalid Target shape
+    product of 0"): the negative dimensions are made unknown before converting."""
+    from onnxgrad.graph.opset_raise import raised_opset
+
+    model = models.paddle_like()
+    model.graph.node[6].attribute.append(onnx.helper.make_attribute("strides", [2, 2]))
+    for dim in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        dim.dim_value = -1
+    raised = raised_opset(model, 13)
+    values = [*raised.graph.input, *raised.graph.value_info, *raised.graph.output]
+    declared = {
+        v.name: [
+            d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim
+        ]
+        for v in values
+    }
+    assert declared["c"] == [None, 4, None, None] and declared["p"] == [None, 4, 1, 1], declared
+    assert all(d is None or d > 0 for dims in declared.values() for d in dims), declared
+    x = RNG.normal(size=(2, 3, 7, 7)).astype(np.float32)
+    session = ort.InferenceSession(raised.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = onnx_function(model)({"x": x})
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], expected[0], rtol=1e-5)
+
+
+def test_weights_trained_in_an_old_opset_file_keep_its_operators(tmp_path):
+    """A file below the rules' opset is trained raised to it; its trained weights go back into
+    the file as it was (opset 11: the converter wrote its ``Softmax`` as ``Flatten``,
+    ``Softmax``, ``Reshape``), its outputs the normalised model's with those weights."""
+    from onnxgrad.normalize.trained import trained_model
+
+    model = models.paddle_like()
+    model.graph.node[-1].attribute[0].i = -1  # the last axis: the converter rewrites it
+    weights = {
+        name: (value * 1.5).astype(np.float32)
+        for name, (value, _) in get_train_initializer(model).items()
+    }
+    trained = trained_model(model, weights)
+    assert trained.opset_import[0].version == 11
+    assert [n.op_type for n in trained.graph.node] == [n.op_type for n in model.graph.node]
+    x = RNG.normal(size=(2, 3, 5, 5)).astype(np.float32)
+    normal = normalized_model(model)
+    normal_weights = {
+        i.name: weights.get(i.name, numpy_helper.to_array(i)) for i in normal.graph.initializer
+    }
+    expected = onnx_function(normal)({"x": x, **normal_weights})[0]
+    got = ort.InferenceSession(trained.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got.run(None, {"x": x})[0], expected, rtol=1e-5, atol=1e-6)

