@@ -34,6 +34,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import NameScope, subgraphs
 from onnxgrad.derivative.autodiff.builder import add_attribute
+from onnxgrad.derivative.autodiff.rules._shape_helpers import reshape_to
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
 
@@ -310,10 +311,10 @@ def _axis_attribute(sa: SeedAxis, node: NodeProto) -> bool | None:
         flat = sa.op("Unsqueeze", flat, sa.ints([1]))
         sa.op("Identity", flat, out=node.output[0])
         return True
-    tail = sa.op("Slice", sa.op("Shape", flat), sa.ints([1]), sa.ints([2]))
-    sa.op(
-        "Reshape", flat, sa.op("Concat", sa.ints([sa.seeds, -1]), tail, axis=0), out=node.output[0]
-    )
+    # [k m, t] -> [k, m, t] with m computed, not -1: Reshape cannot infer it where t = 0
+    split = sa.op("Div", sa.op("Shape", flat), sa.ints([sa.seeds, 1]))
+    shape = sa.op("Concat", sa.ints([sa.seeds]), split, axis=0)
+    reshape_to(sa, flat, shape, out=node.output[0])
     return True
 
 
@@ -646,8 +647,26 @@ def _rowwise(sa: SeedAxis, node: NodeProto) -> bool | None:
     sa.nodes.append(
         helper.make_node(node.op_type, [folded, *node.input[1:]], [out], name=node.name, **attrs)
     )
-    sa.op("Reshape", out, _folded_shape(sa, y, [sa.seeds, -1], out, 1), out=y)
+    _unfold(sa, out, y)
     return True
+
+
+def _unfold(sa: SeedAxis, folded: str, y: str) -> None:
+    """``y``, ``[k, N, ...]``, from ``folded``, ``[k N, ...]``: a constant shape with ``-1``
+    for ``N`` where ``y``'s other sizes are static and none is 0, else ``N = (k N) / k``
+    read at run time (Reshape cannot infer a ``-1`` beside a 0, nor an empty batch)."""
+    dims = sa.shapes.get(y)
+    if dims and None not in dims and 0 not in dims:
+        sa.op("Reshape", folded, sa.ints([sa.seeds, -1, *dims[1:]]), out=y)
+        return
+    shape = sa.op("Shape", folded)
+    if dims:  # [k N, ...] / [k, 1, ..., 1]
+        split = sa.op("Div", shape, sa.ints([sa.seeds] + [1] * (len(dims) - 1)))
+    else:
+        rows = sa.op("Div", sa.op("Slice", shape, sa.ints([0]), sa.ints([1])), sa.ints([sa.seeds]))
+        rest = sa.op("Slice", shape, sa.ints([1]), sa.ints([_LAST]))
+        split = sa.op("Concat", rows, rest, axis=0)
+    reshape_to(sa, folded, sa.op("Concat", sa.ints([sa.seeds]), split, axis=0), out=y)
 
 
 def _folded_shape(sa: SeedAxis, per_seed: str, head: list[int], value: str, start: int) -> str:
