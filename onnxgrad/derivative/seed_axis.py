@@ -541,6 +541,10 @@ def _matmul(sa: SeedAxis, node: NodeProto) -> bool | None:
     if ra == 1:
         sa.same(node, [b, a])
         return True
+    if ra == 2 and sa.types.get(node.output[0]) in (TensorProto.FLOAT, TensorProto.FLOAT16):
+        # [z, n] by A' [n, m]: onnxruntime's Einsum crashes on an empty batch
+        sa.op("MatMul", b, sa.op("Transpose", a, perm=[1, 0]), out=node.output[0])
+        return True
     if ra == 2:
         sa.op("Einsum", a, b, out=node.output[0], equation="mn,zn->zm")
         return True
@@ -574,25 +578,27 @@ def _gemm(sa: SeedAxis, node: NodeProto) -> bool | None:
 
 
 def _gemm_product(sa: SeedAxis, a: str, b: str, attrs: dict, elem: int) -> str:
-    """``A' B'`` of a ``Gemm`` whose first operand alone carries the seed axis and whose
-    second is transposed, in float32 or float16: a ``MatMul`` by ``Transpose(B)``, which
+    """``A' B'`` of a ``Gemm`` whose operands may carry the seed axis, in float32 or float16:
+    a (broadcast) ``MatMul`` of the operands, each transposed where the Gemm says so, which
     onnxruntime folds away for a constant ``B`` (its ``Einsum`` costs more: 1.3x the
-    batched tangent of a two-layer MLP); else an ``Einsum`` whose subscripts say the
-    transpositions."""
-    if (
-        elem in (TensorProto.FLOAT, TensorProto.FLOAT16)
-        and sa.is_batched(a)
-        and not sa.is_batched(b)
-        and not attrs.get("transA", 0)
-    ):
-        if attrs.get("transB", 0):
-            b = sa.op("Transpose", b, perm=[1, 0])
-        return sa.op("MatMul", a, b)
+    batched tangent of a two-layer MLP, and crashes on an empty batch); else an ``Einsum``
+    whose subscripts say the transpositions (a ``Transpose`` before a ``MatMul`` becomes
+    onnxruntime's ``FusedMatMul``, which has no float64 kernel)."""
+    if elem in (TensorProto.FLOAT, TensorProto.FLOAT16):
+        left = _transposed(sa, a, attrs.get("transA", 0))
+        return sa.op("MatMul", left, _transposed(sa, b, attrs.get("transB", 0)))
     left = ("nm" if attrs.get("transA", 0) else "mn", a)
     right = ("pn" if attrs.get("transB", 0) else "np", b)
     terms = [("z" + t if sa.is_batched(n) else t) for t, n in (left, right)]
     result = "zmp" if sa.is_batched(a) or sa.is_batched(b) else "mp"
     return sa.op("Einsum", a, b, equation=f"{terms[0]},{terms[1]}->{result}")
+
+
+def _transposed(sa: SeedAxis, t: str, flag: int) -> str:
+    """``t``'s last two axes swapped where ``flag``."""
+    if not flag:
+        return t
+    return sa.op("Transpose", t, perm=[0, 2, 1] if sa.is_batched(t) else [1, 0])
 
 
 def _scalar(sa: SeedAxis, value: float, elem: int) -> str:
