@@ -109,6 +109,12 @@ CASES = [
         inner=False,
     ),
     Case(
+        "conv_grouped_wide",
+        {"x": ["N", 4, 12, 12], "w": [2, 2, 3, 3]},
+        _node("Conv", ["x", "w"], group=2),
+        inner=False,
+    ),
+    Case(
         "conv_transpose",
         {"x": ["N", 2, 3, 3], "w": [2, 2, 2, 2]},
         _node("ConvTranspose", ["x", "w"], strides=[2, 2]),
