@@ -206,10 +206,11 @@ def _open_on_1_19() -> dict:
     (1.32 runs all of these right), marked and not run there."""
     gemm = "onnxruntime 1.19's Gemm refuses an empty contraction (K = 0)"
     both = ("hvp", "hvp_transposed")
+    contracted = ["conv", "conv_strided_columns", "conv_transpose"]
     specs = [
-        (gemm, "reverse", ["conv", "conv_transpose", "gemm", "matmul"], "batch0", [None]),
-        (gemm, "hvp", ["conv", "conv_transpose", "gemm", "matmul"], "batch0", both),
-        (gemm, "seeds", ["conv", "conv_transpose", "gemm"], "batch0", ["hvp"]),
+        (gemm, "reverse", [*contracted, "gemm", "matmul"], "batch0", [None]),
+        (gemm, "hvp", [*contracted, "gemm", "matmul"], "batch0", both),
+        (gemm, "seeds", [*contracted, "gemm"], "batch0", ["hvp"]),
         (gemm + ", the model's own Gemm", "reverse", ["gemm"], "inner0", [None]),
         (gemm + ", the model's own Gemm", "jvp", ["gemm"], "inner0", ["jvp", "jvp_transposed"]),
         (gemm + ", the model's own Gemm", "hvp", ["gemm"], "inner0", both),
@@ -232,11 +233,10 @@ def _open_on_1_19() -> dict:
     for opset in (11, 13):
         found["hvp", "conv_grouped", opset, "batch0", "hvp_transposed"] = nan
         found["seeds", "conv_grouped", opset, "batch0", "hvp"] = nan
-    for opset in OPSETS:  # seen once in 3 runs at opset 14, not reproduced in isolation
-        for mode in ("jvp", "hvp"):
-            found["seeds", "matmul", opset, "inner0", mode] = (
-                "a NaN now and then from onnxruntime 1.19 (uninitialised memory)"
-            )
+    flaky = "a NaN now and then from onnxruntime 1.19 (an empty contraction; not the model)"
+    for opset in OPSETS:  # seen in 2 of 4 runs, at opset 14
+        for test, mode in [("jvp", "jvp"), ("hvp", "hvp"), ("seeds", "jvp"), ("seeds", "hvp")]:
+            found[test, "matmul", opset, "inner0", mode] = flaky
     return found
 
 
