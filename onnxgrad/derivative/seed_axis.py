@@ -34,6 +34,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from onnxgrad._onnx_utils import NameScope, subgraphs
 from onnxgrad.derivative.autodiff.builder import add_attribute
+from onnxgrad.derivative.autodiff.rules._shape_helpers import reshape_to
 from onnxgrad.graph._scopes import node_inputs
 from onnxgrad.graph.names import rename_values
 
@@ -310,10 +311,10 @@ def _axis_attribute(sa: SeedAxis, node: NodeProto) -> bool | None:
         flat = sa.op("Unsqueeze", flat, sa.ints([1]))
         sa.op("Identity", flat, out=node.output[0])
         return True
-    tail = sa.op("Slice", sa.op("Shape", flat), sa.ints([1]), sa.ints([2]))
-    sa.op(
-        "Reshape", flat, sa.op("Concat", sa.ints([sa.seeds, -1]), tail, axis=0), out=node.output[0]
-    )
+    # [k m, t] -> [k, m, t] with m computed, not -1: Reshape cannot infer it where t = 0
+    split = sa.op("Div", sa.op("Shape", flat), sa.ints([sa.seeds, 1]))
+    shape = sa.op("Concat", sa.ints([sa.seeds]), split, axis=0)
+    reshape_to(sa, flat, shape, out=node.output[0])
     return True
 
 
@@ -540,6 +541,10 @@ def _matmul(sa: SeedAxis, node: NodeProto) -> bool | None:
     if ra == 1:
         sa.same(node, [b, a])
         return True
+    if ra == 2 and sa.types.get(node.output[0]) in (TensorProto.FLOAT, TensorProto.FLOAT16):
+        # [z, n] by A' [n, m]: onnxruntime's Einsum crashes on an empty batch
+        sa.op("MatMul", b, sa.op("Transpose", a, perm=[1, 0]), out=node.output[0])
+        return True
     if ra == 2:
         sa.op("Einsum", a, b, out=node.output[0], equation="mn,zn->zm")
         return True
@@ -573,25 +578,27 @@ def _gemm(sa: SeedAxis, node: NodeProto) -> bool | None:
 
 
 def _gemm_product(sa: SeedAxis, a: str, b: str, attrs: dict, elem: int) -> str:
-    """``A' B'`` of a ``Gemm`` whose first operand alone carries the seed axis and whose
-    second is transposed, in float32 or float16: a ``MatMul`` by ``Transpose(B)``, which
+    """``A' B'`` of a ``Gemm`` whose operands may carry the seed axis, in float32 or float16:
+    a (broadcast) ``MatMul`` of the operands, each transposed where the Gemm says so, which
     onnxruntime folds away for a constant ``B`` (its ``Einsum`` costs more: 1.3x the
-    batched tangent of a two-layer MLP); else an ``Einsum`` whose subscripts say the
-    transpositions."""
-    if (
-        elem in (TensorProto.FLOAT, TensorProto.FLOAT16)
-        and sa.is_batched(a)
-        and not sa.is_batched(b)
-        and not attrs.get("transA", 0)
-    ):
-        if attrs.get("transB", 0):
-            b = sa.op("Transpose", b, perm=[1, 0])
-        return sa.op("MatMul", a, b)
+    batched tangent of a two-layer MLP, and crashes on an empty batch); else an ``Einsum``
+    whose subscripts say the transpositions (a ``Transpose`` before a ``MatMul`` becomes
+    onnxruntime's ``FusedMatMul``, which has no float64 kernel)."""
+    if elem in (TensorProto.FLOAT, TensorProto.FLOAT16):
+        left = _transposed(sa, a, attrs.get("transA", 0))
+        return sa.op("MatMul", left, _transposed(sa, b, attrs.get("transB", 0)))
     left = ("nm" if attrs.get("transA", 0) else "mn", a)
     right = ("pn" if attrs.get("transB", 0) else "np", b)
     terms = [("z" + t if sa.is_batched(n) else t) for t, n in (left, right)]
     result = "zmp" if sa.is_batched(a) or sa.is_batched(b) else "mp"
     return sa.op("Einsum", a, b, equation=f"{terms[0]},{terms[1]}->{result}")
+
+
+def _transposed(sa: SeedAxis, t: str, flag: int) -> str:
+    """``t``'s last two axes swapped where ``flag``."""
+    if not flag:
+        return t
+    return sa.op("Transpose", t, perm=[0, 2, 1] if sa.is_batched(t) else [1, 0])
 
 
 def _scalar(sa: SeedAxis, value: float, elem: int) -> str:
@@ -646,8 +653,26 @@ def _rowwise(sa: SeedAxis, node: NodeProto) -> bool | None:
     sa.nodes.append(
         helper.make_node(node.op_type, [folded, *node.input[1:]], [out], name=node.name, **attrs)
     )
-    sa.op("Reshape", out, _folded_shape(sa, y, [sa.seeds, -1], out, 1), out=y)
+    _unfold(sa, out, y)
     return True
+
+
+def _unfold(sa: SeedAxis, folded: str, y: str) -> None:
+    """``y``, ``[k, N, ...]``, from ``folded``, ``[k N, ...]``: a constant shape with ``-1``
+    for ``N`` where ``y``'s other sizes are static and none is 0, else ``N = (k N) / k``
+    read at run time (Reshape cannot infer a ``-1`` beside a 0, nor an empty batch)."""
+    dims = sa.shapes.get(y)
+    if dims and None not in dims and 0 not in dims:
+        sa.op("Reshape", folded, sa.ints([sa.seeds, -1, *dims[1:]]), out=y)
+        return
+    shape = sa.op("Shape", folded)
+    if dims:  # [k N, ...] / [k, 1, ..., 1]
+        split = sa.op("Div", shape, sa.ints([sa.seeds] + [1] * (len(dims) - 1)))
+    else:
+        rows = sa.op("Div", sa.op("Slice", shape, sa.ints([0]), sa.ints([1])), sa.ints([sa.seeds]))
+        rest = sa.op("Slice", shape, sa.ints([1]), sa.ints([_LAST]))
+        split = sa.op("Concat", rows, rest, axis=0)
+    reshape_to(sa, folded, sa.op("Concat", sa.ints([sa.seeds]), split, axis=0), out=y)
 
 
 def _folded_shape(sa: SeedAxis, per_seed: str, head: list[int], value: str, start: int) -> str:

@@ -380,7 +380,12 @@ def unbroadcast(b: GradBuilder, grad: str, target: str, grad_shape: tuple | None
     Leading axes that ``target`` lacks are summed away; then every axis where ``target`` has
     size 1 is summed with ``keepdims=1`` (a no-op where the gradient has size 1 too). When
     every axis can be decided from the shapes (known sizes, equal symbolic names) the axes
-    are constants; otherwise they are computed with ``Shape``/``Equal``/``NonZero``.
+    are constants; otherwise they are computed with ``Shape``/``Equal``/``NonZero``, and the
+    sum is expanded to ``Shape(target)``: a no-op on the values (the sum has that shape), but
+    onnxruntime 1.19 sums an empty tensor over an empty list of axes into ones, ``(0, 3) ->
+    (1, 1)``, whose zeros the Expand spreads back to ``(0, 3)`` (the target is empty there:
+    no axis summed means the target's sizes are the gradient's). It copies the gradient
+    where no axis is summed (+90 us on 8x128x256 floats, 1 thread).
     """
     target_shape = b.shape(target)
     axes = _static_reduction_axes(grad_shape, target_shape)
@@ -432,4 +437,5 @@ def _dynamic_unbroadcast(b, grad, target, grad_shape, target_shape) -> str:
     target_dims = b.shape_of(target)
     ones = b.op("Equal", target_dims, b.ints(1))
     axes = b.op("Reshape", b.op("NonZero", ones), b.ints([-1]))
-    return b.op("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
+    summed = b.op("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
+    return b.op("Expand", summed, target_dims)

@@ -58,12 +58,12 @@ def _range(b, count: str) -> str:
 
 def _shifted(b, t: str, fill: str, later: bool) -> str:
     """1-D ``t`` moved one step, ``fill`` entering: later (``t[n - 1]`` at ``n``) or earlier
-    (``t[n + 1]`` at ``n``)."""
+    (``t[n + 1]`` at ``n``). Padded, then cut: an empty ``t`` stays empty."""
     if later:
-        cut = b.op("Slice", t, b.ints([0]), b.ints([-1]), b.ints([0]))
-        return b.op("Pad", cut, b.ints([1, 0]), fill)
-    cut = b.op("Slice", t, b.ints([1]), b.ints([_END]), b.ints([0]))
-    return b.op("Pad", cut, b.ints([0, 1]), fill)
+        padded = b.op("Pad", t, b.ints([1, 0]), fill)
+        return b.op("Slice", padded, b.ints([0]), b.ints([-1]), b.ints([0]))
+    padded = b.op("Pad", t, b.ints([0, 1]), fill)
+    return b.op("Slice", padded, b.ints([1]), b.ints([_END]), b.ints([0]))
 
 
 def _run_end(b, ordered: str, last: bool) -> str:
@@ -82,7 +82,10 @@ def scatter_rows_add(
     ``"shared"`` (each ``q``, the same for every ``o``). Element ``e`` of the updates lies in
     row ``r = e // inner = o Q + q`` and goes to ``(o M + row) inner + e mod inner``.
     ``q``, ``inner``, ``count`` (``M``) and ``size`` (``outer M inner``) are 1-D int64
-    tensors of one element."""
+    tensors of one element. ``q`` and ``inner`` divide at least 1: where either is 0 there
+    is no element, but onnxruntime 1.32 refuses an integer division by 0 even of nothing."""
+    one = b.ints([1])
+    q, inner = b.op("Max", q, one), b.op("Max", inner, one)
     flat = b.op("Reshape", updates, b.ints([-1]))
     element = _range(b, b.op("Shape", flat))
     row = b.op("Div", element, inner)

@@ -167,7 +167,7 @@ def reshape_like(b, t: str, x: str) -> str:
     return reshape_to(b, t, b.shape_of(x))
 
 
-def reshape_to(b, t: str, shape: str, like: str | None = None) -> str:
+def reshape_to(b, t: str, shape: str, like: str | None = None, **out) -> str:
     """``t`` reshaped to ``shape``, a 1-D int64 tensor of sizes computed at run time, a 0 a
     size like any other (never "copy this dimension", never -1); ``like``, when given, is a
     value of that shape (a plain Reshape where its sizes are known and none is 0).
@@ -181,17 +181,18 @@ def reshape_to(b, t: str, shape: str, like: str | None = None) -> str:
     where ``Reshape(t, [s1, -1])`` is ``[shape, 1]`` for a non-empty ``t`` (``s1 = shape``)
     and ``[s1, 0]`` for an empty one; the Expand turns the 1s of ``s1`` into the 0s of
     ``shape``, which the last Reshape then copies. The cost, one copy of ``t``, is paid
-    only where a size is unknown.
+    only where a size is unknown. ``out`` (``out=name``) names the result where ``b`` takes
+    it (the seed axis).
     """
     static = None if like is None else b.static_shape(like)
     if static is not None and 0 not in static:
-        return b.op("Reshape", t, shape)
+        return b.op("Reshape", t, shape, **out)
     if b.opset >= 14:
-        return b.op("Reshape", t, shape, allowzero=1)
+        return b.op("Reshape", t, shape, allowzero=1, **out)
     one = b.ints([1])
     safe = b.op("Concat", b.op("Max", shape, one), b.ints([-1]), axis=0)
     spread = b.op("Expand", b.op("Reshape", t, safe), b.op("Concat", shape, one, axis=0))
-    return b.op("Reshape", spread, shape)
+    return b.op("Reshape", spread, shape, **out)
 
 
 def expand_like(b, t: str, x: str) -> str:

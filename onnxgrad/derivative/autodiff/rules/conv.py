@@ -460,7 +460,9 @@ def _channels_first_by_group(b: GradBuilder, x: str, win: Window, sizes: Vec) ->
     """``(N, G C_g, *sp)`` -> ``(C_g, G N, *sp)``: group ``g`` reads channels ``g N + n``."""
     if win.group == 1:
         return swap_batch_and_channels(b, x, win.rank)
-    split = _shape_with_spatial(b, [0, win.group, -1], sizes)
+    channels = _channels(b, x)  # C_g named, not -1, where known: Reshape cannot infer it at N = 0
+    per_group = -1 if channels is None else channels // win.group
+    split = _shape_with_spatial(b, [0, win.group, per_group], sizes)
     t = b.op("Transpose", b.op("Reshape", x, split), perm=[2, 1, 0, *range(3, win.k + 3)])
     return b.op("Reshape", t, _shape_with_spatial(b, [0, -1], sizes))
 

@@ -34,6 +34,7 @@ from onnxgrad.derivative.autodiff.rules._shape_helpers import (
     constant_ints,
     filled,
     index_grid,
+    is_static,
     normalize_axis,
     numel,
     require_rank,
@@ -158,7 +159,7 @@ def gather_grad(b, node, grads, needs):
     outer = numel(b, shape_parts(b, data, 0, axis))
     inner = numel(b, shape_parts(b, data, axis + 1))
     rows = shape_parts(b, data, axis, axis + 1)[0]
-    updates = reshape(b, g, [outer, -1, inner])
+    updates = _rows_of(b, g, outer, indices, inner)
     flat = b.op("Reshape", to_int64(b, indices), b.ints([-1]))
     out = [outer, rows, inner]
     summed = _scatter_add_rows(b, node, flat, updates, out, rows, data, shared=True)
@@ -184,6 +185,16 @@ def gather_nd_grad(b, node, grads, needs):
     out = [outer, rows, inner]
     summed = _scatter_add_rows(b, node, flat, updates, out, rows, data, shared=False)
     return [reshape_like(b, summed, data)]
+
+
+def _rows_of(b, g: str, outer: Part, indices: str, inner: Part) -> str:
+    """``g`` as ``[outer, count, inner]``, ``count`` the number of ``indices``: ``-1`` where
+    ``outer`` and ``inner`` are known and not 0, else counted, and reshaped with its zeros
+    kept (a ``-1`` beside a 0 cannot be inferred: an empty batch or inner axis)."""
+    if is_static([outer, inner]) and outer and inner:
+        return reshape(b, g, [outer, -1, inner])
+    count = numel(b, shape_parts(b, indices))
+    return reshape_to(b, g, as_tensor(b, [outer, count, inner]))
 
 
 def _scatter_add(b, op: str, target: str, indices: str, updates: str, like: str, **attrs) -> str:
