@@ -426,8 +426,9 @@ def weightless_view(model: ModelProto) -> ModelProto:
     their values. The main graph's nodes lose their ``metadata_props``, which neither
     reads (an exporter's notes: torch's stack traces are 95% of a dynamo export's node
     bytes, serialised and parsed again by every check)."""
-    if _light(model):
-        return _copied_view(model)
+    left_out = _light_weights(model)
+    if left_out is not None:
+        return _copied_view(model, left_out)
     view = header_only(model)
     for node in view.graph.node:
         if node.metadata_props:
@@ -443,27 +444,31 @@ def weightless_view(model: ModelProto) -> ModelProto:
 COPIED_VIEW_BYTES = 1 << 18
 
 
-def _light(model: ModelProto) -> bool:
-    """Whether ``model``'s weightless view is best made by :func:`_copied_view`."""
-    left_out = 0
-    for init in model.graph.initializer:
-        size = tensor_nbytes(init)
-        if size > WEIGHTLESS_THRESHOLD or _is_external(init):
-            left_out += size
-            if left_out > COPIED_VIEW_BYTES or _is_external(init):
-                return False
-    return True
+def _light_weights(model: ModelProto) -> list[int] | None:
+    """The positions of the initializers a weightless view of ``model`` leaves out, where
+    they hold at most :data:`COPIED_VIEW_BYTES` and none is external (its view is then
+    best made by :func:`_copied_view`); ``None`` otherwise."""
+    left_out, size = [], 0
+    for index, init in enumerate(model.graph.initializer):
+        nbytes = tensor_nbytes(init)
+        if _is_external(init):
+            return None
+        if nbytes > WEIGHTLESS_THRESHOLD:
+            left_out.append(index)
+            size += nbytes
+            if size > COPIED_VIEW_BYTES:
+                return None
+    return left_out
 
 
-def _copied_view(model: ModelProto) -> ModelProto:
-    """:func:`weightless_view` of a light model (:func:`_light`): a whole copy, the big
-    initializers then moved to the inputs (the same message as the view built field by
-    field: each repeated field's items in the same order)."""
+def _copied_view(model: ModelProto, big: list[int]) -> ModelProto:
+    """:func:`weightless_view` of a light model (``big``: :func:`_light_weights`): a whole
+    copy, the big initializers then moved to the inputs (the same message as the view
+    built field by field: each repeated field's items in the same order)."""
     view = ModelProto()
     view.CopyFrom(model)
     graph = view.graph
     initializers = graph.initializer
-    big = [i for i, init in enumerate(initializers) if tensor_nbytes(init) > WEIGHTLESS_THRESHOLD]
     for index in reversed(big):
         del initializers[index]
     for node in graph.node:
@@ -483,9 +488,11 @@ def weightless_bytes(model: ModelProto, shell: ModelProto | None = None) -> byte
     memory, 40 bytes serialised; see :func:`model_bytes`): the view less its nodes
     (``shell``, when the caller has it), then a second ``graph`` field holding only the
     nodes, which a parser merges into the first. A light model of at most
-    :data:`FULL_CHECK_NODES` nodes (:func:`_light`) gets its copied view serialised."""
-    if shell is None and len(model.graph.node) <= FULL_CHECK_NODES and _light(model):
-        return _copied_view(model).SerializeToString()
+    :data:`FULL_CHECK_NODES` nodes (:func:`_light_weights`) gets its copied view
+    serialised."""
+    left_out = _light_weights(model) if shell is None else None
+    if left_out is not None and len(model.graph.node) <= FULL_CHECK_NODES:
+        return _copied_view(model, left_out).SerializeToString()
     return model_bytes(weightless_shell(model) if shell is None else shell, model.graph.node)
 
 

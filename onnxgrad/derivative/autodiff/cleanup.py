@@ -121,6 +121,9 @@ class _Simplifier:
         self.producer: dict[str, NodeProto] = {}
         self.constants = {i.name: i for i in graph.initializer}
         self.seen: dict[tuple, NodeProto] = {}
+        #: (domain, type, inputs, output count) -> the first node of them, until a second
+        #: one comes (``None`` then): only such nodes get their attributes read into a key
+        self.first: dict[tuple, NodeProto | None] = {}
         #: value -> a value known to have the same shape (elementwise chains)
         self.shape_roots: dict[str, str] = {}
         self.elem_types = {i.name: i.data_type for i in graph.initializer}
@@ -270,7 +273,15 @@ class _Simplifier:
             return False
         if self.apart and not self.apart.isdisjoint(node.output):
             return False
-        key = _node_key(node)
+        base = (normalize_domain(node.domain), node.op_type, tuple(node.input), len(node.output))
+        if base not in self.first:  # no earlier node has its type and inputs
+            self.first[base] = node
+            return False
+        first = self.first[base]
+        if first is not None:  # keyed once a second node shares its type and inputs
+            self.seen.setdefault(_node_key(first, base), first)
+            self.first[base] = None
+        key = _node_key(node, base)
         earlier = self.seen.get(key)
         if earlier is None:
             self.seen[key] = node
@@ -285,8 +296,8 @@ class _Simplifier:
         return True
 
 
-def _node_key(node: NodeProto) -> tuple:
-    key = (normalize_domain(node.domain), node.op_type, tuple(node.input), len(node.output))
+def _node_key(node: NodeProto, key: tuple) -> tuple:
+    """``key`` (the node's domain, type, inputs and output count) and its attributes'."""
     attributes = node.attribute
     if not attributes:
         return key
