@@ -59,9 +59,10 @@ class DerivativeRequest:
     structural_zeros: bool = False
     #: run onnx's full check on the result (off for an intermediate graph checked later)
     checked: bool = True
-    #: the normalisation's shape inference of ``model`` as it stands, where it is the
-    #: engine's (:attr:`~onnxgrad.normalize.facts.Facts.inferred`); ``None``: infer
-    inferred: ModelProto | None = None
+    #: what the normalisation knows of ``model`` as it stands: the engine takes its shape
+    #: inference where it is the engine's (:meth:`~onnxgrad.normalize.facts.Facts.take_inferred`,
+    #: the facts then forget it: nothing holds it past the engine's types); ``None``: infer
+    facts: Facts | None = None
 
 
 @protobuf_failures_as_memory_errors()
@@ -147,7 +148,7 @@ def onnx_derivative(
         outputs=outputs,
         recompute=recompute,
         checked=seeds is None,  # batch_seeds checks the batched graph
-        inferred=facts.inferred,
+        facts=facts,
     )
     if seeds is None:
         return result
@@ -183,12 +184,12 @@ def derive_in_place(
     order_leaves: bool = True,
     structural_zeros: bool = False,
     checked: bool = True,
-    inferred: ModelProto | None = None,
+    facts: Facts | None = None,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
     the command and the train step use it so that no weight is copied (``order_leaves``:
-    ``structural_zeros``, ``checked``, ``inferred``: see :class:`DerivativeRequest`)."""
+    ``structural_zeros``, ``checked``, ``facts``: see :class:`DerivativeRequest`)."""
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label, outputs)
@@ -197,7 +198,7 @@ def derive_in_place(
         order_leaves=order_leaves,
         structural_zeros=structural_zeros,
         checked=checked,
-        inferred=inferred,
+        facts=facts,
     )
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)

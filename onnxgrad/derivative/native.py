@@ -68,7 +68,9 @@ def _gradient_model(request: DerivativeRequest) -> ModelProto:
     original_names = {new: old for old, new in renames.items()}
     pooled = pool_before_relu(model.graph)
     # the normalisation's inference stands while neither step above rewrote the graph
-    types = infer_value_types(model, None if renames or pooled else request.inferred)
+    inferred = request.facts.take_inferred() if request.facts is not None else None
+    types = infer_value_types(model, None if renames or pooled else inferred)
+    del inferred  # a view of the whole graph: not held through the engine
     graph = model.graph
     gathers_as_split(graph, types, opset)
     scope = NameScope(all_names(graph))

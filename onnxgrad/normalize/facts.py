@@ -32,6 +32,11 @@ class Facts:
     #: but on float values (which hold no data to propagate): data propagation adds nothing.
     inferred: ModelProto | None = None
 
+    def take_inferred(self) -> ModelProto | None:
+        """:attr:`inferred`, forgotten: its one reader frees it once read."""
+        inferred, self.inferred = self.inferred, None
+        return inferred
+
     def forget(self) -> None:
         """Drop every fact: the model may have changed."""
         self.ranks_known = False

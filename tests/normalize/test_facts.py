@@ -189,3 +189,21 @@ def test_a_light_models_view_is_the_view_built_field_by_field(monkeypatch):
     assert copied.SerializeToString() == built.SerializeToString()
     assert [i.name for i in built.graph.input] == ["x", "w"]
     assert copied_bytes == built.SerializeToString()
+
+
+def test_the_engine_takes_the_handed_inference():
+    """``derive_in_place`` given the normalisation's facts reads their inference once and
+    leaves them without it (no view of the graph held past the engine's types); the
+    gradient is the one built without them."""
+    from onnxgrad import onnx_derivative
+    from onnxgrad.derivative.api import derive_in_place
+
+    facts = Facts()
+    model = normalized_model(_gemm_identity(), facts)
+    assert facts.inferred is not None
+    gradient = derive_in_place(model, weights=[], inputs=["x"], facts=facts)
+    assert facts.inferred is None
+    plain = derive_in_place(normalized_model(_gemm_identity()), weights=[], inputs=["x"])
+    assert gradient.SerializeToString() == plain.SerializeToString()
+    expected = onnx_derivative(_gemm_identity(), weights=[], inputs=["x"])
+    assert gradient.SerializeToString() == expected.SerializeToString()
