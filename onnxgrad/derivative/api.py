@@ -27,6 +27,7 @@ from onnxgrad.derivative.options import DerivativeOptions, check_options
 from onnxgrad.derivative.recompute import check_recompute
 from onnxgrad.derivative.seeds import batch_seeds, check_seeds
 from onnxgrad.normalize import normalized_model
+from onnxgrad.normalize.facts import Facts
 from onnxgrad.normalize.ste import quantized_activations as rounding
 
 #: backend name -> "module:function" implementing ``fn(request) -> ModelProto``.
@@ -58,6 +59,10 @@ class DerivativeRequest:
     structural_zeros: bool = False
     #: run onnx's full check on the result (off for an intermediate graph checked later)
     checked: bool = True
+    #: what the normalisation knows of ``model`` as it stands: the engine takes its shape
+    #: inference where it is the engine's (:meth:`~onnxgrad.normalize.facts.Facts.take_inferred`,
+    #: the facts then forget it: nothing holds it past the engine's types); ``None``: infer
+    facts: Facts | None = None
 
 
 @protobuf_failures_as_memory_errors()
@@ -128,8 +133,9 @@ def onnx_derivative(
             "seeds= needs backend='onnx' and output gradients as inputs (options Zero or "
             f"KeepOutputs), not backend={backend!r} with {options!r}"
         )
+    facts = Facts()
     with rounding(quantized_activations):
-        model = normalized_model(model)
+        model = normalized_model(model, facts)
     outputs_of_model = {o.name for o in model.graph.output}
     result = derive_in_place(
         model,
@@ -142,6 +148,7 @@ def onnx_derivative(
         outputs=outputs,
         recompute=recompute,
         checked=seeds is None,  # batch_seeds checks the batched graph
+        facts=facts,
     )
     if seeds is None:
         return result
@@ -177,11 +184,12 @@ def derive_in_place(
     order_leaves: bool = True,
     structural_zeros: bool = False,
     checked: bool = True,
+    facts: Facts | None = None,
 ) -> ModelProto:
     """:func:`onnx_derivative` of a private model already normalised (see
     :func:`onnxgrad.normalize.normalized_model`), which it may rewrite into the result:
     the command and the train step use it so that no weight is copied (``order_leaves``:
-    ``structural_zeros``, ``checked``: see :class:`DerivativeRequest`)."""
+    ``structural_zeros``, ``checked``, ``facts``: see :class:`DerivativeRequest`)."""
     options = _check_arguments(options, backend)
     model.ir_version = supported_ir_version(model)
     request = resolve_request(model, weights, inputs, options, loss, label, outputs)
@@ -190,6 +198,7 @@ def derive_in_place(
         order_leaves=order_leaves,
         structural_zeros=structural_zeros,
         checked=checked,
+        facts=facts,
     )
     module_name, function_name = BACKENDS[backend].split(":")
     return getattr(importlib.import_module(module_name), function_name)(request)

@@ -66,8 +66,11 @@ def _gradient_model(request: DerivativeRequest) -> ModelProto:
     sources = [*request.inputs, *request.weights]
     renames = free_gradient_names(model.graph, request)
     original_names = {new: old for old, new in renames.items()}
-    pool_before_relu(model.graph)
-    types = infer_value_types(model)
+    pooled = pool_before_relu(model.graph)
+    # the normalisation's inference stands while neither step above rewrote the graph
+    inferred = request.facts.take_inferred() if request.facts is not None else None
+    types = infer_value_types(model, None if renames or pooled else inferred)
+    del inferred  # a view of the whole graph: not held through the engine
     graph = model.graph
     gathers_as_split(graph, types, opset)
     scope = NameScope(all_names(graph))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnx import ModelProto
+
 
 @dataclass
 class Facts:
@@ -20,7 +22,22 @@ class Facts:
     #: rules of :mod:`onnxgrad.normalize.ranks` (for values of unknown rank, Loop/Scan
     #: bodies) have nothing to find; data propagation only adds to what inference knows.
     ranks_known: bool = False
+    #: onnx's shape inference of the model's weightless view as the model stands, where it
+    #: is what the gradient engine's own inference would give
+    #: (:func:`~onnxgrad.derivative.autodiff.value_types.infer_value_types`): every value
+    #: ranked (``ranks_known``), no ``value_info`` declared, every output declared as
+    #: inferred with no dimension name the inputs do not use (onnx names the unknown
+    #: dimensions it creates after the names it finds), no model-local function, and no
+    #: operator that propagates data (:data:`~onnxgrad._bounded_inference.PROPAGATING_OPS`)
+    #: but on float values (which hold no data to propagate): data propagation adds nothing.
+    inferred: ModelProto | None = None
+
+    def take_inferred(self) -> ModelProto | None:
+        """:attr:`inferred`, forgotten: its one reader frees it once read."""
+        inferred, self.inferred = self.inferred, None
+        return inferred
 
     def forget(self) -> None:
         """Drop every fact: the model may have changed."""
         self.ranks_known = False
+        self.inferred = None

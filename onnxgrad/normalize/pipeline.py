@@ -87,15 +87,18 @@ PASSES: tuple[Pass, ...] = (
 )
 
 
-def normalized_model(model: ModelLike) -> ModelProto:
+def normalized_model(model: ModelLike, facts: Facts | None = None) -> ModelProto:
     """A private copy of ``model`` (a ModelProto or a path) made regular by :data:`PASSES`;
-    ``ValueError`` names what makes it unusable (node, value, opset)."""
-    return normalize_in_place(load_model(model))
+    ``ValueError`` names what makes it unusable (node, value, opset). ``facts``, when
+    given, hold what the passes know of the result (such as its shape inference, which
+    the gradient engine then reads instead of inferring again)."""
+    return normalize_in_place(load_model(model), facts)
 
 
-def normalize_in_place(model: ModelProto) -> ModelProto:
+def normalize_in_place(model: ModelProto, facts: Facts | None = None) -> ModelProto:
     """:func:`normalized_model` of a model the caller already owns (it may be rewritten)."""
-    facts = Facts()
+    facts = Facts() if facts is None else facts
+    facts.forget()
     for step in PASSES:
         if step.facts:
             model = step.run(model, facts)

@@ -70,13 +70,18 @@ def refined_ranks(model: ModelProto, facts: Facts | None = None) -> ModelProto:
     subgraphs (:attr:`Facts.ranks_known`), no rule can apply and none is looked for."""
     if facts is None or not facts.ranks_known:
         _refine(model)
+        if facts is not None:
+            facts.forget()  # value_info may be declared
     for _ in range(MAX_ROUNDS):  # a carried rank found may give the next Loop's
         carried = _carried_ranks(model)
         if not carried:
             break
         _declare(model, carried)
         _refine(model)
-    _declare_inferred_outputs(model)
+        if facts is not None:
+            facts.forget()
+    if _declare_inferred_outputs(model) and facts is not None:
+        facts.forget()
     return model
 
 
@@ -89,20 +94,22 @@ def _refine(model: ModelProto) -> None:
         _declare(model, facts)
 
 
-def _declare_inferred_outputs(model: ModelProto) -> None:
+def _declare_inferred_outputs(model: ModelProto) -> bool:
     """The main graph's outputs declared with no shape get the one inference finds (with
-    the ranks declared above): an output's gradient is an input of that shape."""
+    the ranks declared above): an output's gradient is an input of that shape. Returns
+    whether one had no shape."""
     bare = [o for o in model.graph.output if o.type.HasField("tensor_type") and not _has_shape(o)]
     if not bare:
-        return
+        return False
     try:
         inferred = infer_shapes_bounded(weightless_view(model))
     except Exception:  # inference is a hint here
-        return
+        return True
     shapes = {o.name: o.type.tensor_type.shape for o in inferred.graph.output if _has_shape(o)}
     for output in bare:
         if output.name in shapes:
             output.type.tensor_type.shape.CopyFrom(shapes[output.name])
+    return True
 
 
 # -- the ranks of the values a Loop or a Scan carries: a fixed point -------------------------

@@ -17,7 +17,8 @@ from __future__ import annotations
 import onnx
 from onnx import GraphProto, ModelProto, TypeProto, ValueInfoProto
 
-from onnxgrad._onnx_utils import subgraphs, weightless_view
+from onnxgrad._bounded_inference import PROPAGATING_OPS
+from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, subgraphs, weightless_view
 from onnxgrad.normalize.facts import Facts
 
 
@@ -44,7 +45,53 @@ def reconciled_shapes(model: ModelProto, facts: Facts | None = None) -> ModelPro
     for info in graph.output:
         if _has_tensor_type(info):
             _unconfirmed_dims_unknown(info.type, inferred.get(info.name))
+    if facts is not None and facts.ranks_known and _inference_stands(model, view):
+        facts.inferred = view
     return model
+
+
+def _inference_stands(model: ModelProto, view: ModelProto) -> bool:
+    """Whether ``view`` (the inference of ``model`` without declarations, every value
+    ranked) is what inference with the declarations and data propagation gives (see
+    :attr:`Facts.inferred`): no value_info, every output declared as inferred, no dimension
+    name in them that the inputs lack, no operator propagating data
+    (:func:`_no_data_to_propagate`)."""
+    graph = model.graph
+    if graph.value_info or model.functions:
+        return False
+    if any(mine.type != found.type for mine, found in zip(graph.output, view.graph.output)):
+        return False
+    names = _dim_names(graph.input)
+    if not _dim_names(graph.output) <= names:
+        return False
+    propagating = [
+        node
+        for node in graph.node
+        if node.op_type in PROPAGATING_OPS and not normalize_domain(node.domain)
+    ]
+    return not propagating or _no_data_to_propagate(propagating, view.graph)
+
+
+def _no_data_to_propagate(nodes, inferred: GraphProto) -> bool:
+    """Whether none of the propagating ``nodes`` has data to propagate: onnx's propagation
+    starts at ``Shape`` and ``Size`` and reads integer tensors only, so ops reading float
+    values alone (an ``Identity`` of a weight) propagate nothing."""
+    if any(node.op_type in ("Shape", "Size") for node in nodes):
+        return False
+    elem_types = {init.name: init.data_type for init in inferred.initializer}
+    for info in [*inferred.input, *inferred.value_info, *inferred.output]:
+        elem_types[info.name] = info.type.tensor_type.elem_type
+    return all(elem_types.get(name) in FLOAT_TYPES for node in nodes for name in node.input if name)
+
+
+def _dim_names(infos) -> set[str]:
+    """The dimension names (``dim_param``) of the tensor types of ``infos``."""
+    return {
+        dim.dim_param
+        for info in infos
+        for dim in info.type.tensor_type.shape.dim
+        if dim.HasField("dim_param")
+    }
 
 
 def _unconfirmed_dims_unknown(declared: TypeProto, inferred: TypeProto | None) -> None:

@@ -287,8 +287,10 @@ def test_declared_model_is_inferred_once_per_pass(monkeypatch, mode):
     the ranks pass infers nothing, that plain inference having ranked every value
     (:class:`onnxgrad.normalize.facts.Facts`): 2 inferences of the forward graph per reverse
     build (5, then 3 before), 1 per JVP build (3, then 2). A model without these
-    declarations still gets the plain pass before the bounded one. The gradients still
-    equal central differences."""
+    declarations, its output declared as inferred, has the engine read the shapes pass's
+    inference (:attr:`~onnxgrad.normalize.facts.Facts.inferred`): 1 inference; one whose
+    output is declared otherwise still gets the plain pass before the bounded one. The
+    gradients still equal central differences."""
     calls: list[bool] = []
     infer = _forward_inferences(onnx.shape_inference.infer_shapes, calls)
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes", infer)
@@ -314,5 +316,10 @@ def test_declared_model_is_inferred_once_per_pass(monkeypatch, mode):
 
     calls.clear()
     onnx_derivative(float_model(), weights=[], inputs=["x"])
+    assert calls == [False], "undeclared: the shapes pass's inference is the engine's too"
+    calls.clear()
+    named = float_model()
+    named.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx_derivative(named, weights=[], inputs=["x"])
     undeclared = [False, False, True]
-    assert calls == undeclared, "undeclared: the bound read from a plain pass each time"
+    assert calls == undeclared, "declared otherwise: the bound read from a plain pass each time"

@@ -118,3 +118,92 @@ def test_strict_check_in_one_call_or_two(monkeypatch, one_call):
     unknown.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(onnx.checker.ValidationError, match="NoSuchOp"):
         check_strictly(weightless_bytes(unknown), len(unknown.graph.node))
+
+
+def _gemm_identity():
+    """Every value ranked, a weight past the weightless threshold, an ``Identity`` of a
+    float value (a propagating operator with no data to propagate)."""
+    w = numpy_helper.from_array(np.ones((4, 300), np.float32), "w")
+    return _model(
+        [
+            helper.make_node("Identity", ["w"], ["w2"]),
+            helper.make_node("MatMul", ["x", "w2"], ["m"]),
+            helper.make_node("Softmax", ["m"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", FLOAT, ["N", 300])],
+        [w],
+    )
+
+
+def _with_shape():
+    """``Reshape(x, Shape(x))``: data propagation follows the shape."""
+    return _model(
+        [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["y"])],
+        [helper.make_tensor_value_info("x", FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", FLOAT, ["N", 4])],
+    )
+
+
+def _declared_otherwise():
+    """The output declared with a dimension name the inputs do not use."""
+    model = _ranked()
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    return model
+
+
+@pytest.mark.parametrize(
+    "make, handed",
+    [
+        (_ranked, True),
+        (_gemm_identity, True),
+        (_unranked, False),
+        (_with_shape, False),
+        (_declared_otherwise, False),
+    ],
+)
+def test_normalisation_hands_its_inference_where_it_is_the_engines(make, handed):
+    """``Facts.inferred`` is set where the engine's own inference (declarations kept, data
+    propagated) would give the same types, and those types are then the same."""
+    from onnxgrad.derivative.autodiff.value_types import infer_value_types
+
+    facts = Facts()
+    model = normalized_model(make(), facts)
+    assert (facts.inferred is not None) == handed
+    if handed:
+        assert infer_value_types(model, facts.inferred) == infer_value_types(model)
+
+
+def test_a_light_models_view_is_the_view_built_field_by_field(monkeypatch):
+    """A model with few weight bytes gets its weightless view as a copy less its weights:
+    the same message as the view built field by field (node metadata dropped too)."""
+    model = _gemm_identity()
+    model.graph.initializer.append(_ints("small", [1, 2]))
+    model.graph.node[1].metadata_props.add(key="trace", value="a stack trace")
+    assert _onnx_utils._light_weights(model) == [0]
+    copied = _onnx_utils.weightless_view(model)
+    copied_bytes = _onnx_utils.weightless_bytes(model)
+    monkeypatch.setattr(_onnx_utils, "COPIED_VIEW_BYTES", 0)
+    assert _onnx_utils._light_weights(model) is None
+    built = _onnx_utils.weightless_view(model)
+    assert copied.SerializeToString() == built.SerializeToString()
+    assert [i.name for i in built.graph.input] == ["x", "w"]
+    assert copied_bytes == built.SerializeToString()
+
+
+def test_the_engine_takes_the_handed_inference():
+    """``derive_in_place`` given the normalisation's facts reads their inference once and
+    leaves them without it (no view of the graph held past the engine's types); the
+    gradient is the one built without them."""
+    from onnxgrad import onnx_derivative
+    from onnxgrad.derivative.api import derive_in_place
+
+    facts = Facts()
+    model = normalized_model(_gemm_identity(), facts)
+    assert facts.inferred is not None
+    gradient = derive_in_place(model, weights=[], inputs=["x"], facts=facts)
+    assert facts.inferred is None
+    plain = derive_in_place(normalized_model(_gemm_identity()), weights=[], inputs=["x"])
+    assert gradient.SerializeToString() == plain.SerializeToString()
+    expected = onnx_derivative(_gemm_identity(), weights=[], inputs=["x"])
+    assert gradient.SerializeToString() == expected.SerializeToString()

@@ -136,7 +136,9 @@ def test_an_entry_point_normalises_once(entry, tmp_path, monkeypatch):
 
     runs = []
     normalize = pipeline.normalize_in_place
-    monkeypatch.setattr(pipeline, "normalize_in_place", lambda m: runs.append(1) or normalize(m))
+    monkeypatch.setattr(
+        pipeline, "normalize_in_place", lambda m, *facts: runs.append(1) or normalize(m, *facts)
+    )
     entry(models.paddle_like(), tmp_path / "artifacts")
     assert len(runs) == 1
 

@@ -244,7 +244,7 @@ def test_protobuf_running_out_of_memory_is_a_memory_error_saying_so(monkeypatch)
     from onnxgrad import onnx_derivative
     from onnxgrad.derivative import api
 
-    def arena_failure(model):
+    def arena_failure(model, facts=None):
         raise DecodeError("Arena alloc failed")
 
     monkeypatch.setattr(api, "normalized_model", arena_failure)

@@ -64,14 +64,17 @@ def clean_graph(
     from onnxgrad.graph.select import prune_graph
 
     nodes = list(graph.node) if nodes is None else nodes
-    pinned = _pinned_names(nodes, graph)
-    nodes, producers = _simplified(graph, nodes, pinned, set(apart))
+    # the nodes holding subgraphs (by the ids of the wrappers ``nodes`` holds), found in one
+    # look at each node's attributes: each step below asks
+    nested = {id(node) for node in nodes if node.attribute and subgraphs(node)}
+    pinned = _pinned_names(nodes, graph, nested)
+    nodes, producers = _simplified(graph, nodes, pinned, set(apart), nested)
     nodes = _write_outputs_directly(graph, nodes, pinned, producers)
     del producers  # the clean-up is a deep graph's memory peak: no table outlives its use
     needed = {o.name for o in graph.output}
-    live = live_nodes(nodes, needed)
+    live = live_nodes(nodes, needed, nested)
     for node in live:
-        for sub in subgraphs(node) if node.attribute else ():
+        for sub in subgraphs(node) if id(node) in nested else ():
             prune_graph(sub, keep_inputs=True)
     replace_repeated(graph.node, live)
     for index in reversed(range(len(graph.initializer))):
@@ -83,44 +86,64 @@ def clean_graph(
     return graph
 
 
-def _simplified(graph, nodes, pinned, apart) -> tuple[list[NodeProto], dict[str, NodeProto]]:
+def _simplified(
+    graph, nodes, pinned, apart, nested
+) -> tuple[list[NodeProto], dict[str, NodeProto]]:
     """The simplifier's nodes and producers; its other tables (common subexpressions) are
     freed on return."""
-    simplifier = _Simplifier(graph, nodes, pinned, apart)
+    simplifier = _Simplifier(graph, nodes, pinned, apart, nested)
     return simplifier.run(), simplifier.producer
 
 
-def live_nodes(nodes: list[NodeProto], needed: set[str]) -> list[NodeProto]:
-    """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read."""
+def live_nodes(
+    nodes: list[NodeProto], needed: set[str], nested: set[int] | None = None
+) -> list[NodeProto]:
+    """The nodes ``needed`` depends on, in order; ``needed`` grows to every value read.
+    ``nested``: the ids of those of ``nodes`` that hold subgraphs, where the caller knows."""
     kept = []
     for node in reversed(nodes):
         if not needed.isdisjoint(node.output):
             kept.append(node)
-            needed.update(node_inputs(node) if node.attribute else node.input)
+            if not node.attribute:
+                needed.update(node.input)
+            elif nested is None or id(node) in nested:
+                needed.update(node_inputs(node))
+            else:  # node_inputs of a node without subgraphs
+                needed.update(name for name in node.input[:] if name)
     return kept[::-1]
 
 
-def _pinned_names(nodes: list[NodeProto], graph: GraphProto) -> set[str]:
+def _pinned_names(nodes: list[NodeProto], graph: GraphProto, nested: set[int]) -> set[str]:
     """Values that keep their name and producer: interface and subgraph reads."""
     names = {i.name for i in graph.input} | {o.name for o in graph.output}
     for node in nodes:
-        for sub in subgraphs(node) if node.attribute else ():
+        for sub in subgraphs(node) if id(node) in nested else ():
             names |= free_names(sub)
     return names
 
 
 class _Simplifier:
     def __init__(
-        self, graph: GraphProto, nodes: list[NodeProto], pinned: set[str], apart: set[str]
+        self,
+        graph: GraphProto,
+        nodes: list[NodeProto],
+        pinned: set[str],
+        apart: set[str],
+        nested: set[int],
     ):
         self.graph = graph
         self.nodes = nodes
+        #: the ids of the nodes holding subgraphs
+        self.nested = nested
         self.pinned = pinned
         self.apart = apart
         self.alias: dict[str, str] = {}
         self.producer: dict[str, NodeProto] = {}
         self.constants = {i.name: i for i in graph.initializer}
         self.seen: dict[tuple, NodeProto] = {}
+        #: (domain, type, inputs, output count) -> the first node of them, until a second
+        #: one comes (``None`` then): only such nodes get their attributes read into a key
+        self.first: dict[tuple, NodeProto | None] = {}
         #: value -> a value known to have the same shape (elementwise chains)
         self.shape_roots: dict[str, str] = {}
         self.elem_types = {i.name: i.data_type for i in graph.initializer}
@@ -266,11 +289,19 @@ class _Simplifier:
 
     def _common(self, node: NodeProto) -> bool:
         """Reuse the outputs of an identical earlier node."""
-        if node.op_type in NONDETERMINISTIC or (node.attribute and subgraphs(node)):
+        if node.op_type in NONDETERMINISTIC or id(node) in self.nested:
             return False
         if self.apart and not self.apart.isdisjoint(node.output):
             return False
-        key = _node_key(node)
+        base = (normalize_domain(node.domain), node.op_type, tuple(node.input), len(node.output))
+        if base not in self.first:  # no earlier node has its type and inputs
+            self.first[base] = node
+            return False
+        first = self.first[base]
+        if first is not None:  # keyed once a second node shares its type and inputs
+            self.seen.setdefault(_node_key(first, base), first)
+            self.first[base] = None
+        key = _node_key(node, base)
         earlier = self.seen.get(key)
         if earlier is None:
             self.seen[key] = node
@@ -285,8 +316,8 @@ class _Simplifier:
         return True
 
 
-def _node_key(node: NodeProto) -> tuple:
-    key = (normalize_domain(node.domain), node.op_type, tuple(node.input), len(node.output))
+def _node_key(node: NodeProto, key: tuple) -> tuple:
+    """``key`` (the node's domain, type, inputs and output count) and its attributes'."""
     attributes = node.attribute
     if not attributes:
         return key

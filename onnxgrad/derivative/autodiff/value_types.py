@@ -68,13 +68,18 @@ def inference_failure(types: Mapping[str, ValueType]) -> str | None:
     return None
 
 
-def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
+def infer_value_types(
+    model: ModelProto, inferred: ModelProto | None = None
+) -> dict[str, ValueType]:
     """Element type and shape of every value the shape inference can type.
 
     Shapes refined by :func:`_refine_reshapes` are fed back as hints for a second pass, so
-    the symbols they recover propagate downstream.
+    the symbols they recover propagate downstream. ``inferred``: onnx's inference of
+    ``model``'s weightless view as it stands, with and without data propagation (the
+    normalisation's, :attr:`~onnxgrad.normalize.facts.Facts.inferred`), read instead of
+    inferring again.
     """
-    types = _inferred_types(model)
+    types = _inferred_types(model, inferred)
     refined = _refine_reshapes(model.graph, types, constant_tensors(model.graph, ()))
     if not refined:
         return types
@@ -88,19 +93,21 @@ def infer_value_types(model: ModelProto) -> dict[str, ValueType]:
     return types
 
 
-def _inferred_types(model: ModelProto) -> dict[str, ValueType]:
-    """The types shape inference gives, less the Resize sizes that depend on the runtime
-    (:func:`_runtime_sized_resizes`) and what follows from them. Each round infers again
-    with the Resize outputs found so far declared as computed from their input's new type,
-    until they no longer change (a chain of such Resizes takes a round per link)."""
-    view = weightless_view(model)
-    types = _shape_inferred(view)
+def _inferred_types(model: ModelProto, inferred: ModelProto | None = None) -> dict[str, ValueType]:
+    """The types shape inference gives (``inferred``'s, where given), less the Resize sizes
+    that depend on the runtime (:func:`_runtime_sized_resizes`) and what follows from them.
+    Each round infers again with the Resize outputs found so far declared as computed from
+    their input's new type, until they no longer change (a chain of such Resizes takes a
+    round per link)."""
+    view = None if inferred is not None else weightless_view(model)
+    types = _read_types(inferred.graph) if inferred is not None else _shape_inferred(view)
     loose: dict[str, ValueType] = {}
     for _ in range(sum(node.op_type == "Resize" for node in model.graph.node)):
         found = _runtime_sized_resizes(model.graph, types)
         if found == loose:
             break
         loose = found
+        view = weightless_view(model) if view is None else view
         unpinned, added = _unpinned(view, loose)
         types = _shape_inferred(unpinned)
         for name in added:
@@ -109,13 +116,18 @@ def _inferred_types(model: ModelProto) -> dict[str, ValueType]:
 
 
 def _shape_inferred(view: ModelProto) -> dict[str, ValueType]:
-    types = InferredTypes()
     try:
         inferred = infer_shapes_bounded(view)
     except Exception as exc:  # inference is best effort: rules fall back to dynamic shapes
-        inferred = view
+        types = _read_types(view.graph)
         types.failure = " ".join(str(exc).split())[:500]
-    graph = inferred.graph
+        return types
+    return _read_types(inferred.graph)
+
+
+def _read_types(graph: GraphProto) -> InferredTypes:
+    """The value types an inferred weightless view's ``graph`` declares."""
+    types = InferredTypes()
     read: dict[bytes, ValueType | None] = {}  # values share few types: each read once
     for info in [*graph.input, *graph.value_info, *graph.output]:
         key = info.type.SerializeToString()
