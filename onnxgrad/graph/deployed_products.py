@@ -32,7 +32,10 @@ Where a bias ``Add`` (a constant ``[1, ..., 1, N]``) alone reads ``y`` of a
 ``quantize_dynamic`` or 4-bit product, ``y`` is that ``Add``'s output: onnxruntime folds the
 bias into the product's kernel; unless a GELU reads the sum (``Erf`` or ``Tanh`` through
 ``Mul``/``Div``/``Pow``, or a fused ``Gelu``), where onnxruntime folds the bias into
-``BiasGelu`` / ``FastGelu`` instead.
+``BiasGelu`` / ``FastGelu`` instead. Where a float ``MatMul``'s bias ``Add`` is read by a
+residual ``Add`` alone whose sum a ``LayerNormalization`` reads, ``LN((x W + b) + r)``,
+onnxruntime folds the bias and the residual sum into ``SkipLayerNormalization``: the
+product records that ``Add`` (``residual``) and its branch joins ``r`` instead.
 
 A low-rank adapter kept beside such a product adds ``s (x A) B`` to ``y``
 (:func:`add_branch`); :func:`remove_branch` undoes it once folded into ``W``. Where ``y``
@@ -57,7 +60,8 @@ MS = "com.microsoft"
 LAYOUT_OPS = frozenset({"Transpose", "Identity", "Cast"})
 #: products whose onnxruntime kernel takes the bias ``Add`` after them in (``quantize_dynamic``'s
 #: chain becomes ``MatMulIntegerToFloat``); a float product's bias goes to the next fused
-#: operator (``BiasGelu``, ``SkipLayerNormalization``), which a branch before it leaves alone
+#: operator: ``BiasGelu``, which a branch before the bias leaves alone, or
+#: ``SkipLayerNormalization``, which one joining the residual does (``Product.residual``)
 BIASED = frozenset({"MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits"})
 _INTEGER_TYPES = frozenset(
     {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4}
@@ -95,6 +99,9 @@ class Product:
     requantizations: tuple[str, ...] = ()
     #: ``kind`` ``Cast``: the plain operators dequantizing the codes
     plain: PlainDequantization | None = None
+    #: a float ``MatMul`` whose bias ``Add`` a residual ``Add`` before a ``LayerNormalization``
+    #: reads: that ``Add`` and the index of its residual input, where the branch joins
+    residual: tuple[NodeProto, int] | None = None
 
     @property
     def y(self) -> str:
@@ -122,6 +129,7 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
         if not node.name:
             node.name = names.unique(f"{node.op_type}_{node.output[0]}")
     context = (inits, producers, readers)
+    position = {out: i for i, node in enumerate(graph.node) for out in node.output}
     found: dict[str, list[Product]] = {}
     for node in graph.node:
         product = _product(node, context)
@@ -129,6 +137,9 @@ def weight_products(model: ModelProto) -> dict[str, list[Product]]:
             bias = _bias_add(product.node, context) if product.kind in BIASED else None
             if bias is not None:
                 product = replace(product, node=bias)
+            elif product.kind == "MatMul":
+                residual = _residual_add(product.node, context, position)
+                product = replace(product, residual=residual)
             found.setdefault(product.weight, []).append(product)
     return found
 
@@ -165,11 +176,42 @@ def _bias_add(node: NodeProto, context) -> NodeProto | None:
     add = _only_reader(node.output[0], readers, "Add")
     if add is None or _read_by_gelu(add.output[0], readers):
         return None
-    other = [name for name in add.input if name != node.output[0]]
-    if len(other) != 1 or _constant_dims(other[0], inits, producers) is None:
-        return None
+    return add if _is_bias(add, node.output[0], inits, producers) else None
+
+
+def _is_bias(add: NodeProto, y: str, inits, producers) -> bool:
+    """Whether ``add`` adds a bias to ``y``: a constant ``[N]`` or ``[1, ..., 1, N]``."""
+    other = [name for name in add.input if name != y]
+    if len(other) != 1:
+        return False
     dims = _constant_dims(other[0], inits, producers)
-    return add if dims and all(d == 1 for d in dims[:-1]) else None
+    return bool(dims) and all(d == 1 for d in dims[:-1])
+
+
+def _residual_add(node: NodeProto, context, position: dict) -> tuple[NodeProto, int] | None:
+    r"""For ``y`` of a float ``MatMul`` read by a bias ``Add`` alone and that by a residual
+    ``Add`` alone, ``(y + b) + r``, whose sum a ``LayerNormalization`` reads: that ``Add``
+    and the index of ``r`` (produced before ``node``). onnxruntime fuses the bias, the
+    residual sum and the norm into one ``SkipLayerNormalization``; a branch joining at ``y``
+    would leave the bias ``Add`` out of it, so it joins ``r`` instead:
+    ``(y + b) + (r + s x A B)``, the same sum."""
+    inits, producers, readers = context
+    bias = _only_reader(node.output[0], readers, "Add")
+    if bias is None or not _is_bias(bias, node.output[0], inits, producers):
+        return None
+    residual = _only_reader(bias.output[0], readers, "Add")
+    if residual is None or len(residual.input) != 2:
+        return None
+    index = 1 - list(residual.input).index(bias.output[0])
+    r = residual.input[index]
+    normed = any(
+        reader.op_type == "LayerNormalization" and not normalize_domain(reader.domain)
+        for reader in readers.get(residual.output[0], [])
+    )
+    if not normed or r == bias.output[0] or _constant_dims(r, inits, producers) is not None:
+        return None
+    before = position.get(r, -1) < position[node.output[0]]  # the branch follows node
+    return (residual, index) if before else None
 
 
 #: the operators a GELU's argument passes through before its ``Erf`` or ``Tanh``
@@ -523,6 +565,11 @@ def add_branch(
         value = numpy_helper.from_array(np.asarray(factor, dtype=np_dtype(product.elem_type)))
         a = add("Mul", [a, add("Constant", [], value=value)])
     delta = add("MatMul", [add("MatMul", [product.x, a]), b])
+    if product.residual is not None:  # (y + b) + (r + delta): module docstring
+        residual, index = product.residual
+        total = add("Add", [residual.input[index], delta])
+        residual.input[index] = total
+        return nodes
     y = product.node.output[0]
     product.node.output[0] = names.unique(f"{y}_without_lora")
     total = add("Add", [product.node.output[0], delta])
