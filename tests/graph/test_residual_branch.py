@@ -75,6 +75,9 @@ def test_the_branch_joins_the_residual_of_a_product_a_skip_layer_norm_reads(tmp_
     merged = run(merge_lora(adapted), x)[0]
     assert np.abs(run(served, x)[0] - merged).max() < 1e-5
     assert np.abs(run(model, x)[0] - merged).max() > 1e-2  # the adapters change the output
+    for rows in (0, 10**6):  # in apply="auto"'s If: the weights' body, the branch's
+        chosen = runtime_adapter_model(model, adapted, apply="auto", rows=rows)
+        assert np.abs(run(chosen, x)[0] - merged).max() < 1e-5
     deployed, returned = _optimized(model, tmp_path), _optimized(served, tmp_path)
     # the branch's sum is the one Add more; a fused bias stays fused
     assert returned["Add"] == deployed["Add"] + 1
