@@ -237,6 +237,13 @@ def _open_on_1_19() -> dict:
     for opset in OPSETS:  # seen in 2 of 4 runs, at opset 14
         for test, mode in [("jvp", "jvp"), ("hvp", "hvp"), ("seeds", "jvp"), ("seeds", "hvp")]:
             found[test, "matmul", opset, "inner0", mode] = flaky
+    # the weight gradient's MatMul contracts the empty batch: 1.19 leaves its output
+    # unwritten (NaNs in w's gradient in about one run of two; zeros on 1.32)
+    unwritten = "onnxruntime 1.19's MatMul over an empty contraction leaves its output unwritten"
+    for opset in OPSETS:
+        for test, mode in [("reverse", None), ("hvp", "hvp"), ("hvp", "hvp_transposed"),
+                           ("seeds", "hvp")]:  # fmt: skip
+            found[test, "conv_transpose_grouped", opset, "batch0", mode] = unwritten
     return found
 
 
