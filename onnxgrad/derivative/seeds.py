@@ -10,13 +10,14 @@ Jacobian's factors) run once; the others, the part linear in the seed, carry the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import GraphProto, ModelProto, NodeProto, TypeProto, numpy_helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorShapeProto, TypeProto, numpy_helper
 
 from onnxgrad._onnx_utils import (
     WEIGHTLESS_THRESHOLD,
@@ -135,24 +136,25 @@ def _inferred(model: ModelProto, wanted: set[str]) -> _Known:
     onnx.checker.check_model(view)
     inferred = onnx.shape_inference.infer_shapes(view, check_type=True, strict_mode=True).graph
     known = _Known()
+    types, elem_types, shapes = known.types, known.elem_types, known.shapes
     read: dict[bytes, tuple | None] = {}  # values share few types: each read once
     for infos in (inferred.input, inferred.output, inferred.value_info):
         for info in infos:
             name = info.name
-            if name not in wanted:
-                continue
-            key = info.type.SerializeToString()
-            found = read.get(key, False)
-            if found is False:
-                found = read[key] = _elem_and_dims(info.type)
-            if found is not None:
-                known.types[name] = key
-                known.elem_types[name], dims = found
-                if dims is not None:
-                    known.shapes[name] = list(dims)
+            if name in wanted:
+                value_type = info.type  # protobuf wraps a field anew at each read
+                key = value_type.SerializeToString()
+                found = read.get(key, False)
+                if found is False:
+                    found = read[key] = _elem_and_dims(value_type)
+                if found is not None:
+                    types[name] = key
+                    elem_types[name], dims = found
+                    if dims is not None:
+                        shapes[name] = list(dims)
     for init in inferred.initializer:
-        known.elem_types[init.name] = init.data_type
-        known.shapes[init.name] = list(init.dims)
+        elem_types[init.name] = init.data_type
+        shapes[init.name] = list(init.dims)
     return known
 
 
@@ -243,9 +245,11 @@ class _TypeCache:
         found = self.made.get((key, batched))
         if found is None:
             value_type = TypeProto.FromString(key)
+            made = key  # the one-seed type serialised: its bytes as they are
             if batched:
                 _prepend_axis(value_type, self.axis.seeds)
-            found = self.made[key, batched] = value_type.SerializeToString(), _ranked(value_type)
+                made = value_type.SerializeToString()
+            found = self.made[key, batched] = made, _ranked(value_type)
         return found
 
 
@@ -288,7 +292,7 @@ def _elem_and_dims(value_type) -> tuple[int, tuple | None] | None:
     tensor = value_type.tensor_type
     if not tensor.HasField("shape"):
         return tensor.elem_type, None
-    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+    dims = tuple([d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim])
     return tensor.elem_type, dims
 
 
@@ -373,11 +377,18 @@ def _split_nodes(graph: GraphProto, seeds: set[str]) -> _Split:
 
 
 def _prepend_axis(value_type: TypeProto, seeds: int) -> None:
+    """A leading dimension ``seeds`` on a tensor type of known rank, in place: its shape
+    parsed back from the new dimension's bytes followed by its own (the dimensions are a
+    repeated field, whose serialised items concatenate; no dimension copied one by one)."""
     tensor = value_type.tensor_type
-    dims = list(tensor.shape.dim) if tensor.HasField("shape") else None
-    if dims is None:
-        return
-    tensor.shape.ClearField("dim")
-    tensor.shape.dim.add().dim_value = seeds
-    for dim in dims:
-        tensor.shape.dim.add().CopyFrom(dim)
+    if tensor.HasField("shape"):
+        shape = tensor.shape
+        shape.ParseFromString(_seed_dim(seeds) + shape.SerializeToString())
+
+
+@functools.cache  # one or two seed counts per process
+def _seed_dim(seeds: int) -> bytes:
+    """A ``TensorShapeProto`` of the one dimension ``seeds``, serialised."""
+    shape = TensorShapeProto()
+    shape.dim.add().dim_value = seeds
+    return shape.SerializeToString()
