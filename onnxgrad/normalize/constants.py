@@ -16,6 +16,7 @@ initializers are trainable is decided later, by role (:func:`onnxgrad.get_train_
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -31,7 +32,7 @@ from onnx import (
     numpy_helper,
 )
 
-from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, subgraphs
+from onnxgrad._onnx_utils import FLOAT_TYPES, normalize_domain, np_dtype, subgraphs
 from onnxgrad.graph._builder import STRUCTURAL_CONSTANT
 from onnxgrad.graph._differentiable import differentiable_values, model_opsets
 from onnxgrad.graph._scopes import node_inputs
@@ -232,9 +233,7 @@ def constant_weights(model: ModelProto) -> set[str]:
 
 def _subgraphs(graph: GraphProto):
     """Every graph of the model but the main one."""
-    for node in graph.node:
-        for sub in subgraphs(node):
-            yield from _graphs(sub)
+    return itertools.islice(_graphs(graph), 1, None)
 
 
 def _float_initializers(graph: GraphProto) -> list[TensorProto]:
@@ -317,7 +316,7 @@ def write_back_constants(model: ModelProto, values: Mapping[str, np.ndarray]) ->
     for graph in _subgraphs(model.graph):
         for init in graph.initializer:
             if init.name in remaining:
-                dtype = numpy_helper.to_array(init).dtype
+                dtype = np_dtype(init.data_type)  # not decoding the old values for it
                 array = np.asarray(remaining.pop(init.name), dtype=dtype)
                 init.CopyFrom(numpy_helper.from_array(array, name=init.name))
     for graph in _graphs(model.graph):
